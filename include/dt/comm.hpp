@@ -1,0 +1,113 @@
+// dt::Comm: the collective and point-to-point interface every transport implements
+// (MPI for host tensors today; NCCL and UCX implement the same header).
+//
+// Contracts shared by every implementation:
+//  - All ranks of a communicator call the same collectives in the same order with the same
+//    dtype, element counts and root. Mismatched local arguments (wrong dtype pairing, an output
+//    that is not size() times the input, a root out of range) throw dt::InvalidArgument before
+//    any traffic, so a bad call on one rank is reported on that rank.
+//  - Failures inside the transport throw dt::CommError naming the operation, the rank and the
+//    transport's own message.
+//  - Blocking calls return when the local buffers may be reused. Non-blocking calls (i*) return a
+//    Work; buffers must stay alive and untouched until Work::wait() or Work::test() reports done.
+//  - ReduceOp::avg is sum followed by division by size(); integers divide truncating toward zero,
+//    bf16/f16 sum and divide in float and round once to the element type per step.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "dt/tensor.hpp"
+
+namespace dt {
+
+enum class ReduceOp { sum, avg, max, min };
+const char* reduce_op_name(ReduceOp op) noexcept;
+
+using Millis = std::chrono::milliseconds;
+/// wait() without a limit.
+inline constexpr Millis kNoTimeout{-1};
+
+/// Completion state of a non-blocking operation; implemented by each transport.
+class WorkImpl {
+ public:
+  virtual ~WorkImpl() = default;
+  /// Advances the operation; returns true when complete. Throws the operation's error.
+  virtual bool test() = 0;
+  /// Blocks until complete or until `timeout` passed (kNoTimeout: forever). Returns completion.
+  virtual bool wait_for(Millis timeout) = 0;
+  /// "all_reduce(f32 x 1024, sum) on world" for messages.
+  virtual std::string describe() const = 0;
+  virtual int rank() const = 0;
+};
+
+/// Handle of a non-blocking operation (c10d Work semantics). Move-only.
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::unique_ptr<WorkImpl> impl) : impl_(std::move(impl)) {}
+  Work(Work&&) noexcept = default;
+  Work& operator=(Work&&) noexcept = default;
+  /// Destroying an unfinished Work does not block; the transport keeps the request and its
+  /// buffers alive until the operation ends (an unfinished op usually means the job is failing).
+  ~Work() = default;
+
+  /// Non-blocking progress; true when done. Rethrows the stored error on every call after failure.
+  bool test();
+  /// Blocks until done. On failure rethrows the stored dt::CommError. If `timeout` passes first,
+  /// throws dt::CommError naming the operation and the timeout; the operation stays pending and
+  /// wait() may be called again.
+  void wait(Millis timeout = kNoTimeout);
+  bool valid() const noexcept { return impl_ != nullptr; }
+
+ private:
+  std::unique_ptr<WorkImpl> impl_;
+};
+
+/// Per-call options.
+struct CommOptions {
+  /// Applies to blocking calls: kNoTimeout waits forever; otherwise a blocking call that does not
+  /// finish within this time throws dt::CommError (the call turns into its non-blocking form).
+  Millis timeout = kNoTimeout;
+};
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+
+  virtual int rank() const noexcept = 0;
+  virtual int size() const noexcept = 0;
+  /// Name for messages: "world", "world/split(1)".
+  virtual const std::string& name() const noexcept = 0;
+
+  // --- non-blocking ---------------------------------------------------------------------------
+  /// In place: every rank ends with op over all ranks' `buf`.
+  virtual Work iall_reduce(TensorView buf, ReduceOp op) = 0;
+  /// `buf` of `root` is copied into every rank's `buf`.
+  virtual Work ibroadcast(TensorView buf, int root) = 0;
+  /// out[r * in.numel ... (r + 1) * in.numel) = in of rank r. Needs out.numel == size() * in.numel.
+  virtual Work iall_gather(ConstTensorView in, TensorView out) = 0;
+  /// Rank r gets block r of op over all ranks' `in`. Needs in.numel == size() * out.numel.
+  virtual Work ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) = 0;
+  virtual Work isend(ConstTensorView buf, int dst, int tag) = 0;
+  /// Receives exactly buf.numel elements; a longer message fails with dt::CommError.
+  virtual Work irecv(TensorView buf, int src, int tag) = 0;
+  virtual Work ibarrier() = 0;
+
+  // --- blocking (defaults: the non-blocking form plus wait(opts.timeout)) -----------------------
+  virtual void all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts = {});
+  virtual void broadcast(TensorView buf, int root, const CommOptions& opts = {});
+  virtual void all_gather(ConstTensorView in, TensorView out, const CommOptions& opts = {});
+  virtual void reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
+                              const CommOptions& opts = {});
+  virtual void send(ConstTensorView buf, int dst, int tag, const CommOptions& opts = {});
+  virtual void recv(TensorView buf, int src, int tag, const CommOptions& opts = {});
+  virtual void barrier(const CommOptions& opts = {});
+
+  /// Collective over this communicator: ranks with the same `color` form a new communicator,
+  /// ordered by (key, old rank). A negative color joins none and gets nullptr.
+  virtual std::unique_ptr<Comm> split(int color, int key) = 0;
+};
+
+}  // namespace dt

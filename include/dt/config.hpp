@@ -1,0 +1,50 @@
+// dt::Options: one schema for every setting of an app (Boost.Program_options underneath).
+//
+// Each option has a dotted name ("check.iters"), a default, an optional range or choice list and
+// a help line; --help prints them all. Values come from the command line (--check.iters=10) and
+// from an INI file given with --config (section [check], key iters=10); the command line wins.
+// Anything unknown, mistyped or out of range throws dt::ConfigError naming the option, the
+// source (command line or file path) and what was expected. Parsing allocates no rank resources,
+// so apps parse before MPI starts and exit with code 2 on a ConfigError.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dt {
+
+class Options {
+ public:
+  Options(std::string program, std::string summary);
+  ~Options();
+  Options(const Options&) = delete;
+  Options& operator=(const Options&) = delete;
+
+  Options& add(const std::string& name, std::string* target, std::string def, std::string help,
+               std::vector<std::string> choices = {});
+  Options& add(const std::string& name, bool* target, bool def, std::string help);
+  Options& add(const std::string& name, long* target, long def, std::string help,
+               std::optional<long> min = std::nullopt, std::optional<long> max = std::nullopt);
+  Options& add(const std::string& name, double* target, double def, std::string help,
+               std::optional<double> min = std::nullopt, std::optional<double> max = std::nullopt);
+
+  /// Parses argv (argv[0] is skipped). Returns false when --help was given (help already printed
+  /// to stdout); true when targets hold the settings. Throws dt::ConfigError on any bad input.
+  bool parse(int argc, const char* const* argv);
+  /// The --help text.
+  std::string help() const;
+  /// "name = value" lines of every option as parsed, for run logs.
+  std::string dump() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Runs `body` and maps a ConfigError to "PROGRAM: error: ..." on stderr and exit code 2.
+int run_with_config_errors(const char* program, const std::function<int()>& body);
+
+}  // namespace dt

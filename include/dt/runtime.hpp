@@ -1,0 +1,45 @@
+// dt::Runtime: owns MPI, the topology and the job's communicators for one rank (RAII).
+//
+// Construction initialises MPI with MPI_THREAD_MULTIPLE (dt::CommError when the library cannot
+// provide it), duplicates MPI_COMM_WORLD so dt traffic never matches user traffic, discovers the
+// topology and binds the rank. Destruction frees dt's communicators and finalises MPI; if MPI was
+// already initialised by the caller, the caller finalises it. A rank that has failed and must take
+// the job down calls abort(), never a plain exit, so that no peer hangs.
+#pragma once
+
+#include <memory>
+
+#include "dt/comm.hpp"
+#include "dt/topology.hpp"
+
+namespace dt {
+
+struct RuntimeOptions {
+  BindMode bind = BindMode::automatic;
+  bool use_pmix = true;  ///< ask PMIx for node and local rank when the launcher provides it
+};
+
+class Runtime {
+ public:
+  Runtime(int* argc, char*** argv, const RuntimeOptions& opts = {});
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  int rank() const noexcept;
+  int size() const noexcept;
+  /// All ranks of the job.
+  Comm& world() noexcept;
+  /// The ranks on this node (shared memory).
+  Comm& node() noexcept;
+  const Topology& topology() const noexcept;
+
+  /// Terminates every rank of the job with `code` (MPI_Abort). Never returns.
+  [[noreturn]] void abort(int code) noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dt

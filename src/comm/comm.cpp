@@ -1,0 +1,48 @@
+#include "dt/comm.hpp"
+
+namespace dt {
+
+const char* reduce_op_name(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+  }
+  return "?";
+}
+
+bool Work::test() {
+  DT_CHECK(InvalidArgument, impl_ != nullptr, "test() on an empty Work");
+  return impl_->test();
+}
+
+void Work::wait(Millis timeout) {
+  DT_CHECK(InvalidArgument, impl_ != nullptr, "wait() on an empty Work");
+  if (!impl_->wait_for(timeout))
+    DT_THROW(CommError, impl_->describe(), " on rank ", impl_->rank(), " timed out after ",
+             timeout.count(), " ms");
+}
+
+void Comm::all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts) {
+  iall_reduce(buf, op).wait(opts.timeout);
+}
+void Comm::broadcast(TensorView buf, int root, const CommOptions& opts) {
+  ibroadcast(buf, root).wait(opts.timeout);
+}
+void Comm::all_gather(ConstTensorView in, TensorView out, const CommOptions& opts) {
+  iall_gather(in, out).wait(opts.timeout);
+}
+void Comm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
+                          const CommOptions& opts) {
+  ireduce_scatter(in, out, op).wait(opts.timeout);
+}
+void Comm::send(ConstTensorView buf, int dst, int tag, const CommOptions& opts) {
+  isend(buf, dst, tag).wait(opts.timeout);
+}
+void Comm::recv(TensorView buf, int src, int tag, const CommOptions& opts) {
+  irecv(buf, src, tag).wait(opts.timeout);
+}
+void Comm::barrier(const CommOptions& opts) { ibarrier().wait(opts.timeout); }
+
+}  // namespace dt

@@ -1,0 +1,480 @@
+#include "mpi_comm.hpp"
+
+#include <climits>
+#include <exception>
+#include <functional>
+#include <sstream>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace dt {
+
+namespace {
+
+bool mpi_alive() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::bf16: return MPI_UINT16_T;
+    case DType::f16: return MPI_UINT16_T;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::u8: return MPI_UINT8_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+template <class H, ReduceOp Op>
+void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = H::to_float(a[i]);
+    const float y = H::to_float(b[i]);
+    float r;
+    if constexpr (Op == ReduceOp::sum) {
+      r = x + y;
+    } else if constexpr (Op == ReduceOp::max) {
+      r = (y >= x || y != y) ? y : x;  // NaN in either input stays NaN
+      if (x != x) r = x;
+    } else {
+      r = (y <= x || y != y) ? y : x;
+      if (x != x) r = x;
+    }
+    b[i] = H::from_float(r);
+  }
+}
+
+// Divides in place by n: the second half of ReduceOp::avg.
+void divide(TensorView v, int n) {
+  visit_dtype(v.dtype, [&](auto z) {
+    using T = decltype(z);
+    T* p = static_cast<T*>(v.data);
+    for (std::size_t i = 0; i < v.numel; ++i) {
+      if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
+        p[i] = T(static_cast<float>(p[i]) / static_cast<float>(n));
+      else
+        p[i] = static_cast<T>(p[i] / static_cast<T>(n));
+    }
+  });
+}
+
+int as_int_count(std::size_t n, const char* op) {
+  DT_CHECK_LE(InvalidArgument, n, static_cast<std::size_t>(INT_MAX), op,
+              ": element count exceeds MPI's int range for this operation");
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+void mpi_check(int rc, const char* call, int rank, const std::string& comm_name, const char* file,
+               int line) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) std::snprintf(text, sizeof text, "code %d", rc);
+  std::string c = call;
+  c = c.substr(0, c.find('('));
+  throw CommError(c + " failed on rank " + std::to_string(rank) + " of " + comm_name + ": " + text,
+                  file, line);
+}
+
+/// The user ops for bf16/f16 reductions, shared by a communicator and all its splits.
+class MpiOps {
+ public:
+  MpiOps() {
+    create<bf16>(0);
+    create<f16>(3);
+  }
+  ~MpiOps() {
+    if (!mpi_alive()) return;
+    for (MPI_Op& o : ops_)
+      if (o != MPI_OP_NULL) MPI_Op_free(&o);
+  }
+  MpiOps(const MpiOps&) = delete;
+  MpiOps& operator=(const MpiOps&) = delete;
+
+  MPI_Op get(DType t, ReduceOp op) const {
+    const int k = op == ReduceOp::max ? 1 : op == ReduceOp::min ? 2 : 0;  // avg: sum, then divide
+    if (t == DType::bf16) return ops_[k];
+    if (t == DType::f16) return ops_[3 + k];
+    return k == 1 ? MPI_MAX : k == 2 ? MPI_MIN : MPI_SUM;
+  }
+
+ private:
+  template <class H>
+  void create(int base) {
+    MPI_Op_create(&reduce16<H, ReduceOp::sum>, 1, &ops_[base]);
+    MPI_Op_create(&reduce16<H, ReduceOp::max>, 1, &ops_[base + 1]);
+    MPI_Op_create(&reduce16<H, ReduceOp::min>, 1, &ops_[base + 2]);
+  }
+  MPI_Op ops_[6] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+};
+
+namespace {
+
+class MpiWork final : public WorkImpl {
+ public:
+  MpiWork(std::string desc, int rank, std::string comm, bool p2p)
+      : desc_(std::move(desc)), comm_(std::move(comm)), rank_(rank), p2p_(p2p) {}
+  ~MpiWork() override {
+    if (done_ || error_ || !mpi_alive()) return;
+    // Point-to-point requests can be released and finish on their own; an unfinished
+    // collective request cannot be freed in MPI and is left to MPI_Finalize.
+    if (p2p_)
+      for (std::size_t i = next_; i < reqs_.size(); ++i)
+        if (reqs_[i] != MPI_REQUEST_NULL) MPI_Request_free(&reqs_[i]);
+  }
+
+  std::vector<MPI_Request> reqs_;
+  std::function<void()> on_done_;
+
+  bool test() override {
+    if (error_) std::rethrow_exception(error_);
+    if (done_) return true;
+    try {
+      while (next_ < reqs_.size()) {
+        int flag = 0;
+        check(MPI_Test(&reqs_[next_], &flag, MPI_STATUS_IGNORE), "MPI_Test");
+        if (!flag) return false;
+        ++next_;
+      }
+      finish();
+    } catch (...) {
+      error_ = std::current_exception();
+      throw;
+    }
+    return true;
+  }
+
+  bool wait_for(Millis timeout) override {
+    if (timeout.count() < 0) {
+      if (error_) std::rethrow_exception(error_);
+      if (done_) return true;
+      try {
+        for (; next_ < reqs_.size(); ++next_)
+          check(MPI_Wait(&reqs_[next_], MPI_STATUS_IGNORE), "MPI_Wait");
+        finish();
+      } catch (...) {
+        error_ = std::current_exception();
+        throw;
+      }
+      return true;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (int spins = 0; !test(); ++spins) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 20));
+    }
+    return true;
+  }
+
+  std::string describe() const override { return desc_; }
+  int rank() const override { return rank_; }
+
+ private:
+  void check(int rc, const char* call) {
+    if (rc != MPI_SUCCESS) {
+      try {
+        mpi_check(rc, call, rank_, comm_, __FILE__, __LINE__);
+      } catch (const CommError& e) {
+        throw CommError(desc_ + ": " + e.message(), __FILE__, __LINE__);
+      }
+    }
+  }
+  void finish() {
+    done_ = true;
+    if (on_done_) on_done_();
+  }
+
+  std::string desc_;
+  std::string comm_;
+  int rank_;
+  bool p2p_;
+  std::size_t next_ = 0;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+// Runs f(offset, count) over [0, n) in pieces of at most `chunk` elements.
+template <class F>
+void for_chunks(std::size_t n, std::size_t chunk, F&& f) {
+  for (std::size_t off = 0; off < n; off += chunk) f(off, std::min(chunk, n - off));
+}
+
+char* at(const void* p, std::size_t elems, DType t) {
+  return static_cast<char*>(const_cast<void*>(p)) + elems * dtype_size(t);
+}
+
+}  // namespace
+
+std::unique_ptr<MpiComm> MpiComm::dup(MPI_Comm parent, std::string name) {
+  MPI_Comm c = MPI_COMM_NULL;
+  int rank = 0;
+  MPI_Comm_rank(parent, &rank);
+  DT_MPI(MPI_Comm_dup(parent, &c), rank, name);
+  return std::unique_ptr<MpiComm>(new MpiComm(c, std::move(name), std::make_shared<MpiOps>()));
+}
+
+MpiComm::MpiComm(MPI_Comm c, std::string name, std::shared_ptr<MpiOps> ops)
+    : comm_(c), name_(std::move(name)), ops_(std::move(ops)) {
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+MpiComm::~MpiComm() {
+  if (comm_ != MPI_COMM_NULL && mpi_alive()) MPI_Comm_free(&comm_);
+}
+
+void MpiComm::set_max_chunk(std::size_t elements) {
+  DT_CHECK_GT(InvalidArgument, elements, std::size_t{0}, "max chunk");
+  max_chunk_ = std::min<std::size_t>(elements, INT_MAX);
+}
+
+std::string MpiComm::what(const char* op, ConstTensorView v, const char* extra) const {
+  std::ostringstream os;
+  os << op << '(' << dtype_name(v.dtype) << " x " << v.numel;
+  if (extra) os << ", " << extra;
+  os << ") on " << name_;
+  return os.str();
+}
+
+void MpiComm::check_root(int root, const char* op) const {
+  DT_CHECK(InvalidArgument, root >= 0 && root < size_, op, " on ", name_, ": root ", root,
+           " is not a rank of a communicator of size ", size_);
+}
+
+void MpiComm::check_peer(int peer, const char* op) const {
+  DT_CHECK(InvalidArgument, peer >= 0 && peer < size_, op, " on ", name_, ": peer ", peer,
+           " is not a rank of a communicator of size ", size_);
+}
+
+// ---- all_reduce ---------------------------------------------------------------------------------
+
+Work MpiComm::iall_reduce(TensorView buf, ReduceOp op) {
+  auto w = std::make_unique<MpiWork>(what("all_reduce", buf, reduce_op_name(op)), rank_, name_, false);
+  const MPI_Datatype t = mpi_type(buf.dtype);
+  const MPI_Op o = ops_->get(buf.dtype, op);
+  for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
+    MPI_Request r;
+    DT_MPI(MPI_Iallreduce(MPI_IN_PLACE, at(buf.data, off, buf.dtype), static_cast<int>(n), t, o,
+                          comm_, &r),
+           rank_, name_);
+    w->reqs_.push_back(r);
+  });
+  if (op == ReduceOp::avg) w->on_done_ = [buf, n = size_] { divide(buf, n); };
+  return Work(std::move(w));
+}
+
+void MpiComm::all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts) {
+  if (opts.timeout != kNoTimeout) return Comm::all_reduce(buf, op, opts);
+  const MPI_Datatype t = mpi_type(buf.dtype);
+  const MPI_Op o = ops_->get(buf.dtype, op);
+  for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
+    DT_MPI(MPI_Allreduce(MPI_IN_PLACE, at(buf.data, off, buf.dtype), static_cast<int>(n), t, o,
+                         comm_),
+           rank_, name_);
+  });
+  if (op == ReduceOp::avg) divide(buf, size_);
+}
+
+// ---- broadcast ----------------------------------------------------------------------------------
+
+Work MpiComm::ibroadcast(TensorView buf, int root) {
+  check_root(root, "broadcast");
+  auto w = std::make_unique<MpiWork>(what("broadcast", buf), rank_, name_, false);
+  for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
+    MPI_Request r;
+    DT_MPI(MPI_Ibcast(at(buf.data, off, buf.dtype), static_cast<int>(n), mpi_type(buf.dtype), root,
+                      comm_, &r),
+           rank_, name_);
+    w->reqs_.push_back(r);
+  });
+  return Work(std::move(w));
+}
+
+void MpiComm::broadcast(TensorView buf, int root, const CommOptions& opts) {
+  if (opts.timeout != kNoTimeout) return Comm::broadcast(buf, root, opts);
+  check_root(root, "broadcast");
+  for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
+    DT_MPI(MPI_Bcast(at(buf.data, off, buf.dtype), static_cast<int>(n), mpi_type(buf.dtype), root,
+                     comm_),
+           rank_, name_);
+  });
+}
+
+// ---- all_gather ---------------------------------------------------------------------------------
+
+namespace {
+void check_gather(ConstTensorView in, TensorView out, int size, const std::string& name) {
+  DT_CHECK(InvalidArgument, in.dtype == out.dtype, "all_gather on ", name, ": input is ",
+           dtype_name(in.dtype), ", output is ", dtype_name(out.dtype));
+  DT_CHECK_EQ(InvalidArgument, out.numel, in.numel * static_cast<std::size_t>(size), "all_gather on ",
+              name, ": output must hold size() x input elements");
+}
+void check_scatter(ConstTensorView in, TensorView out, int size, const std::string& name) {
+  DT_CHECK(InvalidArgument, in.dtype == out.dtype, "reduce_scatter on ", name, ": input is ",
+           dtype_name(in.dtype), ", output is ", dtype_name(out.dtype));
+  DT_CHECK_EQ(InvalidArgument, in.numel, out.numel * static_cast<std::size_t>(size),
+              "reduce_scatter on ", name, ": input must hold size() x output elements");
+}
+}  // namespace
+
+Work MpiComm::iall_gather(ConstTensorView in, TensorView out) {
+  check_gather(in, out, size_, name_);
+  const int n = as_int_count(in.numel, "all_gather");
+  auto w = std::make_unique<MpiWork>(what("all_gather", in), rank_, name_, false);
+  const bool in_place = in.numel > 0 && in.data == at(out.data, in.numel * rank_, in.dtype);
+  MPI_Request r;
+  DT_MPI(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data, n, mpi_type(in.dtype), out.data, n,
+                        mpi_type(in.dtype), comm_, &r),
+         rank_, name_);
+  w->reqs_.push_back(r);
+  return Work(std::move(w));
+}
+
+void MpiComm::all_gather(ConstTensorView in, TensorView out, const CommOptions& opts) {
+  if (opts.timeout != kNoTimeout) return Comm::all_gather(in, out, opts);
+  check_gather(in, out, size_, name_);
+  const int n = as_int_count(in.numel, "all_gather");
+  const bool in_place = in.numel > 0 && in.data == at(out.data, in.numel * rank_, in.dtype);
+  DT_MPI(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data, n, mpi_type(in.dtype), out.data, n,
+                       mpi_type(in.dtype), comm_),
+         rank_, name_);
+}
+
+// ---- reduce_scatter -----------------------------------------------------------------------------
+
+Work MpiComm::ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) {
+  check_scatter(in, out, size_, name_);
+  const int n = as_int_count(out.numel, "reduce_scatter");
+  auto w = std::make_unique<MpiWork>(what("reduce_scatter", in, reduce_op_name(op)), rank_, name_,
+                                     false);
+  MPI_Request r;
+  DT_MPI(MPI_Ireduce_scatter_block(in.data, out.data, n, mpi_type(in.dtype),
+                                   ops_->get(in.dtype, op), comm_, &r),
+         rank_, name_);
+  w->reqs_.push_back(r);
+  if (op == ReduceOp::avg) w->on_done_ = [out, s = size_] { divide(out, s); };
+  return Work(std::move(w));
+}
+
+void MpiComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
+                             const CommOptions& opts) {
+  if (opts.timeout != kNoTimeout) return Comm::reduce_scatter(in, out, op, opts);
+  check_scatter(in, out, size_, name_);
+  const int n = as_int_count(out.numel, "reduce_scatter");
+  DT_MPI(MPI_Reduce_scatter_block(in.data, out.data, n, mpi_type(in.dtype), ops_->get(in.dtype, op),
+                                  comm_),
+         rank_, name_);
+  if (op == ReduceOp::avg) divide(out, size_);
+}
+
+// ---- point to point -----------------------------------------------------------------------------
+
+Work MpiComm::isend(ConstTensorView buf, int dst, int tag) {
+  check_peer(dst, "send");
+  std::string extra = "to " + std::to_string(dst) + ", tag " + std::to_string(tag);
+  auto w = std::make_unique<MpiWork>(what("send", buf, extra.c_str()), rank_, name_, true);
+  for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
+    MPI_Request r;
+    DT_MPI(MPI_Isend(at(buf.data, off, buf.dtype), static_cast<int>(n), mpi_type(buf.dtype), dst,
+                     tag, comm_, &r),
+           rank_, name_);
+    w->reqs_.push_back(r);
+  });
+  if (buf.numel == 0) {  // a zero-length message still has to match the peer's receive
+    MPI_Request r;
+    DT_MPI(MPI_Isend(buf.data, 0, mpi_type(buf.dtype), dst, tag, comm_, &r), rank_, name_);
+    w->reqs_.push_back(r);
+  }
+  return Work(std::move(w));
+}
+
+Work MpiComm::irecv(TensorView buf, int src, int tag) {
+  check_peer(src, "recv");
+  std::string extra = "from " + std::to_string(src) + ", tag " + std::to_string(tag);
+  auto w = std::make_unique<MpiWork>(what("recv", buf, extra.c_str()), rank_, name_, true);
+  for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
+    MPI_Request r;
+    DT_MPI(MPI_Irecv(at(buf.data, off, buf.dtype), static_cast<int>(n), mpi_type(buf.dtype), src,
+                     tag, comm_, &r),
+           rank_, name_);
+    w->reqs_.push_back(r);
+  });
+  if (buf.numel == 0) {
+    MPI_Request r;
+    DT_MPI(MPI_Irecv(buf.data, 0, mpi_type(buf.dtype), src, tag, comm_, &r), rank_, name_);
+    w->reqs_.push_back(r);
+  }
+  return Work(std::move(w));
+}
+
+void MpiComm::send(ConstTensorView buf, int dst, int tag, const CommOptions& opts) {
+  if (opts.timeout != kNoTimeout) return Comm::send(buf, dst, tag, opts);
+  check_peer(dst, "send");
+  if (buf.numel == 0) {
+    DT_MPI(MPI_Send(buf.data, 0, mpi_type(buf.dtype), dst, tag, comm_), rank_, name_);
+    return;
+  }
+  for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
+    DT_MPI(MPI_Send(at(buf.data, off, buf.dtype), static_cast<int>(n), mpi_type(buf.dtype), dst,
+                    tag, comm_),
+           rank_, name_);
+  });
+}
+
+void MpiComm::recv(TensorView buf, int src, int tag, const CommOptions& opts) {
+  if (opts.timeout != kNoTimeout) return Comm::recv(buf, src, tag, opts);
+  check_peer(src, "recv");
+  if (buf.numel == 0) {
+    DT_MPI(MPI_Recv(buf.data, 0, mpi_type(buf.dtype), src, tag, comm_, MPI_STATUS_IGNORE), rank_,
+           name_);
+    return;
+  }
+  for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
+    DT_MPI(MPI_Recv(at(buf.data, off, buf.dtype), static_cast<int>(n), mpi_type(buf.dtype), src,
+                    tag, comm_, MPI_STATUS_IGNORE),
+           rank_, name_);
+  });
+}
+
+// ---- barrier and split --------------------------------------------------------------------------
+
+Work MpiComm::ibarrier() {
+  auto w = std::make_unique<MpiWork>("barrier on " + name_, rank_, name_, false);
+  MPI_Request r;
+  DT_MPI(MPI_Ibarrier(comm_, &r), rank_, name_);
+  w->reqs_.push_back(r);
+  return Work(std::move(w));
+}
+
+void MpiComm::barrier(const CommOptions& opts) {
+  if (opts.timeout != kNoTimeout) return Comm::barrier(opts);
+  DT_MPI(MPI_Barrier(comm_), rank_, name_);
+}
+
+std::unique_ptr<Comm> MpiComm::split(int color, int key) {
+  MPI_Comm c = MPI_COMM_NULL;
+  DT_MPI(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &c), rank_, name_);
+  if (c == MPI_COMM_NULL) return nullptr;
+  return std::unique_ptr<Comm>(
+      new MpiComm(c, name_ + "/split(" + std::to_string(color) + ")", ops_));
+}
+
+std::unique_ptr<MpiComm> MpiComm::split_shared() {
+  MPI_Comm c = MPI_COMM_NULL;
+  DT_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &c), rank_, name_);
+  return std::unique_ptr<MpiComm>(new MpiComm(c, name_ + "/node", ops_));
+}
+
+}  // namespace dt

@@ -1,0 +1,77 @@
+// MPI implementation of dt::Comm for host tensors.
+//
+// Costs: collectives map one-to-one onto MPI calls (blocking ones onto the blocking MPI call, so
+// Open MPI's tuned algorithms apply). bf16/f16 reductions use MPI user ops that accumulate each
+// pair in float; avg adds one local pass. Buffers above max_chunk elements are split into several
+// MPI calls so counts never overflow MPI's int.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "dt/comm.hpp"
+
+namespace dt {
+
+/// Throws dt::CommError "CALL failed on rank R of NAME: <MPI error string>" when rc != MPI_SUCCESS.
+void mpi_check(int rc, const char* call, int rank, const std::string& comm_name, const char* file,
+               int line);
+#define DT_MPI(call, rank, name) ::dt::mpi_check((call), #call, (rank), (name), __FILE__, __LINE__)
+
+class MpiOps;
+
+class MpiComm final : public Comm {
+ public:
+  /// Duplicates `parent` (so dt traffic never matches user traffic), sets MPI_ERRORS_RETURN.
+  /// MPI must be initialised and must outlive this object's use; destruction after MPI_Finalize
+  /// is safe (the handle is then left alone).
+  static std::unique_ptr<MpiComm> dup(MPI_Comm parent, std::string name);
+  ~MpiComm() override;
+
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return size_; }
+  const std::string& name() const noexcept override { return name_; }
+  MPI_Comm handle() const noexcept { return comm_; }
+
+  Work iall_reduce(TensorView buf, ReduceOp op) override;
+  Work ibroadcast(TensorView buf, int root) override;
+  Work iall_gather(ConstTensorView in, TensorView out) override;
+  Work ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) override;
+  Work isend(ConstTensorView buf, int dst, int tag) override;
+  Work irecv(TensorView buf, int src, int tag) override;
+  Work ibarrier() override;
+
+  void all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts = {}) override;
+  void broadcast(TensorView buf, int root, const CommOptions& opts = {}) override;
+  void all_gather(ConstTensorView in, TensorView out, const CommOptions& opts = {}) override;
+  void reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
+                      const CommOptions& opts = {}) override;
+  void send(ConstTensorView buf, int dst, int tag, const CommOptions& opts = {}) override;
+  void recv(TensorView buf, int src, int tag, const CommOptions& opts = {}) override;
+  void barrier(const CommOptions& opts = {}) override;
+
+  std::unique_ptr<Comm> split(int color, int key) override;
+  /// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED): the ranks that share this node's memory.
+  std::unique_ptr<MpiComm> split_shared();
+
+  /// Largest element count passed to one MPI call for element-wise operations (all_reduce,
+  /// broadcast, send/recv). Default 2^30; lowered only by tests to exercise the chunking.
+  void set_max_chunk(std::size_t elements);
+
+ private:
+  MpiComm(MPI_Comm c, std::string name, std::shared_ptr<MpiOps> ops);
+  std::string what(const char* op, ConstTensorView v, const char* extra = nullptr) const;
+  void check_root(int root, const char* op) const;
+  void check_peer(int peer, const char* op) const;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::string name_;
+  std::shared_ptr<MpiOps> ops_;
+  std::size_t max_chunk_ = std::size_t{1} << 30;
+};
+
+}  // namespace dt

@@ -1,0 +1,166 @@
+#include "dt/config.hpp"
+
+#include <boost/program_options.hpp>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "dt/error.hpp"
+
+namespace po = boost::program_options;
+
+namespace dt {
+
+struct Options::Impl {
+  std::string program;
+  std::string summary;
+  po::options_description desc{"Options", 100};
+  std::vector<std::function<void()>> checks;            // range / choice validation
+  std::vector<std::pair<std::string, std::string>> types;  // name -> expected kind
+  std::vector<std::pair<std::string, std::function<std::string()>>> values;
+  std::string config_path;
+
+  std::string expected(const std::string& name) const {
+    for (const auto& [n, t] : types)
+      if (n == name) return t;
+    return "a valid value";
+  }
+};
+
+Options::Options(std::string program, std::string summary) : impl_(std::make_unique<Impl>()) {
+  impl_->program = std::move(program);
+  impl_->summary = std::move(summary);
+  impl_->desc.add_options()("help,h", "print this help and exit")(
+      "config", po::value<std::string>(&impl_->config_path)->value_name("FILE"),
+      "INI file with settings ([section] key = value); the command line overrides it");
+}
+
+Options::~Options() = default;
+
+Options& Options::add(const std::string& name, std::string* target, std::string def,
+                      std::string help, std::vector<std::string> choices) {
+  if (!choices.empty()) {
+    std::string list;
+    for (const auto& c : choices) list += (list.empty() ? "" : "|") + c;
+    help += " {" + list + "}";
+    impl_->types.emplace_back(name, "one of " + list);
+    impl_->checks.push_back([name, target, choices, list] {
+      for (const auto& c : choices)
+        if (*target == c) return;
+      DT_THROW(ConfigError, "option --", name, ": '", *target, "' is not one of ", list);
+    });
+  } else {
+    impl_->types.emplace_back(name, "a string");
+  }
+  impl_->desc.add_options()(name.c_str(), po::value<std::string>(target)->default_value(def),
+                            help.c_str());
+  impl_->values.emplace_back(name, [target] { return *target; });
+  return *this;
+}
+
+Options& Options::add(const std::string& name, bool* target, bool def, std::string help) {
+  impl_->types.emplace_back(name, "true or false");
+  impl_->desc.add_options()(name.c_str(),
+                            po::value<bool>(target)->default_value(def)->implicit_value(true),
+                            help.c_str());
+  impl_->values.emplace_back(name, [target] { return *target ? "true" : "false"; });
+  return *this;
+}
+
+namespace {
+template <class T>
+void add_number(po::options_description& desc, std::vector<std::function<void()>>& checks,
+                const std::string& name, T* target, T def, const std::string& help,
+                std::optional<T> min, std::optional<T> max) {
+  std::ostringstream h;
+  h << help;
+  if (min || max) {
+    h << " [" << (min ? std::to_string(*min) : "") << ".." << (max ? std::to_string(*max) : "")
+      << "]";
+    checks.push_back([name, target, min, max] {
+      if (min && *target < *min)
+        DT_THROW(ConfigError, "option --", name, ": ", *target, " is below the minimum ", *min);
+      if (max && *target > *max)
+        DT_THROW(ConfigError, "option --", name, ": ", *target, " is above the maximum ", *max);
+    });
+  }
+  desc.add_options()(name.c_str(), po::value<T>(target)->default_value(def), h.str().c_str());
+}
+}  // namespace
+
+Options& Options::add(const std::string& name, long* target, long def, std::string help,
+                      std::optional<long> min, std::optional<long> max) {
+  impl_->types.emplace_back(name, "an integer");
+  add_number(impl_->desc, impl_->checks, name, target, def, help, min, max);
+  impl_->values.emplace_back(name, [target] { return std::to_string(*target); });
+  return *this;
+}
+
+Options& Options::add(const std::string& name, double* target, double def, std::string help,
+                      std::optional<double> min, std::optional<double> max) {
+  impl_->types.emplace_back(name, "a number");
+  add_number(impl_->desc, impl_->checks, name, target, def, help, min, max);
+  impl_->values.emplace_back(name, [target] {
+    std::ostringstream os;
+    os << *target;
+    return os.str();
+  });
+  return *this;
+}
+
+std::string Options::help() const {
+  std::ostringstream os;
+  os << "usage: " << impl_->program << " [--config FILE] [--section.key=value ...]\n"
+     << impl_->summary << "\n\n"
+     << impl_->desc;
+  return os.str();
+}
+
+std::string Options::dump() const {
+  std::ostringstream os;
+  for (const auto& [n, v] : impl_->values) os << n << " = " << v() << "\n";
+  return os.str();
+}
+
+bool Options::parse(int argc, const char* const* argv) {
+  po::variables_map vm;
+  std::string source = "command line";
+  try {
+    po::store(po::command_line_parser(argc, argv).options(impl_->desc).run(), vm);
+    if (vm.count("help")) {
+      std::cout << help();
+      return false;
+    }
+    if (vm.count("config")) {
+      const std::string path = vm["config"].as<std::string>();
+      source = "config file '" + path + "'";
+      std::ifstream in(path);
+      DT_CHECK(ConfigError, in.good(), "config file '", path, "' cannot be read (",
+               std::strerror(errno), ")");
+      po::store(po::parse_config_file(in, impl_->desc, /*allow_unregistered=*/false), vm);
+    }
+    po::notify(vm);
+  } catch (const po::invalid_option_value& e) {
+    std::string opt = e.get_option_name();
+    std::string key = opt.rfind("--", 0) == 0 ? opt.substr(2) : opt;
+    DT_THROW(ConfigError, e.what(), " in ", source, " (expected ", impl_->expected(key), ")");
+  } catch (const po::error& e) {
+    DT_THROW(ConfigError, e.what(), " in ", source);
+  }
+  for (const auto& check : impl_->checks) check();
+  return true;
+}
+
+int run_with_config_errors(const char* program, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const ConfigError& e) {
+    std::cerr << program << ": error: " << e.message() << "\n"
+              << program << ": run '" << program << " --help' for the list of options\n";
+    return 2;
+  }
+}
+
+}  // namespace dt

@@ -1,0 +1,129 @@
+#include "dt/runtime.hpp"
+
+#include <mpi.h>
+
+#include <cstdio>
+
+#include "../comm/mpi_comm.hpp"
+#include "../topo/hwloc_topo.hpp"
+#include "../topo/pmix_info.hpp"
+
+namespace dt {
+
+namespace {
+
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+  }
+  return "unknown";
+}
+
+// Owns MPI initialisation: finalises on destruction when it initialised MPI itself.
+struct MpiSession {
+  bool owns = false;
+  MpiSession(int* argc, char*** argv) {
+    int init = 0;
+    MPI_Initialized(&init);
+    int provided = MPI_THREAD_SINGLE;
+    if (init) {
+      MPI_Query_thread(&provided);
+    } else {
+      if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+        DT_THROW(CommError, "MPI_Init_thread failed");
+      owns = true;
+    }
+    if (provided < MPI_THREAD_MULTIPLE) {
+      if (owns) MPI_Finalize();
+      DT_THROW(CommError, "the MPI library provides ", thread_level_name(provided),
+               " but dt needs MPI_THREAD_MULTIPLE; use an MPI built with thread support");
+    }
+  }
+  ~MpiSession() {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (owns && !fin) MPI_Finalize();
+  }
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+};
+
+// Node id and count from MPI alone: node leaders (local rank 0) numbered by world rank.
+Placement mpi_placement(MpiComm& world, MpiComm& node) {
+  Placement p;
+  p.local_rank = node.rank();
+  p.local_size = node.size();
+  p.source = "mpi";
+  int ids[2] = {0, 0};
+  auto leaders = world.split(node.rank() == 0 ? 0 : -1, world.rank());
+  if (leaders) {
+    ids[0] = leaders->rank();
+    ids[1] = leaders->size();
+  }
+  node.broadcast(view_of(ids, 2), 0);
+  p.node_id = ids[0];
+  p.num_nodes = ids[1];
+  return p;
+}
+
+}  // namespace
+
+struct Runtime::Impl {
+  MpiSession mpi;
+  std::unique_ptr<MpiComm> world;
+  std::unique_ptr<MpiComm> node;
+  std::unique_ptr<PmixClient> pmix;
+  Topology topo;
+
+  Impl(int* argc, char*** argv, const RuntimeOptions& opts) : mpi(argc, argv) {
+    world = MpiComm::dup(MPI_COMM_WORLD, "world");
+    node = world->split_shared();
+    const Placement from_mpi = mpi_placement(*world, *node);
+    topo.placement = from_mpi;
+    if (opts.use_pmix) {
+      pmix = std::make_unique<PmixClient>();
+      if (auto p = pmix->placement()) {
+        // Trust PMIx only where it agrees with the shared-memory communicator MPI built.
+        if (p->local_size == from_mpi.local_size && p->local_rank >= 0 &&
+            p->local_rank < p->local_size && p->node_id >= 0 && p->node_id < p->num_nodes &&
+            p->num_nodes == from_mpi.num_nodes) {
+          topo.placement = *p;
+        } else {
+          topo.placement.source = "mpi (pmix disagreed)";
+        }
+      }
+    }
+    HwlocTopology hw;
+    topo.machine = hw.describe();
+    topo.binding = hw.bind(opts.bind, topo.placement.local_rank, topo.placement.local_size);
+  }
+
+  ~Impl() {
+    node.reset();
+    world.reset();
+    pmix.reset();
+  }
+};
+
+Runtime::Runtime(int* argc, char*** argv, const RuntimeOptions& opts)
+    : impl_(std::make_unique<Impl>(argc, argv, opts)) {}
+
+Runtime::~Runtime() = default;
+
+int Runtime::rank() const noexcept { return impl_->world->rank(); }
+int Runtime::size() const noexcept { return impl_->world->size(); }
+Comm& Runtime::world() noexcept { return *impl_->world; }
+Comm& Runtime::node() noexcept { return *impl_->node; }
+const Topology& Runtime::topology() const noexcept { return impl_->topo; }
+
+void Runtime::abort(int code) noexcept {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+}  // namespace dt

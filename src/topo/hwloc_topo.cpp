@@ -1,0 +1,155 @@
+#include "hwloc_topo.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "dt/error.hpp"
+
+namespace dt {
+
+namespace {
+
+struct BitmapFree {
+  void operator()(hwloc_bitmap_s* b) const noexcept { hwloc_bitmap_free(b); }
+};
+using Bitmap = std::unique_ptr<hwloc_bitmap_s, BitmapFree>;
+
+Bitmap make_bitmap() {
+  Bitmap b(hwloc_bitmap_alloc());
+  if (!b) throw std::bad_alloc();
+  return b;
+}
+
+std::string list_string(hwloc_const_bitmap_t b) {
+  char* s = nullptr;
+  if (hwloc_bitmap_list_asprintf(&s, b) < 0 || !s) return "?";
+  std::string out = s;
+  std::free(s);
+  return out.empty() ? "-" : out;
+}
+
+bool is_gpu_pci(const hwloc_obj_t o) {
+  const unsigned cls = o->attr->pcidev.class_id;
+  const unsigned vendor = o->attr->pcidev.vendor_id;
+  if (cls == 0x0302) return true;  // 3D controller: compute GPUs and accelerators
+  // Display controllers only from GPU vendors (server BMC display chips are not GPUs).
+  return cls == 0x0300 && (vendor == 0x10de || vendor == 0x1002);
+}
+
+}  // namespace
+
+const char* bind_mode_name(BindMode m) noexcept {
+  switch (m) {
+    case BindMode::automatic: return "auto";
+    case BindMode::cores: return "cores";
+    case BindMode::none: return "none";
+  }
+  return "?";
+}
+
+BindMode parse_bind_mode(const std::string& s) {
+  if (s == "auto") return BindMode::automatic;
+  if (s == "cores") return BindMode::cores;
+  if (s == "none") return BindMode::none;
+  DT_THROW(ConfigError, "bind mode '", s, "' is not one of auto, cores, none");
+}
+
+HwlocTopology::HwlocTopology() {
+  DT_CHECK(Error, hwloc_topology_init(&t_) == 0, "hwloc_topology_init failed: ", std::strerror(errno));
+  hwloc_topology_set_io_types_filter(t_, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+  if (hwloc_topology_load(t_) != 0) {
+    const int err = errno;
+    hwloc_topology_destroy(t_);
+    t_ = nullptr;
+    DT_THROW(Error, "hwloc_topology_load failed: ", std::strerror(err));
+  }
+}
+
+HwlocTopology::~HwlocTopology() {
+  if (t_) hwloc_topology_destroy(t_);
+}
+
+MachineInfo HwlocTopology::describe() const {
+  MachineInfo m;
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  m.host = host;
+  m.packages = hwloc_get_nbobjs_by_type(t_, HWLOC_OBJ_PACKAGE);
+  m.numa_nodes = hwloc_get_nbobjs_by_type(t_, HWLOC_OBJ_NUMANODE);
+  m.cores = hwloc_get_nbobjs_by_type(t_, HWLOC_OBJ_CORE);
+  m.pus = hwloc_get_nbobjs_by_type(t_, HWLOC_OBJ_PU);
+  for (hwloc_obj_t p = hwloc_get_next_pcidev(t_, nullptr); p; p = hwloc_get_next_pcidev(t_, p)) {
+    if (!is_gpu_pci(p)) continue;
+    std::string name;
+    // Prefer the name the driver gives (cuda0, rsmi0, card1) over the PCI address.
+    for (hwloc_obj_t c = p->io_first_child; c; c = c->next_sibling) {
+      if (c->type != HWLOC_OBJ_OS_DEVICE) continue;
+      const auto t = c->attr->osdev.type;
+      if ((t == HWLOC_OBJ_OSDEV_COPROC || t == HWLOC_OBJ_OSDEV_GPU) && c->name) {
+        name = c->name;
+        if (t == HWLOC_OBJ_OSDEV_COPROC) break;
+      }
+    }
+    if (name.empty()) {
+      char addr[32];
+      std::snprintf(addr, sizeof addr, "pci:%04x:%02x:%02x.%x", p->attr->pcidev.domain,
+                    p->attr->pcidev.bus, p->attr->pcidev.dev, p->attr->pcidev.func);
+      name = addr;
+    }
+    m.gpus.push_back(name);
+  }
+  return m;
+}
+
+Binding HwlocTopology::current(const char* mode) const {
+  Binding b;
+  b.mode = mode;
+  Bitmap cpus = make_bitmap();
+  if (hwloc_get_cpubind(t_, cpus.get(), HWLOC_CPUBIND_PROCESS) != 0)
+    hwloc_bitmap_copy(cpus.get(), hwloc_topology_get_allowed_cpuset(t_));
+  b.cpus = list_string(cpus.get());
+  Bitmap nodes = make_bitmap();
+  hwloc_cpuset_to_nodeset(t_, cpus.get(), nodes.get());
+  b.numa = list_string(nodes.get());
+  return b;
+}
+
+Binding HwlocTopology::bind(BindMode mode, int local_rank, int local_size) {
+  if (mode == BindMode::none) {
+    return current("none");
+  }
+  Bitmap cur = make_bitmap();
+  const bool have_cur = hwloc_get_cpubind(t_, cur.get(), HWLOC_CPUBIND_PROCESS) == 0;
+  hwloc_const_cpuset_t allowed = hwloc_topology_get_allowed_cpuset(t_);
+  if (mode == BindMode::automatic && have_cur && !hwloc_bitmap_isincluded(allowed, cur.get()))
+    return current("launcher");
+
+  const int cores = hwloc_get_nbobjs_by_type(t_, HWLOC_OBJ_CORE);
+  if (cores <= 0 || local_size <= 0) return current("none");
+  int first, last;  // [first, last)
+  if (local_size <= cores) {
+    first = static_cast<int>(static_cast<long>(local_rank) * cores / local_size);
+    last = static_cast<int>(static_cast<long>(local_rank + 1) * cores / local_size);
+  } else {
+    first = local_rank % cores;
+    last = first + 1;
+  }
+  Bitmap set = make_bitmap();
+  for (int c = first; c < last; ++c) {
+    hwloc_obj_t core = hwloc_get_obj_by_type(t_, HWLOC_OBJ_CORE, static_cast<unsigned>(c));
+    if (core && core->cpuset) hwloc_bitmap_or(set.get(), set.get(), core->cpuset);
+  }
+  if (hwloc_set_cpubind(t_, set.get(), HWLOC_CPUBIND_PROCESS) != 0) {
+    Binding b = current("none");
+    b.mode = std::string("failed (") + std::strerror(errno) + ")";
+    return b;
+  }
+  return current("cores");
+}
+
+}  // namespace dt
