@@ -1,5 +1,6 @@
 #include "dt/config.hpp"
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cerrno>
 #include <cstring>
@@ -17,7 +18,8 @@ struct Options::Impl {
   std::string program;
   std::string summary;
   po::options_description desc{"Options", 100};
-  std::vector<std::function<void()>> checks;            // range / choice validation
+  // Range / choice validation: option name -> problem with the parsed value ("" when fine).
+  std::vector<std::pair<std::string, std::function<std::string()>>> checks;
   std::vector<std::pair<std::string, std::string>> types;  // name -> expected kind
   std::vector<std::pair<std::string, std::function<std::string()>>> values;
   std::string config_path;
@@ -46,10 +48,10 @@ Options& Options::add(const std::string& name, std::string* target, std::string 
     for (const auto& c : choices) list += (list.empty() ? "" : "|") + c;
     help += " {" + list + "}";
     impl_->types.emplace_back(name, "one of " + list);
-    impl_->checks.push_back([name, target, choices, list] {
+    impl_->checks.emplace_back(name, [target, choices, list]() -> std::string {
       for (const auto& c : choices)
-        if (*target == c) return;
-      DT_THROW(ConfigError, "option --", name, ": '", *target, "' is not one of ", list);
+        if (*target == c) return {};
+      return "'" + *target + "' is not one of " + list;
     });
   } else {
     impl_->types.emplace_back(name, "a string");
@@ -71,7 +73,8 @@ Options& Options::add(const std::string& name, bool* target, bool def, std::stri
 
 namespace {
 template <class T>
-void add_number(po::options_description& desc, std::vector<std::function<void()>>& checks,
+void add_number(po::options_description& desc,
+                std::vector<std::pair<std::string, std::function<std::string()>>>& checks,
                 const std::string& name, T* target, T def, const std::string& help,
                 std::optional<T> min, std::optional<T> max) {
   std::ostringstream h;
@@ -79,11 +82,11 @@ void add_number(po::options_description& desc, std::vector<std::function<void()>
   if (min || max) {
     h << " [" << (min ? std::to_string(*min) : "") << ".." << (max ? std::to_string(*max) : "")
       << "]";
-    checks.push_back([name, target, min, max] {
-      if (min && *target < *min)
-        DT_THROW(ConfigError, "option --", name, ": ", *target, " is below the minimum ", *min);
-      if (max && *target > *max)
-        DT_THROW(ConfigError, "option --", name, ": ", *target, " is above the maximum ", *max);
+    checks.emplace_back(name, [target, min, max]() -> std::string {
+      std::ostringstream os;
+      if (min && *target < *min) os << *target << " is below the minimum " << *min;
+      if (max && *target > *max) os << *target << " is above the maximum " << *max;
+      return os.str();
     });
   }
   desc.add_options()(name.c_str(), po::value<T>(target)->default_value(def), h.str().c_str());
@@ -127,8 +130,12 @@ std::string Options::dump() const {
 bool Options::parse(int argc, const char* const* argv) {
   po::variables_map vm;
   std::string source = "command line";
+  std::string file_source;              // "config file 'PATH'" once --config was given
+  std::vector<std::string> from_command_line;  // options the command line set explicitly
   try {
     po::store(po::command_line_parser(argc, argv).options(impl_->desc).run(), vm);
+    for (const auto& [name, value] : vm)
+      if (!value.defaulted()) from_command_line.push_back(name);
     if (vm.count("help")) {
       std::cout << help();
       return false;
@@ -136,6 +143,7 @@ bool Options::parse(int argc, const char* const* argv) {
     if (vm.count("config")) {
       const std::string path = vm["config"].as<std::string>();
       source = "config file '" + path + "'";
+      file_source = source;
       std::ifstream in(path);
       DT_CHECK(ConfigError, in.good(), "config file '", path, "' cannot be read (",
                std::strerror(errno), ")");
@@ -149,7 +157,18 @@ bool Options::parse(int argc, const char* const* argv) {
   } catch (const po::error& e) {
     DT_THROW(ConfigError, e.what(), " in ", source);
   }
-  for (const auto& check : impl_->checks) check();
+  // Range and choice problems name where the bad value came from, like the errors above.
+  for (const auto& [name, check] : impl_->checks) {
+    const std::string problem = check();
+    if (problem.empty()) continue;
+    std::string where = "the default value";
+    if (std::find(from_command_line.begin(), from_command_line.end(), name) !=
+        from_command_line.end())
+      where = "command line";
+    else if (vm.count(name) && !vm[name].defaulted() && !file_source.empty())
+      where = file_source;
+    DT_THROW(ConfigError, "option --", name, ": ", problem, " in ", where);
+  }
   return true;
 }
 

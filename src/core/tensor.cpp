@@ -25,7 +25,9 @@ std::string shape_str(const Shape& s) {
 }
 
 TensorView TensorView::slice(std::size_t offset, std::size_t count) const {
-  DT_CHECK_LE(InvalidArgument, offset + count, numel, "slice out of range");
+  // Two checks, not offset + count <= numel: that sum can wrap around and let a bad slice through.
+  DT_CHECK_LE(InvalidArgument, offset, numel, "slice out of range (offset)");
+  DT_CHECK_LE(InvalidArgument, count, numel - offset, "slice out of range (count)");
   return {static_cast<char*>(data) + offset * dtype_size(dtype), count, dtype};
 }
 

@@ -1,1 +1,986 @@
-int main() { return 0; }
+// test_collectives: every dt::Comm collective x dtype x op, at any rank count (run under 1, 2, 3
+// and 4 ranks; 3 is not a power of two), sizes 0, 1, 7 and 1M elements, on the world and on split
+// sub-communicators, in the blocking, blocking-with-timeout and non-blocking (wait and test) forms,
+// against references computed here from the known per-rank inputs.
+//
+// Inputs are small integers in [-20, 20] (u8: [0, 40]) that depend on the rank in the communicator
+// under test, the element index and the case, so every sum is exact in every dtype and a wrong
+// route, block or root shows up as a wrong value. References follow dt/comm.hpp: avg is the exact
+// sum divided by size(), truncating toward zero for integers, in float and rounded once for
+// bf16/f16 (rounding done here independently of dt's conversion), in double for f64.
+//
+// Also: split() ordering by key and color -1, chunked element-wise ops (MpiComm::set_max_chunk),
+// in-place all_gather, several outstanding operations, Work timeouts and stored errors, and
+// argument validation. Each failed check prints "rank R: FAIL <what>: <details>"; rank 0 prints a
+// summary and every rank exits 1 if any rank failed.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "comm/mpi_comm.hpp"
+#include "dt/comm.hpp"
+#include "dt/dtype.hpp"
+#include "dt/error.hpp"
+#include "dt/runtime.hpp"
+#include "dt/tensor.hpp"
+
+namespace {
+
+using dt::Comm;
+using dt::CommOptions;
+using dt::DType;
+using dt::Millis;
+using dt::ReduceOp;
+using dt::Work;
+using Clock = std::chrono::steady_clock;
+
+// ---- check harness --------------------------------------------------------------------------
+
+struct Harness {
+  int rank = 0;
+  long fails = 0;
+  long checks = 0;
+  static constexpr long kMaxPrinted = 200;
+
+  void fail(const std::string& what, const std::string& details) {
+    ++fails;
+    if (fails <= kMaxPrinted) {
+      std::printf("rank %d: FAIL %s: %s\n", rank, what.c_str(), details.c_str());
+      std::fflush(stdout);
+    } else if (fails == kMaxPrinted + 1) {
+      std::printf("rank %d: further failures not printed\n", rank);
+      std::fflush(stdout);
+    }
+  }
+  bool expect(bool ok, const std::string& what, const std::string& details) {
+    ++checks;
+    if (!ok) fail(what, details);
+    return ok;
+  }
+};
+Harness H;
+
+template <class... P>
+std::string str(P&&... parts) {
+  std::ostringstream os;
+  ((os << std::forward<P>(parts)), ...);
+  return os.str();
+}
+
+bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+// Runs f; any exception is a failure of `what` (so one broken case does not end the run).
+template <class F>
+void guarded(const std::string& what, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    H.fail(what, str("unexpected exception: ", e.what()));
+  }
+}
+
+// f must throw exactly E; `needle` (if any) must appear in the message.
+template <class E, class F>
+void expect_throw(const std::string& what, F&& f, const char* needle = nullptr) {
+  ++H.checks;
+  try {
+    f();
+    H.fail(what, "no exception thrown");
+  } catch (const E& e) {
+    if (needle && !contains(e.what(), needle))
+      H.fail(what, str("message lacks '", needle, "': ", e.what()));
+  } catch (const std::exception& e) {
+    H.fail(what, str("wrong exception type: ", e.what()));
+  }
+}
+
+// ---- values and references ------------------------------------------------------------------
+
+template <class T>
+constexpr bool is16 = std::is_same_v<T, dt::bf16> || std::is_same_v<T, dt::f16>;
+template <class T>
+constexpr bool nonneg_v = std::is_same_v<T, std::uint8_t>;
+
+// Value of rank r at element i in case `salt`: [-20, 20], or [0, 40] for unsigned types.
+inline int gen(int r, std::size_t i, std::uint32_t salt, bool nonneg) {
+  std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^
+                    (static_cast<std::uint32_t>(r + 1) * 0x9E3779B9u + salt * 0x85EBCA6Bu);
+  x ^= x >> 15;
+  x *= 0x2C1B3C6Du;
+  x ^= x >> 12;
+  x *= 0x297A2D39u;
+  x ^= x >> 15;
+  const int v = static_cast<int>(x % 41u);
+  return nonneg ? v : v - 20;
+}
+template <class T>
+int genv(int r, std::size_t i, std::uint32_t salt) {
+  return gen(r, i, salt, nonneg_v<T>);
+}
+
+template <class T>
+T enc(double v) {
+  if constexpr (is16<T>)
+    return T(static_cast<float>(v));  // exact: only small integers are encoded
+  else
+    return static_cast<T>(v);
+}
+template <class T>
+double dec(T v) {
+  if constexpr (is16<T>)
+    return static_cast<double>(static_cast<float>(v));  // exact by dtype.hpp
+  else
+    return static_cast<double>(v);
+}
+
+// Rounds x to nearest, ties to even, keeping `mant` explicit mantissa bits (normal range only,
+// which is all the avg references need: |x| in [1/4, 40]).
+double round_mantissa(double x, int mant) {
+  if (x == 0 || !std::isfinite(x)) return x;
+  int e = 0;
+  std::frexp(x, &e);  // x = m * 2^e, 0.5 <= |m| < 1
+  const double ulp = std::ldexp(1.0, e - 1 - mant);
+  return std::nearbyint(x / ulp) * ulp;  // default rounding mode: to nearest even
+}
+
+// avg reference from an exact integer sum.
+template <class T>
+double avg_ref(std::int64_t sum, int n) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<double>(sum / n);  // C++: truncation toward zero
+  } else if constexpr (std::is_same_v<T, double>) {
+    return static_cast<double>(sum) / static_cast<double>(n);
+  } else {
+    const float q = static_cast<float>(sum) / static_cast<float>(n);
+    if constexpr (std::is_same_v<T, float>) return q;
+    if constexpr (std::is_same_v<T, dt::bf16>) return round_mantissa(q, 7);
+    return round_mantissa(q, 10);  // f16
+  }
+}
+
+// op over ranks [0, n) of value(r).
+template <class T, class V>
+double reduce_ref(ReduceOp op, int n, V&& value) {
+  std::int64_t s = 0, mx = INT64_MIN, mn = INT64_MAX;
+  for (int r = 0; r < n; ++r) {
+    const std::int64_t v = value(r);
+    s += v;
+    mx = std::max(mx, v);
+    mn = std::min(mn, v);
+  }
+  switch (op) {
+    case ReduceOp::sum: return static_cast<double>(s);
+    case ReduceOp::max: return static_cast<double>(mx);
+    case ReduceOp::min: return static_cast<double>(mn);
+    case ReduceOp::avg: return avg_ref<T>(s, n);
+  }
+  return 0;
+}
+
+// Compares got[0, n) with ref(i); reports the count and the first mismatch.
+template <class T, class Ref>
+bool expect_buf(const std::string& what, const T* got, std::size_t n, Ref&& ref) {
+  std::size_t bad = 0, first = 0;
+  double fg = 0, fe = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double e = ref(i);
+    const double gv = dec(got[i]);
+    if (!(gv == e)) {
+      if (bad == 0) {
+        first = i;
+        fg = gv;
+        fe = e;
+      }
+      ++bad;
+    }
+  }
+  return H.expect(bad == 0, what,
+                  str(bad, " of ", n, " elements wrong; first at ", first, ": got ", fg,
+                      ", expected ", fe));
+}
+
+constexpr double kSentinel = 77;  // never an input value (|v| <= 40)
+
+template <class T>
+std::vector<T> filled(std::size_t n, int r, std::uint32_t salt, std::size_t base = 0) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = enc<T>(genv<T>(r, base + i, salt));
+  return v;
+}
+
+// ---- forms ----------------------------------------------------------------------------------
+
+enum class Form { blocking, timeout, iwait, itest };
+constexpr Form kForms[] = {Form::blocking, Form::timeout, Form::iwait, Form::itest};
+const char* form_name(Form f) {
+  switch (f) {
+    case Form::blocking: return "blocking";
+    case Form::timeout: return "blocking+timeout";
+    case Form::iwait: return "i*+wait";
+    case Form::itest: return "i*+test";
+  }
+  return "?";
+}
+bool nonblocking(Form f) { return f == Form::iwait || f == Form::itest; }
+CommOptions opts_for(Form f) {
+  CommOptions o;
+  if (f == Form::timeout) o.timeout = Millis(120000);
+  return o;
+}
+
+// Completes every Work in `ws` by wait() or by polling test().
+void complete(Form f, std::vector<Work*> ws) {
+  if (f == Form::itest) {
+    std::vector<bool> done(ws.size(), false);
+    for (bool all = false; !all;) {
+      all = true;
+      for (std::size_t k = 0; k < ws.size(); ++k) {
+        if (!done[k]) done[k] = ws[k]->test();
+        all = all && done[k];
+      }
+      if (!all) std::this_thread::yield();
+    }
+  } else {
+    for (Work* w : ws) w->wait();
+  }
+  for (Work* w : ws) H.expect(w->test(), "Work::test after completion", "returned false");
+}
+
+// Runs the blocking call (blocking/timeout forms) or the non-blocking one plus completion.
+template <class B, class NB>
+void run_form(Form f, B&& blocking, NB&& start) {
+  if (nonblocking(f)) {
+    Work w = start();
+    H.expect(w.valid(), "Work::valid", "non-blocking call returned an empty Work");
+    complete(f, {&w});
+  } else {
+    blocking(opts_for(f));
+  }
+}
+
+constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
+constexpr std::size_t kBig = std::size_t{1} << 20;
+constexpr std::size_t kSizes[] = {0, 1, 7, kBig};
+
+std::uint32_t salt_of(int a, int b, int c, int d, int e) {
+  return static_cast<std::uint32_t>((((a * 31 + b) * 31 + c) * 31 + d) * 31 + e);
+}
+
+// ---- one case per collective ----------------------------------------------------------------
+
+template <class T>
+void case_all_reduce(Comm& c, std::size_t n, ReduceOp op, Form f, std::uint32_t salt) {
+  const std::string what = str("all_reduce(", dt::dtype_name(dt::dtype_v<T>), " x ", n, ", ",
+                               dt::reduce_op_name(op), ", ", form_name(f), ") on ", c.name());
+  guarded(what, [&] {
+    std::vector<T> buf = filled<T>(n, c.rank(), salt);
+    run_form(
+        f, [&](const CommOptions& o) { c.all_reduce(dt::view_of(buf), op, o); },
+        [&] { return c.iall_reduce(dt::view_of(buf), op); });
+    const int s = c.size();
+    expect_buf(what, buf.data(), n, [&](std::size_t i) {
+      return reduce_ref<T>(op, s, [&](int r) { return genv<T>(r, i, salt); });
+    });
+  });
+}
+
+template <class T>
+void case_broadcast(Comm& c, std::size_t n, int root, Form f, std::uint32_t salt) {
+  const std::string what = str("broadcast(", dt::dtype_name(dt::dtype_v<T>), " x ", n, ", root ",
+                               root, ", ", form_name(f), ") on ", c.name());
+  guarded(what, [&] {
+    // Non-roots start from their own (different) values, so a missing copy is visible.
+    std::vector<T> buf = filled<T>(n, c.rank() == root ? root : 1000 + c.rank(), salt);
+    run_form(
+        f, [&](const CommOptions& o) { c.broadcast(dt::view_of(buf), root, o); },
+        [&] { return c.ibroadcast(dt::view_of(buf), root); });
+    expect_buf(what, buf.data(), n, [&](std::size_t i) { return genv<T>(root, i, salt); });
+  });
+}
+
+template <class T>
+void case_all_gather(Comm& c, std::size_t n, Form f, std::uint32_t salt, bool in_place) {
+  const std::string what = str("all_gather(", dt::dtype_name(dt::dtype_v<T>), " x ", n, ", ",
+                               in_place ? "in place, " : "", form_name(f), ") on ", c.name());
+  guarded(what, [&] {
+    const int s = c.size(), me = c.rank();
+    std::vector<T> out(n * static_cast<std::size_t>(s), enc<T>(kSentinel));
+    std::vector<T> in;
+    dt::ConstTensorView inv;
+    if (in_place) {
+      for (std::size_t i = 0; i < n; ++i) out[me * n + i] = enc<T>(genv<T>(me, i, salt));
+      inv = dt::view_of(static_cast<const T*>(out.data() + me * n), n);
+    } else {
+      in = filled<T>(n, me, salt);
+      inv = dt::view_of(static_cast<const std::vector<T>&>(in));
+    }
+    run_form(
+        f, [&](const CommOptions& o) { c.all_gather(inv, dt::view_of(out), o); },
+        [&] { return c.iall_gather(inv, dt::view_of(out)); });
+    expect_buf(what, out.data(), out.size(),
+               [&](std::size_t j) { return genv<T>(static_cast<int>(j / n), j % n, salt); });
+    if (!in_place)
+      expect_buf(what + " input untouched", in.data(), n,
+                 [&](std::size_t i) { return genv<T>(me, i, salt); });
+  });
+}
+
+template <class T>
+void case_reduce_scatter(Comm& c, std::size_t n, ReduceOp op, Form f, std::uint32_t salt) {
+  const std::string what = str("reduce_scatter(", dt::dtype_name(dt::dtype_v<T>), " x ", n,
+                               " per rank, ", dt::reduce_op_name(op), ", ", form_name(f), ") on ",
+                               c.name());
+  guarded(what, [&] {
+    const int s = c.size(), me = c.rank();
+    std::vector<T> in = filled<T>(n * static_cast<std::size_t>(s), me, salt);
+    std::vector<T> out(n, enc<T>(kSentinel));
+    run_form(
+        f,
+        [&](const CommOptions& o) {
+          c.reduce_scatter(dt::view_of(static_cast<const std::vector<T>&>(in)), dt::view_of(out),
+                           op, o);
+        },
+        [&] {
+          return c.ireduce_scatter(dt::view_of(static_cast<const std::vector<T>&>(in)),
+                                   dt::view_of(out), op);
+        });
+    const std::size_t base = static_cast<std::size_t>(me) * n;
+    expect_buf(what, out.data(), n, [&](std::size_t i) {
+      return reduce_ref<T>(op, s, [&](int r) { return genv<T>(r, base + i, salt); });
+    });
+  });
+}
+
+// Ring: rank r sends its values to r + 1 and receives r - 1's (a self-message on one rank).
+template <class T>
+void case_ring(Comm& c, std::size_t n, Form f, std::uint32_t salt, int tag) {
+  const std::string what = str("send/recv ring(", dt::dtype_name(dt::dtype_v<T>), " x ", n, ", ",
+                               form_name(f), ") on ", c.name());
+  guarded(what, [&] {
+    const int s = c.size(), me = c.rank();
+    const int next = (me + 1) % s, prev = (me + s - 1) % s;
+    const std::vector<T> out = filled<T>(n, me, salt);
+    std::vector<T> in(n, enc<T>(kSentinel));
+    if (nonblocking(f)) {
+      Work rw = c.irecv(dt::view_of(in), prev, tag);
+      Work sw = c.isend(dt::view_of(out), next, tag);
+      complete(f, {&sw, &rw});
+    } else if (s == 1) {
+      // A blocking send to oneself needs the receive posted first (and vice versa).
+      const CommOptions o = opts_for(f);
+      Work rw = c.irecv(dt::view_of(in), 0, tag);
+      c.send(dt::view_of(out), 0, tag, o);
+      rw.wait();
+      expect_buf(what + " (irecv + blocking send)", in.data(), n,
+                 [&](std::size_t i) { return genv<T>(0, i, salt); });
+      std::fill(in.begin(), in.end(), enc<T>(kSentinel));
+      Work sw = c.isend(dt::view_of(out), 0, tag + 1);
+      c.recv(dt::view_of(in), 0, tag + 1, o);
+      sw.wait();
+    } else if (me % 2 == 0) {  // even ranks send first, odd ranks receive first: no cycle
+      c.send(dt::view_of(out), next, tag, opts_for(f));
+      c.recv(dt::view_of(in), prev, tag, opts_for(f));
+    } else {
+      c.recv(dt::view_of(in), prev, tag, opts_for(f));
+      c.send(dt::view_of(out), next, tag, opts_for(f));
+    }
+    expect_buf(what, in.data(), n, [&](std::size_t i) { return genv<T>(prev, i, salt); });
+    expect_buf(what + " send buffer untouched", out.data(), n,
+               [&](std::size_t i) { return genv<T>(me, i, salt); });
+  });
+}
+
+// Pair between ranks 0 and 1 (others idle). Non-blocking: rank 0 posts two sends with different
+// tags and rank 1 receives them in the opposite order (matching is by tag), then answers.
+template <class T>
+void case_pair(Comm& c, std::size_t n, Form f, std::uint32_t salt, int tag) {
+  if (c.size() < 2 || c.rank() > 1) return;
+  const std::string what = str("send/recv pair 0<->1(", dt::dtype_name(dt::dtype_v<T>), " x ", n,
+                               ", ", form_name(f), ") on ", c.name());
+  guarded(what, [&] {
+    const std::uint32_t sa = salt, sb = salt + 1, sc = salt + 2;
+    if (c.rank() == 0) {
+      const std::vector<T> a = filled<T>(n, 0, sa), cc = filled<T>(n, 0, sc);
+      std::vector<T> b(n, enc<T>(kSentinel));
+      if (nonblocking(f)) {
+        Work w1 = c.isend(dt::view_of(a), 1, tag);
+        Work w2 = c.isend(dt::view_of(cc), 1, tag + 1);
+        Work w3 = c.irecv(dt::view_of(b), 1, tag + 2);
+        complete(f, {&w3, &w2, &w1});
+      } else {
+        c.send(dt::view_of(a), 1, tag, opts_for(f));
+        c.send(dt::view_of(cc), 1, tag + 1, opts_for(f));
+        c.recv(dt::view_of(b), 1, tag + 2, opts_for(f));
+      }
+      expect_buf(what + " reply", b.data(), n, [&](std::size_t i) { return genv<T>(1, i, sb); });
+    } else {
+      std::vector<T> a(n, enc<T>(kSentinel)), cc(n, enc<T>(kSentinel));
+      const std::vector<T> b = filled<T>(n, 1, sb);
+      if (nonblocking(f)) {
+        Work w2 = c.irecv(dt::view_of(cc), 0, tag + 1);
+        Work w1 = c.irecv(dt::view_of(a), 0, tag);
+        Work w3 = c.isend(dt::view_of(b), 0, tag + 2);
+        complete(f, {&w2, &w1, &w3});
+      } else {
+        c.recv(dt::view_of(a), 0, tag, opts_for(f));
+        c.recv(dt::view_of(cc), 0, tag + 1, opts_for(f));
+        c.send(dt::view_of(b), 0, tag + 2, opts_for(f));
+      }
+      expect_buf(what + " tag " + std::to_string(tag), a.data(), n,
+                 [&](std::size_t i) { return genv<T>(0, i, sa); });
+      expect_buf(what + " tag " + std::to_string(tag + 1), cc.data(), n,
+                 [&](std::size_t i) { return genv<T>(0, i, sc); });
+    }
+  });
+}
+
+// ---- suites ---------------------------------------------------------------------------------
+
+template <class F>
+void for_each_dtype(F&& f) {
+  int k = 0;
+  for (DType t : dt::kAllDTypes) {
+    dt::visit_dtype(t, [&](auto z) { f(z, k); });
+    ++k;
+  }
+}
+
+// At 1M elements only a subset of the forms runs (rotating with dtype and op, so every form
+// still meets every dtype and op at 1M somewhere); the small sizes run every form.
+bool run_big(std::size_t n, int dtype_k, int op_k, Form f, int rot) {
+  if (n < kBig) return true;
+  const int fk = static_cast<int>(f);
+  return fk == (dtype_k + op_k + rot) % 4;
+}
+
+void suite_all_reduce(Comm& c, int id) {
+  for_each_dtype([&](auto z, int dk) {
+    using T = decltype(z);
+    for (int ok = 0; ok < 4; ++ok)
+      for (std::size_t n : kSizes)
+        for (Form f : kForms)
+          if (run_big(n, dk, ok, f, 0))
+            case_all_reduce<T>(c, n, kOps[ok], f,
+                               salt_of(id, dk, ok, static_cast<int>(n % 1000), static_cast<int>(f)));
+  });
+}
+
+void suite_reduce_scatter(Comm& c, int id) {
+  for_each_dtype([&](auto z, int dk) {
+    using T = decltype(z);
+    for (int ok = 0; ok < 4; ++ok)
+      for (std::size_t n : kSizes)
+        for (Form f : kForms)
+          if (run_big(n, dk, ok, f, 1))
+            case_reduce_scatter<T>(
+                c, n, kOps[ok], f,
+                salt_of(id + 1, dk, ok, static_cast<int>(n % 1000), static_cast<int>(f)));
+  });
+}
+
+void suite_broadcast(Comm& c, int id) {
+  for_each_dtype([&](auto z, int dk) {
+    using T = decltype(z);
+    for (int root = 0; root < c.size(); ++root)
+      for (std::size_t n : kSizes)
+        for (Form f : kForms)
+          if (run_big(n, dk, root, f, 2))
+            case_broadcast<T>(c, n, root, f,
+                              salt_of(id + 2, dk, root, static_cast<int>(n % 1000),
+                                      static_cast<int>(f)));
+  });
+}
+
+void suite_all_gather(Comm& c, int id) {
+  for_each_dtype([&](auto z, int dk) {
+    using T = decltype(z);
+    for (std::size_t n : kSizes)
+      for (Form f : kForms)
+        for (int ip = 0; ip < 2; ++ip)
+          if (run_big(n, dk, ip, f, 3))
+            case_all_gather<T>(c, n, f,
+                               salt_of(id + 3, dk, ip, static_cast<int>(n % 1000),
+                                       static_cast<int>(f)),
+                               ip == 1);
+  });
+}
+
+void suite_p2p(Comm& c, int id) {
+  for_each_dtype([&](auto z, int dk) {
+    using T = decltype(z);
+    for (std::size_t n : kSizes)
+      for (Form f : kForms) {
+        const int tag = 1000 + dk * 100 + static_cast<int>(f) * 10;
+        if (run_big(n, dk, 0, f, 0))
+          case_ring<T>(c, n, f, salt_of(id + 4, dk, 0, static_cast<int>(n % 1000), static_cast<int>(f)),
+                       tag);
+        if (run_big(n, dk, 1, f, 0))
+          case_pair<T>(c, n, f, salt_of(id + 5, dk, 1, static_cast<int>(n % 1000), static_cast<int>(f)),
+                       tag + 5);
+      }
+  });
+}
+
+// Barrier: rank 0 arrives ~100 ms late; nobody may leave before it arrived.
+void suite_barrier(Comm& c) {
+  for (Form f : kForms) {
+    const std::string what = str("barrier(", form_name(f), ") on ", c.name());
+    guarded(what, [&] {
+      c.barrier();  // line up
+      if (c.rank() == 0 && c.size() > 1) std::this_thread::sleep_for(Millis(100));
+      const auto t0 = Clock::now();
+      run_form(
+          f, [&](const CommOptions& o) { c.barrier(o); }, [&] { return c.ibarrier(); });
+      const auto ms = std::chrono::duration_cast<Millis>(Clock::now() - t0).count();
+      if (c.rank() != 0)
+        H.expect(ms >= 50, what, str("left after ", ms, " ms, before rank 0 (100 ms late) arrived"));
+    });
+  }
+}
+
+// Several operations outstanding at once, completed in reverse order.
+void suite_outstanding(Comm& c) {
+  const std::string what = str("outstanding operations on ", c.name());
+  guarded(what, [&] {
+    const int s = c.size(), me = c.rank(), root = s - 1;
+    const std::uint32_t salt = 4242;
+    std::vector<float> a = filled<float>(1000, me, salt);
+    std::vector<dt::bf16> b = filled<dt::bf16>(7, me == root ? root : 1000 + me, salt + 1);
+    const std::vector<std::int64_t> gin = filled<std::int64_t>(5, me, salt + 2);
+    std::vector<std::int64_t> gout(5 * static_cast<std::size_t>(s), 77);
+    const std::vector<dt::f16> rin = filled<dt::f16>(3 * static_cast<std::size_t>(s), me, salt + 3);
+    std::vector<dt::f16> rout(3, enc<dt::f16>(kSentinel));
+    std::vector<std::int32_t> c2 = filled<std::int32_t>(9, me, salt + 4);
+    Work w1 = c.iall_reduce(dt::view_of(a), ReduceOp::sum);
+    Work w2 = c.ibroadcast(dt::view_of(b), root);
+    Work w3 = c.iall_gather(dt::view_of(gin), dt::view_of(gout));
+    Work w4 = c.ireduce_scatter(dt::view_of(rin), dt::view_of(rout), ReduceOp::avg);
+    Work w5 = c.ibarrier();
+    Work w6 = c.iall_reduce(dt::view_of(c2), ReduceOp::avg);
+    for (Work* w : {&w6, &w5, &w4, &w3, &w2, &w1}) w->wait();
+    expect_buf(what + ": all_reduce f32 sum", a.data(), a.size(), [&](std::size_t i) {
+      return reduce_ref<float>(ReduceOp::sum, s, [&](int r) { return genv<float>(r, i, salt); });
+    });
+    expect_buf(what + ": broadcast bf16", b.data(), b.size(),
+               [&](std::size_t i) { return genv<dt::bf16>(root, i, salt + 1); });
+    expect_buf(what + ": all_gather i64", gout.data(), gout.size(), [&](std::size_t j) {
+      return genv<std::int64_t>(static_cast<int>(j / 5), j % 5, salt + 2);
+    });
+    expect_buf(what + ": reduce_scatter f16 avg", rout.data(), rout.size(), [&](std::size_t i) {
+      return reduce_ref<dt::f16>(ReduceOp::avg, s,
+                                 [&](int r) { return genv<dt::f16>(r, me * 3 + i, salt + 3); });
+    });
+    expect_buf(what + ": all_reduce i32 avg", c2.data(), c2.size(), [&](std::size_t i) {
+      return reduce_ref<std::int32_t>(ReduceOp::avg, s,
+                                      [&](int r) { return genv<std::int32_t>(r, i, salt + 4); });
+    });
+    // A finished Work stays finished: no second division for avg.
+    w6.wait();
+    H.expect(w6.test(), what, "test() false after wait()");
+    expect_buf(what + ": all_reduce i32 avg after repeated wait/test", c2.data(), c2.size(),
+               [&](std::size_t i) {
+                 return reduce_ref<std::int32_t>(
+                     ReduceOp::avg, s, [&](int r) { return genv<std::int32_t>(r, i, salt + 4); });
+               });
+  });
+}
+
+double section_ms(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+void full_suite(Comm& c, int id, int world_rank) {
+  struct S {
+    const char* name;
+    std::function<void()> run;
+  };
+  const S parts[] = {
+      {"all_reduce", [&] { suite_all_reduce(c, id); }},
+      {"broadcast", [&] { suite_broadcast(c, id); }},
+      {"all_gather", [&] { suite_all_gather(c, id); }},
+      {"reduce_scatter", [&] { suite_reduce_scatter(c, id); }},
+      {"send/recv", [&] { suite_p2p(c, id); }},
+      {"barrier", [&] { suite_barrier(c); }},
+      {"outstanding", [&] { suite_outstanding(c); }},
+  };
+  for (const S& p : parts) {
+    const auto t0 = Clock::now();
+    p.run();
+    if (world_rank == 0 && std::getenv("DT_TEST_VERBOSE"))
+      std::printf("  %-14s on %-16s %8.0f ms\n", p.name, c.name().c_str(), section_ms(t0));
+  }
+}
+
+// ---- split ----------------------------------------------------------------------------------
+
+// Parity split with key = -rank: the sub-communicator is ordered by descending world rank.
+std::unique_ptr<Comm> check_parity_split(Comm& world) {
+  const int wr = world.rank(), ws = world.size();
+  std::unique_ptr<Comm> sub = world.split(wr % 2, -wr);
+  const std::string what = str("split(", wr % 2, ", -rank) of ", world.name());
+  if (!H.expect(sub != nullptr, what, "returned nullptr for a non-negative color")) return sub;
+  int expect_size = 0, expect_rank = 0;
+  for (int r = 0; r < ws; ++r)
+    if (r % 2 == wr % 2) {
+      ++expect_size;
+      if (r > wr) ++expect_rank;
+    }
+  H.expect(sub->size() == expect_size, what, str("size ", sub->size(), ", expected ", expect_size));
+  H.expect(sub->rank() == expect_rank, what, str("rank ", sub->rank(), ", expected ", expect_rank));
+  H.expect(contains(sub->name(), "split") && contains(sub->name(), world.name()), what,
+           str("name '", sub->name(), "'"));
+  guarded(what + " membership", [&] {
+    std::vector<std::int32_t> me{wr}, all(static_cast<std::size_t>(sub->size()), -1);
+    sub->all_gather(dt::view_of(me), dt::view_of(all));
+    std::vector<std::int32_t> want;
+    for (int r = ws - 1; r >= 0; --r)
+      if (r % 2 == wr % 2) want.push_back(r);
+    H.expect(all == want, what, "members not the same-parity ranks in descending world order");
+  });
+  return sub;
+}
+
+// Color -1 on the last rank: it gets nullptr, the others a working communicator in rank order.
+void check_negative_color(Comm& world) {
+  const int wr = world.rank(), ws = world.size();
+  const bool out = wr == ws - 1;
+  std::unique_ptr<Comm> s = world.split(out ? -1 : 3, wr);
+  const std::string what = str("split(", out ? -1 : 3, ", rank) of ", world.name());
+  if (out) {
+    H.expect(s == nullptr, what, "color -1 did not return nullptr");
+    return;
+  }
+  if (!H.expect(s != nullptr, what, "returned nullptr")) return;
+  H.expect(s->size() == ws - 1 && s->rank() == wr, what,
+           str("rank ", s->rank(), " of ", s->size(), ", expected ", wr, " of ", ws - 1));
+  case_all_reduce<std::int32_t>(*s, 7, ReduceOp::sum, Form::blocking, 99);
+  case_broadcast<float>(*s, 7, s->size() - 1, Form::iwait, 98);
+  // A split of a split.
+  std::unique_ptr<Comm> s2 = s->split(0, s->rank());
+  if (H.expect(s2 != nullptr, what + "/split", "returned nullptr")) {
+    H.expect(s2->size() == s->size() && s2->rank() == s->rank(), what + "/split", "wrong rank/size");
+    case_all_reduce<double>(*s2, 7, ReduceOp::avg, Form::iwait, 97);
+  }
+}
+
+// ---- chunking -------------------------------------------------------------------------------
+
+void check_chunking(Comm& world) {
+  std::unique_ptr<Comm> d = world.split(0, world.rank());
+  auto* m = dynamic_cast<dt::MpiComm*>(d.get());
+  if (!H.expect(m != nullptr, "chunking", "split() of an MpiComm is not an MpiComm")) return;
+  expect_throw<dt::InvalidArgument>("set_max_chunk(0)", [&] { m->set_max_chunk(0); });
+  const std::size_t big = kBig + 3;
+  m->set_max_chunk(1000);
+  for_each_dtype([&](auto z, int dk) {
+    using T = decltype(z);
+    for (int k = 0; k < 2; ++k) {
+      const Form f = k == 0 ? Form::blocking : (dk % 2 ? Form::iwait : Form::itest);
+      case_all_reduce<T>(*d, big, kOps[(dk + k) % 4], f, salt_of(50, dk, k, 0, 0));
+    }
+  });
+  for (Form f : {Form::blocking, Form::iwait}) {
+    case_broadcast<double>(*d, big, d->size() - 1, f, 51);
+    case_broadcast<dt::bf16>(*d, big, 0, f, 52);
+    case_ring<std::int32_t>(*d, big, f, 53, 300);
+    case_ring<dt::f16>(*d, big, f, 54, 310);
+    case_pair<std::uint8_t>(*d, big, f, 55, 320);
+  }
+  // Tiny chunks with a remainder: 7 = 3 + 3 + 1 and 6 = 3 + 3.
+  m->set_max_chunk(3);
+  for_each_dtype([&](auto z, int dk) {
+    using T = decltype(z);
+    for (std::size_t n : {std::size_t{6}, std::size_t{7}}) {
+      case_all_reduce<T>(*d, n, kOps[dk % 4], Form::iwait, salt_of(56, dk, 0, 0, 0));
+      case_all_reduce<T>(*d, n, ReduceOp::avg, Form::blocking, salt_of(57, dk, 0, 0, 0));
+      case_broadcast<T>(*d, n, dk % d->size(), Form::blocking, salt_of(58, dk, 0, 0, 0));
+      case_ring<T>(*d, n, Form::itest, salt_of(59, dk, 0, 0, 0), 330);
+      case_ring<T>(*d, n, Form::blocking, salt_of(60, dk, 0, 0, 0), 340);
+    }
+  });
+  // The world itself, restored afterwards.
+  if (auto* wm = dynamic_cast<dt::MpiComm*>(&world)) {
+    wm->set_max_chunk(1000);
+    case_all_reduce<float>(world, big, ReduceOp::sum, Form::blocking, 61);
+    case_all_reduce<std::int64_t>(world, big, ReduceOp::avg, Form::iwait, 62);
+    case_broadcast<std::int32_t>(world, big, world.size() - 1, Form::blocking, 63);
+    case_ring<double>(world, big, Form::blocking, 64, 350);
+    case_ring<dt::bf16>(world, big, Form::iwait, 65, 360);
+    wm->set_max_chunk(std::size_t{1} << 30);
+  } else {
+    H.fail("chunking", "world is not an MpiComm");
+  }
+}
+
+// ---- Work semantics -------------------------------------------------------------------------
+
+void check_work_semantics(Comm& c) {
+  {
+    Work w;
+    H.expect(!w.valid(), "empty Work", "valid() is true");
+    expect_throw<dt::InvalidArgument>("empty Work::wait", [&] { w.wait(); });
+    expect_throw<dt::InvalidArgument>("empty Work::test", [&] { w.test(); });
+  }
+  if (c.size() < 2) return;
+  const int me = c.rank();
+  const int tag = 900;
+
+  // 1. A receive times out (message names the receive), stays pending, and completes later.
+  c.barrier();
+  if (me == 0) {
+    std::vector<std::int32_t> buf(16, -1);
+    Work w = c.irecv(dt::view_of(buf), 1, tag);
+    guarded("irecv timeout", [&] {
+      H.expect(!w.test(), "irecv timeout", "test() true before the peer sent");
+      expect_throw<dt::CommError>("irecv wait(50ms) before the send", [&] { w.wait(Millis(50)); },
+                                  "recv");
+      expect_throw<dt::CommError>("irecv wait(50ms) before the send (message names tag)",
+                                  [&] { w.wait(Millis(50)); }, "tag 900");
+      w.wait();
+      expect_buf("irecv after timed-out waits", buf.data(), buf.size(),
+                 [&](std::size_t i) { return genv<std::int32_t>(1, i, 900); });
+      H.expect(w.test(), "irecv timeout", "test() false after wait()");
+    });
+  } else if (me == 1) {
+    guarded("irecv timeout (sender)", [&] {
+      std::this_thread::sleep_for(Millis(400));
+      const std::vector<std::int32_t> buf = filled<std::int32_t>(16, 1, 900);
+      c.send(dt::view_of(buf), 0, tag);
+    });
+  }
+
+  // 2. Truncation: a message longer than the receive buffer is a stored, rethrown CommError.
+  c.barrier();
+  if (me == 0) {
+    guarded("truncated irecv", [&] {
+      std::vector<std::int32_t> small(4, -1);
+      Work w = c.irecv(dt::view_of(small), 1, tag + 1);
+      expect_throw<dt::CommError>("truncated irecv: wait", [&] { w.wait(); }, "recv");
+      expect_throw<dt::CommError>("truncated irecv: second wait rethrows", [&] { w.wait(); });
+      expect_throw<dt::CommError>("truncated irecv: test rethrows", [&] { w.test(); });
+      expect_throw<dt::CommError>("truncated irecv: wait(timeout) rethrows",
+                                  [&] { w.wait(Millis(10)); });
+      expect_throw<dt::CommError>("truncated blocking recv", [&] {
+        c.recv(dt::view_of(small), 1, tag + 2);
+      });
+      expect_throw<dt::CommError>("truncated blocking recv with timeout", [&] {
+        c.recv(dt::view_of(small), 1, tag + 3, CommOptions{Millis(60000)});
+      }, "recv");
+      // Polling test() sees the error too.
+      Work w2 = c.irecv(dt::view_of(small), 1, tag + 4);
+      expect_throw<dt::CommError>("truncated irecv: test", [&] {
+        while (!w2.test()) std::this_thread::yield();
+      });
+      expect_throw<dt::CommError>("truncated irecv: wait after failed test", [&] { w2.wait(); });
+    });
+  } else if (me == 1) {
+    guarded("truncated irecv (sender)", [&] {
+      const std::vector<std::int32_t> big = filled<std::int32_t>(8, 1, 901);
+      for (int k = 1; k <= 4; ++k) c.send(dt::view_of(big), 0, tag + k);
+    });
+  }
+
+  // 3. A collective times out on rank 0 while the others are late, then completes.
+  c.barrier();
+  if (me == 0) {
+    guarded("ibarrier timeout", [&] {
+      Work w = c.ibarrier();
+      expect_throw<dt::CommError>("ibarrier wait(20ms) while peers are late",
+                                  [&] { w.wait(Millis(20)); }, "barrier");
+      w.wait();
+    });
+  } else {
+    std::this_thread::sleep_for(Millis(300));
+    guarded("ibarrier timeout (late rank)", [&] { c.barrier(); });
+  }
+
+  // 4. Same for all_reduce avg: after a timed-out wait the result is divided exactly once.
+  c.barrier();
+  {
+    std::vector<float> buf = filled<float>(7, me, 902);
+    if (me == 0) {
+      guarded("iall_reduce timeout", [&] {
+        Work w = c.iall_reduce(dt::view_of(buf), ReduceOp::avg);
+        expect_throw<dt::CommError>("iall_reduce wait(20ms) while peers are late",
+                                    [&] { w.wait(Millis(20)); }, "all_reduce");
+        w.wait();
+        w.wait();
+        w.test();
+      });
+    } else {
+      std::this_thread::sleep_for(Millis(300));
+      guarded("iall_reduce timeout (late rank)", [&] { c.all_reduce(dt::view_of(buf), ReduceOp::avg); });
+    }
+    const int s = c.size();
+    expect_buf("all_reduce avg after a timed-out wait", buf.data(), buf.size(), [&](std::size_t i) {
+      return reduce_ref<float>(ReduceOp::avg, s, [&](int r) { return genv<float>(r, i, 902); });
+    });
+  }
+
+  // 5. A blocking call with CommOptions::timeout throws when the peers are late (on its own
+  // communicator, which is then used again once everyone has joined).
+  c.barrier();
+  {
+    std::unique_ptr<Comm> d = c.split(0, me);
+    if (me == 0) {
+      expect_throw<dt::CommError>("barrier(timeout 20ms) while peers are late",
+                                  [&] { d->barrier(CommOptions{Millis(20)}); }, "barrier");
+    } else {
+      std::this_thread::sleep_for(Millis(300));
+      guarded("barrier(timeout) (late rank)", [&] { d->barrier(); });
+    }
+    case_all_reduce<std::int64_t>(*d, 7, ReduceOp::sum, Form::blocking, 903);
+  }
+  c.barrier();
+}
+
+// ---- argument validation --------------------------------------------------------------------
+
+void check_arguments(Comm& c) {
+  using dt::InvalidArgument;
+  const int s = c.size();
+  const std::string on = " on " + c.name();
+  std::vector<float> in(3, 1.0f), out_bad(3 * static_cast<std::size_t>(s) + 1),
+      out_short(3 * static_cast<std::size_t>(s) - 1);
+  std::vector<double> out_d(3 * static_cast<std::size_t>(s));
+  const CommOptions to{Millis(60000)};
+  auto cin = dt::view_of(static_cast<const std::vector<float>&>(in));
+
+  expect_throw<InvalidArgument>("all_gather output too long" + on,
+                                [&] { c.all_gather(cin, dt::view_of(out_bad)); });
+  expect_throw<InvalidArgument>("all_gather output too short" + on,
+                                [&] { c.all_gather(cin, dt::view_of(out_short)); });
+  expect_throw<InvalidArgument>("all_gather(timeout) output size" + on,
+                                [&] { c.all_gather(cin, dt::view_of(out_bad), to); });
+  expect_throw<InvalidArgument>("iall_gather output size" + on,
+                                [&] { c.iall_gather(cin, dt::view_of(out_bad)); });
+  expect_throw<InvalidArgument>("all_gather f32 -> f64" + on,
+                                [&] { c.all_gather(cin, dt::view_of(out_d)); });
+  expect_throw<InvalidArgument>("iall_gather f32 -> f64" + on,
+                                [&] { c.iall_gather(cin, dt::view_of(out_d)); });
+
+  std::vector<float> rs_out(3);
+  std::vector<double> rs_out_d(3);
+  auto rs_in = dt::view_of(static_cast<const std::vector<float>&>(out_bad));
+  expect_throw<InvalidArgument>("reduce_scatter input size" + on, [&] {
+    c.reduce_scatter(rs_in, dt::view_of(rs_out), ReduceOp::sum);
+  });
+  expect_throw<InvalidArgument>("ireduce_scatter input size" + on, [&] {
+    c.ireduce_scatter(rs_in, dt::view_of(rs_out), ReduceOp::avg);
+  });
+  std::vector<float> rs_in_ok(3 * static_cast<std::size_t>(s));
+  expect_throw<InvalidArgument>("reduce_scatter f32 -> f64" + on, [&] {
+    c.reduce_scatter(dt::view_of(static_cast<const std::vector<float>&>(rs_in_ok)),
+                     dt::view_of(rs_out_d), ReduceOp::max);
+  });
+
+  std::vector<std::int32_t> b(4);
+  for (int root : {s, s + 5, -1}) {
+    const std::string r = " root " + std::to_string(root) + on;
+    expect_throw<InvalidArgument>("broadcast" + r, [&] { c.broadcast(dt::view_of(b), root); }, "root");
+    expect_throw<InvalidArgument>("broadcast(timeout)" + r,
+                                  [&] { c.broadcast(dt::view_of(b), root, to); });
+    expect_throw<InvalidArgument>("ibroadcast" + r, [&] { c.ibroadcast(dt::view_of(b), root); });
+  }
+  for (int peer : {s, s + 1, -1}) {
+    const std::string p = " peer " + std::to_string(peer) + on;
+    expect_throw<InvalidArgument>("send" + p, [&] { c.send(dt::view_of(b), peer, 1); }, "peer");
+    expect_throw<InvalidArgument>("send(timeout)" + p, [&] { c.send(dt::view_of(b), peer, 1, to); });
+    expect_throw<InvalidArgument>("isend" + p, [&] { c.isend(dt::view_of(b), peer, 1); });
+    expect_throw<InvalidArgument>("recv" + p, [&] { c.recv(dt::view_of(b), peer, 1); });
+    expect_throw<InvalidArgument>("recv(timeout)" + p, [&] { c.recv(dt::view_of(b), peer, 1, to); });
+    expect_throw<InvalidArgument>("irecv" + p, [&] { c.irecv(dt::view_of(b), peer, 1); });
+  }
+  // Nothing above started any traffic: the communicator still works.
+  case_all_reduce<std::int32_t>(c, 7, ReduceOp::max, Form::blocking, 904);
+}
+
+// Independent check of the reference rounding used for avg (against hand-computed values).
+void check_reference_rounding() {
+  // 7/3 = 2.333.. in float; bf16 keeps 8 significant bits: 2.328125; f16 11 bits: 2.333984375.
+  const float q = 7.0f / 3.0f;
+  H.expect(round_mantissa(q, 7) == 2.328125, "reference rounding bf16", str(round_mantissa(q, 7)));
+  H.expect(round_mantissa(q, 10) == 2.333984375, "reference rounding f16", str(round_mantissa(q, 10)));
+  // Ties to even: 1 + 2^-8 is halfway between bf16 1 and 1 + 2^-7 -> 1.
+  H.expect(round_mantissa(1.0 + std::ldexp(1.0, -8), 7) == 1.0, "reference rounding tie", "");
+  H.expect(round_mantissa(1.0 + 3 * std::ldexp(1.0, -8), 7) == 1.0 + std::ldexp(1.0, -6),
+           "reference rounding tie up", "");
+  // Encoding round-trips the small integers the inputs use.
+  for (int v = -20; v <= 77; ++v) {
+    H.expect(dec(enc<dt::bf16>(v)) == v && dec(enc<dt::f16>(v)) == v, "bf16/f16 small integers",
+             std::to_string(v));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A hang (a bug in a collective) must not outlive the test: the default SIGALRM action ends
+  // this rank and mpiexec ends the others.
+  alarm(300);
+  const auto t_start = Clock::now();
+  int rc = 0;
+  {
+    dt::Runtime rt(&argc, &argv);
+    Comm& world = rt.world();
+    H.rank = world.rank();
+    const bool verbose = std::getenv("DT_TEST_VERBOSE") != nullptr;
+    auto step = [&](const char* name, auto&& f) {
+      const auto t0 = Clock::now();
+      guarded(name, f);
+      if (verbose && H.rank == 0) std::printf("%-28s %8.0f ms\n", name, section_ms(t0));
+      std::fflush(stdout);
+    };
+
+    step("reference rounding", [&] { check_reference_rounding(); });
+    step("world suite", [&] { full_suite(world, 0, H.rank); });
+    std::unique_ptr<Comm> sub;
+    step("parity split", [&] { sub = check_parity_split(world); });
+    if (sub) step("parity split suite", [&] { full_suite(*sub, 10, H.rank); });
+    step("negative color", [&] { check_negative_color(world); });
+    step("chunking", [&] { check_chunking(world); });
+    step("work semantics", [&] { check_work_semantics(world); });
+    step("argument validation (world)", [&] { check_arguments(world); });
+    if (sub) step("argument validation (split)", [&] { check_arguments(*sub); });
+    sub.reset();
+
+    // Totals over all ranks, by MPI directly (independent of the communicator under test).
+    long local[2] = {H.fails, H.checks};
+    long total[2] = {0, 0};
+    MPI_Allreduce(local, total, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    std::vector<long> per_rank(static_cast<std::size_t>(world.size()));
+    MPI_Gather(&H.fails, 1, MPI_LONG, per_rank.data(), 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    if (H.rank == 0) {
+      const double secs = section_ms(t_start) / 1000;
+      if (total[0] == 0) {
+        std::printf("test_collectives: all %ld checks passed on %d ranks (%.1f s)\n", total[1],
+                    world.size(), secs);
+      } else {
+        std::string ranks;
+        for (std::size_t r = 0; r < per_rank.size(); ++r)
+          if (per_rank[r]) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+        std::printf("test_collectives: %ld of %ld checks FAILED on %d ranks (failing ranks: %s; %.1f s)\n",
+                    total[0], total[1], world.size(), ranks.c_str(), secs);
+      }
+      std::fflush(stdout);
+    }
+    rc = total[0] == 0 ? 0 : 1;
+  }
+  return rc;
+}
