@@ -1,6 +1,7 @@
 #include "mpi_comm.hpp"
 
 #include <climits>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <sstream>
@@ -30,6 +31,28 @@ MPI_Datatype mpi_type(DType t) {
     case DType::u8: return MPI_UINT8_T;
   }
   return MPI_DATATYPE_NULL;
+}
+
+// Branch-free bf16 <-> float (same rounding as dt::bf16) so the loops below vectorise.
+inline float bf16_load(std::uint16_t b) {
+  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline std::uint16_t bf16_store(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (u >> 16) | 0x40u;
+  return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+void sum_bf16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  const int n = *len;
+  for (int i = 0; i < n; ++i) b[i] = bf16_store(bf16_load(a[i]) + bf16_load(b[i]));
 }
 
 template <class H, ReduceOp Op>
@@ -112,7 +135,10 @@ class MpiOps {
  private:
   template <class H>
   void create(int base) {
-    MPI_Op_create(&reduce16<H, ReduceOp::sum>, 1, &ops_[base]);
+    if constexpr (std::is_same_v<H, bf16>)
+      MPI_Op_create(&sum_bf16, 1, &ops_[base]);
+    else
+      MPI_Op_create(&reduce16<H, ReduceOp::sum>, 1, &ops_[base]);
     MPI_Op_create(&reduce16<H, ReduceOp::max>, 1, &ops_[base + 1]);
     MPI_Op_create(&reduce16<H, ReduceOp::min>, 1, &ops_[base + 2]);
   }

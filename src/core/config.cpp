@@ -133,7 +133,14 @@ bool Options::parse(int argc, const char* const* argv) {
   std::string file_source;              // "config file 'PATH'" once --config was given
   std::vector<std::string> from_command_line;  // options the command line set explicitly
   try {
-    po::store(po::command_line_parser(argc, argv).options(impl_->desc).run(), vm);
+    const po::parsed_options cmdline = po::command_line_parser(argc, argv).options(impl_->desc).run();
+    // A bare word is no option of ours (po would silently drop it): "--n 3 4", "fast".
+    for (const auto& o : cmdline.options)
+      if (o.position_key >= 0 || o.string_key.empty())
+        DT_THROW(ConfigError, "unexpected argument '",
+                 o.original_tokens.empty() ? std::string() : o.original_tokens.front(),
+                 "' in command line (settings are given as --name=value)");
+    po::store(cmdline, vm);
     for (const auto& [name, value] : vm)
       if (!value.defaulted()) from_command_line.push_back(name);
     if (vm.count("help")) {

@@ -1,0 +1,359 @@
+// dt::Options: defaults, command line, INI files, validation and error messages.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "dt/config.hpp"
+#include "dt/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory under the system temp dir, removed with everything in it.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path = fs::temp_directory_path() /
+           ("dt_test_config_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string write(const std::string& name, const std::string& text) const {
+    const fs::path p = path / name;
+    std::ofstream(p) << text;
+    return p.string();
+  }
+};
+
+// One app's worth of settings of every kind.
+struct App {
+  std::string name;
+  bool verbose = false;
+  bool fast = false;
+  long iters = 0;
+  long offset = 0;
+  double lr = 0;
+  double scale = 0;
+  std::string mode;
+  dt::Options opts{"app", "a test app"};
+
+  App() {
+    opts.add("name", &name, "default-name", "run name")
+        .add("verbose", &verbose, false, "talk more")
+        .add("fast", &fast, true, "take shortcuts")
+        .add("check.iters", &iters, 5, "iterations", 1L, 100L)
+        .add("check.offset", &offset, -3, "any integer")
+        .add("train.lr", &lr, 0.5, "learning rate", 0.0, 1.0)
+        .add("train.scale", &scale, 2.0, "unbounded number")
+        .add("train.mode", &mode, "fast", "mode", {"fast", "slow", "exact"});
+  }
+  bool parse(std::vector<const char*> args) {
+    args.insert(args.begin(), "app");
+    return opts.parse(static_cast<int>(args.size()), args.data());
+  }
+};
+
+// Parses and expects a ConfigError whose message contains every needle.
+void expect_error(std::vector<const char*> args, const std::vector<std::string>& needles) {
+  App app;
+  std::string cmd;
+  for (const char* a : args) cmd += std::string(a) + " ";
+  CAPTURE(cmd);
+  try {
+    app.parse(args);
+    FAIL_CHECK("no ConfigError");
+  } catch (const dt::ConfigError& e) {
+    const std::string msg = e.message();
+    CAPTURE(msg);
+    for (const auto& n : needles) {
+      CAPTURE(n);
+      CHECK(msg.find(n) != std::string::npos);
+    }
+  }
+}
+
+// Redirects std::cout or std::cerr into a string while alive.
+struct Capture {
+  std::ostream& os;
+  std::ostringstream buf;
+  std::streambuf* old;
+  explicit Capture(std::ostream& s) : os(s), old(s.rdbuf(buf.rdbuf())) {}
+  ~Capture() { os.rdbuf(old); }
+  std::string str() const { return buf.str(); }
+};
+
+}  // namespace
+
+TEST_CASE("Options: defaults when nothing is given") {
+  App app;
+  CHECK(app.parse({}));
+  CHECK(app.name == "default-name");
+  CHECK(app.verbose == false);
+  CHECK(app.fast == true);
+  CHECK(app.iters == 5);
+  CHECK(app.offset == -3);
+  CHECK(app.lr == 0.5);
+  CHECK(app.scale == 2.0);
+  CHECK(app.mode == "fast");
+}
+
+TEST_CASE("Options: command line overrides, both --k=v and --k v") {
+  App app;
+  CHECK(app.parse({"--name=run 7", "--check.iters", "42", "--check.offset=-12", "--train.lr=0.25",
+                   "--train.scale", "-1e3", "--train.mode=exact"}));
+  CHECK(app.name == "run 7");
+  CHECK(app.iters == 42);
+  CHECK(app.offset == -12);
+  CHECK(app.lr == 0.25);
+  CHECK(app.scale == -1000.0);
+  CHECK(app.mode == "exact");
+  CHECK(app.verbose == false);  // untouched ones keep their defaults
+  CHECK(app.fast == true);
+}
+
+TEST_CASE("Options: range limits are inclusive") {
+  {
+    App app;
+    CHECK(app.parse({"--check.iters=1", "--train.lr=0"}));
+    CHECK(app.iters == 1);
+    CHECK(app.lr == 0.0);
+  }
+  {
+    App app;
+    CHECK(app.parse({"--check.iters=100", "--train.lr=1"}));
+    CHECK(app.iters == 100);
+    CHECK(app.lr == 1.0);
+  }
+}
+
+TEST_CASE("Options: bool forms") {
+  {
+    App app;
+    CHECK(app.parse({"--verbose"}));
+    CHECK(app.verbose == true);
+  }
+  {
+    App app;
+    CHECK(app.parse({"--fast=false"}));
+    CHECK(app.fast == false);
+  }
+  {
+    App app;
+    CHECK(app.parse({"--verbose=true", "--fast=0"}));
+    CHECK(app.verbose == true);
+    CHECK(app.fast == false);
+  }
+  {
+    App app;
+    CHECK(app.parse({"--verbose=yes", "--fast=off"}));
+    CHECK(app.verbose == true);
+    CHECK(app.fast == false);
+  }
+  expect_error({"--verbose=maybe"}, {"verbose", "command line"});
+}
+
+TEST_CASE("Options: --help prints the help and returns false") {
+  App app;
+  bool r = true;
+  std::string out;
+  {
+    Capture cap(std::cout);
+    r = app.parse({"--help"});
+    out = cap.str();
+  }
+  CHECK_FALSE(r);
+  CHECK(out == app.opts.help());
+  CHECK(out.find("usage: app") != std::string::npos);
+  CHECK(out.find("a test app") != std::string::npos);
+  for (const char* n : {"--config", "--name", "--verbose", "--check.iters", "--train.lr", "--train.mode",
+                        "run name", "learning rate"})
+    CHECK(out.find(n) != std::string::npos);
+  CHECK(out.find("fast|slow|exact") != std::string::npos);  // the choices are listed
+
+  App app2;
+  {
+    Capture cap(std::cout);
+    CHECK_FALSE(app2.parse({"-h"}));
+  }
+}
+
+TEST_CASE("Options: command-line errors name the option") {
+  expect_error({"--bogus=1"}, {"bogus", "command line"});
+  expect_error({"--check.iterz=3"}, {"check.iterz"});
+  expect_error({"--check.iters=abc"}, {"check.iters", "abc", "command line", "integer"});
+  expect_error({"--check.iters=1.5"}, {"check.iters", "1.5", "integer"});
+  expect_error({"--check.iters", "7x"}, {"check.iters", "7x"});
+  expect_error({"--train.lr=fast"}, {"train.lr", "fast", "number"});
+  expect_error({"--check.iters=0"}, {"check.iters", "0", "minimum", "command line"});
+  expect_error({"--check.iters=101"}, {"check.iters", "101", "maximum", "command line"});
+  expect_error({"--check.iters=-5"}, {"check.iters", "-5", "minimum"});
+  expect_error({"--train.lr=1.5"}, {"train.lr", "1.5", "maximum"});
+  expect_error({"--train.lr=-0.01"}, {"train.lr", "minimum"});
+  expect_error({"--train.mode=medium"}, {"train.mode", "'medium'", "fast|slow|exact", "command line"});
+  expect_error({"--train.mode=Fast"}, {"train.mode", "Fast"});  // choices are case-sensitive
+  expect_error({"--check.iters=3", "--check.iters=4"}, {"check.iters"});
+  expect_error({"--check.iters"}, {"check.iters"});  // missing value
+}
+
+TEST_CASE("Options: an INI file given with --config overrides the defaults") {
+  TempDir dir;
+  const std::string ini = dir.write("run.ini",
+                                    "# a comment\n"
+                                    "name = from-ini\n"
+                                    "verbose = true\n"
+                                    "fast = false\n"
+                                    "[check]\n"
+                                    "iters = 77\n"
+                                    "[train]\n"
+                                    "lr = 0.125\n"
+                                    "mode = slow\n");
+  App app;
+  CHECK(app.parse({"--config", ini.c_str()}));
+  CHECK(app.name == "from-ini");
+  CHECK(app.verbose == true);
+  CHECK(app.fast == false);
+  CHECK(app.iters == 77);
+  CHECK(app.offset == -3);  // not in the file: default
+  CHECK(app.lr == 0.125);
+  CHECK(app.scale == 2.0);
+  CHECK(app.mode == "slow");
+}
+
+TEST_CASE("Options: the command line beats the INI file, in either order") {
+  TempDir dir;
+  const std::string ini = dir.write("run.ini",
+                                    "verbose = true\n"
+                                    "[check]\niters = 77\noffset = 9\n"
+                                    "[train]\nmode = slow\n");
+  const std::string cfg = "--config=" + ini;
+  {
+    App app;
+    CHECK(app.parse({cfg.c_str(), "--check.iters=8", "--verbose=false", "--train.mode=exact"}));
+    CHECK(app.iters == 8);
+    CHECK(app.verbose == false);
+    CHECK(app.mode == "exact");
+    CHECK(app.offset == 9);  // only in the file
+  }
+  {
+    App app;
+    CHECK(app.parse({"--check.iters=8", cfg.c_str()}));
+    CHECK(app.iters == 8);
+    CHECK(app.mode == "slow");
+  }
+  // A command-line value within range wins even though the file's value is out of range.
+  const std::string bad = "--config=" + dir.write("bad.ini", "[check]\niters = 1000\n");
+  {
+    App app;
+    CHECK(app.parse({bad.c_str(), "--check.iters=10"}));
+    CHECK(app.iters == 10);
+  }
+}
+
+TEST_CASE("Options: INI problems name the option and the file") {
+  TempDir dir;
+  auto check_file = [&](const std::string& file, const std::string& text, std::vector<std::string> needles) {
+    const std::string path = dir.write(file, text);
+    const std::string arg = "--config=" + path;
+    needles.push_back(path);
+    expect_error({arg.c_str()}, needles);
+  };
+  check_file("unknown_key.ini", "[check]\nitersx = 3\n", {"check.itersx"});
+  check_file("unknown_section.ini", "[nope]\niters = 3\n", {"nope.iters"});
+  check_file("unknown_top.ini", "colour = red\n", {"colour"});
+  check_file("bad_int.ini", "[check]\niters = lots\n", {"check.iters", "lots", "integer"});
+  check_file("bad_double.ini", "[train]\nlr = x\n", {"train.lr", "number"});
+  check_file("bad_bool.ini", "verbose = maybe\n", {"verbose", "maybe"});
+  check_file("too_big.ini", "[check]\niters = 1000\n", {"check.iters", "1000", "maximum"});
+  check_file("too_small.ini", "[train]\nlr = -2\n", {"train.lr", "minimum"});
+  check_file("bad_choice.ini", "[train]\nmode = medium\n", {"train.mode", "medium", "fast|slow|exact"});
+  check_file("twice.ini", "[check]\niters = 3\niters = 4\n", {"check.iters"});
+
+  // The same range problem on the command line does not blame the file.
+  const std::string ok = dir.write("ok.ini", "[check]\niters = 3\n");
+  const std::string arg = "--config=" + ok;
+  App app;
+  try {
+    app.parse({arg.c_str(), "--train.lr=7"});
+    FAIL_CHECK("no ConfigError");
+  } catch (const dt::ConfigError& e) {
+    CAPTURE(e.message());
+    CHECK(e.message().find("train.lr") != std::string::npos);
+    CHECK(e.message().find("command line") != std::string::npos);
+    CHECK(e.message().find(ok) == std::string::npos);
+  }
+}
+
+TEST_CASE("Options: a missing config file is a ConfigError naming the path") {
+  TempDir dir;
+  const std::string path = (dir.path / "does_not_exist.ini").string();
+  const std::string arg = "--config=" + path;
+  expect_error({arg.c_str()}, {path});
+}
+
+TEST_CASE("Options: errors are ConfigError, which is a dt::Error") {
+  App app;
+  CHECK_THROWS_AS(app.parse({"--bogus"}), dt::ConfigError);
+  App app2;
+  CHECK_THROWS_AS(app2.parse({"--check.iters=0"}), dt::Error);
+}
+
+TEST_CASE("Options: a stray bare word on the command line is an error, not silently dropped") {
+  expect_error({"positional"}, {"'positional'", "command line"});
+  expect_error({"--check.iters", "3", "4"}, {"'4'"});
+  expect_error({"--name=x", "fast"}, {"'fast'"});
+  // A bool's value may follow as the next word; that word is the value, not a stray.
+  App app;
+  CHECK(app.parse({"--fast", "false", "--check.iters", "3"}));
+  CHECK(app.fast == false);
+  CHECK(app.iters == 3);
+}
+
+TEST_CASE("Options: dump lists every option as parsed, in declaration order") {
+  App app;
+  CHECK(app.parse({"--name=x", "--verbose", "--check.iters=9", "--train.lr=0.25", "--train.mode=slow"}));
+  CHECK(app.opts.dump() ==
+        "name = x\n"
+        "verbose = true\n"
+        "fast = true\n"
+        "check.iters = 9\n"
+        "check.offset = -3\n"
+        "train.lr = 0.25\n"
+        "train.scale = 2\n"
+        "train.mode = slow\n");
+}
+
+TEST_CASE("run_with_config_errors maps ConfigError to exit code 2") {
+  CHECK(dt::run_with_config_errors("app", [] { return 0; }) == 0);
+  CHECK(dt::run_with_config_errors("app", [] { return 5; }) == 5);
+  std::string err;
+  int rc = 0;
+  {
+    Capture cap(std::cerr);
+    rc = dt::run_with_config_errors("app", [] {
+      App a;
+      a.parse({"--check.iters=0"});
+      return 0;
+    });
+    err = cap.str();
+  }
+  CHECK(rc == 2);
+  CHECK(err.find("app: error: option --check.iters") != std::string::npos);
+  CHECK(err.find("--help") != std::string::npos);
+  // Other errors pass through.
+  CHECK_THROWS_AS(dt::run_with_config_errors("app", []() -> int { throw std::runtime_error("x"); }),
+                  std::runtime_error);
+}
