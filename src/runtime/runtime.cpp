@@ -81,19 +81,22 @@ struct Runtime::Impl {
   Impl(int* argc, char*** argv, const RuntimeOptions& opts) : mpi(argc, argv) {
     world = MpiComm::dup(MPI_COMM_WORLD, "world");
     node = world->split_shared();
-    const Placement from_mpi = mpi_placement(*world, *node);
-    topo.placement = from_mpi;
+    topo.placement = mpi_placement(*world, *node);
     if (opts.use_pmix) {
       pmix = std::make_unique<PmixClient>();
-      if (auto p = pmix->placement()) {
-        // Trust PMIx only where it agrees with the shared-memory communicator MPI built.
-        if (p->local_size == from_mpi.local_size && p->local_rank >= 0 &&
-            p->local_rank < p->local_size && p->node_id >= 0 && p->node_id < p->num_nodes &&
-            p->num_nodes == from_mpi.num_nodes) {
-          topo.placement = *p;
-        } else {
-          topo.placement.source = "mpi (pmix disagreed)";
-        }
+      const auto p = pmix->placement();
+      // Node ids stay MPI's (contiguous, in order of each node's lowest world rank): launchers
+      // number nodes their own way (Open MPI counts its head node). Local rank and size come from
+      // PMIx where every rank's PMIx view agrees with the shared-memory communicator.
+      int agree = p && p->local_size == topo.placement.local_size && p->local_rank >= 0 &&
+                  p->local_rank < p->local_size && p->num_nodes == topo.placement.num_nodes;
+      world->all_reduce(view_of(&agree, 1), ReduceOp::min);
+      if (agree) {
+        topo.placement.local_rank = p->local_rank;
+        topo.placement.launcher_node_id = p->node_id;
+        topo.placement.source = "pmix";
+      } else if (pmix->active()) {
+        topo.placement.source = "mpi (pmix disagreed)";
       }
     }
     HwlocTopology hw;

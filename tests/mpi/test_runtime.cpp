@@ -87,6 +87,26 @@ int main(int argc, char** argv) {
   for (int r : lranks)
     if (r >= 0 && r < lsize) seen[r]++;
   for (int i = 0; i < lsize; ++i) EXPECT(seen[i] == 1, "local rank %d appears %d times", i, seen[i]);
+  // Node ids: the same on a node, and numbered 0.. in order of each node's lowest world rank.
+  {
+    int lowest = wrank;
+    MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, shm);
+    std::vector<int> lows(wsize), ids(wsize);
+    int id = t.placement.node_id;
+    MPI_Allgather(&lowest, 1, MPI_INT, lows.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    MPI_Allgather(&id, 1, MPI_INT, ids.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    std::vector<int> leaders;  // lowest world rank of each node, ascending
+    for (int r = 0; r < wsize; ++r)
+      if (lows[r] == r) leaders.push_back(r);
+    EXPECT(t.placement.num_nodes == static_cast<int>(leaders.size()), "num_nodes %d, MPI sees %zu",
+           t.placement.num_nodes, leaders.size());
+    for (int r = 0; r < wsize; ++r) {
+      int want = -1;
+      for (std::size_t k = 0; k < leaders.size(); ++k)
+        if (leaders[k] == lows[r]) want = static_cast<int>(k);
+      EXPECT(ids[r] == want, "rank %d has node id %d, expected %d", r, ids[r], want);
+    }
+  }
   const std::string want_source = use_pmix ? "pmix" : "mpi";
   EXPECT(t.placement.source == want_source, "placement source '%s', expected '%s'",
          t.placement.source.c_str(), want_source.c_str());
