@@ -28,6 +28,8 @@ class Options {
   Options& add(const std::string& name, bool* target, bool def, std::string help);
   Options& add(const std::string& name, long* target, long def, std::string help,
                std::optional<long> min = std::nullopt, std::optional<long> max = std::nullopt);
+  Options& add(const std::string& name, int* target, int def, std::string help,
+               std::optional<int> min = std::nullopt, std::optional<int> max = std::nullopt);
   Options& add(const std::string& name, double* target, double def, std::string help,
                std::optional<double> min = std::nullopt, std::optional<double> max = std::nullopt);
 
@@ -44,7 +46,8 @@ class Options {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Runs `body` and maps a ConfigError to "PROGRAM: error: ..." on stderr and exit code 2.
+/// Runs `body` and maps a ConfigError to "PROGRAM: error: ..." on stderr (nothing printed when
+/// program is null, e.g. on ranks other than 0) and exit code 2.
 int run_with_config_errors(const char* program, const std::function<int()>& body);
 
 }  // namespace dt

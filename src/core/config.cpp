@@ -101,6 +101,14 @@ Options& Options::add(const std::string& name, long* target, long def, std::stri
   return *this;
 }
 
+Options& Options::add(const std::string& name, int* target, int def, std::string help,
+                      std::optional<int> min, std::optional<int> max) {
+  impl_->types.emplace_back(name, "an integer");
+  add_number(impl_->desc, impl_->checks, name, target, def, help, min, max);
+  impl_->values.emplace_back(name, [target] { return std::to_string(*target); });
+  return *this;
+}
+
 Options& Options::add(const std::string& name, double* target, double def, std::string help,
                       std::optional<double> min, std::optional<double> max) {
   impl_->types.emplace_back(name, "a number");
@@ -130,10 +138,11 @@ std::string Options::dump() const {
 bool Options::parse(int argc, const char* const* argv) {
   po::variables_map vm;
   std::string source = "command line";
-  std::string file_source;              // "config file 'PATH'" once --config was given
+  std::string file_source;                     // "config file 'PATH'" once --config was given
   std::vector<std::string> from_command_line;  // options the command line set explicitly
   try {
-    const po::parsed_options cmdline = po::command_line_parser(argc, argv).options(impl_->desc).run();
+    const po::parsed_options cmdline =
+        po::command_line_parser(argc, argv).options(impl_->desc).run();
     // A bare word is no option of ours (po would silently drop it): "--n 3 4", "fast".
     for (const auto& o : cmdline.options)
       if (o.position_key >= 0 || o.string_key.empty())
@@ -183,8 +192,9 @@ int run_with_config_errors(const char* program, const std::function<int()>& body
   try {
     return body();
   } catch (const ConfigError& e) {
-    std::cerr << program << ": error: " << e.message() << "\n"
-              << program << ": run '" << program << " --help' for the list of options\n";
+    if (program)
+      std::cerr << program << ": error: " << e.message() << "\n"
+                << program << ": run '" << program << " --help' for the list of options\n";
     return 2;
   }
 }

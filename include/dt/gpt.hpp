@@ -1,0 +1,96 @@
+// dt::Gpt: a GPT-2-style decoder (nanoGPT semantics and parameter names) running on a dt::Device.
+//
+// Token + position embeddings, pre-LayerNorm blocks with causal multi-head self-attention and a
+// GELU (tanh) MLP of width 4C, a final LayerNorm, and an LM head tied to the token embedding.
+// Parameters live in one flat buffer in nanoGPT's named_parameters() order, gradients in a second
+// buffer of the same layout, so a whole-model all_reduce is one call. Linear weights are
+// [out, in] as in PyTorch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dt/device.hpp"
+#include "dt/tensor.hpp"
+
+namespace dt {
+
+struct GptConfig {
+  int vocab = 256;
+  int block = 128;  ///< maximum sequence length (positions)
+  int layers = 4;
+  int heads = 4;
+  int embd = 256;
+};
+
+/// One named parameter tensor inside the flat buffer.
+struct ParamInfo {
+  std::string name;  ///< "transformer.h.0.attn.c_attn.weight"
+  Shape shape;
+  std::size_t offset = 0;  ///< elements from the start of the flat buffer
+  std::size_t numel = 0;
+  bool decay = false;  ///< weight decay applies (matrices and embeddings, not biases or norms)
+};
+
+/// The parameter table of a configuration, in nanoGPT order.
+std::vector<ParamInfo> gpt_params(const GptConfig& c);
+
+class Gpt {
+ public:
+  /// Allocates parameters, gradients and activations for micro-batches of up to `max_batch`
+  /// sequences of `c.block` tokens. `dev` must outlive the model.
+  Gpt(const Device& dev, GptConfig c, int max_batch);
+
+  const GptConfig& config() const noexcept { return cfg_; }
+  const std::vector<ParamInfo>& params() const noexcept { return params_; }
+  std::size_t num_params() const noexcept { return nparams_; }
+  float* param_data() const noexcept { return param_buf_.as<float>(); }
+  float* grad_data() const noexcept { return grad_buf_.as<float>(); }
+  const ParamInfo& param(const std::string& name) const;
+
+  /// GPT-2 initialisation from `seed`: N(0, 0.02) for matrices and embeddings, residual
+  /// projections (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 * layers)), biases 0, norms 1/0.
+  /// Same seed, same weights on every rank and every run.
+  void init(std::uint64_t seed);
+
+  /// Forward pass on B x T tokens (T <= block, B <= max_batch); `inputs` and `targets` are host
+  /// arrays of B*T token ids. With targets, returns the SUM of the per-token losses; without
+  /// (nullptr), only logits are computed and 0 is returned.
+  double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T);
+  /// Backward of the last forward (which must have had targets). Adds into the gradient buffer
+  /// d(loss_scale * sum of token losses)/d(params).
+  void backward(float loss_scale);
+  void zero_grad();
+  /// Logits of the last forward, row (b, t), length vocab (host-visible on the CPU device).
+  const float* logits(int b, int t) const;
+
+  /// FLOPs of one forward+backward per token at sequence length T (6N plus attention).
+  double flops_per_token(int T) const;
+
+ private:
+  struct Acts;
+  const Device& dev_;
+  GptConfig cfg_;
+  int max_batch_;
+  std::vector<ParamInfo> params_;
+  std::size_t nparams_ = 0;
+  Device::Buffer param_buf_, grad_buf_;
+  Device::Buffer act_buf_, grad_act_buf_;
+  Device::Buffer tokens_buf_;  // inputs then targets, int32
+  int B_ = 0, T_ = 0;
+  bool have_targets_ = false;
+  // pointers into act_buf_ / grad_act_buf_ (set in the constructor)
+  struct Layer {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
+        *fch_gelu, *res3;
+  };
+  std::vector<Layer> L_;
+  float *encoded_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr,
+        *logits_ = nullptr, *probs_ = nullptr, *losses_ = nullptr;
+  // backward scratch
+  float *dres_ = nullptr, *dln_ = nullptr, *dqkv_ = nullptr, *datty_ = nullptr, *dfch_ = nullptr,
+        *dfch_gelu_ = nullptr, *datt_ = nullptr, *dlogits_ = nullptr;
+};
+
+}  // namespace dt

@@ -1,0 +1,98 @@
+// dt::Trainer: data-parallel GPT training with global-batch semantics.
+//
+// The config fixes the global batch (sequences per optimiser step). Each rank of the data-parallel
+// communicator takes a contiguous share, in micro-batches; gradients are scaled by
+// 1 / (global batch x seq_len) and summed with all_reduce, so the same config and seed give the
+// same trajectory on any number of ranks (up to float summation order).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dt/comm.hpp"
+#include "dt/config.hpp"
+#include "dt/data.hpp"
+#include "dt/device.hpp"
+#include "dt/gpt.hpp"
+#include "dt/optim.hpp"
+
+namespace dt {
+
+struct TrainConfig {
+  GptConfig model;  ///< model.vocab 0: taken from the data file
+  std::string data_path;
+  std::string data_format = "auto";
+  double val_fraction = 0.1;
+  std::int64_t steps = 100;
+  std::int64_t batch = 8;        ///< global sequences per step
+  std::int64_t micro_batch = 0;  ///< sequences per forward on a rank; 0: the whole share
+  std::int64_t seed = 1337;
+  std::int64_t log_every = 10;
+  std::int64_t eval_every = 50;  ///< 0: only at the start and the end
+  std::int64_t eval_windows = 32;
+  OptimConfig optim;
+  std::int64_t sample_tokens = 0;
+  double sample_temperature = 0.8;
+  std::string sample_prompt = "\n";
+  std::string device = "cpu";
+  std::string plugin_path;
+  std::int64_t threads = 1;
+  std::string bind = "auto";
+  bool pmix = true;
+  bool print_config = false;
+};
+
+/// Registers every training option (sections model, train, optim, data, sample, runtime) on `o`,
+/// writing into `c`.
+void add_train_options(Options& o, TrainConfig& c);
+
+/// Checks everything that does not need MPI and loads the data: throws dt::ConfigError naming
+/// the option and value. Call on every rank before the runtime starts.
+TokenFile validate_and_load(TrainConfig& c);
+
+/// One optimiser step's figures (identical on every rank).
+struct StepStats {
+  std::int64_t step = 0;  ///< 0-based index of the step just taken
+  double loss = 0;        ///< mean training loss over the global batch
+  double lr = 0;
+  double grad_norm = 0;   ///< before clipping
+  double seconds = 0;
+};
+
+class Trainer {
+ public:
+  /// Checks the split of the global batch over `comm` (dt::ConfigError), then allocates the model
+  /// and optimiser on `dev` and initialises the weights from the seed.
+  Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const TokenFile& data);
+
+  StepStats step();
+  /// Mean loss over the fixed validation windows (all ranks share the work).
+  double evaluate();
+  /// Generates `n` tokens after `prompt` on this rank (no communication).
+  std::vector<std::int32_t> sample(const std::vector<std::int32_t>& prompt, std::int64_t n,
+                                   double temperature, std::uint64_t seed);
+  /// Runs the whole job with progress lines on rank 0; returns the process exit code.
+  int run();
+
+  Gpt& model() noexcept { return *model_; }
+  AdamW& optimizer() noexcept { return *opt_; }
+  std::int64_t next_step() const noexcept { return step_; }
+
+ private:
+  Comm& comm_;
+  const Device& dev_;
+  TrainConfig c_;
+  const TokenFile& data_;
+  Split split_;
+  std::unique_ptr<Sampler> sampler_;
+  std::vector<std::size_t> eval_starts_;
+  std::int64_t local_batch_ = 0, micro_ = 0;
+  std::unique_ptr<Gpt> model_;
+  std::unique_ptr<AdamW> opt_;
+  std::vector<std::int32_t> inputs_, targets_;
+  std::int64_t step_ = 0;
+};
+
+}  // namespace dt

@@ -1,0 +1,296 @@
+#include "dt/gpt.hpp"
+
+#include <cmath>
+#include <cstring>
+
+namespace dt {
+
+std::vector<ParamInfo> gpt_params(const GptConfig& c) {
+  const std::int64_t V = c.vocab, T = c.block, C = c.embd;
+  std::vector<ParamInfo> p;
+  auto add = [&](std::string name, Shape shape, bool decay) {
+    ParamInfo i;
+    i.name = std::move(name);
+    i.numel = shape_numel(shape);
+    i.shape = std::move(shape);
+    i.decay = decay;
+    i.offset = p.empty() ? 0 : p.back().offset + p.back().numel;
+    p.push_back(std::move(i));
+  };
+  add("transformer.wte.weight", {V, C}, true);
+  add("transformer.wpe.weight", {T, C}, true);
+  for (int l = 0; l < c.layers; ++l) {
+    const std::string h = "transformer.h." + std::to_string(l) + ".";
+    add(h + "ln_1.weight", {C}, false);
+    add(h + "ln_1.bias", {C}, false);
+    add(h + "attn.c_attn.weight", {3 * C, C}, true);
+    add(h + "attn.c_attn.bias", {3 * C}, false);
+    add(h + "attn.c_proj.weight", {C, C}, true);
+    add(h + "attn.c_proj.bias", {C}, false);
+    add(h + "ln_2.weight", {C}, false);
+    add(h + "ln_2.bias", {C}, false);
+    add(h + "mlp.c_fc.weight", {4 * C, C}, true);
+    add(h + "mlp.c_fc.bias", {4 * C}, false);
+    add(h + "mlp.c_proj.weight", {C, 4 * C}, true);
+    add(h + "mlp.c_proj.bias", {C}, false);
+  }
+  add("transformer.ln_f.weight", {C}, false);
+  add("transformer.ln_f.bias", {C}, false);
+  return p;
+}
+
+namespace {
+constexpr int kPerLayer = 12;  // parameter tensors per block
+// Offsets of block l's tensors: index 2 + l * kPerLayer + k.
+enum : int { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB };
+
+// Counter-based normal numbers (splitmix64 + Box-Muller): identical on every platform.
+struct Normal {
+  std::uint64_t state;
+  std::uint64_t next() {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }
+  double operator()() {
+    const double u1 = uniform(), u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  }
+};
+}  // namespace
+
+Gpt::Gpt(const Device& dev, GptConfig c, int max_batch)
+    : dev_(dev), cfg_(c), max_batch_(max_batch), params_(gpt_params(c)) {
+  DT_CHECK(InvalidArgument, c.embd % c.heads == 0, "model.embd ", c.embd,
+           " is not divisible by model.heads ", c.heads);
+  DT_CHECK(InvalidArgument, max_batch >= 1 && c.block >= 1 && c.layers >= 1 && c.vocab >= 1,
+           "model sizes must be positive");
+  nparams_ = params_.back().offset + params_.back().numel;
+  param_buf_ = Device::Buffer(dev, nparams_ * sizeof(float));
+  grad_buf_ = Device::Buffer(dev, nparams_ * sizeof(float));
+
+  const std::size_t B = static_cast<std::size_t>(max_batch), T = static_cast<std::size_t>(c.block),
+                    C = static_cast<std::size_t>(c.embd), V = static_cast<std::size_t>(c.vocab),
+                    NH = static_cast<std::size_t>(c.heads), BT = B * T;
+  const std::size_t per_layer = BT * C * 13 + BT * 4 + B * NH * T * T;
+  const std::size_t acts = BT * C * 2 + BT * 3 + BT * V * 2 + BT + per_layer * c.layers;
+  act_buf_ = Device::Buffer(dev, acts * sizeof(float));
+  const std::size_t gacts = BT * C * 3 + BT * 3 * C + BT * 8 * C + B * NH * T * T + BT * V;
+  grad_act_buf_ = Device::Buffer(dev, gacts * sizeof(float));
+  tokens_buf_ = Device::Buffer(dev, 2 * BT * sizeof(std::int32_t));
+
+  float* p = act_buf_.as<float>();
+  auto take = [&p](std::size_t n) {
+    float* r = p;
+    p += n;
+    return r;
+  };
+  encoded_ = take(BT * C);
+  L_.resize(static_cast<std::size_t>(c.layers));
+  for (auto& l : L_) {
+    l.ln1 = take(BT * C);
+    l.ln1_mean = take(BT);
+    l.ln1_rstd = take(BT);
+    l.qkv = take(3 * BT * C);
+    l.att = take(B * NH * T * T);
+    l.atty = take(BT * C);
+    l.res2 = take(BT * C);
+    l.ln2 = take(BT * C);
+    l.ln2_mean = take(BT);
+    l.ln2_rstd = take(BT);
+    l.fch = take(4 * BT * C);
+    l.fch_gelu = take(4 * BT * C);
+    l.res3 = take(BT * C);
+  }
+  lnf_ = take(BT * C);
+  lnf_mean_ = take(BT);
+  lnf_rstd_ = take(BT);
+  logits_ = take(BT * V);
+  probs_ = take(BT * V);
+  losses_ = take(BT);
+  DT_ASSERT(static_cast<std::size_t>(p - act_buf_.as<float>()) == acts);
+
+  p = grad_act_buf_.as<float>();
+  dres_ = take(BT * C);
+  dln_ = take(BT * C);
+  datty_ = take(BT * C);
+  dqkv_ = take(3 * BT * C);
+  dfch_ = take(4 * BT * C);
+  dfch_gelu_ = take(4 * BT * C);
+  datt_ = take(B * NH * T * T);
+  dlogits_ = take(BT * V);
+  DT_ASSERT(static_cast<std::size_t>(p - grad_act_buf_.as<float>()) == gacts);
+  zero_grad();
+}
+
+const ParamInfo& Gpt::param(const std::string& name) const {
+  for (const auto& p : params_)
+    if (p.name == name) return p;
+  DT_THROW(InvalidArgument, "no parameter named '", name, "'");
+}
+
+void Gpt::init(std::uint64_t seed) {
+  std::vector<float> host(nparams_);
+  const double resid_std = 0.02 / std::sqrt(2.0 * cfg_.layers);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const ParamInfo& pi = params_[i];
+    // Each tensor draws from its own stream, so adding layers does not shift earlier tensors.
+    Normal rng{seed * 0x100000001b3ULL + i * 0x9e3779b97f4a7c15ULL};
+    float* d = host.data() + pi.offset;
+    const bool is_norm_w = pi.name.find("ln_") != std::string::npos &&
+                           pi.name.find(".weight") != std::string::npos;
+    if (pi.shape.size() == 1) {
+      for (std::size_t k = 0; k < pi.numel; ++k) d[k] = is_norm_w ? 1.0f : 0.0f;
+      continue;
+    }
+    const bool resid = pi.name.find("c_proj.weight") != std::string::npos;
+    const double std = resid ? resid_std : 0.02;
+    for (std::size_t k = 0; k < pi.numel; ++k) d[k] = static_cast<float>(rng() * std);
+  }
+  dev_.call(&dt_hal_v1_t::copy, "copy", param_data(), host.data(), nparams_ * sizeof(float),
+            DT_HAL_HOST_TO_DEVICE);
+}
+
+void Gpt::zero_grad() {
+  dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(grad_data()),
+            nparams_ * sizeof(float));
+}
+
+const float* Gpt::logits(int b, int t) const {
+  return logits_ + (static_cast<std::size_t>(b) * T_ + t) * cfg_.vocab;
+}
+
+double Gpt::flops_per_token(int T) const {
+  const double n = static_cast<double>(nparams_ - params_[1].numel);  // without wpe
+  return 6.0 * n + 12.0 * cfg_.layers * cfg_.embd * static_cast<double>(T);
+}
+
+namespace {
+// y[N, out] = x[N, in] @ W[out, in]^T + b
+void linear_fwd(const Device& d, float* y, const float* x, const float* W, const float* b,
+                std::int64_t N, std::int64_t in, std::int64_t out) {
+  d.call(&dt_hal_v1_t::gemm, "gemm", 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+  d.call(&dt_hal_v1_t::bias_add, "bias_add", y, b, N, out);
+}
+// dx[N, in] (= or +=, by beta) dy @ W; dW += dy^T @ x; db += sum dy
+void linear_bwd(const Device& d, float* dx, float beta, float* dW, float* db, const float* dy,
+                const float* x, const float* W, std::int64_t N, std::int64_t in, std::int64_t out) {
+  if (dx) d.call(&dt_hal_v1_t::gemm, "gemm", 0, 0, N, in, out, 1.0f, dy, out, W, in, beta, dx, in);
+  d.call(&dt_hal_v1_t::gemm, "gemm", 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
+  if (db) d.call(&dt_hal_v1_t::bias_grad, "bias_grad", db, dy, N, out);
+}
+}  // namespace
+
+double Gpt::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T) {
+  DT_CHECK(InvalidArgument, B >= 1 && B <= max_batch_, "batch ", B, " outside [1, ", max_batch_, "]");
+  DT_CHECK(InvalidArgument, T >= 1 && T <= cfg_.block, "sequence length ", T, " outside [1, ",
+           cfg_.block, "]");
+  B_ = B;
+  T_ = T;
+  have_targets_ = targets != nullptr;
+  const std::int64_t C = cfg_.embd, V = cfg_.vocab, NH = cfg_.heads, BT = std::int64_t{B} * T;
+  std::int32_t* tok = tokens_buf_.as<std::int32_t>();
+  std::int32_t* tgt = tok + static_cast<std::size_t>(max_batch_) * cfg_.block;
+  dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(tok), static_cast<const void*>(inputs),
+            BT * sizeof(std::int32_t), DT_HAL_HOST_TO_DEVICE);
+  if (targets)
+    dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(tgt),
+              static_cast<const void*>(targets), BT * sizeof(std::int32_t), DT_HAL_HOST_TO_DEVICE);
+
+  const float* P = param_data();
+  auto W = [&](int l, int k) { return P + params_[2 + l * kPerLayer + k].offset; };
+  dev_.call(&dt_hal_v1_t::embedding_fwd, "embedding_fwd", encoded_, tok, P + params_[0].offset,
+            P + params_[1].offset, std::int64_t{B}, std::int64_t{T}, C, V);
+  const float* x = encoded_;
+  for (int l = 0; l < cfg_.layers; ++l) {
+    Layer& a = L_[static_cast<std::size_t>(l)];
+    dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", a.ln1, a.ln1_mean, a.ln1_rstd, x,
+              W(l, LN1W), W(l, LN1B), BT, C);
+    linear_fwd(dev_, a.qkv, a.ln1, W(l, QKVW), W(l, QKVB), BT, C, 3 * C);
+    dev_.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", a.atty, a.att, a.qkv, std::int64_t{B},
+              std::int64_t{T}, C, NH);
+    linear_fwd(dev_, a.res2, a.atty, W(l, PROJW), W(l, PROJB), BT, C, C);
+    dev_.call(&dt_hal_v1_t::add, "add", a.res2, a.res2, x, BT * C);
+    dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", a.ln2, a.ln2_mean, a.ln2_rstd, a.res2,
+              W(l, LN2W), W(l, LN2B), BT, C);
+    linear_fwd(dev_, a.fch, a.ln2, W(l, FCW), W(l, FCB), BT, C, 4 * C);
+    dev_.call(&dt_hal_v1_t::gelu_fwd, "gelu_fwd", a.fch_gelu, a.fch, 4 * BT * C);
+    linear_fwd(dev_, a.res3, a.fch_gelu, W(l, FCPW), W(l, FCPB), BT, 4 * C, C);
+    dev_.call(&dt_hal_v1_t::add, "add", a.res3, a.res3, a.res2, BT * C);
+    x = a.res3;
+  }
+  const std::size_t lnf = params_.size() - 2;
+  dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", lnf_, lnf_mean_, lnf_rstd_, x,
+            P + params_[lnf].offset, P + params_[lnf + 1].offset, BT, C);
+  dev_.call(&dt_hal_v1_t::gemm, "gemm", 0, 1, BT, V, C, 1.0f, static_cast<const float*>(lnf_), C,
+            P + params_[0].offset, C, 0.0f, logits_, V);
+  if (!targets) return 0.0;
+  dev_.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", losses_, probs_,
+            static_cast<const float*>(logits_), static_cast<const std::int32_t*>(tgt), BT, V);
+  std::vector<float> host(static_cast<std::size_t>(BT));
+  dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(host.data()),
+            static_cast<const void*>(losses_), BT * sizeof(float), DT_HAL_DEVICE_TO_HOST);
+  double sum = 0;
+  for (float v : host) sum += v;
+  return sum;
+}
+
+void Gpt::backward(float loss_scale) {
+  DT_CHECK(InvalidArgument, have_targets_, "backward() needs a forward() with targets");
+  const std::int64_t B = B_, T = T_, C = cfg_.embd, V = cfg_.vocab, NH = cfg_.heads, BT = B * T;
+  const std::int32_t* tok = tokens_buf_.as<std::int32_t>();
+  const std::int32_t* tgt = tok + static_cast<std::size_t>(max_batch_) * cfg_.block;
+  const float* P = param_data();
+  float* G = grad_data();
+  auto W = [&](int l, int k) { return P + params_[2 + l * kPerLayer + k].offset; };
+  auto dW = [&](int l, int k) { return G + params_[2 + l * kPerLayer + k].offset; };
+  const std::size_t lnf = params_.size() - 2;
+
+  dev_.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dlogits_,
+            static_cast<const float*>(probs_), tgt, loss_scale, BT, V);
+  // logits = lnf @ wte^T
+  dev_.call(&dt_hal_v1_t::gemm, "gemm", 0, 0, BT, C, V, 1.0f, static_cast<const float*>(dlogits_),
+            V, P + params_[0].offset, C, 0.0f, dln_, C);
+  dev_.call(&dt_hal_v1_t::gemm, "gemm", 1, 0, V, C, BT, 1.0f, static_cast<const float*>(dlogits_),
+            V, static_cast<const float*>(lnf_), C, 1.0f, G + params_[0].offset, C);
+  dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dres_),
+            static_cast<std::size_t>(BT * C) * sizeof(float));
+  const float* last = cfg_.layers > 0 ? L_.back().res3 : encoded_;
+  dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", dres_, G + params_[lnf].offset,
+            G + params_[lnf + 1].offset, static_cast<const float*>(dln_), last,
+            P + params_[lnf].offset, static_cast<const float*>(lnf_mean_),
+            static_cast<const float*>(lnf_rstd_), BT, C);
+
+  for (int l = cfg_.layers - 1; l >= 0; --l) {
+    Layer& a = L_[static_cast<std::size_t>(l)];
+    const float* x = l == 0 ? encoded_ : L_[static_cast<std::size_t>(l - 1)].res3;
+    // res3 = res2 + fch_gelu @ Wfcp^T + b: dres flows to res2 unchanged.
+    linear_bwd(dev_, dfch_gelu_, 0.0f, dW(l, FCPW), dW(l, FCPB), dres_, a.fch_gelu, W(l, FCPW), BT,
+               4 * C, C);
+    dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dfch_),
+              static_cast<std::size_t>(4 * BT * C) * sizeof(float));
+    dev_.call(&dt_hal_v1_t::gelu_bwd, "gelu_bwd", dfch_, static_cast<const float*>(a.fch),
+              static_cast<const float*>(dfch_gelu_), 4 * BT * C);
+    linear_bwd(dev_, dln_, 0.0f, dW(l, FCW), dW(l, FCB), dfch_, a.ln2, W(l, FCW), BT, C, 4 * C);
+    dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", dres_, dW(l, LN2W), dW(l, LN2B),
+              static_cast<const float*>(dln_), static_cast<const float*>(a.res2), W(l, LN2W),
+              static_cast<const float*>(a.ln2_mean), static_cast<const float*>(a.ln2_rstd), BT, C);
+    // res2 = x + atty @ Wproj^T + b
+    linear_bwd(dev_, datty_, 0.0f, dW(l, PROJW), dW(l, PROJB), dres_, a.atty, W(l, PROJW), BT, C, C);
+    dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dqkv_),
+              static_cast<std::size_t>(3 * BT * C) * sizeof(float));
+    dev_.call(&dt_hal_v1_t::attention_bwd, "attention_bwd", dqkv_, datt_,
+              static_cast<const float*>(datty_), static_cast<const float*>(a.qkv),
+              static_cast<const float*>(a.att), B, T, C, NH);
+    linear_bwd(dev_, dln_, 0.0f, dW(l, QKVW), dW(l, QKVB), dqkv_, a.ln1, W(l, QKVW), BT, C, 3 * C);
+    dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", dres_, dW(l, LN1W), dW(l, LN1B),
+              static_cast<const float*>(dln_), x, W(l, LN1W),
+              static_cast<const float*>(a.ln1_mean), static_cast<const float*>(a.ln1_rstd), BT, C);
+  }
+  dev_.call(&dt_hal_v1_t::embedding_bwd, "embedding_bwd", G + params_[0].offset,
+            G + params_[1].offset, static_cast<const float*>(dres_), tok, B, T, C);
+}
+
+}  // namespace dt

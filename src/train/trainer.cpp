@@ -1,0 +1,293 @@
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <sys/stat.h>
+
+#include "dt/train.hpp"
+
+namespace dt {
+
+void add_train_options(Options& o, TrainConfig& c) {
+  o.add("model.vocab", &c.model.vocab, 0, "vocabulary size; 0 takes it from the data file", 0,
+        1 << 20)
+      .add("model.seq-len", &c.model.block, 128, "context length (positions) and training window",
+           1, 1 << 16)
+      .add("model.layers", &c.model.layers, 4, "transformer blocks", 1, 1024)
+      .add("model.heads", &c.model.heads, 4, "attention heads per block (must divide model.embd)", 1,
+           1024)
+      .add("model.embd", &c.model.embd, 256, "embedding width", 1, 1 << 16)
+      .add("data.path", &c.data_path, "", "training text or token file (required)")
+      .add("data.format", &c.data_format, "auto",
+           "bytes: any file, vocab 256; llmc: llm.c/nanoGPT uint16 token file; auto: detect",
+           {"auto", "bytes", "llmc"})
+      .add("data.val-fraction", &c.val_fraction, 0.1, "share of the file held out for validation",
+           0.0, 0.9)
+      .add("train.steps", &c.steps, 100, "optimiser steps", 1L, 1L << 40)
+      .add("train.batch", &c.batch, 8, "global batch: sequences per step over all ranks", 1L,
+           1L << 30)
+      .add("train.micro-batch", &c.micro_batch, 0,
+           "sequences per forward on one rank (0: the rank's whole share); must divide the share",
+           0L, 1L << 30)
+      .add("train.seed", &c.seed, 1337, "seed of the weights and the data order", 0L,
+           (1L << 62))
+      .add("train.log-every", &c.log_every, 10, "steps between progress lines", 1L, 1L << 40)
+      .add("train.eval-every", &c.eval_every, 50,
+           "steps between validation losses (0: only first and last)", 0L, 1L << 40)
+      .add("train.eval-windows", &c.eval_windows, 32, "fixed validation windows per evaluation",
+           1L, 1L << 30)
+      .add("optim.lr", &c.optim.lr, 1e-3, "peak learning rate", 0.0, 10.0)
+      .add("optim.min-lr", &c.optim.min_lr, 1e-4, "learning rate at the end of the cosine", 0.0,
+           10.0)
+      .add("optim.warmup", &c.optim.warmup, 10, "linear warmup steps", 0L, 1L << 40)
+      .add("optim.decay-steps", &c.optim.decay_steps, 0,
+           "step where the cosine reaches min-lr (0: train.steps)", 0L, 1L << 40)
+      .add("optim.beta1", &c.optim.beta1, 0.9, "AdamW beta1", 0.0, 0.999999)
+      .add("optim.beta2", &c.optim.beta2, 0.95, "AdamW beta2", 0.0, 0.999999)
+      .add("optim.eps", &c.optim.eps, 1e-8, "AdamW epsilon", 0.0, 1.0)
+      .add("optim.weight-decay", &c.optim.weight_decay, 0.1,
+           "decoupled weight decay on matrices and embeddings", 0.0, 10.0)
+      .add("optim.grad-clip", &c.optim.grad_clip, 1.0, "global gradient norm limit (0: off)", 0.0,
+           1e6)
+      .add("sample.tokens", &c.sample_tokens, 0, "tokens to generate at the end (0: none)", 0L,
+           1L << 20)
+      .add("sample.temperature", &c.sample_temperature, 0.8, "sampling temperature", 1e-3, 100.0)
+      .add("sample.prompt", &c.sample_prompt, "\n", "text that starts the sample (byte vocab)")
+      .add("runtime.device", &c.device, "cpu",
+           "device plugin: cpu (built in) or NAME for libdt_hal_NAME.so")
+      .add("runtime.plugin-path", &c.plugin_path, "",
+           "colon-separated directories searched for device plugins (empty: next to the binary)")
+      .add("runtime.threads", &c.threads, 1, "BLAS threads per rank", 1L, 1024L)
+      .add("runtime.bind", &c.bind, "auto", "CPU binding of each local rank",
+           {"auto", "cores", "none"})
+      .add("runtime.pmix", &c.pmix, true, "use PMIx job information when the launcher provides it")
+      .add("print-config", &c.print_config, false, "print the effective configuration and go on");
+}
+
+TokenFile validate_and_load(TrainConfig& c) {
+  DT_CHECK(ConfigError, !c.data_path.empty(), "option --data.path is required (a text file or an ",
+           "llm.c token file)");
+  DT_CHECK(ConfigError, c.model.embd % c.model.heads == 0, "option --model.heads: ", c.model.heads,
+           " does not divide --model.embd=", c.model.embd);
+  DT_CHECK(ConfigError, c.optim.min_lr <= c.optim.lr, "option --optim.min-lr: ", c.optim.min_lr,
+           " is above --optim.lr=", c.optim.lr);
+  if (c.optim.decay_steps == 0) c.optim.decay_steps = c.steps;
+  TokenFile data = load_tokens(c.data_path, c.data_format);
+  if (c.model.vocab == 0) c.model.vocab = data.vocab;
+  DT_CHECK(ConfigError, data.max_token_plus_one <= c.model.vocab, "option --model.vocab: ",
+           c.model.vocab, " is smaller than the largest token in ", c.data_path, " (",
+           data.max_token_plus_one - 1, ")");
+  const Split s = split(data, c.val_fraction);
+  // Constructing these checks that seq-len fits both parts (ConfigError naming the numbers).
+  Sampler(data.data(s.train), s.train.size(), c.model.block, static_cast<std::uint64_t>(c.seed),
+          "training split of " + c.data_path + " (--model.seq-len)");
+  if (c.val_fraction > 0)
+    eval_windows(s.val.size(), c.model.block, c.eval_windows,
+                 "validation split of " + c.data_path + " (--model.seq-len, --train.eval-windows)");
+  return data;
+}
+
+Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const TokenFile& data)
+    : comm_(comm), dev_(dev), c_(c), data_(data), split_(split(data, c.val_fraction)) {
+  const std::int64_t n = comm.size();
+  DT_CHECK(ConfigError, c_.batch % n == 0, "option --train.batch: ", c_.batch,
+           " sequences do not divide over ", n, " ranks");
+  local_batch_ = c_.batch / n;
+  micro_ = c_.micro_batch > 0 ? c_.micro_batch : local_batch_;
+  DT_CHECK(ConfigError, local_batch_ % micro_ == 0, "option --train.micro-batch: ", micro_,
+           " does not divide the ", local_batch_, " sequences of each of ", n, " ranks");
+  if (c_.optim.decay_steps == 0) c_.optim.decay_steps = c_.steps;
+  sampler_ = std::make_unique<Sampler>(data.data(split_.train), split_.train.size(),
+                                       c_.model.block, static_cast<std::uint64_t>(c_.seed));
+  if (c_.val_fraction > 0)
+    eval_starts_ = eval_windows(split_.val.size(), c_.model.block, c_.eval_windows);
+  if (dev_.table().set_threads)
+    dev_.call(&dt_hal_v1_t::set_threads, "set_threads", static_cast<int>(c_.threads));
+  model_ = std::make_unique<Gpt>(dev_, c_.model, static_cast<int>(micro_));
+  model_->init(static_cast<std::uint64_t>(c_.seed));
+  opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
+  const std::size_t bt = static_cast<std::size_t>(micro_) * c_.model.block;
+  inputs_.resize(bt);
+  targets_.resize(bt);
+}
+
+StepStats Trainer::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int T = c_.model.block;
+  const float scale = static_cast<float>(1.0 / (static_cast<double>(c_.batch) * T));
+  model_->zero_grad();
+  double loss_sum = 0;
+  const std::int64_t first = comm_.rank() * local_batch_;
+  for (std::int64_t m = 0; m < local_batch_; m += micro_) {
+    sampler_->fill(static_cast<std::uint64_t>(step_), first + m, micro_, inputs_.data(),
+                   targets_.data());
+    loss_sum += model_->forward(inputs_.data(), targets_.data(), static_cast<int>(micro_), T);
+    model_->backward(scale);
+  }
+  if (comm_.size() > 1) {
+    comm_.all_reduce(TensorView{model_->grad_data(), model_->num_params(), DType::f32},
+                     ReduceOp::sum);
+    comm_.all_reduce(view_of(&loss_sum, 1), ReduceOp::sum);
+  }
+  StepStats s;
+  s.step = step_;
+  s.loss = loss_sum / (static_cast<double>(c_.batch) * T);
+  DT_CHECK(Error, std::isfinite(s.loss), "training loss is ", s.loss, " at step ", step_,
+           " (diverged: lower --optim.lr or raise --optim.warmup)");
+  s.grad_norm = opt_->clip_grad_norm(model_->grad_data(), c_.optim.grad_clip);
+  s.lr = lr_at(c_.optim, step_);
+  opt_->step(model_->param_data(), model_->grad_data(), s.lr, c_.optim);
+  ++step_;
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s;
+}
+
+double Trainer::evaluate() {
+  if (eval_starts_.empty()) return std::nan("");
+  const int T = c_.model.block;
+  const std::int64_t total = static_cast<std::int64_t>(eval_starts_.size());
+  const std::int64_t n = comm_.size(), r = comm_.rank();
+  const std::int64_t begin = r * total / n, end = (r + 1) * total / n;
+  double sums[2] = {0, 0};  // loss sum, tokens
+  const uint16_t* val = data_.data(split_.val);
+  for (std::int64_t i = begin; i < end; i += micro_) {
+    const std::int64_t cnt = std::min(micro_, end - i);
+    fill_windows(val, split_.val.size(), T, eval_starts_.data() + i, cnt, inputs_.data(),
+                 targets_.data());
+    sums[0] += model_->forward(inputs_.data(), targets_.data(), static_cast<int>(cnt), T);
+    sums[1] += static_cast<double>(cnt) * T;
+  }
+  if (n > 1) comm_.all_reduce(view_of(sums, 2), ReduceOp::sum);
+  return sums[0] / sums[1];
+}
+
+std::vector<std::int32_t> Trainer::sample(const std::vector<std::int32_t>& prompt, std::int64_t n,
+                                          double temperature, std::uint64_t seed) {
+  std::vector<std::int32_t> seq = prompt;
+  if (seq.empty()) seq.push_back(0);
+  std::uint64_t state = seed ^ 0x5851f42d4c957f2dULL;
+  auto uniform = [&state] {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+  };
+  const int V = c_.model.vocab;
+  std::vector<double> p(static_cast<std::size_t>(V));
+  std::vector<std::int32_t> out;
+  for (std::int64_t k = 0; k < n; ++k) {
+    const std::size_t len = std::min<std::size_t>(seq.size(), static_cast<std::size_t>(c_.model.block));
+    const std::int32_t* ctx = seq.data() + (seq.size() - len);
+    model_->forward(ctx, nullptr, 1, static_cast<int>(len));
+    const float* lg = model_->logits(0, static_cast<int>(len) - 1);
+    double mx = lg[0];
+    for (int v = 1; v < V; ++v) mx = std::max<double>(mx, lg[v]);
+    double z = 0;
+    for (int v = 0; v < V; ++v) z += (p[v] = std::exp((lg[v] - mx) / temperature));
+    double u = uniform() * z;
+    std::int32_t pick = V - 1;
+    for (int v = 0; v < V; ++v) {
+      u -= p[v];
+      if (u <= 0) {
+        pick = v;
+        break;
+      }
+    }
+    seq.push_back(pick);
+    out.push_back(pick);
+  }
+  return out;
+}
+
+namespace {
+std::string duration_str(double s) {
+  char b[32];
+  const long t = static_cast<long>(s + 0.5);
+  if (t >= 3600)
+    std::snprintf(b, sizeof b, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60)
+    std::snprintf(b, sizeof b, "%ldm%02lds", t / 60, t % 60);
+  else
+    std::snprintf(b, sizeof b, "%lds", t);
+  return b;
+}
+}  // namespace
+
+int Trainer::run() {
+  const bool lead = comm_.rank() == 0;
+  const int T = c_.model.block;
+  if (lead) {
+    std::printf("dt_train: %zu parameters, %d layers, %d heads, embd %d, seq %d, vocab %d\n",
+                model_->num_params(), c_.model.layers, c_.model.heads, c_.model.embd, T,
+                c_.model.vocab);
+    std::printf("dt_train: %d ranks, global batch %ld x %d tokens, micro-batch %ld, %ld steps, "
+                "device %s (%s)\n",
+                comm_.size(), static_cast<long>(c_.batch), T, static_cast<long>(micro_),
+                static_cast<long>(c_.steps), dev_.name().c_str(), dev_.origin().c_str());
+    std::printf("dt_train: data %s (%s, %zu tokens: %zu train, %zu val)\n", c_.data_path.c_str(),
+                data_.format.c_str(), data_.size(), split_.train.size(), split_.val.size());
+    std::fflush(stdout);
+  }
+  const double val0 = evaluate();
+  if (lead) {
+    std::printf("step %6d | val loss %.4f\n", 0, val0);
+    std::fflush(stdout);
+  }
+  double val = val0, window_secs = 0, total_secs = 0, loss = 0;
+  std::int64_t window_steps = 0;
+  while (step_ < c_.steps) {
+    const StepStats s = step();
+    loss = s.loss;
+    window_secs += s.seconds;
+    total_secs += s.seconds;
+    ++window_steps;
+    const bool last = step_ == c_.steps;
+    const bool do_eval = last || (c_.eval_every > 0 && step_ % c_.eval_every == 0);
+    std::string val_text;
+    if (do_eval) {
+      val = evaluate();
+      char b[32];
+      std::snprintf(b, sizeof b, " | val %.4f", val);
+      val_text = b;
+    }
+    if (lead && (step_ % c_.log_every == 0 || last || do_eval)) {
+      const double ms = window_secs / static_cast<double>(window_steps) * 1e3;
+      const double tps = static_cast<double>(c_.batch) * T * window_steps / window_secs;
+      const double eta = ms / 1e3 * static_cast<double>(c_.steps - step_);
+      std::printf("step %6ld/%ld | loss %.4f%s | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | "
+                  "eta %s\n",
+                  static_cast<long>(step_), static_cast<long>(c_.steps), s.loss, val_text.c_str(),
+                  s.lr, s.grad_norm, tps, ms, duration_str(eta).c_str());
+      std::fflush(stdout);
+      window_secs = 0;
+      window_steps = 0;
+    }
+  }
+  if (lead) {
+    const double tps = static_cast<double>(c_.batch) * T * static_cast<double>(c_.steps) / total_secs;
+    std::printf("dt_train: done: %ld steps in %s, %.0f tok/s, %.2f GFLOP/s per rank; train loss "
+                "%.4f, val loss %.4f -> %.4f (%+.1f%%)\n",
+                static_cast<long>(c_.steps), duration_str(total_secs).c_str(), tps,
+                tps * model_->flops_per_token(T) / comm_.size() / 1e9, loss, val0, val,
+                (val - val0) / val0 * 100.0);
+    if (c_.sample_tokens > 0) {
+      std::vector<std::int32_t> prompt;
+      if (c_.model.vocab == 256)
+        for (unsigned char ch : c_.sample_prompt) prompt.push_back(ch);
+      auto out = sample(prompt, c_.sample_tokens, c_.sample_temperature,
+                        static_cast<std::uint64_t>(c_.seed));
+      if (c_.model.vocab == 256) {
+        std::printf("dt_train: sample:\n%s%s\n", decode_bytes(prompt.data(), prompt.size()).c_str(),
+                    decode_bytes(out.data(), out.size()).c_str());
+      } else {
+        std::printf("dt_train: sample (GPT-2 token ids):");
+        for (auto t : out) std::printf(" %d", t);
+        std::printf("\n");
+      }
+    }
+    std::fflush(stdout);
+  }
+  comm_.barrier();
+  return 0;
+}
+
+}  // namespace dt
