@@ -59,8 +59,8 @@ struct f16 {
 
 static_assert(sizeof(bf16) == 2 && sizeof(f16) == 2, "16-bit types must be packed");
 
-/// Converts n elements of type `from` at src into type `to` at dst (no overlap). Floating to
-/// integer truncates toward zero; values out of the integer range are clamped; NaN becomes 0.
+/// Converts n elements of type `from` at src into type `to` at dst (no overlap), rounding once
+/// to nearest even. Floating to integer truncates toward zero; values out of the integer range are clamped; NaN becomes 0.
 void convert(const void* src, DType from, void* dst, DType to, std::size_t n);
 
 /// Maps a C++ element type to its DType.

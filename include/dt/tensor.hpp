@@ -86,8 +86,17 @@ class Tensor {
     return t;
   }
 
-  Tensor(Tensor&&) noexcept = default;
-  Tensor& operator=(Tensor&&) noexcept = default;
+  /// A moved-from tensor is empty (numel 0, no storage).
+  Tensor(Tensor&& o) noexcept { *this = std::move(o); }
+  Tensor& operator=(Tensor&& o) noexcept {
+    shape_ = std::move(o.shape_);
+    numel_ = o.numel_;
+    dtype_ = o.dtype_;
+    storage_ = std::move(o.storage_);
+    o.shape_.clear();
+    o.numel_ = 0;
+    return *this;
+  }
   Tensor(const Tensor&) = delete;
   Tensor& operator=(const Tensor&) = delete;
   /// Deep copy.

@@ -113,24 +113,35 @@ float f16::to_float(std::uint16_t b) noexcept {
 
 namespace {
 
+// Every value of every dtype is exact in long double (x86-64: 64-bit significand).
 template <class T>
-double load(const T& v) {
+long double load(const T& v) {
   if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
-    return static_cast<double>(static_cast<float>(v));
+    return static_cast<long double>(static_cast<float>(v));
   else
-    return static_cast<double>(v);
+    return static_cast<long double>(v);
+}
+
+// Rounds to float with round-to-odd: a later round-to-nearest-even into a format with at least
+// two fewer significand bits (bf16, f16) then equals one correct rounding of v.
+float round_to_odd_float(long double v) {
+  const float f = static_cast<float>(v);
+  if (std::isnan(v) || static_cast<long double>(f) == v) return f;
+  std::uint32_t u = float_bits(f);
+  if (std::isinf(f) || std::fabs(static_cast<long double>(f)) > std::fabs(v)) --u;  // toward zero
+  return bits_float(u | 1u);
 }
 
 template <class T>
-T store(double v) {
+T store(long double v) {
   if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
-    return T(static_cast<float>(v));
+    return T(round_to_odd_float(v));
   } else if constexpr (std::is_floating_point_v<T>) {
     return static_cast<T>(v);
   } else {
     if (std::isnan(v)) return T{0};
-    if (v <= static_cast<double>(std::numeric_limits<T>::min())) return std::numeric_limits<T>::min();
-    if (v >= static_cast<double>(std::numeric_limits<T>::max())) return std::numeric_limits<T>::max();
+    if (v <= static_cast<long double>(std::numeric_limits<T>::min())) return std::numeric_limits<T>::min();
+    if (v >= static_cast<long double>(std::numeric_limits<T>::max())) return std::numeric_limits<T>::max();
     return static_cast<T>(v);
   }
 }
@@ -153,8 +164,7 @@ void convert(const void* src, DType from, void* dst, DType to, std::size_t n) {
       for (std::size_t i = 0; i < n; ++i) d[i] = f16::from_float(s[i]);
     return;
   }
-  // i64 -> f64 and the like go through double; f64 -> 16-bit rounds twice (f64->f32->16),
-  // which is the documented behaviour of dt for that rare pair.
+  // Everything else goes through long double, which holds every value exactly, and rounds once.
   visit_dtype(from, [&](auto fs) {
     using S = decltype(fs);
     visit_dtype(to, [&](auto fd) {

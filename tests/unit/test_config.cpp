@@ -179,8 +179,8 @@ TEST_CASE("Options: --help prints the help and returns false") {
   CHECK(out == app.opts.help());
   CHECK(out.find("usage: app") != std::string::npos);
   CHECK(out.find("a test app") != std::string::npos);
-  for (const char* n : {"--config", "--name", "--verbose", "--check.iters", "--train.lr", "--train.mode",
-                        "run name", "learning rate"})
+  for (const char* n : {"--config", "--name", "--verbose", "--check.iters", "--train.lr",
+                        "--train.mode", "run name", "learning rate"})
     CHECK(out.find(n) != std::string::npos);
   CHECK(out.find("fast|slow|exact") != std::string::npos);  // the choices are listed
 
@@ -203,7 +203,8 @@ TEST_CASE("Options: command-line errors name the option") {
   expect_error({"--check.iters=-5"}, {"check.iters", "-5", "minimum"});
   expect_error({"--train.lr=1.5"}, {"train.lr", "1.5", "maximum"});
   expect_error({"--train.lr=-0.01"}, {"train.lr", "minimum"});
-  expect_error({"--train.mode=medium"}, {"train.mode", "'medium'", "fast|slow|exact", "command line"});
+  expect_error({"--train.mode=medium"},
+               {"train.mode", "'medium'", "fast|slow|exact", "command line"});
   expect_error({"--train.mode=Fast"}, {"train.mode", "Fast"});  // choices are case-sensitive
   expect_error({"--check.iters=3", "--check.iters=4"}, {"check.iters"});
   expect_error({"--check.iters"}, {"check.iters"});  // missing value
@@ -265,7 +266,8 @@ TEST_CASE("Options: the command line beats the INI file, in either order") {
 
 TEST_CASE("Options: INI problems name the option and the file") {
   TempDir dir;
-  auto check_file = [&](const std::string& file, const std::string& text, std::vector<std::string> needles) {
+  auto check_file = [&](const std::string& file, const std::string& text,
+                        std::vector<std::string> needles) {
     const std::string path = dir.write(file, text);
     const std::string arg = "--config=" + path;
     needles.push_back(path);
@@ -279,7 +281,8 @@ TEST_CASE("Options: INI problems name the option and the file") {
   check_file("bad_bool.ini", "verbose = maybe\n", {"verbose", "maybe"});
   check_file("too_big.ini", "[check]\niters = 1000\n", {"check.iters", "1000", "maximum"});
   check_file("too_small.ini", "[train]\nlr = -2\n", {"train.lr", "minimum"});
-  check_file("bad_choice.ini", "[train]\nmode = medium\n", {"train.mode", "medium", "fast|slow|exact"});
+  check_file("bad_choice.ini", "[train]\nmode = medium\n",
+             {"train.mode", "medium", "fast|slow|exact"});
   check_file("twice.ini", "[check]\niters = 3\niters = 4\n", {"check.iters"});
 
   // The same range problem on the command line does not blame the file.
@@ -324,7 +327,8 @@ TEST_CASE("Options: a stray bare word on the command line is an error, not silen
 
 TEST_CASE("Options: dump lists every option as parsed, in declaration order") {
   App app;
-  CHECK(app.parse({"--name=x", "--verbose", "--check.iters=9", "--train.lr=0.25", "--train.mode=slow"}));
+  CHECK(app.parse(
+      {"--name=x", "--verbose", "--check.iters=9", "--train.lr=0.25", "--train.mode=slow"}));
   CHECK(app.opts.dump() ==
         "name = x\n"
         "verbose = true\n"

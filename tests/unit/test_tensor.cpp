@@ -32,13 +32,20 @@ std::uint32_t bits_of(float f) {
 // Element sizes written out here, not taken from dt.
 std::size_t size_of(dt::DType t) {
   switch (t) {
-    case dt::DType::f32: return 4;
-    case dt::DType::f64: return 8;
-    case dt::DType::bf16: return 2;
-    case dt::DType::f16: return 2;
-    case dt::DType::i32: return 4;
-    case dt::DType::i64: return 8;
-    case dt::DType::u8: return 1;
+    case dt::DType::f32:
+      return 4;
+    case dt::DType::f64:
+      return 8;
+    case dt::DType::bf16:
+      return 2;
+    case dt::DType::f16:
+      return 2;
+    case dt::DType::i32:
+      return 4;
+    case dt::DType::i64:
+      return 8;
+    case dt::DType::u8:
+      return 1;
   }
   return 0;
 }
@@ -143,7 +150,11 @@ TEST_CASE("Tensor::from and data<T>()") {
   CHECK(p[5] == 6);
   CHECK(static_cast<const void*>(p) == t.raw());
 
-  check_throws_invalid([] { dt::Tensor::from(std::vector<float>{1, 2, 3}, {2, 2}); }, "Tensor::from");
+  check_throws_invalid(
+      [] {
+        dt::Tensor::from(std::vector<float>{1, 2, 3}, {2, 2});
+      },
+      "Tensor::from");
 }
 
 TEST_CASE("Tensor: data<T>() with the wrong type throws InvalidArgument") {
@@ -192,7 +203,8 @@ TEST_CASE("Tensor: move keeps the storage") {
 }
 
 TEST_CASE("Tensor: reshape keeps the data and checks the element count") {
-  dt::Tensor t = dt::Tensor::from(std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {3, 4});
+  dt::Tensor t =
+      dt::Tensor::from(std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {3, 4});
   const void* p = t.raw();
   dt::Tensor& r = t.reshape({2, 2, 3});
   CHECK(&r == &t);
@@ -205,7 +217,7 @@ TEST_CASE("Tensor: reshape keeps the data and checks the element count") {
   CHECK(t.shape() == dt::Shape{12});
 
   check_throws_invalid([&] { t.reshape({5, 3}); }, "[5, 3]");
-  CHECK(t.shape() == dt::Shape{12});  // unchanged after a failed reshape
+  CHECK(t.shape() == dt::Shape{12});                          // unchanged after a failed reshape
   CHECK_THROWS_AS(t.reshape({-3, -4}), dt::InvalidArgument);  // product matches, extents do not
   CHECK_THROWS_AS(t.reshape({13}), dt::InvalidArgument);
   CHECK_THROWS_AS(t.reshape({0}), dt::InvalidArgument);
@@ -221,9 +233,9 @@ TEST_CASE("Tensor::to(bf16/f16) rounds each element like the scalar conversion")
                           1.0f + 3 * std::ldexp(1.0f, -8),  // bf16 tie -> up
                           2.0f - std::ldexp(1.0f, -8),      // bf16 tie carrying to 2.0
                           2.0f - std::ldexp(1.0f, -11),     // f16 tie carrying to 2.0
-                          65520.0f,                          // f16 overflow
+                          65520.0f,                         // f16 overflow
                           -0.0f,
-                          std::ldexp(1.0f, -25),  // f16 subnormal tie -> 0
+                          std::ldexp(1.0f, -25),   // f16 subnormal tie -> 0
                           std::ldexp(3.0f, -134),  // float subnormal, bf16 tie
                           std::numeric_limits<float>::max(),
                           -std::numeric_limits<float>::infinity(),
@@ -264,7 +276,9 @@ TEST_CASE("Tensor::to(bf16/f16) rounds each element like the scalar conversion")
   // Back to f32 is exact: the bf16 pattern shifted into the top half.
   dt::Tensor back = b.to(dt::DType::f32);
   for (std::size_t i = 0; i < v.size(); ++i) {
-    if (bits_of(back.data<float>()[i]) != static_cast<std::uint32_t>(b.data<dt::bf16>()[i].bits) << 16) ++bad;
+    if (bits_of(back.data<float>()[i]) != static_cast<std::uint32_t>(b.data<dt::bf16>()[i].bits)
+                                              << 16)
+      ++bad;
   }
   CHECK(bad == 0);
   // The source is untouched.
