@@ -59,7 +59,8 @@ class Gpt {
   /// (nullptr), only logits are computed and 0 is returned.
   double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T);
   /// Backward of the last forward (which must have had targets). Adds into the gradient buffer
-  /// d(loss_scale * sum of token losses)/d(params).
+  /// d(loss_scale * sum of token losses)/d(params). The key third of attn.c_attn.bias gets an
+  /// exact zero (the loss does not depend on it), not float rounding noise.
   void backward(float loss_scale);
   void zero_grad();
   /// Logits of the last forward, row (b, t), length vocab (host-visible on the CPU device).

@@ -74,8 +74,8 @@ Gpt::Gpt(const Device& dev, GptConfig c, int max_batch)
   const std::size_t B = static_cast<std::size_t>(max_batch), T = static_cast<std::size_t>(c.block),
                     C = static_cast<std::size_t>(c.embd), V = static_cast<std::size_t>(c.vocab),
                     NH = static_cast<std::size_t>(c.heads), BT = B * T;
-  const std::size_t per_layer = BT * C * 13 + BT * 4 + B * NH * T * T;
-  const std::size_t acts = BT * C * 2 + BT * 3 + BT * V * 2 + BT + per_layer * c.layers;
+  const std::size_t per_layer = BT * C * 16 + BT * 4 + B * NH * T * T;
+  const std::size_t acts = BT * C * 2 + BT * 3 + BT * V * 2 + per_layer * c.layers;
   act_buf_ = Device::Buffer(dev, acts * sizeof(float));
   const std::size_t gacts = BT * C * 3 + BT * 3 * C + BT * 8 * C + B * NH * T * T + BT * V;
   grad_act_buf_ = Device::Buffer(dev, gacts * sizeof(float));
@@ -285,6 +285,11 @@ void Gpt::backward(float loss_scale) {
               static_cast<const float*>(datty_), static_cast<const float*>(a.qkv),
               static_cast<const float*>(a.att), B, T, C, NH);
     linear_bwd(dev_, dln_, 0.0f, dW(l, QKVW), dW(l, QKVB), dqkv_, a.ln1, W(l, QKVW), BT, C, 3 * C);
+    // The key bias adds q_i . b_k to every score of row i, which softmax ignores: its gradient
+    // is exactly zero, and what the float sums leave there is rounding noise that AdamW would
+    // blow up to lr-sized steps. Keep it exactly zero.
+    dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dW(l, QKVB) + C),
+              static_cast<std::size_t>(C) * sizeof(float));
     dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", dres_, dW(l, LN1W), dW(l, LN1B),
               static_cast<const float*>(dln_), x, W(l, LN1W),
               static_cast<const float*>(a.ln1_mean), static_cast<const float*>(a.ln1_rstd), BT, C);

@@ -1,0 +1,132 @@
+// Whole-model checks of dt::Gpt on the CPU device: parameter table, initialisation statistics,
+// and the gradient of every parameter tensor against central finite differences.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "dt/gpt.hpp"
+
+namespace {
+
+dt::GptConfig micro() {
+  dt::GptConfig c;
+  c.vocab = 19;
+  c.block = 8;
+  c.layers = 2;
+  c.heads = 2;
+  c.embd = 16;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("gpt parameter table follows nanoGPT names, shapes and order") {
+  dt::GptConfig c = micro();
+  auto p = dt::gpt_params(c);
+  REQUIRE(p.size() == 2 + 12 * 2 + 2);
+  CHECK(p[0].name == "transformer.wte.weight");
+  CHECK(p[0].shape == dt::Shape{19, 16});
+  CHECK(p[1].name == "transformer.wpe.weight");
+  CHECK(p[1].shape == dt::Shape{8, 16});
+  CHECK(p[4].name == "transformer.h.0.attn.c_attn.weight");
+  CHECK(p[4].shape == dt::Shape{48, 16});  // [3E, E]: Linear weights are [out, in]
+  CHECK(p[12].name == "transformer.h.0.mlp.c_proj.weight");
+  CHECK(p[12].shape == dt::Shape{16, 64});
+  CHECK(p.back().name == "transformer.ln_f.bias");
+  std::size_t off = 0;
+  for (const auto& i : p) {
+    CHECK(i.offset == off);
+    off += i.numel;
+    CHECK(i.decay == (i.shape.size() == 2));
+  }
+  // Closed form of the GPT-2 parameter count with a tied head.
+  const std::size_t V = 19, T = 8, C = 16, L = 2;
+  CHECK(off == V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C);
+}
+
+TEST_CASE("gpt initialisation: N(0, 0.02), scaled residual projections, unit norms") {
+  auto dev = dt::Device::open("cpu", "");
+  dt::GptConfig c = micro();
+  c.embd = 64;
+  c.layers = 4;
+  c.vocab = 256;
+  dt::Gpt m(dev, c, 1);
+  m.init(7);
+  auto stats = [&](const std::string& name) {
+    const auto& pi = m.param(name);
+    const float* d = m.param_data() + pi.offset;
+    double s = 0, ss = 0;
+    for (std::size_t i = 0; i < pi.numel; ++i) {
+      s += d[i];
+      ss += static_cast<double>(d[i]) * d[i];
+    }
+    const double mean = s / pi.numel;
+    return std::pair<double, double>{mean, std::sqrt(ss / pi.numel - mean * mean)};
+  };
+  auto [m1, s1] = stats("transformer.wte.weight");  // 16384 draws: std within ~1.5% of 0.02
+  CHECK(std::abs(m1) < 0.001);
+  CHECK(s1 == doctest::Approx(0.02).epsilon(0.03));
+  auto [m2, s2] = stats("transformer.h.1.mlp.c_fc.weight");
+  CHECK(s2 == doctest::Approx(0.02).epsilon(0.03));
+  auto [m3, s3] = stats("transformer.h.2.mlp.c_proj.weight");
+  CHECK(s3 == doctest::Approx(0.02 / std::sqrt(8.0)).epsilon(0.03));
+  auto [m4, s4] = stats("transformer.h.0.ln_1.weight");
+  CHECK(m4 == 1.0);
+  CHECK(s4 == 0.0);
+  auto [m5, s5] = stats("transformer.h.3.attn.c_attn.bias");
+  CHECK(m5 == 0.0);
+  // Same seed, same weights; another seed, other weights.
+  dt::Gpt m2b(dev, c, 1);
+  m2b.init(7);
+  CHECK(std::equal(m.param_data(), m.param_data() + m.num_params(), m2b.param_data()));
+  m2b.init(8);
+  CHECK(!std::equal(m.param_data(), m.param_data() + m.num_params(), m2b.param_data()));
+}
+
+TEST_CASE("gpt gradient of every parameter tensor matches central finite differences") {
+  auto dev = dt::Device::open("cpu", "");
+  const dt::GptConfig c = micro();
+  const int B = 2, T = 7;  // T below the block size, odd
+  dt::Gpt m(dev, c, B);
+  m.init(3);
+  std::mt19937 rng(11);
+  // Move every parameter off its initial value (norm weights 1, biases 0) so that all paths
+  // carry signal.
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  for (std::size_t i = 0; i < m.num_params(); ++i) m.param_data()[i] += nd(rng);
+  std::uniform_int_distribution<int> tok(0, c.vocab - 1);
+  std::vector<std::int32_t> in(B * T), tg(B * T);
+  for (auto& t : in) t = tok(rng);
+  for (auto& t : tg) t = tok(rng);
+
+  m.zero_grad();
+  m.forward(in.data(), tg.data(), B, T);
+  m.backward(1.0f);  // gradient of the loss SUM
+  std::vector<float> grad(m.grad_data(), m.grad_data() + m.num_params());
+
+  // For each tensor: the derivative along a random direction d restricted to that tensor,
+  // (L(p + h d) - L(p - h d)) / 2h, against grad . d. The loss is summed in double from float32
+  // per-token losses (about 1e-7 relative each), so with h = 1e-3 and |d| ~ sqrt(numel) the
+  // difference quotient carries an absolute error of roughly 14 * 3 * 1e-7 / 1e-3 = 4e-3 plus an
+  // O(h^2) truncation term; the bound below is 2% of |grad . d| plus 1e-2.
+  for (const auto& pi : m.params()) {
+    std::vector<float> d(pi.numel);
+    for (auto& x : d) x = nd(rng) * 20.0f;  // N(0, 1)
+    double an = 0;
+    for (std::size_t k = 0; k < pi.numel; ++k) an += static_cast<double>(grad[pi.offset + k]) * d[k];
+    float* p = m.param_data() + pi.offset;
+    std::vector<float> saved(p, p + pi.numel);
+    const float h = 1e-3f;
+    for (std::size_t k = 0; k < pi.numel; ++k) p[k] = saved[k] + h * d[k];
+    const double lp = m.forward(in.data(), tg.data(), B, T);
+    for (std::size_t k = 0; k < pi.numel; ++k) p[k] = saved[k] - h * d[k];
+    const double lm = m.forward(in.data(), tg.data(), B, T);
+    std::copy(saved.begin(), saved.end(), p);
+    const double fd = (lp - lm) / (2.0 * h);
+    INFO(pi.name << ": analytic " << an << ", finite difference " << fd);
+    CHECK(std::abs(fd - an) <= 0.02 * std::abs(an) + 1e-2);
+    CHECK(std::abs(an) > 1e-3);  // the direction carries signal, so the check can fail
+  }
+}
