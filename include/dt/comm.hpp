@@ -10,6 +10,11 @@
 //    transport's own message.
 //  - Blocking calls return when the local buffers may be reused. Non-blocking calls (i*) return a
 //    Work; buffers must stay alive and untouched until Work::wait() or Work::test() reports done.
+//  - Forms must match across ranks for one collective call: the blocking form without a timeout
+//    uses MPI's blocking collective; the non-blocking form and the blocking form with a timeout
+//    use MPI's non-blocking collective. MPI never matches one kind with the other, so either all
+//    ranks pass a timeout (or use i*) for a given call, or none does.
+//  - A receive delivers exactly buf.numel elements; a shorter or longer message is a CommError.
 //  - ReduceOp::avg is sum followed by division by size(); integers divide truncating toward zero,
 //    bf16/f16 sum and divide in float and round once to the element type per step.
 #pragma once
@@ -49,8 +54,9 @@ class Work {
   explicit Work(std::unique_ptr<WorkImpl> impl) : impl_(std::move(impl)) {}
   Work(Work&&) noexcept = default;
   Work& operator=(Work&&) noexcept = default;
-  /// Destroying an unfinished Work does not block; the transport keeps the request and its
-  /// buffers alive until the operation ends (an unfinished op usually means the job is failing).
+  /// Destroying an unfinished Work does not block and does not cancel the operation: the caller's
+  /// buffers must stay valid until the peers have finished it, also after a timeout exception
+  /// (an unfinished op usually means the job is failing and is about to be aborted).
   ~Work() = default;
 
   /// Non-blocking progress; true when done. Rethrows the stored error on every call after failure.
@@ -91,7 +97,7 @@ class Comm {
   /// Rank r gets block r of op over all ranks' `in`. Needs in.numel == size() * out.numel.
   virtual Work ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) = 0;
   virtual Work isend(ConstTensorView buf, int dst, int tag) = 0;
-  /// Receives exactly buf.numel elements; a longer message fails with dt::CommError.
+  /// Receives exactly buf.numel elements; a shorter or longer message fails with dt::CommError.
   virtual Work irecv(TensorView buf, int src, int tag) = 0;
   virtual Work ibarrier() = 0;
 

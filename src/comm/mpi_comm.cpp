@@ -84,6 +84,8 @@ void divide(TensorView v, int n) {
     for (std::size_t i = 0; i < v.numel; ++i) {
       if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
         p[i] = T(static_cast<float>(p[i]) / static_cast<float>(n));
+      else if constexpr (std::is_integral_v<T>)
+        p[i] = static_cast<T>(static_cast<std::int64_t>(p[i]) / n);  // n may not fit in T
       else
         p[i] = static_cast<T>(p[i] / static_cast<T>(n));
     }
@@ -161,6 +163,9 @@ class MpiWork final : public WorkImpl {
   }
 
   std::vector<MPI_Request> reqs_;
+  /// For receives: the element count each request must deliver (-1: not a receive).
+  std::vector<int> expect_;
+  MPI_Datatype recv_type_ = MPI_DATATYPE_NULL;
   std::function<void()> on_done_;
 
   bool test() override {
@@ -169,8 +174,10 @@ class MpiWork final : public WorkImpl {
     try {
       while (next_ < reqs_.size()) {
         int flag = 0;
-        check(MPI_Test(&reqs_[next_], &flag, MPI_STATUS_IGNORE), "MPI_Test");
+        MPI_Status st;
+        check(MPI_Test(&reqs_[next_], &flag, &st), "MPI_Test");
         if (!flag) return false;
+        check_count(st);
         ++next_;
       }
       finish();
@@ -186,8 +193,11 @@ class MpiWork final : public WorkImpl {
       if (error_) std::rethrow_exception(error_);
       if (done_) return true;
       try {
-        for (; next_ < reqs_.size(); ++next_)
-          check(MPI_Wait(&reqs_[next_], MPI_STATUS_IGNORE), "MPI_Wait");
+        for (; next_ < reqs_.size(); ++next_) {
+          MPI_Status st;
+          check(MPI_Wait(&reqs_[next_], &st), "MPI_Wait");
+          check_count(st);
+        }
         finish();
       } catch (...) {
         error_ = std::current_exception();
@@ -215,6 +225,16 @@ class MpiWork final : public WorkImpl {
         throw CommError(desc_ + ": " + e.message(), __FILE__, __LINE__);
       }
     }
+  }
+  void check_count(const MPI_Status& st) {
+    if (next_ >= expect_.size() || expect_[next_] < 0) return;
+    int got = 0;
+    MPI_Get_count(&st, recv_type_, &got);
+    if (got != expect_[next_])
+      throw CommError(desc_ + ": the message holds " + std::to_string(got) + " elements, " +
+                          std::to_string(expect_[next_]) + " expected (from rank " +
+                          std::to_string(st.MPI_SOURCE) + ")",
+                      __FILE__, __LINE__);
   }
   void finish() {
     done_ = true;
@@ -430,17 +450,20 @@ Work MpiComm::irecv(TensorView buf, int src, int tag) {
   check_peer(src, "recv");
   std::string extra = "from " + std::to_string(src) + ", tag " + std::to_string(tag);
   auto w = std::make_unique<MpiWork>(what("recv", buf, extra.c_str()), rank_, name_, true);
+  w->recv_type_ = mpi_type(buf.dtype);
   for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
     MPI_Request r;
     DT_MPI(MPI_Irecv(at(buf.data, off, buf.dtype), static_cast<int>(n), mpi_type(buf.dtype), src,
                      tag, comm_, &r),
            rank_, name_);
     w->reqs_.push_back(r);
+    w->expect_.push_back(static_cast<int>(n));
   });
   if (buf.numel == 0) {
     MPI_Request r;
     DT_MPI(MPI_Irecv(buf.data, 0, mpi_type(buf.dtype), src, tag, comm_, &r), rank_, name_);
     w->reqs_.push_back(r);
+    w->expect_.push_back(0);
   }
   return Work(std::move(w));
 }
@@ -462,16 +485,18 @@ void MpiComm::send(ConstTensorView buf, int dst, int tag, const CommOptions& opt
 void MpiComm::recv(TensorView buf, int src, int tag, const CommOptions& opts) {
   if (opts.timeout != kNoTimeout) return Comm::recv(buf, src, tag, opts);
   check_peer(src, "recv");
-  if (buf.numel == 0) {
-    DT_MPI(MPI_Recv(buf.data, 0, mpi_type(buf.dtype), src, tag, comm_, MPI_STATUS_IGNORE), rank_,
+  auto recv_exact = [&](void* p, std::size_t n) {
+    MPI_Status st;
+    DT_MPI(MPI_Recv(p, static_cast<int>(n), mpi_type(buf.dtype), src, tag, comm_, &st), rank_,
            name_);
-    return;
-  }
-  for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
-    DT_MPI(MPI_Recv(at(buf.data, off, buf.dtype), static_cast<int>(n), mpi_type(buf.dtype), src,
-                    tag, comm_, MPI_STATUS_IGNORE),
-           rank_, name_);
-  });
+    int got = 0;
+    MPI_Get_count(&st, mpi_type(buf.dtype), &got);
+    DT_CHECK(CommError, got == static_cast<int>(n), what("recv", buf), " on rank ", rank_,
+             ": the message from rank ", src, " holds ", got, " elements, ", n, " expected");
+  };
+  if (buf.numel == 0) return recv_exact(buf.data, 0);
+  for_chunks(buf.numel, max_chunk_,
+             [&](std::size_t off, std::size_t n) { recv_exact(at(buf.data, off, buf.dtype), n); });
 }
 
 // ---- barrier and split --------------------------------------------------------------------------

@@ -18,8 +18,7 @@
 // collective with a blocking one, and MpiComm maps blocking calls without a timeout onto blocking
 // MPI calls and everything else onto non-blocking ones.
 //
-// Environment: DT_TEST_VERBOSE=1 prints per-section times on rank 0; DT_TEST_STRICT_RECV=1 adds
-// the check that a receive of a shorter message fails (comm.hpp: "receives exactly buf.numel").
+// Environment: DT_TEST_VERBOSE=1 prints per-section times on rank 0.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -802,10 +801,9 @@ void check_work_semantics(Comm& c) {
     });
   }
 
-  // 2b. (Opt-in: DT_TEST_STRICT_RECV=1.) comm.hpp: irecv "receives exactly buf.numel elements";
-  // MpiComm does not check the received count, so a shorter message completes silently and leaves
-  // the tail of the buffer stale. Off by default until the contract/implementation is settled.
-  if (std::getenv("DT_TEST_STRICT_RECV")) {
+  // 2b. comm.hpp: a receive delivers exactly buf.numel elements; a shorter message is an error
+  // (not a silently stale buffer tail).
+  {
     c.barrier();
     if (me == 0) {
       std::vector<std::int32_t> buf(8, -1);

@@ -1,0 +1,124 @@
+// dt data layer: token files, the train/validation split, training-window sampling for data
+// parallelism, fixed evaluation windows, and byte-token decoding for text samples.
+//
+// Token files come in two formats:
+//   bytes  every byte of any file is one token (vocab 256).
+//   llmc   the llm.c / nanoGPT format: a header of 256 little-endian int32 (magic 20240520,
+//          version 1, token count), then that many little-endian uint16 tokens (GPT-2, vocab 50257).
+// "auto" picks llmc when the file starts with the magic, bytes otherwise. Every problem with a
+// file throws dt::ConfigError naming the path and what is wrong.
+//
+// Sampling is stateless and counter-based: the training window of global sequence g at step s is
+// a pure function of (seed, s, g). There is no position inside the Sampler; the position is the
+// trainer's step counter. A run resumed at step s (same file, split, seq_len and seed) draws
+// exactly the windows the uninterrupted run would have drawn, and the global batch of a step is
+// the same whatever the number of ranks: rank r fills its contiguous share [first, first + count)
+// of the global sequence indices.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dt {
+
+/// A contiguous range [begin, end) of token offsets into a TokenFile.
+struct TokenRange {
+  size_t begin = 0;
+  size_t end = 0;
+  size_t size() const { return end - begin; }
+  bool empty() const { return end == begin; }
+};
+
+/// The tokens of one file, held once in memory.
+struct TokenFile {
+  std::string path;
+  std::string format;            ///< the format actually read: "bytes" or "llmc"
+  std::vector<uint16_t> tokens;  ///< never empty after load_tokens
+  int vocab = 0;                 ///< 256 for bytes, 50257 for llmc
+  int max_token_plus_one = 0;    ///< largest token present + 1 (<= vocab)
+
+  size_t size() const { return tokens.size(); }
+  TokenRange all() const { return {0, tokens.size()}; }
+  /// Pointer to the first token of `r`; throws dt::InvalidArgument when r is not inside the file.
+  const uint16_t* data(const TokenRange& r) const;
+};
+
+/// The llm.c token file magic number (header[0]) and the one version read (header[1]).
+constexpr int32_t kLlmcMagic = 20240520;
+constexpr int32_t kLlmcVersion = 1;
+constexpr int kLlmcHeaderInts = 256;
+constexpr int kGpt2Vocab = 50257;
+
+/// Reads a token file. format: "auto", "bytes" or "llmc". The file is read straight into the
+/// token vector (no second copy). Throws dt::ConfigError naming the path on: an unknown format,
+/// a missing / unreadable / non-regular file, an empty file, an llmc magic mismatch, an
+/// unsupported version, a header token count that disagrees with the file size, a truncated
+/// file, a token >= 50257 in an llmc file.
+TokenFile load_tokens(const std::string& path, const std::string& format = "auto");
+
+/// The train part (first) and the validation part (last) of a token file.
+struct Split {
+  TokenRange train;
+  TokenRange val;
+};
+
+/// Splits off the last round(size * val_fraction) tokens (at least 1 when val_fraction > 0) as
+/// validation; the rest, from offset 0, is training. val_fraction must be in [0, 1) or
+/// dt::ConfigError. A part too small for a window is reported by the Sampler / eval_windows.
+Split split(const TokenFile& file, double val_fraction);
+
+/// Deterministic, seeded training-window sampler over n tokens. A window is seq_len + 1 tokens
+/// starting uniformly in [0, n - seq_len - 1]. Immutable and thread-safe; holds a pointer to the
+/// tokens, which must outlive it.
+class Sampler {
+ public:
+  /// Throws dt::ConfigError when seq_len < 1 or n < seq_len + 1 (naming both numbers and `what`,
+  /// e.g. "training split"); dt::InvalidArgument when tokens is null.
+  Sampler(const uint16_t* tokens, size_t n, int seq_len, uint64_t seed,
+          const std::string& what = "token range");
+
+  /// Start offset of the window of global sequence `seq` (>= 0) at `step`: a pure function of
+  /// (seed, step, seq), uniform in [0, n - seq_len - 1].
+  size_t window_start(uint64_t step, int64_t seq) const;
+
+  /// Fills count x seq_len inputs and targets (row-major, one row per sequence) for global
+  /// sequences first_seq .. first_seq + count - 1 of `step`; targets[i][t] = inputs[i][t + 1]
+  /// of the same window, i.e. the token after inputs[i][t]. Throws dt::InvalidArgument on
+  /// first_seq < 0, count < 0, or null buffers with count > 0.
+  void fill(uint64_t step, int64_t first_seq, int64_t count, int32_t* inputs,
+            int32_t* targets) const;
+
+  int seq_len() const { return seq_len_; }
+  size_t size() const { return n_; }
+  uint64_t seed() const { return seed_; }
+  /// Number of distinct window starts: n - seq_len.
+  size_t num_starts() const { return n_ - static_cast<size_t>(seq_len_); }
+
+ private:
+  const uint16_t* tokens_;
+  size_t n_;
+  int seq_len_;
+  uint64_t seed_;
+};
+
+/// Start offsets of `count` fixed evaluation windows (seq_len + 1 tokens each) over n tokens,
+/// evenly spaced from 0 to n - seq_len - 1 (first and last included when count > 1). The windows
+/// do not overlap whenever count * (seq_len + 1) <= n; otherwise they overlap evenly. Starts are
+/// strictly increasing. Split them across ranks by index (rank r takes a contiguous share).
+/// Throws dt::ConfigError when seq_len < 1, count < 1, n < seq_len + 1, or count > n - seq_len
+/// (more windows than distinct starts), naming the numbers and `what`.
+std::vector<size_t> eval_windows(size_t n, int seq_len, int64_t count,
+                                 const std::string& what = "validation split");
+
+/// Fills count x seq_len inputs / targets from the windows at starts[0 .. count) over tokens[0,
+/// n). Throws dt::InvalidArgument when a window does not fit in n tokens or a buffer is null.
+void fill_windows(const uint16_t* tokens, size_t n, int seq_len, const size_t* starts,
+                  int64_t count, int32_t* inputs, int32_t* targets);
+
+/// Byte tokens as printable text: printable ASCII and '\n' as is, '\\' as "\\\\", '\t' '\r' as
+/// "\\t" "\\r", other bytes as "\\xHH", tokens outside [0, 255] as "\\{N}".
+std::string decode_bytes(const int32_t* tokens, size_t n);
+
+}  // namespace dt

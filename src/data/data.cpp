@@ -1,0 +1,296 @@
+#include "dt/data.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dt/error.hpp"
+
+namespace dt {
+
+namespace {
+
+constexpr size_t kHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
+
+// Closes the descriptor on every path out of load_tokens.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+int32_t le32(const unsigned char* p) {
+  const uint32_t v = static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+                     (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
+  int32_t out;
+  std::memcpy(&out, &v, sizeof out);
+  return out;
+}
+
+// Reads up to len bytes at offset into dst; returns the number read (< len only at end of file).
+size_t read_at(int fd, void* dst, size_t len, size_t offset, const std::string& path) {
+  auto* out = static_cast<unsigned char*>(dst);
+  size_t done = 0;
+  while (done < len) {
+    // One large read; the loop only continues where the kernel caps a single read (~2 GiB).
+    const size_t chunk = std::min<size_t>(len - done, size_t{1} << 30);
+    const ssize_t got = ::pread(fd, out + done, chunk, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      DT_THROW(ConfigError, "cannot read token file '", path, "': ", std::strerror(errno));
+    }
+    if (got == 0) break;
+    done += static_cast<size_t>(got);
+  }
+  return done;
+}
+
+void read_exact(int fd, void* dst, size_t len, size_t offset, const std::string& path) {
+  const size_t got = read_at(fd, dst, len, offset, path);
+  DT_CHECK(ConfigError, got == len, "token file '", path, "' is truncated: expected ", len,
+           " bytes at offset ", offset, ", read ", got, " (did the file change while reading?)");
+}
+
+void load_bytes(int fd, size_t size, TokenFile& f) {
+  // Read the bytes into the storage of the token vector itself (2 bytes per token), then widen in
+  // place from the back: token i overwrites bytes 2i and 2i+1, which are >= i and so already read.
+  f.tokens.resize(size);
+  auto* raw = reinterpret_cast<unsigned char*>(f.tokens.data());
+  read_exact(fd, raw, size, 0, f.path);
+  unsigned max_tok = 0;
+  for (size_t i = size; i-- > 0;) {
+    const unsigned char b = raw[i];
+    max_tok = std::max<unsigned>(max_tok, b);
+    f.tokens[i] = b;
+  }
+  f.format = "bytes";
+  f.vocab = 256;
+  f.max_token_plus_one = static_cast<int>(max_tok) + 1;
+}
+
+void load_llmc(int fd, size_t size, TokenFile& f) {
+  const std::string& path = f.path;
+  unsigned char header[kHeaderBytes];
+  const size_t head = std::min(size, kHeaderBytes);
+  read_exact(fd, header, head, 0, path);
+  DT_CHECK(ConfigError, head >= 4, "token file '", path, "' is truncated: ", size,
+           " bytes, an llm.c header is ", kHeaderBytes, " bytes");
+  const int32_t magic = le32(header);
+  DT_CHECK(ConfigError, magic == kLlmcMagic, "token file '", path,
+           "' is not an llm.c token file: magic ", magic, ", expected ", kLlmcMagic);
+  DT_CHECK(ConfigError, size >= kHeaderBytes, "token file '", path, "' is truncated: ", size,
+           " bytes, an llm.c header is ", kHeaderBytes, " bytes");
+  const int32_t version = le32(header + 4);
+  DT_CHECK(ConfigError, version == kLlmcVersion, "token file '", path,
+           "' has unsupported llm.c version ", version, " (supported: ", kLlmcVersion, ")");
+  const int32_t count = le32(header + 8);
+  const size_t body = size - kHeaderBytes;
+  DT_CHECK(ConfigError, count >= 0, "token file '", path, "' header has a negative token count ",
+           count);
+  DT_CHECK(ConfigError, count > 0 || body > 0, "token file '", path, "' contains no tokens");
+  const size_t want = static_cast<size_t>(count) * sizeof(uint16_t);
+  DT_CHECK(ConfigError, body >= want, "token file '", path, "' is truncated: header says ", count,
+           " tokens (", want, " bytes) but only ", body, " bytes follow the header");
+  DT_CHECK(ConfigError, body == want, "token file '", path, "': header says ", count,
+           " tokens but the file holds ", body, " bytes of tokens (",
+           static_cast<double>(body) / 2.0, " tokens)");
+
+  f.tokens.resize(static_cast<size_t>(count));
+  read_exact(fd, f.tokens.data(), want, kHeaderBytes, path);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  for (auto& t : f.tokens) t = static_cast<uint16_t>((t >> 8) | (t << 8));
+#endif
+  unsigned max_tok = 0;
+  for (size_t i = 0; i < f.tokens.size(); ++i) {
+    const unsigned t = f.tokens[i];
+    if (t >= static_cast<unsigned>(kGpt2Vocab))
+      DT_THROW(ConfigError, "token file '", path, "': token ", t, " at index ", i,
+               " is outside the GPT-2 vocabulary of ", kGpt2Vocab);
+    max_tok = std::max(max_tok, t);
+  }
+  f.format = "llmc";
+  f.vocab = kGpt2Vocab;
+  f.max_token_plus_one = static_cast<int>(max_tok) + 1;
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+void check_window_buffers(int64_t count, const int32_t* inputs, const int32_t* targets) {
+  DT_CHECK_GE(InvalidArgument, count, 0, "window count must not be negative");
+  DT_CHECK(InvalidArgument, count == 0 || (inputs != nullptr && targets != nullptr),
+           "inputs and targets must not be null");
+}
+
+void copy_window(const uint16_t* w, int seq_len, int32_t* in, int32_t* tg) {
+  for (int t = 0; t < seq_len; ++t) {
+    in[t] = w[t];
+    tg[t] = w[t + 1];
+  }
+}
+
+}  // namespace
+
+const uint16_t* TokenFile::data(const TokenRange& r) const {
+  DT_CHECK(InvalidArgument, r.begin <= r.end && r.end <= tokens.size(), "token range [", r.begin,
+           ", ", r.end, ") is not inside '", path, "' of ", tokens.size(), " tokens");
+  return tokens.data() + r.begin;
+}
+
+TokenFile load_tokens(const std::string& path, const std::string& format) {
+  DT_CHECK(ConfigError, format == "auto" || format == "bytes" || format == "llmc",
+           "unknown token file format '", format, "' for '", path,
+           "' (expected auto, bytes or llmc)");
+  Fd fd;
+  fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd.fd < 0) DT_THROW(ConfigError, "cannot open token file '", path, "': ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd.fd, &st) != 0)
+    DT_THROW(ConfigError, "cannot stat token file '", path, "': ", std::strerror(errno));
+  DT_CHECK(ConfigError, S_ISREG(st.st_mode), "token file '", path, "' is not a regular file");
+  const size_t size = static_cast<size_t>(st.st_size);
+  DT_CHECK(ConfigError, size > 0, "token file '", path, "' is empty");
+
+  TokenFile f;
+  f.path = path;
+  bool llmc = format == "llmc";
+  if (format == "auto" && size >= 4) {
+    unsigned char magic[4];
+    read_exact(fd.fd, magic, 4, 0, path);
+    llmc = le32(magic) == kLlmcMagic;
+  }
+  if (llmc)
+    load_llmc(fd.fd, size, f);
+  else
+    load_bytes(fd.fd, size, f);
+  return f;
+}
+
+Split split(const TokenFile& file, double val_fraction) {
+  DT_CHECK(ConfigError, std::isfinite(val_fraction) && val_fraction >= 0 && val_fraction < 1,
+           "validation fraction must be in [0, 1), got ", val_fraction, " (for '", file.path,
+           "')");
+  const size_t n = file.size();
+  size_t val = static_cast<size_t>(std::llround(static_cast<double>(n) * val_fraction));
+  if (val_fraction > 0) val = std::max<size_t>(val, 1);
+  val = std::min(val, n);
+  Split s;
+  s.train = {0, n - val};
+  s.val = {n - val, n};
+  return s;
+}
+
+Sampler::Sampler(const uint16_t* tokens, size_t n, int seq_len, uint64_t seed,
+                 const std::string& what)
+    : tokens_(tokens), n_(n), seq_len_(seq_len), seed_(seed) {
+  DT_CHECK(ConfigError, seq_len >= 1, "sequence length must be >= 1, got ", seq_len);
+  DT_CHECK(ConfigError, n >= static_cast<size_t>(seq_len) + 1, what, " has ", n,
+           " tokens, too few for one window of seq_len + 1 = ", static_cast<size_t>(seq_len) + 1,
+           " tokens");
+  DT_CHECK(InvalidArgument, tokens != nullptr, "Sampler: tokens must not be null");
+}
+
+size_t Sampler::window_start(uint64_t step, int64_t seq) const {
+  DT_CHECK_GE(InvalidArgument, seq, 0, "global sequence index must not be negative");
+  const uint64_t m = num_starts();  // >= 1
+  uint64_t x = splitmix64(splitmix64(splitmix64(seed_) ^ step) ^ static_cast<uint64_t>(seq));
+  // Lemire's multiply-shift with rejection: exactly uniform in [0, m).
+  unsigned __int128 p = static_cast<unsigned __int128>(x) * m;
+  uint64_t low = static_cast<uint64_t>(p);
+  if (low < m) {
+    const uint64_t threshold = (0 - m) % m;
+    while (low < threshold) {
+      x = splitmix64(x);
+      p = static_cast<unsigned __int128>(x) * m;
+      low = static_cast<uint64_t>(p);
+    }
+  }
+  return static_cast<size_t>(p >> 64);
+}
+
+void Sampler::fill(uint64_t step, int64_t first_seq, int64_t count, int32_t* inputs,
+                   int32_t* targets) const {
+  DT_CHECK_GE(InvalidArgument, first_seq, 0, "first global sequence must not be negative");
+  check_window_buffers(count, inputs, targets);
+  const size_t T = static_cast<size_t>(seq_len_);
+  for (int64_t i = 0; i < count; ++i) {
+    const size_t start = window_start(step, first_seq + i);
+    copy_window(tokens_ + start, seq_len_, inputs + static_cast<size_t>(i) * T,
+                targets + static_cast<size_t>(i) * T);
+  }
+}
+
+std::vector<size_t> eval_windows(size_t n, int seq_len, int64_t count, const std::string& what) {
+  DT_CHECK(ConfigError, seq_len >= 1, "sequence length must be >= 1, got ", seq_len);
+  DT_CHECK(ConfigError, count >= 1, "number of evaluation windows must be >= 1, got ", count);
+  const size_t w = static_cast<size_t>(seq_len) + 1;
+  DT_CHECK(ConfigError, n >= w, what, " has ", n,
+           " tokens, too few for one window of seq_len + 1 = ", w, " tokens");
+  const size_t last = n - w;  // largest start
+  DT_CHECK(ConfigError, static_cast<uint64_t>(count) <= last + 1, what, " has ", n,
+           " tokens, only ", last + 1, " distinct windows of ", w, " tokens, fewer than the ",
+           count, " evaluation windows asked for");
+  std::vector<size_t> starts(static_cast<size_t>(count));
+  if (count == 1) {
+    starts[0] = 0;
+    return starts;
+  }
+  const unsigned __int128 span = last;
+  const unsigned __int128 gaps = static_cast<uint64_t>(count - 1);
+  for (size_t i = 0; i < starts.size(); ++i)
+    starts[i] = static_cast<size_t>(span * i / gaps);
+  return starts;
+}
+
+void fill_windows(const uint16_t* tokens, size_t n, int seq_len, const size_t* starts,
+                  int64_t count, int32_t* inputs, int32_t* targets) {
+  DT_CHECK_GE(InvalidArgument, seq_len, 1, "sequence length must be >= 1");
+  check_window_buffers(count, inputs, targets);
+  DT_CHECK(InvalidArgument, count == 0 || (tokens != nullptr && starts != nullptr),
+           "tokens and starts must not be null");
+  const size_t T = static_cast<size_t>(seq_len);
+  for (int64_t i = 0; i < count; ++i) {
+    const size_t s = starts[i];
+    DT_CHECK(InvalidArgument, s < n && n - s >= T + 1, "window ", i, " at ", s, " of ", T + 1,
+             " tokens does not fit in ", n, " tokens");
+    copy_window(tokens + s, seq_len, inputs + static_cast<size_t>(i) * T,
+                targets + static_cast<size_t>(i) * T);
+  }
+}
+
+std::string decode_bytes(const int32_t* tokens, size_t n) {
+  std::string out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t t = tokens[i];
+    if (t < 0 || t > 255) {
+      out += "\\{" + std::to_string(t) + "}";
+    } else if (t == '\\') {
+      out += "\\\\";
+    } else if (t == '\n' || (t >= 0x20 && t < 0x7F)) {
+      out += static_cast<char>(t);
+    } else if (t == '\t') {
+      out += "\\t";
+    } else if (t == '\r') {
+      out += "\\r";
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", static_cast<unsigned>(t));
+      out += buf;
+    }
+  }
+  return out;
+}
+
+}  // namespace dt
