@@ -5,6 +5,9 @@
 // Exit codes: 0 done; 2 bad options, config or data (before any model memory is allocated);
 // 3 a rank failed during training (the job is aborted so that no rank hangs).
 #include <cstdio>
+#include <algorithm>
+#include <string>
+#include <vector>
 
 #include "dt/config.hpp"
 #include "dt/device.hpp"
@@ -31,14 +34,39 @@ int main(int argc, char** argv) {
   if (cfg.print_config && lead) std::printf("%s", opts.dump().c_str());
   std::unique_ptr<dt::Device> dev;
   std::unique_ptr<dt::Trainer> trainer;
-  // Config errors found after start-up are the same on every rank: all exit 2 together.
-  rc = dt::run_with_config_errors(lead ? "dt_train" : nullptr, [&] {
-    dev = std::make_unique<dt::Device>(dt::Device::open(
-        cfg.device, cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path));
-    trainer = std::make_unique<dt::Trainer>(rt.world(), *dev, cfg, data);
+  // Set-up errors: a rank that fails (a plugin missing on one node, say) reports it, and all ranks
+  // agree before any collective of the training, so every rank exits 2 and none hangs.
+  std::string failed;
+  rc = dt::run_with_config_errors(nullptr, [&] {
+    try {
+      dev = std::make_unique<dt::Device>(dt::Device::open(
+          cfg.device, cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path));
+      trainer = std::make_unique<dt::Trainer>(rt.world(), *dev, cfg, data);
+    } catch (const dt::Error& e) {
+      failed = e.message();
+      throw dt::ConfigError(failed, __FILE__, __LINE__);
+    }
     return -1;
   });
-  if (rc >= 0) return rc;
+  int ok = rc < 0 ? 1 : 0;
+  int all_ok = ok;
+  rt.world().all_reduce(dt::view_of(&all_ok, 1), dt::ReduceOp::min);
+  if (!all_ok) {
+    // The first failing rank prints its error; another rank prints only an error of its own.
+    int first_bad = ok ? rt.size() : rt.rank();
+    rt.world().all_reduce(dt::view_of(&first_bad, 1), dt::ReduceOp::min);
+    std::vector<std::uint8_t> text(1024, 0);
+    if (rt.rank() == first_bad) std::copy_n(failed.begin(), std::min<std::size_t>(failed.size(), 1023), text.begin());
+    rt.world().broadcast(dt::view_of(text), first_bad);
+    const std::string first(reinterpret_cast<const char*>(text.data()));
+    if (rt.rank() == first_bad)
+      std::fprintf(stderr, "dt_train: error: %s%s\ndt_train: run 'dt_train --help' for the list of options\n",
+                   rt.size() > 1 ? ("rank " + std::to_string(rt.rank()) + ": ").c_str() : "",
+                   failed.c_str());
+    else if (!ok && failed.substr(0, 1023) != first)
+      std::fprintf(stderr, "dt_train: error: rank %d: %s\n", rt.rank(), failed.c_str());
+    return 2;
+  }
   try {
     return trainer->run();
   } catch (const dt::Error& e) {
