@@ -20,7 +20,7 @@ dt_tps() {  # ranks config steps batch [options]
   mpiexec -n "$ranks" --bind-to core "$build/apps/dt_train" --config "$DT_ROOT/configs/$config.ini" \
     --data.path="$corpus" --train.steps="$steps" --train.batch="$batch" --train.eval-every=0 \
     --train.eval-windows=2 --train.log-every=1000000 --optim.warmup=2 "$@" |
-    sed -nE 's/.*done: .* ([0-9.]+) tok\/s.*/\1/p'
+    sed -nE 's/.*done: .* ([0-9.]+) tok\/s \(steady state\).*/\1/p'
 }
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
@@ -48,7 +48,7 @@ row() {  # name config layers heads embd seq batch steps
 table=$( {
   echo "| config | batch x seq | dt 1 rank tok/s | PyTorch 1 thread tok/s | dt/PyTorch | dt 2 ranks tok/s | 2 ranks / 1 rank | dt model GFLOP/s (1 rank) |"
   echo "|---|---|---:|---:|---:|---:|---:|---:|"
-  row gpt-tiny gpt-tiny 4 4 256 128 16 8
+  row gpt-tiny gpt-tiny 4 4 256 128 16 16
   row micro micro 2 2 32 32 8 300
 } )
 sgemm=$("$build/perf/bench_sgemm" 1024 5)
