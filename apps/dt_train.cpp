@@ -2,8 +2,9 @@
 //
 //   srun ./dt_train --config configs/gpt-tiny.ini [--train.steps=500 ...]
 //
-// Exit codes: 0 done; 2 bad options, config or data (before any model memory is allocated);
-// 3 a rank failed during training (the job is aborted so that no rank hangs).
+// Exit codes: 0 done; 2 bad options, config, data or checkpoint (refused before training starts);
+// 3 a rank failed during training (the job is aborted so that no rank hangs); 75 drained on
+// SIGUSR1/SIGTERM after writing a checkpoint (requeue the job; it resumes from that checkpoint).
 #include <cstdio>
 #include <algorithm>
 #include <string>
@@ -31,7 +32,9 @@ int main(int argc, char** argv) {
   ro.use_pmix = cfg.pmix;
   dt::Runtime rt(&argc, &argv, ro);
   const bool lead = rt.rank() == 0;
-  if (cfg.print_config && lead) std::printf("%s", opts.dump().c_str());
+  cfg.config_text = opts.dump();
+  if (cfg.print_config && lead) std::printf("%s", cfg.config_text.c_str());
+  dt::install_drain_signals();
   std::unique_ptr<dt::Device> dev;
   std::unique_ptr<dt::Trainer> trainer;
   // Set-up errors: a rank that fails (a plugin missing on one node, say) reports it, and all ranks
@@ -42,6 +45,7 @@ int main(int argc, char** argv) {
       dev = std::make_unique<dt::Device>(dt::Device::open(
           cfg.device, cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path));
       trainer = std::make_unique<dt::Trainer>(rt.world(), *dev, cfg, data);
+      trainer->resume_from_checkpoint();
     } catch (const dt::Error& e) {
       failed = e.message();
       throw dt::ConfigError(failed, __FILE__, __LINE__);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dt/checkpoint.hpp"
 #include "dt/comm.hpp"
 #include "dt/config.hpp"
 #include "dt/data.hpp"
@@ -30,6 +31,7 @@ struct TrainConfig {
   std::int64_t micro_batch = 0;  ///< sequences per forward on a rank; 0: the whole share
   std::int64_t seed = 1337;
   std::int64_t log_every = 10;
+  std::string log_file;  ///< JSON lines per step (rank 0)
   std::int64_t eval_every = 50;  ///< 0: only at the start and the end
   std::int64_t eval_windows = 32;
   OptimConfig optim;
@@ -42,7 +44,24 @@ struct TrainConfig {
   std::string bind = "auto";
   bool pmix = true;
   bool print_config = false;
+  // checkpoints
+  std::string ckpt_dir;            ///< "" disables checkpoints (and draining writes nothing)
+  std::int64_t ckpt_every = 0;     ///< steps between saves (0: only at the end and on drain)
+  std::int64_t ckpt_keep = 3;
+  bool ckpt_async = false;
+  std::string ckpt_resume = "auto";  ///< auto | none | PATH
+  bool eval_only = false;            ///< report the loss of the resumed weights and stop
+  std::int64_t eval_sequences = 64;  ///< --eval-only: first K validation sequences, in order
+  std::string config_text;           ///< effective config, stored in checkpoints
 };
+
+/// Exit code of a run that drained on SIGUSR1/SIGTERM after writing a checkpoint: job scripts
+/// requeue on it (EX_TEMPFAIL).
+inline constexpr int kExitDrained = 75;
+
+/// Routes SIGUSR1 and SIGTERM to a drain request (a flag; nothing else happens in the handler).
+void install_drain_signals();
+bool drain_requested() noexcept;
 
 /// Registers every training option (sections model, train, optim, data, sample, runtime) on `o`,
 /// writing into `c`.
@@ -73,8 +92,17 @@ class Trainer {
   /// Generates `n` tokens after `prompt` on this rank (no communication).
   std::vector<std::int32_t> sample(const std::vector<std::int32_t>& prompt, std::int64_t n,
                                    double temperature, std::uint64_t seed);
-  /// Runs the whole job with progress lines on rank 0; returns the process exit code.
+  /// Runs the whole job with progress lines on rank 0; returns the process exit code (0, or
+  /// kExitDrained after a drain). Resumes from ckpt_resume first.
   int run();
+  /// Loads the checkpoint chosen by ckpt_resume; returns the file used ("" when starting fresh).
+  std::string resume_from_checkpoint();
+  /// Writes a checkpoint of the current state (synchronously unless ckpt_async and !sync).
+  void save_checkpoint_now(bool sync);
+  /// Mean loss over the first `n` validation sequences taken in order (no sampling).
+  double evaluate_in_order(std::int64_t n);
+  /// The tensors of the training state: /model/..., /optim/exp_avg/..., /optim/exp_avg_sq/...
+  std::vector<CkptTensor> state_tensors();
 
   Gpt& model() noexcept { return *model_; }
   AdamW& optimizer() noexcept { return *opt_; }
@@ -93,6 +121,10 @@ class Trainer {
   std::unique_ptr<AdamW> opt_;
   std::vector<std::int32_t> inputs_, targets_;
   std::int64_t step_ = 0;
+  std::unique_ptr<AsyncCheckpointer> async_;
+  std::int64_t last_saved_ = -1;
+  void log(const std::string& line) const;
+  void finish_checkpoints();
 };
 
 }  // namespace dt

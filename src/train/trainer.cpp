@@ -3,9 +3,27 @@
 #include <cstdio>
 #include <sys/stat.h>
 
+#include <csignal>
+
 #include "dt/train.hpp"
 
 namespace dt {
+
+namespace {
+volatile std::sig_atomic_t g_drain = 0;  // the one process-wide flag a signal handler may touch
+extern "C" void on_drain_signal(int) { g_drain = 1; }
+}  // namespace
+
+void install_drain_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_drain_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+bool drain_requested() noexcept { return g_drain != 0; }
 
 void add_train_options(Options& o, TrainConfig& c) {
   o.add("model.vocab", &c.model.vocab, 0, "vocabulary size; 0 takes it from the data file", 0,
@@ -31,6 +49,8 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("train.seed", &c.seed, 1337, "seed of the weights and the data order", 0L,
            (1L << 62))
       .add("train.log-every", &c.log_every, 10, "steps between progress lines", 1L, 1L << 40)
+      .add("train.log-file", &c.log_file, "",
+           "append one JSON line per step (full-precision loss, lr, norm, val loss) to this file")
       .add("train.eval-every", &c.eval_every, 50,
            "steps between validation losses (0: only first and last)", 0L, 1L << 40)
       .add("train.eval-windows", &c.eval_windows, 32, "fixed validation windows per evaluation",
@@ -60,7 +80,19 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("runtime.bind", &c.bind, "auto", "CPU binding of each local rank",
            {"auto", "cores", "none"})
       .add("runtime.pmix", &c.pmix, true, "use PMIx job information when the launcher provides it")
-      .add("print-config", &c.print_config, false, "print the effective configuration and go on");
+      .add("print-config", &c.print_config, false, "print the effective configuration and go on")
+      .add("ckpt.dir", &c.ckpt_dir, "", "checkpoint directory (empty: no checkpoints)")
+      .add("ckpt.every", &c.ckpt_every, 0, "steps between checkpoints (0: only at the end)", 0L,
+           1L << 40)
+      .add("ckpt.keep", &c.ckpt_keep, 3, "newest checkpoints kept", 1L, 1000000L)
+      .add("ckpt.async", &c.ckpt_async, false,
+           "write checkpoints in the background from a host snapshot")
+      .add("ckpt.resume", &c.ckpt_resume, "auto",
+           "auto: newest checkpoint of ckpt.dir that verifies; none; or a checkpoint file")
+      .add("eval-only", &c.eval_only, false,
+           "load the checkpoint of ckpt.resume, report the loss of eval.sequences and stop")
+      .add("eval.sequences", &c.eval_sequences, 64,
+           "--eval-only: the first K validation sequences, taken in order", 1L, 1L << 40);
 }
 
 TokenFile validate_and_load(TrainConfig& c) {
@@ -83,6 +115,15 @@ TokenFile validate_and_load(TrainConfig& c) {
   if (c.val_fraction > 0)
     eval_windows(s.val.size(), c.model.block, c.eval_windows,
                  "validation split of " + c.data_path + " (--model.seq-len, --train.eval-windows)");
+  if (c.eval_only) {
+    DT_CHECK(ConfigError, c.ckpt_resume != "none" && !(c.ckpt_resume == "auto" && c.ckpt_dir.empty()),
+             "option --eval-only needs a checkpoint: --ckpt.resume=PATH or --ckpt.dir with "
+             "--ckpt.resume=auto");
+    const std::size_t need = static_cast<std::size_t>(c.eval_sequences) * c.model.block + 1;
+    DT_CHECK(ConfigError, need <= s.val.size(), "option --eval.sequences: ", c.eval_sequences,
+             " sequences of ", c.model.block, " tokens need ", need,
+             " validation tokens, the validation split of ", c.data_path, " has ", s.val.size());
+  }
   return data;
 }
 
@@ -212,6 +253,113 @@ std::string duration_str(double s) {
 }
 }  // namespace
 
+void Trainer::log(const std::string& line) const {
+  if (comm_.rank() != 0) return;
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+std::vector<CkptTensor> Trainer::state_tensors() {
+  std::vector<CkptTensor> out;
+  const struct {
+    const char* prefix;
+    float* base;
+  } groups[] = {{"/model/", model_->param_data()},
+                {"/optim/exp_avg/", opt_->m()},
+                {"/optim/exp_avg_sq/", opt_->v()}};
+  for (const auto& g : groups)
+    for (const ParamInfo& p : model_->params())
+      out.push_back(CkptTensor{g.prefix + p.name, p.shape, g.base + p.offset});
+  return out;
+}
+
+std::string Trainer::resume_from_checkpoint() {
+  if (c_.ckpt_resume == "none" || (c_.ckpt_resume == "auto" && c_.ckpt_dir.empty())) return "";
+  std::string used;
+  const CkptMeta m = resume(comm_, c_.ckpt_resume, c_.ckpt_dir, state_tensors(), &used,
+                            [this](const std::string& line) { log("ckpt: " + line); });
+  if (used.empty()) {
+    log("ckpt: no checkpoint in " + c_.ckpt_dir + ", starting from step 0");
+    return "";
+  }
+  step_ = m.step;
+  last_saved_ = m.step;
+  opt_->set_steps(m.optimizer_step);
+  log("ckpt: resumed from " + used + " at step " + std::to_string(m.step) + " (written by " +
+      m.layout + ", " + std::to_string(m.tokens) + " tokens seen)");
+  if (m.rng_seed != c_.seed)
+    log("ckpt: warning: the checkpoint was trained with seed " + std::to_string(m.rng_seed) +
+        ", this run uses " + std::to_string(c_.seed) + ": the data order differs");
+  return used;
+}
+
+void Trainer::finish_checkpoints() {
+  if (!async_) return;
+  const SaveStats prev = async_->wait();
+  if (!prev.path.empty()) {
+    char line[256];
+    std::snprintf(line, sizeof line, "ckpt: %s written in the background in %.3f s (%.0f MB/s)",
+                  prev.path.c_str(), prev.write_seconds,
+                  static_cast<double>(prev.bytes) / prev.write_seconds / 1e6);
+    log(line);
+  }
+}
+
+void Trainer::save_checkpoint_now(bool sync) {
+  if (c_.ckpt_dir.empty()) return;
+  last_saved_ = step_;
+  CkptMeta meta;
+  meta.step = step_;
+  meta.tokens = step_ * c_.batch * c_.model.block;
+  meta.optimizer_step = opt_->steps();
+  meta.data_position = step_;
+  meta.rng_seed = c_.seed;
+  meta.loss_scale = 1.0;
+  meta.config = c_.config_text;
+  meta.layout = "dp=" + std::to_string(comm_.size());
+  char line[256];
+  if (async_) {
+    const auto t0 = std::chrono::steady_clock::now();
+    finish_checkpoints();
+    if (!sync) {
+      const double blocked =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
+          async_->save(state_tensors(), meta);
+      std::snprintf(line, sizeof line, "ckpt: step %ld: snapshot taken, blocked %.1f ms",
+                    static_cast<long>(step_), blocked * 1e3);
+      log(line);
+      return;
+    }
+  } else if (c_.ckpt_async && !sync) {
+    async_ = std::make_unique<AsyncCheckpointer>(comm_, c_.ckpt_dir, static_cast<int>(c_.ckpt_keep));
+    return save_checkpoint_now(false);
+  }
+  const SaveStats st = save_checkpoint(comm_, c_.ckpt_dir, state_tensors(), meta,
+                                       static_cast<int>(c_.ckpt_keep));
+  std::snprintf(line, sizeof line, "ckpt: saved %s (%.1f MB) in %.3f s, blocking (%.0f MB/s)",
+                st.path.c_str(), static_cast<double>(st.bytes) / 1e6, st.write_seconds,
+                static_cast<double>(st.bytes) / st.write_seconds / 1e6);
+  log(line);
+}
+
+double Trainer::evaluate_in_order(std::int64_t count) {
+  const int T = c_.model.block;
+  std::vector<std::size_t> starts(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) starts[static_cast<std::size_t>(i)] = static_cast<std::size_t>(i) * T;
+  const std::int64_t n = comm_.size(), r = comm_.rank();
+  const std::int64_t begin = r * count / n, end = (r + 1) * count / n;
+  double sums[2] = {0, 0};
+  const uint16_t* val = data_.data(split_.val);
+  for (std::int64_t i = begin; i < end; i += micro_) {
+    const std::int64_t cnt = std::min(micro_, end - i);
+    fill_windows(val, split_.val.size(), T, starts.data() + i, cnt, inputs_.data(), targets_.data());
+    sums[0] += model_->forward(inputs_.data(), targets_.data(), static_cast<int>(cnt), T);
+    sums[1] += static_cast<double>(cnt) * T;
+  }
+  if (n > 1) comm_.all_reduce(view_of(sums, 2), ReduceOp::sum);
+  return sums[0] / sums[1];
+}
+
 int Trainer::run() {
   const bool lead = comm_.rank() == 0;
   const int T = c_.model.block;
@@ -227,20 +375,54 @@ int Trainer::run() {
                 data_.format.c_str(), data_.size(), split_.train.size(), split_.val.size());
     std::fflush(stdout);
   }
+  if (c_.eval_only) {
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "dt_train: eval-only: step %ld, first %ld validation sequences in order, loss %.6f",
+                  static_cast<long>(step_), static_cast<long>(c_.eval_sequences),
+                  evaluate_in_order(c_.eval_sequences));
+    log(line);
+    return 0;
+  }
   const double val0 = evaluate();
   if (lead) {
-    std::printf("step %6d | val loss %.4f\n", 0, val0);
+    std::printf("step %6ld | val loss %.4f\n", static_cast<long>(step_), val0);
     std::fflush(stdout);
   }
+  std::FILE* jsonl = nullptr;
+  if (lead && !c_.log_file.empty()) {
+    jsonl = std::fopen(c_.log_file.c_str(), "a");
+    DT_CHECK(ConfigError, jsonl != nullptr, "option --train.log-file: cannot open ", c_.log_file,
+             " for appending");
+  }
+  struct Closer {
+    std::FILE* f;
+    ~Closer() {
+      if (f) std::fclose(f);
+    }
+  } closer{jsonl};
+  const std::int64_t first_step = step_;
   double val = val0, window_secs = 0, total_secs = 0, all_secs = 0, loss = 0;
   std::int64_t window_steps = 0;
   while (step_ < c_.steps) {
     const StepStats s = step();
     loss = s.loss;
+    // Preemption: a signal on any rank drains all of them at this step boundary.
+    int drain = drain_requested() ? 1 : 0;
+    if (comm_.size() > 1) comm_.all_reduce(view_of(&drain, 1), ReduceOp::max);
+    if (drain) {
+      save_checkpoint_now(true);
+      log("dt_train: drained at step " + std::to_string(step_) +
+          (c_.ckpt_dir.empty() ? " (no ckpt.dir: nothing saved)" : " (checkpoint in " + c_.ckpt_dir + ")") +
+          ", exit code " + std::to_string(kExitDrained));
+      comm_.barrier();
+      return kExitDrained;
+    }
+    if (c_.ckpt_every > 0 && step_ % c_.ckpt_every == 0 && step_ < c_.steps) save_checkpoint_now(false);
     window_secs += s.seconds;
     all_secs += s.seconds;
     // The summary rate leaves out the first step, which also pays for first-touch page faults.
-    if (s.step > 0 || c_.steps == 1) total_secs += s.seconds;
+    if (s.step > first_step || c_.steps - first_step == 1) total_secs += s.seconds;
     ++window_steps;
     const bool last = step_ == c_.steps;
     const bool do_eval = last || (c_.eval_every > 0 && step_ % c_.eval_every == 0);
@@ -250,6 +432,13 @@ int Trainer::run() {
       char b[32];
       std::snprintf(b, sizeof b, " | val %.4f", val);
       val_text = b;
+    }
+    if (jsonl) {
+      std::fprintf(jsonl, "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"seconds\": %.6f",
+                   static_cast<long>(step_), s.loss, s.lr, s.grad_norm, s.seconds);
+      if (do_eval) std::fprintf(jsonl, ", \"val_loss\": %.9g", val);
+      std::fprintf(jsonl, "}\n");
+      std::fflush(jsonl);
     }
     if (lead && (step_ % c_.log_every == 0 || last || do_eval)) {
       const double ms = window_secs / static_cast<double>(window_steps) * 1e3;
@@ -264,8 +453,11 @@ int Trainer::run() {
       window_steps = 0;
     }
   }
+  if (step_ != last_saved_) save_checkpoint_now(false);
+  finish_checkpoints();
   if (lead) {
-    const double timed = static_cast<double>(c_.steps > 1 ? c_.steps - 1 : 1);
+    const std::int64_t ran = c_.steps - first_step;
+    const double timed = static_cast<double>(ran > 1 ? ran - 1 : 1);
     const double tps = static_cast<double>(c_.batch) * T * timed / total_secs;
     std::printf("dt_train: done: %ld steps in %s, %.0f tok/s (steady state), %.2f GFLOP/s per rank; "
                 "train loss "

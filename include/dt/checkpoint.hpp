@@ -1,0 +1,117 @@
+// Parallel HDF5 checkpoints.
+//
+// One HDF5 file per checkpoint, DIR/step-N.h5, holding global (unsharded) float32 datasets under
+// their nanoGPT names: /model/<name>, /optim/exp_avg/<name>, /optim/exp_avg_sq/<name>. The writing
+// is spread over the ranks: the datasets are cut into fixed chunks of kChunkElements elements
+// (in row-major order), the chunks of all datasets are numbered in order, and rank r writes a
+// contiguous share of those chunks with collective MPI-IO. Every chunk has a SHA-256 digest in
+// /checksums/<dataset path> ([chunks, 32] uint8), so any reader, with any layout, can verify any
+// part. Root attributes: format ("dt-checkpoint"), format_version, step, tokens, optimizer_step,
+// data_position, rng_seed, loss_scale, config, layout, dt_version, chunk_elements.
+//
+// Commit: the file is written as step-N.h5.partial, fsynced on every rank, renamed to step-N.h5
+// once every rank finished, and DIR/latest ("step-N.h5\n") is replaced atomically. A crash at any
+// point leaves the previous checkpoints and pointer intact.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dt/comm.hpp"
+#include "dt/tensor.hpp"
+
+namespace dt {
+
+inline constexpr const char* kCheckpointFormat = "dt-checkpoint";
+inline constexpr int kCheckpointVersion = 1;
+/// Elements per checksum chunk (1 MiB of float32).
+inline constexpr std::size_t kChunkElements = std::size_t{1} << 18;
+
+/// One float32 tensor of the state: its dataset path, global shape and host data (the whole
+/// tensor; data-parallel ranks hold replicas).
+struct CkptTensor {
+  std::string path;  ///< "/model/transformer.wte.weight"
+  Shape shape;
+  float* data = nullptr;
+  std::size_t numel() const { return shape_numel(shape); }
+};
+
+/// The scalar state stored as attributes.
+struct CkptMeta {
+  std::int64_t step = 0;            ///< optimiser steps taken (training resumes at this step)
+  std::int64_t tokens = 0;          ///< training tokens seen
+  std::int64_t optimizer_step = 0;  ///< AdamW t
+  std::int64_t data_position = 0;   ///< sampler position (the step counter)
+  std::int64_t rng_seed = 0;
+  double loss_scale = 1.0;
+  std::string config;  ///< effective config, "name = value" lines
+  std::string layout;  ///< parallel layout that wrote it, e.g. "dp=2"
+};
+
+/// Timings of one save.
+struct SaveStats {
+  std::string path;
+  double write_seconds = 0;  ///< create, write, hash, fsync, commit
+  std::uint64_t bytes = 0;   ///< tensor bytes in the file
+};
+
+/// Writes, commits and prunes a checkpoint of `tensors` at meta.step into `dir` (created if
+/// missing). Collective over `comm` (an MPI communicator). Keeps the `keep` newest checkpoints
+/// (>= 1) and removes stale *.partial files. Throws dt::CheckpointError naming the file and the
+/// failing call; then nothing is committed and the previous checkpoint stays the latest.
+SaveStats save_checkpoint(Comm& comm, const std::string& dir, const std::vector<CkptTensor>& tensors,
+                          const CkptMeta& meta, int keep);
+
+/// Reads `path` into `tensors` (every rank reads everything) and verifies every chunk digest
+/// (each rank hashes its share). Collective. Throws dt::CheckpointError naming the file and each
+/// bad dataset/chunk, or, for a checkpoint of another model, each tensor whose shape differs or
+/// is missing (with a message that starts "checkpoint does not match the model").
+CkptMeta load_checkpoint(Comm& comm, const std::string& path, const std::vector<CkptTensor>& tensors);
+
+/// The committed checkpoints of `dir`, newest first (step-N.h5; no verification).
+struct CkptEntry {
+  std::string path;
+  std::int64_t step = 0;
+  std::uint64_t bytes = 0;
+};
+std::vector<CkptEntry> list_checkpoints(const std::string& dir);
+/// The step-N.h5.partial leftovers of interrupted saves.
+std::vector<std::string> list_partials(const std::string& dir);
+/// The file `dir/latest` points to ("" if missing or unreadable).
+std::string read_latest(const std::string& dir);
+
+/// Resolves --ckpt.resume: "none" -> "", a path -> that path, "auto" -> the newest checkpoint of
+/// `dir` that loads and verifies. Checkpoints that fail are reported through `log` by name and
+/// skipped; a model mismatch is not skipped but thrown. Loads into `tensors` and returns the file
+/// used in *used (empty when starting fresh). Collective.
+CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
+                const std::vector<CkptTensor>& tensors, std::string* used,
+                const std::function<void(const std::string&)>& log);
+
+/// Problems found by verify_file (empty: the file verifies).
+std::vector<std::string> verify_file(Comm& comm, const std::string& path);
+
+/// Background saves: save() copies the tensors into a host snapshot and returns; a thread writes
+/// the snapshot on its own duplicated communicator. The next save() and wait() block until the
+/// previous write finished; a write error is rethrown there.
+class AsyncCheckpointer {
+ public:
+  AsyncCheckpointer(Comm& comm, std::string dir, int keep);
+  ~AsyncCheckpointer();  ///< waits for the last write (errors are logged to stderr)
+  AsyncCheckpointer(const AsyncCheckpointer&) = delete;
+  AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
+
+  /// Returns the seconds the caller was blocked (waiting for the previous write + snapshot).
+  double save(const std::vector<CkptTensor>& tensors, const CkptMeta& meta);
+  /// Waits for the write in flight; returns its stats (path empty if none ran).
+  SaveStats wait();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dt

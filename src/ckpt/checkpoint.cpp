@@ -1,0 +1,750 @@
+#include "dt/checkpoint.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "../comm/mpi_comm.hpp"
+
+#ifndef DT_VERSION
+#define DT_VERSION "0.1.0"
+#endif
+
+namespace dt {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- small RAII and error helpers ---------------------------------------------------------------
+
+class H5 {
+ public:
+  H5() = default;
+  H5(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  ~H5() {
+    if (id_ >= 0 && close_) close_(id_);
+  }
+  H5(H5&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
+  H5& operator=(H5&& o) noexcept {
+    std::swap(id_, o.id_);
+    std::swap(close_, o.close_);
+    return *this;
+  }
+  H5(const H5&) = delete;
+  H5& operator=(const H5&) = delete;
+  hid_t get() const { return id_; }
+  operator hid_t() const { return id_; }
+
+ private:
+  hid_t id_ = -1;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+// The most specific message on the HDF5 error stack.
+std::string h5_message() {
+  std::string msg;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_UPWARD,
+      [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
+        auto* m = static_cast<std::string*>(out);
+        if (m->empty() && e->desc) *m = e->desc;
+        return 0;
+      },
+      &msg);
+  H5Eclear2(H5E_DEFAULT);
+  return msg.empty() ? "HDF5 error" : msg;
+}
+
+struct Quiet {  // HDF5 prints nothing; dt reports errors itself
+  Quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+};
+
+hid_t h5(hid_t id, const char* call, const std::string& file) {
+  if (id < 0) DT_THROW(CheckpointError, file, ": ", call, " failed: ", h5_message());
+  return id;
+}
+void h5(herr_t rc, const char* call, const std::string& file, int) {
+  if (rc < 0) DT_THROW(CheckpointError, file, ": ", call, " failed: ", h5_message());
+}
+
+MpiComm& mpi_of(Comm& c) {
+  auto* m = dynamic_cast<MpiComm*>(&c);
+  DT_CHECK(CheckpointError, m != nullptr, "checkpoints need an MPI communicator, got '", c.name(), "'");
+  return *m;
+}
+
+// Every rank passes its local flag; returns true if all passed true.
+bool all_ok(Comm& c, bool ok) {
+  int v = ok ? 1 : 0;
+  c.all_reduce(view_of(&v, 1), ReduceOp::min);
+  return v == 1;
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+void fsync_path(const std::string& p, bool dir) {
+  const int fd = ::open(p.c_str(), (dir ? O_DIRECTORY : 0) | O_RDONLY);
+  DT_CHECK(CheckpointError, fd >= 0, "cannot open ", p, " to fsync: ", errno_text());
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  DT_CHECK(CheckpointError, rc == 0, "fsync of ", p, " failed: ", std::strerror(err));
+}
+
+void mkdirs(const std::string& dir) {
+  std::string cur;
+  std::istringstream is(dir);
+  std::string part;
+  if (!dir.empty() && dir[0] == '/') cur = "/";
+  while (std::getline(is, part, '/')) {
+    if (part.empty()) continue;
+    cur += part + "/";
+    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
+      DT_THROW(CheckpointError, "cannot create checkpoint directory ", cur, ": ", errno_text());
+  }
+}
+
+// ---- chunks and digests -------------------------------------------------------------------------
+
+using Digest = std::array<unsigned char, 32>;
+
+Digest sha256(const void* p, std::size_t n) {
+  Digest d{};
+  unsigned int len = 0;
+  DT_CHECK(CheckpointError, EVP_Digest(p, n, d.data(), &len, EVP_sha256(), nullptr) == 1,
+           "SHA-256 failed");
+  return d;
+}
+
+std::size_t chunks_of(std::size_t numel) { return (numel + kChunkElements - 1) / kChunkElements; }
+
+// This rank's share of the chunks of all tensors, numbered in tensor order: per tensor, the
+// chunk range [first, last).
+std::vector<std::pair<std::size_t, std::size_t>> my_chunks(const std::vector<std::size_t>& numels,
+                                                           int rank, int size) {
+  std::size_t total = 0;
+  for (auto n : numels) total += chunks_of(n);
+  const std::size_t lo = total * static_cast<std::size_t>(rank) / static_cast<std::size_t>(size);
+  const std::size_t hi = total * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(size);
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  std::size_t base = 0;
+  for (auto n : numels) {
+    const std::size_t k = chunks_of(n);
+    const std::size_t a = std::clamp(lo, base, base + k) - base;
+    const std::size_t b = std::clamp(hi, base, base + k) - base;
+    out.emplace_back(a, b);
+    base += k;
+  }
+  return out;
+}
+
+// Selects the row-major element range [a, b) of a 1-D or 2-D dataspace (none when a == b).
+void select_range(hid_t space, const Shape& shape, std::size_t a, std::size_t b,
+                  const std::string& file) {
+  if (a >= b) {
+    h5(H5Sselect_none(space), "H5Sselect_none", file, 0);
+    return;
+  }
+  if (shape.size() <= 1) {
+    hsize_t start = a, count = b - a;
+    h5(H5Sselect_hyperslab(space, H5S_SELECT_SET, &start, nullptr, &count, nullptr),
+       "H5Sselect_hyperslab", file, 0);
+    return;
+  }
+  DT_CHECK(CheckpointError, shape.size() == 2, "checkpoint tensors have 1 or 2 dimensions, not ",
+           shape.size());
+  const std::size_t cols = static_cast<std::size_t>(shape[1]);
+  bool first = true;
+  auto add = [&](std::size_t row, std::size_t col, std::size_t rows, std::size_t ncols) {
+    if (rows == 0 || ncols == 0) return;
+    hsize_t start[2] = {row, col}, count[2] = {rows, ncols};
+    h5(H5Sselect_hyperslab(space, first ? H5S_SELECT_SET : H5S_SELECT_OR, start, nullptr, count,
+                           nullptr),
+       "H5Sselect_hyperslab", file, 0);
+    first = false;
+  };
+  std::size_t r0 = a / cols, c0 = a % cols;
+  const std::size_t r1 = b / cols, c1 = b % cols;
+  if (r0 == r1) {
+    add(r0, c0, 1, c1 - c0);
+    return;
+  }
+  if (c0 != 0) {
+    add(r0, c0, 1, cols - c0);
+    ++r0;
+  }
+  add(r0, 0, r1 - r0, cols);
+  add(r1, 0, 1, c1);
+}
+
+H5 file_access(MPI_Comm comm, const std::string& file) {
+  H5 fapl(h5(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", file), H5Pclose);
+  h5(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL), "H5Pset_fapl_mpio", file, 0);
+  h5(H5Pset_all_coll_metadata_ops(fapl, true), "H5Pset_all_coll_metadata_ops", file, 0);
+  h5(H5Pset_coll_metadata_write(fapl, true), "H5Pset_coll_metadata_write", file, 0);
+  h5(H5Pset_alignment(fapl, 64 * 1024, 1024 * 1024), "H5Pset_alignment", file, 0);
+  return fapl;
+}
+
+H5 collective_xfer(const std::string& file) {
+  H5 dxpl(h5(H5Pcreate(H5P_DATASET_XFER), "H5Pcreate", file), H5Pclose);
+  h5(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE), "H5Pset_dxpl_mpio", file, 0);
+  return dxpl;
+}
+
+void write_attr(hid_t obj, const char* name, std::int64_t v, const std::string& file) {
+  H5 sp(h5(H5Screate(H5S_SCALAR), "H5Screate", file), H5Sclose);
+  H5 a(h5(H5Acreate2(obj, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT), "H5Acreate2", file),
+       H5Aclose);
+  h5(H5Awrite(a, H5T_NATIVE_INT64, &v), "H5Awrite", file, 0);
+}
+void write_attr(hid_t obj, const char* name, double v, const std::string& file) {
+  H5 sp(h5(H5Screate(H5S_SCALAR), "H5Screate", file), H5Sclose);
+  H5 a(h5(H5Acreate2(obj, name, H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT), "H5Acreate2", file),
+       H5Aclose);
+  h5(H5Awrite(a, H5T_NATIVE_DOUBLE, &v), "H5Awrite", file, 0);
+}
+void write_attr(hid_t obj, const char* name, const std::string& v, const std::string& file) {
+  H5 t(h5(H5Tcopy(H5T_C_S1), "H5Tcopy", file), H5Tclose);
+  h5(H5Tset_size(t, std::max<std::size_t>(1, v.size())), "H5Tset_size", file, 0);
+  H5 sp(h5(H5Screate(H5S_SCALAR), "H5Screate", file), H5Sclose);
+  H5 a(h5(H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT), "H5Acreate2", file), H5Aclose);
+  std::string buf = v.empty() ? std::string(1, '\0') : v;
+  h5(H5Awrite(a, t, buf.data()), "H5Awrite", file, 0);
+}
+
+bool has_attr(hid_t obj, const char* name) { return H5Aexists(obj, name) > 0; }
+
+std::int64_t read_int_attr(hid_t obj, const char* name, const std::string& file) {
+  DT_CHECK(CheckpointError, has_attr(obj, name), file, ": attribute '", name, "' is missing");
+  H5 a(h5(H5Aopen(obj, name, H5P_DEFAULT), "H5Aopen", file), H5Aclose);
+  std::int64_t v = 0;
+  h5(H5Aread(a, H5T_NATIVE_INT64, &v), "H5Aread", file, 0);
+  return v;
+}
+double read_double_attr(hid_t obj, const char* name, const std::string& file) {
+  DT_CHECK(CheckpointError, has_attr(obj, name), file, ": attribute '", name, "' is missing");
+  H5 a(h5(H5Aopen(obj, name, H5P_DEFAULT), "H5Aopen", file), H5Aclose);
+  double v = 0;
+  h5(H5Aread(a, H5T_NATIVE_DOUBLE, &v), "H5Aread", file, 0);
+  return v;
+}
+std::string read_string_attr(hid_t obj, const char* name, const std::string& file) {
+  DT_CHECK(CheckpointError, has_attr(obj, name), file, ": attribute '", name, "' is missing");
+  H5 a(h5(H5Aopen(obj, name, H5P_DEFAULT), "H5Aopen", file), H5Aclose);
+  H5 t(h5(H5Aget_type(a), "H5Aget_type", file), H5Tclose);
+  DT_CHECK(CheckpointError, H5Tget_class(t) == H5T_STRING, file, ": attribute '", name,
+           "' is not a string");
+  const std::size_t n = H5Tget_size(t);
+  std::string v(n, '\0');
+  h5(H5Aread(a, t, v.data()), "H5Aread", file, 0);
+  v.resize(std::strlen(v.c_str()));
+  return v;
+}
+
+std::string checksum_path(const std::string& p) { return "/checksums" + p; }
+
+std::string step_name(std::int64_t step) { return "step-" + std::to_string(step) + ".h5"; }
+
+}  // namespace
+
+// ---- save ---------------------------------------------------------------------------------------
+
+SaveStats save_checkpoint(Comm& comm, const std::string& dir, const std::vector<CkptTensor>& tensors,
+                          const CkptMeta& meta, int keep) {
+  static const Quiet quiet;
+  DT_CHECK(CheckpointError, keep >= 1, "ckpt.keep must be at least 1, got ", keep);
+  const auto t0 = Clock::now();
+  MpiComm& mc = mpi_of(comm);
+  const std::string final_path = dir + "/" + step_name(meta.step);
+  const std::string partial = final_path + ".partial";
+  SaveStats stats;
+  stats.path = final_path;
+
+  bool ok = true;
+  std::string err;
+  if (comm.rank() == 0) {
+    try {
+      mkdirs(dir);
+      ::unlink(partial.c_str());
+    } catch (const Error& e) {
+      ok = false;
+      err = e.message();
+    }
+  }
+  if (!all_ok(comm, ok)) DT_THROW(CheckpointError, err.empty() ? "rank 0 cannot prepare " + dir : err);
+
+  std::vector<std::size_t> numels;
+  for (const auto& t : tensors) {
+    numels.push_back(t.numel());
+    stats.bytes += t.numel() * sizeof(float);
+  }
+  const auto mine = my_chunks(numels, comm.rank(), comm.size());
+  try {
+    H5 fapl = file_access(mc.handle(), partial);
+    H5 f(h5(H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), "H5Fcreate", partial),
+         H5Fclose);
+    H5 lcpl(h5(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate", partial), H5Pclose);
+    h5(H5Pset_create_intermediate_group(lcpl, 1), "H5Pset_create_intermediate_group", partial, 0);
+    H5 dxpl = collective_xfer(partial);
+
+    // Create every dataset first (collective metadata), then one write per dataset.
+    std::vector<H5> data_sets, sum_sets;
+    for (const auto& t : tensors) {
+      std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+      if (dims.empty()) dims.push_back(1);
+      H5 sp(h5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+               "H5Screate_simple", partial),
+            H5Sclose);
+      data_sets.emplace_back(h5(H5Dcreate2(f, t.path.c_str(), H5T_IEEE_F32LE, sp, lcpl,
+                                           H5P_DEFAULT, H5P_DEFAULT),
+                                "H5Dcreate2", partial),
+                             H5Dclose);
+      hsize_t cdims[2] = {chunks_of(t.numel()), 32};
+      H5 csp(h5(H5Screate_simple(2, cdims, nullptr), "H5Screate_simple", partial), H5Sclose);
+      sum_sets.emplace_back(h5(H5Dcreate2(f, checksum_path(t.path).c_str(), H5T_STD_U8LE, csp,
+                                          lcpl, H5P_DEFAULT, H5P_DEFAULT),
+                               "H5Dcreate2", partial),
+                            H5Dclose);
+    }
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const CkptTensor& t = tensors[i];
+      const auto [ca, cb] = mine[i];
+      const std::size_t a = std::min(ca * kChunkElements, t.numel());
+      const std::size_t b = std::min(cb * kChunkElements, t.numel());
+      H5 fsp(h5(H5Dget_space(data_sets[i]), "H5Dget_space", partial), H5Sclose);
+      select_range(fsp, t.shape, a, b, partial);
+      hsize_t n = std::max<std::size_t>(b - a, 1);
+      H5 msp(h5(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", partial), H5Sclose);
+      if (a == b) h5(H5Sselect_none(msp), "H5Sselect_none", partial, 0);
+      h5(H5Dwrite(data_sets[i], H5T_NATIVE_FLOAT, msp, fsp, dxpl, t.data + a), "H5Dwrite", partial,
+         0);
+      // Digests of this rank's chunks, hashed while the data is hot.
+      std::vector<unsigned char> sums((cb - ca) * 32 + 32);
+      for (std::size_t c = ca; c < cb; ++c) {
+        const std::size_t e0 = c * kChunkElements, e1 = std::min(e0 + kChunkElements, t.numel());
+        const Digest d = sha256(t.data + e0, (e1 - e0) * sizeof(float));
+        std::copy(d.begin(), d.end(), sums.begin() + static_cast<std::ptrdiff_t>((c - ca) * 32));
+      }
+      H5 csp(h5(H5Dget_space(sum_sets[i]), "H5Dget_space", partial), H5Sclose);
+      hsize_t start[2] = {ca, 0}, count[2] = {cb - ca, 32};
+      if (ca < cb)
+        h5(H5Sselect_hyperslab(csp, H5S_SELECT_SET, start, nullptr, count, nullptr),
+           "H5Sselect_hyperslab", partial, 0);
+      else
+        h5(H5Sselect_none(csp), "H5Sselect_none", partial, 0);
+      hsize_t m = std::max<std::size_t>((cb - ca) * 32, 1);
+      H5 cmsp(h5(H5Screate_simple(1, &m, nullptr), "H5Screate_simple", partial), H5Sclose);
+      if (ca == cb) h5(H5Sselect_none(cmsp), "H5Sselect_none", partial, 0);
+      h5(H5Dwrite(sum_sets[i], H5T_NATIVE_UCHAR, cmsp, csp, dxpl, sums.data()), "H5Dwrite",
+         partial, 0);
+    }
+    H5 root(h5(H5Gopen2(f, "/", H5P_DEFAULT), "H5Gopen2", partial), H5Gclose);
+    write_attr(root, "format", std::string(kCheckpointFormat), partial);
+    write_attr(root, "format_version", std::int64_t{kCheckpointVersion}, partial);
+    write_attr(root, "step", meta.step, partial);
+    write_attr(root, "tokens", meta.tokens, partial);
+    write_attr(root, "optimizer_step", meta.optimizer_step, partial);
+    write_attr(root, "data_position", meta.data_position, partial);
+    write_attr(root, "rng_seed", meta.rng_seed, partial);
+    write_attr(root, "loss_scale", meta.loss_scale, partial);
+    write_attr(root, "config", meta.config, partial);
+    write_attr(root, "layout", meta.layout, partial);
+    write_attr(root, "dt_version", std::string(DT_VERSION), partial);
+    write_attr(root, "chunk_elements", static_cast<std::int64_t>(kChunkElements), partial);
+    h5(H5Fflush(f, H5F_SCOPE_GLOBAL), "H5Fflush", partial, 0);
+  } catch (const Error& e) {
+    ok = false;
+    err = e.message();
+  }
+  // Each rank makes what it wrote durable on its node before anything is committed.
+  if (ok) {
+    try {
+      fsync_path(partial, false);
+    } catch (const Error& e) {
+      ok = false;
+      err = e.message();
+    }
+  }
+  if (!all_ok(comm, ok))
+    DT_THROW(CheckpointError, "saving ", partial, " failed",
+             err.empty() ? std::string(" on another rank") : ": " + err);
+
+  if (comm.rank() == 0) {
+    try {
+      DT_CHECK(CheckpointError, ::rename(partial.c_str(), final_path.c_str()) == 0, "rename ",
+               partial, " -> ", final_path, ": ", errno_text());
+      fsync_path(dir, true);
+      const std::string tmp = dir + "/latest.tmp";
+      {
+        std::ofstream out(tmp, std::ios::trunc);
+        out << step_name(meta.step) << "\n";
+        out.flush();
+        DT_CHECK(CheckpointError, out.good(), "cannot write ", tmp);
+      }
+      fsync_path(tmp, false);
+      DT_CHECK(CheckpointError, ::rename(tmp.c_str(), (dir + "/latest").c_str()) == 0, "rename ",
+               tmp, ": ", errno_text());
+      fsync_path(dir, true);
+      // Retention: the `keep` newest stay (the one just written is the newest), stale partials go.
+      auto all = list_checkpoints(dir);
+      for (std::size_t i = static_cast<std::size_t>(keep); i < all.size(); ++i)
+        if (all[i].path != final_path) ::unlink(all[i].path.c_str());
+      for (const auto& p : list_partials(dir)) ::unlink(p.c_str());
+    } catch (const Error& e) {
+      ok = false;
+      err = e.message();
+    }
+  }
+  if (!all_ok(comm, ok))
+    DT_THROW(CheckpointError, "committing ", final_path, " failed",
+             err.empty() ? std::string(" on rank 0") : ": " + err);
+  stats.write_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return stats;
+}
+
+// ---- listing ------------------------------------------------------------------------------------
+
+namespace {
+std::vector<std::string> dir_entries(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) out.emplace_back(e->d_name);
+  ::closedir(d);
+  return out;
+}
+bool parse_step(const std::string& name, const std::string& suffix, std::int64_t* step) {
+  if (name.rfind("step-", 0) != 0 || name.size() <= 5 + suffix.size()) return false;
+  if (name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) return false;
+  const std::string num = name.substr(5, name.size() - 5 - suffix.size());
+  if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos) return false;
+  *step = std::stoll(num);
+  return true;
+}
+}  // namespace
+
+std::vector<CkptEntry> list_checkpoints(const std::string& dir) {
+  std::vector<CkptEntry> out;
+  for (const auto& name : dir_entries(dir)) {
+    std::int64_t step = 0;
+    if (!parse_step(name, ".h5", &step)) continue;
+    CkptEntry e;
+    e.path = dir + "/" + name;
+    e.step = step;
+    struct stat st;
+    if (::stat(e.path.c_str(), &st) == 0) e.bytes = static_cast<std::uint64_t>(st.st_size);
+    out.push_back(e);
+  }
+  std::sort(out.begin(), out.end(), [](const CkptEntry& a, const CkptEntry& b) { return a.step > b.step; });
+  return out;
+}
+
+std::vector<std::string> list_partials(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& name : dir_entries(dir)) {
+    std::int64_t step = 0;
+    if (parse_step(name, ".h5.partial", &step)) out.push_back(dir + "/" + name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string read_latest(const std::string& dir) {
+  std::ifstream in(dir + "/latest");
+  std::string name;
+  if (!in || !std::getline(in, name) || name.empty()) return "";
+  return dir + "/" + name;
+}
+
+// ---- load and verify ----------------------------------------------------------------------------
+
+namespace {
+
+struct Opened {
+  H5 fapl, file, dxpl;
+};
+
+Opened open_read(MpiComm& mc, const std::string& path) {
+  static const Quiet quiet;
+  struct stat st;
+  DT_CHECK(CheckpointError, ::stat(path.c_str(), &st) == 0, path, ": cannot read: ", errno_text());
+  Opened o;
+  o.fapl = file_access(mc.handle(), path);
+  o.file = H5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, o.fapl), H5Fclose);
+  if (o.file.get() < 0)
+    DT_THROW(CheckpointError, path, ": not a readable HDF5 file (truncated or damaged): ",
+             h5_message());
+  o.dxpl = collective_xfer(path);
+  H5 root(h5(H5Gopen2(o.file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
+  const std::string fmt = has_attr(root, "format") ? read_string_attr(root, "format", path) : "";
+  DT_CHECK(CheckpointError, fmt == kCheckpointFormat, path, ": not a dt checkpoint (format '",
+           fmt, "')");
+  const auto v = read_int_attr(root, "format_version", path);
+  DT_CHECK(CheckpointError, v >= 1 && v <= kCheckpointVersion, path, ": format version ", v,
+           " is not supported (this dt reads up to ", kCheckpointVersion, ")");
+  return o;
+}
+
+CkptMeta read_meta(hid_t file, const std::string& path) {
+  H5 root(h5(H5Gopen2(file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
+  CkptMeta m;
+  m.step = read_int_attr(root, "step", path);
+  m.tokens = read_int_attr(root, "tokens", path);
+  m.optimizer_step = read_int_attr(root, "optimizer_step", path);
+  m.data_position = read_int_attr(root, "data_position", path);
+  m.rng_seed = read_int_attr(root, "rng_seed", path);
+  m.loss_scale = read_double_attr(root, "loss_scale", path);
+  m.config = read_string_attr(root, "config", path);
+  m.layout = read_string_attr(root, "layout", path);
+  const auto ce = read_int_attr(root, "chunk_elements", path);
+  DT_CHECK(CheckpointError, ce == static_cast<std::int64_t>(kChunkElements), path,
+           ": chunk size ", ce, " differs from this dt's ", kChunkElements);
+  return m;
+}
+
+Shape dataset_shape(hid_t d, const std::string& path) {
+  H5 sp(h5(H5Dget_space(d), "H5Dget_space", path), H5Sclose);
+  const int nd = H5Sget_simple_extent_ndims(sp);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(nd, 0)));
+  H5Sget_simple_extent_dims(sp, dims.data(), nullptr);
+  return Shape(dims.begin(), dims.end());
+}
+
+// Reads the tensors of `path` into their buffers (every rank, everything) and checks every chunk
+// (each rank its share). Returns the problems, identical on every rank.
+std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string& path,
+                                        const std::vector<CkptTensor>& tensors) {
+  std::vector<std::size_t> numels;
+  for (const auto& t : tensors) numels.push_back(t.numel());
+  const auto mine = my_chunks(numels, comm.rank(), comm.size());
+  std::size_t total = 0;
+  std::vector<std::size_t> base;
+  for (auto n : numels) {
+    base.push_back(total);
+    total += chunks_of(n);
+  }
+  std::vector<std::uint8_t> bad(total + 1, 0);  // + 1: never empty
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const CkptTensor& t = tensors[i];
+    H5 d(h5(H5Dopen2(o.file, t.path.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
+    h5(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, o.dxpl, t.data), "H5Dread", path, 0);
+    const std::size_t k = chunks_of(t.numel());
+    std::vector<unsigned char> sums(k * 32 + 32);
+    H5 c(H5Dopen2(o.file, checksum_path(t.path).c_str(), H5P_DEFAULT), H5Dclose);
+    const bool have = c.get() >= 0 && dataset_shape(c, path) == Shape{static_cast<std::int64_t>(k), 32};
+    if (have) h5(H5Dread(c, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, o.dxpl, sums.data()), "H5Dread", path, 0);
+    for (std::size_t ch = mine[i].first; ch < mine[i].second; ++ch) {
+      const std::size_t e0 = ch * kChunkElements, e1 = std::min(e0 + kChunkElements, t.numel());
+      const Digest dg = sha256(t.data + e0, (e1 - e0) * sizeof(float));
+      if (!have || !std::equal(dg.begin(), dg.end(), sums.begin() + static_cast<std::ptrdiff_t>(ch * 32)))
+        bad[base[i] + ch] = 1;
+    }
+  }
+  comm.all_reduce(view_of(bad), ReduceOp::max);
+  std::vector<std::string> problems;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    std::string chunks;
+    int nbad = 0;
+    for (std::size_t ch = 0; ch < chunks_of(tensors[i].numel()); ++ch)
+      if (bad[base[i] + ch]) {
+        chunks += (nbad++ ? "," : "") + std::to_string(ch);
+      }
+    if (nbad)
+      problems.push_back(tensors[i].path + ": checksum mismatch in chunk" + (nbad > 1 ? "s " : " ") +
+                         chunks + " (of " + std::to_string(chunks_of(tensors[i].numel())) + ")");
+  }
+  return problems;
+}
+
+// Names of every dataset in the file outside /checksums.
+std::vector<std::string> all_datasets(hid_t file, const std::string& path) {
+  std::vector<std::string> names;
+  struct Ctx {
+    std::vector<std::string>* out;
+  } ctx{&names};
+  h5(H5Lvisit(
+         file, H5_INDEX_NAME, H5_ITER_INC,
+         [](hid_t g, const char* name, const H5L_info_t* info, void* data) -> herr_t {
+           if (info->type != H5L_TYPE_HARD) return 0;
+           hid_t obj = H5Oopen(g, name, H5P_DEFAULT);
+           if (obj < 0) return 0;
+           if (H5Iget_type(obj) == H5I_DATASET) static_cast<Ctx*>(data)->out->push_back("/" + std::string(name));
+           H5Oclose(obj);
+           return 0;
+         },
+         &ctx),
+     "H5Lvisit", path, 0);
+  std::vector<std::string> out;
+  for (auto& n : names)
+    if (n.rfind("/checksums/", 0) != 0) out.push_back(n);
+  return out;
+}
+
+}  // namespace
+
+CkptMeta load_checkpoint(Comm& comm, const std::string& path, const std::vector<CkptTensor>& tensors) {
+  MpiComm& mc = mpi_of(comm);
+  Opened o = open_read(mc, path);
+  CkptMeta meta = read_meta(o.file, path);
+  // The model must match: name every tensor that is missing, extra or shaped differently.
+  std::vector<std::string> diff;
+  const auto present = all_datasets(o.file, path);
+  for (const auto& t : tensors) {
+    if (std::find(present.begin(), present.end(), t.path) == present.end()) {
+      diff.push_back(t.path + ": missing in the file (model " + shape_str(t.shape) + ")");
+      continue;
+    }
+    H5 d(h5(H5Dopen2(o.file, t.path.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
+    const Shape s = dataset_shape(d, path);
+    if (s != t.shape)
+      diff.push_back(t.path + ": file " + shape_str(s) + ", model " + shape_str(t.shape));
+  }
+  for (const auto& p : present)
+    if (std::none_of(tensors.begin(), tensors.end(), [&](const CkptTensor& t) { return t.path == p; }))
+      diff.push_back(p + ": in the file, not in the model");
+  if (!diff.empty()) {
+    std::string msg;
+    for (const auto& d : diff) msg += "\n  " + d;
+    DT_THROW(CheckpointError, "checkpoint does not match the model: ", path, " (", diff.size(),
+             " tensors differ):", msg);
+  }
+  const auto problems = read_and_check(comm, o, path, tensors);
+  if (!problems.empty()) {
+    std::string msg;
+    for (const auto& p : problems) msg += "\n  " + p;
+    DT_THROW(CheckpointError, path, ": corrupt:", msg);
+  }
+  return meta;
+}
+
+std::vector<std::string> verify_file(Comm& comm, const std::string& path) {
+  MpiComm& mc = mpi_of(comm);
+  try {
+    Opened o = open_read(mc, path);
+    read_meta(o.file, path);
+    std::vector<CkptTensor> ts;
+    std::vector<std::vector<float>> bufs;
+    for (const auto& name : all_datasets(o.file, path)) {
+      H5 d(h5(H5Dopen2(o.file, name.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
+      CkptTensor t;
+      t.path = name;
+      t.shape = dataset_shape(d, path);
+      bufs.emplace_back(t.numel());
+      t.data = bufs.back().data();
+      ts.push_back(t);
+    }
+    return read_and_check(comm, o, path, ts);
+  } catch (const CheckpointError& e) {
+    return {e.message()};
+  }
+}
+
+CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
+                const std::vector<CkptTensor>& tensors, std::string* used,
+                const std::function<void(const std::string&)>& log) {
+  used->clear();
+  if (mode == "none") return {};
+  if (mode != "auto") {
+    CkptMeta m = load_checkpoint(comm, mode, tensors);
+    *used = mode;
+    return m;
+  }
+  for (const auto& p : list_partials(dir)) log("ignoring interrupted save " + p);
+  const auto all = list_checkpoints(dir);
+  const std::string latest = read_latest(dir);
+  if (!all.empty() && latest.empty()) log("the pointer " + dir + "/latest is missing; using the newest checkpoint that verifies");
+  for (const auto& e : all) {
+    try {
+      CkptMeta m = load_checkpoint(comm, e.path, tensors);
+      if (!latest.empty() && latest != e.path)
+        log("the pointer " + dir + "/latest names " + latest + ", which is not the newest valid checkpoint");
+      *used = e.path;
+      return m;
+    } catch (const CheckpointError& err) {
+      if (err.message().rfind("checkpoint does not match the model", 0) == 0) throw;
+      log("skipping " + e.path + ": " + err.message());
+    }
+  }
+  return {};
+}
+
+// ---- asynchronous saves -------------------------------------------------------------------------
+
+struct AsyncCheckpointer::Impl {
+  std::unique_ptr<MpiComm> comm;
+  std::string dir;
+  int keep;
+  std::thread thread;
+  std::vector<std::vector<float>> snapshot;
+  std::vector<CkptTensor> tensors;
+  CkptMeta meta;
+  SaveStats stats;
+  std::exception_ptr error;
+
+  SaveStats join() {
+    if (thread.joinable()) thread.join();
+    if (error) {
+      auto e = error;
+      error = nullptr;
+      std::rethrow_exception(e);
+    }
+    SaveStats s = stats;
+    stats = SaveStats{};
+    return s;
+  }
+};
+
+AsyncCheckpointer::AsyncCheckpointer(Comm& comm, std::string dir, int keep)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->comm = MpiComm::dup(mpi_of(comm).handle(), comm.name() + "/ckpt");
+  impl_->dir = std::move(dir);
+  impl_->keep = keep;
+}
+
+AsyncCheckpointer::~AsyncCheckpointer() {
+  try {
+    impl_->join();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dt: asynchronous checkpoint failed: %s\n", e.what());
+  }
+}
+
+double AsyncCheckpointer::save(const std::vector<CkptTensor>& tensors, const CkptMeta& meta) {
+  const auto t0 = Clock::now();
+  impl_->join();
+  impl_->snapshot.resize(tensors.size());
+  impl_->tensors = tensors;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    impl_->snapshot[i].assign(tensors[i].data, tensors[i].data + tensors[i].numel());
+    impl_->tensors[i].data = impl_->snapshot[i].data();
+  }
+  impl_->meta = meta;
+  Impl* s = impl_.get();
+  s->thread = std::thread([s] {
+    try {
+      s->stats = save_checkpoint(*s->comm, s->dir, s->tensors, s->meta, s->keep);
+    } catch (...) {
+      s->error = std::current_exception();
+    }
+  });
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+SaveStats AsyncCheckpointer::wait() { return impl_->join(); }
+
+}  // namespace dt
