@@ -62,8 +62,11 @@ struct SaveStats {
 /// missing). Collective over `comm` (an MPI communicator). Keeps the `keep` newest checkpoints
 /// (>= 1) and removes stale *.partial files. Throws dt::CheckpointError naming the file and the
 /// failing call; then nothing is committed and the previous checkpoint stays the latest.
+/// `after_write` (a fault-injection seam for tests) runs on every rank once its data is in the
+/// .partial file, before anything is made durable or committed.
 SaveStats save_checkpoint(Comm& comm, const std::string& dir, const std::vector<CkptTensor>& tensors,
-                          const CkptMeta& meta, int keep);
+                          const CkptMeta& meta, int keep,
+                          const std::function<void()>& after_write = {});
 
 /// Reads `path` into `tensors` (every rank reads everything) and verifies every chunk digest
 /// (each rank hashes its share). Collective. Throws dt::CheckpointError naming the file and each

@@ -53,6 +53,7 @@ struct TrainConfig {
   bool eval_only = false;            ///< report the loss of the resumed weights and stop
   std::int64_t eval_sequences = 64;  ///< --eval-only: first K validation sequences, in order
   std::string config_text;           ///< effective config, stored in checkpoints
+  std::int64_t test_kill_during_save = -1;  ///< testing only: this rank SIGKILLs itself mid-save
 };
 
 /// Exit code of a run that drained on SIGUSR1/SIGTERM after writing a checkpoint: job scripts

@@ -265,7 +265,7 @@ std::string step_name(std::int64_t step) { return "step-" + std::to_string(step)
 // ---- save ---------------------------------------------------------------------------------------
 
 SaveStats save_checkpoint(Comm& comm, const std::string& dir, const std::vector<CkptTensor>& tensors,
-                          const CkptMeta& meta, int keep) {
+                          const CkptMeta& meta, int keep, const std::function<void()>& after_write) {
   static const Quiet quiet;
   DT_CHECK(CheckpointError, keep >= 1, "ckpt.keep must be at least 1, got ", keep);
   const auto t0 = Clock::now();
@@ -371,6 +371,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir, const std::vector<
     ok = false;
     err = e.message();
   }
+  if (ok && after_write) after_write();
   // Each rank makes what it wrote durable on its node before anything is committed.
   if (ok) {
     try {

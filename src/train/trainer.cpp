@@ -91,6 +91,9 @@ void add_train_options(Options& o, TrainConfig& c) {
            "auto: newest checkpoint of ckpt.dir that verifies; none; or a checkpoint file")
       .add("eval-only", &c.eval_only, false,
            "load the checkpoint of ckpt.resume, report the loss of eval.sequences and stop")
+      .add("test.kill-during-save", &c.test_kill_during_save, -1,
+           "testing only: this rank kills itself (SIGKILL) in the middle of a synchronous save",
+           -1L, 1L << 30)
       .add("eval.sequences", &c.eval_sequences, 64,
            "--eval-only: the first K validation sequences, taken in order", 1L, 1L << 40);
 }
@@ -334,8 +337,11 @@ void Trainer::save_checkpoint_now(bool sync) {
     async_ = std::make_unique<AsyncCheckpointer>(comm_, c_.ckpt_dir, static_cast<int>(c_.ckpt_keep));
     return save_checkpoint_now(false);
   }
+  const bool die = c_.test_kill_during_save == comm_.rank();
   const SaveStats st = save_checkpoint(comm_, c_.ckpt_dir, state_tensors(), meta,
-                                       static_cast<int>(c_.ckpt_keep));
+                                       static_cast<int>(c_.ckpt_keep), [die] {
+                                         if (die) std::raise(SIGKILL);
+                                       });
   std::snprintf(line, sizeof line, "ckpt: saved %s (%.1f MB) in %.3f s, blocking (%.0f MB/s)",
                 st.path.c_str(), static_cast<double>(st.bytes) / 1e6, st.write_seconds,
                 static_cast<double>(st.bytes) / st.write_seconds / 1e6);
