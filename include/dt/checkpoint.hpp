@@ -107,6 +107,9 @@ class AsyncCheckpointer {
   AsyncCheckpointer(const AsyncCheckpointer&) = delete;
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
 
+  /// Allocates (and touches) the snapshot for tensors of these sizes now, so that the first
+  /// save() only copies.
+  void reserve(const std::vector<CkptTensor>& tensors);
   /// Returns the seconds the caller was blocked (waiting for the previous write + snapshot).
   double save(const std::vector<CkptTensor>& tensors, const CkptMeta& meta);
   /// Waits for the write in flight; returns its stats (path empty if none ran).

@@ -321,6 +321,26 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir, const std::vector<
                                "H5Dcreate2", partial),
                             H5Dclose);
     }
+    // The digests of this rank's chunks are computed in a second thread while this one writes.
+    std::vector<std::vector<unsigned char>> all_sums(tensors.size());
+    std::thread hasher([&] {
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const auto [ca, cb] = mine[i];
+        all_sums[i].resize((cb - ca) * 32 + 32);
+        for (std::size_t c = ca; c < cb; ++c) {
+          const std::size_t e0 = c * kChunkElements;
+          const std::size_t e1 = std::min(e0 + kChunkElements, tensors[i].numel());
+          const Digest d = sha256(tensors[i].data + e0, (e1 - e0) * sizeof(float));
+          std::copy(d.begin(), d.end(), all_sums[i].begin() + static_cast<std::ptrdiff_t>((c - ca) * 32));
+        }
+      }
+    });
+    struct Join {
+      std::thread& t;
+      ~Join() {
+        if (t.joinable()) t.join();
+      }
+    } join{hasher};
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       const CkptTensor& t = tensors[i];
       const auto [ca, cb] = mine[i];
@@ -333,13 +353,11 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir, const std::vector<
       if (a == b) h5(H5Sselect_none(msp), "H5Sselect_none", partial, 0);
       h5(H5Dwrite(data_sets[i], H5T_NATIVE_FLOAT, msp, fsp, dxpl, t.data + a), "H5Dwrite", partial,
          0);
-      // Digests of this rank's chunks, hashed while the data is hot.
-      std::vector<unsigned char> sums((cb - ca) * 32 + 32);
-      for (std::size_t c = ca; c < cb; ++c) {
-        const std::size_t e0 = c * kChunkElements, e1 = std::min(e0 + kChunkElements, t.numel());
-        const Digest d = sha256(t.data + e0, (e1 - e0) * sizeof(float));
-        std::copy(d.begin(), d.end(), sums.begin() + static_cast<std::ptrdiff_t>((c - ca) * 32));
-      }
+    }
+    hasher.join();
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const auto [ca, cb] = mine[i];
+      std::vector<unsigned char>& sums = all_sums[i];
       H5 csp(h5(H5Dget_space(sum_sets[i]), "H5Dget_space", partial), H5Sclose);
       hsize_t start[2] = {ca, 0}, count[2] = {cb - ca, 32};
       if (ca < cb)
@@ -723,6 +741,13 @@ AsyncCheckpointer::~AsyncCheckpointer() {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dt: asynchronous checkpoint failed: %s\n", e.what());
   }
+}
+
+void AsyncCheckpointer::reserve(const std::vector<CkptTensor>& tensors) {
+  impl_->join();
+  impl_->snapshot.resize(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    impl_->snapshot[i].assign(tensors[i].numel(), 0.0f);  // allocated and touched now
 }
 
 double AsyncCheckpointer::save(const std::vector<CkptTensor>& tensors, const CkptMeta& meta) {

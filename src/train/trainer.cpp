@@ -149,6 +149,10 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   model_ = std::make_unique<Gpt>(dev_, c_.model, static_cast<int>(micro_));
   model_->init(static_cast<std::uint64_t>(c_.seed));
   opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
+  if (c_.ckpt_async && !c_.ckpt_dir.empty()) {
+    async_ = std::make_unique<AsyncCheckpointer>(comm_, c_.ckpt_dir, static_cast<int>(c_.ckpt_keep));
+    async_->reserve(state_tensors());
+  }
   const std::size_t bt = static_cast<std::size_t>(micro_) * c_.model.block;
   inputs_.resize(bt);
   targets_.resize(bt);
@@ -333,9 +337,6 @@ void Trainer::save_checkpoint_now(bool sync) {
       log(line);
       return;
     }
-  } else if (c_.ckpt_async && !sync) {
-    async_ = std::make_unique<AsyncCheckpointer>(comm_, c_.ckpt_dir, static_cast<int>(c_.ckpt_keep));
-    return save_checkpoint_now(false);
   }
   const bool die = c_.test_kill_during_save == comm_.rank();
   const SaveStats st = save_checkpoint(comm_, c_.ckpt_dir, state_tensors(), meta,
