@@ -45,7 +45,9 @@ int main(int argc, char** argv) {
       dev = std::make_unique<dt::Device>(dt::Device::open(
           cfg.device, cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path));
       trainer = std::make_unique<dt::Trainer>(rt.world(), *dev, cfg, data);
-      trainer->resume_from_checkpoint();
+      if (trainer->resume_from_checkpoint().empty() && cfg.eval_only)
+        throw dt::ConfigError("option --eval-only: no checkpoint to evaluate in '" + cfg.ckpt_dir + "'",
+                              __FILE__, __LINE__);
     } catch (const dt::Error& e) {
       failed = e.message();
       throw dt::ConfigError(failed, __FILE__, __LINE__);

@@ -71,7 +71,8 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir, const std::vector<
 /// Reads `path` into `tensors` (every rank reads everything) and verifies every chunk digest
 /// (each rank hashes its share). Collective. Throws dt::CheckpointError naming the file and each
 /// bad dataset/chunk, or, for a checkpoint of another model, each tensor whose shape differs or
-/// is missing (with a message that starts "checkpoint does not match the model").
+/// is missing (with a message that starts "checkpoint does not match the model"). After a
+/// failure the tensors may hold part of the file's data.
 CkptMeta load_checkpoint(Comm& comm, const std::string& path, const std::vector<CkptTensor>& tensors);
 
 /// The committed checkpoints of `dir`, newest first (step-N.h5; no verification).

@@ -286,7 +286,10 @@ std::string Trainer::resume_from_checkpoint() {
   const CkptMeta m = resume(comm_, c_.ckpt_resume, c_.ckpt_dir, state_tensors(), &used,
                             [this](const std::string& line) { log("ckpt: " + line); });
   if (used.empty()) {
-    log("ckpt: no checkpoint in " + c_.ckpt_dir + ", starting from step 0");
+    // Rejected candidates may have left their data in the buffers: start from clean weights.
+    model_->init(static_cast<std::uint64_t>(c_.seed));
+    opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
+    log("ckpt: no usable checkpoint in " + c_.ckpt_dir + ", starting from step 0");
     return "";
   }
   step_ = m.step;
@@ -414,18 +417,7 @@ int Trainer::run() {
   while (step_ < c_.steps) {
     const StepStats s = step();
     loss = s.loss;
-    // Preemption: a signal on any rank drains all of them at this step boundary.
-    int drain = drain_requested() ? 1 : 0;
-    if (comm_.size() > 1) comm_.all_reduce(view_of(&drain, 1), ReduceOp::max);
-    if (drain) {
-      save_checkpoint_now(true);
-      log("dt_train: drained at step " + std::to_string(step_) +
-          (c_.ckpt_dir.empty() ? " (no ckpt.dir: nothing saved)" : " (checkpoint in " + c_.ckpt_dir + ")") +
-          ", exit code " + std::to_string(kExitDrained));
-      comm_.barrier();
-      return kExitDrained;
-    }
-    if (c_.ckpt_every > 0 && step_ % c_.ckpt_every == 0 && step_ < c_.steps) save_checkpoint_now(false);
+
     window_secs += s.seconds;
     all_secs += s.seconds;
     // The summary rate leaves out the first step, which also pays for first-touch page faults.
@@ -459,6 +451,19 @@ int Trainer::run() {
       window_secs = 0;
       window_steps = 0;
     }
+    // Preemption: a signal on any rank drains all of them at this step boundary.
+    int drain = drain_requested() ? 1 : 0;
+    if (comm_.size() > 1) comm_.all_reduce(view_of(&drain, 1), ReduceOp::max);
+    if (drain) {
+      if (step_ != last_saved_) save_checkpoint_now(true);
+      finish_checkpoints();
+      log("dt_train: drained at step " + std::to_string(step_) +
+          (c_.ckpt_dir.empty() ? " (no ckpt.dir: nothing saved)" : " (checkpoint in " + c_.ckpt_dir + ")") +
+          ", exit code " + std::to_string(kExitDrained));
+      comm_.barrier();
+      return kExitDrained;
+    }
+    if (c_.ckpt_every > 0 && step_ % c_.ckpt_every == 0 && step_ < c_.steps) save_checkpoint_now(false);
   }
   if (step_ != last_saved_) save_checkpoint_now(false);
   finish_checkpoints();

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# ckpt.corrupt_byte / ckpt.truncated / ckpt.latest_deleted / ckpt.all_corrupt (MODE): auto-resume
+# from a checkpoint directory holding step-3.h5 and step-6.h5 after damage:
+#   corrupt_byte    one byte of /model/transformer.wte.weight's data in step-6.h5 flipped: step-6.h5
+#                   is reported by name with "checksum mismatch" and the dataset; resumes at step 3
+#   truncated       step-6.h5 cut to half its size: reported by name; resumes at step 3
+#   latest_deleted  DIR/latest removed: reported; resumes from the newest valid file (step 6)
+#   all_corrupt     both files damaged: both reported; the run either refuses (exit 2) or starts
+#                   from step 0 exactly like a fresh run (initial weights, empty optimiser state)
+# A resumed run continues the original run's losses (within 1e-5 relative).
+source "$(dirname "$0")/lib.sh"
+
+W=/model/transformer.wte.weight
+RUN=(--train.steps=6 --ckpt.every=3 --ckpt.dir=D)
+
+train B 2 "${RUN[@]}" --train.log-file=B.jsonl
+expect_rc B 0
+expect_file D/step-3.h5
+expect_file D/step-6.h5
+expect_latest D step-6.h5
+
+corrupt_wte() {  # corrupt_wte FILE: flips a byte 1000 bytes into the data of $W
+  local addr
+  addr=$(data_address "$1" "$W")
+  if [ -z "$addr" ]; then
+    echo "SKIP: neither h5ls nor h5dump gives the data address of $W in $1"
+    exit 77
+  fi
+  echo "$W in $1: raw data at offset $addr"
+  flip_byte "$1" $((addr + 1000))
+}
+
+case "$MODE" in
+  corrupt_byte)
+    corrupt_wte D/step-6.h5
+    train R 2 "${RUN[@]}" --train.log-file=R.jsonl
+    expect_rc R 0
+    expect_report R "step-6\.h5" "checksum mismatch" "transformer.wte.weight"
+    expect_line R "resumed from .*D/step-3\.h5 at step 3 "
+    steplog steps R.jsonl 4 6
+    steplog same B.jsonl R.jsonl 4 6 1e-5
+    # The run wrote a good step-6.h5 over the damaged one.
+    train V 2 --train.steps=6 --ckpt.dir=D --eval-only --eval.sequences=8
+    expect_rc V 0
+    expect_line V "resumed from .*D/step-6\.h5 at step 6 "
+    expect_no_line V "skipping"
+    ;;
+  truncated)
+    size=$(stat -c %s D/step-6.h5)
+    truncate -s $((size / 2)) D/step-6.h5
+    echo "truncated D/step-6.h5 from $size to $(stat -c %s D/step-6.h5) bytes"
+    train R 2 "${RUN[@]}" --train.log-file=R.jsonl
+    expect_rc R 0
+    expect_line R "(skipping|ignoring|cannot|not a readable|truncated|corrupt).*D/step-6\.h5|D/step-6\.h5.*(skipping|ignoring|cannot|not a readable|truncated|corrupt)"
+    expect_line R "resumed from .*D/step-3\.h5 at step 3 "
+    steplog steps R.jsonl 4 6
+    steplog same B.jsonl R.jsonl 4 6 1e-5
+    ;;
+  latest_deleted)
+    rm D/latest
+    train R 2 --train.steps=8 --ckpt.dir=D --train.log-file=R.jsonl
+    expect_rc R 0
+    expect_line R "latest is missing"
+    expect_line R "resumed from .*D/step-6\.h5 at step 6 "
+    expect_no_line R "skipping"
+    steplog steps R.jsonl 7 8
+    expect_latest D step-8.h5
+    ;;
+  all_corrupt)
+    corrupt_wte D/step-3.h5
+    corrupt_wte D/step-6.h5
+    train R 2 "${RUN[@]}" --train.log-file=R.jsonl
+    expect_report R "step-6\.h5" "checksum mismatch" "transformer.wte.weight"
+    expect_report R "step-3\.h5" "checksum mismatch" "transformer.wte.weight"
+    if [ "$RC" -eq 2 ]; then
+      echo "the run refused to start: accepted"
+    else
+      expect_rc R 0
+      expect_line R "starting from step 0"
+      expect_no_line R "resumed from"
+      # Starting over means the initial state: the run is the fresh run B, step for step.
+      steplog steps R.jsonl 1 6
+      steplog same B.jsonl R.jsonl 1 6 1e-5
+    fi
+    ;;
+  *)
+    echo "unknown mode '$MODE'"
+    exit 2
+    ;;
+esac
+finish

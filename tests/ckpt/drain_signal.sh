@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# ckpt.drain_signal_usr1 / ckpt.drain_signal_term / ckpt.drain_log_complete (MODE usr1, term,
+# log_complete): a long 2-rank run gets a drain signal, twice, on ONE rank (usr1: SIGUSR1 to
+# rank 1; term: SIGTERM to rank 0). Every rank stops at the same step boundary N, step-N.h5 is
+# committed, "drained at step N" is printed and the job exits 75; a run with --train.steps=N+3
+# resumes from step-N.h5 at step N and exits 0.
+# log_complete (SIGUSR1 to rank 1) also wants the step log of the drained run and the resumed
+# run together to hold every step 1..N+3 once: the step the job drained at was trained and saved,
+# so it is logged too.
+source "$(dirname "$0")/lib.sh"
+
+case "$MODE" in
+  usr1 | log_complete) SIG=USR1 RANK=1 ;;
+  term) SIG=TERM RANK=0 ;;
+  *) echo "unknown mode '$MODE'"; exit 2 ;;
+esac
+
+D=$WORK/D
+echo "=== L: 2 ranks in the background: dt_train --train.steps=100000 --ckpt.dir=$D"
+timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
+  --train.steps=100000 --train.log-every=1000 --ckpt.dir="$D" --train.log-file="$WORK/L.jsonl" \
+  >L.out 2>&1 &
+job=$!
+
+# Wait for 3 logged steps (the job is training) or for the job to end early.
+for _ in $(seq 600); do
+  [ -f L.jsonl ] && [ "$(wc -l <L.jsonl)" -ge 3 ] && break
+  kill -0 "$job" 2>/dev/null || break
+  sleep 0.1
+done
+[ -f L.jsonl ] && [ "$(wc -l <L.jsonl)" -ge 3 ] || fail "the run logged fewer than 3 steps"
+
+# The rank processes: command lines that start with the dt_train binary and name this test's
+# checkpoint directory (not mpiexec, not other tests' runs).
+rank_pid() {
+  local p r
+  for p in $(pgrep -f -- "^$BIN .*--ckpt\.dir=$D( |\$)"); do
+    r=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null |
+        sed -n 's/^\(OMPI_COMM_WORLD_RANK\|PMIX_RANK\|PMI_RANK\)=//p' | head -n1)
+    [ "$r" = "$1" ] && { echo "$p"; return; }
+  done
+}
+echo "rank processes: $(pgrep -f -- "^$BIN .*--ckpt\.dir=$D( |\$)" | tr '\n' ' ')"
+pid=$(rank_pid "$RANK")
+if [ -z "$pid" ]; then
+  fail "no process of rank $RANK found"
+  kill -TERM "$job" 2>/dev/null  # timeout passes it on to mpiexec and the ranks
+else
+  echo "sending SIG$SIG twice to rank $RANK (pid $pid)"
+  kill -"$SIG" "$pid"
+  kill -"$SIG" "$pid" 2>/dev/null  # the rank may already be on its way out
+fi
+wait "$job"
+RC=$?
+sed 's/^/    /' L.out
+echo "=== L: exit code $RC"
+expect_rc L 75
+N=$(sed -n 's/.*drained at step \([0-9][0-9]*\).*/\1/p' L.out | head -n1)
+if [ -z "$N" ]; then
+  fail "no 'drained at step N' line"
+  finish
+fi
+echo "drained at step $N"
+[ "$N" -ge 3 ] || fail "drained at step $N, before the 3 logged steps"
+[ "$(grep -c 'drained at step' L.out)" -eq 1 ] || fail "more than one 'drained' line"
+expect_file "$D/step-$N.h5"
+expect_latest "$D" "step-$N.h5"
+[ "$(files_in "$D")" = "latest step-$N.h5" ] || fail "files in the checkpoint directory: $(files_in "$D")"
+
+# Requeued: resumes from the drained checkpoint (which thereby verifies) and finishes.
+train R 2 --train.steps=$((N + 3)) --ckpt.dir="$D" --train.log-file="$WORK/R.jsonl"
+expect_rc R 0
+expect_line R "resumed from .*D/step-$N\.h5 at step $N "
+expect_no_line R "skipping"
+steplog steps R.jsonl $((N + 1)) $((N + 3))
+expect_latest "$D" "step-$((N + 3)).h5"
+
+if [ "$MODE" = log_complete ]; then
+  cat L.jsonl R.jsonl >all.jsonl
+  steplog steps all.jsonl 1 $((N + 3))
+fi
+finish

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# ckpt.eval_only (MODE -): --eval-only --ckpt.resume=PATH --eval.sequences=8 prints
+# "eval-only: step N ... loss X" and exits 0, with the same loss on 1 and 2 ranks (1e-6
+# relative); it trains and saves nothing. --eval-only without any checkpoint option exits 2.
+# ckpt.eval_only_empty_dir (MODE empty_dir): --eval-only with --ckpt.dir naming a directory
+# without checkpoints (auto-resume finds nothing) has no checkpoint to evaluate either: exit 2,
+# instead of reporting the loss of the random initial weights.
+source "$(dirname "$0")/lib.sh"
+
+case "$MODE" in
+  -)
+    train C 2 --train.steps=4 --ckpt.dir=D
+    expect_rc C 0
+    expect_file D/step-4.h5
+    before=$(files_in D)
+    for R in 1 2; do
+      train E$R "$R" --eval-only --ckpt.resume="$WORK/D/step-4.h5" --eval.sequences=8 --ckpt.dir=X$R
+      expect_rc E$R 0
+      expect_line E$R "eval-only: step 4,.* loss [0-9]+\.[0-9]+"
+      expect_line E$R "resumed from .*D/step-4\.h5 at step 4 "
+      expect_no_line E$R "val loss|saved"
+      [ ! -e X$R ] || fail "E$R: --eval-only wrote into its ckpt.dir: $(files_in X$R)"
+    done
+    l1=$(eval_loss E1)
+    l2=$(eval_loss E2)
+    if [ -n "$l1" ] && [ -n "$l2" ]; then
+      steplog close "$l1" "$l2" 1e-6
+    else
+      fail "no eval-only loss (1 rank '$l1', 2 ranks '$l2')"
+    fi
+    # Auto-resume of the directory evaluates the same file.
+    train EA 2 --eval-only --ckpt.dir=D --eval.sequences=8
+    expect_rc EA 0
+    expect_line EA "resumed from .*D/step-4\.h5 at step 4 "
+    la=$(eval_loss EA)
+    if [ -n "$la" ]; then steplog close "$la" "$l2" 1e-6; else fail "EA: no eval-only loss"; fi
+    [ "$(files_in D)" = "$before" ] || fail "D changed: $before -> $(files_in D)"
+    # No checkpoint at all.
+    train N 1 --eval-only --eval.sequences=8
+    expect_rc N 2
+    expect_line N "eval-only"
+    expect_no_line N "eval-only: step"
+    ;;
+  empty_dir)
+    mkdir -p EMPTY
+    train N 1 --eval-only --ckpt.dir="$WORK/EMPTY" --eval.sequences=8
+    expect_rc N 2
+    expect_no_line N "eval-only: step"
+    train M 2 --eval-only --ckpt.dir="$WORK/MISSING" --eval.sequences=8
+    expect_rc M 2
+    expect_no_line M "eval-only: step"
+    ;;
+  *)
+    echo "unknown mode '$MODE'"
+    exit 2
+    ;;
+esac
+finish
