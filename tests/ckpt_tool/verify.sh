@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# verify: ok with the dataset and chunk counts h5ls gives; one flipped byte in the data of
+# /model/transformer.wte.weight is named with its chunk (exit 1); a truncated copy is named (exit 1).
+. "$(dirname "$0")/common.sh"
+read -r ndata nchunks < <(h5ls -r "$CKPT" | grep ' Dataset {' | grep -v '^/checksums/' |
+  sed -E 's/.*\{([^}]*)\}/\1/' |
+  awk -F', ' '{ p = 1; for (i = 1; i <= NF; i++) p *= $i; n++; c += int((p + 262143) / 262144) }
+              END { print n, c }')
+run "$DT_CKPT" verify "$CKPT"
+expect_rc 0 "verify"
+expect_line "^ok: $CKPT \($ndata datasets, $nchunks chunks\)$"
+
+cp "$CKPT" "$WORK/flipped.h5" || fail copy
+flip "$WORK/flipped.h5" /model/transformer.wte.weight
+cmp -l "$CKPT" "$WORK/flipped.h5" | wc -l | grep -qx 1 || fail "the copy differs in more than one byte"
+run "$DT_CKPT" verify "$WORK/flipped.h5"
+expect_rc 1 "flipped byte"
+expect_line "^FAILED: $WORK/flipped.h5 \(1 problem\)$"
+expect_line "^  /model/transformer\.wte\.weight: checksum mismatch in chunk 0 \(of 1\)$"
+
+cp "$CKPT" "$WORK/truncated.h5" && truncate -s $(($(stat -c %s "$CKPT") / 2)) "$WORK/truncated.h5" ||
+  fail "truncate"
+run "$DT_CKPT" verify "$WORK/truncated.h5"
+expect_rc 1 "truncated copy"
+expect_line "$WORK/truncated\.h5: .*truncated"
+pass "verify"
