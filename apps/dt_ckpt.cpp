@@ -40,10 +40,13 @@
 #include "dt/gpt.hpp"
 #include "dt/runtime.hpp"
 #include "dt/train.hpp"
+#include "ckpt/h5.hpp"
 
 namespace {
 
 using dt::ConfigError;
+using dt::H5;
+using dt::h5_message;
 using dt::Shape;
 
 constexpr const char* kUsage =
@@ -67,44 +70,6 @@ bool host_is_little_endian() {
 }
 
 // ---- HDF5 handles -------------------------------------------------------------------------------
-
-class H5 {
- public:
-  H5() = default;
-  H5(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~H5() {
-    if (id_ >= 0 && close_) close_(id_);
-  }
-  H5(H5&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
-  H5& operator=(H5&& o) noexcept {
-    std::swap(id_, o.id_);
-    std::swap(close_, o.close_);
-    return *this;
-  }
-  H5(const H5&) = delete;
-  H5& operator=(const H5&) = delete;
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  hid_t id_ = -1;
-  herr_t (*close_)(hid_t) = nullptr;
-};
-
-// The most specific message on the HDF5 error stack (then cleared).
-std::string h5_message() {
-  std::string msg;
-  H5Ewalk2(
-      H5E_DEFAULT, H5E_WALK_UPWARD,
-      [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
-        auto* m = static_cast<std::string*>(out);
-        if (m->empty() && e->desc) *m = e->desc;
-        return 0;
-      },
-      &msg);
-  H5Eclear2(H5E_DEFAULT);
-  return msg.empty() ? "HDF5 error" : msg;
-}
 
 hid_t h5_check(hid_t id, const char* call, const std::string& file) {
   if (id < 0) DT_THROW(ConfigError, file, ": ", call, " failed: ", h5_message());

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "../comm/mpi_comm.hpp"
+#include "h5.hpp"
 
 #ifndef DT_VERSION
 #define DT_VERSION "0.1.0"
@@ -30,44 +31,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // ---- small RAII and error helpers ---------------------------------------------------------------
-
-class H5 {
- public:
-  H5() = default;
-  H5(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~H5() {
-    if (id_ >= 0 && close_) close_(id_);
-  }
-  H5(H5&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
-  H5& operator=(H5&& o) noexcept {
-    std::swap(id_, o.id_);
-    std::swap(close_, o.close_);
-    return *this;
-  }
-  H5(const H5&) = delete;
-  H5& operator=(const H5&) = delete;
-  hid_t get() const { return id_; }
-  operator hid_t() const { return id_; }
-
- private:
-  hid_t id_ = -1;
-  herr_t (*close_)(hid_t) = nullptr;
-};
-
-// The most specific message on the HDF5 error stack.
-std::string h5_message() {
-  std::string msg;
-  H5Ewalk2(
-      H5E_DEFAULT, H5E_WALK_UPWARD,
-      [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
-        auto* m = static_cast<std::string*>(out);
-        if (m->empty() && e->desc) *m = e->desc;
-        return 0;
-      },
-      &msg);
-  H5Eclear2(H5E_DEFAULT);
-  return msg.empty() ? "HDF5 error" : msg;
-}
 
 struct Quiet {  // HDF5 prints nothing; dt reports errors itself
   Quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
