@@ -4,7 +4,8 @@
 // their nanoGPT names: /model/<name>, /optim/exp_avg/<name>, /optim/exp_avg_sq/<name>. The writing
 // is spread over the ranks: the datasets are cut into fixed chunks of kChunkElements elements
 // (in row-major order), the chunks of all datasets are numbered in order, and rank r writes a
-// contiguous share of those chunks with collective MPI-IO. Every chunk has a SHA-256 digest in
+// contiguous share of those chunks through MPI-IO (collective metadata, independent transfers of
+// large contiguous runs). Every chunk has a SHA-256 digest in
 // /checksums/<dataset path> ([chunks, 32] uint8), so any reader, with any layout, can verify any
 // part. Root attributes: format ("dt-checkpoint"), format_version, step, tokens, optimizer_step,
 // data_position, rng_seed, loss_scale, config, layout, dt_version, chunk_elements.
@@ -98,8 +99,8 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
 /// Problems found by verify_file (empty: the file verifies).
 std::vector<std::string> verify_file(Comm& comm, const std::string& path);
 
-/// Background saves: save() copies the tensors into a host snapshot and returns; a thread writes
-/// the snapshot on its own duplicated communicator. The next save() and wait() block until the
+/// Background saves: save() copies this rank's share of the tensors (the chunks it writes) into a
+/// host snapshot and returns; a thread writes the snapshot on its own duplicated communicator. The next save() and wait() block until the
 /// previous write finished; a write error is rethrown there.
 class AsyncCheckpointer {
  public:
