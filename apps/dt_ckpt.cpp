@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/h5.hpp"
 #include "dt/checkpoint.hpp"
 #include "dt/config.hpp"
 #include "dt/dtype.hpp"
@@ -40,7 +41,6 @@
 #include "dt/gpt.hpp"
 #include "dt/runtime.hpp"
 #include "dt/train.hpp"
-#include "ckpt/h5.hpp"
 
 namespace {
 

@@ -61,7 +61,9 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }
 
 // The value rank r contributes at element i (exact in f32 when summed over < 2^16 ranks).
-float pattern(int r, std::size_t i) { return static_cast<float>((r + 1) * 4 + static_cast<int>(i % 61)); }
+float pattern(int r, std::size_t i) {
+  return static_cast<float>((r + 1) * 4 + static_cast<int>(i % 61));
+}
 
 class Checker {
  public:
@@ -166,9 +168,11 @@ class Checker {
     wrong_input = gather_flags(wrong_input);
     // A wrong contribution spoils every rank's sum: blame the contributor, and blame a receiving
     // rank only when all contributions were right.
-    const bool any_input = std::any_of(wrong_input.begin(), wrong_input.end(), [](int x) { return x; });
+    const bool any_input =
+        std::any_of(wrong_input.begin(), wrong_input.end(), [](int x) { return x; });
     for (int r = 0; r < n; ++r) {
-      if (wrong_input[r]) fail("all_reduce: rank " + std::to_string(r) + " contributed a wrong buffer", r);
+      if (wrong_input[r])
+        fail("all_reduce: rank " + std::to_string(r) + " contributed a wrong buffer", r);
       if (wrong_result[r] && !any_input)
         fail("all_reduce: rank " + std::to_string(r) + " received a wrong sum", r);
     }
@@ -177,7 +181,8 @@ class Checker {
 
   void check_all_gather() {
     const int n = w_.size();
-    const std::size_t m = static_cast<std::size_t>(s_.check_elems) / static_cast<std::size_t>(n) + 1;
+    const std::size_t m =
+        static_cast<std::size_t>(s_.check_elems) / static_cast<std::size_t>(n) + 1;
     std::vector<float> mine(m), all(m * n);
     fill(mine, w_.rank());
     wait(w_.iall_gather(dt::view_of(mine), dt::view_of(all)));
@@ -288,8 +293,10 @@ class Checker {
       std::string hosts = hosts_[a] + " -> " + hosts_[b];
       std::printf("%-10s %-42s %12.2f %14.3f %s\n", pair.c_str(), hosts.c_str(), lat[i], bw[i],
                   bad[i] ? "WRONG" : "ok");
-      if (bad[i]) fail("pair " + pair + ": " + std::to_string(s_.bandwidth_bytes) +
-                           "-byte message arrived with wrong content", a);
+      if (bad[i])
+        fail("pair " + pair + ": " + std::to_string(s_.bandwidth_bytes) +
+                 "-byte message arrived with wrong content",
+             a);
     }
     std::fflush(stdout);
   }
@@ -337,7 +344,8 @@ class Checker {
 int main(int argc, char** argv) {
   Settings s;
   dt::Options opts("dt_topo", "Topology report and connectivity check for the ranks of a job.");
-  opts.add("runtime.bind", &s.bind, "auto", "CPU binding of each local rank", {"auto", "cores", "none"})
+  opts.add("runtime.bind", &s.bind, "auto", "CPU binding of each local rank",
+           {"auto", "cores", "none"})
       .add("runtime.pmix", &s.pmix, true, "use PMIx job information when the launcher provides it")
       .add("check.elements", &s.check_elems, 1 << 20,
            "f32 elements per rank in the all_reduce, all_gather and ring checks", 1L, 1L << 28)
@@ -347,16 +355,16 @@ int main(int argc, char** argv) {
            1000000L)
       .add("check.bandwidth-bytes", &s.bandwidth_bytes, 16L << 20,
            "message size of the bandwidth test (a multiple of 4)", 4L, 1L << 30)
-      .add("check.bandwidth-iters", &s.bandwidth_iters, 4, "messages per pair in the bandwidth test",
-           1L, 10000L)
+      .add("check.bandwidth-iters", &s.bandwidth_iters, 4,
+           "messages per pair in the bandwidth test", 1L, 10000L)
       .add("check.timeout", &s.timeout_s, 60.0,
            "seconds any single step may take before the rank reports a hang", 0.001, 86400.0)
       .add("test.corrupt-rank", &s.corrupt_rank, -1,
            "testing only: this rank sends a wrong buffer in every check", -1L, 1L << 30);
   const int rc = dt::run_with_config_errors("dt_topo", [&] {
     if (!opts.parse(argc, argv)) return 0;
-    DT_CHECK(dt::ConfigError, s.bandwidth_bytes % 4 == 0, "option --check.bandwidth-bytes: ",
-             s.bandwidth_bytes, " is not a multiple of 4");
+    DT_CHECK(dt::ConfigError, s.bandwidth_bytes % 4 == 0,
+             "option --check.bandwidth-bytes: ", s.bandwidth_bytes, " is not a multiple of 4");
     return -1;
   });
   if (rc >= 0) return rc;

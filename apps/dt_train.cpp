@@ -5,8 +5,8 @@
 // Exit codes: 0 done; 2 bad options, config, data or checkpoint (refused before training starts);
 // 3 a rank failed during training (the job is aborted so that no rank hangs); 75 drained on
 // SIGUSR1/SIGTERM after writing a checkpoint (requeue the job; it resumes from that checkpoint).
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -46,8 +46,9 @@ int main(int argc, char** argv) {
           cfg.device, cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path));
       trainer = std::make_unique<dt::Trainer>(rt.world(), *dev, cfg, data);
       if (trainer->resume_from_checkpoint().empty() && cfg.eval_only)
-        throw dt::ConfigError("option --eval-only: no checkpoint to evaluate in '" + cfg.ckpt_dir + "'",
-                              __FILE__, __LINE__);
+        throw dt::ConfigError(
+            "option --eval-only: no checkpoint to evaluate in '" + cfg.ckpt_dir + "'", __FILE__,
+            __LINE__);
     } catch (const dt::Error& e) {
       failed = e.message();
       throw dt::ConfigError(failed, __FILE__, __LINE__);
@@ -62,13 +63,16 @@ int main(int argc, char** argv) {
     int first_bad = ok ? rt.size() : rt.rank();
     rt.world().all_reduce(dt::view_of(&first_bad, 1), dt::ReduceOp::min);
     std::vector<std::uint8_t> text(1024, 0);
-    if (rt.rank() == first_bad) std::copy_n(failed.begin(), std::min<std::size_t>(failed.size(), 1023), text.begin());
+    if (rt.rank() == first_bad)
+      std::copy_n(failed.begin(), std::min<std::size_t>(failed.size(), 1023), text.begin());
     rt.world().broadcast(dt::view_of(text), first_bad);
     const std::string first(reinterpret_cast<const char*>(text.data()));
     if (rt.rank() == first_bad)
-      std::fprintf(stderr, "dt_train: error: %s%s\ndt_train: run 'dt_train --help' for the list of options\n",
-                   rt.size() > 1 ? ("rank " + std::to_string(rt.rank()) + ": ").c_str() : "",
-                   failed.c_str());
+      std::fprintf(
+          stderr,
+          "dt_train: error: %s%s\ndt_train: run 'dt_train --help' for the list of options\n",
+          rt.size() > 1 ? ("rank " + std::to_string(rt.rank()) + ": ").c_str() : "",
+          failed.c_str());
     else if (!ok && failed.substr(0, 1023) != first)
       std::fprintf(stderr, "dt_train: error: rank %d: %s\n", rt.rank(), failed.c_str());
     return 2;

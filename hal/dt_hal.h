@@ -32,10 +32,10 @@ extern "C" {
 
 typedef enum {
   DT_HAL_OK = 0,
-  DT_HAL_ERR_INVALID = 1,     /* bad argument */
-  DT_HAL_ERR_NOMEM = 2,       /* allocation failed */
-  DT_HAL_ERR_DEVICE = 3,      /* the device or its library failed */
-  DT_HAL_ERR_UNSUPPORTED = 4  /* valid request this device cannot do */
+  DT_HAL_ERR_INVALID = 1,    /* bad argument */
+  DT_HAL_ERR_NOMEM = 2,      /* allocation failed */
+  DT_HAL_ERR_DEVICE = 3,     /* the device or its library failed */
+  DT_HAL_ERR_UNSUPPORTED = 4 /* valid request this device cannot do */
 } dt_hal_status;
 
 typedef enum {
@@ -107,9 +107,8 @@ typedef struct dt_hal_v1 {
   int (*attention_fwd)(void* ctx, float* out, float* att, const float* qkv, int64_t B, int64_t T,
                        int64_t C, int64_t NH);
   /* dqkv (acc) from dout[B,T,C]; scratch[B,NH,T,T] is workspace. */
-  int (*attention_bwd)(void* ctx, float* dqkv, float* scratch, const float* dout,
-                       const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
-                       int64_t NH);
+  int (*attention_bwd)(void* ctx, float* dqkv, float* scratch, const float* dout, const float* qkv,
+                       const float* att, int64_t B, int64_t T, int64_t C, int64_t NH);
   /* Per row n: probs[n,:] = softmax(logits[n,:]), losses[n] = -log probs[n, targets[n]].
    * targets in [0, V) (checked). */
   int (*softmax_xent_fwd)(void* ctx, float* losses, float* probs, const float* logits,

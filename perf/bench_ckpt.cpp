@@ -24,10 +24,12 @@ int main(int argc, char** argv) {
   // 16 tensors of [rows, 4096] floats (the shape of large weight matrices).
   const std::int64_t cols = 4096;
   const std::int64_t rows = mib * 1024 * 1024 / 4 / cols / 16;
-  std::vector<std::vector<float>> bufs(16, std::vector<float>(static_cast<std::size_t>(rows * cols)));
+  std::vector<std::vector<float>> bufs(16,
+                                       std::vector<float>(static_cast<std::size_t>(rows * cols)));
   std::vector<dt::CkptTensor> ts;
   for (int i = 0; i < 16; ++i) {
-    for (std::size_t k = 0; k < bufs[i].size(); ++k) bufs[i][k] = static_cast<float>((k * 31 + i) % 1000) * 1e-3f;
+    for (std::size_t k = 0; k < bufs[i].size(); ++k)
+      bufs[i][k] = static_cast<float>((k * 31 + i) % 1000) * 1e-3f;
     ts.push_back({"/model/w" + std::to_string(i), {rows, cols}, bufs[i].data()});
   }
   auto now = [] { return std::chrono::steady_clock::now(); };

@@ -65,8 +65,8 @@ struct SaveStats {
 /// failing call; then nothing is committed and the previous checkpoint stays the latest.
 /// `after_write` (a fault-injection seam for tests) runs on every rank once its data is in the
 /// .partial file, before anything is made durable or committed.
-SaveStats save_checkpoint(Comm& comm, const std::string& dir, const std::vector<CkptTensor>& tensors,
-                          const CkptMeta& meta, int keep,
+SaveStats save_checkpoint(Comm& comm, const std::string& dir,
+                          const std::vector<CkptTensor>& tensors, const CkptMeta& meta, int keep,
                           const std::function<void()>& after_write = {});
 
 /// Reads `path` into `tensors` (every rank reads everything) and verifies every chunk digest
@@ -74,7 +74,8 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir, const std::vector<
 /// bad dataset/chunk, or, for a checkpoint of another model, each tensor whose shape differs or
 /// is missing (with a message that starts "checkpoint does not match the model"). After a
 /// failure the tensors may hold part of the file's data.
-CkptMeta load_checkpoint(Comm& comm, const std::string& path, const std::vector<CkptTensor>& tensors);
+CkptMeta load_checkpoint(Comm& comm, const std::string& path,
+                         const std::vector<CkptTensor>& tensors);
 
 /// The committed checkpoints of `dir`, newest first (step-N.h5; no verification).
 struct CkptEntry {
@@ -100,8 +101,8 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
 std::vector<std::string> verify_file(Comm& comm, const std::string& path);
 
 /// Background saves: save() copies this rank's share of the tensors (the chunks it writes) into a
-/// host snapshot and returns; a thread writes the snapshot on its own duplicated communicator. The next save() and wait() block until the
-/// previous write finished; a write error is rethrown there.
+/// host snapshot and returns; a thread writes the snapshot on its own duplicated communicator. The
+/// next save() and wait() block until the previous write finished; a write error is rethrown there.
 class AsyncCheckpointer {
  public:
   AsyncCheckpointer(Comm& comm, std::string dir, int keep);

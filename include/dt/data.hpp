@@ -4,7 +4,8 @@
 // Token files come in two formats:
 //   bytes  every byte of any file is one token (vocab 256).
 //   llmc   the llm.c / nanoGPT format: a header of 256 little-endian int32 (magic 20240520,
-//          version 1, token count), then that many little-endian uint16 tokens (GPT-2, vocab 50257).
+//          version 1, token count), then that many little-endian uint16 tokens (GPT-2, vocab
+//          50257).
 // "auto" picks llmc when the file starts with the magic, bytes otherwise. Every problem with a
 // file throws dt::ConfigError naming the path and what is wrong.
 //

@@ -60,19 +60,41 @@ struct f16 {
 static_assert(sizeof(bf16) == 2 && sizeof(f16) == 2, "16-bit types must be packed");
 
 /// Converts n elements of type `from` at src into type `to` at dst (no overlap), rounding once
-/// to nearest even. Floating to integer truncates toward zero; values out of the integer range are clamped; NaN becomes 0.
+/// to nearest even. Floating to integer truncates toward zero; values out of the integer range are
+/// clamped; NaN becomes 0.
 void convert(const void* src, DType from, void* dst, DType to, std::size_t n);
 
 /// Maps a C++ element type to its DType.
 template <class T>
 struct dtype_of;
-template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
-template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
-template <> struct dtype_of<bf16> { static constexpr DType value = DType::bf16; };
-template <> struct dtype_of<f16> { static constexpr DType value = DType::f16; };
-template <> struct dtype_of<std::int32_t> { static constexpr DType value = DType::i32; };
-template <> struct dtype_of<std::int64_t> { static constexpr DType value = DType::i64; };
-template <> struct dtype_of<std::uint8_t> { static constexpr DType value = DType::u8; };
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct dtype_of<bf16> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct dtype_of<f16> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct dtype_of<std::int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct dtype_of<std::int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct dtype_of<std::uint8_t> {
+  static constexpr DType value = DType::u8;
+};
 template <class T>
 inline constexpr DType dtype_v = dtype_of<T>::value;
 
@@ -80,13 +102,20 @@ inline constexpr DType dtype_v = dtype_of<T>::value;
 template <class F>
 decltype(auto) visit_dtype(DType t, F&& f) {
   switch (t) {
-    case DType::f32: return f(float{});
-    case DType::f64: return f(double{});
-    case DType::bf16: return f(bf16{});
-    case DType::f16: return f(f16{});
-    case DType::i32: return f(std::int32_t{});
-    case DType::i64: return f(std::int64_t{});
-    case DType::u8: break;
+    case DType::f32:
+      return f(float{});
+    case DType::f64:
+      return f(double{});
+    case DType::bf16:
+      return f(bf16{});
+    case DType::f16:
+      return f(f16{});
+    case DType::i32:
+      return f(std::int32_t{});
+    case DType::i64:
+      return f(std::int64_t{});
+    case DType::u8:
+      break;
   }
   return f(std::uint8_t{});
 }

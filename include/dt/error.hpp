@@ -73,8 +73,8 @@ template <class E, class... Parts>
 
 #define DT_THROW(Type, ...) ::dt::detail::raise<Type>(__FILE__, __LINE__, __VA_ARGS__)
 
-#define DT_CHECK(Type, cond, ...)                                                     \
-  do {                                                                                \
+#define DT_CHECK(Type, cond, ...)                                                           \
+  do {                                                                                      \
     if (!(cond)) ::dt::detail::raise_check<Type>(__FILE__, __LINE__, #cond, ##__VA_ARGS__); \
   } while (0)
 
@@ -83,8 +83,9 @@ template <class E, class... Parts>
     const auto& dt_a_ = (a);                                                                    \
     const auto& dt_b_ = (b);                                                                    \
     if (!(dt_a_ op dt_b_))                                                                      \
-      ::dt::detail::raise<Type>(__FILE__, __LINE__, ##__VA_ARGS__, " [expected " #a " " #op " " #b \
-                                ", got ", dt_a_, " vs ", dt_b_, "]");                          \
+      ::dt::detail::raise<Type>(__FILE__, __LINE__, ##__VA_ARGS__,                              \
+                                " [expected " #a " " #op " " #b ", got ", dt_a_, " vs ", dt_b_, \
+                                "]");                                                           \
   } while (0)
 
 #define DT_CHECK_EQ(Type, a, b, ...) DT_CHECK_OP_(Type, ==, a, b, ##__VA_ARGS__)
@@ -94,9 +95,9 @@ template <class E, class... Parts>
 #define DT_CHECK_GT(Type, a, b, ...) DT_CHECK_OP_(Type, >, a, b, ##__VA_ARGS__)
 #define DT_CHECK_GE(Type, a, b, ...) DT_CHECK_OP_(Type, >=, a, b, ##__VA_ARGS__)
 
-#define DT_ASSERT(cond, ...)                                                                    \
-  do {                                                                                          \
-    if (!(cond))                                                                                \
-      ::dt::detail::raise<::dt::InternalError>(__FILE__, __LINE__, "internal: " #cond " ",      \
-                                               ##__VA_ARGS__);                                  \
+#define DT_ASSERT(cond, ...)                                                               \
+  do {                                                                                     \
+    if (!(cond))                                                                           \
+      ::dt::detail::raise<::dt::InternalError>(__FILE__, __LINE__, "internal: " #cond " ", \
+                                               ##__VA_ARGS__);                             \
   } while (0)

@@ -29,10 +29,10 @@ struct MachineInfo {
 
 /// The rank's place in the job.
 struct Placement {
-  int node_id = 0;     ///< 0 .. num_nodes-1, in order of the lowest world rank on each node
+  int node_id = 0;  ///< 0 .. num_nodes-1, in order of the lowest world rank on each node
   int num_nodes = 1;
   int launcher_node_id = -1;  ///< the launcher's own node number (PMIx), -1 without PMIx
-  int local_rank = 0;  ///< rank among the ranks of this node
+  int local_rank = 0;         ///< rank among the ranks of this node
   int local_size = 1;
   std::string source;  ///< "pmix" or "mpi" (MPI_Comm_split_type)
 };

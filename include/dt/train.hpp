@@ -31,7 +31,7 @@ struct TrainConfig {
   std::int64_t micro_batch = 0;  ///< sequences per forward on a rank; 0: the whole share
   std::int64_t seed = 1337;
   std::int64_t log_every = 10;
-  std::string log_file;  ///< JSON lines per step (rank 0)
+  std::string log_file;          ///< JSON lines per step (rank 0)
   std::int64_t eval_every = 50;  ///< 0: only at the start and the end
   std::int64_t eval_windows = 32;
   OptimConfig optim;
@@ -45,14 +45,14 @@ struct TrainConfig {
   bool pmix = true;
   bool print_config = false;
   // checkpoints
-  std::string ckpt_dir;            ///< "" disables checkpoints (and draining writes nothing)
-  std::int64_t ckpt_every = 0;     ///< steps between saves (0: only at the end and on drain)
+  std::string ckpt_dir;         ///< "" disables checkpoints (and draining writes nothing)
+  std::int64_t ckpt_every = 0;  ///< steps between saves (0: only at the end and on drain)
   std::int64_t ckpt_keep = 3;
   bool ckpt_async = false;
-  std::string ckpt_resume = "auto";  ///< auto | none | PATH
-  bool eval_only = false;            ///< report the loss of the resumed weights and stop
-  std::int64_t eval_sequences = 64;  ///< --eval-only: first K validation sequences, in order
-  std::string config_text;           ///< effective config, stored in checkpoints
+  std::string ckpt_resume = "auto";         ///< auto | none | PATH
+  bool eval_only = false;                   ///< report the loss of the resumed weights and stop
+  std::int64_t eval_sequences = 64;         ///< --eval-only: first K validation sequences, in order
+  std::string config_text;                  ///< effective config, stored in checkpoints
   std::int64_t test_kill_during_save = -1;  ///< testing only: this rank SIGKILLs itself mid-save
 };
 
@@ -77,7 +77,7 @@ struct StepStats {
   std::int64_t step = 0;  ///< 0-based index of the step just taken
   double loss = 0;        ///< mean training loss over the global batch
   double lr = 0;
-  double grad_norm = 0;   ///< before clipping
+  double grad_norm = 0;  ///< before clipping
   double seconds = 0;
 };
 

@@ -46,7 +46,8 @@ void h5(herr_t rc, const char* call, const std::string& file, int) {
 
 MpiComm& mpi_of(Comm& c) {
   auto* m = dynamic_cast<MpiComm*>(&c);
-  DT_CHECK(CheckpointError, m != nullptr, "checkpoints need an MPI communicator, got '", c.name(), "'");
+  DT_CHECK(CheckpointError, m != nullptr, "checkpoints need an MPI communicator, got '", c.name(),
+           "'");
   return *m;
 }
 
@@ -102,7 +103,8 @@ std::vector<std::pair<std::size_t, std::size_t>> my_chunks(const std::vector<std
   std::size_t total = 0;
   for (auto n : numels) total += chunks_of(n);
   const std::size_t lo = total * static_cast<std::size_t>(rank) / static_cast<std::size_t>(size);
-  const std::size_t hi = total * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(size);
+  const std::size_t hi =
+      total * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(size);
   std::vector<std::pair<std::size_t, std::size_t>> out;
   std::size_t base = 0;
   for (auto n : numels) {
@@ -230,8 +232,9 @@ std::string step_name(std::int64_t step) { return "step-" + std::to_string(step)
 
 // ---- save ---------------------------------------------------------------------------------------
 
-SaveStats save_checkpoint(Comm& comm, const std::string& dir, const std::vector<CkptTensor>& tensors,
-                          const CkptMeta& meta, int keep, const std::function<void()>& after_write) {
+SaveStats save_checkpoint(Comm& comm, const std::string& dir,
+                          const std::vector<CkptTensor>& tensors, const CkptMeta& meta, int keep,
+                          const std::function<void()>& after_write) {
   static const Quiet quiet;
   DT_CHECK(CheckpointError, keep >= 1, "ckpt.keep must be at least 1, got ", keep);
   const auto t0 = Clock::now();
@@ -252,7 +255,8 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir, const std::vector<
       err = e.message();
     }
   }
-  if (!all_ok(comm, ok)) DT_THROW(CheckpointError, err.empty() ? "rank 0 cannot prepare " + dir : err);
+  if (!all_ok(comm, ok))
+    DT_THROW(CheckpointError, err.empty() ? "rank 0 cannot prepare " + dir : err);
 
   std::vector<std::size_t> numels;
   for (const auto& t : tensors) {
@@ -276,14 +280,14 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir, const std::vector<
       H5 sp(h5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                "H5Screate_simple", partial),
             H5Sclose);
-      data_sets.emplace_back(h5(H5Dcreate2(f, t.path.c_str(), H5T_IEEE_F32LE, sp, lcpl,
-                                           H5P_DEFAULT, H5P_DEFAULT),
-                                "H5Dcreate2", partial),
-                             H5Dclose);
+      data_sets.emplace_back(
+          h5(H5Dcreate2(f, t.path.c_str(), H5T_IEEE_F32LE, sp, lcpl, H5P_DEFAULT, H5P_DEFAULT),
+             "H5Dcreate2", partial),
+          H5Dclose);
       hsize_t cdims[2] = {chunks_of(t.numel()), 32};
       H5 csp(h5(H5Screate_simple(2, cdims, nullptr), "H5Screate_simple", partial), H5Sclose);
-      sum_sets.emplace_back(h5(H5Dcreate2(f, checksum_path(t.path).c_str(), H5T_STD_U8LE, csp,
-                                          lcpl, H5P_DEFAULT, H5P_DEFAULT),
+      sum_sets.emplace_back(h5(H5Dcreate2(f, checksum_path(t.path).c_str(), H5T_STD_U8LE, csp, lcpl,
+                                          H5P_DEFAULT, H5P_DEFAULT),
                                "H5Dcreate2", partial),
                             H5Dclose);
     }
@@ -297,7 +301,8 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir, const std::vector<
           const std::size_t e0 = c * kChunkElements;
           const std::size_t e1 = std::min(e0 + kChunkElements, tensors[i].numel());
           const Digest d = sha256(tensors[i].data + e0, (e1 - e0) * sizeof(float));
-          std::copy(d.begin(), d.end(), all_sums[i].begin() + static_cast<std::ptrdiff_t>((c - ca) * 32));
+          std::copy(d.begin(), d.end(),
+                    all_sums[i].begin() + static_cast<std::ptrdiff_t>((c - ca) * 32));
         }
       }
     });
@@ -334,8 +339,8 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir, const std::vector<
       hsize_t m = std::max<std::size_t>((cb - ca) * 32, 1);
       H5 cmsp(h5(H5Screate_simple(1, &m, nullptr), "H5Screate_simple", partial), H5Sclose);
       if (ca == cb) h5(H5Sselect_none(cmsp), "H5Sselect_none", partial, 0);
-      h5(H5Dwrite(sum_sets[i], H5T_NATIVE_UCHAR, cmsp, csp, dxpl, sums.data()), "H5Dwrite",
-         partial, 0);
+      h5(H5Dwrite(sum_sets[i], H5T_NATIVE_UCHAR, cmsp, csp, dxpl, sums.data()), "H5Dwrite", partial,
+         0);
     }
     H5 root(h5(H5Gopen2(f, "/", H5P_DEFAULT), "H5Gopen2", partial), H5Gclose);
     write_attr(root, "format", std::string(kCheckpointFormat), partial);
@@ -435,7 +440,8 @@ std::vector<CkptEntry> list_checkpoints(const std::string& dir) {
     if (::stat(e.path.c_str(), &st) == 0) e.bytes = static_cast<std::uint64_t>(st.st_size);
     out.push_back(e);
   }
-  std::sort(out.begin(), out.end(), [](const CkptEntry& a, const CkptEntry& b) { return a.step > b.step; });
+  std::sort(out.begin(), out.end(),
+            [](const CkptEntry& a, const CkptEntry& b) { return a.step > b.step; });
   return out;
 }
 
@@ -472,13 +478,13 @@ Opened open_read(MpiComm& mc, const std::string& path) {
   o.fapl = file_access(mc.handle(), path);
   o.file = H5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, o.fapl), H5Fclose);
   if (o.file.get() < 0)
-    DT_THROW(CheckpointError, path, ": not a readable HDF5 file (truncated or damaged): ",
-             h5_message());
+    DT_THROW(CheckpointError, path,
+             ": not a readable HDF5 file (truncated or damaged): ", h5_message());
   o.dxpl = data_xfer(path);
   H5 root(h5(H5Gopen2(o.file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
   const std::string fmt = has_attr(root, "format") ? read_string_attr(root, "format", path) : "";
-  DT_CHECK(CheckpointError, fmt == kCheckpointFormat, path, ": not a dt checkpoint (format '",
-           fmt, "')");
+  DT_CHECK(CheckpointError, fmt == kCheckpointFormat, path, ": not a dt checkpoint (format '", fmt,
+           "')");
   const auto v = read_int_attr(root, "format_version", path);
   DT_CHECK(CheckpointError, v >= 1 && v <= kCheckpointVersion, path, ": format version ", v,
            " is not supported (this dt reads up to ", kCheckpointVersion, ")");
@@ -497,8 +503,8 @@ CkptMeta read_meta(hid_t file, const std::string& path) {
   m.config = read_string_attr(root, "config", path);
   m.layout = read_string_attr(root, "layout", path);
   const auto ce = read_int_attr(root, "chunk_elements", path);
-  DT_CHECK(CheckpointError, ce == static_cast<std::int64_t>(kChunkElements), path,
-           ": chunk size ", ce, " differs from this dt's ", kChunkElements);
+  DT_CHECK(CheckpointError, ce == static_cast<std::int64_t>(kChunkElements), path, ": chunk size ",
+           ce, " differs from this dt's ", kChunkElements);
   return m;
 }
 
@@ -531,12 +537,15 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
     const std::size_t k = chunks_of(t.numel());
     std::vector<unsigned char> sums(k * 32 + 32);
     H5 c(H5Dopen2(o.file, checksum_path(t.path).c_str(), H5P_DEFAULT), H5Dclose);
-    const bool have = c.get() >= 0 && dataset_shape(c, path) == Shape{static_cast<std::int64_t>(k), 32};
-    if (have) h5(H5Dread(c, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, o.dxpl, sums.data()), "H5Dread", path, 0);
+    const bool have =
+        c.get() >= 0 && dataset_shape(c, path) == Shape{static_cast<std::int64_t>(k), 32};
+    if (have)
+      h5(H5Dread(c, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, o.dxpl, sums.data()), "H5Dread", path, 0);
     for (std::size_t ch = mine[i].first; ch < mine[i].second; ++ch) {
       const std::size_t e0 = ch * kChunkElements, e1 = std::min(e0 + kChunkElements, t.numel());
       const Digest dg = sha256(t.data + e0, (e1 - e0) * sizeof(float));
-      if (!have || !std::equal(dg.begin(), dg.end(), sums.begin() + static_cast<std::ptrdiff_t>(ch * 32)))
+      if (!have ||
+          !std::equal(dg.begin(), dg.end(), sums.begin() + static_cast<std::ptrdiff_t>(ch * 32)))
         bad[base[i] + ch] = 1;
     }
   }
@@ -550,8 +559,9 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
         chunks += (nbad++ ? "," : "") + std::to_string(ch);
       }
     if (nbad)
-      problems.push_back(tensors[i].path + ": checksum mismatch in chunk" + (nbad > 1 ? "s " : " ") +
-                         chunks + " (of " + std::to_string(chunks_of(tensors[i].numel())) + ")");
+      problems.push_back(tensors[i].path + ": checksum mismatch in chunk" +
+                         (nbad > 1 ? "s " : " ") + chunks + " (of " +
+                         std::to_string(chunks_of(tensors[i].numel())) + ")");
   }
   return problems;
 }
@@ -568,7 +578,8 @@ std::vector<std::string> all_datasets(hid_t file, const std::string& path) {
            if (info->type != H5L_TYPE_HARD) return 0;
            hid_t obj = H5Oopen(g, name, H5P_DEFAULT);
            if (obj < 0) return 0;
-           if (H5Iget_type(obj) == H5I_DATASET) static_cast<Ctx*>(data)->out->push_back("/" + std::string(name));
+           if (H5Iget_type(obj) == H5I_DATASET)
+             static_cast<Ctx*>(data)->out->push_back("/" + std::string(name));
            H5Oclose(obj);
            return 0;
          },
@@ -582,7 +593,8 @@ std::vector<std::string> all_datasets(hid_t file, const std::string& path) {
 
 }  // namespace
 
-CkptMeta load_checkpoint(Comm& comm, const std::string& path, const std::vector<CkptTensor>& tensors) {
+CkptMeta load_checkpoint(Comm& comm, const std::string& path,
+                         const std::vector<CkptTensor>& tensors) {
   MpiComm& mc = mpi_of(comm);
   Opened o = open_read(mc, path);
   CkptMeta meta = read_meta(o.file, path);
@@ -600,7 +612,8 @@ CkptMeta load_checkpoint(Comm& comm, const std::string& path, const std::vector<
       diff.push_back(t.path + ": file " + shape_str(s) + ", model " + shape_str(t.shape));
   }
   for (const auto& p : present)
-    if (std::none_of(tensors.begin(), tensors.end(), [&](const CkptTensor& t) { return t.path == p; }))
+    if (std::none_of(tensors.begin(), tensors.end(),
+                     [&](const CkptTensor& t) { return t.path == p; }))
       diff.push_back(p + ": in the file, not in the model");
   if (!diff.empty()) {
     std::string msg;
@@ -652,12 +665,14 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
   for (const auto& p : list_partials(dir)) log("ignoring interrupted save " + p);
   const auto all = list_checkpoints(dir);
   const std::string latest = read_latest(dir);
-  if (!all.empty() && latest.empty()) log("the pointer " + dir + "/latest is missing; using the newest checkpoint that verifies");
+  if (!all.empty() && latest.empty())
+    log("the pointer " + dir + "/latest is missing; using the newest checkpoint that verifies");
   for (const auto& e : all) {
     try {
       CkptMeta m = load_checkpoint(comm, e.path, tensors);
       if (!latest.empty() && latest != e.path)
-        log("the pointer " + dir + "/latest names " + latest + ", which is not the newest valid checkpoint");
+        log("the pointer " + dir + "/latest names " + latest +
+            ", which is not the newest valid checkpoint");
       *used = e.path;
       return m;
     } catch (const CheckpointError& err) {
@@ -740,7 +755,8 @@ void AsyncCheckpointer::reserve(const std::vector<CkptTensor>& tensors) {
   const auto ranges = my_ranges(tensors, impl_->comm->rank(), impl_->comm->size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     impl_->ensure(i, tensors[i].numel());
-    std::fill(impl_->snapshot[i].get() + ranges[i].first, impl_->snapshot[i].get() + ranges[i].second,
+    std::fill(impl_->snapshot[i].get() + ranges[i].first,
+              impl_->snapshot[i].get() + ranges[i].second,
               0.0f);  // back this rank's share now
   }
 }

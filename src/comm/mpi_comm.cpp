@@ -22,13 +22,20 @@ bool mpi_alive() {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::bf16: return MPI_UINT16_T;
-    case DType::f16: return MPI_UINT16_T;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    case DType::u8: return MPI_UINT8_T;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::bf16:
+      return MPI_UINT16_T;
+    case DType::f16:
+      return MPI_UINT16_T;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::u8:
+      return MPI_UINT8_T;
   }
   return MPI_DATATYPE_NULL;
 }
@@ -105,7 +112,8 @@ void mpi_check(int rc, const char* call, int rank, const std::string& comm_name,
   if (rc == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING] = {0};
   int len = 0;
-  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) std::snprintf(text, sizeof text, "code %d", rc);
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
+    std::snprintf(text, sizeof text, "code %d", rc);
   std::string c = call;
   c = c.substr(0, c.find('('));
   throw CommError(c + " failed on rank " + std::to_string(rank) + " of " + comm_name + ": " + text,
@@ -208,7 +216,8 @@ class MpiWork final : public WorkImpl {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (int spins = 0; !test(); ++spins) {
       if (std::chrono::steady_clock::now() >= deadline) return false;
-      if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 20));
+      if (spins > 64)
+        std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 20));
     }
     return true;
   }
@@ -307,7 +316,8 @@ void MpiComm::check_peer(int peer, const char* op) const {
 // ---- all_reduce ---------------------------------------------------------------------------------
 
 Work MpiComm::iall_reduce(TensorView buf, ReduceOp op) {
-  auto w = std::make_unique<MpiWork>(what("all_reduce", buf, reduce_op_name(op)), rank_, name_, false);
+  auto w =
+      std::make_unique<MpiWork>(what("all_reduce", buf, reduce_op_name(op)), rank_, name_, false);
   const MPI_Datatype t = mpi_type(buf.dtype);
   const MPI_Op o = ops_->get(buf.dtype, op);
   for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
@@ -326,9 +336,9 @@ void MpiComm::all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts) {
   const MPI_Datatype t = mpi_type(buf.dtype);
   const MPI_Op o = ops_->get(buf.dtype, op);
   for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
-    DT_MPI(MPI_Allreduce(MPI_IN_PLACE, at(buf.data, off, buf.dtype), static_cast<int>(n), t, o,
-                         comm_),
-           rank_, name_);
+    DT_MPI(
+        MPI_Allreduce(MPI_IN_PLACE, at(buf.data, off, buf.dtype), static_cast<int>(n), t, o, comm_),
+        rank_, name_);
   });
   if (op == ReduceOp::avg) divide(buf, size_);
 }
@@ -364,8 +374,8 @@ namespace {
 void check_gather(ConstTensorView in, TensorView out, int size, const std::string& name) {
   DT_CHECK(InvalidArgument, in.dtype == out.dtype, "all_gather on ", name, ": input is ",
            dtype_name(in.dtype), ", output is ", dtype_name(out.dtype));
-  DT_CHECK_EQ(InvalidArgument, out.numel, in.numel * static_cast<std::size_t>(size), "all_gather on ",
-              name, ": output must hold size() x input elements");
+  DT_CHECK_EQ(InvalidArgument, out.numel, in.numel * static_cast<std::size_t>(size),
+              "all_gather on ", name, ": output must hold size() x input elements");
 }
 void check_scatter(ConstTensorView in, TensorView out, int size, const std::string& name) {
   DT_CHECK(InvalidArgument, in.dtype == out.dtype, "reduce_scatter on ", name, ": input is ",

@@ -10,26 +10,40 @@ namespace dt {
 
 std::size_t dtype_size(DType t) noexcept {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::bf16:
+      return 2;
+    case DType::f16:
+      return 2;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
+    case DType::u8:
+      return 1;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) noexcept {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::u8:
+      return "u8";
   }
   return "?";
 }
@@ -37,7 +51,8 @@ const char* dtype_name(DType t) noexcept {
 DType parse_dtype(std::string_view name) {
   for (DType t : kAllDTypes)
     if (name == dtype_name(t)) return t;
-  DT_THROW(InvalidArgument, "unknown dtype '", name, "' (expected one of f32 f64 bf16 f16 i32 i64 u8)");
+  DT_THROW(InvalidArgument, "unknown dtype '", name,
+           "' (expected one of f32 f64 bf16 f16 i32 i64 u8)");
 }
 
 bool is_floating(DType t) noexcept {
@@ -80,7 +95,7 @@ std::uint16_t f16::from_float(float f) noexcept {
   std::uint32_t mant = (a & 0x7fffffu) | (exp > -127 ? 0x800000u : 0u);
   int shift;
   std::uint32_t base;
-  if (exp < -14) {  // subnormal in f16: value = mant * 2^(exp-23), unit 2^-24
+  if (exp < -14) {     // subnormal in f16: value = mant * 2^(exp-23), unit 2^-24
     shift = -exp - 1;  // 13 + (-14 - exp)
     base = 0;
   } else {
@@ -108,7 +123,8 @@ float f16::to_float(std::uint16_t b) noexcept {
     ++e;
     mant <<= 1;
   } while ((mant & 0x400u) == 0);
-  return bits_float(sign | ((112u - static_cast<std::uint32_t>(e)) << 23) | ((mant & 0x3ffu) << 13));
+  return bits_float(sign | ((112u - static_cast<std::uint32_t>(e)) << 23) |
+                    ((mant & 0x3ffu) << 13));
 }
 
 namespace {
@@ -140,8 +156,10 @@ T store(long double v) {
     return static_cast<T>(v);
   } else {
     if (std::isnan(v)) return T{0};
-    if (v <= static_cast<long double>(std::numeric_limits<T>::min())) return std::numeric_limits<T>::min();
-    if (v >= static_cast<long double>(std::numeric_limits<T>::max())) return std::numeric_limits<T>::max();
+    if (v <= static_cast<long double>(std::numeric_limits<T>::min()))
+      return std::numeric_limits<T>::min();
+    if (v >= static_cast<long double>(std::numeric_limits<T>::max()))
+      return std::numeric_limits<T>::max();
     return static_cast<T>(v);
   }
 }
@@ -176,9 +194,9 @@ void convert(const void* src, DType from, void* dst, DType to, std::size_t n) {
           const long double v = static_cast<long double>(s[i]);
           d[i] = v < static_cast<long double>(std::numeric_limits<D>::min())
                      ? std::numeric_limits<D>::min()
-                     : v > static_cast<long double>(std::numeric_limits<D>::max())
-                           ? std::numeric_limits<D>::max()
-                           : static_cast<D>(s[i]);
+                 : v > static_cast<long double>(std::numeric_limits<D>::max())
+                     ? std::numeric_limits<D>::max()
+                     : static_cast<D>(s[i]);
         }
       } else {
         for (std::size_t i = 0; i < n; ++i) d[i] = store<D>(load(s[i]));

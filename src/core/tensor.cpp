@@ -65,8 +65,8 @@ Tensor Tensor::to(DType dtype) const {
 }
 
 void Tensor::check_type(DType want) const {
-  DT_CHECK(InvalidArgument, want == dtype_, "tensor of dtype ", dtype_name(dtype_),
-           " accessed as ", dtype_name(want));
+  DT_CHECK(InvalidArgument, want == dtype_, "tensor of dtype ", dtype_name(dtype_), " accessed as ",
+           dtype_name(want));
 }
 
 }  // namespace dt

@@ -154,7 +154,8 @@ TokenFile load_tokens(const std::string& path, const std::string& format) {
            "' (expected auto, bytes or llmc)");
   Fd fd;
   fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd.fd < 0) DT_THROW(ConfigError, "cannot open token file '", path, "': ", std::strerror(errno));
+  if (fd.fd < 0)
+    DT_THROW(ConfigError, "cannot open token file '", path, "': ", std::strerror(errno));
   struct stat st {};
   if (::fstat(fd.fd, &st) != 0)
     DT_THROW(ConfigError, "cannot stat token file '", path, "': ", std::strerror(errno));
@@ -179,8 +180,7 @@ TokenFile load_tokens(const std::string& path, const std::string& format) {
 
 Split split(const TokenFile& file, double val_fraction) {
   DT_CHECK(ConfigError, std::isfinite(val_fraction) && val_fraction >= 0 && val_fraction < 1,
-           "validation fraction must be in [0, 1), got ", val_fraction, " (for '", file.path,
-           "')");
+           "validation fraction must be in [0, 1), got ", val_fraction, " (for '", file.path, "')");
   const size_t n = file.size();
   size_t val = static_cast<size_t>(std::llround(static_cast<double>(n) * val_fraction));
   if (val_fraction > 0) val = std::max<size_t>(val, 1);
@@ -248,8 +248,7 @@ std::vector<size_t> eval_windows(size_t n, int seq_len, int64_t count, const std
   }
   const unsigned __int128 span = last;
   const unsigned __int128 gaps = static_cast<uint64_t>(count - 1);
-  for (size_t i = 0; i < starts.size(); ++i)
-    starts[i] = static_cast<size_t>(span * i / gaps);
+  for (size_t i = 0; i < starts.size(); ++i) starts[i] = static_cast<size_t>(span * i / gaps);
   return starts;
 }
 

@@ -15,10 +15,14 @@ namespace dt {
 namespace {
 const char* status_name(int s) {
   switch (s) {
-    case DT_HAL_ERR_INVALID: return "invalid argument";
-    case DT_HAL_ERR_NOMEM: return "out of memory";
-    case DT_HAL_ERR_DEVICE: return "device failure";
-    case DT_HAL_ERR_UNSUPPORTED: return "unsupported";
+    case DT_HAL_ERR_INVALID:
+      return "invalid argument";
+    case DT_HAL_ERR_NOMEM:
+      return "out of memory";
+    case DT_HAL_ERR_DEVICE:
+      return "device failure";
+    case DT_HAL_ERR_UNSUPPORTED:
+      return "unsupported";
   }
   return "unknown status";
 }
@@ -57,8 +61,8 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
     d.table_ = dt_hal_cpu_v1();
     d.origin_ = "built-in";
   } else {
-    DT_CHECK(ConfigError, !name.empty() && name.find('/') == std::string::npos,
-             "device name '", name, "' must be a plain name such as cpu or cuda");
+    DT_CHECK(ConfigError, !name.empty() && name.find('/') == std::string::npos, "device name '",
+             name, "' must be a plain name such as cpu or cuda");
     const std::string file = "libdt_hal_" + name + ".so";
     std::string found;
     for (const auto& dir : split_path(plugin_path)) {
@@ -75,7 +79,8 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
     DT_CHECK(ConfigError, d.lib_->handle != nullptr, "device '", name, "': cannot load ", found,
              ": ", dlerror());
     d.origin_ = found;
-    auto entry = reinterpret_cast<dt_hal_plugin_v1_fn>(dlsym(d.lib_->handle, DT_HAL_PLUGIN_V1_SYMBOL));
+    auto entry =
+        reinterpret_cast<dt_hal_plugin_v1_fn>(dlsym(d.lib_->handle, DT_HAL_PLUGIN_V1_SYMBOL));
     if (!entry) {
       for (int v = 2; v < 16; ++v) {
         const std::string sym = "dt_hal_plugin_v" + std::to_string(v);
@@ -90,19 +95,20 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
     DT_CHECK(ConfigError, d.table_ != nullptr, "device '", name, "': plugin ", found,
              " returned no table");
   }
-  DT_CHECK(ConfigError, d.table_->api_version == DT_HAL_API_VERSION_1, "device '", name, "': ",
-           d.origin_, " has ABI version ", d.table_->api_version, ", this dt needs ABI version ",
-           DT_HAL_API_VERSION_1);
-  for (auto [fn, what] : {std::pair<const void*, const char*>{reinterpret_cast<const void*>(d.table_->open), "open"},
-                          {reinterpret_cast<const void*>(d.table_->close), "close"},
-                          {reinterpret_cast<const void*>(d.table_->alloc), "alloc"},
-                          {reinterpret_cast<const void*>(d.table_->release), "release"},
-                          {reinterpret_cast<const void*>(d.table_->last_error), "last_error"}})
+  DT_CHECK(ConfigError, d.table_->api_version == DT_HAL_API_VERSION_1, "device '", name,
+           "': ", d.origin_, " has ABI version ", d.table_->api_version,
+           ", this dt needs ABI version ", DT_HAL_API_VERSION_1);
+  for (auto [fn, what] :
+       {std::pair<const void*, const char*>{reinterpret_cast<const void*>(d.table_->open), "open"},
+        {reinterpret_cast<const void*>(d.table_->close), "close"},
+        {reinterpret_cast<const void*>(d.table_->alloc), "alloc"},
+        {reinterpret_cast<const void*>(d.table_->release), "release"},
+        {reinterpret_cast<const void*>(d.table_->last_error), "last_error"}})
     DT_CHECK(ConfigError, fn != nullptr, "device '", name, "': ", d.origin_,
              " lacks the required entry ", what);
   const int st = d.table_->open(index, &d.ctx_);
-  DT_CHECK(DeviceError, st == DT_HAL_OK, "device '", name, "': open(", index, ") failed: ",
-           status_name(st));
+  DT_CHECK(DeviceError, st == DT_HAL_OK, "device '", name, "': open(", index,
+           ") failed: ", status_name(st));
   return d;
 }
 
@@ -126,8 +132,8 @@ void Device::missing(const char* what) const {
 
 void Device::failed(const char* what, int status) const {
   const char* msg = table_->last_error ? table_->last_error(ctx_) : "";
-  DT_THROW(DeviceError, "device '", name_, "': ", what, " failed (", status_name(status), "): ",
-           msg ? msg : "");
+  DT_THROW(DeviceError, "device '", name_, "': ", what, " failed (", status_name(status),
+           "): ", msg ? msg : "");
 }
 
 Device::Buffer::Buffer(const Device& d, std::size_t bytes) : dev_(&d), bytes_(bytes) {

@@ -139,8 +139,8 @@ void Gpt::init(std::uint64_t seed) {
     // Each tensor draws from its own stream, so adding layers does not shift earlier tensors.
     Normal rng{seed * 0x100000001b3ULL + i * 0x9e3779b97f4a7c15ULL};
     float* d = host.data() + pi.offset;
-    const bool is_norm_w = pi.name.find("ln_") != std::string::npos &&
-                           pi.name.find(".weight") != std::string::npos;
+    const bool is_norm_w =
+        pi.name.find("ln_") != std::string::npos && pi.name.find(".weight") != std::string::npos;
     if (pi.shape.size() == 1) {
       for (std::size_t k = 0; k < pi.numel; ++k) d[k] = is_norm_w ? 1.0f : 0.0f;
       continue;
@@ -184,7 +184,8 @@ void linear_bwd(const Device& d, float* dx, float beta, float* dW, float* db, co
 }  // namespace
 
 double Gpt::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T) {
-  DT_CHECK(InvalidArgument, B >= 1 && B <= max_batch_, "batch ", B, " outside [1, ", max_batch_, "]");
+  DT_CHECK(InvalidArgument, B >= 1 && B <= max_batch_, "batch ", B, " outside [1, ", max_batch_,
+           "]");
   DT_CHECK(InvalidArgument, T >= 1 && T <= cfg_.block, "sequence length ", T, " outside [1, ",
            cfg_.block, "]");
   B_ = B;
@@ -278,7 +279,8 @@ void Gpt::backward(float loss_scale) {
               static_cast<const float*>(dln_), static_cast<const float*>(a.res2), W(l, LN2W),
               static_cast<const float*>(a.ln2_mean), static_cast<const float*>(a.ln2_rstd), BT, C);
     // res2 = x + atty @ Wproj^T + b
-    linear_bwd(dev_, datty_, 0.0f, dW(l, PROJW), dW(l, PROJB), dres_, a.atty, W(l, PROJW), BT, C, C);
+    linear_bwd(dev_, datty_, 0.0f, dW(l, PROJW), dW(l, PROJB), dres_, a.atty, W(l, PROJW), BT, C,
+               C);
     dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dqkv_),
               static_cast<std::size_t>(3 * BT * C) * sizeof(float));
     dev_.call(&dt_hal_v1_t::attention_bwd, "attention_bwd", dqkv_, datt_,
@@ -291,8 +293,8 @@ void Gpt::backward(float loss_scale) {
     dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dW(l, QKVB) + C),
               static_cast<std::size_t>(C) * sizeof(float));
     dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", dres_, dW(l, LN1W), dW(l, LN1B),
-              static_cast<const float*>(dln_), x, W(l, LN1W),
-              static_cast<const float*>(a.ln1_mean), static_cast<const float*>(a.ln1_rstd), BT, C);
+              static_cast<const float*>(dln_), x, W(l, LN1W), static_cast<const float*>(a.ln1_mean),
+              static_cast<const float*>(a.ln1_rstd), BT, C);
   }
   dev_.call(&dt_hal_v1_t::embedding_bwd, "embedding_bwd", G + params_[0].offset,
             G + params_[1].offset, static_cast<const float*>(dres_), tok, B, T, C);

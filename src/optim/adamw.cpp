@@ -5,7 +5,8 @@
 namespace dt {
 
 double lr_at(const OptimConfig& c, std::int64_t step) {
-  if (step < c.warmup) return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup + 1);
+  if (step < c.warmup)
+    return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup + 1);
   if (step >= c.decay_steps) return c.min_lr;
   const double ratio = static_cast<double>(step - c.warmup) /
                        static_cast<double>(std::max<std::int64_t>(1, c.decay_steps - c.warmup));
@@ -14,7 +15,10 @@ double lr_at(const OptimConfig& c, std::int64_t step) {
 }
 
 AdamW::AdamW(const Device& dev, const std::vector<ParamInfo>& params, std::size_t numel)
-    : dev_(dev), params_(params), n_(numel), m_(dev, numel * sizeof(float)),
+    : dev_(dev),
+      params_(params),
+      n_(numel),
+      m_(dev, numel * sizeof(float)),
       v_(dev, numel * sizeof(float)) {
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", m_.get(), numel * sizeof(float));
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", v_.get(), numel * sizeof(float));

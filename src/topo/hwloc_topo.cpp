@@ -45,9 +45,12 @@ bool is_gpu_pci(const hwloc_obj_t o) {
 
 const char* bind_mode_name(BindMode m) noexcept {
   switch (m) {
-    case BindMode::automatic: return "auto";
-    case BindMode::cores: return "cores";
-    case BindMode::none: return "none";
+    case BindMode::automatic:
+      return "auto";
+    case BindMode::cores:
+      return "cores";
+    case BindMode::none:
+      return "none";
   }
   return "?";
 }
@@ -60,7 +63,8 @@ BindMode parse_bind_mode(const std::string& s) {
 }
 
 HwlocTopology::HwlocTopology() {
-  DT_CHECK(Error, hwloc_topology_init(&t_) == 0, "hwloc_topology_init failed: ", std::strerror(errno));
+  DT_CHECK(Error, hwloc_topology_init(&t_) == 0,
+           "hwloc_topology_init failed: ", std::strerror(errno));
   hwloc_topology_set_io_types_filter(t_, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
   if (hwloc_topology_load(t_) != 0) {
     const int err = errno;

@@ -16,14 +16,29 @@ bool get_int(const pmix_proc_t* proc, const char* key, long* out) {
   if (PMIx_Get(proc, key, nullptr, 0, &v) != PMIX_SUCCESS || !v) return false;
   bool ok = true;
   switch (v->type) {
-    case PMIX_UINT16: *out = v->data.uint16; break;
-    case PMIX_UINT32: *out = static_cast<long>(v->data.uint32); break;
-    case PMIX_UINT64: *out = static_cast<long>(v->data.uint64); break;
-    case PMIX_INT: *out = v->data.integer; break;
-    case PMIX_INT32: *out = v->data.int32; break;
-    case PMIX_UINT: *out = static_cast<long>(v->data.uint); break;
-    case PMIX_PROC_RANK: *out = static_cast<long>(v->data.rank); break;
-    default: ok = false;
+    case PMIX_UINT16:
+      *out = v->data.uint16;
+      break;
+    case PMIX_UINT32:
+      *out = static_cast<long>(v->data.uint32);
+      break;
+    case PMIX_UINT64:
+      *out = static_cast<long>(v->data.uint64);
+      break;
+    case PMIX_INT:
+      *out = v->data.integer;
+      break;
+    case PMIX_INT32:
+      *out = v->data.int32;
+      break;
+    case PMIX_UINT:
+      *out = static_cast<long>(v->data.uint);
+      break;
+    case PMIX_PROC_RANK:
+      *out = static_cast<long>(v->data.rank);
+      break;
+    default:
+      ok = false;
   }
   PMIX_VALUE_RELEASE(v);
   return ok;

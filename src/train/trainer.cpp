@@ -1,7 +1,7 @@
+#include <sys/stat.h>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <sys/stat.h>
 
 #include <csignal>
 
@@ -31,8 +31,8 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("model.seq-len", &c.model.block, 128, "context length (positions) and training window",
            1, 1 << 16)
       .add("model.layers", &c.model.layers, 4, "transformer blocks", 1, 1024)
-      .add("model.heads", &c.model.heads, 4, "attention heads per block (must divide model.embd)", 1,
-           1024)
+      .add("model.heads", &c.model.heads, 4, "attention heads per block (must divide model.embd)",
+           1, 1024)
       .add("model.embd", &c.model.embd, 256, "embedding width", 1, 1 << 16)
       .add("data.path", &c.data_path, "", "training text or token file (required)")
       .add("data.format", &c.data_format, "auto",
@@ -46,15 +46,14 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("train.micro-batch", &c.micro_batch, 0,
            "sequences per forward on one rank (0: the rank's whole share); must divide the share",
            0L, 1L << 30)
-      .add("train.seed", &c.seed, 1337, "seed of the weights and the data order", 0L,
-           (1L << 62))
+      .add("train.seed", &c.seed, 1337, "seed of the weights and the data order", 0L, (1L << 62))
       .add("train.log-every", &c.log_every, 10, "steps between progress lines", 1L, 1L << 40)
       .add("train.log-file", &c.log_file, "",
            "append one JSON line per step (full-precision loss, lr, norm, val loss) to this file")
       .add("train.eval-every", &c.eval_every, 50,
            "steps between validation losses (0: only first and last)", 0L, 1L << 40)
-      .add("train.eval-windows", &c.eval_windows, 32, "fixed validation windows per evaluation",
-           1L, 1L << 30)
+      .add("train.eval-windows", &c.eval_windows, 32, "fixed validation windows per evaluation", 1L,
+           1L << 30)
       .add("optim.lr", &c.optim.lr, 1e-3, "peak learning rate", 0.0, 10.0)
       .add("optim.min-lr", &c.optim.min_lr, 1e-4, "learning rate at the end of the cosine", 0.0,
            10.0)
@@ -108,9 +107,9 @@ TokenFile validate_and_load(TrainConfig& c) {
   if (c.optim.decay_steps == 0) c.optim.decay_steps = c.steps;
   TokenFile data = load_tokens(c.data_path, c.data_format);
   if (c.model.vocab == 0) c.model.vocab = data.vocab;
-  DT_CHECK(ConfigError, data.max_token_plus_one <= c.model.vocab, "option --model.vocab: ",
-           c.model.vocab, " is smaller than the largest token in ", c.data_path, " (",
-           data.max_token_plus_one - 1, ")");
+  DT_CHECK(ConfigError, data.max_token_plus_one <= c.model.vocab,
+           "option --model.vocab: ", c.model.vocab, " is smaller than the largest token in ",
+           c.data_path, " (", data.max_token_plus_one - 1, ")");
   const Split s = split(data, c.val_fraction);
   // Constructing these checks that seq-len fits both parts (ConfigError naming the numbers).
   Sampler(data.data(s.train), s.train.size(), c.model.block, static_cast<std::uint64_t>(c.seed),
@@ -119,7 +118,8 @@ TokenFile validate_and_load(TrainConfig& c) {
     eval_windows(s.val.size(), c.model.block, c.eval_windows,
                  "validation split of " + c.data_path + " (--model.seq-len, --train.eval-windows)");
   if (c.eval_only) {
-    DT_CHECK(ConfigError, c.ckpt_resume != "none" && !(c.ckpt_resume == "auto" && c.ckpt_dir.empty()),
+    DT_CHECK(ConfigError,
+             c.ckpt_resume != "none" && !(c.ckpt_resume == "auto" && c.ckpt_dir.empty()),
              "option --eval-only needs a checkpoint: --ckpt.resume=PATH or --ckpt.dir with "
              "--ckpt.resume=auto");
     const std::size_t need = static_cast<std::size_t>(c.eval_sequences) * c.model.block + 1;
@@ -140,8 +140,8 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   DT_CHECK(ConfigError, local_batch_ % micro_ == 0, "option --train.micro-batch: ", micro_,
            " does not divide the ", local_batch_, " sequences of each of ", n, " ranks");
   if (c_.optim.decay_steps == 0) c_.optim.decay_steps = c_.steps;
-  sampler_ = std::make_unique<Sampler>(data.data(split_.train), split_.train.size(),
-                                       c_.model.block, static_cast<std::uint64_t>(c_.seed));
+  sampler_ = std::make_unique<Sampler>(data.data(split_.train), split_.train.size(), c_.model.block,
+                                       static_cast<std::uint64_t>(c_.seed));
   if (c_.val_fraction > 0)
     eval_starts_ = eval_windows(split_.val.size(), c_.model.block, c_.eval_windows);
   if (dev_.table().set_threads)
@@ -150,7 +150,8 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   model_->init(static_cast<std::uint64_t>(c_.seed));
   opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
   if (c_.ckpt_async && !c_.ckpt_dir.empty()) {
-    async_ = std::make_unique<AsyncCheckpointer>(comm_, c_.ckpt_dir, static_cast<int>(c_.ckpt_keep));
+    async_ =
+        std::make_unique<AsyncCheckpointer>(comm_, c_.ckpt_dir, static_cast<int>(c_.ckpt_keep));
     async_->reserve(state_tensors());
   }
   const std::size_t bt = static_cast<std::size_t>(micro_) * c_.model.block;
@@ -223,7 +224,8 @@ std::vector<std::int32_t> Trainer::sample(const std::vector<std::int32_t>& promp
   std::vector<double> p(static_cast<std::size_t>(V));
   std::vector<std::int32_t> out;
   for (std::int64_t k = 0; k < n; ++k) {
-    const std::size_t len = std::min<std::size_t>(seq.size(), static_cast<std::size_t>(c_.model.block));
+    const std::size_t len =
+        std::min<std::size_t>(seq.size(), static_cast<std::size_t>(c_.model.block));
     const std::int32_t* ctx = seq.data() + (seq.size() - len);
     model_->forward(ctx, nullptr, 1, static_cast<int>(len));
     const float* lg = model_->logits(0, static_cast<int>(len) - 1);
@@ -355,14 +357,16 @@ void Trainer::save_checkpoint_now(bool sync) {
 double Trainer::evaluate_in_order(std::int64_t count) {
   const int T = c_.model.block;
   std::vector<std::size_t> starts(static_cast<std::size_t>(count));
-  for (std::int64_t i = 0; i < count; ++i) starts[static_cast<std::size_t>(i)] = static_cast<std::size_t>(i) * T;
+  for (std::int64_t i = 0; i < count; ++i)
+    starts[static_cast<std::size_t>(i)] = static_cast<std::size_t>(i) * T;
   const std::int64_t n = comm_.size(), r = comm_.rank();
   const std::int64_t begin = r * count / n, end = (r + 1) * count / n;
   double sums[2] = {0, 0};
   const uint16_t* val = data_.data(split_.val);
   for (std::int64_t i = begin; i < end; i += micro_) {
     const std::int64_t cnt = std::min(micro_, end - i);
-    fill_windows(val, split_.val.size(), T, starts.data() + i, cnt, inputs_.data(), targets_.data());
+    fill_windows(val, split_.val.size(), T, starts.data() + i, cnt, inputs_.data(),
+                 targets_.data());
     sums[0] += model_->forward(inputs_.data(), targets_.data(), static_cast<int>(cnt), T);
     sums[1] += static_cast<double>(cnt) * T;
   }
@@ -377,20 +381,22 @@ int Trainer::run() {
     std::printf("dt_train: %zu parameters, %d layers, %d heads, embd %d, seq %d, vocab %d\n",
                 model_->num_params(), c_.model.layers, c_.model.heads, c_.model.embd, T,
                 c_.model.vocab);
-    std::printf("dt_train: %d ranks, global batch %ld x %d tokens, micro-batch %ld, %ld steps, "
-                "device %s (%s)\n",
-                comm_.size(), static_cast<long>(c_.batch), T, static_cast<long>(micro_),
-                static_cast<long>(c_.steps), dev_.name().c_str(), dev_.origin().c_str());
+    std::printf(
+        "dt_train: %d ranks, global batch %ld x %d tokens, micro-batch %ld, %ld steps, "
+        "device %s (%s)\n",
+        comm_.size(), static_cast<long>(c_.batch), T, static_cast<long>(micro_),
+        static_cast<long>(c_.steps), dev_.name().c_str(), dev_.origin().c_str());
     std::printf("dt_train: data %s (%s, %zu tokens: %zu train, %zu val)\n", c_.data_path.c_str(),
                 data_.format.c_str(), data_.size(), split_.train.size(), split_.val.size());
     std::fflush(stdout);
   }
   if (c_.eval_only) {
     char line[256];
-    std::snprintf(line, sizeof line,
-                  "dt_train: eval-only: step %ld, first %ld validation sequences in order, loss %.6f",
-                  static_cast<long>(step_), static_cast<long>(c_.eval_sequences),
-                  evaluate_in_order(c_.eval_sequences));
+    std::snprintf(
+        line, sizeof line,
+        "dt_train: eval-only: step %ld, first %ld validation sequences in order, loss %.6f",
+        static_cast<long>(step_), static_cast<long>(c_.eval_sequences),
+        evaluate_in_order(c_.eval_sequences));
     log(line);
     return 0;
   }
@@ -433,8 +439,10 @@ int Trainer::run() {
       val_text = b;
     }
     if (jsonl) {
-      std::fprintf(jsonl, "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"seconds\": %.6f",
-                   static_cast<long>(step_), s.loss, s.lr, s.grad_norm, s.seconds);
+      std::fprintf(
+          jsonl,
+          "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"seconds\": %.6f",
+          static_cast<long>(step_), s.loss, s.lr, s.grad_norm, s.seconds);
       if (do_eval) std::fprintf(jsonl, ", \"val_loss\": %.9g", val);
       std::fprintf(jsonl, "}\n");
       std::fflush(jsonl);
@@ -443,10 +451,11 @@ int Trainer::run() {
       const double ms = window_secs / static_cast<double>(window_steps) * 1e3;
       const double tps = static_cast<double>(c_.batch) * T * window_steps / window_secs;
       const double eta = ms / 1e3 * static_cast<double>(c_.steps - step_);
-      std::printf("step %6ld/%ld | loss %.4f%s | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | "
-                  "eta %s\n",
-                  static_cast<long>(step_), static_cast<long>(c_.steps), s.loss, val_text.c_str(),
-                  s.lr, s.grad_norm, tps, ms, duration_str(eta).c_str());
+      std::printf(
+          "step %6ld/%ld | loss %.4f%s | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms | "
+          "eta %s\n",
+          static_cast<long>(step_), static_cast<long>(c_.steps), s.loss, val_text.c_str(), s.lr,
+          s.grad_norm, tps, ms, duration_str(eta).c_str());
       std::fflush(stdout);
       window_secs = 0;
       window_steps = 0;
@@ -458,12 +467,14 @@ int Trainer::run() {
       if (step_ != last_saved_) save_checkpoint_now(true);
       finish_checkpoints();
       log("dt_train: drained at step " + std::to_string(step_) +
-          (c_.ckpt_dir.empty() ? " (no ckpt.dir: nothing saved)" : " (checkpoint in " + c_.ckpt_dir + ")") +
+          (c_.ckpt_dir.empty() ? " (no ckpt.dir: nothing saved)"
+                               : " (checkpoint in " + c_.ckpt_dir + ")") +
           ", exit code " + std::to_string(kExitDrained));
       comm_.barrier();
       return kExitDrained;
     }
-    if (c_.ckpt_every > 0 && step_ % c_.ckpt_every == 0 && step_ < c_.steps) save_checkpoint_now(false);
+    if (c_.ckpt_every > 0 && step_ % c_.ckpt_every == 0 && step_ < c_.steps)
+      save_checkpoint_now(false);
   }
   if (step_ != last_saved_) save_checkpoint_now(false);
   finish_checkpoints();
@@ -471,12 +482,13 @@ int Trainer::run() {
     const std::int64_t ran = c_.steps - first_step;
     const double timed = static_cast<double>(ran > 1 ? ran - 1 : 1);
     const double tps = static_cast<double>(c_.batch) * T * timed / total_secs;
-    std::printf("dt_train: done: %ld steps in %s, %.0f tok/s (steady state), %.2f GFLOP/s per rank; "
-                "train loss "
-                "%.4f, val loss %.4f -> %.4f (%+.1f%%)\n",
-                static_cast<long>(c_.steps), duration_str(all_secs).c_str(), tps,
-                tps * model_->flops_per_token(T) / comm_.size() / 1e9, loss, val0, val,
-                (val - val0) / val0 * 100.0);
+    std::printf(
+        "dt_train: done: %ld steps in %s, %.0f tok/s (steady state), %.2f GFLOP/s per rank; "
+        "train loss "
+        "%.4f, val loss %.4f -> %.4f (%+.1f%%)\n",
+        static_cast<long>(c_.steps), duration_str(all_secs).c_str(), tps,
+        tps * model_->flops_per_token(T) / comm_.size() / 1e9, loss, val0, val,
+        (val - val0) / val0 * 100.0);
     if (c_.sample_tokens > 0) {
       std::vector<std::int32_t> prompt;
       if (c_.model.vocab == 256)

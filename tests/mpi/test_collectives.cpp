@@ -90,7 +90,9 @@ std::string str(P&&... parts) {
   return os.str();
 }
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+bool contains(const std::string& s, const std::string& sub) {
+  return s.find(sub) != std::string::npos;
+}
 
 // Runs f; any exception is a failure of `what` (so one broken case does not end the run).
 template <class F>
@@ -193,10 +195,14 @@ double reduce_ref(ReduceOp op, int n, V&& value) {
     mn = std::min(mn, v);
   }
   switch (op) {
-    case ReduceOp::sum: return static_cast<double>(s);
-    case ReduceOp::max: return static_cast<double>(mx);
-    case ReduceOp::min: return static_cast<double>(mn);
-    case ReduceOp::avg: return avg_ref<T>(s, n);
+    case ReduceOp::sum:
+      return static_cast<double>(s);
+    case ReduceOp::max:
+      return static_cast<double>(mx);
+    case ReduceOp::min:
+      return static_cast<double>(mn);
+    case ReduceOp::avg:
+      return avg_ref<T>(s, n);
   }
   return 0;
 }
@@ -218,9 +224,9 @@ bool expect_buf(const std::string& what, const T* got, std::size_t n, Ref&& ref)
       ++bad;
     }
   }
-  return H.expect(bad == 0, what,
-                  str(bad, " of ", n, " elements wrong; first at ", first, ": got ", fg,
-                      ", expected ", fe));
+  return H.expect(
+      bad == 0, what,
+      str(bad, " of ", n, " elements wrong; first at ", first, ": got ", fg, ", expected ", fe));
 }
 
 constexpr double kSentinel = 77;  // never an input value (|v| <= 40)
@@ -238,10 +244,14 @@ enum class Form { blocking, timeout, iwait, itest };
 constexpr Form kForms[] = {Form::blocking, Form::timeout, Form::iwait, Form::itest};
 const char* form_name(Form f) {
   switch (f) {
-    case Form::blocking: return "blocking";
-    case Form::timeout: return "blocking+timeout";
-    case Form::iwait: return "i*+wait";
-    case Form::itest: return "i*+test";
+    case Form::blocking:
+      return "blocking";
+    case Form::timeout:
+      return "blocking+timeout";
+    case Form::iwait:
+      return "i*+wait";
+    case Form::itest:
+      return "i*+test";
   }
   return "?";
 }
@@ -351,9 +361,9 @@ void case_all_gather(Comm& c, std::size_t n, Form f, std::uint32_t salt, bool in
 
 template <class T>
 void case_reduce_scatter(Comm& c, std::size_t n, ReduceOp op, Form f, std::uint32_t salt) {
-  const std::string what = str("reduce_scatter(", dt::dtype_name(dt::dtype_v<T>), " x ", n,
-                               " per rank, ", dt::reduce_op_name(op), ", ", form_name(f), ") on ",
-                               c.name());
+  const std::string what =
+      str("reduce_scatter(", dt::dtype_name(dt::dtype_v<T>), " x ", n, " per rank, ",
+          dt::reduce_op_name(op), ", ", form_name(f), ") on ", c.name());
   guarded(what, [&] {
     const int s = c.size(), me = c.rank();
     std::vector<T> in = filled<T>(n * static_cast<std::size_t>(s), me, salt);
@@ -484,8 +494,9 @@ void suite_all_reduce(Comm& c, int id) {
       for (std::size_t n : kSizes)
         for (Form f : kForms)
           if (run_big(n, dk, ok, f, 0))
-            case_all_reduce<T>(c, n, kOps[ok], f,
-                               salt_of(id, dk, ok, static_cast<int>(n % 1000), static_cast<int>(f)));
+            case_all_reduce<T>(
+                c, n, kOps[ok], f,
+                salt_of(id, dk, ok, static_cast<int>(n % 1000), static_cast<int>(f)));
   });
 }
 
@@ -512,9 +523,9 @@ void suite_broadcast(Comm& c, int id) {
       for (std::size_t n : kSizes)
         for (Form f : kForms)
           if (run_big(n, dk, root, f, 2))
-            case_broadcast<T>(c, n, root, f,
-                              salt_of(id + 2, dk, root, static_cast<int>(n % 1000),
-                                      static_cast<int>(f)));
+            case_broadcast<T>(
+                c, n, root, f,
+                salt_of(id + 2, dk, root, static_cast<int>(n % 1000), static_cast<int>(f)));
   });
 }
 
@@ -525,10 +536,9 @@ void suite_all_gather(Comm& c, int id) {
       for (Form f : kForms)
         for (int ip = 0; ip < 2; ++ip)
           if (run_big(n, dk, ip, f, 3))
-            case_all_gather<T>(c, n, f,
-                               salt_of(id + 3, dk, ip, static_cast<int>(n % 1000),
-                                       static_cast<int>(f)),
-                               ip == 1);
+            case_all_gather<T>(
+                c, n, f, salt_of(id + 3, dk, ip, static_cast<int>(n % 1000), static_cast<int>(f)),
+                ip == 1);
   });
 }
 
@@ -539,10 +549,12 @@ void suite_p2p(Comm& c, int id) {
       for (Form f : kForms) {
         const int tag = 1000 + dk * 100 + static_cast<int>(f) * 10;
         if (run_big(n, dk, 0, f, 0))
-          case_ring<T>(c, n, f, salt_of(id + 4, dk, 0, static_cast<int>(n % 1000), static_cast<int>(f)),
+          case_ring<T>(c, n, f,
+                       salt_of(id + 4, dk, 0, static_cast<int>(n % 1000), static_cast<int>(f)),
                        tag);
         if (run_big(n, dk, 1, f, 0))
-          case_pair<T>(c, n, f, salt_of(id + 5, dk, 1, static_cast<int>(n % 1000), static_cast<int>(f)),
+          case_pair<T>(c, n, f,
+                       salt_of(id + 5, dk, 1, static_cast<int>(n % 1000), static_cast<int>(f)),
                        tag + 5);
       }
   });
@@ -560,7 +572,8 @@ void suite_barrier(Comm& c) {
           f, [&](const CommOptions& o) { c.barrier(o); }, [&] { return c.ibarrier(); });
       const auto ms = std::chrono::duration_cast<Millis>(Clock::now() - t0).count();
       if (c.rank() != 0)
-        H.expect(ms >= 100, what, str("left after ", ms, " ms, before rank 0 (200 ms late) arrived"));
+        H.expect(ms >= 100, what,
+                 str("left after ", ms, " ms, before rank 0 (200 ms late) arrived"));
     });
   }
 }
@@ -685,7 +698,8 @@ void check_negative_color(Comm& world) {
   // A split of a split.
   std::unique_ptr<Comm> s2 = s->split(0, s->rank());
   if (H.expect(s2 != nullptr, what + "/split", "returned nullptr")) {
-    H.expect(s2->size() == s->size() && s2->rank() == s->rank(), what + "/split", "wrong rank/size");
+    H.expect(s2->size() == s->size() && s2->rank() == s->rank(), what + "/split",
+             "wrong rank/size");
     case_all_reduce<double>(*s2, 7, ReduceOp::avg, Form::iwait, 97);
   }
 }
@@ -781,12 +795,11 @@ void check_work_semantics(Comm& c) {
       expect_throw<dt::CommError>("truncated irecv: test rethrows", [&] { w.test(); });
       expect_throw<dt::CommError>("truncated irecv: wait(timeout) rethrows",
                                   [&] { w.wait(Millis(10)); });
-      expect_throw<dt::CommError>("truncated blocking recv", [&] {
-        c.recv(dt::view_of(small), 1, tag + 2);
-      });
-      expect_throw<dt::CommError>("truncated blocking recv with timeout", [&] {
-        c.recv(dt::view_of(small), 1, tag + 3, CommOptions{Millis(60000)});
-      }, {"recv"});
+      expect_throw<dt::CommError>("truncated blocking recv",
+                                  [&] { c.recv(dt::view_of(small), 1, tag + 2); });
+      expect_throw<dt::CommError>(
+          "truncated blocking recv with timeout",
+          [&] { c.recv(dt::view_of(small), 1, tag + 3, CommOptions{Millis(60000)}); }, {"recv"});
       // Polling test() sees the error too.
       Work w2 = c.irecv(dt::view_of(small), 1, tag + 4);
       expect_throw<dt::CommError>("truncated irecv: test", [&] {
@@ -921,7 +934,8 @@ void check_arguments(Comm& c) {
   std::vector<std::int32_t> b(4);
   for (int root : {s, s + 5, -1}) {
     const std::string r = " root " + std::to_string(root) + on;
-    expect_throw<InvalidArgument>("broadcast" + r, [&] { c.broadcast(dt::view_of(b), root); }, {"root"});
+    expect_throw<InvalidArgument>("broadcast" + r, [&] { c.broadcast(dt::view_of(b), root); },
+                                  {"root"});
     expect_throw<InvalidArgument>("broadcast(timeout)" + r,
                                   [&] { c.broadcast(dt::view_of(b), root, to); });
     expect_throw<InvalidArgument>("ibroadcast" + r, [&] { c.ibroadcast(dt::view_of(b), root); });
@@ -929,10 +943,12 @@ void check_arguments(Comm& c) {
   for (int peer : {s, s + 1, -1}) {
     const std::string p = " peer " + std::to_string(peer) + on;
     expect_throw<InvalidArgument>("send" + p, [&] { c.send(dt::view_of(b), peer, 1); }, {"peer"});
-    expect_throw<InvalidArgument>("send(timeout)" + p, [&] { c.send(dt::view_of(b), peer, 1, to); });
+    expect_throw<InvalidArgument>("send(timeout)" + p,
+                                  [&] { c.send(dt::view_of(b), peer, 1, to); });
     expect_throw<InvalidArgument>("isend" + p, [&] { c.isend(dt::view_of(b), peer, 1); });
     expect_throw<InvalidArgument>("recv" + p, [&] { c.recv(dt::view_of(b), peer, 1); });
-    expect_throw<InvalidArgument>("recv(timeout)" + p, [&] { c.recv(dt::view_of(b), peer, 1, to); });
+    expect_throw<InvalidArgument>("recv(timeout)" + p,
+                                  [&] { c.recv(dt::view_of(b), peer, 1, to); });
     expect_throw<InvalidArgument>("irecv" + p, [&] { c.irecv(dt::view_of(b), peer, 1); });
   }
   // Nothing above started any traffic: the communicator still works.
@@ -944,7 +960,8 @@ void check_reference_rounding() {
   // 7/3 = 2.333.. in float; bf16 keeps 8 significant bits: 2.328125; f16 11 bits: 2.333984375.
   const float q = 7.0f / 3.0f;
   H.expect(round_mantissa(q, 7) == 2.328125, "reference rounding bf16", str(round_mantissa(q, 7)));
-  H.expect(round_mantissa(q, 10) == 2.333984375, "reference rounding f16", str(round_mantissa(q, 10)));
+  H.expect(round_mantissa(q, 10) == 2.333984375, "reference rounding f16",
+           str(round_mantissa(q, 10)));
   // Ties to even: 1 + 2^-8 is halfway between bf16 1 and 1 + 2^-7 -> 1.
   H.expect(round_mantissa(1.0 + std::ldexp(1.0, -8), 7) == 1.0, "reference rounding tie", "");
   H.expect(round_mantissa(1.0 + 3 * std::ldexp(1.0, -8), 7) == 1.0 + std::ldexp(1.0, -6),
@@ -1003,8 +1020,9 @@ int main(int argc, char** argv) {
         std::string ranks;
         for (std::size_t r = 0; r < per_rank.size(); ++r)
           if (per_rank[r]) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
-        std::printf("test_collectives: %ld of %ld checks FAILED on %d ranks (failing ranks: %s; %.1f s)\n",
-                    total[0], total[1], world.size(), ranks.c_str(), secs);
+        std::printf(
+            "test_collectives: %ld of %ld checks FAILED on %d ranks (failing ranks: %s; %.1f s)\n",
+            total[0], total[1], world.size(), ranks.c_str(), secs);
       }
       std::fflush(stdout);
     }

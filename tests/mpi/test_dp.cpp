@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
     for (int s = 0; s < c.steps; ++s) {
       const double ref = one.step().loss;
       const double rel = std::abs(losses[s] - ref) / std::abs(ref);
-      std::printf("step %d: loss %d ranks %.8f, 1 rank %.8f, rel diff %.2e\n", s, n, losses[s], ref, rel);
+      std::printf("step %d: loss %d ranks %.8f, 1 rank %.8f, rel diff %.2e\n", s, n, losses[s], ref,
+                  rel);
       if (!(rel <= 1e-5)) {
         std::printf("FAIL: loss of step %d differs by %.2e relative\n", s, rel);
         ++failures;
@@ -92,7 +93,8 @@ int main(int argc, char** argv) {
   }
   // Every rank holds the same parameters after the data-parallel run.
   {
-    std::vector<float> p0(dp.model().param_data(), dp.model().param_data() + dp.model().num_params());
+    std::vector<float> p0(dp.model().param_data(),
+                          dp.model().param_data() + dp.model().num_params());
     MPI_Bcast(p0.data(), static_cast<int>(p0.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
     if (!std::equal(p0.begin(), p0.end(), dp.model().param_data())) {
       std::printf("FAIL: rank %d parameters differ from rank 0's\n", me);

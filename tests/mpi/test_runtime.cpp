@@ -15,14 +15,14 @@
 namespace {
 int failures = 0;
 int me = 0;
-#define EXPECT(cond, ...)                                       \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      ++failures;                                               \
-      std::fprintf(stderr, "rank %d: FAIL %s: ", me, #cond);    \
-      std::fprintf(stderr, __VA_ARGS__);                        \
-      std::fprintf(stderr, "\n");                               \
-    }                                                           \
+#define EXPECT(cond, ...)                                    \
+  do {                                                       \
+    if (!(cond)) {                                           \
+      ++failures;                                            \
+      std::fprintf(stderr, "rank %d: FAIL %s: ", me, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                     \
+      std::fprintf(stderr, "\n");                            \
+    }                                                        \
   } while (0)
 
 std::vector<int> affinity() {
@@ -75,10 +75,11 @@ int main(int argc, char** argv) {
   int lrank = 0, lsize = 0;
   MPI_Comm_rank(shm, &lrank);
   MPI_Comm_size(shm, &lsize);
-  EXPECT(t.placement.local_size == lsize, "local_size %d, MPI says %d", t.placement.local_size, lsize);
+  EXPECT(t.placement.local_size == lsize, "local_size %d, MPI says %d", t.placement.local_size,
+         lsize);
   EXPECT(rt.node().size() == lsize, "node comm size %d", rt.node().size());
-  EXPECT(t.placement.node_id >= 0 && t.placement.node_id < t.placement.num_nodes, "node id %d of %d",
-         t.placement.node_id, t.placement.num_nodes);
+  EXPECT(t.placement.node_id >= 0 && t.placement.node_id < t.placement.num_nodes,
+         "node id %d of %d", t.placement.node_id, t.placement.num_nodes);
   // Local ranks are a permutation of 0..lsize-1 on each node.
   std::vector<int> lranks(lsize, -1);
   int mine = t.placement.local_rank;
@@ -86,7 +87,8 @@ int main(int argc, char** argv) {
   std::vector<int> seen(lsize, 0);
   for (int r : lranks)
     if (r >= 0 && r < lsize) seen[r]++;
-  for (int i = 0; i < lsize; ++i) EXPECT(seen[i] == 1, "local rank %d appears %d times", i, seen[i]);
+  for (int i = 0; i < lsize; ++i)
+    EXPECT(seen[i] == 1, "local rank %d appears %d times", i, seen[i]);
   // Node ids: the same on a node, and numbered 0.. in order of each node's lowest world rank.
   {
     int lowest = wrank;
@@ -112,8 +114,8 @@ int main(int argc, char** argv) {
          t.placement.source.c_str(), want_source.c_str());
 
   // Machine: hwloc counts are sane and PUs match what the OS lets this process use at most.
-  EXPECT(t.machine.cores >= 1 && t.machine.pus >= t.machine.cores, "cores %d pus %d", t.machine.cores,
-         t.machine.pus);
+  EXPECT(t.machine.cores >= 1 && t.machine.pus >= t.machine.cores, "cores %d pus %d",
+         t.machine.cores, t.machine.pus);
   EXPECT(t.machine.packages >= 1 && t.machine.numa_nodes >= 1, "packages %d numa %d",
          t.machine.packages, t.machine.numa_nodes);
   char host[256] = {0};
@@ -164,7 +166,7 @@ int main(int argc, char** argv) {
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rt.rank() == 0)
     std::printf("test_runtime (%s, %s): %d ranks, %d failures; rank 0 bound to %s (%s)\n",
-                bind.c_str(), use_pmix ? "pmix" : "nopmix", rt.size(), total, t.binding.cpus.c_str(),
-                t.binding.mode.c_str());
+                bind.c_str(), use_pmix ? "pmix" : "nopmix", rt.size(), total,
+                t.binding.cpus.c_str(), t.binding.mode.c_str());
   return total == 0 ? 0 : 1;
 }

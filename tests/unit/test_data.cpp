@@ -48,7 +48,8 @@ struct TempDir {
 
 void put_le32(std::string& s, size_t at, int32_t v) {
   const auto u = static_cast<uint32_t>(v);
-  for (int b = 0; b < 4; ++b) s[at + static_cast<size_t>(b)] = static_cast<char>((u >> (8 * b)) & 0xFF);
+  for (int b = 0; b < 4; ++b)
+    s[at + static_cast<size_t>(b)] = static_cast<char>((u >> (8 * b)) & 0xFF);
 }
 
 // An llm.c token file image: header (magic, version, count) then the tokens as LE uint16.
@@ -144,8 +145,7 @@ TEST_CASE("data: bytes format widens a large file in place correctly") {
   CHECK(f.format == "bytes");
   REQUIRE(f.size() == big.size());
   size_t bad = 0;
-  for (size_t i = 0; i < big.size(); ++i)
-    bad += f.tokens[i] != static_cast<unsigned char>(big[i]);
+  for (size_t i = 0; i < big.size(); ++i) bad += f.tokens[i] != static_cast<unsigned char>(big[i]);
   CHECK(bad == 0);
 }
 
@@ -207,7 +207,8 @@ TEST_CASE("data: token file errors name the path and the problem") {
     }
   }
   SUBCASE("empty file") {
-    for (const char* fmt : {"auto", "bytes", "llmc"}) check_load_error(dir.write("e", ""), fmt, {"empty"});
+    for (const char* fmt : {"auto", "bytes", "llmc"})
+      check_load_error(dir.write("e", ""), fmt, {"empty"});
   }
   SUBCASE("unknown format") {
     check_load_error(dir.write("x", "abc"), "gpt2", {"unknown token file format 'gpt2'"});
@@ -240,7 +241,9 @@ TEST_CASE("data: token file errors name the path and the problem") {
       check_load_error(dir.write("h.bin", head), fmt, {"truncated", "100 bytes", "1024"});
     check_load_error(dir.write("h2.bin", "ab"), "llmc", {"truncated", "2 bytes"});
   }
-  SUBCASE("no tokens") { check_load_error(dir.write("z.bin", llmc_image({})), "auto", {"no tokens"}); }
+  SUBCASE("no tokens") {
+    check_load_error(dir.write("z.bin", llmc_image({})), "auto", {"no tokens"});
+  }
   SUBCASE("negative count") {
     // A negative count argument means "the real count" in llmc_image; patch the header instead.
     std::string img = llmc_image({1});
@@ -288,8 +291,8 @@ TEST_CASE("data: split sizes") {
   const dt::TokenFile small = synthetic(100);
   const dt::Split t = dt::split(small, 0.05);  // 5 validation tokens
   REQUIRE(t.val.size() == 5);
-  std::string msg = config_error(
-      [&] { dt::Sampler(small.data(t.val), t.val.size(), 8, 1, "validation split"); });
+  std::string msg =
+      config_error([&] { dt::Sampler(small.data(t.val), t.val.size(), 8, 1, "validation split"); });
   CHECK(contains(msg, "validation split has 5 tokens"));
   CHECK(contains(msg, "9 tokens"));
   msg = config_error([&] { dt::eval_windows(t.val.size(), 8, 1); });
@@ -465,14 +468,15 @@ TEST_CASE("data: eval windows are fixed, evenly spaced and split across ranks") 
       CHECK(all.tg[i * T + T - 1] == static_cast<int32_t>(w[i] + T));
     }
     const size_t bad_start = toks.size() - T;  // one token short
-    CHECK_THROWS_AS(dt::fill_windows(toks.data(), toks.size(), T, &bad_start, 1, a.in.data(),
-                                     a.tg.data()),
-                    dt::InvalidArgument);
+    CHECK_THROWS_AS(
+        dt::fill_windows(toks.data(), toks.size(), T, &bad_start, 1, a.in.data(), a.tg.data()),
+        dt::InvalidArgument);
   }
 }
 
 TEST_CASE("data: decode_bytes prints text and escapes the rest") {
-  const std::vector<int32_t> toks = {'H', 'i', ' ', '\n', '\\', '\t', '\r', 0, 1, 0x7F, 0xFF, 300, -1};
+  const std::vector<int32_t> toks = {'H', 'i', ' ',  '\n', '\\', '\t', '\r',
+                                     0,   1,   0x7F, 0xFF, 300,  -1};
   CHECK(dt::decode_bytes(toks.data(), toks.size()) ==
         "Hi \n\\\\\\t\\r\\x00\\x01\\x7F\\xFF\\{300}\\{-1}");
   CHECK(dt::decode_bytes(toks.data(), 2) == "Hi");

@@ -115,7 +115,8 @@ TEST_CASE("gpt gradient of every parameter tensor matches central finite differe
     std::vector<float> d(pi.numel);
     for (auto& x : d) x = nd(rng) * 20.0f;  // N(0, 1)
     double an = 0;
-    for (std::size_t k = 0; k < pi.numel; ++k) an += static_cast<double>(grad[pi.offset + k]) * d[k];
+    for (std::size_t k = 0; k < pi.numel; ++k)
+      an += static_cast<double>(grad[pi.offset + k]) * d[k];
     float* p = m.param_data() + pi.offset;
     std::vector<float> saved(p, p + pi.numel);
     const float h = 1e-3f;
