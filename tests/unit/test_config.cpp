@@ -13,31 +13,13 @@
 
 #include "dt/config.hpp"
 #include "dt/error.hpp"
+#include "temp_dir.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory under the system temp dir, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("dt_test_config_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const fs::path p = path / name;
-    std::ofstream(p) << text;
-    return p.string();
-  }
-};
+using TempDir = dt::test::TempDir;
 
 // One app's worth of settings of every kind.
 struct App {

@@ -19,32 +19,13 @@
 
 #include "dt/data.hpp"
 #include "dt/error.hpp"
+#include "temp_dir.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory under the system temp dir, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("dt_test_data_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string write(const std::string& name, const std::string& bytes) const {
-    const fs::path p = path / name;
-    std::ofstream out(p, std::ios::binary);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    return p.string();
-  }
-};
+using TempDir = dt::test::TempDir;
 
 void put_le32(std::string& s, size_t at, int32_t v) {
   const auto u = static_cast<uint32_t>(v);
