@@ -72,6 +72,14 @@ Options& Options::add(const std::string& name, bool* target, bool def, std::stri
 }
 
 namespace {
+// Numbers as a user would write them: 0.1, 1e-08, 1048576.
+template <class T>
+std::string short_text(T v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
 template <class T>
 void add_number(po::options_description& desc,
                 std::vector<std::pair<std::string, std::function<std::string()>>>& checks,
@@ -80,7 +88,7 @@ void add_number(po::options_description& desc,
   std::ostringstream h;
   h << help;
   if (min || max) {
-    h << " [" << (min ? std::to_string(*min) : "") << ".." << (max ? std::to_string(*max) : "")
+    h << " [" << (min ? short_text(*min) : "") << ".." << (max ? short_text(*max) : "")
       << "]";
     checks.emplace_back(name, [target, min, max]() -> std::string {
       std::ostringstream os;
@@ -89,7 +97,8 @@ void add_number(po::options_description& desc,
       return os.str();
     });
   }
-  desc.add_options()(name.c_str(), po::value<T>(target)->default_value(def), h.str().c_str());
+  desc.add_options()(name.c_str(), po::value<T>(target)->default_value(def, short_text(def)),
+                     h.str().c_str());
 }
 }  // namespace
 
