@@ -7,6 +7,7 @@
 // SIGUSR1/SIGTERM after writing a checkpoint (requeue the job; it resumes from that checkpoint).
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,28 +38,21 @@ int main(int argc, char** argv) {
   dt::install_drain_signals();
   std::unique_ptr<dt::Device> dev;
   std::unique_ptr<dt::Trainer> trainer;
-  // Set-up errors: a rank that fails (a plugin missing on one node, say) reports it, and all ranks
-  // agree before any collective of the training, so every rank exits 2 and none hangs.
-  std::string failed;
-  rc = dt::run_with_config_errors(nullptr, [&] {
+  // Set-up runs in phases; after each, all ranks agree whether every rank succeeded before any
+  // of them enters the next phase's collectives (communicator dup, checkpoint reads). A rank that
+  // failed (a plugin missing on one node, say) reports it, and every rank exits 2; none hangs.
+  auto phase = [&](const std::function<void()>& body) {
+    std::string failed;
     try {
-      dev = std::make_unique<dt::Device>(dt::Device::open(
-          cfg.device, cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path));
-      trainer = std::make_unique<dt::Trainer>(rt.world(), *dev, cfg, data);
-      if (trainer->resume_from_checkpoint().empty() && cfg.eval_only)
-        throw dt::ConfigError(
-            "option --eval-only: no checkpoint to evaluate in '" + cfg.ckpt_dir + "'", __FILE__,
-            __LINE__);
-    } catch (const dt::Error& e) {
-      failed = e.message();
-      throw dt::ConfigError(failed, __FILE__, __LINE__);
+      body();
+    } catch (const std::exception& e) {
+      failed = e.what();
+      if (auto* de = dynamic_cast<const dt::Error*>(&e)) failed = de->message();
     }
-    return -1;
-  });
-  int ok = rc < 0 ? 1 : 0;
-  int all_ok = ok;
-  rt.world().all_reduce(dt::view_of(&all_ok, 1), dt::ReduceOp::min);
-  if (!all_ok) {
+    int ok = failed.empty() ? 1 : 0;
+    int all_ok = ok;
+    rt.world().all_reduce(dt::view_of(&all_ok, 1), dt::ReduceOp::min);
+    if (all_ok) return true;
     // The first failing rank prints its error; another rank prints only an error of its own.
     int first_bad = ok ? rt.size() : rt.rank();
     rt.world().all_reduce(dt::view_of(&first_bad, 1), dt::ReduceOp::min);
@@ -75,8 +69,22 @@ int main(int argc, char** argv) {
           failed.c_str());
     else if (!ok && failed.substr(0, 1023) != first)
       std::fprintf(stderr, "dt_train: error: rank %d: %s\n", rt.rank(), failed.c_str());
+    return false;
+  };
+  if (!phase([&] {
+        dev = std::make_unique<dt::Device>(dt::Device::open(
+            cfg.device, cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path));
+      }))
     return 2;
-  }
+  if (!phase([&] { trainer = std::make_unique<dt::Trainer>(rt.world(), *dev, cfg, data); }))
+    return 2;
+  if (!phase([&] {
+        if (trainer->resume_from_checkpoint().empty() && cfg.eval_only)
+          throw dt::ConfigError(
+              "option --eval-only: no checkpoint to evaluate in '" + cfg.ckpt_dir + "'", __FILE__,
+              __LINE__);
+      }))
+    return 2;
   try {
     return trainer->run();
   } catch (const dt::Error& e) {

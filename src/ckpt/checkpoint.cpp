@@ -293,17 +293,22 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     }
     // The digests of this rank's chunks are computed in a second thread while this one writes.
     std::vector<std::vector<unsigned char>> all_sums(tensors.size());
+    std::exception_ptr hash_error;
     std::thread hasher([&] {
-      for (std::size_t i = 0; i < tensors.size(); ++i) {
-        const auto [ca, cb] = mine[i];
-        all_sums[i].resize((cb - ca) * 32 + 32);
-        for (std::size_t c = ca; c < cb; ++c) {
-          const std::size_t e0 = c * kChunkElements;
-          const std::size_t e1 = std::min(e0 + kChunkElements, tensors[i].numel());
-          const Digest d = sha256(tensors[i].data + e0, (e1 - e0) * sizeof(float));
-          std::copy(d.begin(), d.end(),
-                    all_sums[i].begin() + static_cast<std::ptrdiff_t>((c - ca) * 32));
+      try {
+        for (std::size_t i = 0; i < tensors.size(); ++i) {
+          const auto [ca, cb] = mine[i];
+          all_sums[i].resize((cb - ca) * 32 + 32);
+          for (std::size_t c = ca; c < cb; ++c) {
+            const std::size_t e0 = c * kChunkElements;
+            const std::size_t e1 = std::min(e0 + kChunkElements, tensors[i].numel());
+            const Digest d = sha256(tensors[i].data + e0, (e1 - e0) * sizeof(float));
+            std::copy(d.begin(), d.end(),
+                      all_sums[i].begin() + static_cast<std::ptrdiff_t>((c - ca) * 32));
+          }
         }
+      } catch (...) {
+        hash_error = std::current_exception();
       }
     });
     struct Join {
@@ -312,36 +317,62 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
         if (t.joinable()) t.join();
       }
     } join{hasher};
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      const CkptTensor& t = tensors[i];
-      const auto [ca, cb] = mine[i];
-      const std::size_t a = std::min(ca * kChunkElements, t.numel());
-      const std::size_t b = std::min(cb * kChunkElements, t.numel());
-      H5 fsp(h5(H5Dget_space(data_sets[i]), "H5Dget_space", partial), H5Sclose);
-      select_range(fsp, t.shape, a, b, partial);
-      hsize_t n = std::max<std::size_t>(b - a, 1);
-      H5 msp(h5(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", partial), H5Sclose);
-      if (a == b) h5(H5Sselect_none(msp), "H5Sselect_none", partial, 0);
-      h5(H5Dwrite(data_sets[i], H5T_NATIVE_FLOAT, msp, fsp, dxpl, t.data + a), "H5Dwrite", partial,
-         0);
+    // Independent transfers can fail on one rank only (a full or failing disk): each rank
+    // records its failure, and all ranks agree before the next collective call.
+    bool wrote = true;
+    std::string write_err;
+    try {
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const CkptTensor& t = tensors[i];
+        const auto [ca, cb] = mine[i];
+        const std::size_t a = std::min(ca * kChunkElements, t.numel());
+        const std::size_t b = std::min(cb * kChunkElements, t.numel());
+        H5 fsp(h5(H5Dget_space(data_sets[i]), "H5Dget_space", partial), H5Sclose);
+        select_range(fsp, t.shape, a, b, partial);
+        hsize_t n = std::max<std::size_t>(b - a, 1);
+        H5 msp(h5(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", partial), H5Sclose);
+        if (a == b) h5(H5Sselect_none(msp), "H5Sselect_none", partial, 0);
+        h5(H5Dwrite(data_sets[i], H5T_NATIVE_FLOAT, msp, fsp, dxpl, t.data + a), "H5Dwrite",
+           partial, 0);
+      }
+    } catch (const std::exception& e) {
+      wrote = false;
+      write_err = e.what();
     }
     hasher.join();
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      const auto [ca, cb] = mine[i];
-      std::vector<unsigned char>& sums = all_sums[i];
-      H5 csp(h5(H5Dget_space(sum_sets[i]), "H5Dget_space", partial), H5Sclose);
-      hsize_t start[2] = {ca, 0}, count[2] = {cb - ca, 32};
-      if (ca < cb)
-        h5(H5Sselect_hyperslab(csp, H5S_SELECT_SET, start, nullptr, count, nullptr),
-           "H5Sselect_hyperslab", partial, 0);
-      else
-        h5(H5Sselect_none(csp), "H5Sselect_none", partial, 0);
-      hsize_t m = std::max<std::size_t>((cb - ca) * 32, 1);
-      H5 cmsp(h5(H5Screate_simple(1, &m, nullptr), "H5Screate_simple", partial), H5Sclose);
-      if (ca == cb) h5(H5Sselect_none(cmsp), "H5Sselect_none", partial, 0);
-      h5(H5Dwrite(sum_sets[i], H5T_NATIVE_UCHAR, cmsp, csp, dxpl, sums.data()), "H5Dwrite", partial,
-         0);
+    if (hash_error) {
+      try {
+        std::rethrow_exception(hash_error);
+      } catch (const std::exception& e) {
+        wrote = false;
+        write_err = e.what();
+      }
     }
+    try {
+      if (wrote)
+        for (std::size_t i = 0; i < tensors.size(); ++i) {
+          const auto [ca, cb] = mine[i];
+          std::vector<unsigned char>& sums = all_sums[i];
+          H5 csp(h5(H5Dget_space(sum_sets[i]), "H5Dget_space", partial), H5Sclose);
+          hsize_t start[2] = {ca, 0}, count[2] = {cb - ca, 32};
+          if (ca < cb)
+            h5(H5Sselect_hyperslab(csp, H5S_SELECT_SET, start, nullptr, count, nullptr),
+               "H5Sselect_hyperslab", partial, 0);
+          else
+            h5(H5Sselect_none(csp), "H5Sselect_none", partial, 0);
+          hsize_t m = std::max<std::size_t>((cb - ca) * 32, 1);
+          H5 cmsp(h5(H5Screate_simple(1, &m, nullptr), "H5Screate_simple", partial), H5Sclose);
+          if (ca == cb) h5(H5Sselect_none(cmsp), "H5Sselect_none", partial, 0);
+          h5(H5Dwrite(sum_sets[i], H5T_NATIVE_UCHAR, cmsp, csp, dxpl, sums.data()), "H5Dwrite",
+             partial, 0);
+        }
+    } catch (const std::exception& e) {
+      wrote = false;
+      write_err = e.what();
+    }
+    if (!all_ok(comm, wrote))
+      DT_THROW(CheckpointError, "writing ", partial, " failed",
+               write_err.empty() ? std::string(" on another rank") : ": " + write_err);
     H5 root(h5(H5Gopen2(f, "/", H5P_DEFAULT), "H5Gopen2", partial), H5Gclose);
     write_attr(root, "format", std::string(kCheckpointFormat), partial);
     write_attr(root, "format_version", std::int64_t{kCheckpointVersion}, partial);
@@ -356,9 +387,9 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     write_attr(root, "dt_version", std::string(DT_VERSION), partial);
     write_attr(root, "chunk_elements", static_cast<std::int64_t>(kChunkElements), partial);
     h5(H5Fflush(f, H5F_SCOPE_GLOBAL), "H5Fflush", partial, 0);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     ok = false;
-    err = e.message();
+    err = e.what();
   }
   if (ok && after_write) after_write();
   // Each rank makes what it wrote durable on its node before anything is committed.
@@ -390,14 +421,20 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       DT_CHECK(CheckpointError, ::rename(tmp.c_str(), (dir + "/latest").c_str()) == 0, "rename ",
                tmp, ": ", errno_text());
       fsync_path(dir, true);
-      // Retention: the `keep` newest stay (the one just written is the newest), stale partials go.
-      auto all = list_checkpoints(dir);
-      for (std::size_t i = static_cast<std::size_t>(keep); i < all.size(); ++i)
-        if (all[i].path != final_path) ::unlink(all[i].path.c_str());
+      // Retention: the file just written is the newest (also when a run resumed from an older
+      // step and branched off), then the other newest by step, `keep` in all; partials go.
+      std::size_t kept = 1;
+      for (const auto& e : list_checkpoints(dir)) {
+        if (e.path == final_path) continue;
+        if (kept < static_cast<std::size_t>(keep) && e.step < meta.step)
+          ++kept;
+        else
+          ::unlink(e.path.c_str());
+      }
       for (const auto& p : list_partials(dir)) ::unlink(p.c_str());
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       ok = false;
-      err = e.message();
+      err = e.what();
     }
   }
   if (!all_ok(comm, ok))
@@ -422,7 +459,8 @@ bool parse_step(const std::string& name, const std::string& suffix, std::int64_t
   if (name.rfind("step-", 0) != 0 || name.size() <= 5 + suffix.size()) return false;
   if (name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) return false;
   const std::string num = name.substr(5, name.size() - 5 - suffix.size());
-  if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos) return false;
+  if (num.empty() || num.size() > 18 || num.find_first_not_of("0123456789") != std::string::npos)
+    return false;
   *step = std::stoll(num);
   return true;
 }
@@ -473,7 +511,11 @@ struct Opened {
 Opened open_read(MpiComm& mc, const std::string& path) {
   static const Quiet quiet;
   struct stat st;
-  DT_CHECK(CheckpointError, ::stat(path.c_str(), &st) == 0, path, ": cannot read: ", errno_text());
+  const bool here = ::stat(path.c_str(), &st) == 0;
+  const std::string why = here ? "" : errno_text();
+  if (!all_ok(mc, here))
+    DT_THROW(CheckpointError, path, ": cannot read",
+             here ? std::string(" on another rank") : ": " + why);
   Opened o;
   o.fapl = file_access(mc.handle(), path);
   o.file = H5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, o.fapl), H5Fclose);
@@ -532,15 +574,19 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
   std::vector<std::uint8_t> bad(total + 1, 0);  // + 1: never empty
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const CkptTensor& t = tensors[i];
-    H5 d(h5(H5Dopen2(o.file, t.path.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
-    h5(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, o.dxpl, t.data), "H5Dread", path, 0);
     const std::size_t k = chunks_of(t.numel());
     std::vector<unsigned char> sums(k * 32 + 32);
-    H5 c(H5Dopen2(o.file, checksum_path(t.path).c_str(), H5P_DEFAULT), H5Dclose);
-    const bool have =
-        c.get() >= 0 && dataset_shape(c, path) == Shape{static_cast<std::int64_t>(k), 32};
-    if (have)
-      h5(H5Dread(c, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, o.dxpl, sums.data()), "H5Dread", path, 0);
+    bool have = false;
+    try {
+      H5 d(h5(H5Dopen2(o.file, t.path.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
+      h5(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, o.dxpl, t.data), "H5Dread", path, 0);
+      H5 c(H5Dopen2(o.file, checksum_path(t.path).c_str(), H5P_DEFAULT), H5Dclose);
+      have = c.get() >= 0 && dataset_shape(c, path) == Shape{static_cast<std::int64_t>(k), 32};
+      if (have)
+        h5(H5Dread(c, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, o.dxpl, sums.data()), "H5Dread", path, 0);
+    } catch (const CheckpointError&) {
+      have = false;  // unreadable here: every chunk of this rank's share counts as bad
+    }
     for (std::size_t ch = mine[i].first; ch < mine[i].second; ++ch) {
       const std::size_t e0 = ch * kChunkElements, e1 = std::min(e0 + kChunkElements, t.numel());
       const Digest dg = sha256(t.data + e0, (e1 - e0) * sizeof(float));
@@ -667,12 +713,17 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
   const std::string latest = read_latest(dir);
   if (!all.empty() && latest.empty())
     log("the pointer " + dir + "/latest is missing; using the newest checkpoint that verifies");
-  for (const auto& e : all) {
+  std::vector<CkptEntry> order;
+  for (const auto& e : all)
+    if (e.path == latest) order.push_back(e);  // what the last save committed comes first
+  for (const auto& e : all)
+    if (e.path != latest) order.push_back(e);
+  for (const auto& e : order) {
     try {
       CkptMeta m = load_checkpoint(comm, e.path, tensors);
       if (!latest.empty() && latest != e.path)
-        log("the pointer " + dir + "/latest names " + latest +
-            ", which is not the newest valid checkpoint");
+        log("the pointer " + dir + "/latest names " + latest + ", which is not usable; using " +
+            e.path);
       *used = e.path;
       return m;
     } catch (const CheckpointError& err) {

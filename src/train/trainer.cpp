@@ -478,7 +478,10 @@ int Trainer::run() {
   }
   if (step_ != last_saved_) save_checkpoint_now(false);
   finish_checkpoints();
-  if (lead) {
+  if (lead && first_step >= c_.steps) {
+    std::printf("dt_train: nothing to train: the checkpoint is at step %ld, --train.steps is %ld\n",
+                static_cast<long>(first_step), static_cast<long>(c_.steps));
+  } else if (lead) {
     const std::int64_t ran = c_.steps - first_step;
     const double timed = static_cast<double>(ran > 1 ? ran - 1 : 1);
     const double tps = static_cast<double>(c_.batch) * T * timed / total_secs;
