@@ -268,6 +268,25 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     H5 fapl = file_access(mc.handle(), partial);
     H5 f(h5(H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), "H5Fcreate", partial),
          H5Fclose);
+    // From here on, an error on some ranks only cannot be unwound safely: closing the file is
+    // collective, and the other ranks are elsewhere. Unless the ranks agreed on the failure
+    // (agreed = true), this guard, destroyed first, aborts the job with the reason instead of
+    // letting it hang. Nothing is committed, so the previous checkpoint stays the latest.
+    bool agreed = false;
+    struct AbortUnlessAgreed {
+      const bool& agreed;
+      const std::string& file;
+      int rank;
+      ~AbortUnlessAgreed() {
+        if (std::uncaught_exceptions() == 0 || agreed) return;
+        std::fprintf(stderr,
+                     "dt: rank %d: saving %s failed in a collective HDF5 call; aborting the job so "
+                     "that no rank waits forever (the previous checkpoint is intact)\n",
+                     rank, file.c_str());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 3);
+      }
+    };
     H5 lcpl(h5(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate", partial), H5Pclose);
     h5(H5Pset_create_intermediate_group(lcpl, 1), "H5Pset_create_intermediate_group", partial, 0);
     H5 dxpl = data_xfer(partial);
@@ -291,6 +310,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
                                "H5Dcreate2", partial),
                             H5Dclose);
     }
+    const AbortUnlessAgreed guard{agreed, partial, comm.rank()};
     // The digests of this rank's chunks are computed in a second thread while this one writes.
     std::vector<std::vector<unsigned char>> all_sums(tensors.size());
     std::exception_ptr hash_error;
@@ -370,9 +390,11 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       wrote = false;
       write_err = e.what();
     }
-    if (!all_ok(comm, wrote))
+    if (!all_ok(comm, wrote)) {
+      agreed = true;  // every rank throws here: unwinding closes the file on all of them
       DT_THROW(CheckpointError, "writing ", partial, " failed",
                write_err.empty() ? std::string(" on another rank") : ": " + write_err);
+    }
     H5 root(h5(H5Gopen2(f, "/", H5P_DEFAULT), "H5Gopen2", partial), H5Gclose);
     write_attr(root, "format", std::string(kCheckpointFormat), partial);
     write_attr(root, "format_version", std::int64_t{kCheckpointVersion}, partial);
