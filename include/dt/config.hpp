@@ -46,8 +46,7 @@ class Options {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Runs `body` and maps a ConfigError to "PROGRAM: error: ..." on stderr (nothing printed when
-/// program is null, e.g. on ranks other than 0) and exit code 2.
+/// Runs `body` and maps a ConfigError to "PROGRAM: error: ..." on stderr and exit code 2.
 int run_with_config_errors(const char* program, const std::function<int()>& body);
 
 }  // namespace dt

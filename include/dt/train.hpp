@@ -125,6 +125,8 @@ class Trainer {
   std::unique_ptr<AsyncCheckpointer> async_;
   std::int64_t last_saved_ = -1;
   void log(const std::string& line) const;
+  /// Mean loss over the validation windows starting at `starts`, shared out over the ranks.
+  double loss_over(const std::vector<std::size_t>& starts);
   void finish_checkpoints();
 };
 

@@ -88,8 +88,7 @@ void add_number(po::options_description& desc,
   std::ostringstream h;
   h << help;
   if (min || max) {
-    h << " [" << (min ? short_text(*min) : "") << ".." << (max ? short_text(*max) : "")
-      << "]";
+    h << " [" << (min ? short_text(*min) : "") << ".." << (max ? short_text(*max) : "") << "]";
     checks.emplace_back(name, [target, min, max]() -> std::string {
       std::ostringstream os;
       if (min && *target < *min) os << *target << " is below the minimum " << *min;
@@ -201,9 +200,8 @@ int run_with_config_errors(const char* program, const std::function<int()>& body
   try {
     return body();
   } catch (const ConfigError& e) {
-    if (program)
-      std::cerr << program << ": error: " << e.message() << "\n"
-                << program << ": run '" << program << " --help' for the list of options\n";
+    std::cerr << program << ": error: " << e.message() << "\n"
+              << program << ": run '" << program << " --help' for the list of options\n";
     return 2;
   }
 }

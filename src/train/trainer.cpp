@@ -190,17 +190,16 @@ StepStats Trainer::step() {
   return s;
 }
 
-double Trainer::evaluate() {
-  if (eval_starts_.empty()) return std::nan("");
+double Trainer::loss_over(const std::vector<std::size_t>& starts) {
   const int T = c_.model.block;
-  const std::int64_t total = static_cast<std::int64_t>(eval_starts_.size());
+  const std::int64_t total = static_cast<std::int64_t>(starts.size());
   const std::int64_t n = comm_.size(), r = comm_.rank();
   const std::int64_t begin = r * total / n, end = (r + 1) * total / n;
   double sums[2] = {0, 0};  // loss sum, tokens
   const uint16_t* val = data_.data(split_.val);
   for (std::int64_t i = begin; i < end; i += micro_) {
     const std::int64_t cnt = std::min(micro_, end - i);
-    fill_windows(val, split_.val.size(), T, eval_starts_.data() + i, cnt, inputs_.data(),
+    fill_windows(val, split_.val.size(), T, starts.data() + i, cnt, inputs_.data(),
                  targets_.data());
     sums[0] += model_->forward(inputs_.data(), targets_.data(), static_cast<int>(cnt), T);
     sums[1] += static_cast<double>(cnt) * T;
@@ -208,6 +207,8 @@ double Trainer::evaluate() {
   if (n > 1) comm_.all_reduce(view_of(sums, 2), ReduceOp::sum);
   return sums[0] / sums[1];
 }
+
+double Trainer::evaluate() { return eval_starts_.empty() ? std::nan("") : loss_over(eval_starts_); }
 
 std::vector<std::int32_t> Trainer::sample(const std::vector<std::int32_t>& prompt, std::int64_t n,
                                           double temperature, std::uint64_t seed) {
@@ -355,23 +356,10 @@ void Trainer::save_checkpoint_now(bool sync) {
 }
 
 double Trainer::evaluate_in_order(std::int64_t count) {
-  const int T = c_.model.block;
   std::vector<std::size_t> starts(static_cast<std::size_t>(count));
-  for (std::int64_t i = 0; i < count; ++i)
-    starts[static_cast<std::size_t>(i)] = static_cast<std::size_t>(i) * T;
-  const std::int64_t n = comm_.size(), r = comm_.rank();
-  const std::int64_t begin = r * count / n, end = (r + 1) * count / n;
-  double sums[2] = {0, 0};
-  const uint16_t* val = data_.data(split_.val);
-  for (std::int64_t i = begin; i < end; i += micro_) {
-    const std::int64_t cnt = std::min(micro_, end - i);
-    fill_windows(val, split_.val.size(), T, starts.data() + i, cnt, inputs_.data(),
-                 targets_.data());
-    sums[0] += model_->forward(inputs_.data(), targets_.data(), static_cast<int>(cnt), T);
-    sums[1] += static_cast<double>(cnt) * T;
-  }
-  if (n > 1) comm_.all_reduce(view_of(sums, 2), ReduceOp::sum);
-  return sums[0] / sums[1];
+  for (std::size_t i = 0; i < starts.size(); ++i)
+    starts[i] = i * static_cast<std::size_t>(c_.model.block);
+  return loss_over(starts);
 }
 
 int Trainer::run() {
