@@ -78,15 +78,30 @@ struct CommOptions {
   Millis timeout = kNoTimeout;
 };
 
-class Comm {
+/// Point-to-point transport: what pipeline stages need (MPI, UCX). Tags select messages between
+/// one pair of ranks; messages with the same (source, tag) arrive in the order they were sent.
+class P2p {
  public:
-  virtual ~Comm() = default;
+  virtual ~P2p() = default;
 
   virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;
-  /// Name for messages: "world", "world/split(1)".
+  /// Name for messages: "world", "world/split(1)", "ucx".
   virtual const std::string& name() const noexcept = 0;
 
+  /// `buf` must stay valid and untouched until the Work completes.
+  virtual Work isend(ConstTensorView buf, int dst, int tag) = 0;
+  /// Receives exactly buf.numel elements; a shorter or longer message fails with dt::CommError.
+  virtual Work irecv(TensorView buf, int src, int tag) = 0;
+
+  // blocking (defaults: the non-blocking form plus wait(opts.timeout))
+  virtual void send(ConstTensorView buf, int dst, int tag, const CommOptions& opts = {});
+  virtual void recv(TensorView buf, int src, int tag, const CommOptions& opts = {});
+};
+
+/// Collectives plus point-to-point over one group of ranks.
+class Comm : public P2p {
+ public:
   // --- non-blocking ---------------------------------------------------------------------------
   /// In place: every rank ends with op over all ranks' `buf`.
   virtual Work iall_reduce(TensorView buf, ReduceOp op) = 0;
@@ -96,9 +111,6 @@ class Comm {
   virtual Work iall_gather(ConstTensorView in, TensorView out) = 0;
   /// Rank r gets block r of op over all ranks' `in`. Needs in.numel == size() * out.numel.
   virtual Work ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) = 0;
-  virtual Work isend(ConstTensorView buf, int dst, int tag) = 0;
-  /// Receives exactly buf.numel elements; a shorter or longer message fails with dt::CommError.
-  virtual Work irecv(TensorView buf, int src, int tag) = 0;
   virtual Work ibarrier() = 0;
 
   // --- blocking (defaults: the non-blocking form plus wait(opts.timeout)) -----------------------
@@ -107,8 +119,6 @@ class Comm {
   virtual void all_gather(ConstTensorView in, TensorView out, const CommOptions& opts = {});
   virtual void reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
                               const CommOptions& opts = {});
-  virtual void send(ConstTensorView buf, int dst, int tag, const CommOptions& opts = {});
-  virtual void recv(TensorView buf, int src, int tag, const CommOptions& opts = {});
   virtual void barrier(const CommOptions& opts = {});
 
   /// Collective over this communicator: ranks with the same `color` form a new communicator,

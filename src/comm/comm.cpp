@@ -41,10 +41,10 @@ void Comm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
                           const CommOptions& opts) {
   ireduce_scatter(in, out, op).wait(opts.timeout);
 }
-void Comm::send(ConstTensorView buf, int dst, int tag, const CommOptions& opts) {
+void P2p::send(ConstTensorView buf, int dst, int tag, const CommOptions& opts) {
   isend(buf, dst, tag).wait(opts.timeout);
 }
-void Comm::recv(TensorView buf, int src, int tag, const CommOptions& opts) {
+void P2p::recv(TensorView buf, int src, int tag, const CommOptions& opts) {
   irecv(buf, src, tag).wait(opts.timeout);
 }
 void Comm::barrier(const CommOptions& opts) { ibarrier().wait(opts.timeout); }
