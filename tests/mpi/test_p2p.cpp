@@ -1,0 +1,563 @@
+// test_p2p: the same point-to-point cases over every dt::make_p2p kind ("mpi", then "ucx"), at any
+// rank count (run under 1, 2 and 4 ranks; at 1 rank every message goes from the rank to itself).
+//
+// Cases: sizes 0 B, 1 B, odd sizes up to 64 MiB (64 MiB around the ring) and every dtype's element
+// size, from every rank to every rank (itself included); 256 messages in flight per pair; 64
+// messages with one tag (must arrive in send order); tags received in the reverse order of the
+// sends; a ring exchange over several rounds; blocking send/recv with and without a timeout;
+// too-long and too-short messages (eager and rendezvous sizes, receive posted before and after the
+// message arrives) fail the receive with dt::CommError and the run goes on; a receive nobody sends
+// to times out in wait(50 ms) with a CommError naming it, stays pending and completes once the
+// message is sent; bad peers and a bad kind are rejected.
+//
+// Message contents are bytes derived from (source, destination, tag, index) by a hash computed
+// independently on both sides, so a message delivered to the wrong buffer, in the wrong order or
+// partly shows up as wrong bytes. Each failed check prints "rank R: FAIL <kind> <what>: <details>";
+// rank 0 prints a summary and every rank exits 1 if any rank failed.
+//
+// Arguments: the kinds to run (default: mpi ucx). DT_TEST_VERBOSE=1 prints per-case times.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <initializer_list>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "comm/ucx_p2p.hpp"
+#include "dt/comm.hpp"
+#include "dt/dtype.hpp"
+#include "dt/error.hpp"
+#include "dt/p2p.hpp"
+#include "dt/runtime.hpp"
+#include "dt/tensor.hpp"
+
+namespace {
+
+using dt::Comm;
+using dt::CommOptions;
+using dt::DType;
+using dt::Millis;
+using dt::P2p;
+using dt::Work;
+using Clock = std::chrono::steady_clock;
+
+// ---- check harness --------------------------------------------------------------------------
+
+struct Harness {
+  int rank = 0;
+  std::string kind;
+  long fails = 0;
+  long checks = 0;
+  static constexpr long kMaxPrinted = 100;
+
+  void fail(const std::string& what, const std::string& details) {
+    ++fails;
+    if (fails <= kMaxPrinted) {
+      std::printf("rank %d: FAIL %s %s: %s\n", rank, kind.c_str(), what.c_str(), details.c_str());
+      std::fflush(stdout);
+    }
+  }
+  bool expect(bool ok, const std::string& what, const std::string& details) {
+    ++checks;
+    if (!ok) fail(what, details);
+    return ok;
+  }
+};
+Harness H;
+
+template <class... P>
+std::string str(P&&... parts) {
+  std::ostringstream os;
+  ((os << std::forward<P>(parts)), ...);
+  return os.str();
+}
+
+bool contains(const std::string& s, const std::string& sub) {
+  return s.find(sub) != std::string::npos;
+}
+
+template <class F>
+void guarded(const std::string& what, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    H.fail(what, str("unexpected exception: ", e.what()));
+  }
+}
+
+// f must throw exactly E; every needle must appear in the message. Returns the message.
+template <class E, class F>
+std::string expect_throw(const std::string& what, F&& f,
+                         std::initializer_list<std::string> needles = {}) {
+  ++H.checks;
+  try {
+    f();
+    H.fail(what, "no exception thrown");
+  } catch (const E& e) {
+    for (const std::string& needle : needles)
+      if (!contains(e.what(), needle))
+        H.fail(what, str("message lacks '", needle, "': ", e.what()));
+    return e.what();
+  } catch (const std::exception& e) {
+    H.fail(what, str("wrong exception type: ", e.what()));
+  }
+  return {};
+}
+
+// ---- message contents -----------------------------------------------------------------------
+
+std::uint64_t mix(std::uint64_t x) {  // splitmix64 finaliser
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+std::uint64_t word(int src, int dst, int tag, std::size_t w) {
+  return mix(mix(mix(static_cast<std::uint64_t>(src) * 1000003u + static_cast<std::uint64_t>(dst)) ^
+                 static_cast<std::uint64_t>(static_cast<std::uint32_t>(tag))) ^
+             w);
+}
+
+// A message of `nbytes` from src to dst with tag; byte i is byte (i % 8) of word(i / 8).
+std::vector<unsigned char> message(int src, int dst, int tag, std::size_t nbytes) {
+  std::vector<unsigned char> v(nbytes);
+  const std::size_t words = nbytes / 8;
+  for (std::size_t w = 0; w < words; ++w) {
+    const std::uint64_t x = word(src, dst, tag, w);
+    std::memcpy(v.data() + 8 * w, &x, 8);
+  }
+  if (nbytes % 8) {
+    const std::uint64_t x = word(src, dst, tag, words);
+    std::memcpy(v.data() + 8 * words, &x, nbytes % 8);
+  }
+  return v;
+}
+
+bool expect_message(const std::string& what, const std::vector<unsigned char>& got, int src,
+                    int dst, int tag) {
+  const std::vector<unsigned char> want = message(src, dst, tag, got.size());
+  if (got == want) return H.expect(true, what, "");
+  std::size_t bad = 0, first = got.size();
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i]) {
+      if (first == got.size()) first = i;
+      ++bad;
+    }
+  return H.expect(false, what,
+                  str(bad, " of ", got.size(), " bytes wrong, first at ", first, ": got ",
+                      int(got[first]), ", expected ", int(want[first])));
+}
+
+// The receive buffer, pre-filled with a pattern that is never the expected message.
+std::vector<unsigned char> recv_buffer(std::size_t nbytes) {
+  return std::vector<unsigned char>(nbytes, 0xA5);
+}
+
+// A view of `bytes` as elements of `t` (bytes.size() must be a multiple of its size).
+dt::TensorView as_view(std::vector<unsigned char>& bytes, DType t) {
+  return {bytes.data(), bytes.size() / dt::dtype_size(t), t};
+}
+dt::ConstTensorView as_cview(const std::vector<unsigned char>& bytes, DType t) {
+  return {bytes.data(), bytes.size() / dt::dtype_size(t), t};
+}
+
+constexpr Millis kCaseTimeout{30000};  // a lost message fails the case instead of hanging
+
+// Waits for each Work; failures (and timeouts) are reported under `what`.
+void wait_all(std::vector<Work>& ws, const std::string& what) {
+  for (std::size_t k = 0; k < ws.size(); ++k) {
+    try {
+      ws[k].wait(kCaseTimeout);
+    } catch (const std::exception& e) {
+      H.fail(what, str("work ", k, ": ", e.what()));
+    }
+  }
+}
+
+// A message exchange: sends and receives posted in the given order, then all waited on.
+struct Exchange {
+  // Moving an inner vector keeps its storage, so the views handed to isend/irecv stay valid.
+  std::vector<std::vector<unsigned char>> sbuf, rbuf;
+  struct Recv {
+    int src, tag;
+  };
+  std::vector<Recv> recvs;
+  std::vector<Work> works;  // destroyed before the buffers
+
+  void send(P2p& p, int dst, int tag, std::size_t nbytes, DType t = DType::u8) {
+    sbuf.push_back(message(p.rank(), dst, tag, nbytes));
+    works.push_back(p.isend(as_cview(sbuf.back(), t), dst, tag));
+  }
+  void recv(P2p& p, int src, int tag, std::size_t nbytes, DType t = DType::u8) {
+    rbuf.push_back(recv_buffer(nbytes));
+    recvs.push_back({src, tag});
+    works.push_back(p.irecv(as_view(rbuf.back(), t), src, tag));
+  }
+  void finish(P2p& p, const std::string& what) {
+    wait_all(works, what);
+    for (std::size_t k = 0; k < rbuf.size(); ++k)
+      expect_message(
+          str(what, " (from ", recvs[k].src, ", tag ", recvs[k].tag, ", ", rbuf[k].size(), " B)"),
+          rbuf[k], recvs[k].src, p.rank(), recvs[k].tag);
+  }
+};
+
+// ---- cases ----------------------------------------------------------------------------------
+
+// Every rank sends every size to every rank (itself included); 64 MiB goes around the ring.
+void check_sizes(P2p& p) {
+  const int n = p.size(), r = p.rank();
+  const std::size_t sizes[] = {0, 1, 3, 8, 4095, 65537, (std::size_t{1} << 20) + 3};
+  Exchange x;
+  int tag = 1000;
+  for (std::size_t s : sizes) {
+    for (int peer = 0; peer < n; ++peer) x.recv(p, peer, tag, s);
+    for (int peer = 0; peer < n; ++peer) x.send(p, peer, tag, s);
+    ++tag;
+  }
+  for (DType t : dt::kAllDTypes) {
+    for (std::size_t elems : {std::size_t{1}, std::size_t{13}, std::size_t{4099}}) {
+      const std::size_t s = elems * dt::dtype_size(t);
+      for (int peer = 0; peer < n; ++peer) x.recv(p, peer, tag, s, t);
+      for (int peer = 0; peer < n; ++peer) x.send(p, peer, tag, s, t);
+      ++tag;
+    }
+  }
+  const std::size_t big = std::size_t{64} << 20;
+  x.recv(p, (r + n - 1) % n, tag, big, DType::f32);
+  x.send(p, (r + 1) % n, tag, big, DType::f32);
+  x.finish(p, "sizes");
+}
+
+// 256 messages in flight per pair (to the next and from the previous rank), of varying sizes.
+void check_many_outstanding(P2p& p) {
+  const int n = p.size(), r = p.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  Exchange x;
+  for (int k = 0; k < 256; ++k) x.recv(p, prev, 2000 + k, static_cast<std::size_t>(k * 37 % 1001));
+  for (int k = 0; k < 256; ++k) x.send(p, next, 2000 + k, static_cast<std::size_t>(k * 37 % 1001));
+  x.finish(p, "256 outstanding");
+}
+
+// 64 messages with the same tag and growing sizes (k + 1 f32) must match in send order: a
+// mismatch shows up as a length error or wrong contents (the contents encode the sequence number
+// through the size, since message() is a prefix-stable function of the index).
+void check_same_tag_order(P2p& p) {
+  const int n = p.size(), r = p.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  Exchange x;
+  for (int k = 0; k < 64; ++k) x.send(p, next, 3000, static_cast<std::size_t>(4 * (k + 1)));
+  for (int k = 0; k < 64; ++k) x.recv(p, prev, 3000, static_cast<std::size_t>(4 * (k + 1)));
+  x.finish(p, "same-tag order");
+  // Sizes alone do not tell the order of equally sized messages: here each message carries its
+  // sequence number in its first 4 bytes.
+  std::vector<std::int32_t> out(32), in(32, -1);
+  std::vector<Work> ws;
+  for (std::int32_t k = 0; k < 32; ++k) {
+    out[k] = k;
+    ws.push_back(p.isend(dt::view_of(&out[k], 1), next, 3001));
+  }
+  for (std::size_t k = 0; k < 32; ++k) ws.push_back(p.irecv(dt::view_of(&in[k], 1), prev, 3001));
+  wait_all(ws, "same-tag order (sequence numbers)");
+  for (std::int32_t k = 0; k < 32; ++k)
+    H.expect(in[k] == k, "same-tag order (sequence numbers)",
+             str("receive ", k, " got message ", in[k]));
+}
+
+// The receiver posts tags in the reverse order of the sends, eager and rendezvous sizes mixed.
+void check_reverse_tags(P2p& p) {
+  const int n = p.size(), r = p.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  auto size_of = [](int t) {
+    return t % 4 == 0 ? std::size_t{300001} : static_cast<std::size_t>(t * 10 + 1);
+  };
+  Exchange x;
+  for (int t = 0; t < 32; ++t) x.send(p, next, 4000 + t, size_of(t));
+  for (int t = 31; t >= 0; --t) x.recv(p, prev, 4000 + t, size_of(t));
+  std::reverse(x.works.begin(), x.works.end());  // wait on the receives first
+  x.finish(p, "reverse tags");
+}
+
+// A value goes around the ring `rounds` times; every rank adds its rank each time.
+void check_ring(P2p& p) {
+  const int n = p.size(), r = p.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  constexpr int kRounds = 8;
+  std::int64_t token = r == 0 ? 1000 : 0;
+  for (int k = 0; k < kRounds * n; ++k) {
+    // In step k, the rank (k % n) holds the token and passes it on after adding its rank.
+    const int holder = k % n;
+    if (holder == r) {
+      token += r;
+      Exchange x;
+      x.send(p, next, 5000 + k, 4096 + static_cast<std::size_t>(k));
+      std::vector<Work> ws;
+      ws.push_back(p.isend(dt::view_of(&token, 1), next, 5500 + k));
+      if (next == r) {  // one rank: the token comes straight back
+        std::int64_t back = -1;
+        ws.push_back(p.irecv(dt::view_of(&back, 1), prev, 5500 + k));
+        x.recv(p, prev, 5000 + k, 4096 + static_cast<std::size_t>(k));
+        wait_all(ws, "ring token");
+        token = back;
+      } else {
+        wait_all(ws, "ring token");
+      }
+      x.finish(p, "ring payload");
+    } else if ((holder + 1) % n == r) {
+      Exchange x;
+      x.recv(p, prev, 5000 + k, 4096 + static_cast<std::size_t>(k));
+      std::vector<Work> ws;
+      ws.push_back(p.irecv(dt::view_of(&token, 1), prev, 5500 + k));
+      wait_all(ws, "ring token");
+      x.finish(p, "ring payload");
+    }
+  }
+  // Rank 0 ends holding the token after the last step's holder (n - 1) passed it on.
+  if (r == 0)
+    H.expect(token == 1000 + static_cast<std::int64_t>(kRounds) * n * (n - 1) / 2, "ring token",
+             str("got ", token, ", expected ", 1000 + kRounds * n * (n - 1) / 2));
+}
+
+// Blocking send/recv (defaults of dt::P2p) between pairs (0,1), (2,3), ...; with and without a
+// timeout. Skipped at odd rank counts for the last rank, and at 1 rank.
+void check_blocking(P2p& p, Comm& world) {
+  const int n = p.size(), r = p.rank();
+  const int partner = r ^ 1;
+  if (partner < n) {
+    for (std::size_t s : {std::size_t{5}, std::size_t{1} << 20}) {
+      for (bool timed : {false, true}) {
+        CommOptions o;
+        if (timed) o.timeout = Millis(20000);
+        const int tag = 6000 + (timed ? 1 : 0) + (s > 5 ? 2 : 0);
+        std::vector<unsigned char> out = message(r, partner, tag, s), in = recv_buffer(s);
+        const std::string what = str("blocking", timed ? "+timeout" : "", " ", s, " B");
+        guarded(what, [&] {
+          if (r % 2 == 0) {
+            p.send(as_cview(out, DType::u8), partner, tag, o);
+            p.recv(as_view(in, DType::u8), partner, tag, o);
+          } else {
+            p.recv(as_view(in, DType::u8), partner, tag, o);
+            p.send(as_cview(out, DType::u8), partner, tag, o);
+          }
+          expect_message(what, in, partner, r, tag);
+        });
+      }
+    }
+  }
+  world.barrier();
+}
+
+// Too-long and too-short messages fail the receive with CommError; the sender completes and the
+// next message between the same pair goes through.
+void check_length_errors(P2p& p, Comm& world) {
+  const int n = p.size(), r = p.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  struct Case {
+    std::size_t sent, expected;
+    bool long_msg;
+  };
+  const Case cases[] = {{100, 64, true}, {64, 100, false},         {1, 0, true},
+                        {0, 1, false},   {1 << 20, 1 << 19, true}, {1 << 19, 1 << 20, false}};
+  int tag = 7000;
+  for (const Case& c : cases) {
+    for (bool posted_first : {true, false}) {
+      const std::string what =
+          str(c.long_msg ? "too-long" : "too-short", " message (", c.sent, " B into ", c.expected,
+              " B, receive posted ", posted_first ? "first" : "after the send", ")");
+      if (H.kind == "mpi" && c.long_msg && c.sent > (1 << 16)) {
+        // Open MPI 4.1's shared-memory single-copy path (vader + CMA) copies a truncated
+        // rendezvous message in full, past the end of the receive buffer: heap corruption in
+        // this process, not a CommError. Only the UCX path is checked at this size.
+        if (r == 0 && posted_first)
+          std::printf("note: %s skipped on mpi (Open MPI writes past the buffer)\n", what.c_str());
+        world.barrier();
+        continue;
+      }
+      if (H.kind == "mpi" && c.long_msg && posted_first && prev == r && c.expected > 0) {
+        // Open MPI 4.1 delivers a too-long message from a rank to itself into an already posted
+        // receive silently truncated (MPI_Test succeeds, the count is the buffer's).
+        if (r == 0)
+          std::printf("note: %s skipped on mpi at 1 rank (Open MPI truncates silently)\n",
+                      what.c_str());
+        world.barrier();
+        continue;
+      }
+      // The receive buffer is followed by a guard zone the size of the message.
+      std::vector<unsigned char> out = message(r, next, tag, c.sent),
+                                 in = recv_buffer(c.expected + c.sent);
+      const dt::TensorView rv{in.data(), c.expected, DType::u8};
+      Work rw, sw;
+      guarded(what, [&] {
+        if (posted_first) {
+          rw = p.irecv(rv, prev, tag);
+          world.barrier();
+          sw = p.isend(as_cview(out, DType::u8), next, tag);
+        } else {
+          sw = p.isend(as_cview(out, DType::u8), next, tag);
+          world.barrier();
+          rw = p.irecv(rv, prev, tag);
+        }
+        expect_throw<dt::CommError>(what, [&] { rw.wait(kCaseTimeout); },
+                                    {str("from ", prev, ", tag ", tag), "recv"});
+        // The stored error comes back on every later call.
+        expect_throw<dt::CommError>(what + ", test() after the failure", [&] { rw.test(); });
+        sw.wait(kCaseTimeout);
+        std::size_t past = 0;
+        for (std::size_t i = c.expected; i < in.size(); ++i) past += in[i] != 0xA5;
+        H.expect(past == 0, what, str(past, " bytes written past the end of the receive buffer"));
+      });
+      world.barrier();
+      // The pair still works.
+      Exchange x;
+      x.recv(p, prev, tag + 1, 33);
+      x.send(p, next, tag + 1, 33);
+      x.finish(p, what + ", next message");
+      tag += 2;
+      world.barrier();
+    }
+  }
+}
+
+// A receive nobody sends to: wait(50 ms) throws CommError naming the op, rank and timeout; it stays
+// pending and completes once the message is sent.
+void check_timeout(P2p& p, Comm& world) {
+  const int n = p.size(), r = p.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  const int tag = 8000;
+  std::vector<unsigned char> in = recv_buffer(1000), out = message(r, next, tag, 1000);
+  Work rw = p.irecv(as_view(in, DType::u8), prev, tag);
+  const auto t0 = Clock::now();
+  expect_throw<dt::CommError>(
+      "wait(50 ms) on a receive nobody sent to", [&] { rw.wait(Millis(50)); },
+      {"timed out after 50 ms", str("rank ", r), "recv", str("from ", prev, ", tag ", tag)});
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  H.expect(ms >= 45 && ms < 5000, "wait(50 ms) duration", str(ms, " ms"));
+  guarded("test() while pending", [&] {
+    H.expect(!rw.test(), "test() while pending", "returned true before the message was sent");
+  });
+  world.barrier();
+  guarded("timed-out receive completes", [&] {
+    Work sw = p.isend(as_cview(out, DType::u8), next, tag);
+    rw.wait(kCaseTimeout);
+    sw.wait(kCaseTimeout);
+    expect_message("timed-out receive completes", in, prev, r, tag);
+  });
+  world.barrier();
+}
+
+// Completion by polling test() instead of wait().
+void check_test_polling(P2p& p) {
+  const int n = p.size(), r = p.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  Exchange x;
+  for (int k = 0; k < 8; ++k) x.recv(p, prev, 9000 + k, static_cast<std::size_t>(k) << 15);
+  for (int k = 0; k < 8; ++k) x.send(p, next, 9000 + k, static_cast<std::size_t>(k) << 15);
+  const auto deadline = Clock::now() + kCaseTimeout;
+  std::vector<bool> done(x.works.size(), false);
+  for (bool all = false; !all && Clock::now() < deadline;) {
+    all = true;
+    for (std::size_t k = 0; k < x.works.size(); ++k) {
+      if (!done[k]) done[k] = x.works[k].test();
+      all = all && done[k];
+    }
+    if (!all) std::this_thread::yield();
+  }
+  for (std::size_t k = 0; k < done.size(); ++k)
+    H.expect(done[k], "completion by test()", str("work ", k, " not done after 30 s"));
+  x.finish(p, "completion by test()");
+}
+
+void check_arguments(P2p& p) {
+  std::vector<float> b(4);
+  expect_throw<dt::InvalidArgument>("isend to rank size()",
+                                    [&] { p.isend(dt::view_of(b), p.size(), 1); },
+                                    {str("peer ", p.size())});
+  expect_throw<dt::InvalidArgument>("irecv from rank -1", [&] { p.irecv(dt::view_of(b), -1, 1); },
+                                    {"peer -1"});
+}
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  alarm(240);  // a hang must not outlive the test: SIGALRM ends this rank, mpiexec the others
+  const auto t_start = Clock::now();
+  int rc = 0;
+  {
+    dt::Runtime rt(&argc, &argv);
+    Comm& world = rt.world();
+    H.rank = world.rank();
+    const bool verbose = std::getenv("DT_TEST_VERBOSE") != nullptr;
+    std::vector<std::string> kinds;
+    for (int i = 1; i < argc; ++i) kinds.emplace_back(argv[i]);
+    if (kinds.empty()) kinds = {"mpi", "ucx"};
+
+    H.kind = "make_p2p";
+    expect_throw<dt::ConfigError>("make_p2p(\"tcp\")", [&] { dt::make_p2p("tcp", world); },
+                                  {"comm.p2p", "'tcp'", "mpi, ucx"});
+    H.expect(dt::UcxP2p::wire_tag(3, -1) == 0x00000003FFFFFFFFull, "wire tag",
+             "(3, -1) is not 0x00000003ffffffff");
+
+    for (const std::string& kind : kinds) {
+      H.kind = kind;
+      std::unique_ptr<P2p> p;
+      guarded("make_p2p", [&] { p = dt::make_p2p(kind, world); });
+      if (!p) continue;
+      H.expect(contains(p->name(), kind == "mpi" ? "p2p" : "ucx"), "name", p->name());
+      H.expect(p->rank() == world.rank() && p->size() == world.size(), "rank and size",
+               str(p->rank(), "/", p->size()));
+      auto step = [&](const char* name, auto&& f) {
+        const auto t0 = Clock::now();
+        guarded(name, f);
+        world.barrier();
+        if (verbose && H.rank == 0)
+          std::printf("%s %-24s %8.0f ms\n", kind.c_str(), name, ms_since(t0));
+        std::fflush(stdout);
+      };
+      step("sizes", [&] { check_sizes(*p); });
+      step("256 outstanding", [&] { check_many_outstanding(*p); });
+      step("same-tag order", [&] { check_same_tag_order(*p); });
+      step("reverse tags", [&] { check_reverse_tags(*p); });
+      step("ring", [&] { check_ring(*p); });
+      step("blocking", [&] { check_blocking(*p, world); });
+      step("length errors", [&] { check_length_errors(*p, world); });
+      step("timeout", [&] { check_timeout(*p, world); });
+      step("test() polling", [&] { check_test_polling(*p); });
+      step("arguments", [&] { check_arguments(*p); });
+      const auto t0 = Clock::now();
+      p.reset();  // collective for ucx: closes endpoints, fences
+      if (verbose && H.rank == 0)
+        std::printf("%s %-24s %8.0f ms\n", kind.c_str(), "close", ms_since(t0));
+    }
+
+    long local[2] = {H.fails, H.checks};
+    long total[2] = {0, 0};
+    MPI_Allreduce(local, total, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    if (H.rank == 0) {
+      const double secs = ms_since(t_start) / 1000;
+      if (total[0] == 0)
+        std::printf("test_p2p: all %ld checks passed on %d ranks (%.1f s)\n", total[1],
+                    world.size(), secs);
+      else
+        std::printf("test_p2p: %ld of %ld checks FAILED on %d ranks (%.1f s)\n", total[0], total[1],
+                    world.size(), secs);
+      std::fflush(stdout);
+    }
+    rc = total[0] == 0 ? 0 : 1;
+  }
+  return rc;
+}
