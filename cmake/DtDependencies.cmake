@@ -34,6 +34,13 @@ if(NOT EXISTS /usr/include/httplib.h AND NOT EXISTS ${CMAKE_INSTALL_PREFIX}/incl
     message(FATAL_ERROR "dt: cpp-httplib (httplib.h) not found (Debian package: libcpp-httplib-dev). Run scripts/bootstrap.")
   endif()
 endif()
+# Debian builds cpp-httplib as a library (declarations in httplib.h, code in libcpp-httplib.so,
+# with compile definitions that must match); a plain header-only httplib.h needs only threads.
+pkg_check_modules(HTTPLIB QUIET IMPORTED_TARGET cpp-httplib)
+find_package(Threads REQUIRED)
+add_library(dt_httplib INTERFACE)
+target_link_libraries(dt_httplib INTERFACE Threads::Threads
+                      $<$<BOOL:${HTTPLIB_FOUND}>:PkgConfig::HTTPLIB>)
 if(DT_BUILD_TESTS)
   dt_require_package(doctest "doctest-dev")
 endif()

@@ -1,0 +1,598 @@
+#include "dt/metrics.hpp"
+
+#include <httplib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "dt/error.hpp"
+
+namespace dt::metrics {
+
+namespace {
+
+void atomic_add(std::atomic<double>& a, double v) noexcept {
+  double cur = a.load(std::memory_order_relaxed);
+  while (!a.compare_exchange_weak(cur, cur + v, std::memory_order_relaxed)) {
+  }
+}
+
+bool valid_name(const std::string& s, bool colon) {
+  if (s.empty()) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const bool alpha =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (colon && c == ':');
+    if (!(alpha || (i > 0 && c >= '0' && c <= '9'))) return false;
+  }
+  return true;
+}
+
+// Shortest text that reads back as the same double; Prometheus spellings for the specials.
+std::string format_value(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  char b[40];
+  for (int prec = 15; prec <= 17; ++prec) {
+    std::snprintf(b, sizeof b, "%.*g", prec, v);
+    if (std::strtod(b, nullptr) == v) break;
+  }
+  return b;
+}
+
+std::string escape_help(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '\\')
+      o += "\\\\";
+    else if (c == '\n')
+      o += "\\n";
+    else
+      o += c;
+  }
+  return o;
+}
+
+enum class Kind { counter, gauge, histogram };
+const char* kind_name(Kind k) {
+  return k == Kind::counter ? "counter" : k == Kind::gauge ? "gauge" : "histogram";
+}
+
+}  // namespace
+
+void Counter::inc(double v) noexcept {
+  if (v > 0) atomic_add(v_, v);
+}
+
+void Gauge::add(double v) noexcept { atomic_add(v_, v); }
+
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)) {
+  for (std::size_t i = 0; i < bounds_.size(); ++i) {
+    DT_CHECK(InvalidArgument, std::isfinite(bounds_[i]), "histogram bound ", i, " is ", bounds_[i],
+             " (bounds must be finite; +Inf is implied)");
+    DT_CHECK(InvalidArgument, i == 0 || bounds_[i] > bounds_[i - 1],
+             "histogram bounds must increase strictly: ", bounds_[i - 1], " then ", bounds_[i]);
+  }
+  buckets_.reset(new std::atomic<std::uint64_t>[bounds_.size() + 1]);
+  for (std::size_t i = 0; i <= bounds_.size(); ++i) buckets_[i].store(0);
+}
+
+void Histogram::observe(double v) noexcept {
+  std::size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;  // le: v <= bound falls into bucket i
+  buckets_[i].fetch_add(1, std::memory_order_relaxed);
+  atomic_add(sum_, v);
+}
+
+std::vector<std::uint64_t> Histogram::bucket_counts() const {
+  std::vector<std::uint64_t> out(bounds_.size() + 1);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = buckets_[i].load(std::memory_order_relaxed);
+  return out;
+}
+
+std::uint64_t Histogram::count() const noexcept {
+  std::uint64_t n = 0;
+  for (std::size_t i = 0; i <= bounds_.size(); ++i)
+    n += buckets_[i].load(std::memory_order_relaxed);
+  return n;
+}
+
+std::vector<double> exponential_buckets(double start, double factor, int count) {
+  DT_CHECK(InvalidArgument, start > 0 && factor > 1 && count >= 1,
+           "exponential_buckets needs start > 0, factor > 1, count >= 1; got ", start, ", ", factor,
+           ", ", count);
+  std::vector<double> b;
+  for (int i = 0; i < count; ++i, start *= factor) b.push_back(start);
+  return b;
+}
+
+std::string escape_label_value(const std::string& v) {
+  std::string o;
+  o.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\')
+      o += "\\\\";
+    else if (c == '"')
+      o += "\\\"";
+    else if (c == '\n')
+      o += "\\n";
+    else
+      o += c;
+  }
+  return o;
+}
+
+// ---- registry -----------------------------------------------------------------------------------
+
+struct Registry::Impl {
+  struct Series {
+    Labels labels;
+    std::unique_ptr<Counter> counter;
+    std::unique_ptr<Gauge> gauge;
+    std::unique_ptr<Histogram> histogram;
+  };
+  struct Family {
+    std::string name, help;
+    Kind kind;
+    std::vector<double> bounds;
+    std::deque<Series> series;
+    std::map<Labels, Series*> index;
+  };
+  mutable std::mutex mu;
+  std::deque<Family> families;
+  std::map<std::string, Family*> by_name;
+  std::vector<std::function<void()>> collectors;
+  mutable std::mutex collect_mu;  // render() may run in several threads; collectors one at a time
+
+  Series& get(const std::string& name, const std::string& help, Kind kind, Labels labels,
+              const std::vector<double>* bounds, std::size_t max_series) {
+    DT_CHECK(InvalidArgument, valid_name(name, true), "metric name '", name,
+             "' is not valid (expected [a-zA-Z_:][a-zA-Z0-9_:]*)");
+    for (const auto& [k, v] : labels) {
+      DT_CHECK(InvalidArgument, valid_name(k, false) && k.rfind("__", 0) != 0, "metric ", name,
+               ": label name '", k, "' is not valid (expected [a-zA-Z_][a-zA-Z0-9_]*, no __)");
+      DT_CHECK(InvalidArgument, !(kind == Kind::histogram && k == "le"), "histogram ", name,
+               ": the label name 'le' is reserved");
+    }
+    std::sort(labels.begin(), labels.end());
+    for (std::size_t i = 1; i < labels.size(); ++i)
+      DT_CHECK(InvalidArgument, labels[i].first != labels[i - 1].first, "metric ", name,
+               ": label '", labels[i].first, "' given twice");
+    std::lock_guard<std::mutex> lock(mu);
+    Family* f;
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      families.push_back(
+          Family{name, help, kind, bounds ? *bounds : std::vector<double>{}, {}, {}});
+      f = &families.back();
+      by_name[name] = f;
+    } else {
+      f = it->second;
+      DT_CHECK(InvalidArgument, f->kind == kind, "metric ", name, " is already a ",
+               kind_name(f->kind), ", not a ", kind_name(kind));
+      DT_CHECK(InvalidArgument, f->help == help, "metric ", name,
+               " is already registered with another help text");
+      DT_CHECK(InvalidArgument, !bounds || *bounds == f->bounds, "histogram ", name,
+               " is already registered with other buckets");
+    }
+    auto s = f->index.find(labels);
+    if (s != f->index.end()) return *s->second;
+    DT_CHECK(InvalidArgument, f->series.size() < max_series, "metric ", name, " already has ",
+             f->series.size(), " series: labels must not vary per step or per value");
+    Series ns;
+    ns.labels = labels;
+    if (kind == Kind::counter) ns.counter = std::make_unique<Counter>();
+    if (kind == Kind::gauge) ns.gauge = std::make_unique<Gauge>();
+    if (kind == Kind::histogram) ns.histogram = std::make_unique<Histogram>(f->bounds);
+    f->series.push_back(std::move(ns));
+    f->index[labels] = &f->series.back();
+    return f->series.back();
+  }
+};
+
+Registry::Registry(std::size_t max_series_per_family)
+    : impl_(std::make_unique<Impl>()), max_series_(max_series_per_family) {}
+Registry::~Registry() = default;
+
+Counter& Registry::counter(const std::string& name, const std::string& help, Labels labels) {
+  return *impl_->get(name, help, Kind::counter, std::move(labels), nullptr, max_series_).counter;
+}
+
+Gauge& Registry::gauge(const std::string& name, const std::string& help, Labels labels) {
+  return *impl_->get(name, help, Kind::gauge, std::move(labels), nullptr, max_series_).gauge;
+}
+
+Histogram& Registry::histogram(const std::string& name, const std::string& help,
+                               std::vector<double> bounds, Labels labels) {
+  // Checks the bounds before the family is created with them.
+  { Histogram check(bounds); }
+  return *impl_->get(name, help, Kind::histogram, std::move(labels), &bounds, max_series_)
+              .histogram;
+}
+
+void Registry::on_collect(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(impl_->collect_mu);
+  impl_->collectors.push_back(std::move(fn));
+}
+
+namespace {
+void put_labels(std::string& out, const Labels& extra, const Labels& own,
+                const char* le = nullptr) {
+  if (extra.empty() && own.empty() && !le) return;
+  out += '{';
+  bool first = true;
+  auto put = [&](const std::string& k, const std::string& v) {
+    if (!first) out += ',';
+    first = false;
+    out += k;
+    out += "=\"";
+    out += escape_label_value(v);
+    out += '"';
+  };
+  for (const auto& [k, v] : extra) put(k, v);
+  for (const auto& [k, v] : own) put(k, v);
+  if (le) put("le", le);
+  out += '}';
+}
+}  // namespace
+
+std::string Registry::render(const Labels& extra) const {
+  {
+    std::lock_guard<std::mutex> lock(impl_->collect_mu);
+    for (const auto& fn : impl_->collectors) fn();
+  }
+  std::string out;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (const auto& f : impl_->families) {
+    out += "# HELP " + f.name + " " + escape_help(f.help) + "\n";
+    out += "# TYPE " + f.name + " " + kind_name(f.kind) + "\n";
+    for (const auto& s : f.series) {
+      if (f.kind != Kind::histogram) {
+        out += f.name;
+        put_labels(out, extra, s.labels);
+        out += ' ';
+        out += format_value(s.counter ? s.counter->value() : s.gauge->value());
+        out += '\n';
+        continue;
+      }
+      // Cumulative buckets from one read of the per-bucket counts, so that the +Inf bucket
+      // and _count agree even while other threads observe.
+      const auto counts = s.histogram->bucket_counts();
+      std::uint64_t cum = 0;
+      for (std::size_t i = 0; i < counts.size(); ++i) {
+        cum += counts[i];
+        const std::string le = i < f.bounds.size() ? format_value(f.bounds[i]) : "+Inf";
+        out += f.name + "_bucket";
+        put_labels(out, extra, s.labels, le.c_str());
+        out += ' ' + std::to_string(cum) + '\n';
+      }
+      out += f.name + "_sum";
+      put_labels(out, extra, s.labels);
+      out += ' ' + format_value(s.histogram->sum()) + '\n';
+      out += f.name + "_count";
+      put_labels(out, extra, s.labels);
+      out += ' ' + std::to_string(cum) + '\n';
+    }
+  }
+  return out;
+}
+
+Registry& default_registry() {
+  static Registry* r = new Registry();  // never destroyed: exporter threads may outlive main
+  return *r;
+}
+
+// ---- record_comm --------------------------------------------------------------------------------
+
+namespace {
+struct CommSeries {
+  Counter* calls = nullptr;
+  Counter* bytes = nullptr;
+  Counter* seconds = nullptr;
+};
+
+CommSeries comm_series(const std::string& op, const std::string& backend) {
+  static std::mutex mu;
+  static std::map<std::pair<std::string, std::string>, CommSeries>* known =
+      new std::map<std::pair<std::string, std::string>, CommSeries>();
+  constexpr std::size_t kMaxPairs = 64;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_pair(op, backend);
+  auto it = known->find(key);
+  if (it != known->end()) return it->second;
+  if (known->size() >= kMaxPairs) key = {"other", "other"};
+  it = known->find(key);
+  if (it != known->end()) return it->second;
+  Registry& r = default_registry();
+  const Labels l = {{"op", key.first}, {"backend", key.second}};
+  CommSeries s;
+  s.calls = &r.counter("dt_comm_calls_total", "Completed communication operations.", l);
+  s.bytes = &r.counter("dt_comm_bytes_total",
+                       "Bytes of the buffers of completed communication operations.", l);
+  s.seconds = &r.counter("dt_comm_seconds_total",
+                         "Seconds spent in completed communication operations.", l);
+  (*known)[key] = s;
+  return s;
+}
+
+struct CommCacheEntry {
+  std::string op, backend;
+  CommSeries s;
+};
+}  // namespace
+
+void record_comm(const char* op, const char* backend, std::size_t bytes, double seconds) noexcept {
+  try {
+    thread_local std::vector<CommCacheEntry> cache;
+    if (!op) op = "unknown";
+    if (!backend) backend = "unknown";
+    const CommCacheEntry* e = nullptr;
+    for (const auto& c : cache)
+      if (std::strcmp(c.op.c_str(), op) == 0 && std::strcmp(c.backend.c_str(), backend) == 0) {
+        e = &c;
+        break;
+      }
+    if (!e) {
+      cache.push_back(CommCacheEntry{op, backend, comm_series(op, backend)});
+      e = &cache.back();
+    }
+    e->s.calls->inc();
+    e->s.bytes->inc(static_cast<double>(bytes));
+    e->s.seconds->inc(seconds);
+  } catch (...) {
+    // Out of memory or a broken registry: the call is not counted, the job goes on.
+  }
+}
+
+// ---- files --------------------------------------------------------------------------------------
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) DT_THROW(Error, "cannot create ", tmp, ": ", std::strerror(errno));
+  const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const int werr = errno;
+  const bool closed = std::fclose(f) == 0;
+  if (!wrote || !closed) {
+    ::unlink(tmp.c_str());
+    DT_THROW(Error, "cannot write ", tmp, ": ", std::strerror(wrote ? errno : werr));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    DT_THROW(Error, "cannot rename ", tmp, " to ", path, ": ", std::strerror(err));
+  }
+}
+
+// ---- exporters ----------------------------------------------------------------------------------
+
+namespace {
+std::string percent_encode(const std::string& s) {
+  std::string o;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      o += static_cast<char>(c);
+    } else {
+      char b[4];
+      std::snprintf(b, sizeof b, "%%%02X", c);
+      o += b;
+    }
+  }
+  return o;
+}
+
+std::string base64url(const std::string& s) {
+  static const char* k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  std::string o;
+  std::size_t i = 0;
+  for (; i + 2 < s.size(); i += 3) {
+    const unsigned v = (static_cast<unsigned char>(s[i]) << 16) |
+                       (static_cast<unsigned char>(s[i + 1]) << 8) |
+                       static_cast<unsigned char>(s[i + 2]);
+    o += k[(v >> 18) & 63];
+    o += k[(v >> 12) & 63];
+    o += k[(v >> 6) & 63];
+    o += k[v & 63];
+  }
+  if (i + 1 == s.size()) {
+    const unsigned v = static_cast<unsigned char>(s[i]) << 16;
+    o += k[(v >> 18) & 63];
+    o += k[(v >> 12) & 63];
+    o += "==";
+  } else if (i + 2 == s.size()) {
+    const unsigned v =
+        (static_cast<unsigned char>(s[i]) << 16) | (static_cast<unsigned char>(s[i + 1]) << 8);
+    o += k[(v >> 18) & 63];
+    o += k[(v >> 12) & 63];
+    o += k[(v >> 6) & 63];
+    o += '=';
+  }
+  return o;
+}
+
+std::string grouping(const std::string& name, const std::string& value) {
+  if (value.empty() || value.find('/') != std::string::npos)
+    return "/" + name + "@base64/" + (value.empty() ? std::string("=") : base64url(value));
+  return "/" + name + "/" + percent_encode(value);
+}
+
+constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
+}  // namespace
+
+std::string push_path(const std::string& job, const std::string& instance) {
+  return "/metrics" + grouping("job", job) + grouping("instance", instance);
+}
+
+struct Exporter::Impl {
+  Registry& reg;
+  ExporterOptions o;
+  std::function<void(const std::string&)> warn;
+  Counter* textfile_failures = nullptr;
+  Counter* push_failures = nullptr;
+  Counter* pushes = nullptr;
+  std::string push_base;    // scheme://host:port of push_url
+  std::string push_prefix;  // path of push_url (without a trailing slash)
+
+  httplib::Server server;
+  std::thread server_thread;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool pending = false, stopping = false;
+  std::thread worker;
+  std::mutex export_mu;  // one export at a time (worker and publish_now)
+  bool warned_textfile = false, warned_push = false;
+
+  Impl(Registry& r, ExporterOptions opts, std::function<void(const std::string&)> w)
+      : reg(r), o(std::move(opts)), warn(std::move(w)) {}
+
+  void warn_once(bool& flag, const std::string& msg) {
+    if (flag) return;
+    flag = true;
+    if (warn)
+      warn(msg);
+    else
+      std::fprintf(stderr, "dt: warning: %s\n", msg.c_str());
+  }
+
+  bool export_once() {
+    std::lock_guard<std::mutex> lock(export_mu);
+    bool ok = true;
+    if (!o.textfile.empty()) {
+      try {
+        write_file_atomically(o.textfile, reg.render(o.textfile_labels));
+      } catch (const Error& e) {
+        ok = false;
+        textfile_failures->inc();
+        warn_once(warned_textfile, "metrics textfile: " + e.message() +
+                                       "; training continues (further failures are not reported)");
+      }
+    }
+    if (!push_base.empty()) {
+      const std::string path = push_prefix + push_path(o.job, o.instance);
+      std::string why;
+      try {
+        httplib::Client cli(push_base);
+        const auto to = std::chrono::duration<double>(o.push_timeout_s);
+        const auto us = std::chrono::duration_cast<std::chrono::microseconds>(to);
+        cli.set_connection_timeout(us);
+        cli.set_read_timeout(us);
+        cli.set_write_timeout(us);
+        auto res = cli.Put(path, reg.render(), kContentType);
+        if (!res)
+          why = httplib::to_string(res.error());
+        else if (res->status / 100 != 2)
+          why = "HTTP " + std::to_string(res->status) + " " + res->body;
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+      if (why.empty()) {
+        pushes->inc();
+      } else {
+        ok = false;
+        push_failures->inc();
+        while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+        warn_once(warned_push, "metrics push to " + push_base + path + " failed: " + why +
+                                   "; training continues (further failures are not reported)");
+      }
+    }
+    return ok;
+  }
+
+  void run_worker() {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      cv.wait(lock, [this] { return pending || stopping; });
+      if (stopping) return;
+      pending = false;
+      lock.unlock();
+      export_once();
+      lock.lock();
+    }
+  }
+};
+
+Exporter::Exporter(Registry& registry, ExporterOptions opts,
+                   std::function<void(const std::string&)> warn)
+    : impl_(std::make_unique<Impl>(registry, std::move(opts), std::move(warn))) {
+  Impl& m = *impl_;
+  m.textfile_failures = &registry.counter("dt_metrics_export_failures_total",
+                                          "Failed metric exports.", {{"kind", "textfile"}});
+  m.push_failures = &registry.counter("dt_metrics_export_failures_total", "Failed metric exports.",
+                                      {{"kind", "push"}});
+  m.pushes = &registry.counter("dt_metrics_pushes_total", "Successful pushes to the Pushgateway.");
+  if (!m.o.push_url.empty()) {
+    const std::string& u = m.o.push_url;
+    DT_CHECK(ConfigError, u.rfind("http://", 0) == 0 && u.size() > 7,
+             "option --metrics.push-url: '", u,
+             "' is not an http:// URL (expected http://HOST:PORT, e.g. http://gateway:9091)");
+    const std::size_t slash = u.find('/', 7);
+    m.push_base = u.substr(0, slash);
+    m.push_prefix = slash == std::string::npos ? "" : u.substr(slash);
+    while (!m.push_prefix.empty() && m.push_prefix.back() == '/') m.push_prefix.pop_back();
+  }
+  if (m.o.port != 0) {
+    m.server.new_task_queue = [] { return new httplib::ThreadPool(1); };
+    // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second rank on the
+    // same port would silently share it instead of failing.
+    m.server.set_socket_options([](socket_t sock) {
+      int yes = 1;
+      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    });
+    Registry* reg = &registry;
+    m.server.Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {
+      res.set_content(reg->render(), kContentType);
+    });
+    if (m.o.port < 0) {
+      port_ = m.server.bind_to_any_port(m.o.host);
+    } else {
+      port_ = m.server.bind_to_port(m.o.host, m.o.port) ? m.o.port : -1;
+    }
+    DT_CHECK(ConfigError, port_ > 0, "option --metrics.port: cannot listen on ", m.o.host, ":",
+             m.o.port < 0 ? std::string("(any port)") : std::to_string(m.o.port), ": ",
+             std::strerror(errno), " (port in use? --metrics.port=-1 picks a free one)");
+    m.server_thread = std::thread([&m] { m.server.listen_after_bind(); });
+    // stop() only works once the server runs: wait for it (microseconds; bounded).
+    for (int i = 0; i < 5000 && !m.server.is_running(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  m.worker = std::thread([&m] { m.run_worker(); });
+}
+
+Exporter::~Exporter() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.stopping = true;
+  }
+  m.cv.notify_all();
+  if (m.worker.joinable()) m.worker.join();
+  if (m.server_thread.joinable()) {
+    m.server.stop();
+    m.server_thread.join();
+  }
+}
+
+void Exporter::publish() {
+  if (impl_->o.textfile.empty() && impl_->push_base.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->pending = true;
+  }
+  impl_->cv.notify_one();
+}
+
+bool Exporter::publish_now() { return impl_->export_once(); }
+
+}  // namespace dt::metrics

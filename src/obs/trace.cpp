@@ -1,0 +1,280 @@
+#include "dt/trace.hpp"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "dt/error.hpp"
+#include "dt/metrics.hpp"
+
+namespace dt::trace {
+
+namespace detail {
+std::atomic<bool> g_enabled{false};
+
+std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace detail
+
+namespace {
+
+struct Event {
+  const char* name;
+  const char* category;
+  const char* arg_name;
+  std::int64_t arg;
+  std::int64_t t0, t1;  // steady clock, ns
+};
+
+struct ThreadBuf {
+  std::mutex mu;
+  std::vector<Event> events;
+  std::size_t dropped = 0;
+  long tid = 0;
+  std::string name;
+};
+
+struct State {
+  std::mutex mu;
+  std::vector<std::shared_ptr<ThreadBuf>> bufs;
+  bool started = false;
+  int rank = 0;
+  std::string dir;
+  std::int64_t wall_minus_steady_ns = 0;
+  std::atomic<std::uint64_t> generation{0};
+};
+
+State& state() {
+  static State* s = new State();  // never destroyed: threads may record during exit
+  return *s;
+}
+
+thread_local std::shared_ptr<ThreadBuf> tl_buf;
+thread_local std::uint64_t tl_generation = 0;
+thread_local std::string tl_name;
+
+long os_tid() noexcept { return static_cast<long>(::syscall(SYS_gettid)); }
+
+ThreadBuf* my_buffer() {
+  State& s = state();
+  const std::uint64_t gen = s.generation.load(std::memory_order_acquire);
+  if (tl_buf && tl_generation == gen) return tl_buf.get();
+  auto b = std::make_shared<ThreadBuf>();
+  b->tid = os_tid();
+  b->name = tl_name.empty() ? "thread " + std::to_string(b->tid) : tl_name;
+  b->events.reserve(1024);
+  std::lock_guard<std::mutex> lock(s.mu);
+  tl_generation = s.generation.load(std::memory_order_relaxed);
+  s.bufs.push_back(b);
+  tl_buf = std::move(b);
+  return tl_buf.get();
+}
+
+void json_string(std::string& out, const char* s) {
+  out += '"';
+  for (const char* p = s ? s : ""; *p; ++p) {
+    const unsigned char c = static_cast<unsigned char>(*p);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      out += b;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  out += '"';
+}
+
+// ns as microseconds with three decimals, exactly (no double rounding).
+void micros(std::string& out, std::int64_t ns) {
+  if (ns < 0) {
+    out += '-';
+    ns = -ns;
+  }
+  char b[32];
+  std::snprintf(b, sizeof b, "%lld.%03lld", static_cast<long long>(ns / 1000),
+                static_cast<long long>(ns % 1000));
+  out += b;
+}
+
+}  // namespace
+
+namespace detail {
+void record(const char* name, const char* category, const char* arg_name, std::int64_t arg,
+            std::int64_t t0_ns, std::int64_t t1_ns) noexcept {
+  if (!enabled()) return;
+  try {
+    ThreadBuf* b = my_buffer();
+    std::lock_guard<std::mutex> lock(b->mu);
+    if (b->events.size() >= kMaxEventsPerThread) {
+      ++b->dropped;
+      return;
+    }
+    b->events.push_back(Event{name, category, arg_name, arg, t0_ns, t1_ns});
+  } catch (...) {
+    // Out of memory: the event is lost, the job goes on.
+  }
+}
+}  // namespace detail
+
+void start(int rank, const std::string& dir) {
+  State& s = state();
+  DT_CHECK(Error, !enabled(), "tracing is already on (rank ", s.rank, ", ", s.dir, ")");
+  DT_CHECK(ConfigError, !dir.empty(), "option --trace.dir: an empty directory turns tracing off");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  DT_CHECK(ConfigError, !ec, "option --trace.dir: cannot create '", dir, "': ", ec.message());
+  DT_CHECK(ConfigError, ::access(dir.c_str(), W_OK) == 0, "option --trace.dir: '", dir,
+           "' is not a writable directory: ", std::strerror(errno));
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.bufs.clear();
+    s.started = true;
+    s.rank = rank;
+    s.dir = dir;
+    const auto wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+    s.wall_minus_steady_ns = wall - detail::now_ns();
+    s.generation.fetch_add(1, std::memory_order_release);
+  }
+  if (tl_name.empty()) set_thread_name("main");
+  detail::g_enabled.store(true, std::memory_order_release);
+}
+
+void stop() noexcept { detail::g_enabled.store(false, std::memory_order_release); }
+
+void set_thread_name(const char* name) noexcept {
+  try {
+    tl_name = name ? name : "";
+    if (tl_buf && tl_generation == state().generation.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(tl_buf->mu);
+      tl_buf->name = tl_name;
+    }
+  } catch (...) {
+  }
+}
+
+std::size_t event_count() noexcept {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::size_t n = 0;
+  for (const auto& b : s.bufs) {
+    std::lock_guard<std::mutex> bl(b->mu);
+    n += b->events.size();
+  }
+  return n;
+}
+
+std::size_t dropped_count() noexcept {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::size_t n = 0;
+  for (const auto& b : s.bufs) {
+    std::lock_guard<std::mutex> bl(b->mu);
+    n += b->dropped;
+  }
+  return n;
+}
+
+std::string write() {
+  State& s = state();
+  struct Thread {
+    long tid;
+    std::string name;
+  };
+  std::vector<Event> events;
+  std::vector<std::size_t> owner;  // index into threads, per event
+  std::vector<Thread> threads;
+  std::size_t dropped = 0;
+  int rank;
+  std::string dir;
+  std::int64_t offset;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.started) return "";
+    rank = s.rank;
+    dir = s.dir;
+    offset = s.wall_minus_steady_ns;
+    for (const auto& b : s.bufs) {
+      std::lock_guard<std::mutex> bl(b->mu);
+      threads.push_back(Thread{b->tid, b->name});
+      events.insert(events.end(), b->events.begin(), b->events.end());
+      owner.resize(events.size(), threads.size() - 1);
+      dropped += b->dropped;
+    }
+  }
+  // Start order, parents before their children (longer first at equal starts).
+  std::vector<std::size_t> order(events.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    if (events[a].t0 != events[b].t0) return events[a].t0 < events[b].t0;
+    return events[a].t1 > events[b].t1;
+  });
+
+  std::string out;
+  out.reserve(160 * (events.size() + threads.size()) + 512);
+  const std::string pid = std::to_string(rank);
+  out += "{\"traceEvents\":[\n";
+  out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + pid +
+         ",\"tid\":0,\"args\":{\"name\":\"rank " + pid + "\"}},\n";
+  out += "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" + pid +
+         ",\"tid\":0,\"args\":{\"sort_index\":" + pid + "}}";
+  std::set<long> named;
+  for (const auto& t : threads) {
+    if (!named.insert(t.tid).second) continue;
+    out += ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + pid +
+           ",\"tid\":" + std::to_string(t.tid) + ",\"args\":{\"name\":";
+    json_string(out, t.name.c_str());
+    out += "}}";
+  }
+  for (std::size_t i : order) {
+    const Event& e = events[i];
+    out += ",\n{\"name\":";
+    json_string(out, e.name);
+    out += ",\"cat\":";
+    json_string(out, e.category);
+    out += ",\"ph\":\"X\",\"ts\":";
+    micros(out, e.t0 + offset);
+    out += ",\"dur\":";
+    micros(out, e.t1 - e.t0);
+    out += ",\"pid\":" + pid + ",\"tid\":" + std::to_string(threads[owner[i]].tid);
+    if (e.arg_name) {
+      out += ",\"args\":{";
+      json_string(out, e.arg_name);
+      out += ":" + std::to_string(e.arg) + "}";
+    }
+    out += '}';
+  }
+  out += "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"rank\":" + pid +
+         ",\"events\":" + std::to_string(events.size()) +
+         ",\"dropped\":" + std::to_string(dropped) + ",\"clock\":\"wall\"}}\n";
+  const std::string path = dir + "/trace-rank" + pid + ".json";
+  metrics::write_file_atomically(path, out);
+  return path;
+}
+
+void write_noexcept() noexcept {
+  try {
+    write();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dt: warning: trace not written: %s\n", e.what());
+  }
+}
+
+}  // namespace dt::trace

@@ -1,0 +1,559 @@
+// dt::metrics: registry, Prometheus text format (parsed back), histograms, record_comm, the
+// atomic textfile, the HTTP endpoint and the Pushgateway push (against a socket server here).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dt/error.hpp"
+#include "dt/metrics.hpp"
+#include "temp_dir.hpp"
+
+namespace fs = std::filesystem;
+using dt::metrics::Labels;
+using dt::metrics::Registry;
+
+namespace {
+
+// ---- a strict parser of the text exposition format ----------------------------------------------
+
+struct Sample {
+  std::string name;
+  std::map<std::string, std::string> labels;
+  double value = 0;
+};
+
+struct Exposition {
+  std::map<std::string, std::string> help, type;
+  std::vector<Sample> samples;
+  /// The value of the one sample `name` with exactly these labels; fails the test otherwise.
+  double value(const std::string& name, const std::map<std::string, std::string>& labels = {}) {
+    const Sample* hit = nullptr;
+    for (const auto& s : samples)
+      if (s.name == name && s.labels == labels) {
+        REQUIRE_MESSAGE(hit == nullptr, "duplicate sample " << name);
+        hit = &s;
+      }
+    REQUIRE_MESSAGE(hit != nullptr, "no sample " << name);
+    return hit->value;
+  }
+};
+
+bool is_name_char(char c, bool first) {
+  return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == ':' ||
+         (!first && std::isdigit(static_cast<unsigned char>(c)));
+}
+
+// Throws std::runtime_error naming the line on anything the format does not allow.
+Exposition parse(const std::string& text) {
+  Exposition e;
+  std::istringstream in(text);
+  std::string line;
+  int n = 0;
+  std::string family;  // family of the last TYPE line
+  auto fail = [&](const std::string& why) {
+    throw std::runtime_error("line " + std::to_string(n) + ": " + why + ": " + line);
+  };
+  REQUIRE((text.empty() || text.back() == '\n'));
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) fail("empty line");
+    if (line[0] == '#') {
+      std::istringstream ls(line);
+      std::string hash, kw, name;
+      ls >> hash >> kw >> name;
+      if (kw == "HELP") {
+        if (e.help.count(name)) fail("second HELP");
+        std::string rest;
+        std::getline(ls, rest);
+        e.help[name] = rest.empty() ? "" : rest.substr(1);
+      } else if (kw == "TYPE") {
+        std::string t;
+        ls >> t;
+        if (e.type.count(name)) fail("second TYPE");
+        if (t != "counter" && t != "gauge" && t != "histogram" && t != "summary" && t != "untyped")
+          fail("unknown type");
+        e.type[name] = t;
+        family = name;
+      } else {
+        fail("unknown comment keyword");
+      }
+      continue;
+    }
+    Sample s;
+    std::size_t i = 0;
+    while (i < line.size() && is_name_char(line[i], i == 0)) s.name += line[i++];
+    if (s.name.empty()) fail("no metric name");
+    if (i < line.size() && line[i] == '{') {
+      ++i;
+      while (i < line.size() && line[i] != '}') {
+        std::string k, v;
+        while (i < line.size() && is_name_char(line[i], k.empty()) && line[i] != ':')
+          k += line[i++];
+        if (k.empty() || i + 1 >= line.size() || line[i] != '=' || line[i + 1] != '"')
+          fail("bad label");
+        i += 2;
+        while (i < line.size() && line[i] != '"') {
+          if (line[i] == '\\') {
+            if (++i >= line.size()) fail("dangling escape");
+            if (line[i] == 'n')
+              v += '\n';
+            else if (line[i] == '\\' || line[i] == '"')
+              v += line[i];
+            else
+              fail("bad escape");
+            ++i;
+          } else {
+            v += line[i++];
+          }
+        }
+        if (i >= line.size()) fail("unterminated label value");
+        ++i;
+        if (s.labels.count(k)) fail("label twice");
+        s.labels[k] = v;
+        if (i < line.size() && line[i] == ',') ++i;
+      }
+      if (i >= line.size()) fail("unterminated labels");
+      ++i;
+    }
+    if (i >= line.size() || line[i] != ' ') fail("no space before the value");
+    const std::string v = line.substr(i + 1);
+    if (v == "+Inf")
+      s.value = INFINITY;
+    else if (v == "-Inf")
+      s.value = -INFINITY;
+    else if (v == "NaN")
+      s.value = NAN;
+    else {
+      char* end = nullptr;
+      s.value = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0') fail("bad value");
+    }
+    // Every sample belongs to the family of the TYPE line above it.
+    const bool own =
+        s.name == family || (e.type[family] == "histogram" &&
+                             (s.name == family + "_bucket" || s.name == family + "_sum" ||
+                              s.name == family + "_count"));
+    if (!own) fail("sample outside its family '" + family + "'");
+    e.samples.push_back(std::move(s));
+  }
+  return e;
+}
+
+// ---- tiny HTTP peers over raw sockets -----------------------------------------------------------
+
+struct Reply {
+  int status = 0;
+  std::string body;
+};
+
+Reply http_get(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  const std::string req =
+      "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  REQUIRE(::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+  std::string all;
+  char buf[4096];
+  for (ssize_t k; (k = ::read(fd, buf, sizeof buf)) > 0;)
+    all.append(buf, static_cast<std::size_t>(k));
+  ::close(fd);
+  Reply r;
+  REQUIRE(all.rfind("HTTP/1.1 ", 0) == 0);
+  r.status = std::stoi(all.substr(9, 3));
+  const auto hdr_end = all.find("\r\n\r\n");
+  REQUIRE(hdr_end != std::string::npos);
+  r.body = all.substr(hdr_end + 4);
+  return r;
+}
+
+// Accepts one connection on a loopback port, records the request, answers `status`.
+struct OneShotServer {
+  int fd = -1, port = 0, status;
+  std::string method, path, body;
+  std::thread t;
+  explicit OneShotServer(int st) : status(st) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd, 4) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+    t = std::thread([this] { serve(); });
+  }
+  void serve() {
+    const int c = ::accept(fd, nullptr, nullptr);
+    if (c < 0) return;
+    std::string req;
+    char buf[4096];
+    std::size_t need = std::string::npos;
+    while (req.size() < need) {
+      const ssize_t k = ::read(c, buf, sizeof buf);
+      if (k <= 0) break;
+      req.append(buf, static_cast<std::size_t>(k));
+      const auto e = req.find("\r\n\r\n");
+      if (e != std::string::npos && need == std::string::npos) {
+        std::size_t cl = 0;
+        const auto p = req.find("Content-Length: ");
+        if (p != std::string::npos && p < e) cl = std::stoul(req.substr(p + 16));
+        need = e + 4 + cl;
+      }
+    }
+    std::istringstream first(req);
+    first >> method >> path;
+    const auto e = req.find("\r\n\r\n");
+    if (e != std::string::npos) body = req.substr(e + 4);
+    const std::string reply = "HTTP/1.1 " + std::to_string(status) +
+                              " X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    (void)!::write(c, reply.data(), reply.size());
+    ::close(c);
+  }
+  ~OneShotServer() {
+    ::shutdown(fd, SHUT_RDWR);
+    if (t.joinable()) t.join();
+    ::close(fd);
+  }
+};
+
+std::string slurp(const std::string& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST_CASE("metrics: counters and gauges, one series per label set") {
+  Registry r;
+  auto& a = r.counter("x_total", "X things.", {{"kind", "a"}});
+  auto& b = r.counter("x_total", "X things.", {{"kind", "b"}});
+  CHECK(&a != &b);
+  CHECK(&r.counter("x_total", "X things.", {{"kind", "a"}}) == &a);
+  a.inc();
+  a.inc(2.5);
+  a.inc(-7);  // ignored: counters never go down
+  CHECK(a.value() == 3.5);
+  auto& g = r.gauge("y", "Y.", {{"b", "2"}, {"a", "1"}});
+  CHECK(&r.gauge("y", "Y.", {{"a", "1"}, {"b", "2"}}) == &g);  // label order does not matter
+  g.set(5);
+  g.add(-1.5);
+  CHECK(g.value() == 3.5);
+  auto e = parse(r.render());
+  CHECK(e.type["x_total"] == "counter");
+  CHECK(e.type["y"] == "gauge");
+  CHECK(e.help["x_total"] == "X things.");
+  CHECK(e.value("x_total", {{"kind", "a"}}) == 3.5);
+  CHECK(e.value("x_total", {{"kind", "b"}}) == 0);
+  CHECK(e.value("y", {{"a", "1"}, {"b", "2"}}) == 3.5);
+  CHECK(e.samples.size() == 3);
+}
+
+TEST_CASE("metrics: bad registrations are refused with the name") {
+  Registry r(3);
+  r.counter("c_total", "C.");
+  CHECK_THROWS_WITH_AS(r.gauge("c_total", "C."), doctest::Contains("already a counter"),
+                       dt::InvalidArgument);
+  CHECK_THROWS_WITH_AS(r.counter("c_total", "other help"), doctest::Contains("c_total"),
+                       dt::InvalidArgument);
+  CHECK_THROWS_AS(r.counter("1bad", "B."), dt::InvalidArgument);
+  CHECK_THROWS_AS(r.counter("bad-name", "B."), dt::InvalidArgument);
+  CHECK_THROWS_AS(r.counter("ok", "B.", {{"bad-label", "v"}}), dt::InvalidArgument);
+  CHECK_THROWS_AS(r.counter("ok2", "B.", {{"__reserved", "v"}}), dt::InvalidArgument);
+  CHECK_THROWS_AS(r.counter("ok3", "B.", {{"a", "1"}, {"a", "2"}}), dt::InvalidArgument);
+  CHECK_THROWS_AS(r.histogram("h", "H.", {1, 2}, {{"le", "x"}}), dt::InvalidArgument);
+  CHECK_THROWS_AS(r.histogram("h2", "H.", {2, 1}), dt::InvalidArgument);
+  CHECK_THROWS_AS(r.histogram("h3", "H.", {1, INFINITY}), dt::InvalidArgument);
+  r.histogram("h4", "H.", {1, 2});
+  CHECK_THROWS_WITH_AS(r.histogram("h4", "H.", {1, 3}), doctest::Contains("other buckets"),
+                       dt::InvalidArgument);
+  // Bounded cardinality: the fourth label value of a family is refused.
+  for (int i = 0; i < 3; ++i) r.gauge("per_value", "P.", {{"v", std::to_string(i)}});
+  CHECK_THROWS_WITH_AS(r.gauge("per_value", "P.", {{"v", "3"}}),
+                       doctest::Contains("must not vary per step"), dt::InvalidArgument);
+  // Asking again for an existing series is still fine.
+  r.gauge("per_value", "P.", {{"v", "0"}});
+  CHECK_NOTHROW(parse(r.render()));
+}
+
+TEST_CASE("metrics: escaping of label values and help text") {
+  Registry r;
+  const std::string nasty = "a\"b\\c\nd}{,=";
+  r.gauge("esc", "line one\nback\\slash \"quoted\"", {{"path", nasty}}).set(1);
+  const std::string text = r.render();
+  CHECK(text.find("# HELP esc line one\\nback\\\\slash \"quoted\"\n") != std::string::npos);
+  auto e = parse(text);
+  CHECK(e.value("esc", {{"path", nasty}}) == 1);
+  CHECK(dt::metrics::escape_label_value("x\"y") == "x\\\"y");
+}
+
+TEST_CASE("metrics: special and exact values") {
+  Registry r;
+  r.gauge("g_inf", "I.").set(INFINITY);
+  r.gauge("g_ninf", "I.").set(-INFINITY);
+  r.gauge("g_nan", "N.").set(NAN);
+  r.gauge("g_tenth", "T.").set(0.1);
+  r.gauge("g_big", "B.").set(123456789012345.0);
+  const std::string text = r.render();
+  CHECK(text.find("g_tenth 0.1\n") != std::string::npos);
+  CHECK(text.find("g_big 123456789012345\n") != std::string::npos);
+  auto e = parse(text);
+  CHECK(std::isinf(e.value("g_inf")));
+  CHECK(e.value("g_ninf") < 0);
+  CHECK(std::isnan(e.value("g_nan")));
+  CHECK(e.value("g_tenth") == 0.1);
+}
+
+TEST_CASE("metrics: histogram buckets are cumulative and le is inclusive") {
+  Registry r;
+  auto& h = r.histogram("lat_seconds", "Latency.", {0.1, 1, 10}, {{"op", "x"}});
+  for (double v : {0.05, 0.1, 0.5, 1.0, 5.0, 50.0, 500.0}) h.observe(v);
+  CHECK(h.count() == 7);
+  CHECK(h.sum() == doctest::Approx(556.65));
+  CHECK(h.bucket_counts() == std::vector<std::uint64_t>{2, 2, 1, 2});
+  auto e = parse(r.render());
+  CHECK(e.type["lat_seconds"] == "histogram");
+  CHECK(e.value("lat_seconds_bucket", {{"op", "x"}, {"le", "0.1"}}) == 2);
+  CHECK(e.value("lat_seconds_bucket", {{"op", "x"}, {"le", "1"}}) == 4);
+  CHECK(e.value("lat_seconds_bucket", {{"op", "x"}, {"le", "10"}}) == 5);
+  CHECK(e.value("lat_seconds_bucket", {{"op", "x"}, {"le", "+Inf"}}) == 7);
+  CHECK(e.value("lat_seconds_count", {{"op", "x"}}) == 7);
+  CHECK(e.value("lat_seconds_sum", {{"op", "x"}}) == doctest::Approx(556.65));
+  const auto b = dt::metrics::exponential_buckets(0.001, 10, 4);
+  REQUIRE(b.size() == 4);
+  CHECK(b[3] == doctest::Approx(1.0));
+  CHECK_THROWS_AS(dt::metrics::exponential_buckets(0, 2, 3), dt::InvalidArgument);
+}
+
+TEST_CASE("metrics: extra labels go in front of every series") {
+  Registry r;
+  r.counter("c_total", "C.", {{"op", "x"}}).inc(4);
+  r.histogram("h", "H.", {1}).observe(0.5);
+  auto e = parse(r.render({{"rank", "3"}}));
+  CHECK(e.value("c_total", {{"rank", "3"}, {"op", "x"}}) == 4);
+  CHECK(e.value("h_bucket", {{"rank", "3"}, {"le", "1"}}) == 1);
+  CHECK(e.value("h_count", {{"rank", "3"}}) == 1);
+}
+
+TEST_CASE("metrics: concurrent updates are not lost") {
+  Registry r;
+  auto& c = r.counter("n_total", "N.");
+  auto& g = r.gauge("g", "G.");
+  auto& h = r.histogram("h", "H.", {0.5});
+  constexpr int kThreads = 4, kIters = 20000;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&] {
+      for (int i = 0; i < kIters; ++i) {
+        c.inc();
+        g.add(1);
+        h.observe(i % 2 ? 1.0 : 0.25);
+        if (i % 5000 == 0) parse(r.render());  // rendering while others write
+      }
+    });
+  for (auto& t : ts) t.join();
+  CHECK(c.value() == kThreads * kIters);
+  CHECK(g.value() == kThreads * kIters);
+  CHECK(h.count() == kThreads * kIters);
+  CHECK(h.bucket_counts()[0] == kThreads * kIters / 2);
+}
+
+TEST_CASE("metrics: collectors run before each render") {
+  Registry r;
+  auto& g = r.gauge("sampled", "S.");
+  int calls = 0;
+  r.on_collect([&] { g.set(++calls); });
+  CHECK(parse(r.render()).value("sampled") == 1);
+  CHECK(parse(r.render()).value("sampled") == 2);
+}
+
+TEST_CASE("metrics: record_comm counts calls, bytes and seconds per op and backend") {
+  auto& reg = dt::metrics::default_registry();
+  auto val = [&](const char* name, const char* op, const char* be) {
+    auto e = parse(reg.render());
+    for (const auto& s : e.samples)
+      if (s.name == name &&
+          s.labels == std::map<std::string, std::string>{{"op", op}, {"backend", be}})
+        return s.value;
+    return 0.0;
+  };
+  const double c0 = val("dt_comm_calls_total", "all_reduce", "unit");
+  const double b0 = val("dt_comm_bytes_total", "all_reduce", "unit");
+  std::string op = "all_reduce";  // not a literal: the hook must compare contents
+  dt::metrics::record_comm(op.c_str(), "unit", 1024, 0.5);
+  dt::metrics::record_comm("all_reduce", "unit", 2048, 0.25);
+  dt::metrics::record_comm("broadcast", "unit", 8, 0.125);
+  dt::metrics::record_comm(nullptr, nullptr, 1, 0);
+  CHECK(val("dt_comm_calls_total", "all_reduce", "unit") - c0 == 2);
+  CHECK(val("dt_comm_bytes_total", "all_reduce", "unit") - b0 == 3072);
+  CHECK(val("dt_comm_seconds_total", "all_reduce", "unit") >= 0.75);
+  CHECK(val("dt_comm_calls_total", "broadcast", "unit") >= 1);
+  CHECK(val("dt_comm_calls_total", "unknown", "unknown") >= 1);
+  auto e = parse(reg.render());
+  CHECK(e.type["dt_comm_calls_total"] == "counter");
+  // From many threads at once.
+  const double c1 = val("dt_comm_calls_total", "all_reduce", "unit");
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([] {
+      for (int i = 0; i < 10000; ++i) dt::metrics::record_comm("all_reduce", "unit", 4, 1e-6);
+    });
+  for (auto& t : ts) t.join();
+  CHECK(val("dt_comm_calls_total", "all_reduce", "unit") - c1 == 40000);
+  // Label sets stay bounded: beyond 64 pairs, new ones are counted as other/other.
+  for (int i = 0; i < 80; ++i)
+    dt::metrics::record_comm(("op" + std::to_string(i)).c_str(), "many", 1, 0);
+  e = parse(reg.render());
+  std::size_t series = 0;
+  for (const auto& s : e.samples) series += s.name == "dt_comm_calls_total";
+  CHECK(series <= 65);
+  CHECK(val("dt_comm_calls_total", "other", "other") >= 1);
+}
+
+TEST_CASE("metrics: textfile written atomically") {
+  dt::test::TempDir dir("dt_metrics");
+  const std::string path = (dir.path / "dt.prom").string();
+  dt::metrics::write_file_atomically(path, "a 1\n");
+  CHECK(slurp(path) == "a 1\n");
+  dt::metrics::write_file_atomically(path, "a 2\n");
+  CHECK(slurp(path) == "a 2\n");
+  std::size_t files = 0;
+  for (const auto& f : fs::directory_iterator(dir.path)) files += f.is_regular_file();
+  CHECK(files == 1);  // no temporary file left behind
+  CHECK_THROWS_WITH_AS(
+      dt::metrics::write_file_atomically((dir.path / "no/such/x.prom").string(), "a"),
+      doctest::Contains("no/such/x.prom"), dt::Error);
+
+  // Through an exporter, with the constant labels of the textfile.
+  Registry r;
+  r.gauge("dt_train_loss", "Loss.").set(2.5);
+  dt::metrics::ExporterOptions o;
+  o.textfile = path;
+  o.textfile_labels = {{"rank", "1"}};
+  dt::metrics::Exporter ex(r, o);
+  CHECK(ex.port() == 0);
+  CHECK(ex.publish_now());
+  auto e = parse(slurp(path));
+  CHECK(e.value("dt_train_loss", {{"rank", "1"}}) == 2.5);
+  // A failing write warns once and is counted; the exporter goes on.
+  std::vector<std::string> warnings;
+  o.textfile = (dir.path / "gone" / "x.prom").string();
+  dt::metrics::Exporter bad(r, o, [&](const std::string& w) { warnings.push_back(w); });
+  CHECK_FALSE(bad.publish_now());
+  CHECK_FALSE(bad.publish_now());
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("gone/x.prom") != std::string::npos);
+  CHECK(parse(r.render()).value("dt_metrics_export_failures_total", {{"kind", "textfile"}}) == 2);
+}
+
+TEST_CASE("metrics: HTTP /metrics on an ephemeral port") {
+  Registry r;
+  auto& c = r.counter("dt_requests_total", "R.", {{"k", "v"}});
+  c.inc(7);
+  dt::metrics::ExporterOptions o;
+  o.host = "127.0.0.1";
+  o.port = -1;
+  int port = 0;
+  {
+    dt::metrics::Exporter ex(r, o);
+    port = ex.port();
+    REQUIRE(port > 0);
+    Reply rep = http_get(port, "/metrics");
+    CHECK(rep.status == 200);
+    auto e = parse(rep.body);
+    CHECK(e.value("dt_requests_total", {{"k", "v"}}) == 7);
+    c.inc();
+    CHECK(parse(http_get(port, "/metrics").body).value("dt_requests_total", {{"k", "v"}}) == 8);
+    CHECK(http_get(port, "/other").status == 404);
+    // The same port again is refused with a message naming it.
+    o.port = port;
+    CHECK_THROWS_WITH_AS(dt::metrics::Exporter(r, o),
+                         doctest::Contains(std::to_string(port).c_str()), dt::ConfigError);
+  }
+  // Stopped: nothing listens any more.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0);
+  ::close(fd);
+}
+
+TEST_CASE("metrics: push path encodes the grouping key") {
+  CHECK(dt::metrics::push_path("1234", "0") == "/metrics/job/1234/instance/0");
+  CHECK(dt::metrics::push_path("my job", "r:1") == "/metrics/job/my%20job/instance/r%3A1");
+  CHECK(dt::metrics::push_path("a/b", "") == "/metrics/job@base64/YS9i/instance@base64/=");
+}
+
+TEST_CASE("metrics: push to a gateway; failures warn once and never throw") {
+  Registry r;
+  r.gauge("dt_train_loss", "Loss.").set(1.25);
+  {
+    OneShotServer gw(200);
+    dt::metrics::ExporterOptions o;
+    o.push_url = "http://127.0.0.1:" + std::to_string(gw.port) + "/";
+    o.job = "42";
+    o.instance = "3";
+    dt::metrics::Exporter ex(r, o);
+    CHECK(ex.publish_now());
+    gw.t.join();
+    CHECK(gw.method == "PUT");
+    CHECK(gw.path == "/metrics/job/42/instance/3");
+    CHECK(parse(gw.body).value("dt_train_loss") == 1.25);
+  }
+  {
+    OneShotServer gw(500);  // a gateway that refuses
+    dt::metrics::ExporterOptions o;
+    o.push_url = "http://127.0.0.1:" + std::to_string(gw.port);
+    o.job = "j";
+    o.instance = "0";
+    o.push_timeout_s = 0.5;
+    std::vector<std::string> warnings;
+    dt::metrics::Exporter ex(r, o, [&](const std::string& w) { warnings.push_back(w); });
+    CHECK_FALSE(ex.publish_now());
+    gw.t.join();
+    CHECK_FALSE(ex.publish_now());  // nobody listens now: connection refused
+    REQUIRE(warnings.size() == 1);
+    CHECK(warnings[0].find("HTTP 500") != std::string::npos);
+    CHECK(warnings[0].find("/metrics/job/j/instance/0") != std::string::npos);
+  }
+  dt::metrics::ExporterOptions o;
+  o.push_url = "https://gw:9091";
+  CHECK_THROWS_WITH_AS(dt::metrics::Exporter(r, o), doctest::Contains("metrics.push-url"),
+                       dt::ConfigError);
+}
+
+TEST_CASE("metrics: publish() exports from the background thread") {
+  dt::test::TempDir dir("dt_metrics_bg");
+  const std::string path = (dir.path / "bg.prom").string();
+  Registry r;
+  r.gauge("v", "V.").set(9);
+  dt::metrics::ExporterOptions o;
+  o.textfile = path;
+  dt::metrics::Exporter ex(r, o);
+  ex.publish();
+  for (int i = 0; i < 2000 && !fs::exists(path); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(fs::exists(path));
+  CHECK(parse(slurp(path)).value("v") == 9);
+}

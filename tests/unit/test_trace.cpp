@@ -1,0 +1,186 @@
+// dt::trace: Scope records nothing while off; while on, the file is Chrome trace-event JSON with
+// one process per rank, named threads and properly nested complete events.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "dt/error.hpp"
+#include "dt/trace.hpp"
+#include "temp_dir.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+json load(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), path);
+  return json::parse(in);
+}
+
+// Checks that the X events of each thread nest (an event that starts inside another ends inside
+// it); returns the number of X events. Times in microseconds, 1 us of slack for JSON rounding.
+std::size_t check_nesting(const json& doc) {
+  std::map<long, std::vector<std::pair<double, double>>> by_tid;
+  std::size_t n = 0;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    REQUIRE(e["dur"].get<double>() >= 0);
+    by_tid[e["tid"].get<long>()].push_back(
+        {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
+    ++n;
+  }
+  for (auto& [tid, ev] : by_tid) {
+    std::sort(ev.begin(), ev.end(), [](auto a, auto b) {
+      return a.first != b.first ? a.first < b.first : a.second > b.second;
+    });
+    std::vector<double> open_ends;
+    for (const auto& [b, e] : ev) {
+      while (!open_ends.empty() && open_ends.back() <= b + 1.0) open_ends.pop_back();
+      if (!open_ends.empty())
+        CHECK_MESSAGE(e <= open_ends.back() + 1.0, "tid " << tid << " overlaps");
+      open_ends.push_back(e);
+    }
+  }
+  return n;
+}
+
+void work() {
+  volatile double x = 0;
+  for (int i = 0; i < 2000; ++i) x = x + i;
+}
+
+}  // namespace
+
+TEST_CASE("trace: off costs nothing and records nothing") {
+  dt::trace::stop();
+  CHECK_FALSE(dt::trace::enabled());
+  { const dt::trace::Scope s("never", "test"); }
+  dt::test::TempDir dir("dt_trace_off");
+  dt::trace::start(0, dir.path.string());
+  CHECK(dt::trace::event_count() == 0);
+  dt::trace::stop();
+}
+
+TEST_CASE("trace: nested scopes on several threads, one file per rank") {
+  dt::test::TempDir dir("dt_trace");
+  const std::string d = (dir.path / "sub" / "dir").string();  // created by start()
+  dt::trace::start(5, d);
+  CHECK(dt::trace::enabled());
+  CHECK_THROWS_AS(dt::trace::start(5, d), dt::Error);
+  {
+    const dt::trace::Scope step("step", "train", "step", 7);
+    for (int l = 0; l < 3; ++l) {
+      const dt::trace::Scope layer("forward", "model", "layer", l);
+      work();
+    }
+  }
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 3; ++t)
+    ts.emplace_back([t] {
+      dt::trace::set_thread_name(t == 0 ? "worker \"zero\"" : "worker");
+      for (int i = 0; i < 50; ++i) {
+        const dt::trace::Scope a("outer", "test");
+        const dt::trace::Scope b("inner", "test", "i", i);
+        work();
+      }
+    });
+  for (auto& t : ts) t.join();  // finished threads' events stay
+  CHECK(dt::trace::event_count() == 4 + 3 * 100);
+  const std::string path = dt::trace::write();
+  CHECK(path == d + "/trace-rank5.json");
+  json doc = load(path);
+  REQUIRE(doc["traceEvents"].is_array());
+  CHECK(doc["otherData"]["rank"] == 5);
+  CHECK(doc["otherData"]["dropped"] == 0);
+  CHECK(check_nesting(doc) == 304);
+  std::map<std::string, int> names;
+  std::set<long> tids;
+  bool process_named = false, main_named = false, quoted = false;
+  for (const auto& e : doc["traceEvents"]) {
+    CHECK(e["pid"] == 5);
+    if (e["ph"] == "M" && e["name"] == "process_name")
+      process_named = e["args"]["name"] == "rank 5";
+    if (e["ph"] == "M" && e["name"] == "thread_name") {
+      main_named |= e["args"]["name"] == "main";
+      quoted |= e["args"]["name"] == "worker \"zero\"";
+    }
+    if (e["ph"] != "X") continue;
+    names[e["name"].get<std::string>()]++;
+    tids.insert(e["tid"].get<long>());
+    if (e["name"] == "step") CHECK(e["args"]["step"] == 7);
+    if (e["name"] == "forward") CHECK(e["cat"] == "model");
+  }
+  CHECK(process_named);
+  CHECK(main_named);
+  CHECK(quoted);
+  CHECK(names["forward"] == 3);
+  CHECK(names["inner"] == 150);
+  CHECK(tids.size() == 4);
+  // The step encloses its layers.
+  double step_ts = 0, step_end = 0;
+  for (const auto& e : doc["traceEvents"])
+    if (e["name"] == "step") {
+      step_ts = e["ts"];
+      step_end = step_ts + e["dur"].get<double>();
+    }
+  for (const auto& e : doc["traceEvents"])
+    if (e["name"] == "forward") {
+      CHECK(e["ts"].get<double>() >= step_ts - 1);
+      CHECK(e["ts"].get<double>() + e["dur"].get<double>() <= step_end + 1);
+    }
+
+  // Writing again rewrites the file with everything so far; after stop() nothing is added.
+  { const dt::trace::Scope more("late", "test"); }
+  dt::trace::stop();
+  { const dt::trace::Scope after("after_stop", "test"); }
+  dt::trace::write();
+  doc = load(path);
+  std::size_t late = 0, after = 0;
+  for (const auto& e : doc["traceEvents"]) {
+    late += e["name"] == "late";
+    after += e["name"] == "after_stop";
+  }
+  CHECK(late == 1);
+  CHECK(after == 0);
+  std::size_t files = 0;
+  for (const auto& f : fs::directory_iterator(d)) files += f.is_regular_file();
+  CHECK(files == 1);  // no temporary left
+
+  // A new start() begins an empty timeline.
+  dt::trace::start(5, d);
+  CHECK(dt::trace::event_count() == 0);
+  dt::trace::stop();
+}
+
+TEST_CASE("trace: a directory that cannot be made is a ConfigError naming it") {
+  dt::test::TempDir dir("dt_trace_bad");
+  const std::string file = dir.write("plain", "x");
+  CHECK_THROWS_WITH_AS(dt::trace::start(0, file + "/sub"), doctest::Contains("plain/sub"),
+                       dt::ConfigError);
+  CHECK_FALSE(dt::trace::enabled());
+}
+
+TEST_CASE("trace: each thread keeps a bounded number of events") {
+  dt::test::TempDir dir("dt_trace_cap");
+  dt::trace::start(0, dir.path.string());
+  std::thread t([] {
+    for (std::size_t i = 0; i < dt::trace::kMaxEventsPerThread + 10; ++i) {
+      const dt::trace::Scope s("tiny", "test");
+    }
+  });
+  t.join();
+  CHECK(dt::trace::event_count() == dt::trace::kMaxEventsPerThread);
+  CHECK(dt::trace::dropped_count() == 10);
+  dt::trace::stop();
+  dt::trace::start(0, dir.path.string());  // frees them
+  dt::trace::stop();
+}
