@@ -14,6 +14,7 @@
 #include "dt/config.hpp"
 #include "dt/device.hpp"
 #include "dt/runtime.hpp"
+#include "dt/trace.hpp"
 #include "dt/train.hpp"
 
 int main(int argc, char** argv) {
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   dt::Runtime rt(&argc, &argv, ro);
   const bool lead = rt.rank() == 0;
   cfg.config_text = opts.dump();
+  cfg.local_rank = rt.topology().placement.local_rank;
   if (cfg.print_config && lead) std::printf("%s", cfg.config_text.c_str());
   dt::install_drain_signals();
   std::unique_ptr<dt::Device> dev;
@@ -89,6 +91,7 @@ int main(int argc, char** argv) {
     return trainer->run();
   } catch (const dt::Error& e) {
     std::fprintf(stderr, "dt_train: rank %d: %s\n", rt.rank(), e.what());
+    dt::trace::write_noexcept();  // the timeline up to the failure
     rt.abort(3);
   }
 }

@@ -21,6 +21,10 @@
 
 namespace dt {
 
+namespace obs {
+class TrainTelemetry;
+}
+
 struct TrainConfig {
   GptConfig model;  ///< model.vocab 0: taken from the data file
   std::string data_path;
@@ -54,6 +58,16 @@ struct TrainConfig {
   std::int64_t eval_sequences = 64;         ///< --eval-only: first K validation sequences, in order
   std::string config_text;                  ///< effective config, stored in checkpoints
   std::int64_t test_kill_during_save = -1;  ///< testing only: this rank SIGKILLs itself mid-save
+  // metrics and timeline (include/dt/metrics.hpp, include/dt/trace.hpp)
+  int metrics_port = 0;  ///< HTTP /metrics at port + local_rank; 0 off; -1 a free port
+  std::string metrics_host = "0.0.0.0";
+  std::string metrics_textfile;  ///< node_exporter textfile; {rank} becomes the rank
+  std::string metrics_push_url;  ///< Pushgateway base URL
+  std::string metrics_job;       ///< push job label ("": $SLURM_JOB_ID, else dt_train)
+  std::int64_t metrics_every = 10;
+  double peak_flops = 1e11;  ///< per rank, for model FLOP utilisation
+  std::string trace_dir;     ///< "" off
+  int local_rank = 0;        ///< set by the app from the runtime (metrics port offset)
 };
 
 /// Exit code of a run that drained on SIGUSR1/SIGTERM after writing a checkpoint: job scripts
@@ -86,6 +100,7 @@ class Trainer {
   /// Checks the split of the global batch over `comm` (dt::ConfigError), then allocates the model
   /// and optimiser on `dev` and initialises the weights from the seed.
   Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const TokenFile& data);
+  ~Trainer();
 
   StepStats step();
   /// Mean loss over the fixed validation windows (all ranks share the work).
@@ -128,6 +143,7 @@ class Trainer {
   /// Mean loss over the validation windows starting at `starts`, shared out over the ranks.
   double loss_over(const std::vector<std::size_t>& starts);
   void finish_checkpoints();
+  std::unique_ptr<obs::TrainTelemetry> obs_;
 };
 
 }  // namespace dt

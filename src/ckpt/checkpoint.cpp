@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "../comm/mpi_comm.hpp"
+#include "dt/trace.hpp"
 #include "h5.hpp"
 
 #ifndef DT_VERSION
@@ -237,6 +238,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
                           const std::function<void()>& after_write) {
   static const Quiet quiet;
   DT_CHECK(CheckpointError, keep >= 1, "ckpt.keep must be at least 1, got ", keep);
+  const trace::Scope save_scope("ckpt.save", "ckpt", "step", meta.step);
   const auto t0 = Clock::now();
   MpiComm& mc = mpi_of(comm);
   const std::string final_path = dir + "/" + step_name(meta.step);
@@ -316,6 +318,8 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     std::exception_ptr hash_error;
     std::thread hasher([&] {
       try {
+        trace::set_thread_name("ckpt-hash");
+        const trace::Scope hash_scope("ckpt.hash", "ckpt");
         for (std::size_t i = 0; i < tensors.size(); ++i) {
           const auto [ca, cb] = mine[i];
           all_sums[i].resize((cb - ca) * 32 + 32);
@@ -342,6 +346,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     bool wrote = true;
     std::string write_err;
     try {
+      const trace::Scope write_scope("ckpt.write", "ckpt");
       for (std::size_t i = 0; i < tensors.size(); ++i) {
         const CkptTensor& t = tensors[i];
         const auto [ca, cb] = mine[i];
@@ -417,6 +422,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
   // Each rank makes what it wrote durable on its node before anything is committed.
   if (ok) {
     try {
+      const trace::Scope fsync_scope("ckpt.fsync", "ckpt");
       fsync_path(partial, false);
     } catch (const Error& e) {
       ok = false;
@@ -429,6 +435,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
 
   if (comm.rank() == 0) {
     try {
+      const trace::Scope commit_scope("ckpt.commit", "ckpt");
       DT_CHECK(CheckpointError, ::rename(partial.c_str(), final_path.c_str()) == 0, "rename ",
                partial, " -> ", final_path, ": ", errno_text());
       fsync_path(dir, true);
@@ -663,6 +670,7 @@ std::vector<std::string> all_datasets(hid_t file, const std::string& path) {
 
 CkptMeta load_checkpoint(Comm& comm, const std::string& path,
                          const std::vector<CkptTensor>& tensors) {
+  const trace::Scope load_scope("ckpt.load", "ckpt");
   MpiComm& mc = mpi_of(comm);
   Opened o = open_read(mc, path);
   CkptMeta meta = read_meta(o.file, path);
@@ -699,6 +707,7 @@ CkptMeta load_checkpoint(Comm& comm, const std::string& path,
 }
 
 std::vector<std::string> verify_file(Comm& comm, const std::string& path) {
+  const trace::Scope verify_scope("ckpt.verify", "ckpt");
   MpiComm& mc = mpi_of(comm);
   try {
     Opened o = open_read(mc, path);
@@ -839,6 +848,7 @@ double AsyncCheckpointer::save(const std::vector<CkptTensor>& tensors, const Ckp
   impl_->join();
   impl_->snapshot.resize(tensors.size());
   impl_->snapshot_size.resize(tensors.size(), 0);
+  const trace::Scope snapshot_scope("ckpt.snapshot", "ckpt");
   impl_->tensors = tensors;
   // Only this rank's share is copied: the save reads nothing else on this rank.
   const auto ranges = my_ranges(tensors, impl_->comm->rank(), impl_->comm->size());
@@ -851,6 +861,7 @@ double AsyncCheckpointer::save(const std::vector<CkptTensor>& tensors, const Ckp
   impl_->meta = meta;
   Impl* s = impl_.get();
   s->thread = std::thread([s] {
+    trace::set_thread_name("ckpt-writer");
     try {
       s->stats = save_checkpoint(*s->comm, s->dir, s->tensors, s->meta, s->keep);
     } catch (...) {

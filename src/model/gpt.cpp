@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "dt/trace.hpp"
+
 namespace dt {
 
 std::vector<ParamInfo> gpt_params(const GptConfig& c) {
@@ -206,6 +208,7 @@ double Gpt::forward(const std::int32_t* inputs, const std::int32_t* targets, int
             P + params_[1].offset, std::int64_t{B}, std::int64_t{T}, C, V);
   const float* x = encoded_;
   for (int l = 0; l < cfg_.layers; ++l) {
+    const trace::Scope layer_scope("forward", "model", "layer", l);
     Layer& a = L_[static_cast<std::size_t>(l)];
     dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", a.ln1, a.ln1_mean, a.ln1_rstd, x,
               W(l, LN1W), W(l, LN1B), BT, C);
@@ -265,6 +268,7 @@ void Gpt::backward(float loss_scale) {
             static_cast<const float*>(lnf_rstd_), BT, C);
 
   for (int l = cfg_.layers - 1; l >= 0; --l) {
+    const trace::Scope layer_scope("backward", "model", "layer", l);
     Layer& a = L_[static_cast<std::size_t>(l)];
     const float* x = l == 0 ? encoded_ : L_[static_cast<std::size_t>(l - 1)].res3;
     // res3 = res2 + fch_gelu @ Wfcp^T + b: dres flows to res2 unchanged.
