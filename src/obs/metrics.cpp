@@ -491,7 +491,7 @@ struct Exporter::Impl {
         cli.set_write_timeout(us);
         auto res = cli.Put(path, reg.render(), kContentType);
         if (!res)
-          why = httplib::to_string(res.error());
+          why = "no reply (" + httplib::to_string(res.error()) + " error)";
         else if (res->status / 100 != 2)
           why = "HTTP " + std::to_string(res->status) + " " + res->body;
       } catch (const std::exception& e) {

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""obs.pushgateway: starts a real prometheus-pushgateway (Debian package; scripts/bootstrap
+installs it) on a free loopback port with its storage in the test directory. A 2-rank dt_train
+with SLURM_JOB_ID set pushes every 2 steps and at the end; the gateway's own /metrics must then
+hold both ranks' series under job=<SLURM_JOB_ID>, instance=<rank>, with the values of the run.
+Then a run pointed at a port where nothing listens must still train to the end (exit 0) and warn
+exactly once. The gateway is stopped at the end."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import obslib
+from obslib import check, fail
+
+a = obslib.Args(sys.argv)
+gw_bin = shutil.which("prometheus-pushgateway") or "/usr/bin/prometheus-pushgateway"
+if not os.path.exists(gw_bin):
+    fail("prometheus-pushgateway is not installed (Debian package prometheus-pushgateway; "
+         "scripts/bootstrap installs it)")
+    obslib.finish(a)
+
+port = obslib.free_port()
+gw_cmd = [gw_bin, "--web.listen-address=127.0.0.1:%d" % port,
+          "--persistence.file=" + os.path.join(a.work, "pushgateway.data")]
+print("=== " + " ".join(gw_cmd), flush=True)
+gw_log = open("pushgateway.log", "w")
+gw = subprocess.Popen(gw_cmd, stdout=gw_log, stderr=subprocess.STDOUT, start_new_session=True)
+base = "http://127.0.0.1:%d" % port
+try:
+    ready = False
+    for _ in range(300):
+        if gw.poll() is not None:
+            break
+        if obslib.http_get(base + "/-/ready", timeout=1)[0] == 200:
+            ready = True
+            break
+        time.sleep(0.1)
+    if not check(ready, "the pushgateway did not become ready on %s" % base):
+        print(open("pushgateway.log").read())
+    else:
+        job = "4242%d" % os.getpid()
+        env = dict(os.environ, SLURM_JOB_ID=job)
+        rc, out = obslib.run(a.train_cmd(2, "--train.steps=6", "--train.log-every=1",
+                                         "--metrics.every=2", "--metrics.push-url=" + base,
+                                         "--train.log-file=steps.jsonl"), env=env)
+        check(rc == 0, "dt_train exit code %s, expected 0" % rc)
+        check("warning" not in out, "a push failed: " + out)
+        status, body = obslib.http_get(base + "/metrics")
+        check(status == 200, "GET %s/metrics: %s" % (base, status))
+        try:
+            types, helps, samples = obslib.parse_prometheus(body)
+        except obslib.ParseError as e:
+            fail("the gateway's /metrics: %s" % e)
+            types, helps, samples = {}, {}, []
+        mine = [s for s in samples if s[1].get("job") == job]
+        instances = sorted({s[1].get("instance") for s in mine})
+        check(instances == ["0", "1"], "job %s: instances %s, expected ['0', '1']" % (job, instances))
+        last = [json.loads(l) for l in open("steps.jsonl")][-1]
+        for inst in ("0", "1"):
+            v = lambda n, **l: obslib.value_of(samples, n, job=job, instance=inst, **l)
+            check(v("dt_train_step") == 6, "instance %s: dt_train_step %s, expected 6" % (inst, v("dt_train_step")))
+            loss = v("dt_train_loss")
+            check(loss is not None and abs(loss - last["loss"]) <= 1e-6 * abs(last["loss"]),
+                  "instance %s: dt_train_loss %s, the step log says %s" % (inst, loss, last["loss"]))
+            check(v("dt_train_tokens_total") == 6 * 8 * 32,
+                  "instance %s: dt_train_tokens_total %s" % (inst, v("dt_train_tokens_total")))
+            check(v("dt_train_step_seconds_count") == 6,
+                  "instance %s: dt_train_step_seconds_count %s" % (inst, v("dt_train_step_seconds_count")))
+            # The counter travels with the push, so the gateway holds the count of the pushes
+            # before the last one (background pushes may coalesce when steps are fast).
+            check((v("dt_metrics_pushes_total") or 0) >= 1,
+                  "instance %s: dt_metrics_pushes_total %s" % (inst, v("dt_metrics_pushes_total")))
+            check(v("push_time_seconds") is not None and v("push_time_seconds") > 0,
+                  "instance %s: the gateway has no push_time_seconds" % inst)
+        check(types.get("dt_train_step_seconds") == "histogram",
+              "the gateway reports dt_train_step_seconds as %s" % types.get("dt_train_step_seconds"))
+        obslib.check_histograms(types, mine, "gateway")
+finally:
+    gw.terminate()
+    try:
+        gw.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        obslib.stop_process_group(gw)
+        gw.wait()
+    gw_log.close()
+check(obslib.http_get(base + "/-/ready", timeout=1)[0] == 0, "the pushgateway still answers after stop")
+
+# Nothing listens: training goes on, one warning, exit 0.
+dead = obslib.free_port()
+rc, out = obslib.run(a.train_cmd(1, "--train.steps=4", "--metrics.every=1",
+                                 "--metrics.push-url=http://127.0.0.1:%d" % dead))
+check(rc == 0, "exit code %s with an unreachable gateway, expected 0" % rc)
+warnings = [l for l in out.splitlines() if "warning: metrics push to" in l]
+check(len(warnings) == 1, "expected one push warning, got %d" % len(warnings))
+check(any("127.0.0.1:%d" % dead in l for l in warnings), "the warning does not name the gateway")
+check("done: 4 steps" in out, "the run did not finish its 4 steps")
+obslib.finish(a)

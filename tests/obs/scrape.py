@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""obs.http_scrape: a 2-rank dt_train with --metrics.port=-1 prints where each rank serves
+/metrics; while it trains, both endpoints are scraped with a real HTTP client (urllib) and every
+line is parsed. The values must make sense (step counter moving, finite loss, positive tokens/s,
+consistent histograms, resident memory), another path is a 404, and after a drain (SIGUSR1 to
+mpiexec) the job exits 75 and the endpoints are gone."""
+import math
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import obslib
+from obslib import check, fail
+
+a = obslib.Args(sys.argv)
+cmd = a.train_cmd(2, "--train.steps=1000000", "--train.log-every=1000000", "--train.eval-every=0",
+                  "--metrics.port=-1", "--metrics.host=127.0.0.1")
+print("=== in the background: " + " ".join(cmd), flush=True)
+out = open("train.out", "w")
+job = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+urls = {}
+rc = None
+try:
+    deadline = time.time() + 90
+    while time.time() < deadline and len(urls) < 2 and job.poll() is None:
+        for m in re.finditer(r"rank (\d+): metrics at (http://\S+/metrics)", open("train.out").read()):
+            urls[int(m.group(1))] = m.group(2)
+        time.sleep(0.1)
+    check(sorted(urls) == [0, 1], "expected 'metrics at' lines of ranks 0 and 1, got %s" % urls)
+    check(len(set(urls.values())) == len(urls), "two ranks share one endpoint: %s" % urls)
+
+    first_step = {}
+    for rank, url in sorted(urls.items()):
+        # Scrape until this rank has taken a few steps (or the job ends, which it must not).
+        steps_seen = []
+        while time.time() < deadline and job.poll() is None:
+            status, body = obslib.http_get(url)
+            if not check(status == 200, "rank %d: GET %s: status %s: %s" % (rank, url, status, body[:200])):
+                break
+            try:
+                types, helps, samples = obslib.parse_prometheus(body)
+            except obslib.ParseError as e:
+                fail("rank %d: %s" % (rank, e))
+                break
+            step = obslib.value_of(samples, "dt_train_step")
+            steps_seen.append(step)
+            if step is not None and step >= 3:
+                break
+            time.sleep(0.05)
+        check(job.poll() is None, "the job ended while rank %d was being scraped" % rank)
+        print("rank %d: %s: %d lines, steps seen %s" % (rank, url, len(body.splitlines()),
+                                                      steps_seen[:3] + ["..."] + steps_seen[-2:]))
+        if not steps_seen or steps_seen[-1] is None:
+            fail("rank %d: no dt_train_step sample" % rank)
+            continue
+        first_step[rank] = steps_seen[-1]
+        for fam in types:
+            check(fam in helps, "rank %d: %s has a TYPE but no HELP line" % (rank, fam))
+        for name, labels, v in samples:
+            base = re.sub(r"_(bucket|sum|count)$", "", name)
+            check(name in types or base in types, "rank %d: sample %s has no TYPE" % (rank, name))
+        obslib.check_histograms(types, samples, "rank %d" % rank)
+        expect_types = {"dt_train_step": "gauge", "dt_train_loss": "gauge",
+                        "dt_train_learning_rate": "gauge", "dt_train_grad_norm": "gauge",
+                        "dt_train_loss_scale": "gauge", "dt_train_tokens_per_second": "gauge",
+                        "dt_train_model_flops_utilization": "gauge",
+                        "dt_train_tokens_total": "counter", "dt_train_step_seconds": "histogram",
+                        "dt_process_resident_bytes": "gauge", "dt_ckpt_saves_total": "counter"}
+        for fam, t in expect_types.items():
+            check(types.get(fam) == t, "rank %d: %s has type %s, expected %s" % (rank, fam, types.get(fam), t))
+        v = lambda n, **l: obslib.value_of(samples, n, **l)
+        loss = v("dt_train_loss")
+        check(loss is not None and math.isfinite(loss) and 0 < loss < 10, "rank %d: loss %s" % (rank, loss))
+        check((v("dt_train_learning_rate") or 0) > 0, "rank %d: learning rate %s" % (rank, v("dt_train_learning_rate")))
+        check(v("dt_train_loss_scale") == 1, "rank %d: loss scale %s" % (rank, v("dt_train_loss_scale")))
+        check((v("dt_train_tokens_per_second") or 0) > 0, "rank %d: tokens/s %s" % (rank, v("dt_train_tokens_per_second")))
+        mfu = v("dt_train_model_flops_utilization")
+        check(mfu is not None and 0 < mfu < 1, "rank %d: model FLOP utilisation %s" % (rank, mfu))
+        steps = v("dt_train_step")
+        # Tokens and the step-time histogram cover the steps taken (the scrape may fall between
+        # the updates of one step: allow one step of difference).
+        check(abs(v("dt_train_tokens_total") - steps * 8 * 32) <= 8 * 32,
+              "rank %d: tokens_total %s after %s steps" % (rank, v("dt_train_tokens_total"), steps))
+        check(abs(v("dt_train_step_seconds_count") - steps) <= 1,
+              "rank %d: step_seconds_count %s after %s steps" % (rank, v("dt_train_step_seconds_count"), steps))
+        check((v("dt_process_resident_bytes") or 0) > 1e6, "rank %d: resident bytes %s" % (rank, v("dt_process_resident_bytes")))
+        check(v("dt_world_size") == 2, "rank %d: world size %s" % (rank, v("dt_world_size")))
+        status, _ = obslib.http_get(url.replace("/metrics", "/nope"))
+        check(status == 404, "rank %d: GET /nope gave %s, expected 404" % (rank, status))
+
+    # A later scrape shows the job moving on.
+    if 0 in urls and 0 in first_step:
+        moved = False
+        while time.time() < deadline and job.poll() is None and not moved:
+            status, body = obslib.http_get(urls[0])
+            if status == 200:
+                moved = obslib.value_of(obslib.parse_prometheus(body)[2], "dt_train_step") > first_step[0]
+            time.sleep(0.05)
+        check(moved, "rank 0: dt_train_step did not move past %s" % first_step[0])
+
+    print("=== drain: SIGUSR1 to mpiexec (pid %d)" % job.pid, flush=True)
+    job.send_signal(signal.SIGUSR1)
+    try:
+        rc = job.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        rc = None
+        fail("the job did not drain within 60 s")
+finally:
+    if job.poll() is None:
+        obslib.stop_process_group(job)
+        job.wait()
+    out.close()
+print(open("train.out").read(), flush=True)
+check(rc == 75, "exit code %s after the drain, expected 75" % rc)
+for rank, url in sorted(urls.items()):
+    status, _ = obslib.http_get(url, timeout=2)
+    check(status == 0, "rank %d: %s still answers (%s) after the job ended" % (rank, url, status))
+obslib.finish(a)

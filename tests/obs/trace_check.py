@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""obs.trace: a 2-rank dt_train with --trace.dir writes trace-rank0.json and trace-rank1.json.
+Each parses as a Chrome trace, each rank is its own process (pid = rank, named), complete events
+have non-negative durations and nest properly on every thread (B/E pairs, if any, match), and
+the expected regions are there: steps, forward and backward per layer, micro-batches, optimizer,
+checkpoint phases on their own named threads. dt_trace merge keeps every event of both files in
+one trace with two processes; on a missing file, a file that is not JSON, JSON that is not a
+trace, or two files of the same rank it exits 2 naming the file and leaves OUT untouched."""
+import collections
+import json
+import os
+import sys
+
+import obslib
+from obslib import check, fail
+
+a = obslib.Args(sys.argv)
+STEPS, LAYERS, MICRO = 4, 2, 2  # micro.ini: 2 layers, batch 8 -> 4 per rank, 2 micro-batches
+rc, out = obslib.run(a.train_cmd(2, "--train.steps=%d" % STEPS, "--train.micro-batch=2",
+                                 "--trace.dir=tr", "--ckpt.dir=ck", "--ckpt.every=2",
+                                 "--train.eval-every=0"))
+check(rc == 0, "dt_train exit code %s, expected 0" % rc)
+check("timeline written to tr/trace-rank0.json" in out, "no 'timeline written' line")
+
+
+def check_events(events, where):
+    """Per (pid, tid): X events nest, B/E pairs match. Returns the X events."""
+    xs, stacks = [], collections.defaultdict(list)
+    for e in events:
+        ph = e.get("ph")
+        if ph == "X":
+            if not check(e.get("dur", -1) >= 0, "%s: X event without a non-negative dur: %s" % (where, e)):
+                continue
+            xs.append(e)
+        elif ph == "B":
+            stacks[(e["pid"], e["tid"])].append(e)
+        elif ph == "E":
+            st = stacks[(e["pid"], e["tid"])]
+            if check(st, "%s: E without B: %s" % (where, e)):
+                b = st.pop()
+                check(e["ts"] >= b["ts"], "%s: E before its B: %s" % (where, e))
+    for k, st in stacks.items():
+        check(not st, "%s: B events never ended on %s: %s" % (where, k, st))
+    by_thread = collections.defaultdict(list)
+    for e in xs:
+        by_thread[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    for k, evs in by_thread.items():
+        evs.sort(key=lambda t: (t[0], -t[1]))
+        open_ = []
+        for b, end, name in evs:
+            while open_ and open_[-1][1] <= b + 1.0:  # 1 us of slack for JSON rounding
+                open_.pop()
+            if open_:
+                check(end <= open_[-1][1] + 1.0,
+                      "%s: %s [%.3f, %.3f] overlaps %s [%.3f, %.3f] on thread %s without nesting"
+                      % (where, name, b, end, open_[-1][2], open_[-1][0], open_[-1][1], k))
+            open_.append((b, end, name))
+    return xs
+
+
+docs = {}
+for rank in (0, 1):
+    path = "tr/trace-rank%d.json" % rank
+    try:
+        docs[rank] = json.load(open(path))
+    except (OSError, ValueError) as e:
+        fail("%s: %s" % (path, e))
+        continue
+    d = docs[rank]
+    events = d.get("traceEvents")
+    if not check(isinstance(events, list) and events, "%s: no traceEvents array" % path):
+        continue
+    check(all(e.get("pid") == rank for e in events), "%s: an event is not in process %d" % (path, rank))
+    meta = [e for e in events if e.get("ph") == "M"]
+    check(any(e["name"] == "process_name" and e["args"]["name"] == "rank %d" % rank for e in meta),
+          "%s: no process_name 'rank %d'" % (path, rank))
+    thread_names = {e["tid"]: e["args"]["name"] for e in meta if e["name"] == "thread_name"}
+    xs = check_events(events, path)
+    for e in xs:
+        check(e["tid"] in thread_names, "%s: thread %s has no thread_name" % (path, e["tid"]))
+    names = collections.Counter(e["name"] for e in xs)
+    print("%s: %d events, threads %s, regions %s" % (path, len(events), sorted(set(thread_names.values())), dict(names)))
+    check(names["step"] == STEPS, "%s: %d step events, expected %d" % (path, names["step"], STEPS))
+    check(names["optimizer"] == STEPS, "%s: %d optimizer events" % (path, names["optimizer"]))
+    check(names["micro-batch"] == STEPS * MICRO, "%s: %d micro-batch events" % (path, names["micro-batch"]))
+    check(names["backward"] == STEPS * MICRO * LAYERS, "%s: %d backward events" % (path, names["backward"]))
+    check(names["forward"] >= STEPS * MICRO * LAYERS, "%s: %d forward events" % (path, names["forward"]))
+    layers = sorted({e["args"]["layer"] for e in xs if e["name"] in ("forward", "backward")})
+    check(layers == list(range(LAYERS)), "%s: layer arguments %s" % (path, layers))
+    steps = sorted(e["args"]["step"] for e in xs if e["name"] == "step")
+    check(steps == list(range(STEPS)), "%s: step arguments %s" % (path, steps))
+    for region in ("ckpt.save", "ckpt.write", "ckpt.hash", "ckpt.fsync"):
+        check(names[region] == 2, "%s: %d %s events, expected 2 (steps 2 and 4)" % (path, names[region], region))
+    if rank == 0:
+        check(names["ckpt.commit"] == 2, "%s: %d ckpt.commit events" % (path, names["ckpt.commit"]))
+    hash_threads = {thread_names.get(e["tid"]) for e in xs if e["name"] == "ckpt.hash"}
+    check(hash_threads == {"ckpt-hash"}, "%s: ckpt.hash ran on threads %s" % (path, hash_threads))
+    main_tid = next((t for t, n in thread_names.items() if n == "main"), None)
+    check(all(e["tid"] == main_tid for e in xs if e["name"] == "step"), "%s: steps not on 'main'" % path)
+    # Layers sit inside steps (or evaluations) of the same thread.
+    for e in xs:
+        if e["name"] == "backward":
+            inside = any(s["tid"] == e["tid"] and s["ts"] - 1 <= e["ts"] and
+                         e["ts"] + e["dur"] <= s["ts"] + s["dur"] + 1
+                         for s in xs if s["name"] == "step")
+            check(inside, "%s: a backward event outside every step: %s" % (path, e))
+
+# ---- dt_trace merge ---------------------------------------------------------------------------
+rc, out = obslib.run([a.trace, "merge", "merged.json", "tr/trace-rank0.json", "tr/trace-rank1.json"])
+check(rc == 0, "dt_trace merge exit code %s" % rc)
+try:
+    merged = json.load(open("merged.json"))
+    mev = merged["traceEvents"]
+except (OSError, ValueError, KeyError) as e:
+    fail("merged.json: %s" % e)
+    mev = []
+if len(docs) == 2:
+    inputs = docs[0]["traceEvents"] + docs[1]["traceEvents"]
+    check(len(mev) == len(inputs), "merge has %d events, the inputs %d" % (len(mev), len(inputs)))
+    key = lambda e: json.dumps(e, sort_keys=True)
+    check(collections.Counter(map(key, mev)) == collections.Counter(map(key, inputs)),
+          "merge changed, lost or added events")
+    check({e["pid"] for e in mev} == {0, 1}, "merge processes: %s" % {e["pid"] for e in mev})
+    check(sum(1 for e in mev if e.get("name") == "process_name") == 2, "merge: not one process_name per rank")
+    check_events(mev, "merged.json")
+rc, out = obslib.run([a.trace, "summary", "merged.json", "--top", "5"])
+check(rc == 0 and "step" in out and "2 processes" in out, "dt_trace summary: exit code %s" % rc)
+
+# Bad inputs: exit 2, the file named, OUT untouched.
+open("notjson.json", "w").write("{ this is not json")
+open("nottrace.json", "w").write('{"hello": [1, 2]}')
+open("badevent.json", "w").write('{"traceEvents": [{"name": "x"}]}')
+open("out.json", "w").write("previous")
+cases = [
+    (["tr/trace-rank0.json", "missing.json"], "missing.json"),
+    (["notjson.json"], "notjson.json: not JSON"),
+    (["nottrace.json"], "nottrace.json: not a Chrome trace"),
+    (["badevent.json"], "badevent.json: event 0"),
+    (["tr/trace-rank0.json", "tr/trace-rank1.json", "merged.json"], "merged.json: rank (pid) 0 also appears"),
+]
+for inputs, want in cases:
+    rc, out = obslib.run([a.trace, "merge", "out.json"] + inputs)
+    check(rc == 2, "merge %s: exit code %s, expected 2" % (inputs, rc))
+    check(want in out, "merge %s: no message containing '%s'" % (inputs, want))
+    check(open("out.json").read() == "previous", "merge %s: out.json was changed" % inputs)
+    check(not [f for f in os.listdir(".") if f.startswith("out.json.tmp")], "a temporary file was left")
+rc, out = obslib.run([a.trace, "merge", "never.json"])
+check(rc == 2 and not os.path.exists("never.json"), "merge without inputs: exit code %s" % rc)
+rc, out = obslib.run([a.trace, "frobnicate"])
+check(rc == 2 and "unknown subcommand 'frobnicate'" in out, "unknown subcommand: exit code %s" % rc)
+obslib.finish(a)
