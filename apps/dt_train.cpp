@@ -13,21 +13,34 @@
 
 #include "dt/config.hpp"
 #include "dt/device.hpp"
+#include "dt/qos.hpp"
 #include "dt/runtime.hpp"
 #include "dt/trace.hpp"
 #include "dt/train.hpp"
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--version") {
+      std::printf("dt_train (dt) %s\n", DT_VERSION);
+      return 0;
+    }
   dt::TrainConfig cfg;
   dt::Options opts("dt_train", "Train a GPT-2-style model with data parallelism over MPI ranks.");
   dt::add_train_options(opts, cfg);
+  dt::qos::Settings qos_settings;
+  dt::qos::add_options(opts, qos_settings);
   dt::TokenFile data;
+  dt::qos::Tier tier;
   int rc = dt::run_with_config_errors("dt_train", [&] {
     if (!opts.parse(argc, argv)) return 0;
     data = dt::validate_and_load(cfg);
+    const std::string record = dt::qos::record_path(qos_settings);
+    if (!record.empty()) tier = dt::qos::read_record(record);
     return -1;
   });
   if (rc >= 0) return rc;
+  // Into the job's cgroup before MPI starts its threads; this (compute) thread gets its policy.
+  dt::qos::configure(tier);
 
   dt::RuntimeOptions ro;
   ro.bind = dt::parse_bind_mode(cfg.bind);
@@ -37,6 +50,8 @@ int main(int argc, char** argv) {
   cfg.config_text = opts.dump();
   cfg.local_rank = rt.topology().placement.local_rank;
   if (cfg.print_config && lead) std::printf("%s", cfg.config_text.c_str());
+  if (lead && !tier.name.empty())
+    std::printf("dt_train: qos: %s\n", dt::qos::describe(tier).c_str());
   dt::install_drain_signals();
   std::unique_ptr<dt::Device> dev;
   std::unique_ptr<dt::Trainer> trainer;

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <thread>
 
 #include "../comm/mpi_comm.hpp"
+#include "dt/qos.hpp"
 #include "dt/trace.hpp"
 #include "h5.hpp"
 
@@ -862,6 +864,8 @@ double AsyncCheckpointer::save(const std::vector<CkptTensor>& tensors, const Ckp
   Impl* s = impl_.get();
   s->thread = std::thread([s] {
     trace::set_thread_name("ckpt-writer");
+    pthread_setname_np(pthread_self(), "dt-ckpt");
+    qos::apply_to_current_thread(qos::Role::io);
     try {
       s->stats = save_checkpoint(*s->comm, s->dir, s->tensors, s->meta, s->keep);
     } catch (...) {

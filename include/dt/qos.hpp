@@ -1,0 +1,85 @@
+// dt::qos: the job's QoS tier inside each rank.
+//
+// On a Slurm node, slurm/prolog gives each job a tier from configs/qos.ini (realtime, high,
+// best_effort), makes the job's cgroup with the tier's CPU weight and cpuset, and records what it
+// did in DT_QOS_STATE_DIR/job-<id>.conf (key=value lines, see slurm/prolog). A rank learns its
+// tier from that record (options qos.file and qos.state-dir), moves itself into the job's
+// cgroup(s), and then each of its threads takes the policy of its role:
+//
+//   Role::comm     the communication progress thread (named "dt-progress"): SCHED_FIFO at the
+//                  tier's priority (the low end of the tier's fifo range). It must block (condition
+//                  variables, blocking waits), never busy-poll: a FIFO thread that spins starves
+//                  every other thread and rank on its core.
+//   Role::compute  the main (training) thread: SCHED_OTHER at the process's nice value. It busy-
+//                  polls inside MPI calls, so it never runs SCHED_FIFO.
+//   Role::io       checkpoint writers ("dt-ckpt") and metrics: SCHED_BATCH at the process's nice
+//                  value + 10 (capped at 19): about a tenth of a core's time while compute wants
+//                  it, all of it when compute waits.
+//
+// comm strictly precedes compute and io (real-time class); compute precedes io by weight (1024
+// against 110 per CFS share) rather than strictly, so a checkpoint writer that other ranks wait
+// for in a collective can never be starved for good (no livelock when ranks outnumber cores).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace dt {
+class Options;
+}
+
+namespace dt::qos {
+
+enum class Role { comm, compute, io };
+
+/// Where a rank finds its tier: options qos.file and qos.state-dir.
+struct Settings {
+  std::string file = "auto";  ///< auto | none | PATH of a record
+  std::string state_dir = "/run/dt-qos";
+};
+
+/// Registers qos.file and qos.state-dir on `o`, writing into `s`.
+void add_options(Options& o, Settings& s);
+
+/// A job's tier as slurm/prolog recorded it.
+struct Tier {
+  std::string name;       ///< realtime | high | best_effort; "" when no tier is configured
+  std::string requested;  ///< what the job asked for (differs from name after a fallback)
+  std::string source;     ///< comment | slurm-qos NAME | default | fallback from 'X'
+  int weight = 0;         ///< the cgroup CPU weight the prolog set (v2 scale)
+  int fifo = 0;           ///< SCHED_FIFO priority of Role::comm (1-99); 0: left as it is
+  std::string mode;       ///< v1 | v2 | none: the cgroup version the prolog found
+  std::vector<std::string> cgroups;  ///< the job's group directories (v1: one per controller)
+  std::string file;                  ///< the record it was read from
+};
+
+/// The record `s` points at: "" for none. auto: state_dir/job-$SLURM_JOB_ID.conf when
+/// SLURM_JOB_ID is set and that file exists, else none. Throws dt::ConfigError when qos.file
+/// names a file that does not exist.
+std::string record_path(const Settings& s);
+
+/// Reads a record. Throws dt::ConfigError naming the file (and line) when it cannot be read, a
+/// line is not key=value, a number is not a number, or the tier name is missing.
+Tier read_record(const std::string& path);
+
+/// Makes `t` the process's tier (an empty name: none). Moves the whole process into each of
+/// t.cgroups (writes its pid to cgroup.procs); a group that refuses is warned about on stderr,
+/// once each, and the process goes on where it is. Applies Role::compute to the calling thread.
+/// Call from the main thread before the threads that call apply_to_current_thread start.
+/// Returns the warnings it printed (for tests). Never throws.
+std::vector<std::string> configure(const Tier& t) noexcept;
+
+/// The tier configure() installed (name "" when none).
+Tier current();
+
+/// One line describing the tier for the job log, e.g. "tier high (comment): cgroup v1 ...,
+/// communication thread SCHED_FIFO 60"; a fallback names the tier that was asked for.
+std::string describe(const Tier& t);
+
+/// Applies the job's tier policy for `role` to the calling thread (see the roles above). comm:
+/// SCHED_FIFO with the tier's priority where permitted. Never throws; a refused policy logs one
+/// warning per process and role and the thread keeps its current policy. A no-op when no tier is
+/// configured.
+void apply_to_current_thread(Role role) noexcept;
+
+}  // namespace dt::qos

@@ -1,0 +1,104 @@
+# shellcheck shell=bash disable=SC2034
+# Shared by slurm/prolog and slurm/epilog (sourced, not run).
+#
+# Settings (environment of the prolog and epilog; a site sets them in a wrapper, as
+# scripts/slurm-local does):
+#   DT_QOS_CONFIG       the tiers (default: configs/qos.ini of this installation)
+#   DT_QOS_CGROUP_ROOT  where the cgroup hierarchies are mounted (default /sys/fs/cgroup); tests
+#                       point it at a temporary tree
+#   DT_QOS_CGROUP_PARENT  the group under which job groups are made (default dt)
+#   DT_QOS_STATE_DIR    the records of what the prolog did, one per job (default /run/dt-qos);
+#                       dt_train reads its job's record from there (--qos.state-dir)
+#   DT_QOS_LOG          log of every action (default /var/log/dt-qos.log)
+#   DT_QOS_NUMA_ROOT    NUMA nodes in sysfs (default /sys/devices/system/node)
+
+QOS_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [ -z "${DT_QOS_CONFIG:-}" ]; then
+  # Source tree (slurm/ next to configs/) or installation (share/dt/slurm next to share/dt/configs).
+  DT_QOS_CONFIG=$QOS_HERE/../configs/qos.ini
+fi
+CG_ROOT=${DT_QOS_CGROUP_ROOT:-/sys/fs/cgroup}
+CG_PARENT=${DT_QOS_CGROUP_PARENT:-dt}
+STATE_DIR=${DT_QOS_STATE_DIR:-/run/dt-qos}
+QOS_LOG=${DT_QOS_LOG:-/var/log/dt-qos.log}
+NUMA_ROOT=${DT_QOS_NUMA_ROOT:-/sys/devices/system/node}
+JOB=${SLURM_JOB_ID:-${SLURM_JOBID:-}}
+HOOK=$(basename "$0")
+
+# qlog MESSAGE: one line in the QoS log (and on stderr, which Slurm keeps in slurmd's log when
+# debugging). Never fails.
+qlog() {
+  local line
+  line="$(date '+%Y-%m-%dT%H:%M:%S') $(hostname -s 2>/dev/null) $HOOK job=${JOB:-?}: $*"
+  { mkdir -p "$(dirname "$QOS_LOG")" && echo "$line" >>"$QOS_LOG"; } 2>/dev/null || true
+  echo "$line" >&2
+}
+
+# ini_get SECTION KEY: the value of KEY in [SECTION] of DT_QOS_CONFIG ("" when absent).
+ini_get() {
+  awk -v sec="$1" -v key="$2" '
+    /^[ \t]*[#;]/ { next }
+    /^[ \t]*\[/ { s = $0; gsub(/^[ \t]*\[|\][ \t]*$/, "", s); next }
+    s == sec {
+      i = index($0, "=")
+      if (i == 0) next
+      k = substr($0, 1, i - 1); v = substr($0, i + 1)
+      gsub(/^[ \t]+|[ \t]+$/, "", k); gsub(/^[ \t]+|[ \t]+$/, "", v)
+      if (k == key) { print v; exit }
+    }' "$DT_QOS_CONFIG" 2>/dev/null
+}
+
+# ini_has_section SECTION
+ini_has_section() {
+  grep -Eq "^[[:space:]]*\[$1\][[:space:]]*$" "$DT_QOS_CONFIG" 2>/dev/null
+}
+
+# cg_is_cgroupfs DIR: DIR lies on a real cgroup file system (not a test tree).
+cg_is_cgroupfs() {
+  case "$(stat -f -c %T "$1" 2>/dev/null)" in
+    cgroupfs | cgroup2fs) return 0 ;;
+  esac
+  return 1
+}
+
+# cg_mode: v2 when CG_ROOT is a unified hierarchy with the cpu controller, v1 when it holds a
+# cpu controller hierarchy, else none.
+cg_mode() {
+  if [ -f "$CG_ROOT/cgroup.controllers" ] && grep -qw cpu "$CG_ROOT/cgroup.controllers"; then
+    echo v2
+  elif [ -n "$(cg_v1_dir cpu)" ]; then
+    echo v1
+  else
+    echo none
+  fi
+}
+
+# cg_v1_dir CONTROLLER: the v1 hierarchy of CONTROLLER under CG_ROOT ("" when none), also when
+# mounted together with others (cpu,cpuacct).
+cg_v1_dir() {
+  local d file
+  case $1 in
+    cpu) file=cpu.shares ;;
+    cpuset) file=cpuset.cpus ;;
+  esac
+  for d in "$CG_ROOT/$1" "$CG_ROOT"/*"$1"*; do
+    [ -f "$d/$file" ] || continue
+    case ",$(basename "$d")," in *",$1,"*)
+      echo "$d"
+      return
+      ;;
+    esac
+  done
+}
+
+# job_groups: every group directory a prolog of this job may have made, whether or not it exists.
+job_groups() {
+  echo "$CG_ROOT/$CG_PARENT/job_$JOB"
+  local c d
+  for c in cpu cpuset; do
+    d=$(cg_v1_dir "$c")
+    [ -n "$d" ] && echo "$d/$CG_PARENT/job_$JOB"
+  done
+}
+
+RECORD=$STATE_DIR/job-$JOB.conf

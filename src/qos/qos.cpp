@@ -1,0 +1,237 @@
+#include "dt/qos.hpp"
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+
+#include "dt/config.hpp"
+#include "dt/error.hpp"
+
+namespace dt::qos {
+
+namespace {
+
+// The process's tier. Written by configure() (main thread, before other threads use it), read by
+// apply_to_current_thread() from any thread.
+struct State {
+  std::mutex mu;
+  Tier tier;
+  std::atomic<bool> active{false};
+  std::atomic<int> fifo{0};
+  std::atomic<int> base_nice{0};
+  std::atomic<bool> warned[3] = {false, false, false};
+};
+State& state() {
+  static State s;
+  return s;
+}
+
+constexpr int kIoNiceOffset = 10;
+
+pid_t thread_id() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
+
+void warn_once(Role r, const std::string& msg) {
+  if (!state().warned[static_cast<int>(r)].exchange(true))
+    std::fprintf(stderr, "dt: qos: warning: %s\n", msg.c_str());
+}
+
+const char* role_name(Role r) {
+  switch (r) {
+    case Role::comm:
+      return "communication";
+    case Role::compute:
+      return "compute";
+    case Role::io:
+      return "checkpoint I/O";
+  }
+  return "?";
+}
+
+bool parse_int(const std::string& v, int lo, int hi, int* out) {
+  if (v.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0' || x < lo || x > hi) return false;
+  *out = static_cast<int>(x);
+  return true;
+}
+
+// Sets policy and nice value of the calling thread; returns "" or the reason it was refused.
+std::string set_thread(int policy, int priority, int nice) {
+  sched_param sp{};
+  sp.sched_priority = priority;
+  if (int rc = pthread_setschedparam(pthread_self(), policy, &sp); rc != 0)
+    return std::strerror(rc);
+  if (policy != SCHED_FIFO && policy != SCHED_RR) {
+    if (::setpriority(PRIO_PROCESS, static_cast<id_t>(thread_id()), nice) != 0)
+      return std::string("nice ") + std::to_string(nice) + ": " + std::strerror(errno);
+  }
+  return "";
+}
+
+}  // namespace
+
+void add_options(Options& o, Settings& s) {
+  o.add("qos.file", &s.file, "auto",
+        "QoS tier record of the job (written by slurm/prolog): auto (the record of "
+        "$SLURM_JOB_ID in qos.state-dir, if any), none, or a file")
+      .add("qos.state-dir", &s.state_dir, "/run/dt-qos",
+           "where slurm/prolog writes its records (its DT_QOS_STATE_DIR)");
+}
+
+std::string record_path(const Settings& s) {
+  if (s.file == "none") return "";
+  if (s.file != "auto") {
+    struct stat st;
+    errno = 0;
+    DT_CHECK(ConfigError, ::stat(s.file.c_str(), &st) == 0 && S_ISREG(st.st_mode),
+             "option --qos.file: '", s.file, "' is not a file (",
+             errno ? std::strerror(errno) : "not a regular file", ")");
+    return s.file;
+  }
+  const char* job = std::getenv("SLURM_JOB_ID");
+  if (!job || !*job) return "";
+  const std::string p = s.state_dir + "/job-" + job + ".conf";
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 ? p : "";
+}
+
+Tier read_record(const std::string& path) {
+  std::ifstream in(path);
+  DT_CHECK(ConfigError, in.good(), "QoS record '", path, "': cannot open (", std::strerror(errno),
+           ")");
+  Tier t;
+  t.file = path;
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty() || line[0] == '#') continue;
+    const auto eq = line.find('=');
+    DT_CHECK(ConfigError, eq != std::string::npos && eq > 0, "QoS record ", path, ":", n,
+             ": expected key=value, got '", line, "'");
+    const std::string k = line.substr(0, eq), v = line.substr(eq + 1);
+    if (k == "tier") {
+      t.name = v;
+    } else if (k == "requested") {
+      t.requested = v;
+    } else if (k == "source") {
+      t.source = v;
+    } else if (k == "mode") {
+      t.mode = v;
+    } else if (k == "cgroup") {
+      if (!v.empty()) t.cgroups.push_back(v);
+    } else if (k == "weight") {
+      DT_CHECK(ConfigError, parse_int(v, 0, 10000, &t.weight), "QoS record ", path, ":", n,
+               ": weight '", v, "' is not a number in 0..10000");
+    } else if (k == "fifo") {
+      DT_CHECK(ConfigError, parse_int(v, 0, 99, &t.fifo), "QoS record ", path, ":", n, ": fifo '",
+               v, "' is not a SCHED_FIFO priority in 0..99");
+    }
+    // Other keys (job, cpus, mems) are for people and the epilog.
+  }
+  DT_CHECK(ConfigError, !t.name.empty(), "QoS record ", path, ": no tier= line");
+  if (t.requested.empty()) t.requested = t.name;
+  return t;
+}
+
+std::vector<std::string> configure(const Tier& t) noexcept {
+  std::vector<std::string> warnings;
+  State& s = state();
+  try {
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.tier = t;
+    }
+    errno = 0;
+    const int nice = ::getpriority(PRIO_PROCESS, 0);
+    s.base_nice = errno == 0 ? nice : 0;
+    s.fifo = t.fifo;
+    for (auto& w : s.warned) w = false;
+    s.active = !t.name.empty();
+    if (!s.active) return warnings;
+    const std::string pid = std::to_string(::getpid());
+    for (const auto& g : t.cgroups) {
+      const std::string procs = g + "/cgroup.procs";
+      std::ofstream out(procs);
+      if (out) out << pid << '\n';
+      out.flush();
+      if (!out) {
+        warnings.push_back("cannot move this rank (pid " + pid + ") into " + g + " (" +
+                           std::strerror(errno ? errno : EIO) + "); it runs in its current group");
+        std::fprintf(stderr, "dt: qos: warning: %s\n", warnings.back().c_str());
+      }
+    }
+  } catch (const std::exception& e) {
+    warnings.push_back(std::string("QoS set-up failed: ") + e.what());
+    std::fprintf(stderr, "dt: qos: warning: %s\n", warnings.back().c_str());
+  }
+  apply_to_current_thread(Role::compute);
+  return warnings;
+}
+
+Tier current() {
+  std::lock_guard<std::mutex> lock(state().mu);
+  return state().tier;
+}
+
+std::string describe(const Tier& t) {
+  if (t.name.empty()) return "no QoS tier";
+  std::string s = "tier " + t.name;
+  if (t.requested != t.name)
+    s += " (the job asked for tier '" + t.requested + "', which the QoS config does not define)";
+  else if (!t.source.empty())
+    s += " (" + t.source + ")";
+  s += ": cgroup " + (t.mode.empty() ? std::string("none") : t.mode);
+  for (const auto& g : t.cgroups) s += " " + g;
+  if (t.weight > 0) s += ", weight " + std::to_string(t.weight);
+  s += ", communication thread ";
+  s += t.fifo > 0 ? "SCHED_FIFO " + std::to_string(t.fifo) : std::string("normal priority");
+  return s;
+}
+
+void apply_to_current_thread(Role role) noexcept {
+  State& s = state();
+  if (!s.active) return;
+  try {
+    std::string why;
+    std::string what;
+    switch (role) {
+      case Role::comm:
+        if (s.fifo <= 0) return;
+        what = "SCHED_FIFO priority " + std::to_string(s.fifo.load());
+        why = set_thread(SCHED_FIFO, s.fifo, 0);
+        break;
+      case Role::compute:
+        what = "SCHED_OTHER nice " + std::to_string(s.base_nice.load());
+        why = set_thread(SCHED_OTHER, 0, s.base_nice);
+        break;
+      case Role::io: {
+        const int nice = std::min(19, s.base_nice + kIoNiceOffset);
+        what = "SCHED_BATCH nice " + std::to_string(nice);
+        why = set_thread(SCHED_BATCH, 0, nice);
+        break;
+      }
+    }
+    if (!why.empty())
+      warn_once(role, what + " refused for the " + role_name(role) + " thread (" + why +
+                          "); it keeps its current policy");
+  } catch (...) {
+    // Allocation failure while building a message: the thread keeps its policy.
+  }
+}
+
+}  // namespace dt::qos

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# slurm.preempt_requeue (MODE batch) / slurm.preempt_resize (MODE resize): preemption end to end.
+# A 2-task job of slurm/train.sbatch gets SIGUSR1 in the middle of training:
+#   batch:  scancel --batch --signal=USR1: to the batch shell, the path of --signal=B:USR1@T; the
+#           script passes it on to the ranks;
+#   resize: scancel --signal=USR1: to the ranks directly; the job is requeued held
+#           (DT_REQUEUE=hold), resized to 1 task (scontrol update) and released.
+# The ranks drain (checkpoint, exit 75), the script requeues the job, the requeued run resumes
+# from the drained checkpoint and finishes. Every step is logged once over both runs, and the
+# losses (every step's, so the final one too) equal an uninterrupted 2-rank run's: within 1e-6
+# (relative) on the same 2 ranks, within 1e-4 after resizing to 1 rank (the gradient sum is then
+# taken in another order, and float rounding differences grow over the steps).
+source "$(dirname "$0")/lib.sh"
+need_cluster
+
+# A global batch of 32 sequences: about 20 ms a step here, so the signal lands mid-run.
+STEPS=100
+ARGS=(--train.steps="$STEPS" --train.batch=32 --train.log-every=20 --train.eval-every=50)
+reference A "$STEPS" "${ARGS[@]:1}"
+
+case "$MODE" in
+  batch) env=() scancel_args=(--batch --signal=USR1) rtol=1e-6 ;;
+  resize) env=(DT_REQUEUE=hold) scancel_args=(--signal=USR1) rtol=1e-4 ;;
+  *) echo "unknown mode '$MODE'"; exit 2 ;;
+esac
+[ ${#env[@]} -eq 0 ] || export "${env[@]}"
+submit P -n 2 -- "$CONFIG" --data.path="$TEXT" "${ARGS[@]}" --ckpt.dir="$WORK/ck" \
+  --train.log-file="$WORK/P.jsonl"
+[ -n "$JOB" ] || finish
+# Mid-training: 15 steps logged, most still to come.
+wait_lines P.jsonl 15 || finish
+echo "=== scancel ${scancel_args[*]} $JOB after $(wc -l <P.jsonl) logged steps"
+scancel "${scancel_args[@]}" "$JOB" || fail "scancel ${scancel_args[*]} $JOB failed"
+
+if [ "$MODE" = resize ]; then
+  wait_state "$JOB" PENDING 60
+  echo "=== requeued held ($(job_field "$JOB" Reason)); resizing to 1 task and releasing"
+  [ "$(job_field "$JOB" Reason)" = job_requeued_in_held_state ] ||
+    fail "the job is pending for '$(job_field "$JOB" Reason)', not requeued held"
+  scontrol update JobId="$JOB" NumTasks=1 TasksPerNode=1 || fail "scontrol update NumTasks=1"
+  scontrol release "$JOB" || fail "scontrol release $JOB"
+fi
+expect_end P "$JOB" COMPLETED
+[ "$(job_field "$JOB" Restarts)" = 1 ] || fail "P: $(job_field "$JOB" Restarts) restarts, expected 1"
+[ "$(job_field "$JOB" ExitCode)" = "0:0" ] || fail "P: exit code $(job_field "$JOB" ExitCode)"
+
+N=$(sed -n 's/.*drained at step \([0-9][0-9]*\).*/\1/p' P.out | head -n1)
+if [ -z "$N" ]; then
+  fail "no 'drained at step N' line"
+  finish
+fi
+echo "drained at step $N"
+if [ "$N" -lt 15 ] || [ "$N" -ge "$STEPS" ]; then fail "drained at step $N, not in the middle"; fi
+[ "$MODE" != batch ] || expect_line P "^dt-train: SIGUSR1: asking the ranks to drain"
+expect_line P "^dt-train: drained; requeueing job $JOB"
+expect_line P "^dt-train: job $JOB restart 1: resuming"
+expect_line P "ckpt: resumed from .*/ck/step-$N\\.h5 at step $N "
+expect_line P "^dt_train: done: $STEPS steps"
+if [ "$MODE" = resize ]; then
+  expect_line P "^dt-train: the job now has 1 tasks \\(the first run had 2\\)"
+  # The first run's line says 2 ranks, the resumed run's 1.
+  [ "$(grep -E '^dt_train: [0-9]+ ranks,' P.out | sed 's/ ranks,.*//; s/.* //' | tr '\n' ' ')" = "2 1 " ] ||
+    fail "rank counts of the two runs: $(grep -E '^dt_train: [0-9]+ ranks,' P.out | tr '\n' ';')"
+fi
+steplog steps P.jsonl 1 "$STEPS"
+steplog same A.jsonl P.jsonl 1 "$STEPS" "$rtol"
+echo "final loss: uninterrupted $($STEPLOG value A.jsonl $STEPS loss)," \
+  "preempted and requeued $($STEPLOG value P.jsonl $STEPS loss)"
+node_healthy
+no_job_groups "$JOB"
+finish

@@ -1,0 +1,195 @@
+// dt::qos: prolog records, the record a rank finds, cgroup joining and per-thread policies (read
+// back from /proc, as an operator would).
+#include <doctest/doctest.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "dt/error.hpp"
+#include "dt/qos.hpp"
+#include "temp_dir.hpp"
+
+namespace {
+
+using dt::test::TempDir;
+
+struct ThreadSched {
+  int policy = -1;
+  int rt_priority = -1;
+  int nice = 99;
+};
+
+// Policy, real-time priority and nice value of thread `tid` of this process, from its stat file.
+ThreadSched read_sched(long tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream rest(all.substr(all.rfind(')') + 2));  // fields from 3 (state) on
+  std::string f;
+  ThreadSched s;
+  for (int field = 3; rest >> f; ++field) {
+    if (field == 19) s.nice = std::stoi(f);
+    if (field == 40) s.rt_priority = std::stoi(f);
+    if (field == 41) s.policy = std::stoi(f);
+  }
+  return s;
+}
+
+// Runs apply_to_current_thread(role) on a new thread and returns that thread's scheduling.
+ThreadSched applied(dt::qos::Role role) {
+  ThreadSched s;
+  std::thread t([&] {
+    dt::qos::apply_to_current_thread(role);
+    s = read_sched(::syscall(SYS_gettid));
+  });
+  t.join();
+  return s;
+}
+
+struct Unconfigure {
+  ~Unconfigure() { dt::qos::configure(dt::qos::Tier{}); }
+};
+
+}  // namespace
+
+TEST_CASE("qos: a prolog record is read with every field") {
+  TempDir dir;
+  const auto p = dir.write("job-7.conf",
+                           "# dt QoS record\njob=7\ntier=best_effort\nrequested=platinum\n"
+                           "source=fallback from 'platinum'\nweight=25\nfifo=1\ncpus=0-1\nmems=0\n"
+                           "mode=v1\ncgroup=/sys/fs/cgroup/cpu/dt/job_7\n"
+                           "cgroup=/sys/fs/cgroup/cpuset/dt/job_7\n");
+  const dt::qos::Tier t = dt::qos::read_record(p);
+  CHECK(t.name == "best_effort");
+  CHECK(t.requested == "platinum");
+  CHECK(t.weight == 25);
+  CHECK(t.fifo == 1);
+  CHECK(t.mode == "v1");
+  REQUIRE(t.cgroups.size() == 2);
+  CHECK(t.cgroups[1] == "/sys/fs/cgroup/cpuset/dt/job_7");
+  const std::string d = dt::qos::describe(t);
+  CHECK(d.find("tier best_effort") != std::string::npos);
+  CHECK(d.find("asked for tier 'platinum'") != std::string::npos);
+  CHECK(d.find("SCHED_FIFO 1") != std::string::npos);
+}
+
+TEST_CASE("qos: a bad record is refused naming the file and line") {
+  TempDir dir;
+  auto msg = [](const std::string& path) {
+    try {
+      dt::qos::read_record(path);
+    } catch (const dt::ConfigError& e) {
+      return e.message();
+    }
+    return std::string("(no error)");
+  };
+  const auto bad_fifo = dir.write("a.conf", "tier=high\nfifo=120\n");
+  CHECK(msg(bad_fifo).find(bad_fifo + ":2: fifo '120'") != std::string::npos);
+  const auto no_eq = dir.write("b.conf", "tier=high\nnonsense\n");
+  CHECK(msg(no_eq).find(no_eq + ":2: expected key=value") != std::string::npos);
+  const auto no_tier = dir.write("c.conf", "fifo=3\n");
+  CHECK(msg(no_tier).find("no tier= line") != std::string::npos);
+  CHECK(msg(dir.path.string() + "/missing.conf").find("cannot open") != std::string::npos);
+}
+
+TEST_CASE("qos: the record a rank uses") {
+  TempDir dir;
+  dt::qos::Settings s;
+  s.state_dir = dir.path.string();
+  const char* old = std::getenv("SLURM_JOB_ID");
+  const std::string saved = old ? old : "";
+  ::setenv("SLURM_JOB_ID", "4242", 1);
+  CHECK(dt::qos::record_path(s).empty());  // no record for this job: no tier
+  const auto rec = dir.write("job-4242.conf", "tier=high\n");
+  CHECK(dt::qos::record_path(s) == rec);
+  s.file = "none";
+  CHECK(dt::qos::record_path(s).empty());
+  s.file = dir.path.string() + "/nope.conf";
+  CHECK_THROWS_AS(dt::qos::record_path(s), dt::ConfigError);
+  s.file = rec;
+  CHECK(dt::qos::record_path(s) == rec);
+  ::unsetenv("SLURM_JOB_ID");
+  s.file = "auto";
+  CHECK(dt::qos::record_path(s).empty());
+  if (old) ::setenv("SLURM_JOB_ID", saved.c_str(), 1);
+}
+
+TEST_CASE("qos: without a tier nothing changes") {
+  Unconfigure reset;
+  dt::qos::configure(dt::qos::Tier{});
+  for (auto role : {dt::qos::Role::comm, dt::qos::Role::compute, dt::qos::Role::io}) {
+    const ThreadSched s = applied(role);
+    CHECK(s.policy == SCHED_OTHER);
+    CHECK(s.rt_priority == 0);
+  }
+}
+
+TEST_CASE("qos: each role gets its tier's policy") {
+  Unconfigure reset;
+  TempDir dir;
+  // Stand-ins for the job's groups: configure() writes the process id into their cgroup.procs.
+  std::filesystem::create_directories(dir.path / "cpu");
+  std::filesystem::create_directories(dir.path / "cpuset");
+  dt::qos::Tier t;
+  t.name = "high";
+  t.fifo = 61;
+  t.mode = "v1";
+  t.cgroups = {(dir.path / "cpu").string(), (dir.path / "cpuset").string()};
+  errno = 0;
+  const int base = ::getpriority(PRIO_PROCESS, 0);
+  const auto warnings = dt::qos::configure(t);
+  CHECK(warnings.empty());
+  for (const char* g : {"cpu", "cpuset"}) {
+    std::ifstream in(dir.path / g / "cgroup.procs");
+    long pid = 0;
+    in >> pid;
+    CHECK(pid == ::getpid());
+  }
+  CHECK(dt::qos::current().name == "high");
+
+  const ThreadSched comm = applied(dt::qos::Role::comm);
+  sched_param sp{};
+  sp.sched_priority = 1;
+  // Whether this process may use SCHED_FIFO at all (root, CAP_SYS_NICE or RLIMIT_RTPRIO).
+  std::thread probe([&] {
+    if (pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) != 0) sp.sched_priority = 0;
+  });
+  probe.join();
+  if (sp.sched_priority != 0) {
+    CHECK(comm.policy == SCHED_FIFO);
+    CHECK(comm.rt_priority == 61);
+  } else {
+    MESSAGE("SCHED_FIFO is not permitted here: the refusal path is checked instead");
+    CHECK(comm.policy == SCHED_OTHER);
+  }
+  const ThreadSched compute = applied(dt::qos::Role::compute);
+  CHECK(compute.policy == SCHED_OTHER);
+  CHECK(compute.nice == base);
+  const ThreadSched io = applied(dt::qos::Role::io);
+  CHECK(io.policy == SCHED_BATCH);
+  CHECK(io.nice == std::min(19, base + 10));
+  // The main thread itself was given the compute policy by configure().
+  CHECK(read_sched(::syscall(SYS_gettid)).policy == SCHED_OTHER);
+}
+
+TEST_CASE("qos: a group that refuses the rank is a warning, not an error") {
+  Unconfigure reset;
+  TempDir dir;
+  dt::qos::Tier t;
+  t.name = "best_effort";
+  t.cgroups = {(dir.path / "missing").string()};
+  const auto warnings = dt::qos::configure(t);
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("cannot move this rank") != std::string::npos);
+  CHECK(warnings[0].find(dir.path.string() + "/missing") != std::string::npos);
+}
