@@ -524,11 +524,13 @@ void MpiComm::barrier(const CommOptions& opts) {
   DT_MPI(MPI_Barrier(comm_), rank_, name_);
 }
 
-std::unique_ptr<Comm> MpiComm::split(int color, int key) {
+std::unique_ptr<Comm> MpiComm::split(int color, int key) { return split_mpi(color, key); }
+
+std::unique_ptr<MpiComm> MpiComm::split_mpi(int color, int key) {
   MPI_Comm c = MPI_COMM_NULL;
   DT_MPI(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &c), rank_, name_);
   if (c == MPI_COMM_NULL) return nullptr;
-  return std::unique_ptr<Comm>(
+  return std::unique_ptr<MpiComm>(
       new MpiComm(c, name_ + "/split(" + std::to_string(color) + ")", ops_));
 }
 

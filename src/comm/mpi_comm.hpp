@@ -53,6 +53,8 @@ class MpiComm final : public Comm {
   void barrier(const CommOptions& opts = {}) override;
 
   std::unique_ptr<Comm> split(int color, int key) override;
+  /// split() with the MPI type kept.
+  std::unique_ptr<MpiComm> split_mpi(int color, int key);
   /// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED): the ranks that share this node's memory.
   std::unique_ptr<MpiComm> split_shared();
 

@@ -18,6 +18,11 @@
 // collective with a blocking one, and MpiComm maps blocking calls without a timeout onto blocking
 // MPI calls and everything else onto non-blocking ones.
 //
+// Modes (argv[1]): "mpi" (default) tests dt's MPI communicator; "shm" the shared-memory one
+// (dt::ShmComm) with a small staging area and chunk so buffers go through many pieces, plus buffers
+// placed in its arena; "hier" the same with the ranks split into two simulated nodes, so
+// all_reduce takes the hierarchical path (shared memory inside, MPI across).
+//
 // Environment: DT_TEST_VERBOSE=1 prints per-section times on rank 0.
 #include <mpi.h>
 #include <unistd.h>
@@ -41,6 +46,7 @@
 #include <vector>
 
 #include "comm/mpi_comm.hpp"
+#include "comm/shm_comm.hpp"
 #include "dt/comm.hpp"
 #include "dt/dtype.hpp"
 #include "dt/error.hpp"
@@ -975,6 +981,57 @@ void check_reference_rounding() {
 
 }  // namespace
 
+// all_reduce on buffers placed in the shared-memory arena (the zero-copy path) at several
+// offsets, every dtype and op, odd sizes, against the same references.
+void check_arena(dt::ShmComm& c) {
+  const std::size_t sizes[] = {0, 1, 7, 1000, 300001};
+  for_each_dtype([&](auto z, int dk) {
+    using T = decltype(z);
+    for (int ok = 0; ok < 4; ++ok)
+      for (std::size_t n : sizes) {
+        const std::size_t off = (static_cast<std::size_t>(dk) * 7 + n % 5) * 64;
+        if ((off + n) * sizeof(T) > c.arena_bytes()) continue;
+        T* buf = reinterpret_cast<T*>(static_cast<char*>(c.arena()) + off);
+        const std::uint32_t salt = salt_of(90, dk, ok, static_cast<int>(n % 1000), 0);
+        const ReduceOp op = kOps[ok];
+        const std::string what = str("arena all_reduce(", dt::dtype_name(dt::dtype_v<T>), " x ", n,
+                                     ", ", dt::reduce_op_name(op), ", offset ", off, ") on ",
+                                     c.name(), " [", c.path("all_reduce", n * sizeof(T)), "]");
+        guarded(what, [&] {
+          const std::vector<T> init = filled<T>(n, c.rank(), salt);
+          std::copy(init.begin(), init.end(), buf);
+          if (ok % 2 == 0)
+            c.all_reduce(dt::TensorView{buf, n, dt::dtype_v<T>}, op);
+          else
+            c.iall_reduce(dt::TensorView{buf, n, dt::dtype_v<T>}, op).wait();
+          const int s = c.size();
+          expect_buf(what, buf, n, [&](std::size_t i) {
+            return reduce_ref<T>(op, s, [&](int r) { return genv<T>(r, i, salt); });
+          });
+        });
+      }
+  });
+}
+
+// Ranks that disagree about the buffer (arena on some, not on others) get an error, not a hang
+// or wrong data; the communicator is unusable afterwards, so this runs last. Only meaningful
+// with two or more ranks on a node.
+void check_arena_mismatch(dt::ShmComm& c) {
+  if (c.local_size() > 1 && c.path("all_reduce", 4096) != std::string("mpi")) {
+    std::vector<float> outside(1024, 1.0f);
+    float* inside = static_cast<float*>(c.arena());
+    const bool use_inside = c.local_rank() == 0;
+    expect_throw<dt::CommError>(
+        str("arena/outside mismatch on ", c.name()),
+        [&] {
+          c.all_reduce(use_inside ? dt::TensorView{inside, 1024, DType::f32}
+                                  : dt::view_of(outside),
+                       ReduceOp::sum, CommOptions{Millis(20000)});
+        },
+        {"segment offset"});
+  }
+}
+
 int main(int argc, char** argv) {
   // A hang (a bug in a collective) must not outlive the test: the default SIGALRM action ends
   // this rank and mpiexec ends the others.
@@ -993,6 +1050,28 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     };
 
+    const std::string mode = argc > 1 ? argv[1] : "mpi";
+    if (mode == "shm" || mode == "hier") {
+      dt::ShmConfig cfg;
+      cfg.arena_bytes = std::size_t{4} << 20;
+      cfg.staging_bytes = std::size_t{64} << 10;  // 1M-element buffers go through many pieces
+      cfg.chunk_bytes = std::size_t{4} << 10;
+      cfg.simulated_nodes = mode == "hier" ? 2 : 0;
+      std::unique_ptr<dt::ShmComm> shm;
+      step("shm create", [&] {
+        shm = dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), mode, cfg);
+      });
+      if (shm) {
+        if (H.rank == 0)
+          std::printf("%s: %d node(s), %d local ranks, all_reduce path %s\n", mode.c_str(),
+                      shm->num_nodes(), shm->local_size(), shm->path("all_reduce", 1 << 20));
+        step("shm suite", [&] { full_suite(*shm, 20, H.rank); });
+        step("shm arena", [&] { check_arena(*shm); });
+        step("shm work semantics", [&] { check_work_semantics(*shm); });
+        step("shm argument validation", [&] { check_arguments(*shm); });
+        step("shm arena mismatch", [&] { check_arena_mismatch(*shm); });
+      }
+    } else {
     step("reference rounding", [&] { check_reference_rounding(); });
     step("world suite", [&] { full_suite(world, 0, H.rank); });
     std::unique_ptr<Comm> sub;
@@ -1004,6 +1083,7 @@ int main(int argc, char** argv) {
     step("argument validation (world)", [&] { check_arguments(world); });
     if (sub) step("argument validation (split)", [&] { check_arguments(*sub); });
     sub.reset();
+    }
 
     // Totals over all ranks, by MPI directly (independent of the communicator under test).
     long local[2] = {H.fails, H.checks};

@@ -1,0 +1,558 @@
+#include "shm_comm.hpp"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <sstream>
+#include <utility>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "reduce.hpp"
+
+namespace dt {
+
+struct ShmComm::Control {
+  alignas(64) std::atomic<std::uint64_t> arrive{0};  // sequence number of the last op joined
+  alignas(64) std::atomic<std::uint64_t> off{0};     // that op's region offset and element count,
+  std::atomic<std::uint64_t> n{0};                   // written before `arrive`
+  alignas(64) std::atomic<std::uint64_t> prog{0};    // (seq << 32) | chunks of own slice published
+  alignas(64) std::atomic<std::uint64_t> done{0};    // sequence number of the last op finished
+};
+
+namespace {
+
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
+              "shared-memory flags need lock-free 64-bit atomics");
+
+constexpr std::size_t kCtlBytes = 4096;
+constexpr std::size_t kAlign = 4096;
+
+std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+std::uint64_t pack(std::uint64_t seq, std::uint64_t chunks) { return (seq << 32) | chunks; }
+
+std::atomic<unsigned> g_segments{0};
+
+}  // namespace
+
+struct ShmComm::Deadline {
+  bool infinite = true;
+  bool nonblocking_family = false;  // MPI fallbacks must use MPI's non-blocking collectives
+  Clock::time_point end{};
+  Millis timeout{0};
+
+  static Deadline from(const CommOptions& o) {
+    Deadline d;
+    if (o.timeout != kNoTimeout) {
+      d.infinite = false;
+      d.nonblocking_family = true;
+      d.timeout = o.timeout;
+      d.end = Clock::now() + o.timeout;
+    }
+    return d;
+  }
+  static Deadline queued() {
+    Deadline d;
+    d.nonblocking_family = true;
+    return d;
+  }
+  Millis left() const {
+    if (infinite) return kNoTimeout;
+    return std::max(Millis(0), std::chrono::duration_cast<Millis>(end - Clock::now()));
+  }
+  bool expired() const { return !infinite && Clock::now() >= end; }
+};
+
+// --- creation ----------------------------------------------------------------------------------
+
+std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name,
+                                         const ShmConfig& cfg) {
+  DT_CHECK_GT(InvalidArgument, cfg.chunk_bytes, std::size_t{0}, "shm chunk bytes");
+  DT_CHECK_GE(InvalidArgument, cfg.simulated_nodes, 0, "simulated nodes");
+  std::unique_ptr<ShmComm> c(new ShmComm);
+  c->name_ = std::move(name);
+  c->cfg_ = cfg;
+  c->mpi_ = MpiComm::dup(parent.handle(), c->name_);
+  const int rank = c->mpi_->rank(), size = c->mpi_->size();
+  c->local_ = c->mpi_->split_shared();
+  if (cfg.simulated_nodes > 0) {
+    const int k = std::min(cfg.simulated_nodes, size);
+    const int sim = static_cast<int>(static_cast<long>(rank) * k / size);
+    c->local_ = c->local_->split_mpi(sim, rank);
+  }
+  const int L = c->local_->size(), me = c->local_->rank();
+  auto leaders = c->mpi_->split_mpi(me == 0 ? 0 : -1, rank);
+  int ids[2] = {leaders ? leaders->rank() : 0, leaders ? leaders->size() : 0};
+  c->local_->broadcast(view_of(ids, 2), 0);
+  c->nodes_ = ids[1];
+  int ls[2] = {L, -L};
+  c->mpi_->all_reduce(view_of(ls, 2), ReduceOp::max);
+  const bool uniform = ls[0] == -ls[1];
+  if (c->nodes_ > 1 && uniform) c->cross_ = c->mpi_->split_mpi(me, ids[0]);
+
+  // One POSIX shared-memory object per node: L segments of [control | staging | arena].
+  c->seg_bytes_ =
+      kCtlBytes + round_up(cfg.staging_bytes, kAlign) + round_up(cfg.arena_bytes, kAlign);
+  c->map_bytes_ = c->seg_bytes_ * static_cast<std::size_t>(L);
+  char shm_name[64] = {0};
+  std::string err;
+  int fd = -1;
+  if (me == 0) {
+    std::snprintf(shm_name, sizeof shm_name, "/dt-shm-%ld-%u", static_cast<long>(getpid()),
+                  g_segments.fetch_add(1));
+    fd = shm_open(shm_name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      err = std::string("shm_open(") + shm_name + ") failed: " + std::strerror(errno);
+    } else {
+      int rc = ftruncate(fd, static_cast<off_t>(c->map_bytes_));
+      if (rc == 0)
+        rc = posix_fallocate(fd, 0, static_cast<off_t>(c->map_bytes_));
+      else
+        rc = errno;
+      if (rc != 0)
+        err = "cannot reserve " + std::to_string(c->map_bytes_) + " bytes in /dev/shm (" +
+              shm_name + "): " + std::strerror(rc);
+    }
+    if (!err.empty()) shm_name[0] = '\0';
+  }
+  c->local_->broadcast(view_of(reinterpret_cast<std::uint8_t*>(shm_name), sizeof shm_name), 0);
+  if (me != 0 && shm_name[0] != '\0') {
+    fd = shm_open(shm_name, O_RDWR, 0600);
+    if (fd < 0) err = std::string("shm_open(") + shm_name + ") failed: " + std::strerror(errno);
+  }
+  if (fd >= 0 && err.empty()) {
+    void* p = mmap(nullptr, c->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+      err = "mmap of " + std::to_string(c->map_bytes_) +
+            " bytes of shared memory failed: " + std::strerror(errno);
+    else
+      c->map_ = p;
+  }
+  if (fd >= 0) close(fd);
+  if (c->map_) {
+    for (int q = 0; q < L; ++q)
+      c->bases_.push_back(static_cast<char*>(c->map_) +
+                          c->seg_bytes_ * static_cast<std::size_t>(q));
+    new (c->seg(me)) Control();
+    c->arena_ = c->seg(me) + kCtlBytes + round_up(cfg.staging_bytes, kAlign);
+  }
+  // Every rank learns whether every rank of the job has its segment before anyone uses it.
+  int ok = err.empty() ? 1 : 0;
+  c->mpi_->all_reduce(view_of(&ok, 1), ReduceOp::min);
+  if (me == 0 && shm_name[0] != '\0') {
+    c->local_->barrier();  // everyone has mapped (or failed): the name is no longer needed
+    shm_unlink(shm_name);
+  } else {
+    c->local_->barrier();
+  }
+  if (!err.empty())
+    DT_THROW(CommError, "shared-memory communicator ", c->name_, " on rank ", rank, ": ", err);
+  DT_CHECK(CommError, ok, "shared-memory communicator ", c->name_, ": another rank could not map ",
+           "its segment (see its message)");
+  return c;
+}
+
+ShmComm::~ShmComm() {
+  queue_.reset();  // finishes queued operations first
+  if (map_) munmap(map_, map_bytes_);
+}
+
+// --- helpers -----------------------------------------------------------------------------------
+
+ShmComm::Control& ShmComm::ctl(int q) const noexcept {
+  return *std::launder(reinterpret_cast<Control*>(seg(q)));
+}
+
+std::size_t ShmComm::staging_off() const noexcept { return kCtlBytes; }
+
+std::size_t ShmComm::region_off(const void* p, std::size_t bytes) const noexcept {
+  const char* c = static_cast<const char*>(p);
+  if (!arena_ || c < arena_ || c + bytes > arena_ + cfg_.arena_bytes) return SIZE_MAX;
+  return static_cast<std::size_t>(c - seg(local_->rank()));
+}
+
+bool ShmComm::use_shm(std::size_t bytes) const noexcept { return bytes >= cfg_.min_bytes; }
+
+const char* ShmComm::path(const char* op, std::size_t bytes) const noexcept {
+  if (!use_shm(bytes)) return "mpi";
+  if (nodes_ == 1) return "shm";
+  return std::strcmp(op, "all_reduce") == 0 && cross_ ? "hier" : "mpi";
+}
+
+void ShmComm::check_usable(const char* op) const {
+  DT_CHECK(CommError, !broken_.load(), op, " on rank ", rank(), " of ", name_,
+           ": the shared-memory communicator failed earlier (timeout or peer failure)");
+}
+
+std::string ShmComm::what(const char* op, ConstTensorView v, const char* extra) const {
+  std::ostringstream s;
+  s << op << "(" << dtype_name(v.dtype) << " x " << v.numel;
+  if (extra) s << ", " << extra;
+  s << ") on " << name_;
+  return s.str();
+}
+
+namespace {
+
+// Waits until `a` >= target; throws after the deadline.
+template <class D, class Fail>
+void wait_ge(const std::atomic<std::uint64_t>& a, std::uint64_t target, const D& dl, Fail&& fail) {
+  for (unsigned spins = 0;; ++spins) {
+    if (a.load(std::memory_order_acquire) >= target) return;
+    if (spins < 128) {
+      cpu_relax();
+    } else {
+      sched_yield();
+      if ((spins & 1023) == 0 && dl.expired()) fail();
+    }
+  }
+}
+
+}  // namespace
+
+void ShmComm::arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n, const Deadline& dl) {
+  Control& mine = ctl(local_->rank());
+  mine.off.store(off, std::memory_order_relaxed);
+  mine.n.store(n, std::memory_order_relaxed);
+  mine.arrive.store(seq, std::memory_order_release);
+  for (int q = 0; q < local_->size(); ++q) {
+    Control& c = ctl(q);
+    wait_ge(c.arrive, seq, dl, [&] {
+      broken_ = true;
+      DT_THROW(CommError, "collective #", seq, " on rank ", rank(), " of ", name_,
+               " timed out after ", dl.timeout.count(), " ms waiting for local rank ", q,
+               " to arrive");
+    });
+    const std::uint64_t qo = c.off.load(std::memory_order_relaxed);
+    const std::uint64_t qn = c.n.load(std::memory_order_relaxed);
+    if (qo != off || qn != n) {
+      broken_ = true;
+      DT_THROW(CommError, "collective #", seq, " on ", name_, ": local rank ", local_->rank(),
+               " passed ", n, " elements at segment offset ", off, ", local rank ", q, " passed ",
+               qn, " at ", qo, " (all ranks must call the same collectives with the same sizes, ",
+               "with buffers either all in the arena at the same offset or all outside it)");
+    }
+  }
+}
+
+void ShmComm::depart(std::uint64_t seq, const Deadline& dl) {
+  ctl(local_->rank()).done.store(seq, std::memory_order_release);
+  for (int q = 0; q < local_->size(); ++q)
+    wait_ge(ctl(q).done, seq, dl, [&] {
+      broken_ = true;
+      DT_THROW(CommError, "collective #", seq, " on rank ", rank(), " of ", name_,
+               " timed out after ", dl.timeout.count(), " ms waiting for local rank ", q,
+               " to finish");
+    });
+}
+
+// --- all_reduce ----------------------------------------------------------------------------------
+
+void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op, void* dest,
+                            const Deadline& dl) {
+  const std::uint64_t seq = ++seq_;
+  arrive(seq, off, n, dl);
+  const int L = local_->size(), me = local_->rank();
+  const std::size_t es = dtype_size(t);
+  const std::size_t K = std::max<std::size_t>(1, cfg_.chunk_bytes / es);
+  auto lo = [&](int q) { return n * static_cast<std::size_t>(q) / static_cast<std::size_t>(L); };
+  const bool hier = cross_ != nullptr;
+  const ReduceOp local_op = op == ReduceOp::avg ? ReduceOp::sum : op;
+  const int divisor = op == ReduceOp::avg && !hier ? L : 1;
+  std::vector<const void*> ins(static_cast<std::size_t>(L));
+
+  // Reduce-scatter: this rank's slice from every peer, in rank order, in place.
+  const std::size_t mlo = lo(me), mhi = lo(me + 1);
+  std::uint64_t chunks = 0;
+  for (std::size_t b = mlo; b < mhi; b += K, ++chunks) {
+    const std::size_t cnt = std::min(K, mhi - b);
+    for (int q = 0; q < L; ++q) ins[static_cast<std::size_t>(q)] = seg(q) + off + b * es;
+    reduce_elements(t, local_op, seg(me) + off + b * es, ins.data(), L, cnt, divisor);
+    if (!hier) ctl(me).prog.store(pack(seq, chunks + 1), std::memory_order_release);
+  }
+  if (hier) {
+    TensorView slice{seg(me) + off + mlo * es, mhi - mlo, t};
+    const ReduceOp xop = op == ReduceOp::avg ? ReduceOp::sum : op;
+    if (!dl.nonblocking_family)
+      cross_->all_reduce(slice, xop);
+    else
+      cross_->iall_reduce(slice, xop).wait(dl.left());
+    if (op == ReduceOp::avg) {
+      const void* self = slice.data;
+      reduce_elements(t, ReduceOp::sum, slice.data, &self, 1, slice.numel, size());
+    }
+    ctl(me).prog.store(pack(seq, chunks), std::memory_order_release);
+  }
+
+  // All-gather: copy every finished chunk out as soon as its owner publishes it.
+  char* d = static_cast<char*>(dest);
+  const bool own_in_place = d == seg(me) + off;
+  for (int k = 1; k <= L; ++k) {
+    const int q = (me + k) % L;
+    if (q == me && own_in_place) continue;
+    const std::size_t qlo = lo(q), qhi = lo(q + 1);
+    std::uint64_t c = 0;
+    for (std::size_t b = qlo; b < qhi; b += K) {
+      const std::size_t cnt = std::min(K, qhi - b);
+      ++c;
+      if (q != me)
+        wait_ge(ctl(q).prog, pack(seq, c), dl, [&] {
+          broken_ = true;
+          DT_THROW(CommError, "all_reduce #", seq, " on rank ", rank(), " of ", name_,
+                   " timed out after ", dl.timeout.count(), " ms waiting for local rank ", q,
+                   "'s slice");
+        });
+      std::memcpy(d + b * es, seg(q) + off + b * es, cnt * es);
+    }
+  }
+  depart(seq, dl);
+}
+
+void ShmComm::do_all_reduce(TensorView buf, ReduceOp op, const Deadline& dl) {
+  check_usable("all_reduce");
+  const std::size_t bytes = buf.nbytes();
+  if (std::strcmp(path("all_reduce", bytes), "mpi") == 0) {
+    if (!dl.nonblocking_family)
+      mpi_->all_reduce(buf, op);
+    else
+      mpi_->iall_reduce(buf, op).wait(dl.left());
+    return;
+  }
+  const std::size_t off = region_off(buf.data, bytes);
+  if (off != SIZE_MAX) return reduce_region(off, buf.numel, buf.dtype, op, buf.data, dl);
+  const std::size_t es = dtype_size(buf.dtype);
+  const std::size_t piece = std::max<std::size_t>(1, cfg_.staging_bytes / es);
+  DT_ASSERT(cfg_.staging_bytes >= es, "staging area smaller than one element");
+  char* p = static_cast<char*>(buf.data);
+  std::size_t b = 0;
+  do {  // at least once, so zero-element calls still meet their peers
+    const std::size_t cnt = std::min(piece, buf.numel - b);
+    std::memcpy(seg(local_->rank()) + staging_off(), p + b * es, cnt * es);
+    reduce_region(staging_off(), cnt, buf.dtype, op, p + b * es, dl);
+    b += cnt;
+  } while (b < buf.numel);
+}
+
+// --- argument checks (before any traffic, also for the queued forms) ---------------------------
+
+void ShmComm::check_root(int root) const {
+  DT_CHECK(InvalidArgument, root >= 0 && root < size(), "broadcast on ", name_, ": root ", root,
+           " is not a rank of a communicator of ", size());
+}
+
+void ShmComm::check_gather(ConstTensorView in, ConstTensorView out) const {
+  DT_CHECK(InvalidArgument, in.dtype == out.dtype, "all_gather on ", name_, ": input ",
+           dtype_name(in.dtype), " and output ", dtype_name(out.dtype), " differ");
+  DT_CHECK(InvalidArgument, out.numel == in.numel * static_cast<std::size_t>(size()),
+           "all_gather on ", name_, ": output has ", out.numel, " elements, needs ", size(), " x ",
+           in.numel);
+}
+
+void ShmComm::check_scatter(ConstTensorView in, ConstTensorView out) const {
+  DT_CHECK(InvalidArgument, in.dtype == out.dtype, "reduce_scatter on ", name_, ": input ",
+           dtype_name(in.dtype), " and output ", dtype_name(out.dtype), " differ");
+  DT_CHECK(InvalidArgument, in.numel == out.numel * static_cast<std::size_t>(size()),
+           "reduce_scatter on ", name_, ": input has ", in.numel, " elements, needs ", size(),
+           " x ", out.numel);
+}
+
+// --- broadcast, all_gather, reduce_scatter (one node)
+// ----------------------------------------------
+
+void ShmComm::do_broadcast(TensorView buf, int root, const Deadline& dl) {
+  check_usable("broadcast");
+  check_root(root);
+  if (std::strcmp(path("broadcast", buf.nbytes()), "mpi") == 0) {
+    if (!dl.nonblocking_family)
+      mpi_->broadcast(buf, root);
+    else
+      mpi_->ibroadcast(buf, root).wait(dl.left());
+    return;
+  }
+  // One node: local rank == rank.
+  const std::size_t es = dtype_size(buf.dtype);
+  const std::size_t piece = std::max<std::size_t>(1, cfg_.staging_bytes / es);
+  char* p = static_cast<char*>(buf.data);
+  const int me = local_->rank();
+  std::size_t b = 0;
+  do {
+    const std::size_t cnt = std::min(piece, buf.numel - b);
+    const std::uint64_t seq = ++seq_;
+    if (me == root) std::memcpy(seg(me) + staging_off(), p + b * es, cnt * es);
+    arrive(seq, staging_off(), cnt, dl);
+    if (me != root) std::memcpy(p + b * es, seg(root) + staging_off(), cnt * es);
+    depart(seq, dl);
+    b += cnt;
+  } while (b < buf.numel);
+}
+
+void ShmComm::do_all_gather(ConstTensorView in, TensorView out, const Deadline& dl) {
+  check_usable("all_gather");
+  check_gather(in, out);
+  if (std::strcmp(path("all_gather", in.nbytes()), "mpi") == 0) {
+    if (!dl.nonblocking_family)
+      mpi_->all_gather(in, out);
+    else
+      mpi_->iall_gather(in, out).wait(dl.left());
+    return;
+  }
+  const std::size_t es = dtype_size(in.dtype), m = in.numel;
+  const std::size_t piece = std::max<std::size_t>(1, cfg_.staging_bytes / es);
+  const char* src = static_cast<const char*>(in.data);
+  char* o = static_cast<char*>(out.data);
+  const int L = local_->size(), me = local_->rank();
+  std::size_t b = 0;
+  do {
+    const std::size_t cnt = std::min(piece, m - b);
+    const std::uint64_t seq = ++seq_;
+    std::memcpy(seg(me) + staging_off(), src + b * es, cnt * es);
+    arrive(seq, staging_off(), cnt, dl);
+    for (int q = 0; q < L; ++q)
+      std::memcpy(o + (static_cast<std::size_t>(q) * m + b) * es, seg(q) + staging_off(), cnt * es);
+    depart(seq, dl);
+    b += cnt;
+  } while (b < m);
+}
+
+void ShmComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
+                                const Deadline& dl) {
+  check_usable("reduce_scatter");
+  check_scatter(in, out);
+  const std::size_t es = dtype_size(in.dtype), m = out.numel;
+  const int L = local_->size(), me = local_->rank();
+  const std::size_t piece = cfg_.staging_bytes / (es * static_cast<std::size_t>(L));
+  if (std::strcmp(path("reduce_scatter", out.nbytes()), "mpi") == 0 || piece == 0) {
+    if (!dl.nonblocking_family)
+      mpi_->reduce_scatter(in, out, op);
+    else
+      mpi_->ireduce_scatter(in, out, op).wait(dl.left());
+    return;
+  }
+  const char* src = static_cast<const char*>(in.data);
+  char* o = static_cast<char*>(out.data);
+  char* stage = seg(me) + staging_off();
+  std::vector<const void*> ins(static_cast<std::size_t>(L));
+  std::size_t b = 0;
+  do {
+    const std::size_t cnt = std::min(piece, m - b);
+    const std::uint64_t seq = ++seq_;
+    for (int q = 0; q < L; ++q)  // block q's piece at q * cnt
+      std::memcpy(stage + static_cast<std::size_t>(q) * cnt * es,
+                  src + (static_cast<std::size_t>(q) * m + b) * es, cnt * es);
+    arrive(seq, staging_off(), cnt, dl);
+    for (int q = 0; q < L; ++q)
+      ins[static_cast<std::size_t>(q)] =
+          seg(q) + staging_off() + static_cast<std::size_t>(me) * cnt * es;
+    reduce_elements(in.dtype, op, o + b * es, ins.data(), L, cnt, op == ReduceOp::avg ? L : 1);
+    depart(seq, dl);
+    b += cnt;
+  } while (b < m);
+}
+
+// --- call forms --------------------------------------------------------------------------------
+
+ProgressQueue& ShmComm::queue() {
+  std::lock_guard<std::mutex> lk(queue_mu_);
+  if (!queue_) queue_ = std::make_unique<ProgressQueue>(rank(), name_);
+  return *queue_;
+}
+
+Work ShmComm::queued(std::string what, std::function<void()> f) {
+  return queue().submit(std::move(what), [this, f = std::move(f)] {
+    std::lock_guard<std::mutex> lk(run_mu_);
+    f();
+  });
+}
+
+template <class F>
+void ShmComm::run_blocking(const char* what_op, const CommOptions& opts, F&& f) {
+  bool pending = false;
+  {
+    std::lock_guard<std::mutex> lk(queue_mu_);
+    pending = queue_ && queue_->busy();
+  }
+  // Behind queued operations (to keep call order), or with a timeout: run on the progress thread
+  // and wait for it here, so that after a timeout the operation stays pending and completes when
+  // the peers arrive, as MPI's do (comm.hpp). The MPI call family follows the options.
+  if (pending || opts.timeout != kNoTimeout) {
+    Deadline d = Deadline::from(opts);
+    d.infinite = true;
+    queued(what_op, [d, f] { f(d); }).wait(opts.timeout);
+    return;
+  }
+  std::lock_guard<std::mutex> lk(run_mu_);
+  f(Deadline::from(opts));
+}
+
+Work ShmComm::iall_reduce(TensorView buf, ReduceOp op) {
+  return queued(what("all_reduce", buf, reduce_op_name(op)),
+                [=] { do_all_reduce(buf, op, Deadline::queued()); });
+}
+Work ShmComm::ibroadcast(TensorView buf, int root) {
+  check_root(root);
+  return queued(what("broadcast", buf), [=] { do_broadcast(buf, root, Deadline::queued()); });
+}
+Work ShmComm::iall_gather(ConstTensorView in, TensorView out) {
+  check_gather(in, out);
+  return queued(what("all_gather", in), [=] { do_all_gather(in, out, Deadline::queued()); });
+}
+Work ShmComm::ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) {
+  check_scatter(in, out);
+  return queued(what("reduce_scatter", in, reduce_op_name(op)),
+                [=] { do_reduce_scatter(in, out, op, Deadline::queued()); });
+}
+Work ShmComm::isend(ConstTensorView buf, int dst, int tag) { return mpi_->isend(buf, dst, tag); }
+Work ShmComm::irecv(TensorView buf, int src, int tag) { return mpi_->irecv(buf, src, tag); }
+Work ShmComm::ibarrier() {
+  return queued("barrier on " + name_, [this] { mpi_->ibarrier().wait(); });
+}
+
+void ShmComm::all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts) {
+  run_blocking("all_reduce", opts, [=](const Deadline& d) { do_all_reduce(buf, op, d); });
+}
+void ShmComm::broadcast(TensorView buf, int root, const CommOptions& opts) {
+  run_blocking("broadcast", opts, [=](const Deadline& d) { do_broadcast(buf, root, d); });
+}
+void ShmComm::all_gather(ConstTensorView in, TensorView out, const CommOptions& opts) {
+  run_blocking("all_gather", opts, [=](const Deadline& d) { do_all_gather(in, out, d); });
+}
+void ShmComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
+                             const CommOptions& opts) {
+  run_blocking("reduce_scatter", opts,
+               [=](const Deadline& d) { do_reduce_scatter(in, out, op, d); });
+}
+void ShmComm::send(ConstTensorView buf, int dst, int tag, const CommOptions& opts) {
+  mpi_->send(buf, dst, tag, opts);
+}
+void ShmComm::recv(TensorView buf, int src, int tag, const CommOptions& opts) {
+  mpi_->recv(buf, src, tag, opts);
+}
+void ShmComm::barrier(const CommOptions& opts) {
+  run_blocking("barrier", opts, [=](const Deadline& d) {
+    if (!d.nonblocking_family)
+      mpi_->barrier();
+    else
+      mpi_->ibarrier().wait(d.left());
+  });
+}
+
+std::unique_ptr<Comm> ShmComm::split(int color, int key) { return mpi_->split(color, key); }
+
+}  // namespace dt

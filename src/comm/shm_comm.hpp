@@ -1,0 +1,146 @@
+// dt::ShmComm: collectives through a shared-memory segment among the ranks of a node, composed
+// hierarchically across nodes; point-to-point and everything it does not accelerate go to MPI.
+//
+// Algorithm (all_reduce of n elements over L local ranks): every rank's data sits in its own region
+// of a segment all local ranks map (either the caller's buffer was allocated in this rank's arena,
+// see arena(), or it is first copied into the rank's staging area). Rank r reduces slice r of the
+// buffer from every peer's region, chunk by chunk, in rank order 0..L-1, in place in its own
+// region, and publishes a per-chunk progress counter; the other ranks copy each finished chunk out
+// as soon as it is published (reduce-scatter and all-gather pipelined in chunks). With several
+// nodes, slice r is all-reduced over MPI among the ranks with local rank r on every node before it
+// is published (every local rank leads the inter-node traffic of its slice). Synchronisation is by
+// sequence numbers in the segment: no MPI call on the fast path.
+//
+// Results: the reduction order per element is fixed (local ranks in order, then MPI's order across
+// nodes), so a buffer gives the same bits whether reduced whole or cut into pieces.
+//
+// Used for all_reduce, all_gather, reduce_scatter and broadcast when the communicator is one node
+// (all_reduce also across nodes when every node has the same number of ranks) and the message is
+// at least `min_bytes`; MPI otherwise. Blocking calls run on the calling thread; the i* forms run
+// on this communicator's progress thread in call order. A timeout or a failed peer leaves the
+// segment in an unknown state: the communicator refuses further collectives (the job is failing).
+//
+// The segment is POSIX shared memory, unlinked as soon as every local rank has mapped it, so a
+// crashed job leaves nothing behind in /dev/shm.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dt/comm.hpp"
+#include "mpi_comm.hpp"
+#include "progress.hpp"
+
+namespace dt {
+
+struct ShmConfig {
+  /// Bytes of this rank's arena: buffers allocated there skip the copy into the segment.
+  std::size_t arena_bytes = 0;
+  /// Bytes of this rank's staging area for buffers outside the arena (larger ones go in pieces).
+  std::size_t staging_bytes = std::size_t{8} << 20;
+  /// Pipelining granularity of the reduce/copy-out phases.
+  std::size_t chunk_bytes = std::size_t{128} << 10;
+  /// Messages smaller than this go to MPI.
+  std::size_t min_bytes = 0;
+  /// Testing only: pretend the ranks sit on this many nodes (contiguous blocks of world ranks),
+  /// so the hierarchical path runs on one machine. 0: real nodes.
+  int simulated_nodes = 0;
+};
+
+class ShmComm final : public Comm {
+ public:
+  /// Collective over `parent` (which it duplicates). Throws dt::CommError when the segment cannot
+  /// be created or mapped (naming the size and the system error).
+  static std::unique_ptr<ShmComm> create(const MpiComm& parent, std::string name,
+                                         const ShmConfig& cfg);
+  ~ShmComm() override;
+
+  int rank() const noexcept override { return mpi_->rank(); }
+  int size() const noexcept override { return mpi_->size(); }
+  const std::string& name() const noexcept override { return name_; }
+
+  /// This rank's arena (cfg.arena_bytes, 64-byte aligned) inside the shared segment.
+  void* arena() const noexcept { return arena_; }
+  std::size_t arena_bytes() const noexcept { return cfg_.arena_bytes; }
+  int local_rank() const noexcept { return local_->rank(); }
+  int local_size() const noexcept { return local_->size(); }
+  int num_nodes() const noexcept { return nodes_; }
+  /// True when all_reduce runs hierarchically across nodes (else MPI when num_nodes() > 1).
+  bool hierarchical() const noexcept { return cross_ != nullptr; }
+  /// Which path a collective of `bytes` takes: "shm", "hier" or "mpi".
+  const char* path(const char* op, std::size_t bytes) const noexcept;
+
+  Work iall_reduce(TensorView buf, ReduceOp op) override;
+  Work ibroadcast(TensorView buf, int root) override;
+  Work iall_gather(ConstTensorView in, TensorView out) override;
+  Work ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) override;
+  Work isend(ConstTensorView buf, int dst, int tag) override;
+  Work irecv(TensorView buf, int src, int tag) override;
+  Work ibarrier() override;
+
+  void all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts = {}) override;
+  void broadcast(TensorView buf, int root, const CommOptions& opts = {}) override;
+  void all_gather(ConstTensorView in, TensorView out, const CommOptions& opts = {}) override;
+  void reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
+                      const CommOptions& opts = {}) override;
+  void send(ConstTensorView buf, int dst, int tag, const CommOptions& opts = {}) override;
+  void recv(TensorView buf, int src, int tag, const CommOptions& opts = {}) override;
+  void barrier(const CommOptions& opts = {}) override;
+
+  /// Splits over MPI: the result is a plain MPI communicator.
+  std::unique_ptr<Comm> split(int color, int key) override;
+
+  struct Control;
+
+ private:
+  ShmComm() = default;
+  struct Deadline;
+  using Clock = std::chrono::steady_clock;
+  // Runs `f` on the calling thread after the queued i* operations (call order is kept).
+  template <class F>
+  void run_blocking(const char* what, const CommOptions& opts, F&& f);
+  Work queued(std::string what, std::function<void()> f);
+  ProgressQueue& queue();
+
+  void do_all_reduce(TensorView buf, ReduceOp op, const Deadline& dl);
+  void do_broadcast(TensorView buf, int root, const Deadline& dl);
+  void do_all_gather(ConstTensorView in, TensorView out, const Deadline& dl);
+  void do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op, const Deadline& dl);
+  // One all_reduce of `n` elements whose copies sit at byte offset `off` of every rank's segment;
+  // the result goes to `dest` (may be this rank's own region).
+  void reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op, void* dest,
+                     const Deadline& dl);
+  // Publish "arrived at op seq with (off, n)" and wait until every local rank has.
+  void arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n, const Deadline& dl);
+  void depart(std::uint64_t seq, const Deadline& dl);
+  char* seg(int q) const noexcept { return bases_[static_cast<std::size_t>(q)]; }
+  Control& ctl(int q) const noexcept;
+  std::size_t staging_off() const noexcept;
+  std::size_t region_off(const void* p, std::size_t bytes) const noexcept;
+  bool use_shm(std::size_t bytes) const noexcept;
+  void check_usable(const char* op) const;
+  void check_root(int root) const;
+  void check_gather(ConstTensorView in, ConstTensorView out) const;
+  void check_scatter(ConstTensorView in, ConstTensorView out) const;
+  std::string what(const char* op, ConstTensorView v, const char* extra = nullptr) const;
+
+  std::string name_;
+  ShmConfig cfg_;
+  std::unique_ptr<MpiComm> mpi_, local_, cross_;
+  int nodes_ = 1;
+  void* map_ = nullptr;
+  std::size_t map_bytes_ = 0, seg_bytes_ = 0;
+  std::vector<char*> bases_;
+  char* arena_ = nullptr;
+  std::uint64_t seq_ = 0;
+  std::atomic<bool> broken_{false};
+  std::mutex run_mu_;  // one collective at a time (caller thread or progress thread)
+  std::mutex queue_mu_;
+  std::unique_ptr<ProgressQueue> queue_;
+};
+
+}  // namespace dt
