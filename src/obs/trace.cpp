@@ -38,12 +38,49 @@ struct Event {
   std::int64_t t0, t1;  // steady clock, ns
 };
 
+// One thread's events: written by that thread only, without a lock, in chunks that never move;
+// `count` is published with release order after the event is written, so a reader that loads it
+// with acquire order may read that many events while the thread goes on appending.
+constexpr std::size_t kChunk = 4096;
+constexpr std::size_t kChunks = (kMaxEventsPerThread + kChunk - 1) / kChunk;
+
 struct ThreadBuf {
-  std::mutex mu;
-  std::vector<Event> events;
-  std::size_t dropped = 0;
+  std::atomic<std::size_t> count{0};
+  std::atomic<std::size_t> dropped{0};
+  std::atomic<Event*> chunks[kChunks] = {};
   long tid = 0;
+  std::mutex name_mu;
   std::string name;
+  ThreadBuf() = default;
+  ThreadBuf(const ThreadBuf&) = delete;
+  ThreadBuf& operator=(const ThreadBuf&) = delete;
+  ~ThreadBuf() {
+    for (auto& c : chunks) delete[] c.load(std::memory_order_relaxed);
+  }
+  void append(const Event& e) {
+    const std::size_t i = count.load(std::memory_order_relaxed);
+    if (i >= kMaxEventsPerThread) {
+      dropped.store(dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      return;
+    }
+    Event* chunk = chunks[i / kChunk].load(std::memory_order_relaxed);
+    if (!chunk) {
+      chunk = new Event[kChunk];
+      chunks[i / kChunk].store(chunk, std::memory_order_release);
+    }
+    chunk[i % kChunk] = e;
+    count.store(i + 1, std::memory_order_release);
+  }
+  /// The events published so far (safe while the owner appends).
+  void copy_to(std::vector<Event>& out) const {
+    const std::size_t n = count.load(std::memory_order_acquire);
+    for (std::size_t i = 0; i < n; ++i)
+      out.push_back(chunks[i / kChunk].load(std::memory_order_acquire)[i % kChunk]);
+  }
+  std::string get_name() {
+    std::lock_guard<std::mutex> lock(name_mu);
+    return name;
+  }
 };
 
 struct State {
@@ -61,8 +98,11 @@ State& state() {
   return *s;
 }
 
-thread_local std::shared_ptr<ThreadBuf> tl_buf;
+// The fast path reads only trivially constructed thread-locals (no TLS init guard); tl_hold keeps
+// the buffer alive for this thread even after a new start() dropped it from State::bufs.
+thread_local ThreadBuf* tl_buf = nullptr;
 thread_local std::uint64_t tl_generation = 0;
+thread_local std::shared_ptr<ThreadBuf> tl_hold;
 thread_local std::string tl_name;
 
 long os_tid() noexcept { return static_cast<long>(::syscall(SYS_gettid)); }
@@ -70,16 +110,16 @@ long os_tid() noexcept { return static_cast<long>(::syscall(SYS_gettid)); }
 ThreadBuf* my_buffer() {
   State& s = state();
   const std::uint64_t gen = s.generation.load(std::memory_order_acquire);
-  if (tl_buf && tl_generation == gen) return tl_buf.get();
+  if (tl_buf && tl_generation == gen) return tl_buf;
   auto b = std::make_shared<ThreadBuf>();
   b->tid = os_tid();
   b->name = tl_name.empty() ? "thread " + std::to_string(b->tid) : tl_name;
-  b->events.reserve(1024);
   std::lock_guard<std::mutex> lock(s.mu);
   tl_generation = s.generation.load(std::memory_order_relaxed);
   s.bufs.push_back(b);
-  tl_buf = std::move(b);
-  return tl_buf.get();
+  tl_hold = std::move(b);
+  tl_buf = tl_hold.get();
+  return tl_buf;
 }
 
 void json_string(std::string& out, const char* s) {
@@ -119,13 +159,7 @@ void record(const char* name, const char* category, const char* arg_name, std::i
             std::int64_t t0_ns, std::int64_t t1_ns) noexcept {
   if (!enabled()) return;
   try {
-    ThreadBuf* b = my_buffer();
-    std::lock_guard<std::mutex> lock(b->mu);
-    if (b->events.size() >= kMaxEventsPerThread) {
-      ++b->dropped;
-      return;
-    }
-    b->events.push_back(Event{name, category, arg_name, arg, t0_ns, t1_ns});
+    my_buffer()->append(Event{name, category, arg_name, arg, t0_ns, t1_ns});
   } catch (...) {
     // Out of memory: the event is lost, the job goes on.
   }
@@ -163,7 +197,7 @@ void set_thread_name(const char* name) noexcept {
   try {
     tl_name = name ? name : "";
     if (tl_buf && tl_generation == state().generation.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> lock(tl_buf->mu);
+      std::lock_guard<std::mutex> lock(tl_buf->name_mu);
       tl_buf->name = tl_name;
     }
   } catch (...) {
@@ -174,10 +208,7 @@ std::size_t event_count() noexcept {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   std::size_t n = 0;
-  for (const auto& b : s.bufs) {
-    std::lock_guard<std::mutex> bl(b->mu);
-    n += b->events.size();
-  }
+  for (const auto& b : s.bufs) n += b->count.load(std::memory_order_acquire);
   return n;
 }
 
@@ -185,10 +216,7 @@ std::size_t dropped_count() noexcept {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   std::size_t n = 0;
-  for (const auto& b : s.bufs) {
-    std::lock_guard<std::mutex> bl(b->mu);
-    n += b->dropped;
-  }
+  for (const auto& b : s.bufs) n += b->dropped.load(std::memory_order_relaxed);
   return n;
 }
 
@@ -212,11 +240,10 @@ std::string write() {
     dir = s.dir;
     offset = s.wall_minus_steady_ns;
     for (const auto& b : s.bufs) {
-      std::lock_guard<std::mutex> bl(b->mu);
-      threads.push_back(Thread{b->tid, b->name});
-      events.insert(events.end(), b->events.begin(), b->events.end());
+      threads.push_back(Thread{b->tid, b->get_name()});
+      b->copy_to(events);
       owner.resize(events.size(), threads.size() - 1);
-      dropped += b->dropped;
+      dropped += b->dropped.load(std::memory_order_relaxed);
     }
   }
   // Start order, parents before their children (longer first at equal starts).
