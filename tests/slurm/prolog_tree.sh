@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# slurm.prolog_tree_v2 / slurm.prolog_tree_v1 (MODE v2, v1): slurm/prolog and slurm/epilog on a
+# temporary cgroup tree laid out like a cgroup v2 (unified, cpu and cpuset controllers) or v1
+# (cpu, cpuacct, cpuset hierarchies) mount, with two NUMA nodes: the tier of the job's comment
+# (or the default) gets its weight, cpuset and FIFO priority; an unknown tier falls back to
+# best_effort with a line in the log; every prolog exits 0, also without a config or a cgroup
+# controller; the epilog removes the groups and records, also when the record is missing (a
+# prolog that died); dt_train reads a record, joins its group and reports the tier.
+source "$(dirname "$0")/lib.sh"
+
+T=$WORK/cg
+export DT_QOS_CGROUP_ROOT=$T DT_QOS_STATE_DIR=$WORK/state DT_QOS_LOG=$WORK/qos.log \
+  DT_QOS_NUMA_ROOT=$WORK/numa DT_QOS_CONFIG=$DT_ROOT/configs/qos.ini
+# No Slurm here: a stand-in scontrol answers `scontrol show job -o ID` from $WORK/jobs/ID (a line
+# as Slurm 22.05 prints it) and fails for other jobs, as scontrol does for an unknown job.
+mkdir -p "$WORK/bin" "$WORK/jobs"
+cat >"$WORK/bin/scontrol" <<'STUB'
+#!/bin/sh
+[ "$1 $2 $3" = "show job -o" ] && [ -f "$DT_TEST_JOBS/$4" ] && exec cat "$DT_TEST_JOBS/$4"
+echo "slurm_load_jobs error: Invalid job id specified" >&2
+exit 1
+STUB
+chmod +x "$WORK/bin/scontrol"
+export PATH=$WORK/bin:$PATH DT_TEST_JOBS=$WORK/jobs
+job_line() {
+  echo "JobId=$1 JobName=t UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=1 Nice=0" \
+    "Account=(null) QOS=$2 JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=0" \
+    "BatchFlag=1 ${3:+Comment=$3 }StdIn=/dev/null StdOut=/tmp/t.out Power=" >"$WORK/jobs/$1"
+}
+job_line 102 "(null)" "run 7, dt-qos=realtime"
+job_line 104 high
+job_line 108 normal
+mkdir -p "$WORK/numa/node0" "$WORK/numa/node1"
+echo 0-1 >"$WORK/numa/node0/cpulist"
+echo 2-3 >"$WORK/numa/node1/cpulist"
+case "$MODE" in
+  v2)
+    mkdir -p "$T"
+    echo "cpuset cpu io memory pids" >"$T/cgroup.controllers"
+    : >"$T/cgroup.subtree_control"
+    echo 0-3 >"$T/cpuset.cpus.effective"
+    echo 0-1 >"$T/cpuset.mems.effective"
+    ;;
+  v1)
+    mkdir -p "$T/cpu" "$T/cpuacct" "$T/cpuset"
+    echo 1024 >"$T/cpu/cpu.shares"
+    echo 0 >"$T/cpuacct/cpuacct.usage"
+    echo 0-3 >"$T/cpuset/cpuset.cpus"
+    echo 0-1 >"$T/cpuset/cpuset.mems"
+    ;;
+  *) echo "unknown mode '$MODE'"; exit 2 ;;
+esac
+
+# hook NAME JOB [COMMENT]: runs slurm/NAME for JOB as slurmd would; it must exit 0.
+hook() {
+  local rc
+  SLURM_JOB_ID=$2 SLURM_JOB_COMMENT=${3:-} "$DT_ROOT/slurm/$1" 2>>"$WORK/hooks.err"
+  rc=$?
+  [ $rc -eq 0 ] || fail "$1 of job $2 exited $rc (a non-zero prolog or epilog drains the node)"
+}
+record_has() {
+  grep -qx -- "$2" "$WORK/state/job-$1.conf" 2>/dev/null ||
+    fail "record of job $1 lacks '$2': $(tr '\n' ';' <"$WORK/state/job-$1.conf" 2>/dev/null)"
+}
+file_is() {
+  local got
+  got=$(cat "$1" 2>/dev/null)
+  [ "$got" = "$2" ] || fail "$1 holds '$got', expected '$2'"
+}
+# group JOB CONTROLLER: the job's group directory in this layout.
+group() {
+  if [ "$MODE" = v2 ]; then echo "$T/dt/job_$1"; else echo "$T/$2/dt/job_$1"; fi
+}
+# expect_tier JOB WEIGHT CPUS MEMS FIFO
+expect_tier() {
+  local job=$1 weight=$2 cpus=$3 mems=$4 fifo=$5
+  record_has "$job" "weight=$weight"
+  record_has "$job" "fifo=$fifo"
+  record_has "$job" "cpus=$cpus"
+  record_has "$job" "mode=$MODE"
+  if [ "$MODE" = v2 ]; then
+    file_is "$(group "$job")/cpu.weight" "$weight"
+    record_has "$job" "cgroup=$(group "$job")"
+  else
+    file_is "$(group "$job" cpu)/cpu.shares" "$((weight * 1024 / 100))"
+    record_has "$job" "cgroup=$(group "$job" cpu)"
+    record_has "$job" "cgroup=$(group "$job" cpuset)"
+    [ ! -e "$T/cpuacct/dt" ] || fail "a group was made in the cpuacct hierarchy"
+  fi
+  file_is "$(group "$job" cpuset)/cpuset.cpus" "$cpus"
+  file_is "$(group "$job" cpuset)/cpuset.mems" "$mems"
+}
+
+echo "=== prolog: jobs 101 (high), 102 (realtime, from scontrol), 103 (platinum), 104 (Slurm QOS"
+echo "    high), 108 (Slurm QOS normal), 109 (nothing)"
+hook prolog 101 "dt-qos=high"
+hook prolog 102
+hook prolog 103 "dt-qos=platinum"
+hook prolog 104
+hook prolog 108
+hook prolog 109
+sed 's/^/    /' "$WORK/qos.log"
+record_has 101 "tier=high"
+record_has 101 "source=comment"
+expect_tier 101 75 0-3 0-1 60
+record_has 102 "tier=realtime"
+expect_tier 102 100 0-1 0 80  # cpuset numa:0
+record_has 103 "tier=best_effort"
+record_has 103 "requested=platinum"
+expect_tier 103 25 0-3 0-1 1
+grep -q "job=103: unknown QoS tier 'platinum' (comment).*the job runs as best_effort" \
+  "$WORK/qos.log" || fail "no log line about the unknown tier of job 103"
+record_has 102 "source=comment"
+record_has 104 "tier=high"
+record_has 104 "source=slurm-qos high"
+record_has 108 "tier=best_effort"
+record_has 108 "source=slurm-qos normal"
+record_has 109 "tier=best_effort"
+record_has 109 "source=default"
+if [ "$MODE" = v2 ]; then
+  for f in "$T/cgroup.subtree_control" "$T/dt/cgroup.subtree_control"; do
+    for c in cpu cpuset; do grep -qw "$c" "$f" || fail "$f does not enable $c"; done
+  done
+else
+  file_is "$T/cpuset/dt/cpuset.cpus" 0-3  # a v1 cpuset parent needs its CPUs before children
+  file_is "$T/cpuset/dt/cpuset.mems" 0-1
+fi
+
+if [ "$MODE" = v2 ]; then
+  echo "=== dt_train --qos.file=<record of job 101> (1 rank)"
+  timeout -k 5 60 "${MPIEXEC[@]}" -n 1 "$BIN_DIR/dt_train" --config "$CONFIG" --data.path="$TEXT" \
+    --train.steps=2 --qos.file="$WORK/state/job-101.conf" >D.out 2>&1 || fail "dt_train failed"
+  sed 's/^/    /' D.out
+  expect_line D "^dt_train: qos: tier high \\(comment\\): cgroup v2 $T/dt/job_101, weight 75, communication thread SCHED_FIFO 60$"
+  grep -qE '^[0-9]+$' "$T/dt/job_101/cgroup.procs" || fail "dt_train did not write its pid to the group"
+  echo "=== dt_train --qos.file=<missing>: refused, exit code 2"
+  "$BIN_DIR/dt_train" --config "$CONFIG" --data.path="$TEXT" --qos.file="$WORK/nope.conf" >E.out 2>&1
+  rc=$?
+  sed 's/^/    /' E.out
+  [ $rc -eq 2 ] || fail "exit code $rc, expected 2"
+  expect_line E "option --qos.file: '$WORK/nope.conf' is not a file"
+fi
+
+echo "=== a prolog that died before its record (job 105), and the epilogs"
+hook prolog 105 "dt-qos=high"
+rm -f "$WORK/state/job-105.conf"
+for j in 101 102 103 104 105 108 109; do hook epilog $j; done
+grep "epilog" "$WORK/qos.log" | sed 's/^/    /'
+left=$(find "$T" -name 'job_*' | tr '\n' ' ')
+[ -z "$left" ] || fail "groups left after the epilogs: $left"
+[ -z "$(ls -A "$WORK/state")" ] || fail "records left: $(ls -A "$WORK/state")"
+grep -q "job=105: no record" "$WORK/qos.log" || fail "the epilog of job 105 did not note the missing record"
+
+echo "=== no config, and no cgroup controller: the prolog still exits 0"
+DT_QOS_CONFIG=$WORK/missing.ini hook prolog 106 "dt-qos=high"
+grep -q "job=106: error: QoS config '$WORK/missing.ini' is not readable" "$WORK/qos.log" ||
+  fail "no log line about the missing config"
+[ -z "$(find "$T" -name 'job_106')" ] || fail "a group for job 106 without a config"
+DT_QOS_CGROUP_ROOT=$WORK/empty hook prolog 107 "dt-qos=high"
+record_has 107 "mode=none"
+record_has 107 "fifo=60"
+hook epilog 107
+[ ! -e "$WORK/state/job-107.conf" ] || fail "record of job 107 left"
+if [ -s "$WORK/hooks.err" ] && grep -qv " job=10[0-9]: " "$WORK/hooks.err"; then
+  echo "hook stderr:"; sed 's/^/    /' "$WORK/hooks.err"
+  fail "the hooks printed something other than their log lines"
+fi
+finish

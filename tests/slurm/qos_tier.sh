@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# slurm.qos_tier: a 2-task job submitted with --comment=dt-qos=high runs in the tier the prolog
+# applied, as seen from outside while it trains: the prolog's record names tier high (weight 75,
+# FIFO 60); each of the job's groups has the tier's CPU weight (v2 cpu.weight, v1 cpu.shares =
+# weight * 1024 / 100) and the cpuset the record names; both ranks are in every group (the group's
+# cgroup.procs and the rank's /proc/PID/cgroup); each rank's main (compute) thread is SCHED_OTHER
+# and its communication progress thread "dt-progress" SCHED_FIFO at priority 60 (read from
+# /proc/PID/task/TID/stat). Then a rank is killed (SIGKILL): the job fails, and the epilog has
+# removed the groups and the record; the node is not drained.
+source "$(dirname "$0")/lib.sh"
+need_cluster
+
+submit Q -n 2 --comment=dt-qos=high -- "$CONFIG" --data.path="$TEXT" --train.steps=1000000 \
+  --train.log-every=1000 --train.eval-every=0 --train.log-file="$WORK/Q.jsonl"
+[ -n "$JOB" ] || finish
+wait_lines Q.jsonl 5 || { sed 's/^/    /' Q.out; finish; }
+
+STATE_DIR=$(hook_setting DT_QOS_STATE_DIR)
+REC=$STATE_DIR/job-$JOB.conf
+echo "=== the prolog's record $REC"
+sed 's/^/    /' "$REC" || fail "no record $REC"
+for kv in tier=high weight=75 fifo=60; do
+  grep -qx "$kv" "$REC" || fail "the record lacks $kv"
+done
+CPUS=$(sed -n 's/^cpus=//p' "$REC")
+CGMODE=$(sed -n 's/^mode=//p' "$REC")
+[ -n "$CPUS" ] || fail "the record names no CPUs"
+mapfile -t GROUPS_ < <(sed -n 's/^cgroup=//p' "$REC")
+if [ "$CGMODE" = none ]; then
+  echo "slurm.qos_tier: skipped: this machine has no cgroup cpu controller (v1 or v2) to test"
+  exit 77
+fi
+[ ${#GROUPS_[@]} -ge 1 ] || fail "the record names no cgroup (mode $CGMODE)"
+
+# The ranks: dt_train processes of this job.
+RANKS=()
+for p in $(pgrep -x dt_train); do
+  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$JOB" && RANKS+=("$p")
+done
+echo "=== ranks of job $JOB: ${RANKS[*]}"
+[ ${#RANKS[@]} -eq 2 ] || fail "found ${#RANKS[*]} dt_train processes of job $JOB, expected 2"
+
+for g in "${GROUPS_[@]}"; do
+  echo "--- $g: $(cd "$g" 2>/dev/null && grep -H . cpu.weight cpu.shares cpuset.cpus cpuset.mems 2>/dev/null | tr '\n' ' ')"
+  [ -d "$g" ] || { fail "group $g does not exist"; continue; }
+  if [ "$CGMODE" = v2 ]; then
+    [ "$(cat "$g/cpu.weight")" = 75 ] || fail "$g/cpu.weight is $(cat "$g/cpu.weight"), expected 75"
+  elif [ -f "$g/cpu.shares" ]; then
+    [ "$(cat "$g/cpu.shares")" = 768 ] || fail "$g/cpu.shares is $(cat "$g/cpu.shares"), expected 768"
+  fi
+  if [ -f "$g/cpuset.cpus" ]; then
+    [ "$(cat "$g/cpuset.cpus")" = "$CPUS" ] ||
+      fail "$g/cpuset.cpus is '$(cat "$g/cpuset.cpus")', the record says '$CPUS'"
+  fi
+  for p in "${RANKS[@]}"; do
+    grep -qx "$p" "$g/cgroup.procs" || fail "rank pid $p is not in $g/cgroup.procs"
+  done
+done
+for p in "${RANKS[@]}"; do
+  grep -q "/dt/job_$JOB\$" "/proc/$p/cgroup" ||
+    fail "/proc/$p/cgroup names no group of job $JOB: $(tr '\n' ' ' <"/proc/$p/cgroup")"
+done
+
+# sched PID TID: "policy rt_priority nice" of a thread (fields 41, 40 and 19 of its stat file).
+sched() {
+  sed 's/^.*) //' "/proc/$1/task/$2/stat" 2>/dev/null | awk '{ print $39, $38, $17 }'
+}
+HAS_PROGRESS=0
+grep -qa 'dt-progress' "$BIN_DIR/dt_train" && HAS_PROGRESS=1
+for p in "${RANKS[@]}"; do
+  read -r pol prio nice <<<"$(sched "$p" "$p")"
+  echo "rank $p main thread: policy $pol priority $prio nice $nice"
+  [ "$pol" = 0 ] || fail "rank $p: the main (compute) thread has policy $pol, expected 0 (SCHED_OTHER)"
+  found=0
+  for t in /proc/"$p"/task/*; do
+    [ "$(cat "$t/comm" 2>/dev/null)" = dt-progress ] || continue
+    found=1
+    read -r pol prio nice <<<"$(sched "$p" "${t##*/}")"
+    echo "rank $p dt-progress thread ${t##*/}: policy $pol priority $prio"
+    if [ "$pol" != 1 ] || [ "$prio" != 60 ]; then
+      fail "rank $p: dt-progress has policy $pol priority $prio, expected 1 (SCHED_FIFO) 60"
+    fi
+  done
+  if [ $found -eq 0 ]; then
+    if [ $HAS_PROGRESS -eq 1 ]; then
+      fail "rank $p has no thread named dt-progress (threads: $(cat /proc/"$p"/task/*/comm | sort | uniq -c | tr -s ' \n' ' '))"
+    else
+      echo "NOTE: this dt_train has no communication progress thread (no 'dt-progress' in the binary); its policy is not checked"
+    fi
+  fi
+done
+
+echo "=== killing rank ${RANKS[0]} (SIGKILL): a crashed job"
+kill -KILL "${RANKS[0]}" 2>/dev/null || fail "could not kill ${RANKS[0]}"
+expect_end Q "$JOB" FAILED
+grep "job=$JOB:" "$(hook_setting DT_QOS_LOG)" | sed 's/^/    /'
+node_healthy
+no_job_groups "$JOB"
+for g in "${GROUPS_[@]}"; do [ ! -e "$g" ] || fail "$g still exists"; done
+finish
