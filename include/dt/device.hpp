@@ -86,7 +86,8 @@ class Device {
   void* ctx_ = nullptr;
 };
 
-/// The default plugin path: DIR/../plugins and DIR/../lib/dt/plugins next to the executable.
+/// The default plugin path: $DT_PLUGIN_PATH (set by the dt module) if set, then DIR/../plugins
+/// and DIR/../lib/dt/plugins next to the executable.
 std::string default_plugin_path();
 
 }  // namespace dt

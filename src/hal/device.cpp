@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdlib>
 #include <sstream>
 #include <vector>
 
@@ -46,12 +47,15 @@ struct Device::Library {
 };
 
 std::string default_plugin_path() {
+  // Set by the dt module (modulefiles/dt): the plugins of the installation the user loaded.
+  const char* env = std::getenv("DT_PLUGIN_PATH");
+  std::string from_env = env && *env ? std::string(env) + ":" : "";
   char exe[PATH_MAX] = {0};
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0) return "";
+  if (n <= 0) return from_env;
   std::string dir(exe, static_cast<std::size_t>(n));
   dir = dir.substr(0, dir.rfind('/'));
-  return dir + "/../plugins:" + dir + "/../lib/dt/plugins";
+  return from_env + dir + "/../plugins:" + dir + "/../lib/dt/plugins";
 }
 
 Device Device::open(const std::string& name, const std::string& plugin_path, int index) {

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# slurm.topo: `sbatch -n 2 slurm/topo.sbatch` on the local cluster checks the fresh allocation:
+# the job completes, dt_topo reports both ranks on the node, each bound by srun (--cpu-bind=cores,
+# "launcher"), and every check passes.
+source "$(dirname "$0")/lib.sh"
+need_cluster
+echo "=== T: sbatch -n 2 slurm/topo.sbatch --check.bandwidth-iters=2"
+out=$(DT_PREFIX=$DT_ROOT sbatch --parsable -n 2 -o "$WORK/T.out" "$DT_ROOT/slurm/topo.sbatch" \
+  --check.bandwidth-iters=2 2>&1) || fail "sbatch refused slurm/topo.sbatch: $out"
+JOB=${out%%;*}
+JOBS+=("$JOB")
+expect_end T "$JOB" COMPLETED
+expect_line T "^dt_topo: all checks passed on 2 ranks"
+expect_line T "^0 +$NODE +0-1 "
+expect_line T " 0:[0-9]+\(launcher\) 1:[0-9]+\(launcher\)$"
+node_healthy
+finish
