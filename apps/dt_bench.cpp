@@ -1,0 +1,855 @@
+// dt_bench: collective and point-to-point bandwidth of dt's transports, in the table format of
+// nccl-tests.
+//
+//   mpiexec -n 2 ./dt_bench --ops=all_reduce --backends=mpi,shm,shm-copy --max-bytes=64M
+//   mpiexec -n 2 ./dt_bench --grad-set=configs/gpt-tiny.ini --backends=mpi,shm
+//
+// Backends: mpi (dt::MpiComm), shm (dt::ShmComm with the buffers in its arena, as dt's gradient
+// buckets use it), shm-copy (dt::ShmComm with ordinary buffers, through its staging area), ucx
+// (dt::UcxP2p; sendrecv only). For every size the backends run one after the other, so that
+// machine noise hits them alike.
+//
+// Figures follow nccl-tests: time is the average of `iters` back-to-back calls after `warmup`
+// calls (no barrier inside the timed loop), the maximum over ranks; algbw = size / time;
+// busbw = algbw x 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter), 1 (broadcast,
+// sendrecv). With --check every call of every iteration (warm-up included) gets fresh inputs from a
+// hash of (rank, index, iteration), small integers whose sums are exact in every dtype, and every
+// output element is compared with an independently computed value; #wrong counts the wrong
+// elements over all ranks and iterations. With --check the time sums each call's own duration
+// (inputs are written and results verified outside the clock).
+//
+// --grad-set=INI: all-reduce of the gradient set of the GPT model described by the [model] section
+// of INI (dt::gpt_params), one call per tensor in reverse parameter order against buckets of
+// --grad-set.bucket-mb MiB (contiguous ranges of the flat gradient buffer in reverse parameter
+// order), per backend, with the speed-up of the bucketed form.
+//
+// Exit codes: 0 good, 1 a wrong result (--check), 2 bad options, 3 a rank hit an error.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "comm/mpi_comm.hpp"
+#include "comm/shm_comm.hpp"
+#include "comm/ucx_p2p.hpp"
+#include "dt/comm.hpp"
+#include "dt/config.hpp"
+#include "dt/gpt.hpp"
+#include "dt/runtime.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using dt::ConfigError;
+using dt::DType;
+using dt::ReduceOp;
+
+enum class Op { all_reduce, all_gather, reduce_scatter, broadcast, sendrecv };
+enum class Backend { mpi, shm, shm_copy, ucx };
+
+constexpr Op kOps[] = {Op::all_reduce, Op::all_gather, Op::reduce_scatter, Op::broadcast,
+                       Op::sendrecv};
+constexpr Backend kBackends[] = {Backend::mpi, Backend::shm, Backend::shm_copy, Backend::ucx};
+
+const char* op_name(Op o) {
+  switch (o) {
+    case Op::all_reduce:
+      return "all_reduce";
+    case Op::all_gather:
+      return "all_gather";
+    case Op::reduce_scatter:
+      return "reduce_scatter";
+    case Op::broadcast:
+      return "broadcast";
+    case Op::sendrecv:
+      return "sendrecv";
+  }
+  return "?";
+}
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::mpi:
+      return "mpi";
+    case Backend::shm:
+      return "shm";
+    case Backend::shm_copy:
+      return "shm-copy";
+    case Backend::ucx:
+      return "ucx";
+  }
+  return "?";
+}
+
+struct Settings {
+  std::string ops, backends, min_bytes_s, max_bytes_s, dtype_s, op_s;
+  std::string shm_chunk_s, shm_staging_s, shm_min_s, grad_set;
+  long step_factor = 2, iters = 20, warmup = 5, root = 0, corrupt_rank = -1;
+  long simulated_nodes = 0;
+  double bucket_mb = 25;
+  bool check = false;
+  // parsed
+  std::vector<Op> op_list;
+  std::vector<Backend> backend_list;
+  std::size_t min_bytes = 0, max_bytes = 0, shm_chunk = 0, shm_staging = 0, shm_min = 0;
+  DType dtype = DType::f32;
+  ReduceOp rop = ReduceOp::sum;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream is(s);
+  while (std::getline(is, cur, ','))
+    if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+
+// "64M", "1K", "8", "2GiB": bytes with an optional binary K/M/G suffix.
+std::size_t parse_size(const std::string& option, const std::string& text) {
+  std::size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  std::string suffix = text.substr(i);
+  for (auto& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  int shift = -1;
+  if (suffix.empty() || suffix == "B") shift = 0;
+  for (const auto& [s, v] : {std::pair<const char*, int>{"K", 10}, {"M", 20}, {"G", 30}})
+    if (suffix == s || suffix == std::string(s) + "B" || suffix == std::string(s) + "IB") shift = v;
+  DT_CHECK(ConfigError, i > 0 && i <= 12 && shift >= 0, "option --", option, ": '", text,
+           "' is not a size (bytes, with an optional K, M or G suffix: 8, 64K, 16M, 1G)");
+  const std::size_t v = std::stoull(text.substr(0, i)) << shift;
+  DT_CHECK(ConfigError, v <= (std::size_t{16} << 30), "option --", option, ": ", text,
+           " is above the maximum of 16G");
+  return v;
+}
+
+void parse_settings(Settings& s) {
+  for (const auto& o : split_list(s.ops)) {
+    auto it = std::find_if(std::begin(kOps), std::end(kOps),
+                           [&](Op x) { return o == op_name(x); });
+    DT_CHECK(ConfigError, it != std::end(kOps), "option --ops: '", o,
+             "' is not one of all_reduce, all_gather, reduce_scatter, broadcast, sendrecv");
+    if (std::find(s.op_list.begin(), s.op_list.end(), *it) == s.op_list.end())
+      s.op_list.push_back(*it);
+  }
+  DT_CHECK(ConfigError, !s.op_list.empty(), "option --ops: no operation given");
+  for (const auto& b : split_list(s.backends)) {
+    auto it = std::find_if(std::begin(kBackends), std::end(kBackends),
+                           [&](Backend x) { return b == backend_name(x); });
+    DT_CHECK(ConfigError, it != std::end(kBackends), "option --backends: '", b,
+             "' is not one of mpi, shm, shm-copy, ucx");
+    if (std::find(s.backend_list.begin(), s.backend_list.end(), *it) == s.backend_list.end())
+      s.backend_list.push_back(*it);
+  }
+  DT_CHECK(ConfigError, !s.backend_list.empty(), "option --backends: no backend given");
+  s.min_bytes = parse_size("min-bytes", s.min_bytes_s);
+  s.max_bytes = parse_size("max-bytes", s.max_bytes_s);
+  DT_CHECK(ConfigError, s.min_bytes <= s.max_bytes, "option --min-bytes: ", s.min_bytes_s,
+           " is larger than --max-bytes=", s.max_bytes_s);
+  s.shm_chunk = parse_size("shm.chunk-bytes", s.shm_chunk_s);
+  DT_CHECK(ConfigError, s.shm_chunk >= 1, "option --shm.chunk-bytes: must be at least 1");
+  s.shm_staging = parse_size("shm.staging-bytes", s.shm_staging_s);
+  DT_CHECK(ConfigError, s.shm_staging >= 64, "option --shm.staging-bytes: ", s.shm_staging_s,
+           " is below the minimum of 64");
+  s.shm_min = parse_size("shm.min-bytes", s.shm_min_s);
+  s.dtype = dt::parse_dtype(s.dtype_s);  // the choice list has already checked the name
+  s.rop = s.op_s == "sum" ? ReduceOp::sum
+          : s.op_s == "avg" ? ReduceOp::avg
+          : s.op_s == "max" ? ReduceOp::max
+                            : ReduceOp::min;
+}
+
+// --- reference values --------------------------------------------------------------------------
+
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Small integers whose sum over `nranks` ranks is exact in `t` (partial sums included).
+class Values {
+ public:
+  Values(DType t, int nranks) {
+    long limit = 1L << 16;
+    if (t == DType::u8) limit = 255;
+    if (t == DType::bf16) limit = 256;
+    if (t == DType::f16) limit = 2048;
+    const long m = limit / std::max(1, nranks);
+    hi_ = m;
+    lo_ = t == DType::u8 ? 0 : -m;
+  }
+  // `salt` separates inputs (0) from the filler written into outputs before a call (1).
+  long operator()(int rank, std::size_t i, long iter, unsigned salt = 0) const {
+    const std::uint64_t h =
+        mix(mix(mix((static_cast<std::uint64_t>(rank) << 8) ^ salt) ^ static_cast<std::uint64_t>(iter)) ^
+            i);
+    return lo_ + static_cast<long>(h % static_cast<std::uint64_t>(hi_ - lo_ + 1));
+  }
+
+ private:
+  long lo_ = 0, hi_ = 0;
+};
+
+template <class T>
+T make(double x) {
+  if constexpr (std::is_same_v<T, dt::bf16> || std::is_same_v<T, dt::f16>)
+    return T(static_cast<float>(x));
+  else
+    return static_cast<T>(x);
+}
+
+template <class T>
+double to_d(T v) {
+  if constexpr (std::is_same_v<T, dt::bf16> || std::is_same_v<T, dt::f16>)
+    return static_cast<double>(static_cast<float>(v));
+  else
+    return static_cast<double>(v);
+}
+
+// op over ranks 0..n-1 of v(r), as comm.hpp defines it (avg: exact sum, one division).
+template <class T, class V>
+T reduce_ref(ReduceOp op, int n, V v) {
+  long acc = v(0);
+  for (int r = 1; r < n; ++r) {
+    const long x = v(r);
+    acc = op == ReduceOp::max ? std::max(acc, x) : op == ReduceOp::min ? std::min(acc, x) : acc + x;
+  }
+  if (op != ReduceOp::avg) return make<T>(static_cast<double>(acc));
+  if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(acc / n);
+  else if constexpr (std::is_same_v<T, double>)
+    return static_cast<double>(acc) / static_cast<double>(n);
+  else
+    return make<T>(static_cast<float>(acc) / static_cast<float>(n));
+}
+
+// --- buffers -----------------------------------------------------------------------------------
+
+std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+// Element counts and buffer layout of one call of `op` at nominal `bytes`, as nccl-tests counts
+// them: `size` is the larger of the send and receive bytes, `count` the per-rank parameter count.
+struct Shape {
+  std::size_t in = 0, out = 0;  // elements
+  bool in_place = false;
+  std::size_t size_bytes = 0, count = 0;
+  std::size_t out_off = 0, total = 0;  // byte layout in one buffer (in at 0)
+  double bus_factor = 1;
+};
+
+Shape shape_of(Op op, std::size_t bytes, std::size_t es, int n) {
+  Shape s;
+  const std::size_t c = bytes / es, un = static_cast<std::size_t>(n);
+  switch (op) {
+    case Op::all_reduce:
+    case Op::broadcast:
+      s.in = s.out = c;
+      s.in_place = true;
+      s.size_bytes = c * es;
+      s.count = c;
+      s.bus_factor = op == Op::all_reduce ? 2.0 * (n - 1) / n : 1.0;
+      break;
+    case Op::all_gather:
+      s.in = c / un;
+      s.out = s.in * un;
+      s.size_bytes = s.out * es;
+      s.count = s.in;
+      s.bus_factor = static_cast<double>(n - 1) / n;
+      break;
+    case Op::reduce_scatter:
+      s.out = c / un;
+      s.in = s.out * un;
+      s.size_bytes = s.in * es;
+      s.count = s.out;
+      s.bus_factor = static_cast<double>(n - 1) / n;
+      break;
+    case Op::sendrecv:
+      s.in = s.out = c;
+      s.size_bytes = c * es;
+      s.count = c;
+      s.bus_factor = 1.0;
+      break;
+  }
+  s.out_off = s.in_place ? 0 : round_up(s.in * es, 64);
+  s.total = s.in_place ? s.in * es : s.out_off + s.out * es;
+  return s;
+}
+
+std::vector<std::size_t> sizes_of(const Settings& s) {
+  std::vector<std::size_t> v;
+  for (std::size_t b = s.min_bytes;;) {
+    v.push_back(b);
+    if (b >= s.max_bytes) break;
+    const std::size_t next = b == 0 ? 1 : b * static_cast<std::size_t>(s.step_factor);
+    b = std::min(next, s.max_bytes);
+  }
+  return v;
+}
+
+// The gradient set of --grad-set: parameter table, flat size and buckets. Read before MPI starts.
+struct GradSet {
+  std::vector<dt::ParamInfo> params;
+  std::size_t numel = 0;
+  std::vector<std::pair<std::size_t, std::size_t>> buckets;  // (offset, elements)
+};
+
+GradSet load_grad_set(const std::string& path, double bucket_mb, std::size_t es) {
+  GradSet g;
+  std::ifstream f(path);
+  DT_CHECK(ConfigError, f.good(), "option --grad-set: '", path, "' cannot be read");
+  dt::GptConfig c;
+  c.vocab = 256;  // byte tokens, as dt_train reads plain text
+  std::string line, section;
+  auto trim = [](const std::string& x) {
+    const auto a = x.find_first_not_of(" \t\r"), e = x.find_last_not_of(" \t\r");
+    return a == std::string::npos ? std::string() : x.substr(a, e - a + 1);
+  };
+  while (std::getline(f, line)) {
+    line = trim(line.substr(0, line.find_first_of("#;")));
+    if (line.empty()) continue;
+    if (line.front() == '[') {
+      section = trim(line.substr(1, line.find(']') - 1));
+      continue;
+    }
+    const auto eq = line.find('=');
+    if (section != "model" || eq == std::string::npos) continue;
+    const std::string key = trim(line.substr(0, eq)), val = trim(line.substr(eq + 1));
+    int* target = key == "seq-len"  ? &c.block
+                  : key == "layers" ? &c.layers
+                  : key == "heads"  ? &c.heads
+                  : key == "embd"   ? &c.embd
+                  : key == "vocab"  ? &c.vocab
+                                    : nullptr;
+    if (!target) continue;
+    std::size_t used = 0;
+    try {
+      *target = std::stoi(val, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    DT_CHECK(ConfigError, used == val.size() && !val.empty(), "option --grad-set: ", path,
+             ": model.", key, " = '", val, "' is not an integer");
+    DT_CHECK(ConfigError, *target > 0 || key == "vocab", "option --grad-set: ", path, ": model.",
+             key, " must be positive");
+  }
+  if (c.vocab == 0) c.vocab = 256;
+  g.params = dt::gpt_params(c);
+  for (const auto& p : g.params) g.numel = std::max(g.numel, p.offset + p.numel);
+  // Buckets: reverse parameter order, closed before they would exceed the bucket size.
+  const std::size_t cap =
+      std::max<std::size_t>(1, static_cast<std::size_t>(bucket_mb * (1 << 20)) / es);
+  std::size_t hi = g.numel, lo = g.numel;
+  for (auto it = g.params.rbegin(); it != g.params.rend(); ++it) {
+    if (hi > lo && hi - it->offset > cap) {
+      g.buckets.emplace_back(lo, hi - lo);
+      hi = lo;
+    }
+    lo = it->offset;
+  }
+  if (hi > lo) g.buckets.emplace_back(lo, hi - lo);
+  return g;
+}
+
+// One rank's view of a benchmark run.
+class Bench {
+ public:
+  Bench(dt::Runtime& rt, const Settings& s, GradSet g) : s_(s), g_(std::move(g)) {
+    world_ = &dynamic_cast<dt::MpiComm&>(rt.world());
+    n_ = world_->size();
+    me_ = world_->rank();
+    es_ = dt::dtype_size(s.dtype);
+  }
+
+  int run() {
+    setup();
+    if (!s_.grad_set.empty())
+      run_grad_set();
+    else
+      run_ops();
+    return finish();
+  }
+
+ private:
+  bool wants(Backend b) const {
+    return std::find(s_.backend_list.begin(), s_.backend_list.end(), b) !=
+           s_.backend_list.end();
+  }
+  bool wants(Op o) const {
+    return std::find(s_.op_list.begin(), s_.op_list.end(), o) != s_.op_list.end();
+  }
+
+  std::size_t buffer_bytes() const {
+    if (!s_.grad_set.empty()) return g_.numel * es_;
+    std::size_t need = 0;
+    for (Op o : s_.op_list) need = std::max(need, shape_of(o, s_.max_bytes, es_, n_).total);
+    return need;
+  }
+
+  void setup() {
+    const std::size_t bytes = std::max<std::size_t>(buffer_bytes(), 64);
+    user_ = dt::Tensor({static_cast<std::int64_t>(bytes)}, DType::u8);
+    if (wants(Backend::shm) || wants(Backend::shm_copy)) {
+      dt::ShmConfig cfg;
+      cfg.arena_bytes = wants(Backend::shm) ? bytes : 0;
+      cfg.chunk_bytes = s_.shm_chunk;
+      cfg.staging_bytes = s_.shm_staging;
+      cfg.min_bytes = s_.shm_min;
+      cfg.simulated_nodes = static_cast<int>(s_.simulated_nodes);
+      shm_ = dt::ShmComm::create(*world_, "bench-shm", cfg);
+    }
+    if (wants(Backend::ucx) && s_.grad_set.empty() && wants(Op::sendrecv))
+      ucx_ = dt::UcxP2p::create(world_->handle(), "bench-ucx");
+    print_header();
+  }
+
+  void print_header() {
+    if (me_ != 0) return;
+    std::printf("# dt_bench: %d ranks, dtype %s, op %s, root %ld, iters %ld, warmup %ld, check %s\n",
+                n_, dt::dtype_name(s_.dtype), dt::reduce_op_name(s_.rop), s_.root, s_.iters,
+                s_.warmup, s_.check ? "on" : "off");
+    std::printf("# backends:");
+    for (Backend b : s_.backend_list) {
+      const char* what = b == Backend::mpi        ? "dt::MpiComm"
+                         : b == Backend::shm      ? "dt::ShmComm, buffers in its arena"
+                         : b == Backend::shm_copy ? "dt::ShmComm, user buffers via staging"
+                                                  : "dt::UcxP2p, point-to-point only";
+      std::printf(" %s (%s);", backend_name(b), what);
+    }
+    std::printf("\n");
+    if (shm_)
+      std::printf(
+          "# shm: %d node(s) x %d local ranks%s, chunk %zu B, staging %zu B, min %zu B, arena %zu "
+          "B per rank\n",
+          shm_->num_nodes(), shm_->local_size(),
+          s_.simulated_nodes > 0 ? " (simulated)" : "", s_.shm_chunk, s_.shm_staging, s_.shm_min,
+          shm_->arena_bytes());
+    std::printf(
+        "# time: max over ranks of the mean of %ld back-to-back calls after %ld warm-up calls%s\n",
+        s_.iters, s_.warmup,
+        s_.check ? " (with --check: sum of each call's own time; inputs and checks off the clock)"
+                 : " (no barrier in the loop)");
+    std::printf("# path: what each call took: shm, hier (shm inside nodes, MPI across), mpi, ucx\n");
+    std::fflush(stdout);
+  }
+
+  // --- one benchmark cell --------------------------------------------------------------------
+
+  // Pointers for `backend`: in the shm arena for "shm", in ordinary memory otherwise.
+  char* base(Backend b) const {
+    return b == Backend::shm ? static_cast<char*>(shm_->arena())
+                             : static_cast<char*>(const_cast<void*>(user_.raw()));
+  }
+
+  const char* path_of(Backend b, Op op, const Shape& sh) const {
+    if (b == Backend::mpi) return "mpi";
+    if (b == Backend::ucx) return "ucx";
+    switch (op) {
+      case Op::all_reduce:
+      case Op::broadcast:
+        return shm_->path(op_name(op), sh.in * es_);
+      case Op::all_gather:
+        return shm_->path(op_name(op), sh.in * es_);
+      case Op::reduce_scatter:
+        // ShmComm sends reduce_scatter to MPI when one element per rank does not fit its staging.
+        if (s_.shm_staging / (es_ * static_cast<std::size_t>(shm_->local_size())) == 0)
+          return "mpi";
+        return shm_->path(op_name(op), sh.out * es_);
+      case Op::sendrecv:
+        return "mpi";  // ShmComm's point-to-point is MPI's
+    }
+    return "?";
+  }
+
+  dt::Comm& comm(Backend b) {
+    if (b == Backend::mpi) return *world_;
+    return *shm_;
+  }
+
+  // The call being measured.
+  std::function<void()> call_of(Backend b, Op op, dt::TensorView in, dt::TensorView out) {
+    const int next = (me_ + 1) % n_, prev = (me_ + n_ - 1) % n_;
+    if (op == Op::sendrecv) {
+      dt::P2p* p = b == Backend::ucx ? static_cast<dt::P2p*>(ucx_.get()) : &comm(b);
+      return [=] {
+        dt::Work r = p->irecv(out, prev, 7);
+        dt::Work w = p->isend(in, next, 7);
+        w.wait();
+        r.wait();
+      };
+    }
+    dt::Comm* c = &comm(b);
+    const ReduceOp rop = s_.rop;
+    const int root = static_cast<int>(s_.root);
+    switch (op) {
+      case Op::all_reduce:
+        return [=] { c->all_reduce(in, rop); };
+      case Op::broadcast:
+        return [=] { c->broadcast(in, root); };
+      case Op::all_gather:
+        return [=] { c->all_gather(in, out); };
+      case Op::reduce_scatter:
+        return [=] { c->reduce_scatter(in, out, rop); };
+      case Op::sendrecv:
+        break;
+    }
+    return [] {};
+  }
+
+  // Writes this iteration's inputs (and a filler into separate outputs).
+  template <class T>
+  void fill(Op op, const Shape& sh, T* in, T* out, long it) const {
+    const Values v(s_.dtype, n_);
+    const bool bcast_receiver = op == Op::broadcast && me_ != s_.root;
+    for (std::size_t i = 0; i < sh.in; ++i)
+      in[i] = make<T>(static_cast<double>(v(me_, i, it, bcast_receiver ? 1 : 0)));
+    if (!sh.in_place)
+      for (std::size_t i = 0; i < sh.out; ++i)
+        out[i] = make<T>(static_cast<double>(v(me_, i, it, 1)));
+  }
+
+  // Wrong output elements of this rank for iteration `it`.
+  template <class T>
+  long verify(Op op, const Shape& sh, const T* out, long it) const {
+    const Values v(s_.dtype, n_);
+    const int n = n_;
+    long wrong = 0;
+    auto cmp = [&](std::size_t i, T want) {
+      if (to_d(out[i]) != to_d(want)) ++wrong;
+    };
+    switch (op) {
+      case Op::all_reduce:
+        for (std::size_t i = 0; i < sh.out; ++i)
+          cmp(i, reduce_ref<T>(s_.rop, n, [&](int r) { return v(r, i, it); }));
+        break;
+      case Op::reduce_scatter: {
+        const std::size_t off = static_cast<std::size_t>(me_) * sh.out;
+        for (std::size_t i = 0; i < sh.out; ++i)
+          cmp(i, reduce_ref<T>(s_.rop, n, [&](int r) { return v(r, off + i, it); }));
+        break;
+      }
+      case Op::all_gather:
+        for (std::size_t i = 0; i < sh.out; ++i) {
+          const int r = static_cast<int>(i / std::max<std::size_t>(sh.in, 1));
+          cmp(i, make<T>(static_cast<double>(v(r, i % sh.in, it))));
+        }
+        break;
+      case Op::broadcast:
+        for (std::size_t i = 0; i < sh.out; ++i)
+          cmp(i, make<T>(static_cast<double>(v(static_cast<int>(s_.root), i, it))));
+        break;
+      case Op::sendrecv: {
+        const int prev = (me_ + n_ - 1) % n_;
+        for (std::size_t i = 0; i < sh.out; ++i)
+          cmp(i, make<T>(static_cast<double>(v(prev, i, it))));
+        break;
+      }
+    }
+    return wrong;
+  }
+
+  // Test-only: perturbs one element of this rank's result.
+  void corrupt(void* out, std::size_t numel) const {
+    if (s_.corrupt_rank != me_ || numel == 0) return;
+    static_cast<unsigned char*>(out)[numel / 2 * es_] ^= 1;
+  }
+
+  struct Cell {
+    double us = 0;
+    long wrong = 0;
+  };
+
+  // Runs warm-up and timed iterations of one call; returns time per call (max over ranks) and
+  // wrong elements (sum over ranks).
+  Cell measure(Backend b, Op op, const Shape& sh) {
+    char* p = base(b);
+    dt::TensorView in{p, sh.in, s_.dtype};
+    dt::TensorView out{p + sh.out_off, sh.out, s_.dtype};
+    auto call = call_of(b, op, in, out);
+    double secs = 0;
+    long wrong = 0;
+    dt::visit_dtype(s_.dtype, [&](auto z) {
+      using T = decltype(z);
+      T* tin = static_cast<T*>(in.data);
+      T* tout = static_cast<T*>(out.data);
+      if (!s_.check) {
+        // Integer sums would overflow over many in-place calls: zeros cost the same.
+        if (std::is_integral_v<T>)
+          std::memset(p, 0, sh.total);
+        else
+          fill(op, sh, tin, tout, 0);
+        for (long it = 0; it < s_.warmup; ++it) call();
+        MPI_Barrier(world_->handle());
+        const auto t0 = Clock::now();
+        for (long it = 0; it < s_.iters; ++it) call();
+        secs = std::chrono::duration<double>(Clock::now() - t0).count();
+        return;
+      }
+      for (long it = 0; it < s_.warmup + s_.iters; ++it) {
+        fill(op, sh, tin, tout, it);
+        if (it == s_.warmup) MPI_Barrier(world_->handle());
+        const auto t0 = Clock::now();
+        call();
+        if (it >= s_.warmup) secs += std::chrono::duration<double>(Clock::now() - t0).count();
+        corrupt(out.data, sh.out);
+        wrong += verify(op, sh, tout, it);
+      }
+    });
+    Cell c;
+    c.us = secs / static_cast<double>(std::max(1L, s_.iters)) * 1e6;
+    MPI_Allreduce(MPI_IN_PLACE, &c.us, 1, MPI_DOUBLE, MPI_MAX, world_->handle());
+    MPI_Allreduce(&wrong, &c.wrong, 1, MPI_LONG, MPI_SUM, world_->handle());
+    return c;
+  }
+
+  // --- the size sweep ------------------------------------------------------------------------
+
+  void run_ops() {
+    const auto sizes = sizes_of(s_);
+    for (Op op : s_.op_list) {
+      std::vector<Backend> bs;
+      for (Backend b : s_.backend_list) {
+        if (b == Backend::ucx && op != Op::sendrecv) {
+          if (me_ == 0)
+            std::printf("#\n# %s: backend ucx has no %s (UCX is point-to-point only); no figures\n",
+                        op_name(op), op_name(op));
+          continue;
+        }
+        bs.push_back(b);
+      }
+      if (bs.empty()) continue;
+      if (me_ == 0) {
+        std::printf("#\n# %s\n", op_name(op));
+        std::printf("# %10s %12s %8s %6s %6s %9s %8s %8s %6s  %-8s %s\n", "size", "count", "type",
+                    "redop", "root", "time", "algbw", "busbw", "#wrong", "backend", "path");
+        std::printf("# %10s %12s %8s %6s %6s %9s %8s %8s %6s\n", "(B)", "(elements)", "", "", "",
+                    "(us)", "(GB/s)", "(GB/s)", "");
+      }
+      const bool reduces = op == Op::all_reduce || op == Op::reduce_scatter;
+      std::size_t last = SIZE_MAX;
+      for (std::size_t bytes : sizes) {
+        const Shape sh = shape_of(op, bytes, es_, n_);
+        if (sh.size_bytes == last) continue;  // rounded to the same element counts
+        last = sh.size_bytes;
+        for (Backend b : bs) {
+          const Cell c = measure(b, op, sh);
+          const double algbw = c.us > 0 ? static_cast<double>(sh.size_bytes) / c.us / 1e3 : 0;
+          const double busbw = algbw * sh.bus_factor;
+          wrong_ += c.wrong;
+          busbw_[std::string(op_name(op)) + " " + backend_name(b)].push_back(busbw);
+          all_busbw_.push_back(busbw);
+          if (me_ == 0) {
+            std::printf("  %10zu %12zu %8s %6s %6ld %9.2f %8.3f %8.3f %6ld  %-8s %s\n",
+                        sh.size_bytes, sh.count, dt::dtype_name(s_.dtype),
+                        reduces ? dt::reduce_op_name(s_.rop) : "none",
+                        op == Op::broadcast ? s_.root : -1L, c.us, algbw, busbw,
+                        s_.check ? c.wrong : 0L, backend_name(b), path_of(b, op, sh));
+            std::fflush(stdout);
+          }
+        }
+      }
+    }
+  }
+
+  // --- the gradient set ----------------------------------------------------------------------
+
+  // One pass over the gradient set: per tensor (reverse order) or per bucket.
+  Cell grad_pass(Backend b, bool bucketed) {
+    char* p = base(b);
+    std::vector<std::pair<std::size_t, std::size_t>> calls;
+    if (bucketed) {
+      calls = g_.buckets;
+    } else {
+      for (auto it = g_.params.rbegin(); it != g_.params.rend(); ++it)
+        calls.emplace_back(it->offset, it->numel);
+    }
+    dt::Comm& c = comm(b);
+    auto pass = [&] {
+      for (const auto& [off, cnt] : calls)
+        c.all_reduce(dt::TensorView{p + off * es_, cnt, s_.dtype}, s_.rop);
+    };
+    Shape sh;
+    sh.in = sh.out = g_.numel;
+    sh.in_place = true;
+    sh.total = g_.numel * es_;
+    double secs = 0;
+    long wrong = 0;
+    dt::visit_dtype(s_.dtype, [&](auto z) {
+      using T = decltype(z);
+      T* t = reinterpret_cast<T*>(p);
+      if (!s_.check) {
+        if (std::is_integral_v<T>)
+          std::memset(p, 0, sh.total);
+        else
+          fill(Op::all_reduce, sh, t, t, 0);
+      }
+      for (long it = 0; it < s_.warmup + s_.iters; ++it) {
+        if (s_.check) fill(Op::all_reduce, sh, t, t, it);
+        if (it == s_.warmup) MPI_Barrier(world_->handle());
+        const auto t0 = Clock::now();
+        pass();
+        if (it >= s_.warmup) secs += std::chrono::duration<double>(Clock::now() - t0).count();
+        if (s_.check) {
+          corrupt(p, g_.numel);
+          wrong += verify(Op::all_reduce, sh, t, it);
+        }
+      }
+    });
+    Cell r;
+    r.us = secs / static_cast<double>(std::max(1L, s_.iters)) * 1e6;
+    MPI_Allreduce(MPI_IN_PLACE, &r.us, 1, MPI_DOUBLE, MPI_MAX, world_->handle());
+    MPI_Allreduce(&wrong, &r.wrong, 1, MPI_LONG, MPI_SUM, world_->handle());
+    return r;
+  }
+
+  void run_grad_set() {
+    if (me_ == 0) {
+      std::printf("#\n# gradient set of %s: %zu tensors, %zu %s elements (%.2f MiB); %zu bucket(s) "
+                  "of at most %g MiB in reverse parameter order\n",
+                  s_.grad_set.c_str(), g_.params.size(), g_.numel, dt::dtype_name(s_.dtype),
+                  static_cast<double>(g_.numel * es_) / (1 << 20), g_.buckets.size(),
+                  s_.bucket_mb);
+      std::printf("# %-8s %9s %9s %16s %14s %8s %6s  %s\n", "backend", "calls", "buckets",
+                  "per-tensor (us)", "bucketed (us)", "speedup", "#wrong", "path (largest call)");
+    }
+    for (Backend b : s_.backend_list) {
+      if (b == Backend::ucx) {
+        if (me_ == 0)
+          std::printf("# ucx: no all_reduce (UCX is point-to-point only); no figures\n");
+        continue;
+      }
+      const Cell per = grad_pass(b, false);
+      const Cell buck = grad_pass(b, true);
+      wrong_ += per.wrong + buck.wrong;
+      std::size_t largest = 0;
+      for (const auto& bk : g_.buckets) largest = std::max(largest, bk.second);
+      Shape sh;
+      sh.in = largest;
+      const double busbw = buck.us > 0 ? static_cast<double>(g_.numel * es_) / buck.us / 1e3 *
+                                             2.0 * (n_ - 1) / n_
+                                       : 0;
+      all_busbw_.push_back(busbw);
+      if (me_ == 0) {
+        std::printf("  %-8s %9zu %9zu %16.1f %14.1f %8.2f %6ld  %s\n", backend_name(b),
+                    g_.params.size(), g_.buckets.size(), per.us, buck.us,
+                    buck.us > 0 ? per.us / buck.us : 0.0, s_.check ? per.wrong + buck.wrong : 0L,
+                    path_of(b, Op::all_reduce, sh));
+        std::fflush(stdout);
+      }
+    }
+  }
+
+  int finish() {
+    if (me_ == 0) {
+      std::printf("#\n");
+      for (const auto& [k, v] : busbw_) {
+        double sum = 0;
+        for (double x : v) sum += x;
+        std::printf("# Avg bus bandwidth %-24s: %.4f\n", k.c_str(), sum / static_cast<double>(v.size()));
+      }
+      if (s_.check)
+        std::printf("# Out of bounds values : %ld %s\n", wrong_, wrong_ ? "FAILED" : "OK");
+      double sum = 0;
+      for (double x : all_busbw_) sum += x;
+      std::printf("# Avg bus bandwidth    : %.4f\n",
+                  all_busbw_.empty() ? 0.0 : sum / static_cast<double>(all_busbw_.size()));
+      std::printf("#\n");
+      std::fflush(stdout);
+    }
+    return wrong_ ? 1 : 0;
+  }
+
+  const Settings& s_;
+  GradSet g_;
+  dt::MpiComm* world_ = nullptr;
+  int n_ = 1, me_ = 0;
+  std::size_t es_ = 4;
+  dt::Tensor user_;
+  std::unique_ptr<dt::ShmComm> shm_;
+  std::unique_ptr<dt::UcxP2p> ucx_;
+  std::map<std::string, std::vector<double>> busbw_;
+  std::vector<double> all_busbw_;
+  long wrong_ = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings s;
+  GradSet grad;
+  std::vector<std::string> dtypes;
+  for (DType t : dt::kAllDTypes) dtypes.emplace_back(dt::dtype_name(t));
+  dt::Options opts("dt_bench",
+                   "Collective and point-to-point bandwidth of dt's transports (nccl-tests format).");
+  opts.add("ops", &s.ops, "all_reduce,all_gather,reduce_scatter,broadcast,sendrecv",
+           "comma-separated operations: all_reduce, all_gather, reduce_scatter, broadcast, sendrecv")
+      .add("backends", &s.backends, "mpi,shm,shm-copy,ucx",
+           "comma-separated backends: mpi, shm (buffers in the shared arena), shm-copy (user "
+           "buffers through the staging area), ucx (sendrecv only)")
+      .add("min-bytes", &s.min_bytes_s, "8", "smallest size (bytes; K, M, G suffixes)")
+      .add("max-bytes", &s.max_bytes_s, "64M", "largest size (bytes; K, M, G suffixes; at most 16G)")
+      .add("step-factor", &s.step_factor, 2, "each size is the previous one times this", 2L, 1024L)
+      .add("iters", &s.iters, 20, "timed calls per size", 1L, 1000000L)
+      .add("warmup", &s.warmup, 5, "untimed calls per size before the timed ones", 0L, 1000000L)
+      .add("dtype", &s.dtype_s, "f32", "element type", dtypes)
+      .add("op", &s.op_s, "sum", "reduction of all_reduce and reduce_scatter",
+           {"sum", "avg", "max", "min"})
+      .add("root", &s.root, 0, "root rank of broadcast", 0L, 1L << 30)
+      .add("check", &s.check, false,
+           "verify every result of every call against independently computed values; exit 1 on "
+           "any wrong element")
+      .add("shm.chunk-bytes", &s.shm_chunk_s, "128K", "shm: pipelining chunk (ShmConfig)")
+      .add("shm.staging-bytes", &s.shm_staging_s, "8M",
+           "shm: staging area per rank for buffers outside the arena (at least 64)")
+      .add("shm.min-bytes", &s.shm_min_s, "0", "shm: messages below this size go to MPI")
+      .add("simulated-nodes", &s.simulated_nodes, 0,
+           "testing only: pretend the ranks sit on this many nodes (shm hierarchical path)", 0L,
+           1L << 16)
+      .add("grad-set", &s.grad_set, "",
+           "model INI ([model] seq-len, layers, heads, embd, vocab): all-reduce its GPT gradient "
+           "set per tensor and in buckets instead of the size sweep")
+      .add("grad-set.bucket-mb", &s.bucket_mb, 25.0, "bucket size of --grad-set (MiB)", 0.001,
+           65536.0)
+      .add("test.corrupt-rank", &s.corrupt_rank, -1,
+           "testing only: this rank perturbs one element of its result after every call", -1L,
+           1L << 30);
+  const int rc = dt::run_with_config_errors("dt_bench", [&] {
+    if (!opts.parse(argc, argv)) return 0;
+    parse_settings(s);
+    if (!s.grad_set.empty()) grad = load_grad_set(s.grad_set, s.bucket_mb, dt::dtype_size(s.dtype));
+    return -1;
+  });
+  if (rc >= 0) return rc;
+
+  dt::Runtime rt(&argc, &argv);
+  // Checks that need the job size: every rank decides alike, before any benchmark traffic.
+  if (s.root >= rt.size()) {
+    if (rt.rank() == 0)
+      std::fprintf(stderr, "dt_bench: error: option --root: %ld is not a rank of this %d-rank job\n",
+                   s.root, rt.size());
+    return 2;
+  }
+  if (s.corrupt_rank >= rt.size() && rt.rank() == 0)
+    std::fprintf(stderr, "dt_bench: warning: --test.corrupt-rank=%ld is not a rank of this job\n",
+                 s.corrupt_rank);
+  try {
+    Bench b(rt, s, std::move(grad));
+    return b.run();
+  } catch (const dt::Error& e) {
+    std::fprintf(stderr, "dt_bench: rank %d: %s\n", rt.rank(), e.what());
+    rt.abort(3);
+  }
+}
