@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,13 +41,16 @@ class Gpt {
  public:
   /// Allocates parameters, gradients and activations for micro-batches of up to `max_batch`
   /// sequences of `c.block` tokens. `dev` must outlive the model.
-  Gpt(const Device& dev, GptConfig c, int max_batch);
+  /// `grad_storage`: host memory for num_params() floats to hold the gradients instead of a
+  /// device allocation (a shared-memory arena, so the gradient all-reduce needs no copy); only
+  /// for devices whose memory is host memory. It must outlive the model.
+  Gpt(const Device& dev, GptConfig c, int max_batch, float* grad_storage = nullptr);
 
   const GptConfig& config() const noexcept { return cfg_; }
   const std::vector<ParamInfo>& params() const noexcept { return params_; }
   std::size_t num_params() const noexcept { return nparams_; }
   float* param_data() const noexcept { return param_buf_.as<float>(); }
-  float* grad_data() const noexcept { return grad_buf_.as<float>(); }
+  float* grad_data() const noexcept { return grad_; }
   const ParamInfo& param(const std::string& name) const;
 
   /// GPT-2 initialisation from `seed`: N(0, 0.02) for matrices and embeddings, residual
@@ -61,7 +65,13 @@ class Gpt {
   /// Backward of the last forward (which must have had targets). Adds into the gradient buffer
   /// d(loss_scale * sum of token losses)/d(params). The key third of attn.c_attn.bias gets an
   /// exact zero (the loss does not depend on it), not float rounding noise.
-  void backward(float loss_scale);
+  ///
+  /// `ready`, when set, is called as soon as the gradients of parameters [first, end) (indices
+  /// into params()) are final for this backward, so their reduction can start while backward goes
+  /// on: ln_f after the head, each block after its own backward (last block first), wte and wpe
+  /// last (wte is tied to the head and gets its second part from the embedding).
+  using GradReady = std::function<void(std::size_t first, std::size_t end)>;
+  void backward(float loss_scale, const GradReady& ready = {});
   void zero_grad();
   /// Logits of the last forward, row (b, t), length vocab (host-visible on the CPU device).
   const float* logits(int b, int t) const;
@@ -77,6 +87,7 @@ class Gpt {
   std::vector<ParamInfo> params_;
   std::size_t nparams_ = 0;
   Device::Buffer param_buf_, grad_buf_;
+  float* grad_ = nullptr;  // grad_buf_ or the caller's storage
   Device::Buffer act_buf_, grad_act_buf_;
   Device::Buffer tokens_buf_;  // inputs then targets, int32
   int B_ = 0, T_ = 0;

@@ -58,6 +58,11 @@ struct TrainConfig {
   std::int64_t eval_sequences = 64;         ///< --eval-only: first K validation sequences, in order
   std::string config_text;                  ///< effective config, stored in checkpoints
   std::int64_t test_kill_during_save = -1;  ///< testing only: this rank SIGKILLs itself mid-save
+  // gradient reduction (data parallelism)
+  double bucket_mb = 25;             ///< bucket size; 0: one all_reduce per parameter tensor
+  std::string allreduce = "auto";    ///< auto | shm | mpi
+  std::int64_t shm_min_bytes = 0;    ///< smaller all_reduce messages go to MPI
+  std::int64_t test_sim_nodes = 0;   ///< testing only: ranks split into this many simulated nodes
   // metrics and timeline (include/dt/metrics.hpp, include/dt/trace.hpp)
   int metrics_port = 0;  ///< HTTP /metrics at port + local_rank; 0 off; -1 a free port
   std::string metrics_host = "0.0.0.0";
@@ -94,6 +99,8 @@ struct StepStats {
   double grad_norm = 0;  ///< before clipping
   double seconds = 0;
 };
+
+class GradBuckets;
 
 class Trainer {
  public:
@@ -133,7 +140,10 @@ class Trainer {
   std::unique_ptr<Sampler> sampler_;
   std::vector<std::size_t> eval_starts_;
   std::int64_t local_batch_ = 0, micro_ = 0;
+  std::unique_ptr<Comm> grad_comm_;  // gradient all_reduce (shared memory or MPI); holds the
+                                     // gradient buffer when it is a shared-memory arena
   std::unique_ptr<Gpt> model_;
+  std::unique_ptr<GradBuckets> buckets_;
   std::unique_ptr<AdamW> opt_;
   std::vector<std::int32_t> inputs_, targets_;
   std::int64_t step_ = 0;

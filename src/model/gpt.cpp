@@ -63,7 +63,7 @@ struct Normal {
 };
 }  // namespace
 
-Gpt::Gpt(const Device& dev, GptConfig c, int max_batch)
+Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, float* grad_storage)
     : dev_(dev), cfg_(c), max_batch_(max_batch), params_(gpt_params(c)) {
   DT_CHECK(InvalidArgument, c.embd % c.heads == 0, "model.embd ", c.embd,
            " is not divisible by model.heads ", c.heads);
@@ -71,7 +71,12 @@ Gpt::Gpt(const Device& dev, GptConfig c, int max_batch)
            "model sizes must be positive");
   nparams_ = params_.back().offset + params_.back().numel;
   param_buf_ = Device::Buffer(dev, nparams_ * sizeof(float));
-  grad_buf_ = Device::Buffer(dev, nparams_ * sizeof(float));
+  if (grad_storage) {
+    grad_ = grad_storage;
+  } else {
+    grad_buf_ = Device::Buffer(dev, nparams_ * sizeof(float));
+    grad_ = grad_buf_.as<float>();
+  }
 
   const std::size_t B = static_cast<std::size_t>(max_batch), T = static_cast<std::size_t>(c.block),
                     C = static_cast<std::size_t>(c.embd), V = static_cast<std::size_t>(c.vocab),
@@ -241,7 +246,7 @@ double Gpt::forward(const std::int32_t* inputs, const std::int32_t* targets, int
   return sum;
 }
 
-void Gpt::backward(float loss_scale) {
+void Gpt::backward(float loss_scale, const GradReady& ready) {
   DT_CHECK(InvalidArgument, have_targets_, "backward() needs a forward() with targets");
   const std::int64_t B = B_, T = T_, C = cfg_.embd, V = cfg_.vocab, NH = cfg_.heads, BT = B * T;
   const std::int32_t* tok = tokens_buf_.as<std::int32_t>();
@@ -266,6 +271,14 @@ void Gpt::backward(float loss_scale) {
             G + params_[lnf + 1].offset, static_cast<const float*>(dln_), last,
             P + params_[lnf].offset, static_cast<const float*>(lnf_mean_),
             static_cast<const float*>(lnf_rstd_), BT, C);
+  // Gradients [first, end) are final: let the caller start reducing them (after the device
+  // finished writing them).
+  auto notify = [&](std::size_t first, std::size_t end) {
+    if (!ready) return;
+    dev_.call(&dt_hal_v1_t::synchronize, "synchronize");
+    ready(first, end);
+  };
+  notify(lnf, lnf + 2);
 
   for (int l = cfg_.layers - 1; l >= 0; --l) {
     const trace::Scope layer_scope("backward", "model", "layer", l);
@@ -299,9 +312,12 @@ void Gpt::backward(float loss_scale) {
     dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", dres_, dW(l, LN1W), dW(l, LN1B),
               static_cast<const float*>(dln_), x, W(l, LN1W), static_cast<const float*>(a.ln1_mean),
               static_cast<const float*>(a.ln1_rstd), BT, C);
+    const std::size_t first = 2 + static_cast<std::size_t>(l) * kPerLayer;
+    notify(first, first + kPerLayer);
   }
   dev_.call(&dt_hal_v1_t::embedding_bwd, "embedding_bwd", G + params_[0].offset,
             G + params_[1].offset, static_cast<const float*>(dres_), tok, B, T, C);
+  notify(0, 2);
 }
 
 }  // namespace dt

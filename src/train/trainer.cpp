@@ -5,8 +5,11 @@
 
 #include <csignal>
 
+#include "comm/mpi_comm.hpp"
+#include "comm/shm_comm.hpp"
 #include "dt/train.hpp"
 #include "dt/trace.hpp"
+#include "engine/grad_buckets.hpp"
 #include "obs/train_obs.hpp"
 
 namespace dt {
@@ -92,6 +95,22 @@ void add_train_options(Options& o, TrainConfig& c) {
            "auto: newest checkpoint of ckpt.dir that verifies; none; or a checkpoint file")
       .add("eval-only", &c.eval_only, false,
            "load the checkpoint of ckpt.resume, report the loss of eval.sequences and stop")
+      .add("train.bucket-mb", &c.bucket_mb, 25.0,
+           "gradient bucket size in MiB: each bucket's all_reduce starts as soon as backward has "
+           "produced it (0: one all_reduce per parameter tensor)",
+           0.0, 1e6)
+      .add("comm.allreduce", &c.allreduce, "auto",
+           "gradient all_reduce: shm (shared memory inside a node, hierarchical across nodes), "
+           "mpi, or auto (shm)",
+           {"auto", "shm", "mpi"})
+      .add("comm.shm-min-bytes", &c.shm_min_bytes, 0,
+           "all_reduce messages smaller than this take MPI instead of shared memory (measured "
+           "crossover on the build machines: see perf/RESULTS.md)",
+           0L, 1L << 40)
+      .add("test.simulated-nodes", &c.test_sim_nodes, 0,
+           "testing only: treat blocks of consecutive ranks as this many nodes for the "
+           "hierarchical all_reduce (0: the real nodes)",
+           0L, 1L << 20)
       .add("test.kill-during-save", &c.test_kill_during_save, -1,
            "testing only: this rank kills itself (SIGKILL) in the middle of a synchronous save",
            -1L, 1L << 30)
@@ -168,7 +187,28 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
     eval_starts_ = eval_windows(split_.val.size(), c_.model.block, c_.eval_windows);
   if (dev_.table().set_threads)
     dev_.call(&dt_hal_v1_t::set_threads, "set_threads", static_cast<int>(c_.threads));
-  model_ = std::make_unique<Gpt>(dev_, c_.model, static_cast<int>(micro_));
+  float* grad_storage = nullptr;
+  if (n > 1) {
+    // Gradients live in the shared-memory arena, so each bucket's all_reduce needs no copy.
+    auto* mpi = dynamic_cast<MpiComm*>(&comm_);
+    if (c_.allreduce != "mpi" && mpi) {
+      const auto ps = gpt_params(c_.model);
+      ShmConfig sc;
+      sc.arena_bytes = (ps.back().offset + ps.back().numel) * sizeof(float);
+      sc.min_bytes = static_cast<std::size_t>(c_.shm_min_bytes);
+      sc.simulated_nodes = static_cast<int>(c_.test_sim_nodes);
+      auto shm = ShmComm::create(*mpi, comm_.name() + "/grads", sc);
+      grad_storage = static_cast<float*>(shm->arena());
+      grad_comm_ = std::move(shm);
+    } else {
+      grad_comm_ = comm_.split(0, comm_.rank());
+    }
+  }
+  model_ = std::make_unique<Gpt>(dev_, c_.model, static_cast<int>(micro_), grad_storage);
+  if (n > 1)
+    buckets_ = std::make_unique<GradBuckets>(
+        *grad_comm_, model_->grad_data(), model_->params(),
+        static_cast<std::size_t>(c_.bucket_mb * 1024.0 * 1024.0));
   model_->init(static_cast<std::uint64_t>(c_.seed));
   opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
   if (c_.ckpt_async && !c_.ckpt_dir.empty()) {
@@ -198,12 +238,16 @@ StepStats Trainer::step() {
     sampler_->fill(static_cast<std::uint64_t>(step_), first + m, micro_, inputs_.data(),
                    targets_.data());
     loss_sum += model_->forward(inputs_.data(), targets_.data(), static_cast<int>(micro_), T);
-    model_->backward(scale);
+    // The last micro-batch's backward hands each finished bucket to the progress thread.
+    if (buckets_ && m + micro_ >= local_batch_)
+      model_->backward(scale, [&](std::size_t a, std::size_t b) { buckets_->ready(a, b); });
+    else
+      model_->backward(scale);
   }
   if (comm_.size() > 1) {
-    comm_.all_reduce(TensorView{model_->grad_data(), model_->num_params(), DType::f32},
-                     ReduceOp::sum);
     comm_.all_reduce(view_of(&loss_sum, 1), ReduceOp::sum);
+    const trace::Scope wait_scope("gradient all_reduce wait", "comm");
+    buckets_->finish();
   }
   StepStats s;
   s.step = step_;

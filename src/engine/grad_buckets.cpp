@@ -1,0 +1,85 @@
+#include "grad_buckets.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "dt/error.hpp"
+
+namespace dt {
+
+std::vector<Bucket> plan_buckets(const std::vector<ParamInfo>& params, std::size_t bucket_bytes) {
+  std::vector<Bucket> plan;
+  // Parameters are laid out in order in the flat buffer: walking them backwards, a bucket grows
+  // downwards while it stays within bucket_bytes.
+  for (std::size_t i = params.size(); i-- > 0;) {
+    const ParamInfo& p = params[i];
+    const std::size_t bytes = p.numel * sizeof(float);
+    if (!plan.empty()) {
+      Bucket& b = plan.back();
+      const std::size_t cur = (b.end - b.begin) * sizeof(float);
+      DT_ASSERT(p.offset + p.numel == b.begin, "parameters are not contiguous");
+      if (bucket_bytes > 0 && cur + bytes <= bucket_bytes) {
+        b.begin = p.offset;
+        b.first_param = i;
+        continue;
+      }
+    }
+    plan.push_back(Bucket{p.offset, p.offset + p.numel, i, i + 1});
+  }
+  return plan;
+}
+
+GradBuckets::GradBuckets(Comm& comm, float* grads, const std::vector<ParamInfo>& params,
+                         std::size_t bucket_bytes)
+    : comm_(comm),
+      grads_(grads),
+      plan_(plan_buckets(params, bucket_bytes)),
+      bucket_of_(params.size(), -1),
+      missing_(plan_.size()),
+      final_(params.size(), 0) {
+  for (std::size_t b = 0; b < plan_.size(); ++b) {
+    for (std::size_t i = plan_[b].first_param; i < plan_[b].end_param; ++i)
+      bucket_of_[i] = static_cast<int>(b);
+    missing_[b] = plan_[b].end_param - plan_[b].first_param;
+  }
+  queue_ = std::make_unique<ProgressQueue>(comm.rank(), comm.name());
+}
+
+GradBuckets::~GradBuckets() {
+  queue_.reset();  // runs what is queued: the buffers stay valid until then
+}
+
+void GradBuckets::ready(std::size_t first, std::size_t end) {
+  DT_ASSERT(first <= end && end <= final_.size(), "gradient range out of bounds");
+  for (std::size_t i = first; i < end; ++i) {
+    if (final_[i]) continue;
+    final_[i] = 1;
+    --missing_[static_cast<std::size_t>(bucket_of_[i])];
+  }
+  launch_ready();
+}
+
+void GradBuckets::launch_ready() {
+  while (next_ < plan_.size() && missing_[next_] == 0) {
+    const Bucket& b = plan_[next_];
+    TensorView v{grads_ + b.begin, b.end - b.begin, DType::f32};
+    std::string what = "gradient bucket " + std::to_string(next_) + " (" + std::to_string(v.numel) +
+                       " floats) all_reduce on " + comm_.name();
+    Comm* c = &comm_;
+    works_.push_back(queue_->submit(std::move(what), [c, v] { c->all_reduce(v, ReduceOp::sum); }));
+    ++next_;
+  }
+}
+
+void GradBuckets::finish(Millis timeout) {
+  std::fill(missing_.begin(), missing_.end(), 0);
+  launch_ready();
+  for (Work& w : works_) w.wait(timeout);
+  works_.clear();
+  next_ = 0;
+  std::fill(final_.begin(), final_.end(), 0);
+  for (std::size_t b = 0; b < plan_.size(); ++b)
+    missing_[b] = plan_[b].end_param - plan_[b].first_param;
+}
+
+}  // namespace dt
