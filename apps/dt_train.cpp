@@ -3,7 +3,8 @@
 //   srun ./dt_train --config configs/gpt-tiny.ini [--train.steps=500 ...]
 //
 // Exit codes: 0 done; 2 bad options, config, data or checkpoint (refused before training starts);
-// 3 a rank failed during training (the job is aborted so that no rank hangs); 75 drained on
+// 3 a rank failed during training (the job is aborted so that no rank hangs); 4 the hang watchdog
+// found a collective stuck longer than comm.timeout-s (it names the missing ranks); 75 drained on
 // SIGUSR1/SIGTERM after writing a checkpoint (requeue the job; it resumes from that checkpoint).
 #include <algorithm>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "dt/runtime.hpp"
 #include "dt/trace.hpp"
 #include "dt/train.hpp"
+#include "dt/watchdog.hpp"
 
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
@@ -52,6 +54,12 @@ int main(int argc, char** argv) {
   if (cfg.print_config && lead) std::printf("%s", cfg.config_text.c_str());
   if (lead && !tier.name.empty())
     std::printf("dt_train: qos: %s\n", dt::qos::describe(tier).c_str());
+  // The hang watchdog (destroyed before the runtime finalises MPI).
+  dt::watchdog::Settings wds;
+  wds.timeout_s = cfg.comm_timeout_s;
+  wds.dump_dir = cfg.comm_dump_dir;
+  wds.exit_code = 4;
+  dt::watchdog::Watchdog watchdog(MPI_COMM_WORLD, wds);
   dt::install_drain_signals();
   std::unique_ptr<dt::Device> dev;
   std::unique_ptr<dt::Trainer> trainer;

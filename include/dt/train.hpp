@@ -63,6 +63,11 @@ struct TrainConfig {
   std::string allreduce = "auto";    ///< auto | shm | mpi
   std::int64_t shm_min_bytes = 0;    ///< smaller all_reduce messages go to MPI
   std::int64_t test_sim_nodes = 0;   ///< testing only: ranks split into this many simulated nodes
+  // hang watchdog
+  double comm_timeout_s = 600;       ///< a collective in flight longer than this aborts the job
+  std::string comm_dump_dir = ".";   ///< where the watchdog writes its dump
+  std::int64_t test_skip_collective = -1;  ///< testing only: this rank never joins a collective
+  std::int64_t test_skip_step = 2;         ///< ... the loss all_reduce of this step
   // metrics and timeline (include/dt/metrics.hpp, include/dt/trace.hpp)
   int metrics_port = 0;  ///< HTTP /metrics at port + local_rank; 0 off; -1 a free port
   std::string metrics_host = "0.0.0.0";
@@ -149,6 +154,7 @@ class Trainer {
   std::int64_t step_ = 0;
   std::unique_ptr<AsyncCheckpointer> async_;
   std::int64_t last_saved_ = -1;
+  std::uint64_t saves_ = 0;  // synchronous saves so far (the watchdog's sequence numbers)
   void log(const std::string& line) const;
   /// Mean loss over the validation windows starting at `starts`, shared out over the ranks.
   double loss_over(const std::vector<std::size_t>& starts);

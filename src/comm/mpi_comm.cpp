@@ -175,6 +175,7 @@ class MpiWork final : public WorkImpl {
   std::vector<int> expect_;
   MPI_Datatype recv_type_ = MPI_DATATYPE_NULL;
   std::function<void()> on_done_;
+  watchdog::OpRecord record_;
 
   bool test() override {
     if (error_) std::rethrow_exception(error_);
@@ -248,6 +249,7 @@ class MpiWork final : public WorkImpl {
   void finish() {
     done_ = true;
     if (on_done_) on_done_();
+    record_.complete();
   }
 
   std::string desc_;
@@ -295,6 +297,10 @@ void MpiComm::set_max_chunk(std::size_t elements) {
   max_chunk_ = std::min<std::size_t>(elements, INT_MAX);
 }
 
+watchdog::OpRecord MpiComm::record(const char* op, ConstTensorView v) {
+  return watchdog::OpRecord(name_, ++calls_, op, "mpi", v.dtype, v.numel);
+}
+
 std::string MpiComm::what(const char* op, ConstTensorView v, const char* extra) const {
   std::ostringstream os;
   os << op << '(' << dtype_name(v.dtype) << " x " << v.numel;
@@ -318,6 +324,7 @@ void MpiComm::check_peer(int peer, const char* op) const {
 Work MpiComm::iall_reduce(TensorView buf, ReduceOp op) {
   auto w =
       std::make_unique<MpiWork>(what("all_reduce", buf, reduce_op_name(op)), rank_, name_, false);
+  w->record_ = record("all_reduce", buf);
   const MPI_Datatype t = mpi_type(buf.dtype);
   const MPI_Op o = ops_->get(buf.dtype, op);
   for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
@@ -333,6 +340,7 @@ Work MpiComm::iall_reduce(TensorView buf, ReduceOp op) {
 
 void MpiComm::all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts) {
   if (opts.timeout != kNoTimeout) return Comm::all_reduce(buf, op, opts);
+  const auto rec = record("all_reduce", buf);
   const MPI_Datatype t = mpi_type(buf.dtype);
   const MPI_Op o = ops_->get(buf.dtype, op);
   for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
@@ -348,6 +356,7 @@ void MpiComm::all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts) {
 Work MpiComm::ibroadcast(TensorView buf, int root) {
   check_root(root, "broadcast");
   auto w = std::make_unique<MpiWork>(what("broadcast", buf), rank_, name_, false);
+  w->record_ = record("broadcast", buf);
   for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
     MPI_Request r;
     DT_MPI(MPI_Ibcast(at(buf.data, off, buf.dtype), static_cast<int>(n), mpi_type(buf.dtype), root,
@@ -361,6 +370,7 @@ Work MpiComm::ibroadcast(TensorView buf, int root) {
 void MpiComm::broadcast(TensorView buf, int root, const CommOptions& opts) {
   if (opts.timeout != kNoTimeout) return Comm::broadcast(buf, root, opts);
   check_root(root, "broadcast");
+  const auto rec = record("broadcast", buf);
   for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
     DT_MPI(MPI_Bcast(at(buf.data, off, buf.dtype), static_cast<int>(n), mpi_type(buf.dtype), root,
                      comm_),
@@ -389,6 +399,7 @@ Work MpiComm::iall_gather(ConstTensorView in, TensorView out) {
   check_gather(in, out, size_, name_);
   const int n = as_int_count(in.numel, "all_gather");
   auto w = std::make_unique<MpiWork>(what("all_gather", in), rank_, name_, false);
+  w->record_ = record("all_gather", in);
   const bool in_place = in.numel > 0 && in.data == at(out.data, in.numel * rank_, in.dtype);
   MPI_Request r;
   DT_MPI(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data, n, mpi_type(in.dtype), out.data, n,
@@ -401,6 +412,7 @@ Work MpiComm::iall_gather(ConstTensorView in, TensorView out) {
 void MpiComm::all_gather(ConstTensorView in, TensorView out, const CommOptions& opts) {
   if (opts.timeout != kNoTimeout) return Comm::all_gather(in, out, opts);
   check_gather(in, out, size_, name_);
+  const auto rec = record("all_gather", in);
   const int n = as_int_count(in.numel, "all_gather");
   const bool in_place = in.numel > 0 && in.data == at(out.data, in.numel * rank_, in.dtype);
   DT_MPI(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data, n, mpi_type(in.dtype), out.data, n,
@@ -415,6 +427,7 @@ Work MpiComm::ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) {
   const int n = as_int_count(out.numel, "reduce_scatter");
   auto w = std::make_unique<MpiWork>(what("reduce_scatter", in, reduce_op_name(op)), rank_, name_,
                                      false);
+  w->record_ = record("reduce_scatter", in);
   MPI_Request r;
   DT_MPI(MPI_Ireduce_scatter_block(in.data, out.data, n, mpi_type(in.dtype),
                                    ops_->get(in.dtype, op), comm_, &r),
@@ -428,6 +441,7 @@ void MpiComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
                              const CommOptions& opts) {
   if (opts.timeout != kNoTimeout) return Comm::reduce_scatter(in, out, op, opts);
   check_scatter(in, out, size_, name_);
+  const auto rec = record("reduce_scatter", in);
   const int n = as_int_count(out.numel, "reduce_scatter");
   DT_MPI(MPI_Reduce_scatter_block(in.data, out.data, n, mpi_type(in.dtype), ops_->get(in.dtype, op),
                                   comm_),
@@ -513,6 +527,7 @@ void MpiComm::recv(TensorView buf, int src, int tag, const CommOptions& opts) {
 
 Work MpiComm::ibarrier() {
   auto w = std::make_unique<MpiWork>("barrier on " + name_, rank_, name_, false);
+  w->record_ = record("barrier", ConstTensorView{nullptr, 0, DType::u8});
   MPI_Request r;
   DT_MPI(MPI_Ibarrier(comm_, &r), rank_, name_);
   w->reqs_.push_back(r);
@@ -521,6 +536,7 @@ Work MpiComm::ibarrier() {
 
 void MpiComm::barrier(const CommOptions& opts) {
   if (opts.timeout != kNoTimeout) return Comm::barrier(opts);
+  const auto rec = record("barrier", ConstTensorView{nullptr, 0, DType::u8});
   DT_MPI(MPI_Barrier(comm_), rank_, name_);
 }
 

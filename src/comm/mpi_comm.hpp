@@ -12,6 +12,7 @@
 #include <string>
 
 #include "dt/comm.hpp"
+#include "dt/watchdog.hpp"
 
 namespace dt {
 
@@ -65,6 +66,8 @@ class MpiComm final : public Comm {
  private:
   MpiComm(MPI_Comm c, std::string name, std::shared_ptr<MpiOps> ops);
   std::string what(const char* op, ConstTensorView v, const char* extra = nullptr) const;
+  /// Flight-recorder entry of this communicator's next collective.
+  watchdog::OpRecord record(const char* op, ConstTensorView v);
   void check_root(int root, const char* op) const;
   void check_peer(int peer, const char* op) const;
 
@@ -74,6 +77,7 @@ class MpiComm final : public Comm {
   std::string name_;
   std::shared_ptr<MpiOps> ops_;
   std::size_t max_chunk_ = std::size_t{1} << 30;
+  std::uint64_t calls_ = 0;  // collectives called so far (the sequence number of the last)
 };
 
 }  // namespace dt

@@ -89,7 +89,7 @@ std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name
   std::unique_ptr<ShmComm> c(new ShmComm);
   c->name_ = std::move(name);
   c->cfg_ = cfg;
-  c->mpi_ = MpiComm::dup(parent.handle(), c->name_);
+  c->mpi_ = MpiComm::dup(parent.handle(), c->name_ + "/mpi");
   const int rank = c->mpi_->rank(), size = c->mpi_->size();
   c->local_ = c->mpi_->split_shared();
   if (cfg.simulated_nodes > 0) {
@@ -328,6 +328,8 @@ void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op
 void ShmComm::do_all_reduce(TensorView buf, ReduceOp op, const Deadline& dl) {
   check_usable("all_reduce");
   const std::size_t bytes = buf.nbytes();
+  const watchdog::OpRecord rec(name_, ++calls_, "all_reduce", path("all_reduce", bytes), buf.dtype,
+                               buf.numel);
   if (std::strcmp(path("all_reduce", bytes), "mpi") == 0) {
     if (!dl.nonblocking_family)
       mpi_->all_reduce(buf, op);
@@ -379,6 +381,8 @@ void ShmComm::check_scatter(ConstTensorView in, ConstTensorView out) const {
 void ShmComm::do_broadcast(TensorView buf, int root, const Deadline& dl) {
   check_usable("broadcast");
   check_root(root);
+  const watchdog::OpRecord rec(name_, ++calls_, "broadcast", path("broadcast", buf.nbytes()),
+                               buf.dtype, buf.numel);
   if (std::strcmp(path("broadcast", buf.nbytes()), "mpi") == 0) {
     if (!dl.nonblocking_family)
       mpi_->broadcast(buf, root);
@@ -406,6 +410,8 @@ void ShmComm::do_broadcast(TensorView buf, int root, const Deadline& dl) {
 void ShmComm::do_all_gather(ConstTensorView in, TensorView out, const Deadline& dl) {
   check_usable("all_gather");
   check_gather(in, out);
+  const watchdog::OpRecord rec(name_, ++calls_, "all_gather", path("all_gather", in.nbytes()),
+                               in.dtype, in.numel);
   if (std::strcmp(path("all_gather", in.nbytes()), "mpi") == 0) {
     if (!dl.nonblocking_family)
       mpi_->all_gather(in, out);
@@ -435,6 +441,8 @@ void ShmComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
                                 const Deadline& dl) {
   check_usable("reduce_scatter");
   check_scatter(in, out);
+  const watchdog::OpRecord rec(name_, ++calls_, "reduce_scatter",
+                               path("reduce_scatter", out.nbytes()), in.dtype, in.numel);
   const std::size_t es = dtype_size(in.dtype), m = out.numel;
   const int L = local_->size(), me = local_->rank();
   const std::size_t piece = cfg_.staging_bytes / (es * static_cast<std::size_t>(L));

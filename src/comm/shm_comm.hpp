@@ -136,7 +136,8 @@ class ShmComm final : public Comm {
   std::size_t map_bytes_ = 0, seg_bytes_ = 0;
   std::vector<char*> bases_;
   char* arena_ = nullptr;
-  std::uint64_t seq_ = 0;
+  std::uint64_t seq_ = 0;    // synchronisation rounds through the segment
+  std::uint64_t calls_ = 0;  // collectives called (the flight recorder's sequence numbers)
   std::atomic<bool> broken_{false};
   std::mutex run_mu_;  // one collective at a time (caller thread or progress thread)
   std::mutex queue_mu_;

@@ -1,5 +1,6 @@
 #include <sys/stat.h>
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 
@@ -9,6 +10,7 @@
 #include "comm/shm_comm.hpp"
 #include "dt/train.hpp"
 #include "dt/trace.hpp"
+#include "dt/watchdog.hpp"
 #include "engine/grad_buckets.hpp"
 #include "obs/train_obs.hpp"
 
@@ -107,6 +109,19 @@ void add_train_options(Options& o, TrainConfig& c) {
            "all_reduce messages smaller than this take MPI instead of shared memory (measured "
            "crossover on the build machines: see perf/RESULTS.md)",
            0L, 1L << 40)
+      .add("comm.timeout-s", &c.comm_timeout_s, 600.0,
+           "hang watchdog: a collective not finished after this many seconds makes the watchdog "
+           "name the ranks that never reached it, write a dump to comm.dump-dir and abort the "
+           "job with exit code 4 (0: off)",
+           0.0, 1e9)
+      .add("comm.dump-dir", &c.comm_dump_dir, ".",
+           "folder for the watchdog's dump dt-watchdog-rank<R>.json (the job's output folder)")
+      .add("test.skip-collective", &c.test_skip_collective, -1,
+           "testing only: this rank never joins the loss all_reduce of step test.skip-step (it "
+           "waits instead), so the others hang there and the watchdog must name it",
+           -1L, 1L << 30)
+      .add("test.skip-step", &c.test_skip_step, 2, "testing only: see test.skip-collective", 0L,
+           1L << 40)
       .add("test.simulated-nodes", &c.test_sim_nodes, 0,
            "testing only: treat blocks of consecutive ranks as this many nodes for the "
            "hierarchical all_reduce (0: the real nodes)",
@@ -230,6 +245,7 @@ StepStats Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   const int T = c_.model.block;
   const float scale = static_cast<float>(1.0 / (static_cast<double>(c_.batch) * T));
+  watchdog::set_activity("forward and backward", step_);
   model_->zero_grad();
   double loss_sum = 0;
   const std::int64_t first = comm_.rank() * local_batch_;
@@ -245,10 +261,19 @@ StepStats Trainer::step() {
       model_->backward(scale);
   }
   if (comm_.size() > 1) {
+    if (c_.test_skip_collective == comm_.rank() && step_ == c_.test_skip_step) {
+      watchdog::set_activity("test.skip-collective: waiting instead of the loss all_reduce", step_);
+      std::fprintf(stderr, "dt_train: rank %d: test.skip-collective: skipping the loss all_reduce of step %lld\n",
+                   comm_.rank(), static_cast<long long>(step_));
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    watchdog::set_activity("loss all_reduce", step_);
     comm_.all_reduce(view_of(&loss_sum, 1), ReduceOp::sum);
+    watchdog::set_activity("gradient all_reduce wait", step_);
     const trace::Scope wait_scope("gradient all_reduce wait", "comm");
     buckets_->finish();
   }
+  watchdog::set_activity("optimizer", step_);
   StepStats s;
   s.step = step_;
   s.loss = loss_sum / (static_cast<double>(c_.batch) * T);
@@ -421,6 +446,10 @@ void Trainer::save_checkpoint_now(bool sync) {
     }
   }
   const bool die = c_.test_kill_during_save == comm_.rank();
+  // The save runs HDF5's own collectives: the watchdog sees it as one collective, so a save that
+  // hangs inside HDF5 (an I/O error on some ranks only) ends the job instead of hanging it.
+  watchdog::set_activity("checkpoint save", step_);
+  const watchdog::OpRecord save_record("checkpoint", ++saves_, "save", "hdf5", DType::u8, 0);
   const SaveStats st = save_checkpoint(comm_, c_.ckpt_dir, state_tensors(), meta,
                                        static_cast<int>(c_.ckpt_keep), [die] {
                                          if (die) std::raise(SIGKILL);

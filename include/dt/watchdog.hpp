@@ -1,0 +1,75 @@
+// dt::watchdog: the flight recorder of every collective and the hang watchdog.
+//
+// Every collective a dt communicator runs is recorded in this process's flight recorder: the
+// communicator's name, its sequence number on that communicator (the n-th collective called on
+// it, the same on every rank), the operation, backend, dtype, size, and when it started and
+// finished on this rank. Completing a record also feeds the dt_comm_* metrics and, when tracing
+// is on, the timeline.
+//
+// The Watchdog (one per rank, started by the application after the runtime) checks the recorder
+// every 100 ms. When a collective has been in flight longer than the timeout, it asks every
+// other rank for its state over a communicator of its own (a duplicate of the world that only
+// watchdog threads use, so a stuck collective elsewhere does not stop it), waits up to 5 s for
+// the answers, then writes a dump (every rank's recent collectives, what each is doing, which
+// ranks never reached the stuck collective) to DIR/dt-watchdog-rank<R>.json, prints one line
+// naming the collective and the missing ranks, and aborts the job (MPI_Abort) with exit_code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <mpi.h>
+
+#include "dt/dtype.hpp"
+
+namespace dt::watchdog {
+
+/// One operation in the flight recorder (move-only). complete() (or destruction) marks it done.
+class OpRecord {
+ public:
+  OpRecord() = default;
+  /// `op` and `backend` must be string literals.
+  OpRecord(const std::string& comm, std::uint64_t seq, const char* op, const char* backend, DType t,
+           std::size_t count) noexcept;
+  OpRecord(OpRecord&& o) noexcept : slot_(o.slot_), gen_(o.gen_) { o.slot_ = -1; }
+  OpRecord& operator=(OpRecord&& o) noexcept;
+  OpRecord(const OpRecord&) = delete;
+  OpRecord& operator=(const OpRecord&) = delete;
+  ~OpRecord() { complete(); }
+  void complete() noexcept;
+
+ private:
+  long slot_ = -1;
+  std::uint64_t gen_ = 0;
+};
+
+/// What the calling rank is doing, for the dump ("forward", "checkpoint save"); `what` must be a
+/// string literal. `step` < 0: not in a step.
+void set_activity(const char* what, std::int64_t step = -1) noexcept;
+
+/// This rank's state as JSON: activity, per-communicator progress, the recent records.
+std::string state_json(int rank);
+
+struct Settings {
+  double timeout_s = 600;  ///< 0: no watchdog thread (the recorder still records)
+  std::string dump_dir = ".";
+  int exit_code = 4;
+};
+
+class Watchdog {
+ public:
+  /// Collective over `world` (duplicates it). Starts the thread unless timeout_s is 0.
+  Watchdog(MPI_Comm world, const Settings& s);
+  /// Stops the thread; call before MPI is finalised (destroy before the Runtime).
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dt::watchdog

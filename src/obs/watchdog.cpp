@@ -1,0 +1,386 @@
+#include "dt/watchdog.hpp"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "dt/error.hpp"
+#include "dt/metrics.hpp"
+#include "dt/trace.hpp"
+
+namespace dt::watchdog {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr std::size_t kRecords = 256;
+constexpr int kTagQuery = 1, kTagReply = 2;
+constexpr int kMaxMessage = 1 << 16;
+
+std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+struct Entry {
+  std::string comm;
+  std::uint64_t seq = 0;
+  const char* op = "";
+  const char* backend = "";
+  DType dtype = DType::f32;
+  std::size_t count = 0;
+  std::int64_t t0 = 0, t1 = 0;  // t1 == 0: in flight
+  std::uint64_t gen = 0;        // 0: slot unused
+};
+
+struct Progress {
+  std::uint64_t started = 0, completed = 0;
+  const char* op = "";
+};
+
+struct Recorder {
+  std::mutex mu;
+  std::vector<Entry> ring = std::vector<Entry>(kRecords);
+  std::uint64_t next = 0;
+  std::map<std::string, Progress> comms;
+};
+
+Recorder& recorder() {
+  static Recorder* r = new Recorder;  // never destroyed: records may complete at exit
+  return *r;
+}
+
+std::atomic<const char*> g_activity{"starting"};
+std::atomic<std::int64_t> g_step{-1};
+
+json entry_json(const Entry& e, std::int64_t now) {
+  json j = {{"comm", e.comm},
+            {"seq", e.seq},
+            {"op", e.op},
+            {"backend", e.backend},
+            {"dtype", dtype_name(e.dtype)},
+            {"count", e.count},
+            {"bytes", e.count * dtype_size(e.dtype)},
+            {"started_s_ago", static_cast<double>(now - e.t0) * 1e-9}};
+  if (e.t1 != 0)
+    j["seconds"] = static_cast<double>(e.t1 - e.t0) * 1e-9;
+  else
+    j["in_flight"] = true;
+  return j;
+}
+
+std::string describe(const Entry& e) {
+  std::ostringstream s;
+  s << e.op << " #" << e.seq << " on " << e.comm << " (" << dtype_name(e.dtype) << " x " << e.count
+    << ", " << e.backend << ")";
+  return s.str();
+}
+
+std::string state_with(int rank, std::size_t max_records) {
+  Recorder& r = recorder();
+  const std::int64_t now = now_ns();
+  json j;
+  j["rank"] = rank;
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  j["host"] = host;
+  j["activity"] = g_activity.load();
+  j["step"] = g_step.load();
+  std::lock_guard<std::mutex> lk(r.mu);
+  json comms = json::object();
+  for (const auto& [name, p] : r.comms)
+    comms[name] = {{"started", p.started}, {"completed", p.completed}, {"last_op", p.op}};
+  j["comms"] = comms;
+  json recs = json::array();
+  const std::uint64_t n = std::min<std::uint64_t>({r.next, kRecords, max_records});
+  for (std::uint64_t k = r.next - n; k < r.next; ++k)
+    recs.push_back(entry_json(r.ring[k % kRecords], now));
+  j["records"] = recs;
+  return j.dump();
+}
+
+}  // namespace
+
+// --- recorder ----------------------------------------------------------------------------------
+
+OpRecord::OpRecord(const std::string& comm, std::uint64_t seq, const char* op, const char* backend,
+                   DType t, std::size_t count) noexcept {
+  Recorder& r = recorder();
+  try {
+    std::lock_guard<std::mutex> lk(r.mu);
+    const std::uint64_t g = ++r.next;
+    Entry& e = r.ring[(g - 1) % kRecords];
+    e.comm = comm;
+    e.seq = seq;
+    e.op = op;
+    e.backend = backend;
+    e.dtype = t;
+    e.count = count;
+    e.t0 = now_ns();
+    e.t1 = 0;
+    e.gen = g;
+    Progress& p = r.comms[comm];
+    p.started = std::max(p.started, seq);
+    p.op = op;
+    slot_ = static_cast<long>((g - 1) % kRecords);
+    gen_ = g;
+  } catch (...) {
+    slot_ = -1;  // out of memory: this operation goes unrecorded
+  }
+}
+
+OpRecord& OpRecord::operator=(OpRecord&& o) noexcept {
+  if (this != &o) {
+    complete();
+    slot_ = o.slot_;
+    gen_ = o.gen_;
+    o.slot_ = -1;
+  }
+  return *this;
+}
+
+void OpRecord::complete() noexcept {
+  if (slot_ < 0) return;
+  Recorder& r = recorder();
+  Entry done;
+  {
+    std::lock_guard<std::mutex> lk(r.mu);
+    Entry& e = r.ring[static_cast<std::size_t>(slot_)];
+    slot_ = -1;
+    if (e.gen != gen_) return;  // overwritten by newer records
+    e.t1 = std::max(now_ns(), e.t0 + 1);
+    auto it = r.comms.find(e.comm);
+    if (it != r.comms.end()) it->second.completed = std::max(it->second.completed, e.seq);
+    done.op = e.op;
+    done.backend = e.backend;
+    done.seq = e.seq;
+    done.count = e.count * dtype_size(e.dtype);
+    done.t0 = e.t0;
+    done.t1 = e.t1;
+  }
+  metrics::record_comm(done.op, done.backend, done.count,
+                       static_cast<double>(done.t1 - done.t0) * 1e-9);
+  if (trace::enabled()) {
+    const std::int64_t shift = trace::detail::now_ns() - now_ns();  // to the timeline's clock
+    trace::detail::record(done.op, "comm", "seq", static_cast<std::int64_t>(done.seq),
+                          done.t0 + shift, done.t1 + shift);
+  }
+}
+
+void set_activity(const char* what, std::int64_t step) noexcept {
+  g_activity.store(what);
+  g_step.store(step);
+}
+
+std::string state_json(int rank) { return state_with(rank, 64); }
+
+// --- watchdog ----------------------------------------------------------------------------------
+
+struct Watchdog::Impl {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  Settings s;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  // incoming queries
+  MPI_Request qreq = MPI_REQUEST_NULL;
+  std::vector<char> qbuf = std::vector<char>(kMaxMessage);
+  struct Sent {
+    MPI_Request req;
+    std::string text;
+  };
+  std::vector<std::unique_ptr<Sent>> sent;
+
+  void post_query_recv() {
+    MPI_Irecv(qbuf.data(), kMaxMessage, MPI_CHAR, MPI_ANY_SOURCE, kTagQuery, comm, &qreq);
+  }
+
+  // Answers a query that arrived (if any) with this rank's state.
+  void serve() {
+    int flag = 0;
+    MPI_Status st;
+    if (qreq != MPI_REQUEST_NULL) MPI_Test(&qreq, &flag, &st);
+    if (flag) {
+      auto m = std::make_unique<Sent>();
+      m->text = state_with(rank, 64);
+      if (m->text.size() >= static_cast<std::size_t>(kMaxMessage)) m->text = state_with(rank, 8);
+      m->text.resize(std::min<std::size_t>(m->text.size(), kMaxMessage - 1));
+      MPI_Isend(m->text.data(), static_cast<int>(m->text.size()), MPI_CHAR, st.MPI_SOURCE,
+                kTagReply, comm, &m->req);
+      sent.push_back(std::move(m));
+      post_query_recv();
+    }
+    for (auto it = sent.begin(); it != sent.end();) {
+      int done = 0;
+      MPI_Test(&(*it)->req, &done, MPI_STATUS_IGNORE);
+      it = done ? sent.erase(it) : it + 1;
+    }
+  }
+
+  // The oldest collective in flight longer than the timeout, if any.
+  bool overdue(Entry& out) {
+    Recorder& r = recorder();
+    const std::int64_t now = now_ns();
+    const auto limit = static_cast<std::int64_t>(s.timeout_s * 1e9);
+    std::lock_guard<std::mutex> lk(r.mu);
+    bool found = false;
+    for (const Entry& e : r.ring)
+      if (e.gen != 0 && e.t1 == 0 && now - e.t0 > limit && (!found || e.t0 < out.t0)) {
+        out = e;
+        found = true;
+      }
+    return found;
+  }
+
+  void loop() {
+    pthread_setname_np(pthread_self(), "dt-watchdog");
+    post_query_recv();
+    while (!stop.load()) {
+      serve();
+      Entry e;
+      if (overdue(e)) investigate(e);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  [[noreturn]] void investigate(const Entry& e) {
+    const std::string what = describe(e);
+    // Ask every other rank for its state; keep answering queries meanwhile (other ranks may be
+    // investigating the same hang).
+    std::vector<std::string> replies(static_cast<std::size_t>(size));
+    std::vector<std::vector<char>> bufs(static_cast<std::size_t>(size));
+    std::vector<MPI_Request> rreq(static_cast<std::size_t>(size), MPI_REQUEST_NULL);
+    std::vector<MPI_Request> sreq(static_cast<std::size_t>(size), MPI_REQUEST_NULL);
+    std::vector<char> answered(static_cast<std::size_t>(size), 0);
+    for (int q = 0; q < size; ++q) {
+      if (q == rank) continue;
+      const auto k = static_cast<std::size_t>(q);
+      bufs[k].resize(kMaxMessage);
+      MPI_Irecv(bufs[k].data(), kMaxMessage, MPI_CHAR, q, kTagReply, comm, &rreq[k]);
+      MPI_Isend(what.data(), static_cast<int>(what.size()), MPI_CHAR, q, kTagQuery, comm, &sreq[k]);
+    }
+    replies[static_cast<std::size_t>(rank)] = state_with(rank, 64);
+    answered[static_cast<std::size_t>(rank)] = 1;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    int pending = size - 1;
+    while (pending > 0 && std::chrono::steady_clock::now() < deadline) {
+      serve();
+      for (int q = 0; q < size; ++q) {
+        const auto k = static_cast<std::size_t>(q);
+        if (answered[k] || rreq[k] == MPI_REQUEST_NULL) continue;
+        int flag = 0;
+        MPI_Status st;
+        MPI_Test(&rreq[k], &flag, &st);
+        if (!flag) continue;
+        int n = 0;
+        MPI_Get_count(&st, MPI_CHAR, &n);
+        replies[k].assign(bufs[k].data(), static_cast<std::size_t>(std::max(n, 0)));
+        answered[k] = 1;
+        --pending;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+
+    // Which ranks have not reached the collective: they started fewer collectives on that
+    // communicator, or did not answer.
+    json dump;
+    dump["detected_by"] = rank;
+    dump["collective"] = {{"comm", e.comm},
+                          {"seq", e.seq},
+                          {"op", e.op},
+                          {"backend", e.backend},
+                          {"dtype", dtype_name(e.dtype)},
+                          {"count", e.count}};
+    dump["timeout_s"] = s.timeout_s;
+    json ranks = json::array();
+    std::vector<int> missing;
+    std::ostringstream detail;
+    for (int q = 0; q < size; ++q) {
+      const auto k = static_cast<std::size_t>(q);
+      json st = json::parse(replies[k], nullptr, false);
+      if (!answered[k] || st.is_discarded()) {
+        missing.push_back(q);
+        ranks.push_back({{"rank", q}, {"answer", nullptr}});
+        detail << "; rank " << q << ": no answer";
+        continue;
+      }
+      std::uint64_t started = 0;
+      if (st.contains("comms") && st["comms"].contains(e.comm))
+        started = st["comms"][e.comm].value("started", std::uint64_t{0});
+      if (started < e.seq) {
+        missing.push_back(q);
+        detail << "; rank " << q << ": last " << e.comm << " collective #" << started << ", now "
+               << st.value("activity", std::string("?"));
+        const std::int64_t step = st.value("step", std::int64_t{-1});
+        if (step >= 0) detail << " at step " << step;
+      }
+      ranks.push_back(st);
+    }
+    dump["missing_ranks"] = missing;
+    dump["ranks"] = ranks;
+    const std::string path = s.dump_dir + "/dt-watchdog-rank" + std::to_string(rank) + ".json";
+    std::string written = path;
+    try {
+      metrics::write_file_atomically(path, dump.dump(1) + "\n");
+    } catch (const std::exception& ex) {
+      written = std::string("not written (") + ex.what() + ")";
+    }
+    std::ostringstream line;
+    line << "dt watchdog: rank " << rank << ": " << what << " has not completed after "
+         << s.timeout_s << " s; ";
+    if (missing.empty()) {
+      line << "every rank has reached it (stuck inside the collective)";
+    } else {
+      line << (missing.size() == 1 ? "rank " : "ranks ");
+      for (std::size_t i = 0; i < missing.size(); ++i) line << (i ? "," : "") << missing[i];
+      line << (missing.size() == 1 ? " has" : " have") << " not reached it" << detail.str();
+    }
+    line << "; dump: " << written << "; aborting the job";
+    std::fprintf(stderr, "%s\n", line.str().c_str());
+    std::fflush(stderr);
+    std::fflush(stdout);
+    trace::write_noexcept();
+    MPI_Abort(MPI_COMM_WORLD, s.exit_code);
+    std::_Exit(s.exit_code);
+  }
+};
+
+Watchdog::Watchdog(MPI_Comm world, const Settings& s) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.s = s;
+  if (s.timeout_s <= 0) return;
+  DT_CHECK(Error, MPI_Comm_dup(world, &m.comm) == MPI_SUCCESS, "watchdog: MPI_Comm_dup failed");
+  MPI_Comm_rank(m.comm, &m.rank);
+  MPI_Comm_size(m.comm, &m.size);
+  m.thread = std::thread([&m] { m.loop(); });
+}
+
+Watchdog::~Watchdog() {
+  Impl& m = *impl_;
+  if (!m.thread.joinable()) return;
+  m.stop = true;
+  m.thread.join();
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (fin) return;
+  if (m.qreq != MPI_REQUEST_NULL) {
+    MPI_Cancel(&m.qreq);
+    MPI_Wait(&m.qreq, MPI_STATUS_IGNORE);
+  }
+  for (auto& p : m.sent) MPI_Wait(&p->req, MPI_STATUS_IGNORE);
+  MPI_Comm_free(&m.comm);
+}
+
+}  // namespace dt::watchdog
