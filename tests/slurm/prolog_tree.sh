@@ -44,6 +44,8 @@ case "$MODE" in
   v1)
     mkdir -p "$T/cpu" "$T/cpuacct" "$T/cpuset"
     echo 1024 >"$T/cpu/cpu.shares"
+    echo 950000 >"$T/cpu/cpu.rt_runtime_us"  # real-time group scheduling, as here
+    echo 1000000 >"$T/cpu/cpu.rt_period_us"
     echo 0 >"$T/cpuacct/cpuacct.usage"
     echo 0-3 >"$T/cpuset/cpuset.cpus"
     echo 0-1 >"$T/cpuset/cpuset.mems"
@@ -71,9 +73,9 @@ file_is() {
 group() {
   if [ "$MODE" = v2 ]; then echo "$T/dt/job_$1"; else echo "$T/$2/dt/job_$1"; fi
 }
-# expect_tier JOB WEIGHT CPUS MEMS FIFO
+# expect_tier JOB WEIGHT CPUS MEMS FIFO RT_BUDGET_PERCENT (of a 10 ms period)
 expect_tier() {
-  local job=$1 weight=$2 cpus=$3 mems=$4 fifo=$5
+  local job=$1 weight=$2 cpus=$3 mems=$4 fifo=$5 rt=$(($6 * 100))
   record_has "$job" "weight=$weight"
   record_has "$job" "fifo=$fifo"
   record_has "$job" "cpus=$cpus"
@@ -83,6 +85,11 @@ expect_tier() {
     record_has "$job" "cgroup=$(group "$job")"
   else
     file_is "$(group "$job" cpu)/cpu.shares" "$((weight * 1024 / 100))"
+    # The tier's real-time budget (rt-budget percent of the period), without which the
+    # communication thread could not run SCHED_FIFO in this group.
+    file_is "$(group "$job" cpu)/cpu.rt_period_us" 10000
+    file_is "$(group "$job" cpu)/cpu.rt_runtime_us" "$rt"
+    record_has "$job" "rt_runtime_us=$rt"
     record_has "$job" "cgroup=$(group "$job" cpu)"
     record_has "$job" "cgroup=$(group "$job" cpuset)"
     [ ! -e "$T/cpuacct/dt" ] || fail "a group was made in the cpuacct hierarchy"
@@ -102,12 +109,12 @@ hook prolog 109
 sed 's/^/    /' "$WORK/qos.log"
 record_has 101 "tier=high"
 record_has 101 "source=comment"
-expect_tier 101 75 0-3 0-1 60
+expect_tier 101 75 0-3 0-1 60 25
 record_has 102 "tier=realtime"
-expect_tier 102 100 0-1 0 80  # cpuset numa:0
+expect_tier 102 100 0-1 0 80 40  # cpuset numa:0
 record_has 103 "tier=best_effort"
 record_has 103 "requested=platinum"
-expect_tier 103 25 0-3 0-1 1
+expect_tier 103 25 0-3 0-1 1 10
 grep -q "job=103: unknown QoS tier 'platinum' (comment).*the job runs as best_effort" \
   "$WORK/qos.log" || fail "no log line about the unknown tier of job 103"
 record_has 102 "source=comment"
@@ -122,6 +129,13 @@ if [ "$MODE" = v2 ]; then
     for c in cpu cpuset; do grep -qw "$c" "$f" || fail "$f does not enable $c"; done
   done
 else
+  # The parent's real-time runtime holds its jobs' budgets, at most the root's 95%:
+  # 25 + 40 + 10 (101-103), not 25 more for job 104 (refused, logged), 10 + 10 (108, 109).
+  file_is "$T/cpu/dt/cpu.rt_runtime_us" 950000
+  ! grep -q "^rt_runtime_us=" "$WORK/state/job-104.conf" || fail "job 104 got a real-time budget"
+  grep -q "job=104: no real-time budget of 25% for the job: the node's dt jobs would hold 100% of" \
+    "$WORK/qos.log" || fail "no log line about job 104's refused real-time budget"
+  record_has 109 "rt_runtime_us=1000"
   file_is "$T/cpuset/dt/cpuset.cpus" 0-3  # a v1 cpuset parent needs its CPUs before children
   file_is "$T/cpuset/dt/cpuset.mems" 0-1
 fi
