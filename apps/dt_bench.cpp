@@ -437,6 +437,10 @@ class Bench {
           shm_->num_nodes(), shm_->local_size(),
           s_.simulated_nodes > 0 ? " (simulated)" : "", s_.shm_chunk, s_.shm_staging, s_.shm_min,
           shm_->arena_bytes());
+    if (shm_ && s_.grad_set.empty())
+      std::printf(
+          "# shm: only all_reduce reads arena buffers in place; all_gather, reduce_scatter and "
+          "broadcast copy through the staging area on shm and shm-copy alike, sendrecv is MPI's\n");
     std::printf(
         "# time: max over ranks of the mean of %ld back-to-back calls after %ld warm-up calls%s\n",
         s_.iters, s_.warmup,
