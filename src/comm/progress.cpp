@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "dt/qos.hpp"
+#include "dt/trace.hpp"
 
 namespace dt {
 
@@ -79,6 +80,7 @@ bool ProgressQueue::busy() const {
 
 void ProgressQueue::loop() {
   pthread_setname_np(pthread_self(), "dt-progress");
+  trace::set_thread_name("dt-progress");
   qos::apply_to_current_thread(qos::Role::comm);
   for (;;) {
     std::shared_ptr<Task> t;
