@@ -53,8 +53,9 @@ struct Tier {
   std::string file;                  ///< the record it was read from
 };
 
-/// The record `s` points at: "" for none. auto: state_dir/job-$SLURM_JOB_ID.conf when
-/// SLURM_JOB_ID is set and that file exists, else none. Throws dt::ConfigError when qos.file
+/// The record `s` points at: "" for none. auto (when SLURM_JOB_ID is set): the first of
+/// state_dir/$SLURM_CLUSTER_NAME/job-$SLURM_JOB_ID.conf and state_dir/job-$SLURM_JOB_ID.conf
+/// that exists, else none. Throws dt::ConfigError when qos.file
 /// names a file that does not exist.
 std::string record_path(const Settings& s);
 

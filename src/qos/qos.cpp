@@ -87,7 +87,8 @@ std::string set_thread(int policy, int priority, int nice) {
 void add_options(Options& o, Settings& s) {
   o.add("qos.file", &s.file, "auto",
         "QoS tier record of the job (written by slurm/prolog): auto (the record of "
-        "$SLURM_JOB_ID in qos.state-dir, if any), none, or a file")
+        "$SLURM_JOB_ID in qos.state-dir/$SLURM_CLUSTER_NAME or qos.state-dir, if any), none, "
+        "or a file")
       .add("qos.state-dir", &s.state_dir, "/run/dt-qos",
            "where slurm/prolog writes its records (its DT_QOS_STATE_DIR)");
 }
@@ -104,9 +105,16 @@ std::string record_path(const Settings& s) {
   }
   const char* job = std::getenv("SLURM_JOB_ID");
   if (!job || !*job) return "";
-  const std::string p = s.state_dir + "/job-" + job + ".conf";
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 ? p : "";
+  const char* cluster = std::getenv("SLURM_CLUSTER_NAME");
+  std::vector<std::string> candidates;
+  if (cluster && *cluster)
+    candidates.push_back(s.state_dir + "/" + cluster + "/job-" + job + ".conf");
+  candidates.push_back(s.state_dir + "/job-" + job + ".conf");
+  for (const auto& p : candidates) {
+    struct stat st;
+    if (::stat(p.c_str(), &st) == 0) return p;
+  }
+  return "";
 }
 
 Tier read_record(const std::string& path) {

@@ -183,7 +183,8 @@ hook_setting() {
 no_job_groups() {
   local root left
   root=$(hook_setting DT_QOS_CGROUP_ROOT)
-  left=$(find "$root" -maxdepth 4 -type d -name "job_$1" 2>/dev/null | tr '\n' ' ')
+  left=$(find "$root" -maxdepth 4 -type d -path "*/$(hook_setting DT_QOS_CGROUP_PARENT)/job_$1" \
+    2>/dev/null | tr '\n' ' ')
   [ -z "$left" ] || fail "cgroups of job $1 left behind: $left"
   [ ! -e "$(hook_setting DT_QOS_STATE_DIR)/job-$1.conf" ] ||
     fail "QoS record of job $1 left behind: $(hook_setting DT_QOS_STATE_DIR)/job-$1.conf"

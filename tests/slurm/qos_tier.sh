@@ -57,7 +57,7 @@ for g in "${GROUPS_[@]}"; do
   done
 done
 for p in "${RANKS[@]}"; do
-  grep -q "/dt/job_$JOB\$" "/proc/$p/cgroup" ||
+  grep -q "/$(hook_setting DT_QOS_CGROUP_PARENT)/job_$JOB\$" "/proc/$p/cgroup" ||
     fail "/proc/$p/cgroup names no group of job $JOB: $(tr '\n' ' ' <"/proc/$p/cgroup")"
 done
 

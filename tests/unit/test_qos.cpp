@@ -112,6 +112,18 @@ TEST_CASE("qos: the record a rank uses") {
   CHECK(dt::qos::record_path(s).empty());  // no record for this job: no tier
   const auto rec = dir.write("job-4242.conf", "tier=high\n");
   CHECK(dt::qos::record_path(s) == rec);
+  // A record of the job's own cluster comes first (several local clusters on one machine).
+  const char* old_cluster = std::getenv("SLURM_CLUSTER_NAME");
+  const std::string saved_cluster = old_cluster ? old_cluster : "";
+  ::setenv("SLURM_CLUSTER_NAME", "dt-c1", 1);
+  CHECK(dt::qos::record_path(s) == rec);
+  std::filesystem::create_directories(dir.path / "dt-c1");
+  const auto own = dir.write("dt-c1/job-4242.conf", "tier=realtime\n");
+  CHECK(dt::qos::record_path(s) == own);
+  if (old_cluster)
+    ::setenv("SLURM_CLUSTER_NAME", saved_cluster.c_str(), 1);
+  else
+    ::unsetenv("SLURM_CLUSTER_NAME");
   s.file = "none";
   CHECK(dt::qos::record_path(s).empty());
   s.file = dir.path.string() + "/nope.conf";
