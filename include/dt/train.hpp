@@ -68,6 +68,7 @@ struct TrainConfig {
   std::string comm_dump_dir = ".";   ///< where the watchdog writes its dump
   std::int64_t test_skip_collective = -1;  ///< testing only: this rank never joins a collective
   std::int64_t test_skip_step = 2;         ///< ... the loss all_reduce of this step
+  std::int64_t test_stall_during_save = -1;  ///< testing only: this rank stops mid-save
   // metrics and timeline (include/dt/metrics.hpp, include/dt/trace.hpp)
   int metrics_port = 0;  ///< HTTP /metrics at port + local_rank; 0 off; -1 a free port
   std::string metrics_host = "0.0.0.0";
@@ -159,6 +160,8 @@ class Trainer {
   /// Mean loss over the validation windows starting at `starts`, shared out over the ranks.
   double loss_over(const std::vector<std::size_t>& starts);
   void finish_checkpoints();
+  /// Testing only: prints `what` and never returns (the watchdog ends the job).
+  [[noreturn]] void stall_for_test(const char* what);
   std::unique_ptr<obs::TrainTelemetry> obs_;
 };
 

@@ -3,6 +3,7 @@
 #include <thread>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include <csignal>
 
@@ -122,6 +123,10 @@ void add_train_options(Options& o, TrainConfig& c) {
            -1L, 1L << 30)
       .add("test.skip-step", &c.test_skip_step, 2, "testing only: see test.skip-collective", 0L,
            1L << 40)
+      .add("test.stall-during-save", &c.test_stall_during_save, -1,
+           "testing only: this rank stops in the middle of a synchronous save (inside HDF5's "
+           "collective writes), so the others hang there and the watchdog must end the job",
+           -1L, 1L << 30)
       .add("test.simulated-nodes", &c.test_sim_nodes, 0,
            "testing only: treat blocks of consecutive ranks as this many nodes for the "
            "hierarchical all_reduce (0: the real nodes)",
@@ -240,6 +245,14 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
 
 Trainer::~Trainer() = default;
 
+void Trainer::stall_for_test(const char* what) {
+  if (std::strncmp(what, "test.", 5) != 0) watchdog::set_activity("test.stall-during-save", step_);
+  std::fprintf(stderr, "dt_train: rank %d: %s at step %lld: waiting for the watchdog\n",
+               comm_.rank(), what, static_cast<long long>(step_));
+  std::fflush(stderr);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 StepStats Trainer::step() {
   const trace::Scope step_scope("step", "train", "step", step_);
   const auto t0 = std::chrono::steady_clock::now();
@@ -263,9 +276,7 @@ StepStats Trainer::step() {
   if (comm_.size() > 1) {
     if (c_.test_skip_collective == comm_.rank() && step_ == c_.test_skip_step) {
       watchdog::set_activity("test.skip-collective: waiting instead of the loss all_reduce", step_);
-      std::fprintf(stderr, "dt_train: rank %d: test.skip-collective: skipping the loss all_reduce of step %lld\n",
-                   comm_.rank(), static_cast<long long>(step_));
-      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      stall_for_test("test.skip-collective: skipping the loss all_reduce");
     }
     watchdog::set_activity("loss all_reduce", step_);
     comm_.all_reduce(view_of(&loss_sum, 1), ReduceOp::sum);
@@ -446,13 +457,15 @@ void Trainer::save_checkpoint_now(bool sync) {
     }
   }
   const bool die = c_.test_kill_during_save == comm_.rank();
+  const bool stall = c_.test_stall_during_save == comm_.rank();
   // The save runs HDF5's own collectives: the watchdog sees it as one collective, so a save that
   // hangs inside HDF5 (an I/O error on some ranks only) ends the job instead of hanging it.
   watchdog::set_activity("checkpoint save", step_);
   const watchdog::OpRecord save_record("checkpoint", ++saves_, "save", "hdf5", DType::u8, 0);
   const SaveStats st = save_checkpoint(comm_, c_.ckpt_dir, state_tensors(), meta,
-                                       static_cast<int>(c_.ckpt_keep), [die] {
+                                       static_cast<int>(c_.ckpt_keep), [die, stall, this] {
                                          if (die) std::raise(SIGKILL);
+                                         if (stall) stall_for_test("in the checkpoint save");
                                        });
   obs_->on_checkpoint_blocked(st.write_seconds);
   obs_->on_checkpoint_written(st.write_seconds, st.bytes);

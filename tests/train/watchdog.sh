@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
-# watchdog.sh TIMEOUT DUMPDIR SKIP_RANK -- CMD...
-# CMD is a dt_train job in which rank SKIP_RANK never joins a collective (test.skip-collective)
-# and the hang watchdog has TIMEOUT seconds. The job must end within TIMEOUT + 10 s of the skip,
-# exit non-zero, print one watchdog line naming that rank and the collective, and leave a dump
-# that names them too.
+# watchdog.sh MODE TIMEOUT DUMPDIR RANK -- CMD...
+# CMD is a dt_train job whose hang watchdog has TIMEOUT seconds, and in which rank RANK
+#   skip: never joins the loss all_reduce of a step (test.skip-collective): the watchdog must
+#         name that rank and that all_reduce on world;
+#   save: stops inside a checkpoint save (test.stall-during-save), so the other ranks hang inside
+#         HDF5's collective writes: the watchdog must name the save and say every rank is in it.
+# Either way the job must end within TIMEOUT + 10 s of the stall, exit non-zero, print one
+# watchdog line and leave a dump that says the same.
 set -u
-timeout_s=$1 dump=$2 skip=$3
-shift 4
+mode=$1 timeout_s=$2 dump=$3 skip=$4
+shift 5
 rm -rf "$dump"
 mkdir -p "$dump"
 log=$dump/job.log
-"$@" --comm.timeout-s="$timeout_s" --comm.dump-dir="$dump" --test.skip-collective="$skip" \
-  >"$log" 2>&1 &
+case $mode in
+  skip) extra=(--test.skip-collective="$skip"); mark="rank $skip: test.skip-collective: skipping" ;;
+  save) extra=(--test.stall-during-save="$skip" --ckpt.dir="$dump/ckpt" --ckpt.every=2)
+        mark="rank $skip: in the checkpoint save" ;;
+  *) echo "watchdog.sh: unknown mode $mode"; exit 2 ;;
+esac
+"$@" --comm.timeout-s="$timeout_s" --comm.dump-dir="$dump" "${extra[@]}" >"$log" 2>&1 &
 pid=$!
 t_skip=""
 while kill -0 "$pid" 2>/dev/null; do
-  if [ -z "$t_skip" ] && grep -q "rank $skip: test.skip-collective: skipping" "$log"; then
+  if [ -z "$t_skip" ] && grep -q "$mark" "$log"; then
     t_skip=$(date +%s.%N)
   fi
   sleep 0.1
@@ -30,21 +38,31 @@ fail() { echo "watchdog.sh: FAIL: $*"; exit 1; }
 took=$(awk -v a="$t_end" -v b="$t_skip" 'BEGIN { printf "%.1f", a - b }')
 awk -v t="$took" -v l="$timeout_s" 'BEGIN { exit !(t <= l + 10) }' || fail "the job ended ${took} s after the skip (limit $timeout_s + 10 s)"
 line=$(grep -m1 '^dt watchdog: ' "$log") || fail "no watchdog line"
-echo "$line" | grep -qE "all_reduce #[0-9]+ on world .* rank $skip has not reached it" ||
-  fail "the watchdog line does not name rank $skip and the all_reduce on world"
+if [ "$mode" = skip ]; then
+  echo "$line" | grep -qE "all_reduce #[0-9]+ on world .* rank $skip has not reached it" ||
+    fail "the watchdog line does not name rank $skip and the all_reduce on world"
+else
+  echo "$line" | grep -qE "save #1 on checkpoint .* every rank has reached it" ||
+    fail "the watchdog line does not name the checkpoint save"
+fi
 f=$(ls "$dump"/dt-watchdog-rank*.json 2>/dev/null | head -1)
 [ -n "$f" ] || fail "no dump in $dump"
-python3 - "$f" "$skip" <<'PY' || fail "dump $f does not name rank $skip and the collective"
+python3 - "$f" "$skip" "$mode" <<'PY' || fail "dump $f does not say what the line says"
 import json, sys
 d = json.load(open(sys.argv[1]))
-skip = int(sys.argv[2])
-assert d["missing_ranks"] == [skip], d["missing_ranks"]
+skip, mode = int(sys.argv[2]), sys.argv[3]
 c = d["collective"]
-assert c["op"] == "all_reduce" and c["comm"] == "world" and c["seq"] > 0, c
 ranks = {r["rank"]: r for r in d["ranks"]}
-assert ranks[skip]["comms"]["world"]["started"] < c["seq"]
-assert "skip-collective" in ranks[skip]["activity"]
+if mode == "skip":
+    assert d["missing_ranks"] == [skip], d["missing_ranks"]
+    assert c["op"] == "all_reduce" and c["comm"] == "world" and c["seq"] > 0, c
+    assert ranks[skip]["comms"]["world"]["started"] < c["seq"]
+    assert "skip-collective" in ranks[skip]["activity"]
+else:
+    assert d["missing_ranks"] == [], d["missing_ranks"]
+    assert c["op"] == "save" and c["comm"] == "checkpoint" and c["seq"] == 1, c
+    assert all(r["comms"]["checkpoint"]["started"] == 1 for r in ranks.values())
 for r in ranks.values():  # every rank sent its recent collectives
     assert r["records"] and all({"comm", "seq", "op", "bytes"} <= set(x) for x in r["records"])
 PY
-echo "watchdog.sh: PASS: exit $rc after ${took} s, rank $skip named"
+echo "watchdog.sh: PASS ($mode): exit $rc after ${took} s"
