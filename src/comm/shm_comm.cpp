@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <new>
 #include <sstream>
 #include <utility>
@@ -211,17 +212,35 @@ std::string ShmComm::what(const char* op, ConstTensorView v, const char* extra) 
 
 namespace {
 
-// Waits until `a` >= target; throws after the deadline.
+// True for SCHED_FIFO/SCHED_RR threads (the progress thread of a QoS tier): sched_yield() never
+// hands their core to an ordinary thread, so they must sleep instead of spinning.
+bool realtime_thread() {
+  thread_local const bool rt = [] {
+    const int p = sched_getscheduler(0);
+    return p == SCHED_FIFO || p == SCHED_RR;
+  }();
+  return rt;
+}
+
+// Waits until `a` >= target: a short spin (a peer a few microseconds behind), then yielding the
+// core (ordinary threads) or sleeping 10 us at a time (real-time threads, whose timer slack is 0);
+// throws after the deadline.
 template <class D, class Fail>
 void wait_ge(const std::atomic<std::uint64_t>& a, std::uint64_t target, const D& dl, Fail&& fail) {
+  const bool rt = realtime_thread();
   for (unsigned spins = 0;; ++spins) {
     if (a.load(std::memory_order_acquire) >= target) return;
     if (spins < 128) {
       cpu_relax();
+      continue;
+    }
+    if (rt) {
+      const timespec ts{0, 10000};
+      nanosleep(&ts, nullptr);
     } else {
       sched_yield();
-      if ((spins & 1023) == 0 && dl.expired()) fail();
     }
+    if ((spins & 255) == 0 && dl.expired()) fail();
   }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "comm/shm_comm.hpp"
 #include "dt/error.hpp"
 
 namespace dt {
@@ -66,7 +67,17 @@ void GradBuckets::launch_ready() {
     std::string what = "gradient bucket " + std::to_string(next_) + " (" + std::to_string(v.numel) +
                        " floats) all_reduce on " + comm_.name();
     Comm* c = &comm_;
-    works_.push_back(queue_->submit(std::move(what), [c, v] { c->all_reduce(v, ReduceOp::sum); }));
+    const bool shm = dynamic_cast<ShmComm*>(c) != nullptr;
+    works_.push_back(queue_->submit(std::move(what), [c, v, shm] {
+      if (shm) {
+        c->all_reduce(v, ReduceOp::sum);  // waits by yielding or sleeping, never spins long
+      } else {
+        // A blocking MPI call would spin in MPI's progress loop for the whole wait, which a
+        // SCHED_FIFO progress thread must not do: poll the non-blocking form, sleeping between
+        // polls (Work::wait with a limit does). The limit is only there to get that form.
+        c->iall_reduce(v, ReduceOp::sum).wait(Millis(std::int64_t{1} << 40));
+      }
+    }));
     ++next_;
   }
 }
