@@ -92,8 +92,12 @@ crossover() {  # backend
       if (from == 1) { printf "%s is at least as fast as MPI at every size from %d B (%.2f us against %.2f us)", be, keys[1], t[keys[1] " " be], t[keys[1] " mpi"]; exit }
       lo = keys[from - 1]; hi = keys[from]
       slower = 0; for (i = 1; i < from; ++i) if (t[keys[i] " " be] > t[keys[i] " mpi"]) ++slower
+      first = 0; for (i = 1; i <= n && t[keys[i] " " be] > t[keys[i] " mpi"]; ++i) first = i
       printf "%s is at least as fast as MPI from %d B up (%.2f us against MPI %.2f us); at %d B MPI is faster (%.2f us against %s %.2f us); below it MPI is faster at %d of %d sizes",
         be, hi, t[hi " " be], t[hi " mpi"], lo, t[lo " mpi"], be, t[lo " " be], slower, from - 1
+      if (first > 0 && first + 1 < from)
+        printf "; MPI is faster at every size up to %d B (%.2f us against %s %.2f us there), %s from %d B (%.2f us against MPI %.2f us)",
+          keys[first], t[keys[first] " mpi"], be, t[keys[first] " " be], be, keys[first + 1], t[keys[first + 1] " " be], t[keys[first + 1] " mpi"]
     }' "$tmp/ar.best"
 }
 cross_shm=$(crossover shm)
