@@ -14,6 +14,7 @@ corpus=$DT_ROOT/run/corpus.txt
 "$DT_ROOT/scripts/corpus" "$corpus" >/dev/null
 tdir=$(mktemp -d)
 trap 'rm -rf "$tdir"' EXIT
+cores=$(nproc)  # before OMP_NUM_THREADS=1, which nproc reports instead
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
 ms_per_step() {  # config steps tokens-per-step [options]: steady-state ms per step of one run
@@ -54,7 +55,7 @@ echo "$table"
 echo "one Scope: off $off_ns ns, on $on_ns ns"
 {
   echo
-  echo "## Trace timeline overhead, 2 ranks, $(date -u +%Y-%m-%d), $(nproc) cores ($(uname -n))"
+  echo "## Trace timeline overhead, 2 ranks, $(date -u +%Y-%m-%d), $cores cores ($(uname -n))"
   echo
   echo "Command: \`perf/bench_trace.sh $reps\` ($reps alternating off/on runs per config; steady-state step time from dt_train's summary line; --trace.dir on the same disk)"
   echo
