@@ -87,6 +87,13 @@ try:
               "rank %d: step_seconds_count %s after %s steps" % (rank, v("dt_train_step_seconds_count"), steps))
         check((v("dt_process_resident_bytes") or 0) > 1e6, "rank %d: resident bytes %s" % (rank, v("dt_process_resident_bytes")))
         check(v("dt_world_size") == 2, "rank %d: world size %s" % (rank, v("dt_world_size")))
+        # The communication layer reports every collective through dt::metrics::record_comm.
+        comm = [(l, val) for n, l, val in samples if n == "dt_comm_calls_total"]
+        check(types.get("dt_comm_calls_total") == "counter" and
+              any(val >= steps and set(l) == {"op", "backend"} for l, val in comm),
+              "rank %d: no dt_comm_calls_total{op,backend} counting the step's collectives: %s" % (rank, comm))
+        check(any(val > 0 for n, l, val in samples if n == "dt_comm_bytes_total"),
+              "rank %d: dt_comm_bytes_total is missing or 0" % rank)
         status, _ = obslib.http_get(url.replace("/metrics", "/nope"))
         check(status == 404, "rank %d: GET /nope gave %s, expected 404" % (rank, status))
 

@@ -91,6 +91,9 @@ for rank in (0, 1):
     check(steps == list(range(STEPS)), "%s: step arguments %s" % (path, steps))
     for region in ("ckpt.save", "ckpt.write", "ckpt.hash", "ckpt.fsync"):
         check(names[region] == 2, "%s: %d %s events, expected 2 (steps 2 and 4)" % (path, names[region], region))
+    comm = [e for e in xs if e.get("cat") == "comm"]
+    check(len(comm) >= STEPS, "%s: %d collectives (category comm) in the timeline for %d steps"
+          % (path, len(comm), STEPS))
     if rank == 0:
         check(names["ckpt.commit"] == 2, "%s: %d ckpt.commit events" % (path, names["ckpt.commit"]))
     hash_threads = {thread_names.get(e["tid"]) for e in xs if e["name"] == "ckpt.hash"}
