@@ -4,7 +4,8 @@
 //
 // Prints a per-node table, then checks all_reduce, all_gather and a ring of send/recv across all
 // ranks with content verification, measures latency (8 B ping-pong) and bandwidth (16 MiB) for
-// every neighbour pair (r, r+1 mod n), and exits 1 naming every failing rank or pair.
+// every neighbour pair (r, r+1 mod n) over the point-to-point transport of --comm.p2p (MPI or
+// UCX), and exits 1 naming every failing rank or pair.
 // Exit codes: 0 all good, 1 a check failed, 2 bad options, 3 a rank hit an error or a timeout.
 #include <algorithm>
 #include <chrono>
@@ -19,6 +20,7 @@
 
 #include "dt/comm.hpp"
 #include "dt/config.hpp"
+#include "dt/p2p.hpp"
 #include "dt/runtime.hpp"
 
 namespace {
@@ -35,6 +37,7 @@ struct Settings {
   long check_elems = 1 << 20;
   double timeout_s = 60;
   long corrupt_rank = -1;
+  std::string p2p = "mpi";
 };
 
 // One rank's description, exchanged with all_gather as fixed-size text.
@@ -67,8 +70,12 @@ float pattern(int r, std::size_t i) {
 
 class Checker {
  public:
-  Checker(dt::Runtime& rt, const Settings& s)
-      : rt_(rt), w_(rt.world()), s_(s), timeout_(static_cast<long>(s.timeout_s * 1000)) {}
+  Checker(dt::Runtime& rt, const Settings& s, dt::P2p& p2p)
+      : rt_(rt),
+        w_(rt.world()),
+        p_(p2p),
+        s_(s),
+        timeout_(static_cast<long>(s.timeout_s * 1000)) {}
 
   int run() {
     print_table();
@@ -205,8 +212,8 @@ class Checker {
     const int next = (me + 1) % n, prev = (me + n - 1) % n;
     std::vector<float> out(static_cast<std::size_t>(s_.check_elems)), in(out.size());
     fill(out, me);
-    auto rw = w_.irecv(dt::view_of(in), prev, 101);
-    auto sw = w_.isend(dt::view_of(out), next, 101);
+    auto rw = p_.irecv(dt::view_of(in), prev, 101);
+    auto sw = p_.isend(dt::view_of(out), next, 101);
     wait(std::move(sw));
     wait(std::move(rw));
     std::vector<std::int32_t> bad_from(n, 0);
@@ -248,11 +255,11 @@ class Checker {
         for (long it = 0; it < warm + s_.latency_iters; ++it) {
           if (it == warm) t0 = Clock::now();
           if (me == a) {
-            wait(w_.isend(dt::view_of(small), peer, tag));
-            wait(w_.irecv(dt::view_of(small), peer, tag));
+            wait(p_.isend(dt::view_of(small), peer, tag));
+            wait(p_.irecv(dt::view_of(small), peer, tag));
           } else {
-            wait(w_.irecv(dt::view_of(small), peer, tag));
-            wait(w_.isend(dt::view_of(small), peer, tag));
+            wait(p_.irecv(dt::view_of(small), peer, tag));
+            wait(p_.isend(dt::view_of(small), peer, tag));
           }
         }
         const double rtt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -262,12 +269,12 @@ class Checker {
         const auto t1 = Clock::now();
         for (long it = 0; it < s_.bandwidth_iters; ++it) {
           if (me == a)
-            wait(w_.isend(dt::view_of(big), peer, tag));
+            wait(p_.isend(dt::view_of(big), peer, tag));
           else
-            wait(w_.irecv(dt::view_of(big), peer, tag));
+            wait(p_.irecv(dt::view_of(big), peer, tag));
         }
         if (me == a) {
-          wait(w_.irecv(dt::view_of(&ack, 1), peer, tag));
+          wait(p_.irecv(dt::view_of(&ack, 1), peer, tag));
           const double secs = std::chrono::duration<double>(Clock::now() - t1).count();
           lat[i] = rtt / static_cast<double>(s_.latency_iters) / 2.0 * 1e6;
           bw[i] = static_cast<double>(s_.bandwidth_iters) * s_.bandwidth_bytes / secs / 1e9;
@@ -277,7 +284,7 @@ class Checker {
               bad[i] = 1;
               break;
             }
-          wait(w_.isend(dt::view_of(&ack, 1), peer, tag));
+          wait(p_.isend(dt::view_of(&ack, 1), peer, tag));
         }
       }
     }
@@ -332,6 +339,7 @@ class Checker {
 
   dt::Runtime& rt_;
   dt::Comm& w_;
+  dt::P2p& p_;  // the ring and the pair measurements (comm.p2p)
   const Settings& s_;
   dt::Millis timeout_;
   std::vector<std::string> hosts_;
@@ -360,7 +368,10 @@ int main(int argc, char** argv) {
       .add("check.timeout", &s.timeout_s, 60.0,
            "seconds any single step may take before the rank reports a hang", 0.001, 86400.0)
       .add("test.corrupt-rank", &s.corrupt_rank, -1,
-           "testing only: this rank sends a wrong buffer in every check", -1L, 1L << 30);
+           "testing only: this rank sends a wrong buffer in every check", -1L, 1L << 30)
+      .add("comm.p2p", &s.p2p, "mpi",
+           "point-to-point transport of the ring check and the pair measurements",
+           {"mpi", "ucx"});
   const int rc = dt::run_with_config_errors("dt_topo", [&] {
     if (!opts.parse(argc, argv)) return 0;
     DT_CHECK(dt::ConfigError, s.bandwidth_bytes % 4 == 0,
@@ -377,7 +388,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dt_topo: warning: --test.corrupt-rank=%ld is not a rank of this job\n",
                  s.corrupt_rank);
   try {
-    Checker c(rt, s);
+    const auto p2p = dt::make_p2p(s.p2p, rt.world());
+    Checker c(rt, s, *p2p);
     return c.run();
   } catch (const dt::Error& e) {
     std::fprintf(stderr, "dt_topo: rank %d: %s\n", rt.rank(), e.what());

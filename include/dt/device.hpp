@@ -47,6 +47,11 @@ class Device {
     if (st != DT_HAL_OK) failed(what, st);
   }
 
+  /// Bytes of device memory dt's Buffers hold in this process (all devices), and the most held at
+  /// once: what dt allocated through the plugins, not what the device has in use overall.
+  static std::size_t allocated_bytes() noexcept;
+  static std::size_t max_allocated_bytes() noexcept;
+
   /// Device memory of `bytes` (RAII). Contents undefined.
   class Buffer {
    public:

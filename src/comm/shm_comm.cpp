@@ -297,14 +297,50 @@ void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op
   const int divisor = op == ReduceOp::avg && !hier ? L : 1;
   std::vector<const void*> ins(static_cast<std::size_t>(L));
 
-  // Reduce-scatter: this rank's slice from every peer, in rank order, in place.
+  // All-gather state: per local rank, the next element of its slice to copy out to `dest`.
+  char* d = static_cast<char*>(dest);
+  const bool own_in_place = d == seg(me) + off;
+  std::vector<std::size_t> next(static_cast<std::size_t>(L));
+  std::size_t mine_final = lo(me);  // this rank's slice is final below this element
+  for (int q = 0; q < L; ++q) next[static_cast<std::size_t>(q)] = lo(q);
+  // Copies rank q's published chunks; with `block`, waits for all of them.
+  auto copy_out = [&](int q, bool block) {
+    if (q == me && own_in_place) return;
+    const std::size_t qlo = lo(q), qhi = lo(q + 1);
+    std::size_t& b = next[static_cast<std::size_t>(q)];
+    while (b < qhi) {
+      const std::uint64_t want = pack(seq, (b - qlo) / K + 1);
+      if (q == me) {
+        if (b >= mine_final) return;  // not reduced (or, across nodes, not final) yet
+      } else {
+        if (!block && ctl(q).prog.load(std::memory_order_acquire) < want) return;
+        wait_ge(ctl(q).prog, want, dl, [&] {
+          broken_ = true;
+          DT_THROW(CommError, "all_reduce #", seq, " on rank ", rank(), " of ", name_,
+                   " timed out after ", dl.timeout.count(), " ms waiting for local rank ", q,
+                   "'s slice");
+        });
+      }
+      const std::size_t cnt = std::min(K, qhi - b);
+      std::memcpy(d + b * es, seg(q) + off + b * es, cnt * es);
+      b += cnt;
+    }
+  };
+
+  // Reduce-scatter: this rank's slice from every peer, in rank order, in place. On one node the
+  // all-gather is interleaved with it: after each chunk, whatever the peers have published is
+  // copied out while it is still in cache.
   const std::size_t mlo = lo(me), mhi = lo(me + 1);
   std::uint64_t chunks = 0;
   for (std::size_t b = mlo; b < mhi; b += K, ++chunks) {
     const std::size_t cnt = std::min(K, mhi - b);
     for (int q = 0; q < L; ++q) ins[static_cast<std::size_t>(q)] = seg(q) + off + b * es;
     reduce_elements(t, local_op, seg(me) + off + b * es, ins.data(), L, cnt, divisor);
-    if (!hier) ctl(me).prog.store(pack(seq, chunks + 1), std::memory_order_release);
+    if (!hier) {
+      ctl(me).prog.store(pack(seq, chunks + 1), std::memory_order_release);
+      mine_final = b + cnt;
+      for (int k = 0; k < L; ++k) copy_out((me + k) % L, false);
+    }
   }
   if (hier) {
     TensorView slice{seg(me) + off + mlo * es, mhi - mlo, t};
@@ -318,29 +354,10 @@ void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op
       reduce_elements(t, ReduceOp::sum, slice.data, &self, 1, slice.numel, size());
     }
     ctl(me).prog.store(pack(seq, chunks), std::memory_order_release);
+    mine_final = mhi;
   }
-
-  // All-gather: copy every finished chunk out as soon as its owner publishes it.
-  char* d = static_cast<char*>(dest);
-  const bool own_in_place = d == seg(me) + off;
-  for (int k = 1; k <= L; ++k) {
-    const int q = (me + k) % L;
-    if (q == me && own_in_place) continue;
-    const std::size_t qlo = lo(q), qhi = lo(q + 1);
-    std::uint64_t c = 0;
-    for (std::size_t b = qlo; b < qhi; b += K) {
-      const std::size_t cnt = std::min(K, qhi - b);
-      ++c;
-      if (q != me)
-        wait_ge(ctl(q).prog, pack(seq, c), dl, [&] {
-          broken_ = true;
-          DT_THROW(CommError, "all_reduce #", seq, " on rank ", rank(), " of ", name_,
-                   " timed out after ", dl.timeout.count(), " ms waiting for local rank ", q,
-                   "'s slice");
-        });
-      std::memcpy(d + b * es, seg(q) + off + b * es, cnt * es);
-    }
-  }
+  // The rest of the all-gather: every chunk, as soon as its owner publishes it.
+  for (int k = 0; k < L; ++k) copy_out((me + k) % L, true);
   depart(seq, dl);
 }
 

@@ -1,5 +1,7 @@
 #include "dt/device.hpp"
 
+#include <atomic>
+
 #include <dlfcn.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -140,18 +142,38 @@ void Device::failed(const char* what, int status) const {
            "): ", msg ? msg : "");
 }
 
+namespace {
+std::atomic<std::size_t> g_allocated{0}, g_max_allocated{0};
+void count_alloc(std::size_t bytes) noexcept {
+  const std::size_t now = g_allocated.fetch_add(bytes) + bytes;
+  std::size_t peak = g_max_allocated.load();
+  while (now > peak && !g_max_allocated.compare_exchange_weak(peak, now)) {
+  }
+}
+}  // namespace
+
+std::size_t Device::allocated_bytes() noexcept { return g_allocated.load(); }
+std::size_t Device::max_allocated_bytes() noexcept { return g_max_allocated.load(); }
+
 Device::Buffer::Buffer(const Device& d, std::size_t bytes) : dev_(&d), bytes_(bytes) {
   const int st = d.table_->alloc(d.ctx_, bytes, &ptr_);
   if (st != DT_HAL_OK) d.failed("alloc", st);
+  count_alloc(bytes_);
 }
 
 Device::Buffer::~Buffer() {
-  if (ptr_ && dev_) dev_->table_->release(dev_->ctx_, ptr_);
+  if (ptr_ && dev_) {
+    dev_->table_->release(dev_->ctx_, ptr_);
+    g_allocated.fetch_sub(bytes_);
+  }
 }
 
 Device::Buffer& Device::Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
-    if (ptr_ && dev_) dev_->table_->release(dev_->ctx_, ptr_);
+    if (ptr_ && dev_) {
+      dev_->table_->release(dev_->ctx_, ptr_);
+      g_allocated.fetch_sub(bytes_);
+    }
     dev_ = o.dev_;
     ptr_ = o.ptr_;
     bytes_ = o.bytes_;

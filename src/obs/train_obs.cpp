@@ -8,6 +8,7 @@
 #include <fstream>
 #include <mutex>
 
+#include "dt/device.hpp"
 #include "dt/error.hpp"
 #include "dt/trace.hpp"
 
@@ -43,7 +44,13 @@ void register_memory_collector(metrics::Registry& reg) {
     Gauge& rss = reg.gauge("dt_process_resident_bytes", "Resident memory of the rank's process.");
     Gauge& peak =
         reg.gauge("dt_process_max_resident_bytes", "Peak resident memory of the rank's process.");
-    reg.on_collect([&rss, &peak] {
+    Gauge& dev = reg.gauge("dt_device_allocated_bytes",
+                           "Device memory dt holds through its device plugin (all devices).");
+    Gauge& dev_peak = reg.gauge("dt_device_max_allocated_bytes",
+                                "Most device memory dt has held at once through its device plugin.");
+    reg.on_collect([&rss, &peak, &dev, &dev_peak] {
+      dev.set(static_cast<double>(Device::allocated_bytes()));
+      dev_peak.set(static_cast<double>(Device::max_allocated_bytes()));
       std::ifstream statm("/proc/self/statm");
       long size = 0, resident = 0;
       if (statm >> size >> resident)
