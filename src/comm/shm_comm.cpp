@@ -99,6 +99,9 @@ std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name
     c->local_ = c->local_->split_mpi(sim, rank);
   }
   const int L = c->local_->size(), me = c->local_->rank();
+  DT_CHECK(InvalidArgument, cfg.staging_bytes >= 8 * static_cast<std::size_t>(L),
+           "shared-memory communicator ", c->name_, ": a staging area of ", cfg.staging_bytes,
+           " bytes cannot hold one 8-byte element per local rank (", L, ")");
   auto leaders = c->mpi_->split_mpi(me == 0 ? 0 : -1, rank);
   int ids[2] = {leaders ? leaders->rank() : 0, leaders ? leaders->size() : 0};
   c->local_->broadcast(view_of(ids, 2), 0);
@@ -481,8 +484,8 @@ void ShmComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
                                path("reduce_scatter", out.nbytes()), in.dtype, in.numel);
   const std::size_t es = dtype_size(in.dtype), m = out.numel;
   const int L = local_->size(), me = local_->rank();
-  const std::size_t piece = cfg_.staging_bytes / (es * static_cast<std::size_t>(L));
-  if (std::strcmp(path("reduce_scatter", out.nbytes()), "mpi") == 0 || piece == 0) {
+  const std::size_t piece = cfg_.staging_bytes / (es * static_cast<std::size_t>(L));  // >= 1
+  if (std::strcmp(path("reduce_scatter", out.nbytes()), "mpi") == 0) {
     if (!dl.nonblocking_family)
       mpi_->reduce_scatter(in, out, op);
     else
