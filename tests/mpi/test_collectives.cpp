@@ -45,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "check_harness.hpp"
 #include "comm/mpi_comm.hpp"
 #include "comm/shm_comm.hpp"
 #include "dt/comm.hpp"
@@ -62,69 +63,7 @@ using dt::Millis;
 using dt::ReduceOp;
 using dt::Work;
 using Clock = std::chrono::steady_clock;
-
-// ---- check harness --------------------------------------------------------------------------
-
-struct Harness {
-  int rank = 0;
-  long fails = 0;
-  long checks = 0;
-  static constexpr long kMaxPrinted = 200;
-
-  void fail(const std::string& what, const std::string& details) {
-    ++fails;
-    if (fails <= kMaxPrinted) {
-      std::printf("rank %d: FAIL %s: %s\n", rank, what.c_str(), details.c_str());
-      std::fflush(stdout);
-    } else if (fails == kMaxPrinted + 1) {
-      std::printf("rank %d: further failures not printed\n", rank);
-      std::fflush(stdout);
-    }
-  }
-  bool expect(bool ok, const std::string& what, const std::string& details) {
-    ++checks;
-    if (!ok) fail(what, details);
-    return ok;
-  }
-};
-Harness H;
-
-template <class... P>
-std::string str(P&&... parts) {
-  std::ostringstream os;
-  ((os << std::forward<P>(parts)), ...);
-  return os.str();
-}
-
-bool contains(const std::string& s, const std::string& sub) {
-  return s.find(sub) != std::string::npos;
-}
-
-// Runs f; any exception is a failure of `what` (so one broken case does not end the run).
-template <class F>
-void guarded(const std::string& what, F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    H.fail(what, str("unexpected exception: ", e.what()));
-  }
-}
-
-// f must throw exactly E; every needle must appear in the message.
-template <class E, class F>
-void expect_throw(const std::string& what, F&& f, std::initializer_list<const char*> needles = {}) {
-  ++H.checks;
-  try {
-    f();
-    H.fail(what, "no exception thrown");
-  } catch (const E& e) {
-    for (const char* needle : needles)
-      if (!contains(e.what(), needle))
-        H.fail(what, str("message lacks '", needle, "': ", e.what()));
-  } catch (const std::exception& e) {
-    H.fail(what, str("wrong exception type: ", e.what()));
-  }
-}
+using namespace dt_test;
 
 // ---- values and references ------------------------------------------------------------------
 
@@ -1085,28 +1024,7 @@ int main(int argc, char** argv) {
     sub.reset();
     }
 
-    // Totals over all ranks, by MPI directly (independent of the communicator under test).
-    long local[2] = {H.fails, H.checks};
-    long total[2] = {0, 0};
-    MPI_Allreduce(local, total, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-    std::vector<long> per_rank(static_cast<std::size_t>(world.size()));
-    MPI_Gather(&H.fails, 1, MPI_LONG, per_rank.data(), 1, MPI_LONG, 0, MPI_COMM_WORLD);
-    if (H.rank == 0) {
-      const double secs = section_ms(t_start) / 1000;
-      if (total[0] == 0) {
-        std::printf("test_collectives: all %ld checks passed on %d ranks (%.1f s)\n", total[1],
-                    world.size(), secs);
-      } else {
-        std::string ranks;
-        for (std::size_t r = 0; r < per_rank.size(); ++r)
-          if (per_rank[r]) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
-        std::printf(
-            "test_collectives: %ld of %ld checks FAILED on %d ranks (failing ranks: %s; %.1f s)\n",
-            total[0], total[1], world.size(), ranks.c_str(), secs);
-      }
-      std::fflush(stdout);
-    }
-    rc = total[0] == 0 ? 0 : 1;
+    rc = H.finish("test_collectives", section_ms(t_start) / 1000);
   }
   return rc;
 }

@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "check_harness.hpp"
 #include "comm/ucx_p2p.hpp"
 #include "dt/comm.hpp"
 #include "dt/dtype.hpp"
@@ -51,69 +52,7 @@ using dt::Millis;
 using dt::P2p;
 using dt::Work;
 using Clock = std::chrono::steady_clock;
-
-// ---- check harness --------------------------------------------------------------------------
-
-struct Harness {
-  int rank = 0;
-  std::string kind;
-  long fails = 0;
-  long checks = 0;
-  static constexpr long kMaxPrinted = 100;
-
-  void fail(const std::string& what, const std::string& details) {
-    ++fails;
-    if (fails <= kMaxPrinted) {
-      std::printf("rank %d: FAIL %s %s: %s\n", rank, kind.c_str(), what.c_str(), details.c_str());
-      std::fflush(stdout);
-    }
-  }
-  bool expect(bool ok, const std::string& what, const std::string& details) {
-    ++checks;
-    if (!ok) fail(what, details);
-    return ok;
-  }
-};
-Harness H;
-
-template <class... P>
-std::string str(P&&... parts) {
-  std::ostringstream os;
-  ((os << std::forward<P>(parts)), ...);
-  return os.str();
-}
-
-bool contains(const std::string& s, const std::string& sub) {
-  return s.find(sub) != std::string::npos;
-}
-
-template <class F>
-void guarded(const std::string& what, F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    H.fail(what, str("unexpected exception: ", e.what()));
-  }
-}
-
-// f must throw exactly E; every needle must appear in the message. Returns the message.
-template <class E, class F>
-std::string expect_throw(const std::string& what, F&& f,
-                         std::initializer_list<std::string> needles = {}) {
-  ++H.checks;
-  try {
-    f();
-    H.fail(what, "no exception thrown");
-  } catch (const E& e) {
-    for (const std::string& needle : needles)
-      if (!contains(e.what(), needle))
-        H.fail(what, str("message lacks '", needle, "': ", e.what()));
-    return e.what();
-  } catch (const std::exception& e) {
-    H.fail(what, str("wrong exception type: ", e.what()));
-  }
-  return {};
-}
+using namespace dt_test;
 
 // ---- message contents -----------------------------------------------------------------------
 
@@ -375,7 +314,7 @@ void check_length_errors(P2p& p, Comm& world) {
       const std::string what =
           str(c.long_msg ? "too-long" : "too-short", " message (", c.sent, " B into ", c.expected,
               " B, receive posted ", posted_first ? "first" : "after the send", ")");
-      if (H.kind == "mpi" && c.long_msg && c.sent > (1 << 16)) {
+      if (H.prefix == "mpi" && c.long_msg && c.sent > (1 << 16)) {
         // Open MPI 4.1's shared-memory single-copy path (vader + CMA) copies a truncated
         // rendezvous message in full, past the end of the receive buffer: heap corruption in
         // this process, not a CommError. Only the UCX path is checked at this size.
@@ -385,7 +324,7 @@ void check_length_errors(P2p& p, Comm& world) {
         world.barrier();
         continue;
       }
-      if (H.kind == "mpi" && c.long_msg && posted_first && prev == r && c.expected > 0) {
+      if (H.prefix == "mpi" && c.long_msg && posted_first && prev == r && c.expected > 0) {
         // Open MPI 4.1 delivers a too-long message from a rank to itself into an already posted
         // receive silently truncated (MPI_Test succeeds, the count is the buffer's).
         if (r == 0)
@@ -507,14 +446,14 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) kinds.emplace_back(argv[i]);
     if (kinds.empty()) kinds = {"mpi", "ucx"};
 
-    H.kind = "make_p2p";
+    H.prefix = "make_p2p";
     expect_throw<dt::ConfigError>("make_p2p(\"tcp\")", [&] { dt::make_p2p("tcp", world); },
                                   {"comm.p2p", "'tcp'", "mpi, ucx"});
     H.expect(dt::UcxP2p::wire_tag(3, -1) == 0x00000003FFFFFFFFull, "wire tag",
              "(3, -1) is not 0x00000003ffffffff");
 
     for (const std::string& kind : kinds) {
-      H.kind = kind;
+      H.prefix = kind;
       std::unique_ptr<P2p> p;
       guarded("make_p2p", [&] { p = dt::make_p2p(kind, world); });
       if (!p) continue;
@@ -545,20 +484,7 @@ int main(int argc, char** argv) {
         std::printf("%s %-24s %8.0f ms\n", kind.c_str(), "close", ms_since(t0));
     }
 
-    long local[2] = {H.fails, H.checks};
-    long total[2] = {0, 0};
-    MPI_Allreduce(local, total, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
-    if (H.rank == 0) {
-      const double secs = ms_since(t_start) / 1000;
-      if (total[0] == 0)
-        std::printf("test_p2p: all %ld checks passed on %d ranks (%.1f s)\n", total[1],
-                    world.size(), secs);
-      else
-        std::printf("test_p2p: %ld of %ld checks FAILED on %d ranks (%.1f s)\n", total[0], total[1],
-                    world.size(), secs);
-      std::fflush(stdout);
-    }
-    rc = total[0] == 0 ? 0 : 1;
+    rc = H.finish("test_p2p", ms_since(t_start) / 1000);
   }
   return rc;
 }

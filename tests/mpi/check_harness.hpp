@@ -1,0 +1,110 @@
+// Pass/fail harness of the MPI tests: every rank runs every case, failures are printed as
+// "rank R: FAIL <what>: <details>" and counted instead of ending the run (so one failing rank
+// never leaves the others waiting in a collective), and finish() adds up all ranks' counts with
+// MPI directly, independent of the communicators under test.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <exception>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+#include <utility>
+
+namespace dt_test {
+
+struct Harness {
+  int rank = 0;
+  std::string prefix;  ///< printed before each failure's `what` (e.g. the transport under test)
+  long fails = 0;
+  long checks = 0;
+  static constexpr long kMaxPrinted = 200;
+
+  void fail(const std::string& what, const std::string& details) {
+    ++fails;
+    if (fails <= kMaxPrinted) {
+      std::printf("rank %d: FAIL %s%s%s: %s\n", rank, prefix.c_str(), prefix.empty() ? "" : " ",
+                  what.c_str(), details.c_str());
+      std::fflush(stdout);
+    } else if (fails == kMaxPrinted + 1) {
+      std::printf("rank %d: further failures not printed\n", rank);
+      std::fflush(stdout);
+    }
+  }
+  bool expect(bool ok, const std::string& what, const std::string& details) {
+    ++checks;
+    if (!ok) fail(what, details);
+    return ok;
+  }
+  /// Collective over MPI_COMM_WORLD: rank 0 prints "NAME: all N checks passed on R ranks (S s)"
+  /// or "NAME: F of N checks FAILED on R ranks (failing ranks: ...; S s)". Returns the exit code.
+  int finish(const char* name, double seconds) const {
+    long local[2] = {fails, checks}, total[2] = {0, 0};
+    MPI_Allreduce(local, total, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    std::string failing;
+    long mine = fails;
+    for (int r = 0; r < size; ++r) {
+      long f = mine;
+      MPI_Bcast(&f, 1, MPI_LONG, r, MPI_COMM_WORLD);
+      if (f) failing += (failing.empty() ? "" : ",") + std::to_string(r);
+    }
+    if (rank == 0) {
+      if (total[0] == 0)
+        std::printf("%s: all %ld checks passed on %d ranks (%.1f s)\n", name, total[1], size,
+                    seconds);
+      else
+        std::printf("%s: %ld of %ld checks FAILED on %d ranks (failing ranks: %s; %.1f s)\n", name,
+                    total[0], total[1], size, failing.c_str(), seconds);
+      std::fflush(stdout);
+    }
+    return total[0] == 0 ? 0 : 1;
+  }
+};
+
+inline Harness H;
+
+template <class... P>
+std::string str(P&&... parts) {
+  std::ostringstream os;
+  ((os << std::forward<P>(parts)), ...);
+  return os.str();
+}
+
+inline bool contains(const std::string& s, const std::string& sub) {
+  return s.find(sub) != std::string::npos;
+}
+
+/// Runs f; any exception is a failure of `what` (so one broken case does not end the run).
+template <class F>
+void guarded(const std::string& what, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    H.fail(what, str("unexpected exception: ", e.what()));
+  }
+}
+
+/// f must throw exactly E; every needle must appear in the message. Returns the message.
+template <class E, class F>
+std::string expect_throw(const std::string& what, F&& f,
+                         std::initializer_list<std::string> needles = {}) {
+  ++H.checks;
+  try {
+    f();
+    H.fail(what, "no exception thrown");
+  } catch (const E& e) {
+    for (const std::string& needle : needles)
+      if (!contains(e.what(), needle))
+        H.fail(what, str("message lacks '", needle, "': ", e.what()));
+    return e.what();
+  } catch (const std::exception& e) {
+    H.fail(what, str("wrong exception type: ", e.what()));
+  }
+  return {};
+}
+
+}  // namespace dt_test
