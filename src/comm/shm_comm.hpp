@@ -16,9 +16,12 @@
 //
 // Used for all_reduce, all_gather, reduce_scatter and broadcast when the communicator is one node
 // (all_reduce also across nodes when every node has the same number of ranks) and the message is
-// at least `min_bytes`; MPI otherwise. Blocking calls run on the calling thread; the i* forms run
-// on this communicator's progress thread in call order. A timeout or a failed peer leaves the
-// segment in an unknown state: the communicator refuses further collectives (the job is failing).
+// at least `min_bytes`; MPI otherwise. Blocking calls without a timeout run on the calling thread;
+// the i* forms and blocking calls with a timeout run on this communicator's progress thread in
+// call order, so a timed-out operation stays pending and completes when the peers arrive, as
+// MPI's do. Ranks that disagree about a call (sizes, or arena buffers on some ranks only) get a
+// dt::CommError, after which the communicator refuses further collectives. One thread at a time
+// calls a ShmComm.
 //
 // The segment is POSIX shared memory, unlinked as soon as every local rank has mapped it, so a
 // crashed job leaves nothing behind in /dev/shm.
