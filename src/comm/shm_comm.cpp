@@ -51,6 +51,11 @@ std::uint64_t pack(std::uint64_t seq, std::uint64_t chunks) { return (seq << 32)
 
 std::atomic<unsigned> g_segments{0};
 
+// memcpy that accepts the null pointer of an empty buffer (memcpy itself may not be given one).
+inline void copy_bytes(void* dst, const void* src, std::size_t n) {
+  if (n > 0) std::memcpy(dst, src, n);
+}
+
 }  // namespace
 
 struct ShmComm::Deadline {
@@ -325,7 +330,7 @@ void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op
         });
       }
       const std::size_t cnt = std::min(K, qhi - b);
-      std::memcpy(d + b * es, seg(q) + off + b * es, cnt * es);
+      copy_bytes(d + b * es, seg(q) + off + b * es, cnt * es);
       b += cnt;
     }
   };
@@ -385,7 +390,7 @@ void ShmComm::do_all_reduce(TensorView buf, ReduceOp op, const Deadline& dl) {
   std::size_t b = 0;
   do {  // at least once, so zero-element calls still meet their peers
     const std::size_t cnt = std::min(piece, buf.numel - b);
-    std::memcpy(seg(local_->rank()) + staging_off(), p + b * es, cnt * es);
+    copy_bytes(seg(local_->rank()) + staging_off(), p + b * es, cnt * es);
     reduce_region(staging_off(), cnt, buf.dtype, op, p + b * es, dl);
     b += cnt;
   } while (b < buf.numel);
@@ -438,9 +443,9 @@ void ShmComm::do_broadcast(TensorView buf, int root, const Deadline& dl) {
   do {
     const std::size_t cnt = std::min(piece, buf.numel - b);
     const std::uint64_t seq = ++seq_;
-    if (me == root) std::memcpy(seg(me) + staging_off(), p + b * es, cnt * es);
+    if (me == root) copy_bytes(seg(me) + staging_off(), p + b * es, cnt * es);
     arrive(seq, staging_off(), cnt, dl);
-    if (me != root) std::memcpy(p + b * es, seg(root) + staging_off(), cnt * es);
+    if (me != root) copy_bytes(p + b * es, seg(root) + staging_off(), cnt * es);
     depart(seq, dl);
     b += cnt;
   } while (b < buf.numel);
@@ -467,10 +472,10 @@ void ShmComm::do_all_gather(ConstTensorView in, TensorView out, const Deadline& 
   do {
     const std::size_t cnt = std::min(piece, m - b);
     const std::uint64_t seq = ++seq_;
-    std::memcpy(seg(me) + staging_off(), src + b * es, cnt * es);
+    copy_bytes(seg(me) + staging_off(), src + b * es, cnt * es);
     arrive(seq, staging_off(), cnt, dl);
     for (int q = 0; q < L; ++q)
-      std::memcpy(o + (static_cast<std::size_t>(q) * m + b) * es, seg(q) + staging_off(), cnt * es);
+      copy_bytes(o + (static_cast<std::size_t>(q) * m + b) * es, seg(q) + staging_off(), cnt * es);
     depart(seq, dl);
     b += cnt;
   } while (b < m);
@@ -501,8 +506,8 @@ void ShmComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
     const std::size_t cnt = std::min(piece, m - b);
     const std::uint64_t seq = ++seq_;
     for (int q = 0; q < L; ++q)  // block q's piece at q * cnt
-      std::memcpy(stage + static_cast<std::size_t>(q) * cnt * es,
-                  src + (static_cast<std::size_t>(q) * m + b) * es, cnt * es);
+      copy_bytes(stage + static_cast<std::size_t>(q) * cnt * es,
+                 src + (static_cast<std::size_t>(q) * m + b) * es, cnt * es);
     arrive(seq, staging_off(), cnt, dl);
     for (int q = 0; q < L; ++q)
       ins[static_cast<std::size_t>(q)] =

@@ -20,7 +20,8 @@
 //
 // Modes (argv[1]): "mpi" (default) tests dt's MPI communicator; "shm" the shared-memory one
 // (dt::ShmComm) with a small staging area and chunk so buffers go through many pieces, plus buffers
-// placed in its arena; "hier" the same with the ranks split into two simulated nodes, so
+// placed in its arena (argv[2], optional: the path all_reduce must take, e.g. "hier" on real
+// nodes); "hier" the same with the ranks split into two simulated nodes, so
 // all_reduce takes the hierarchical path (shared memory inside, MPI across).
 //
 // Environment: DT_TEST_VERBOSE=1 prints per-section times on rank 0.
@@ -1004,6 +1005,10 @@ int main(int argc, char** argv) {
         if (H.rank == 0)
           std::printf("%s: %d node(s), %d local ranks, all_reduce path %s\n", mode.c_str(),
                       shm->num_nodes(), shm->local_size(), shm->path("all_reduce", 1 << 20));
+        if (argc > 2)  // the path all_reduce must take here (e.g. hier across real nodes)
+          H.expect(shm->path("all_reduce", 1 << 20) == std::string(argv[2]), "all_reduce path",
+                   str(shm->path("all_reduce", 1 << 20), " instead of ", argv[2], " on ",
+                       shm->num_nodes(), " node(s)"));
         step("shm suite", [&] { full_suite(*shm, 20, H.rank); });
         step("shm arena", [&] { check_arena(*shm); });
         step("shm work semantics", [&] { check_work_semantics(*shm); });
