@@ -7,7 +7,7 @@
 // is on, the timeline.
 //
 // The Watchdog (one per rank, started by the application after the runtime) checks the recorder
-// every 100 ms. When a collective has been in flight longer than the timeout, it asks every
+// every 50 ms. When a collective has been in flight longer than the timeout, it asks every
 // other rank for its state over a communicator of its own (a duplicate of the world that only
 // watchdog threads use, so a stuck collective elsewhere does not stop it), waits up to 5 s for
 // the answers, then writes a dump (every rank's recent collectives, what each is doing, which

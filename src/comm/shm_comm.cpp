@@ -58,32 +58,12 @@ inline void copy_bytes(void* dst, const void* src, std::size_t n) {
 
 }  // namespace
 
-struct ShmComm::Deadline {
-  bool infinite = true;
-  bool nonblocking_family = false;  // MPI fallbacks must use MPI's non-blocking collectives
-  Clock::time_point end{};
-  Millis timeout{0};
-
-  static Deadline from(const CommOptions& o) {
-    Deadline d;
-    if (o.timeout != kNoTimeout) {
-      d.infinite = false;
-      d.nonblocking_family = true;
-      d.timeout = o.timeout;
-      d.end = Clock::now() + o.timeout;
-    }
-    return d;
-  }
-  static Deadline queued() {
-    Deadline d;
-    d.nonblocking_family = true;
-    return d;
-  }
-  Millis left() const {
-    if (infinite) return kNoTimeout;
-    return std::max(Millis(0), std::chrono::duration_cast<Millis>(end - Clock::now()));
-  }
-  bool expired() const { return !infinite && Clock::now() >= end; }
+// Which MPI call family this call's fallbacks use: every rank uses the same one for a given call
+// (comm.hpp). Timeouts are kept by Work::wait on the progress thread, never inside the algorithm.
+struct ShmComm::Form {
+  bool nonblocking = false;
+  static Form from(const CommOptions& o) { return Form{o.timeout != kNoTimeout}; }
+  static Form queued() { return Form{true}; }
 };
 
 // --- creation ----------------------------------------------------------------------------------
@@ -206,8 +186,9 @@ const char* ShmComm::path(const char* op, std::size_t bytes) const noexcept {
 }
 
 void ShmComm::check_usable(const char* op) const {
-  DT_CHECK(CommError, !broken_.load(), op, " on rank ", rank(), " of ", name_,
-           ": the shared-memory communicator failed earlier (timeout or peer failure)");
+  DT_CHECK(
+      CommError, !broken_.load(), op, " on rank ", rank(), " of ", name_,
+      ": the shared-memory communicator failed earlier (its ranks disagreed about a collective)");
 }
 
 std::string ShmComm::what(const char* op, ConstTensorView v, const char* extra) const {
@@ -231,10 +212,8 @@ bool realtime_thread() {
 }
 
 // Waits until `a` >= target: a short spin (a peer a few microseconds behind), then yielding the
-// core (ordinary threads) or sleeping 10 us at a time (real-time threads, whose timer slack is 0);
-// throws after the deadline.
-template <class D, class Fail>
-void wait_ge(const std::atomic<std::uint64_t>& a, std::uint64_t target, const D& dl, Fail&& fail) {
+// core (ordinary threads) or sleeping 10 us at a time (real-time threads, whose timer slack is 0).
+inline void wait_ge(const std::atomic<std::uint64_t>& a, std::uint64_t target) {
   const bool rt = realtime_thread();
   for (unsigned spins = 0;; ++spins) {
     if (a.load(std::memory_order_acquire) >= target) return;
@@ -248,25 +227,19 @@ void wait_ge(const std::atomic<std::uint64_t>& a, std::uint64_t target, const D&
     } else {
       sched_yield();
     }
-    if ((spins & 255) == 0 && dl.expired()) fail();
   }
 }
 
 }  // namespace
 
-void ShmComm::arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n, const Deadline& dl) {
+void ShmComm::arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n) {
   Control& mine = ctl(local_->rank());
   mine.off.store(off, std::memory_order_relaxed);
   mine.n.store(n, std::memory_order_relaxed);
   mine.arrive.store(seq, std::memory_order_release);
   for (int q = 0; q < local_->size(); ++q) {
     Control& c = ctl(q);
-    wait_ge(c.arrive, seq, dl, [&] {
-      broken_ = true;
-      DT_THROW(CommError, "collective #", seq, " on rank ", rank(), " of ", name_,
-               " timed out after ", dl.timeout.count(), " ms waiting for local rank ", q,
-               " to arrive");
-    });
+    wait_ge(c.arrive, seq);
     const std::uint64_t qo = c.off.load(std::memory_order_relaxed);
     const std::uint64_t qn = c.n.load(std::memory_order_relaxed);
     if (qo != off || qn != n) {
@@ -279,23 +252,17 @@ void ShmComm::arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n, cons
   }
 }
 
-void ShmComm::depart(std::uint64_t seq, const Deadline& dl) {
+void ShmComm::depart(std::uint64_t seq) {
   ctl(local_->rank()).done.store(seq, std::memory_order_release);
-  for (int q = 0; q < local_->size(); ++q)
-    wait_ge(ctl(q).done, seq, dl, [&] {
-      broken_ = true;
-      DT_THROW(CommError, "collective #", seq, " on rank ", rank(), " of ", name_,
-               " timed out after ", dl.timeout.count(), " ms waiting for local rank ", q,
-               " to finish");
-    });
+  for (int q = 0; q < local_->size(); ++q) wait_ge(ctl(q).done, seq);
 }
 
 // --- all_reduce ----------------------------------------------------------------------------------
 
 void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op, void* dest,
-                            const Deadline& dl) {
+                            const Form& dl) {
   const std::uint64_t seq = ++seq_;
-  arrive(seq, off, n, dl);
+  arrive(seq, off, n);
   const int L = local_->size(), me = local_->rank();
   const std::size_t es = dtype_size(t);
   const std::size_t K = std::max<std::size_t>(1, cfg_.chunk_bytes / es);
@@ -322,12 +289,7 @@ void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op
         if (b >= mine_final) return;  // not reduced (or, across nodes, not final) yet
       } else {
         if (!block && ctl(q).prog.load(std::memory_order_acquire) < want) return;
-        wait_ge(ctl(q).prog, want, dl, [&] {
-          broken_ = true;
-          DT_THROW(CommError, "all_reduce #", seq, " on rank ", rank(), " of ", name_,
-                   " timed out after ", dl.timeout.count(), " ms waiting for local rank ", q,
-                   "'s slice");
-        });
+        wait_ge(ctl(q).prog, want);
       }
       const std::size_t cnt = std::min(K, qhi - b);
       copy_bytes(d + b * es, seg(q) + off + b * es, cnt * es);
@@ -353,10 +315,10 @@ void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op
   if (hier) {
     TensorView slice{seg(me) + off + mlo * es, mhi - mlo, t};
     const ReduceOp xop = op == ReduceOp::avg ? ReduceOp::sum : op;
-    if (!dl.nonblocking_family)
+    if (!dl.nonblocking)
       cross_->all_reduce(slice, xop);
     else
-      cross_->iall_reduce(slice, xop).wait(dl.left());
+      cross_->iall_reduce(slice, xop).wait();
     if (op == ReduceOp::avg) {
       const void* self = slice.data;
       reduce_elements(t, ReduceOp::sum, slice.data, &self, 1, slice.numel, size());
@@ -366,19 +328,19 @@ void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op
   }
   // The rest of the all-gather: every chunk, as soon as its owner publishes it.
   for (int k = 0; k < L; ++k) copy_out((me + k) % L, true);
-  depart(seq, dl);
+  depart(seq);
 }
 
-void ShmComm::do_all_reduce(TensorView buf, ReduceOp op, const Deadline& dl) {
+void ShmComm::do_all_reduce(TensorView buf, ReduceOp op, const Form& dl) {
   check_usable("all_reduce");
   const std::size_t bytes = buf.nbytes();
   const watchdog::OpRecord rec(name_, ++calls_, "all_reduce", path("all_reduce", bytes), buf.dtype,
                                buf.numel);
   if (std::strcmp(path("all_reduce", bytes), "mpi") == 0) {
-    if (!dl.nonblocking_family)
+    if (!dl.nonblocking)
       mpi_->all_reduce(buf, op);
     else
-      mpi_->iall_reduce(buf, op).wait(dl.left());
+      mpi_->iall_reduce(buf, op).wait();
     return;
   }
   const std::size_t off = region_off(buf.data, bytes);
@@ -422,16 +384,16 @@ void ShmComm::check_scatter(ConstTensorView in, ConstTensorView out) const {
 // --- broadcast, all_gather, reduce_scatter (one node)
 // ----------------------------------------------
 
-void ShmComm::do_broadcast(TensorView buf, int root, const Deadline& dl) {
+void ShmComm::do_broadcast(TensorView buf, int root, const Form& dl) {
   check_usable("broadcast");
   check_root(root);
   const watchdog::OpRecord rec(name_, ++calls_, "broadcast", path("broadcast", buf.nbytes()),
                                buf.dtype, buf.numel);
   if (std::strcmp(path("broadcast", buf.nbytes()), "mpi") == 0) {
-    if (!dl.nonblocking_family)
+    if (!dl.nonblocking)
       mpi_->broadcast(buf, root);
     else
-      mpi_->ibroadcast(buf, root).wait(dl.left());
+      mpi_->ibroadcast(buf, root).wait();
     return;
   }
   // One node: local rank == rank.
@@ -444,23 +406,23 @@ void ShmComm::do_broadcast(TensorView buf, int root, const Deadline& dl) {
     const std::size_t cnt = std::min(piece, buf.numel - b);
     const std::uint64_t seq = ++seq_;
     if (me == root) copy_bytes(seg(me) + staging_off(), p + b * es, cnt * es);
-    arrive(seq, staging_off(), cnt, dl);
+    arrive(seq, staging_off(), cnt);
     if (me != root) copy_bytes(p + b * es, seg(root) + staging_off(), cnt * es);
-    depart(seq, dl);
+    depart(seq);
     b += cnt;
   } while (b < buf.numel);
 }
 
-void ShmComm::do_all_gather(ConstTensorView in, TensorView out, const Deadline& dl) {
+void ShmComm::do_all_gather(ConstTensorView in, TensorView out, const Form& dl) {
   check_usable("all_gather");
   check_gather(in, out);
   const watchdog::OpRecord rec(name_, ++calls_, "all_gather", path("all_gather", in.nbytes()),
                                in.dtype, in.numel);
   if (std::strcmp(path("all_gather", in.nbytes()), "mpi") == 0) {
-    if (!dl.nonblocking_family)
+    if (!dl.nonblocking)
       mpi_->all_gather(in, out);
     else
-      mpi_->iall_gather(in, out).wait(dl.left());
+      mpi_->iall_gather(in, out).wait();
     return;
   }
   const std::size_t es = dtype_size(in.dtype), m = in.numel;
@@ -473,16 +435,15 @@ void ShmComm::do_all_gather(ConstTensorView in, TensorView out, const Deadline& 
     const std::size_t cnt = std::min(piece, m - b);
     const std::uint64_t seq = ++seq_;
     copy_bytes(seg(me) + staging_off(), src + b * es, cnt * es);
-    arrive(seq, staging_off(), cnt, dl);
+    arrive(seq, staging_off(), cnt);
     for (int q = 0; q < L; ++q)
       copy_bytes(o + (static_cast<std::size_t>(q) * m + b) * es, seg(q) + staging_off(), cnt * es);
-    depart(seq, dl);
+    depart(seq);
     b += cnt;
   } while (b < m);
 }
 
-void ShmComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
-                                const Deadline& dl) {
+void ShmComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op, const Form& dl) {
   check_usable("reduce_scatter");
   check_scatter(in, out);
   const watchdog::OpRecord rec(name_, ++calls_, "reduce_scatter",
@@ -491,10 +452,10 @@ void ShmComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
   const int L = local_->size(), me = local_->rank();
   const std::size_t piece = cfg_.staging_bytes / (es * static_cast<std::size_t>(L));  // >= 1
   if (std::strcmp(path("reduce_scatter", out.nbytes()), "mpi") == 0) {
-    if (!dl.nonblocking_family)
+    if (!dl.nonblocking)
       mpi_->reduce_scatter(in, out, op);
     else
-      mpi_->ireduce_scatter(in, out, op).wait(dl.left());
+      mpi_->ireduce_scatter(in, out, op).wait();
     return;
   }
   const char* src = static_cast<const char*>(in.data);
@@ -508,12 +469,12 @@ void ShmComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
     for (int q = 0; q < L; ++q)  // block q's piece at q * cnt
       copy_bytes(stage + static_cast<std::size_t>(q) * cnt * es,
                  src + (static_cast<std::size_t>(q) * m + b) * es, cnt * es);
-    arrive(seq, staging_off(), cnt, dl);
+    arrive(seq, staging_off(), cnt);
     for (int q = 0; q < L; ++q)
       ins[static_cast<std::size_t>(q)] =
           seg(q) + staging_off() + static_cast<std::size_t>(me) * cnt * es;
     reduce_elements(in.dtype, op, o + b * es, ins.data(), L, cnt, op == ReduceOp::avg ? L : 1);
-    depart(seq, dl);
+    depart(seq);
     b += cnt;
   } while (b < m);
 }
@@ -544,31 +505,30 @@ void ShmComm::run_blocking(const char* what_op, const CommOptions& opts, F&& f) 
   // and wait for it here, so that after a timeout the operation stays pending and completes when
   // the peers arrive, as MPI's do (comm.hpp). The MPI call family follows the options.
   if (pending || opts.timeout != kNoTimeout) {
-    Deadline d = Deadline::from(opts);
-    d.infinite = true;
+    const Form d = Form::from(opts);
     queued(what_op, [d, f] { f(d); }).wait(opts.timeout);
     return;
   }
   std::lock_guard<std::mutex> lk(run_mu_);
-  f(Deadline::from(opts));
+  f(Form::from(opts));
 }
 
 Work ShmComm::iall_reduce(TensorView buf, ReduceOp op) {
   return queued(what("all_reduce", buf, reduce_op_name(op)),
-                [=] { do_all_reduce(buf, op, Deadline::queued()); });
+                [=] { do_all_reduce(buf, op, Form::queued()); });
 }
 Work ShmComm::ibroadcast(TensorView buf, int root) {
   check_root(root);
-  return queued(what("broadcast", buf), [=] { do_broadcast(buf, root, Deadline::queued()); });
+  return queued(what("broadcast", buf), [=] { do_broadcast(buf, root, Form::queued()); });
 }
 Work ShmComm::iall_gather(ConstTensorView in, TensorView out) {
   check_gather(in, out);
-  return queued(what("all_gather", in), [=] { do_all_gather(in, out, Deadline::queued()); });
+  return queued(what("all_gather", in), [=] { do_all_gather(in, out, Form::queued()); });
 }
 Work ShmComm::ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) {
   check_scatter(in, out);
   return queued(what("reduce_scatter", in, reduce_op_name(op)),
-                [=] { do_reduce_scatter(in, out, op, Deadline::queued()); });
+                [=] { do_reduce_scatter(in, out, op, Form::queued()); });
 }
 Work ShmComm::isend(ConstTensorView buf, int dst, int tag) { return mpi_->isend(buf, dst, tag); }
 Work ShmComm::irecv(TensorView buf, int src, int tag) { return mpi_->irecv(buf, src, tag); }
@@ -577,18 +537,17 @@ Work ShmComm::ibarrier() {
 }
 
 void ShmComm::all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts) {
-  run_blocking("all_reduce", opts, [=](const Deadline& d) { do_all_reduce(buf, op, d); });
+  run_blocking("all_reduce", opts, [=](const Form& d) { do_all_reduce(buf, op, d); });
 }
 void ShmComm::broadcast(TensorView buf, int root, const CommOptions& opts) {
-  run_blocking("broadcast", opts, [=](const Deadline& d) { do_broadcast(buf, root, d); });
+  run_blocking("broadcast", opts, [=](const Form& d) { do_broadcast(buf, root, d); });
 }
 void ShmComm::all_gather(ConstTensorView in, TensorView out, const CommOptions& opts) {
-  run_blocking("all_gather", opts, [=](const Deadline& d) { do_all_gather(in, out, d); });
+  run_blocking("all_gather", opts, [=](const Form& d) { do_all_gather(in, out, d); });
 }
 void ShmComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
                              const CommOptions& opts) {
-  run_blocking("reduce_scatter", opts,
-               [=](const Deadline& d) { do_reduce_scatter(in, out, op, d); });
+  run_blocking("reduce_scatter", opts, [=](const Form& d) { do_reduce_scatter(in, out, op, d); });
 }
 void ShmComm::send(ConstTensorView buf, int dst, int tag, const CommOptions& opts) {
   mpi_->send(buf, dst, tag, opts);
@@ -597,11 +556,11 @@ void ShmComm::recv(TensorView buf, int src, int tag, const CommOptions& opts) {
   mpi_->recv(buf, src, tag, opts);
 }
 void ShmComm::barrier(const CommOptions& opts) {
-  run_blocking("barrier", opts, [=](const Deadline& d) {
-    if (!d.nonblocking_family)
+  run_blocking("barrier", opts, [=](const Form& d) {
+    if (!d.nonblocking)
       mpi_->barrier();
     else
-      mpi_->ibarrier().wait(d.left());
+      mpi_->ibarrier().wait();
   });
 }
 

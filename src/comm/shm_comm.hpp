@@ -101,25 +101,24 @@ class ShmComm final : public Comm {
 
  private:
   ShmComm() = default;
-  struct Deadline;
-  using Clock = std::chrono::steady_clock;
+  struct Form;
   // Runs `f` on the calling thread after the queued i* operations (call order is kept).
   template <class F>
   void run_blocking(const char* what, const CommOptions& opts, F&& f);
   Work queued(std::string what, std::function<void()> f);
   ProgressQueue& queue();
 
-  void do_all_reduce(TensorView buf, ReduceOp op, const Deadline& dl);
-  void do_broadcast(TensorView buf, int root, const Deadline& dl);
-  void do_all_gather(ConstTensorView in, TensorView out, const Deadline& dl);
-  void do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op, const Deadline& dl);
+  void do_all_reduce(TensorView buf, ReduceOp op, const Form& dl);
+  void do_broadcast(TensorView buf, int root, const Form& dl);
+  void do_all_gather(ConstTensorView in, TensorView out, const Form& dl);
+  void do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op, const Form& dl);
   // One all_reduce of `n` elements whose copies sit at byte offset `off` of every rank's segment;
   // the result goes to `dest` (may be this rank's own region).
   void reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op, void* dest,
-                     const Deadline& dl);
+                     const Form& dl);
   // Publish "arrived at op seq with (off, n)" and wait until every local rank has.
-  void arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n, const Deadline& dl);
-  void depart(std::uint64_t seq, const Deadline& dl);
+  void arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n);
+  void depart(std::uint64_t seq);
   char* seg(int q) const noexcept { return bases_[static_cast<std::size_t>(q)]; }
   Control& ctl(int q) const noexcept;
   std::size_t staging_off() const noexcept;
