@@ -8,6 +8,7 @@
 // SIGUSR1/SIGTERM after writing a checkpoint (requeue the job; it resumes from that checkpoint).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -27,7 +28,7 @@ int main(int argc, char** argv) {
       return 0;
     }
   dt::TrainConfig cfg;
-  dt::Options opts("dt_train", "Train a GPT-2-style model with data parallelism over MPI ranks.");
+  dt::Options opts("dt_train", "Train a GPT-2-style model over MPI ranks with data, tensor and pipeline parallelism.");
   dt::add_train_options(opts, cfg);
   dt::qos::Settings qos_settings;
   dt::qos::add_options(opts, qos_settings);
@@ -51,6 +52,10 @@ int main(int argc, char** argv) {
   const bool lead = rt.rank() == 0;
   cfg.config_text = opts.dump();
   cfg.local_rank = rt.topology().placement.local_rank;
+  cfg.site.node = rt.topology().placement.node_id;
+  cfg.site.local_rank = rt.topology().placement.local_rank;
+  cfg.site.host = rt.topology().machine.host;
+  cfg.site.numa = std::atoi(rt.topology().binding.numa.c_str());  // first NUMA node of the binding
   if (cfg.print_config && lead) std::printf("%s", cfg.config_text.c_str());
   if (lead && !tier.name.empty())
     std::printf("dt_train: qos: %s\n", dt::qos::describe(tier).c_str());
@@ -103,6 +108,7 @@ int main(int argc, char** argv) {
     return 2;
   if (!phase([&] { trainer = std::make_unique<dt::Trainer>(rt.world(), *dev, cfg, data); }))
     return 2;
+  if (cfg.print_plan) return phase([&] { trainer->print_plan(); }) ? 0 : 2;
   if (!phase([&] {
         if (trainer->resume_from_checkpoint().empty() && cfg.eval_only)
           throw dt::ConfigError(

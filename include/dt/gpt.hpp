@@ -36,6 +36,12 @@ struct ParamInfo {
 
 /// The parameter table of a configuration, in nanoGPT order.
 std::vector<ParamInfo> gpt_params(const GptConfig& c);
+/// Writes parameter `index` of gpt_params(c) (numel floats, host memory) as Gpt::init(seed) draws
+/// it, so a rank holding only a shard can draw the whole tensor and keep its part.
+void gpt_init_param(const GptConfig& c, std::uint64_t seed, std::size_t index, float* out);
+/// FLOPs of one forward+backward per token at sequence length T (6N plus attention; N without
+/// the position embedding).
+double gpt_flops_per_token(const GptConfig& c, int T);
 
 class Gpt {
  public:

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dt/comm.hpp"
 #include "dt/device.hpp"
 #include "dt/gpt.hpp"
 
@@ -34,6 +35,10 @@ class AdamW {
   /// Global L2 norm of `grads` (n elements); if above `clip` (> 0), scales grads to norm `clip`.
   /// Returns the norm before clipping.
   double clip_grad_norm(float* grads, double clip);
+  /// The same for a rank holding part of the model: the norm is over the parameters marked in
+  /// `counted` (one flag per parameter; every global element counted on exactly one rank) summed
+  /// over `comm`; every rank scales all of its gradients. Collective over `comm`.
+  double clip_grad_norm(float* grads, double clip, const std::vector<char>& counted, Comm& comm);
   /// One step (t is 1-based) with learning rate lr; decay only on params marked decay.
   void step(float* params, const float* grads, double lr, const OptimConfig& c);
 
@@ -44,6 +49,7 @@ class AdamW {
   void set_steps(std::int64_t t) noexcept { t_ = t; }
 
  private:
+  void clip_to(float* grads, double norm, double clip);
   const Device& dev_;
   const std::vector<ParamInfo>& params_;
   std::size_t n_;

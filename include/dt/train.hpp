@@ -17,6 +17,7 @@
 #include "dt/data.hpp"
 #include "dt/device.hpp"
 #include "dt/gpt.hpp"
+#include "dt/mesh.hpp"
 #include "dt/optim.hpp"
 
 namespace dt {
@@ -79,6 +80,19 @@ struct TrainConfig {
   double peak_flops = 1e11;  ///< per rank, for model FLOP utilisation
   std::string trace_dir;     ///< "" off
   int local_rank = 0;        ///< set by the app from the runtime (metrics port offset)
+  // parallel layout (include/dt/mesh.hpp): dp x tp x pp ranks
+  int par_dp = 0;                     ///< 0: world / (tp x pp)
+  int par_tp = 1;
+  int par_pp = 1;
+  std::int64_t par_microbatches = 0;  ///< per data-parallel rank and step; 0: from micro_batch
+  bool par_auto = false;              ///< choose the layout from world, topology and memory
+  std::string par_engine = "auto";    ///< auto: fused model when tp = pp = 1; graph: always graph
+  std::string mem_limit = "0";        ///< per-rank memory limit of a plan ("8G"; 0: none)
+  bool print_plan = false;            ///< print the per-rank plan, write plan_dot, and stop
+  std::string plan_dot = "dt-plan.dot";
+  std::string p2p = "mpi";            ///< pipeline point-to-point transport: mpi | ucx
+  std::string test_sim_placement = "block";  ///< testing only: block | cyclic
+  RankSite site;  ///< where this rank runs (set by the app from the runtime)
 };
 
 /// Exit code of a run that drained on SIGUSR1/SIGTERM after writing a checkpoint: job scripts
@@ -107,6 +121,8 @@ struct StepStats {
 };
 
 class GradBuckets;
+class StageEngine;
+struct Plan;
 
 class Trainer {
  public:
@@ -133,7 +149,13 @@ class Trainer {
   /// The tensors of the training state: /model/..., /optim/exp_avg/..., /optim/exp_avg_sq/...
   std::vector<CkptTensor> state_tensors();
 
+  /// The fused model (data parallelism only; null on the graph engine path).
   Gpt& model() noexcept { return *model_; }
+  /// The layout this trainer runs ("dp=4 tp=1 pp=1").
+  std::string layout() const;
+  /// Prints the per-rank plan and the placement and writes the DOT file (rank 0; the other ranks
+  /// do nothing). Throws dt::ConfigError when the DOT file cannot be written.
+  void print_plan();
   AdamW& optimizer() noexcept { return *opt_; }
   std::int64_t next_step() const noexcept { return step_; }
 
@@ -163,6 +185,24 @@ class Trainer {
   /// Testing only: prints `what` and never returns (the watchdog ends the job).
   [[noreturn]] void stall_for_test(const char* what);
   std::unique_ptr<obs::TrainTelemetry> obs_;
+  // The graph engine (tensor and pipeline parallelism).
+  std::unique_ptr<Plan> plan_;
+  std::unique_ptr<DeviceMesh> mesh_;
+  std::unique_ptr<P2p> p2p_;
+  std::unique_ptr<StageEngine> engine_;
+  std::vector<char> counted_;      // per local parameter: counted once in the global norm
+  std::vector<char> owner_;        // per local parameter: this rank's copy goes to checkpoints
+  std::vector<float> full_state_;  // global parameters and moments (checkpoints, sampling)
+  void setup_engine();
+  /// One step's forward and backward passes on the 1F1B schedule; returns this rank's loss sum.
+  double pipeline_step(float scale);
+  /// Assembles the global state from every rank's shards into full_state_. Collective.
+  void gather_state();
+  /// Copies this rank's shards out of full_state_.
+  void scatter_state();
+  const std::vector<ParamInfo>& param_list() const;
+  float* params_ptr() const;
+  float* grads_ptr() const;
 };
 
 }  // namespace dt

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "dt/trace.hpp"
+#include "model/layers.hpp"
 
 namespace dt {
 
@@ -138,24 +139,28 @@ const ParamInfo& Gpt::param(const std::string& name) const {
   DT_THROW(InvalidArgument, "no parameter named '", name, "'");
 }
 
+void gpt_init_param(const GptConfig& c, std::uint64_t seed, std::size_t index, float* out) {
+  const std::vector<ParamInfo> params = gpt_params(c);
+  DT_CHECK(InvalidArgument, index < params.size(), "parameter index ", index, " outside [0, ",
+           params.size(), ")");
+  const ParamInfo& pi = params[index];
+  // Each tensor draws from its own stream, so adding layers does not shift earlier tensors.
+  Normal rng{seed * 0x100000001b3ULL + index * 0x9e3779b97f4a7c15ULL};
+  const bool is_norm_w =
+      pi.name.find("ln_") != std::string::npos && pi.name.find(".weight") != std::string::npos;
+  if (pi.shape.size() == 1) {
+    for (std::size_t k = 0; k < pi.numel; ++k) out[k] = is_norm_w ? 1.0f : 0.0f;
+    return;
+  }
+  const bool resid = pi.name.find("c_proj.weight") != std::string::npos;
+  const double std = resid ? 0.02 / std::sqrt(2.0 * c.layers) : 0.02;
+  for (std::size_t k = 0; k < pi.numel; ++k) out[k] = static_cast<float>(rng() * std);
+}
+
 void Gpt::init(std::uint64_t seed) {
   std::vector<float> host(nparams_);
-  const double resid_std = 0.02 / std::sqrt(2.0 * cfg_.layers);
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    const ParamInfo& pi = params_[i];
-    // Each tensor draws from its own stream, so adding layers does not shift earlier tensors.
-    Normal rng{seed * 0x100000001b3ULL + i * 0x9e3779b97f4a7c15ULL};
-    float* d = host.data() + pi.offset;
-    const bool is_norm_w =
-        pi.name.find("ln_") != std::string::npos && pi.name.find(".weight") != std::string::npos;
-    if (pi.shape.size() == 1) {
-      for (std::size_t k = 0; k < pi.numel; ++k) d[k] = is_norm_w ? 1.0f : 0.0f;
-      continue;
-    }
-    const bool resid = pi.name.find("c_proj.weight") != std::string::npos;
-    const double std = resid ? resid_std : 0.02;
-    for (std::size_t k = 0; k < pi.numel; ++k) d[k] = static_cast<float>(rng() * std);
-  }
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    gpt_init_param(cfg_, seed, i, host.data() + params_[i].offset);
   dev_.call(&dt_hal_v1_t::copy, "copy", param_data(), host.data(), nparams_ * sizeof(float),
             DT_HAL_HOST_TO_DEVICE);
 }
@@ -169,26 +174,14 @@ const float* Gpt::logits(int b, int t) const {
   return logits_ + (static_cast<std::size_t>(b) * T_ + t) * cfg_.vocab;
 }
 
-double Gpt::flops_per_token(int T) const {
-  const double n = static_cast<double>(nparams_ - params_[1].numel);  // without wpe
-  return 6.0 * n + 12.0 * cfg_.layers * cfg_.embd * static_cast<double>(T);
+double gpt_flops_per_token(const GptConfig& c, int T) {
+  const std::vector<ParamInfo> p = gpt_params(c);
+  const double n = static_cast<double>(p.back().offset + p.back().numel - p[1].numel);
+  return 6.0 * n + 12.0 * c.layers * c.embd * static_cast<double>(T);
 }
 
-namespace {
-// y[N, out] = x[N, in] @ W[out, in]^T + b
-void linear_fwd(const Device& d, float* y, const float* x, const float* W, const float* b,
-                std::int64_t N, std::int64_t in, std::int64_t out) {
-  d.call(&dt_hal_v1_t::gemm, "gemm", 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
-  d.call(&dt_hal_v1_t::bias_add, "bias_add", y, b, N, out);
-}
-// dx[N, in] (= or +=, by beta) dy @ W; dW += dy^T @ x; db += sum dy
-void linear_bwd(const Device& d, float* dx, float beta, float* dW, float* db, const float* dy,
-                const float* x, const float* W, std::int64_t N, std::int64_t in, std::int64_t out) {
-  if (dx) d.call(&dt_hal_v1_t::gemm, "gemm", 0, 0, N, in, out, 1.0f, dy, out, W, in, beta, dx, in);
-  d.call(&dt_hal_v1_t::gemm, "gemm", 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
-  if (db) d.call(&dt_hal_v1_t::bias_grad, "bias_grad", db, dy, N, out);
-}
-}  // namespace
+double Gpt::flops_per_token(int T) const { return gpt_flops_per_token(cfg_, T); }
+
 
 double Gpt::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T) {
   DT_CHECK(InvalidArgument, B >= 1 && B <= max_batch_, "batch ", B, " outside [1, ", max_batch_,

@@ -29,10 +29,32 @@ double AdamW::clip_grad_norm(float* grads, double clip) {
   dev_.call(&dt_hal_v1_t::sum_squares, "sum_squares", static_cast<const float*>(grads),
             static_cast<std::int64_t>(n_), &ss);
   const double norm = std::sqrt(ss);
+  clip_to(grads, norm, clip);
+  return norm;
+}
+
+double AdamW::clip_grad_norm(float* grads, double clip, const std::vector<char>& counted,
+                             Comm& comm) {
+  DT_CHECK_EQ(InvalidArgument, counted.size(), params_.size(), "one flag per parameter");
+  double ss = 0;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!counted[i]) continue;
+    double part = 0;
+    dev_.call(&dt_hal_v1_t::sum_squares, "sum_squares",
+              static_cast<const float*>(grads + params_[i].offset),
+              static_cast<std::int64_t>(params_[i].numel), &part);
+    ss += part;
+  }
+  comm.all_reduce(view_of(&ss, 1), ReduceOp::sum);
+  const double norm = std::sqrt(ss);
+  clip_to(grads, norm, clip);
+  return norm;
+}
+
+void AdamW::clip_to(float* grads, double norm, double clip) {
   if (clip > 0 && norm > clip)
     dev_.call(&dt_hal_v1_t::scale, "scale", grads, static_cast<float>(clip / (norm + 1e-6)),
               static_cast<std::int64_t>(n_));
-  return norm;
 }
 
 void AdamW::step(float* params, const float* grads, double lr, const OptimConfig& c) {

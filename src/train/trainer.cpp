@@ -3,16 +3,21 @@
 #include <thread>
 #include <cmath>
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
+#include <map>
 
 #include <csignal>
 
 #include "comm/mpi_comm.hpp"
 #include "comm/shm_comm.hpp"
+#include "dt/p2p.hpp"
 #include "dt/train.hpp"
 #include "dt/trace.hpp"
 #include "dt/watchdog.hpp"
 #include "engine/grad_buckets.hpp"
+#include "engine/pipeline.hpp"
+#include "engine/plan.hpp"
 #include "obs/train_obs.hpp"
 
 namespace dt {
@@ -134,6 +139,42 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("test.kill-during-save", &c.test_kill_during_save, -1,
            "testing only: this rank kills itself (SIGKILL) in the middle of a synchronous save",
            -1L, 1L << 30)
+      .add("parallel.dp", &c.par_dp, 0,
+           "data-parallel ranks (0: the ranks left by tp and pp); dp x tp x pp = ranks", 0,
+           1 << 20)
+      .add("parallel.tp", &c.par_tp, 1,
+           "tensor-parallel ranks: attention heads and MLP columns split over a group inside a "
+           "node (must divide model.heads)",
+           1, 1 << 12)
+      .add("parallel.pp", &c.par_pp, 1,
+           "pipeline stages: contiguous layers cut by cost, run on a 1F1B schedule (at most "
+           "model.layers)",
+           1, 1 << 12)
+      .add("parallel.microbatches", &c.par_microbatches, 0,
+           "micro-batches per step and data-parallel rank (0: from train.micro-batch; with "
+           "pipeline stages and neither set, up to 4 per stage)",
+           0L, 1L << 30)
+      .add("parallel.auto", &c.par_auto, false,
+           "choose dp, tp and pp from the world size, the ranks per node and the memory estimate "
+           "(mem.limit), and print why")
+      .add("parallel.engine", &c.par_engine, "auto",
+           "auto: the fused model when tp = pp = 1, the graph engine otherwise; graph: always the "
+           "graph engine",
+           {"auto", "graph"})
+      .add("mem.limit", &c.mem_limit, "0",
+           "memory per rank a plan may use (estimate of parameters, gradients, AdamW moments and "
+           "activations), e.g. 8G; a plan over it is refused before training (0: no limit)")
+      .add("print-plan", &c.print_plan, false,
+           "print the parallel plan (placement, each stage's partitioned graph and memory "
+           "estimate), write it as Graphviz DOT to plan.dot, and stop")
+      .add("plan.dot", &c.plan_dot, "dt-plan.dot", "file --print-plan writes the DOT graph to")
+      .add("comm.p2p", &c.p2p, "mpi",
+           "point-to-point transport of pipeline activations and their gradients",
+           {"mpi", "ucx"})
+      .add("test.simulated-placement", &c.test_sim_placement, "block",
+           "testing only: how test.simulated-nodes maps ranks to nodes for placement: block "
+           "(consecutive ranks) or cyclic (round robin, as srun --distribution=cyclic)",
+           {"block", "cyclic"})
       .add("eval.sequences", &c.eval_sequences, 64,
            "--eval-only: the first K validation sequences, taken in order", 1L, 1L << 40);
   o.add("metrics.port", &c.metrics_port, 0,
@@ -163,6 +204,13 @@ TokenFile validate_and_load(TrainConfig& c) {
            "llm.c token file)");
   DT_CHECK(ConfigError, c.model.embd % c.model.heads == 0, "option --model.heads: ", c.model.heads,
            " does not divide --model.embd=", c.model.embd);
+  DT_CHECK(ConfigError, c.model.heads % c.par_tp == 0, "option --parallel.tp: ", c.par_tp,
+           " does not divide --model.heads=", c.model.heads,
+           " (tensor parallelism splits the attention heads)");
+  DT_CHECK(ConfigError, c.par_pp <= c.model.layers, "option --parallel.pp: ", c.par_pp,
+           " pipeline stages are more than the ", c.model.layers,
+           " layers of the model (--model.layers); each stage needs at least one layer");
+  parse_bytes(c.mem_limit, "mem.limit");
   DT_CHECK(ConfigError, c.optim.min_lr <= c.optim.lr, "option --optim.min-lr: ", c.optim.min_lr,
            " is above --optim.lr=", c.optim.lr);
   if (c.optim.decay_steps == 0) c.optim.decay_steps = c.steps;
@@ -191,15 +239,53 @@ TokenFile validate_and_load(TrainConfig& c) {
   return data;
 }
 
+namespace {
+// This rank's site for placement, with the test-only simulated nodes applied.
+RankSite site_of(const TrainConfig& c, int rank, int size) {
+  RankSite s = c.site;
+  if (c.test_sim_nodes <= 0) return s;
+  const int k = static_cast<int>(std::min<std::int64_t>(c.test_sim_nodes, size));
+  if (c.test_sim_placement == "cyclic") {
+    s.node = rank % k;
+    s.local_rank = rank / k;
+  } else {
+    s.node = static_cast<int>(static_cast<long>(rank) * k / size);
+    int first = 0;
+    while (static_cast<int>(static_cast<long>(first) * k / size) != s.node) ++first;
+    s.local_rank = rank - first;
+  }
+  s.numa = 0;
+  s.host = "simnode" + std::to_string(s.node);
+  return s;
+}
+}  // namespace
+
 Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const TokenFile& data)
     : comm_(comm), dev_(dev), c_(c), data_(data), split_(split(data, c.val_fraction)) {
   const std::int64_t n = comm.size();
-  DT_CHECK(ConfigError, c_.batch % n == 0, "option --train.batch: ", c_.batch,
-           " sequences do not divide over ", n, " ranks");
-  local_batch_ = c_.batch / n;
-  micro_ = c_.micro_batch > 0 ? c_.micro_batch : local_batch_;
-  DT_CHECK(ConfigError, local_batch_ % micro_ == 0, "option --train.micro-batch: ", micro_,
-           " does not divide the ", local_batch_, " sequences of each of ", n, " ranks");
+  // The plan (layout, micro-batches, stages, memory estimate) is checked before any allocation.
+  const std::vector<RankSite> sites =
+      gather_sites(comm_, site_of(c_, comm_.rank(), comm_.size()));
+  std::map<int, int> per_node;
+  for (const RankSite& s : sites) ++per_node[s.node];
+  PlanRequest pr;
+  pr.model = c_.model;
+  pr.batch = c_.batch;
+  pr.micro_batch = c_.micro_batch;
+  pr.microbatches = c_.par_microbatches;
+  pr.layout = Layout{c_.par_dp, c_.par_tp, c_.par_pp};
+  pr.automatic = c_.par_auto;
+  pr.mem_limit = parse_bytes(c_.mem_limit, "mem.limit");
+  pr.world = comm_.size();
+  pr.ranks_per_node = comm_.size();
+  for (const auto& kv : per_node) pr.ranks_per_node = std::min(pr.ranks_per_node, kv.second);
+  plan_ = std::make_unique<Plan>(make_plan(pr));
+  const Layout& L = plan_->layout;
+  local_batch_ = plan_->local_batch;
+  micro_ = plan_->micro;
+  const bool graph_engine = L.tp > 1 || L.pp > 1 || c_.par_engine == "graph";
+  if (graph_engine || c_.print_plan) mesh_ = std::make_unique<DeviceMesh>(comm_, L, sites);
+  if (c_.print_plan) return;  // nothing is allocated: print_plan() is all this trainer does
   if (c_.optim.decay_steps == 0) c_.optim.decay_steps = c_.steps;
   sampler_ = std::make_unique<Sampler>(data.data(split_.train), split_.train.size(), c_.model.block,
                                        static_cast<std::uint64_t>(c_.seed));
@@ -207,30 +293,34 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
     eval_starts_ = eval_windows(split_.val.size(), c_.model.block, c_.eval_windows);
   if (dev_.table().set_threads)
     dev_.call(&dt_hal_v1_t::set_threads, "set_threads", static_cast<int>(c_.threads));
-  float* grad_storage = nullptr;
-  if (n > 1) {
-    // Gradients live in the shared-memory arena, so each bucket's all_reduce needs no copy.
-    auto* mpi = dynamic_cast<MpiComm*>(&comm_);
-    if (c_.allreduce != "mpi" && mpi) {
-      const auto ps = gpt_params(c_.model);
-      ShmConfig sc;
-      sc.arena_bytes = (ps.back().offset + ps.back().numel) * sizeof(float);
-      sc.min_bytes = static_cast<std::size_t>(c_.shm_min_bytes);
-      sc.simulated_nodes = static_cast<int>(c_.test_sim_nodes);
-      auto shm = ShmComm::create(*mpi, comm_.name() + "/grads", sc);
-      grad_storage = static_cast<float*>(shm->arena());
-      grad_comm_ = std::move(shm);
-    } else {
-      grad_comm_ = comm_.split(0, comm_.rank());
+  if (graph_engine) {
+    setup_engine();
+  } else {
+    float* grad_storage = nullptr;
+    if (n > 1) {
+      // Gradients live in the shared-memory arena, so each bucket's all_reduce needs no copy.
+      auto* mpi = dynamic_cast<MpiComm*>(&comm_);
+      if (c_.allreduce != "mpi" && mpi) {
+        const auto ps = gpt_params(c_.model);
+        ShmConfig sc;
+        sc.arena_bytes = (ps.back().offset + ps.back().numel) * sizeof(float);
+        sc.min_bytes = static_cast<std::size_t>(c_.shm_min_bytes);
+        sc.simulated_nodes = static_cast<int>(c_.test_sim_nodes);
+        auto shm = ShmComm::create(*mpi, comm_.name() + "/grads", sc);
+        grad_storage = static_cast<float*>(shm->arena());
+        grad_comm_ = std::move(shm);
+      } else {
+        grad_comm_ = comm_.split(0, comm_.rank());
+      }
     }
+    model_ = std::make_unique<Gpt>(dev_, c_.model, static_cast<int>(micro_), grad_storage);
+    if (n > 1)
+      buckets_ = std::make_unique<GradBuckets>(
+          *grad_comm_, model_->grad_data(), model_->params(),
+          static_cast<std::size_t>(c_.bucket_mb * 1024.0 * 1024.0));
+    model_->init(static_cast<std::uint64_t>(c_.seed));
+    opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
   }
-  model_ = std::make_unique<Gpt>(dev_, c_.model, static_cast<int>(micro_), grad_storage);
-  if (n > 1)
-    buckets_ = std::make_unique<GradBuckets>(
-        *grad_comm_, model_->grad_data(), model_->params(),
-        static_cast<std::size_t>(c_.bucket_mb * 1024.0 * 1024.0));
-  model_->init(static_cast<std::uint64_t>(c_.seed));
-  opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
   if (c_.ckpt_async && !c_.ckpt_dir.empty()) {
     async_ =
         std::make_unique<AsyncCheckpointer>(comm_, c_.ckpt_dir, static_cast<int>(c_.ckpt_keep));
@@ -240,7 +330,54 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   inputs_.resize(bt);
   targets_.resize(bt);
   obs_ = std::make_unique<obs::TrainTelemetry>(c_, comm_.rank(), comm_.size(),
-                                               model_->flops_per_token(c_.model.block));
+                                               gpt_flops_per_token(c_.model, c_.model.block));
+}
+
+void Trainer::setup_engine() {
+  const Layout& L = plan_->layout;
+  const MeshCoord& mc = mesh_->coord();
+  graph::Graph sg = plan_->stage(mc.pp);
+  StageComms sc;
+  sc.tp = L.tp > 1 ? &mesh_->tp() : nullptr;
+  sc.tp_rank = mc.tp;
+  if (L.pp > 1) {
+    p2p_ = make_p2p(c_.p2p, comm_);
+    sc.p2p = p2p_.get();
+    for (int s = 0; s < L.pp; ++s) sc.stage_rank.push_back(mesh_->rank_of(mc.dp, s, mc.tp));
+  }
+  float* grad_storage = nullptr;
+  if (L.dp > 1) {
+    auto* mpi = dynamic_cast<MpiComm*>(&mesh_->dp());
+    if (c_.allreduce != "mpi" && mpi) {
+      ShmConfig shc;
+      shc.arena_bytes = StageEngine::count_params(sg) * sizeof(float);
+      shc.min_bytes = static_cast<std::size_t>(c_.shm_min_bytes);
+      shc.simulated_nodes = static_cast<int>(c_.test_sim_nodes);
+      auto shm = ShmComm::create(*mpi, mesh_->dp().name() + "/grads", shc);
+      grad_storage = static_cast<float*>(shm->arena());
+      grad_comm_ = std::move(shm);
+    } else {
+      grad_comm_ = mesh_->dp().split(0, mesh_->dp().rank());
+    }
+  }
+  engine_ = std::make_unique<StageEngine>(dev_, std::move(sg), c_.model, mc.pp, L.pp,
+                                          plan_->in_flight(mc.pp), sc, grad_storage);
+  if (L.dp > 1)
+    buckets_ = std::make_unique<GradBuckets>(
+        *grad_comm_, engine_->grad_data(), engine_->params(),
+        static_cast<std::size_t>(c_.bucket_mb * 1024.0 * 1024.0));
+  engine_->init(static_cast<std::uint64_t>(c_.seed));
+  opt_ = std::make_unique<AdamW>(dev_, engine_->params(), engine_->num_params());
+  // One copy of every global element counts: data-parallel rank 0, tensor-parallel rank 0 for
+  // replicated tensors, and the first stage for tensors tied across stages.
+  owner_.clear();
+  for (std::size_t i = 0; i < engine_->params().size(); ++i) {
+    const graph::TensorInfo& t = engine_->param_tensor(i);
+    const bool sharded = t.sharding.kind != graph::Sharding::Kind::replicated;
+    owner_.push_back(mc.dp == 0 && (sharded || mc.tp == 0) && !(t.tied && mc.pp != 0));
+  }
+  const auto ps = gpt_params(c_.model);
+  full_state_.assign(3 * (ps.back().offset + ps.back().numel), 0.0f);
 }
 
 Trainer::~Trainer() = default;
@@ -259,19 +396,24 @@ StepStats Trainer::step() {
   const int T = c_.model.block;
   const float scale = static_cast<float>(1.0 / (static_cast<double>(c_.batch) * T));
   watchdog::set_activity("forward and backward", step_);
-  model_->zero_grad();
   double loss_sum = 0;
-  const std::int64_t first = comm_.rank() * local_batch_;
-  for (std::int64_t m = 0; m < local_batch_; m += micro_) {
-    const trace::Scope micro_scope("micro-batch", "train", "index", m / micro_);
-    sampler_->fill(static_cast<std::uint64_t>(step_), first + m, micro_, inputs_.data(),
-                   targets_.data());
-    loss_sum += model_->forward(inputs_.data(), targets_.data(), static_cast<int>(micro_), T);
-    // The last micro-batch's backward hands each finished bucket to the progress thread.
-    if (buckets_ && m + micro_ >= local_batch_)
-      model_->backward(scale, [&](std::size_t a, std::size_t b) { buckets_->ready(a, b); });
-    else
-      model_->backward(scale);
+  if (engine_) {
+    engine_->zero_grad();
+    loss_sum = pipeline_step(scale);
+  } else {
+    model_->zero_grad();
+    const std::int64_t first = comm_.rank() * local_batch_;
+    for (std::int64_t m = 0; m < local_batch_; m += micro_) {
+      const trace::Scope micro_scope("micro-batch", "train", "index", m / micro_);
+      sampler_->fill(static_cast<std::uint64_t>(step_), first + m, micro_, inputs_.data(),
+                     targets_.data());
+      loss_sum += model_->forward(inputs_.data(), targets_.data(), static_cast<int>(micro_), T);
+      // The last micro-batch's backward hands each finished bucket to the progress thread.
+      if (buckets_ && m + micro_ >= local_batch_)
+        model_->backward(scale, [&](std::size_t a, std::size_t b) { buckets_->ready(a, b); });
+      else
+        model_->backward(scale);
+    }
   }
   if (comm_.size() > 1) {
     if (c_.test_skip_collective == comm_.rank() && step_ == c_.test_skip_step) {
@@ -282,7 +424,15 @@ StepStats Trainer::step() {
     comm_.all_reduce(view_of(&loss_sum, 1), ReduceOp::sum);
     watchdog::set_activity("gradient all_reduce wait", step_);
     const trace::Scope wait_scope("gradient all_reduce wait", "comm");
-    buckets_->finish();
+    if (buckets_) buckets_->finish();
+    // A tensor used on the first and the last stage (wte) gets both stages' gradients.
+    if (mesh_ && mesh_->tied())
+      for (std::size_t i = 0; i < engine_->params().size(); ++i)
+        if (engine_->param_tensor(i).tied) {
+          const ParamInfo& p = engine_->params()[i];
+          mesh_->tied()->all_reduce(view_of(engine_->grad_data() + p.offset, p.numel),
+                                    ReduceOp::sum);
+        }
   }
   watchdog::set_activity("optimizer", step_);
   StepStats s;
@@ -291,30 +441,70 @@ StepStats Trainer::step() {
   DT_CHECK(Error, std::isfinite(s.loss), "training loss is ", s.loss, " at step ", step_,
            " (diverged: lower --optim.lr or raise --optim.warmup)");
   const trace::Scope optimizer_scope("optimizer", "train");
-  s.grad_norm = opt_->clip_grad_norm(model_->grad_data(), c_.optim.grad_clip);
+  s.grad_norm = engine_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, owner_, comm_)
+                        : opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip);
   s.lr = lr_at(c_.optim, step_);
-  opt_->step(model_->param_data(), model_->grad_data(), s.lr, c_.optim);
+  opt_->step(params_ptr(), grads_ptr(), s.lr, c_.optim);
   ++step_;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
+}
+
+double Trainer::pipeline_step(float scale) {
+  const MeshCoord& mc = mesh_->coord();
+  const int m = plan_->microbatches, slots = plan_->in_flight(mc.pp);
+  const std::int64_t first = mc.dp * local_batch_;
+  double loss = 0;
+  for (const PipeAction& a : one_f_one_b(mc.pp, plan_->layout.pp, m)) {
+    const int slot = a.micro % slots;
+    if (a.kind == PipeAction::Kind::forward) {
+      const trace::Scope f("forward", "pipeline", "micro-batch", a.micro);
+      sampler_->fill(static_cast<std::uint64_t>(step_), first + a.micro * micro_, micro_,
+                     inputs_.data(), targets_.data());
+      loss += engine_->forward(slot, a.micro, inputs_.data(), targets_.data(),
+                               static_cast<int>(micro_));
+    } else {
+      const trace::Scope b("backward", "pipeline", "micro-batch", a.micro);
+      // The last micro-batch's backward hands each finished bucket to the progress thread.
+      if (buckets_ && a.micro == m - 1)
+        engine_->backward(slot, a.micro, scale,
+                          [&](std::size_t x, std::size_t y) { buckets_->ready(x, y); });
+      else
+        engine_->backward(slot, a.micro, scale);
+    }
+  }
+  engine_->wait_sends();
+  // Every tensor-parallel rank of the last stage computed the same loss: count it once.
+  return engine_->last_stage() && mc.tp == 0 ? loss : 0.0;
 }
 
 double Trainer::loss_over(const std::vector<std::size_t>& starts) {
   const trace::Scope eval_scope("evaluate", "train");
   const int T = c_.model.block;
   const std::int64_t total = static_cast<std::int64_t>(starts.size());
-  const std::int64_t n = comm_.size(), r = comm_.rank();
+  // Windows are shared out over the data-parallel ranks; a pipeline runs them stage by stage.
+  const std::int64_t n = engine_ ? plan_->layout.dp : comm_.size();
+  const std::int64_t r = engine_ ? mesh_->coord().dp : comm_.rank();
   const std::int64_t begin = r * total / n, end = (r + 1) * total / n;
   double sums[2] = {0, 0};  // loss sum, tokens
   const uint16_t* val = data_.data(split_.val);
-  for (std::int64_t i = begin; i < end; i += micro_) {
+  int k = 0;
+  for (std::int64_t i = begin; i < end; i += micro_, ++k) {
     const std::int64_t cnt = std::min(micro_, end - i);
     fill_windows(val, split_.val.size(), T, starts.data() + i, cnt, inputs_.data(),
                  targets_.data());
-    sums[0] += model_->forward(inputs_.data(), targets_.data(), static_cast<int>(cnt), T);
+    if (engine_)
+      sums[0] += engine_->forward(k % plan_->in_flight(mesh_->coord().pp), k, inputs_.data(),
+                                  targets_.data(), static_cast<int>(cnt));
+    else
+      sums[0] += model_->forward(inputs_.data(), targets_.data(), static_cast<int>(cnt), T);
     sums[1] += static_cast<double>(cnt) * T;
   }
-  if (n > 1) comm_.all_reduce(view_of(sums, 2), ReduceOp::sum);
+  if (engine_) {
+    engine_->wait_sends();
+    if (!engine_->last_stage() || mesh_->coord().tp != 0) sums[0] = sums[1] = 0;
+  }
+  if (comm_.size() > 1) comm_.all_reduce(view_of(sums, 2), ReduceOp::sum);
   return sums[0] / sums[1];
 }
 
@@ -331,6 +521,15 @@ std::vector<std::int32_t> Trainer::sample(const std::vector<std::int32_t>& promp
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
   };
+  Gpt* model = model_.get();
+  std::unique_ptr<Gpt> whole;
+  if (engine_) {  // the global parameters gathered into full_state_
+    whole = std::make_unique<Gpt>(dev_, c_.model, 1);
+    dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(whole->param_data()),
+              static_cast<const void*>(full_state_.data()), whole->num_params() * sizeof(float),
+              DT_HAL_HOST_TO_DEVICE);
+    model = whole.get();
+  }
   const int V = c_.model.vocab;
   std::vector<double> p(static_cast<std::size_t>(V));
   std::vector<std::int32_t> out;
@@ -338,8 +537,8 @@ std::vector<std::int32_t> Trainer::sample(const std::vector<std::int32_t>& promp
     const std::size_t len =
         std::min<std::size_t>(seq.size(), static_cast<std::size_t>(c_.model.block));
     const std::int32_t* ctx = seq.data() + (seq.size() - len);
-    model_->forward(ctx, nullptr, 1, static_cast<int>(len));
-    const float* lg = model_->logits(0, static_cast<int>(len) - 1);
+    model->forward(ctx, nullptr, 1, static_cast<int>(len));
+    const float* lg = model->logits(0, static_cast<int>(len) - 1);
     double mx = lg[0];
     for (int v = 1; v < V; ++v) mx = std::max<double>(mx, lg[v]);
     double z = 0;
@@ -381,16 +580,80 @@ void Trainer::log(const std::string& line) const {
 
 std::vector<CkptTensor> Trainer::state_tensors() {
   std::vector<CkptTensor> out;
+  const std::vector<ParamInfo> global = gpt_params(c_.model);
+  const std::size_t N = global.back().offset + global.back().numel;
+  // The graph engine holds shards: checkpoints read and write the assembled global state.
   const struct {
     const char* prefix;
     float* base;
-  } groups[] = {{"/model/", model_->param_data()},
-                {"/optim/exp_avg/", opt_->m()},
-                {"/optim/exp_avg_sq/", opt_->v()}};
+  } groups[] = {{"/model/", engine_ ? full_state_.data() : model_->param_data()},
+                {"/optim/exp_avg/", engine_ ? full_state_.data() + N : opt_->m()},
+                {"/optim/exp_avg_sq/", engine_ ? full_state_.data() + 2 * N : opt_->v()}};
   for (const auto& g : groups)
-    for (const ParamInfo& p : model_->params())
+    for (const ParamInfo& p : global)
       out.push_back(CkptTensor{g.prefix + p.name, p.shape, g.base + p.offset});
   return out;
+}
+
+const std::vector<ParamInfo>& Trainer::param_list() const {
+  return engine_ ? engine_->params() : model_->params();
+}
+float* Trainer::params_ptr() const {
+  return engine_ ? engine_->param_data() : model_->param_data();
+}
+float* Trainer::grads_ptr() const { return engine_ ? engine_->grad_data() : model_->grad_data(); }
+
+std::string Trainer::layout() const { return plan_->layout.str(); }
+
+namespace {
+// Global index of every local parameter (by name).
+std::vector<std::size_t> global_index(const std::vector<ParamInfo>& local,
+                                      const std::vector<ParamInfo>& global) {
+  std::vector<std::size_t> out;
+  for (const ParamInfo& p : local) {
+    std::size_t g = 0;
+    while (g < global.size() && global[g].name != p.name) ++g;
+    DT_ASSERT(g < global.size(), "parameter ", p.name, " is not part of the model");
+    out.push_back(g);
+  }
+  return out;
+}
+}  // namespace
+
+void Trainer::gather_state() {
+  const std::vector<ParamInfo> global = gpt_params(c_.model);
+  const std::size_t N = global.back().offset + global.back().numel, n = engine_->num_params();
+  const std::vector<std::size_t> gi = global_index(engine_->params(), global);
+  std::fill(full_state_.begin(), full_state_.end(), 0.0f);
+  std::vector<float> host(n);
+  const float* src[3] = {engine_->param_data(), opt_->m(), opt_->v()};
+  for (int k = 0; k < 3; ++k) {
+    dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(host.data()),
+              static_cast<const void*>(src[k]), n * sizeof(float), DT_HAL_DEVICE_TO_HOST);
+    for (std::size_t i = 0; i < gi.size(); ++i)
+      if (owner_[i])
+        graph::put_shard(engine_->param_tensor(i), mesh_->coord().tp,
+                         host.data() + engine_->params()[i].offset,
+                         full_state_.data() + k * N + global[gi[i]].offset);
+  }
+  // Every element has exactly one owner and zeros elsewhere: the sum is exact.
+  comm_.all_reduce(view_of(full_state_), ReduceOp::sum);
+}
+
+void Trainer::scatter_state() {
+  const std::vector<ParamInfo> global = gpt_params(c_.model);
+  const std::size_t N = global.back().offset + global.back().numel, n = engine_->num_params();
+  const std::vector<std::size_t> gi = global_index(engine_->params(), global);
+  std::vector<float> host(n);
+  float* dst[3] = {engine_->param_data(), opt_->m(), opt_->v()};
+  for (int k = 0; k < 3; ++k) {
+    for (std::size_t i = 0; i < gi.size(); ++i)
+      graph::take_shard(engine_->param_tensor(i), mesh_->coord().tp,
+                        full_state_.data() + k * N + global[gi[i]].offset,
+                        host.data() + engine_->params()[i].offset);
+    dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(dst[k]),
+              static_cast<const void*>(host.data()), n * sizeof(float), DT_HAL_HOST_TO_DEVICE);
+  }
 }
 
 std::string Trainer::resume_from_checkpoint() {
@@ -400,11 +663,17 @@ std::string Trainer::resume_from_checkpoint() {
                             [this](const std::string& line) { log("ckpt: " + line); });
   if (used.empty()) {
     // Rejected candidates may have left their data in the buffers: start from clean weights.
-    model_->init(static_cast<std::uint64_t>(c_.seed));
-    opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
+    if (engine_) {
+      engine_->init(static_cast<std::uint64_t>(c_.seed));
+      opt_ = std::make_unique<AdamW>(dev_, engine_->params(), engine_->num_params());
+    } else {
+      model_->init(static_cast<std::uint64_t>(c_.seed));
+      opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
+    }
     log("ckpt: no usable checkpoint in " + c_.ckpt_dir + ", starting from step 0");
     return "";
   }
+  if (engine_) scatter_state();
   step_ = m.step;
   last_saved_ = m.step;
   opt_->set_steps(m.optimizer_step);
@@ -440,7 +709,8 @@ void Trainer::save_checkpoint_now(bool sync) {
   meta.rng_seed = c_.seed;
   meta.loss_scale = 1.0;
   meta.config = c_.config_text;
-  meta.layout = "dp=" + std::to_string(comm_.size());
+  meta.layout = plan_->layout.str();
+  if (engine_) gather_state();
   char line[256];
   if (async_) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -486,16 +756,18 @@ int Trainer::run() {
   const bool lead = comm_.rank() == 0;
   const int T = c_.model.block;
   if (lead) {
+    const std::vector<ParamInfo> ps = gpt_params(c_.model);
     std::printf("dt_train: %zu parameters, %d layers, %d heads, embd %d, seq %d, vocab %d\n",
-                model_->num_params(), c_.model.layers, c_.model.heads, c_.model.embd, T,
+                ps.back().offset + ps.back().numel, c_.model.layers, c_.model.heads, c_.model.embd, T,
                 c_.model.vocab);
     std::printf(
-        "dt_train: %d ranks, global batch %ld x %d tokens, micro-batch %ld, %ld steps, "
+        "dt_train: %d ranks (%s), global batch %ld x %d tokens, micro-batch %ld, %ld steps, "
         "device %s (%s)\n",
-        comm_.size(), static_cast<long>(c_.batch), T, static_cast<long>(micro_),
+        comm_.size(), plan_->layout.str().c_str(), static_cast<long>(c_.batch), T, static_cast<long>(micro_),
         static_cast<long>(c_.steps), dev_.name().c_str(), dev_.origin().c_str());
     std::printf("dt_train: data %s (%s, %zu tokens: %zu train, %zu val)\n", c_.data_path.c_str(),
                 data_.format.c_str(), data_.size(), split_.train.size(), split_.val.size());
+    if (!plan_->why.empty()) std::printf("dt_train: %s\n", plan_->why.c_str());
     std::fflush(stdout);
   }
   if (c_.eval_only) {
@@ -590,6 +862,8 @@ int Trainer::run() {
   }
   if (step_ != last_saved_) save_checkpoint_now(false);
   finish_checkpoints();
+  // Sampling runs the whole model on rank 0: the graph engine's shards are assembled first.
+  if (engine_ && c_.sample_tokens > 0 && first_step < c_.steps) gather_state();
   if (lead && first_step >= c_.steps) {
     std::printf("dt_train: nothing to train: the checkpoint is at step %ld, --train.steps is %ld\n",
                 static_cast<long>(first_step), static_cast<long>(c_.steps));
@@ -602,7 +876,7 @@ int Trainer::run() {
         "train loss "
         "%.4f, val loss %.4f -> %.4f (%+.1f%%)\n",
         static_cast<long>(c_.steps), duration_str(all_secs).c_str(), tps,
-        tps * model_->flops_per_token(T) / comm_.size() / 1e9, loss, val0, val,
+        tps * gpt_flops_per_token(c_.model, T) / comm_.size() / 1e9, loss, val0, val,
         (val - val0) / val0 * 100.0);
     if (c_.sample_tokens > 0) {
       std::vector<std::int32_t> prompt;
@@ -624,6 +898,45 @@ int Trainer::run() {
   obs_->finish();
   comm_.barrier();
   return 0;
+}
+
+void Trainer::print_plan() {
+  const Layout& L = plan_->layout;
+  if (comm_.rank() == 0) {
+    std::printf("dt_train: plan: %s on %d ranks; %d micro-batches of %ld sequences per step and "
+                "data-parallel rank\n",
+                L.str().c_str(), comm_.size(), plan_->microbatches, static_cast<long>(micro_));
+    if (!plan_->why.empty()) std::printf("dt_train: %s\n", plan_->why.c_str());
+    std::printf("dt_train: placement (tensor-parallel groups):\n%s",
+                describe_placement(L, mesh_->coords(), mesh_->sites()).c_str());
+    for (int s = 0; s < L.pp; ++s) {
+      const int last = s + 1 < L.pp ? plan_->first_layer[static_cast<std::size_t>(s) + 1] - 1
+                                     : c_.model.layers - 1;
+      const graph::MemoryEstimate& m = plan_->memory[static_cast<std::size_t>(s)];
+      std::printf("dt_train: stage %d: layers %d-%d; estimated memory per rank %s (parameters %s, "
+                  "gradients %s, AdamW moments %s, activations of %d micro-batches %s)\n",
+                  s, plan_->first_layer[static_cast<std::size_t>(s)], last,
+                  format_bytes(m.total()).c_str(), format_bytes(m.params).c_str(),
+                  format_bytes(m.grads).c_str(), format_bytes(m.optim).c_str(),
+                  plan_->in_flight(s), format_bytes(m.activations).c_str());
+      for (std::size_t r = 0; r < mesh_->coords().size(); ++r) {
+        const MeshCoord& mc = mesh_->coords()[r];
+        if (mc.pp != s) continue;
+        std::printf("rank %zu (dp %d, stage %d, tp %d of %d) on %s:\n", r, mc.dp, mc.pp, mc.tp,
+                    L.tp, mesh_->sites()[r].host.c_str());
+        std::printf("%s", graph::to_text(plan_->stage(s)).c_str());
+      }
+    }
+    std::FILE* f = std::fopen(c_.plan_dot.c_str(), "w");
+    DT_CHECK(ConfigError, f != nullptr, "option --plan.dot: cannot write ", c_.plan_dot, ": ",
+             std::strerror(errno));
+    const std::string dot = graph::to_dot(plan_->full, "dt plan " + L.str());
+    const bool ok = std::fwrite(dot.data(), 1, dot.size(), f) == dot.size();
+    DT_CHECK(ConfigError, std::fclose(f) == 0 && ok, "option --plan.dot: writing ", c_.plan_dot,
+             " failed");
+    std::printf("dt_train: plan graph written to %s (Graphviz DOT)\n", c_.plan_dot.c_str());
+    std::fflush(stdout);
+  }
 }
 
 }  // namespace dt

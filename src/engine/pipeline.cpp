@@ -1,0 +1,459 @@
+#include "engine/pipeline.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "dt/trace.hpp"
+#include "model/layers.hpp"
+
+namespace dt {
+
+using graph::Node;
+using graph::Role;
+using graph::TensorInfo;
+
+std::vector<PipeAction> one_f_one_b(int stage, int stages, int micro) {
+  DT_CHECK(InvalidArgument, stages >= 1 && stage >= 0 && stage < stages && micro >= 1,
+           "1F1B needs 0 <= stage < stages and micro-batches >= 1 (stage ", stage, " of ", stages,
+           ", ", micro, " micro-batches)");
+  const int warmup = std::min(stages - stage - 1, micro);
+  std::vector<PipeAction> a;
+  int f = 0, b = 0;
+  for (; f < warmup; ++f) a.push_back({PipeAction::Kind::forward, f});
+  for (; f < micro; ++f, ++b) {
+    a.push_back({PipeAction::Kind::forward, f});
+    a.push_back({PipeAction::Kind::backward, b});
+  }
+  for (; b < micro; ++b) a.push_back({PipeAction::Kind::backward, b});
+  return a;
+}
+
+double simulate_1f1b(int stages, int micro, double tf, double tb) {
+  std::vector<std::vector<PipeAction>> sched;
+  for (int s = 0; s < stages; ++s) sched.push_back(one_f_one_b(s, stages, micro));
+  // done_f[s][m], done_b[s][m]: finish times (-1: not yet).
+  std::vector<std::vector<double>> done_f(static_cast<std::size_t>(stages),
+                                          std::vector<double>(static_cast<std::size_t>(micro), -1)),
+      done_b = done_f;
+  std::vector<std::size_t> next(static_cast<std::size_t>(stages), 0);
+  std::vector<double> clock(static_cast<std::size_t>(stages), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < stages; ++s) {
+      auto& pos = next[static_cast<std::size_t>(s)];
+      while (pos < sched[static_cast<std::size_t>(s)].size()) {
+        const PipeAction& a = sched[static_cast<std::size_t>(s)][pos];
+        const std::size_t us = static_cast<std::size_t>(s), um = static_cast<std::size_t>(a.micro);
+        double ready = clock[us];
+        if (a.kind == PipeAction::Kind::forward) {
+          if (s > 0) {
+            if (done_f[us - 1][um] < 0) break;
+            ready = std::max(ready, done_f[us - 1][um]);
+          }
+          done_f[us][um] = clock[us] = ready + tf;
+        } else {
+          if (done_f[us][um] < 0) break;
+          if (s + 1 < stages) {
+            if (done_b[us + 1][um] < 0) break;
+            ready = std::max(ready, done_b[us + 1][um]);
+          }
+          done_b[us][um] = clock[us] = ready + tb;
+        }
+        ++pos;
+        progress = true;
+      }
+    }
+  }
+  for (int s = 0; s < stages; ++s)
+    DT_ASSERT(next[static_cast<std::size_t>(s)] == sched[static_cast<std::size_t>(s)].size(),
+              "1F1B schedules deadlock at stage ", s);
+  return *std::max_element(clock.begin(), clock.end());
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+constexpr int kTagMicro = 1024;  // micro-batch numbers wrap in tags (messages stay ordered)
+int tag_of(const Node& n, int micro, bool backward) {
+  return ((micro % kTagMicro) * 16 + static_cast<int>(n.attr("edge") % 16)) * 2 + (backward ? 1 : 0);
+}
+}  // namespace
+
+struct StageEngine::Impl {
+  // Per activation tensor: offset (floats) in a slot's activation area and in the gradient area.
+  std::vector<std::size_t> act_off, grad_off;
+  // Per node: offset of its kernel state (layernorm mean+rstd, attention probabilities, loss
+  // probabilities and per-token losses) in a slot's area.
+  std::vector<std::size_t> aux_off;
+  std::size_t slot_floats = 0, grad_floats = 0, scratch_floats = 0;
+  std::vector<Device::Buffer> slot_buf;   // per slot: activations + kernel state
+  std::vector<Device::Buffer> token_buf;  // per slot: inputs then targets (int32)
+  Device::Buffer grad_buf, scratch;
+  std::vector<Work> fwd_sends;            // per slot
+  std::vector<Work> bwd_sends;
+  std::vector<int> uses;                  // per parameter: nodes still to run backward
+  int B = 0, T = 0;                       // the graph's (largest) micro-batch
+  std::vector<int> slot_B;                // B of the micro-batch in each slot
+  std::vector<float> host_losses;
+};
+
+namespace {
+std::size_t numel_of(const TensorInfo& t) { return shape_numel(t.shape); }
+}  // namespace
+
+std::size_t StageEngine::count_params(const graph::Graph& g) {
+  std::size_t n = 0;
+  for (const TensorInfo& t : g.tensors)
+    if (t.role == Role::param) n += numel_of(t);
+  return n;
+}
+
+StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& model, int stage,
+                         int stages, int slots, StageComms comms, float* grad_storage)
+    : dev_(dev),
+      g_(std::move(g)),
+      model_(model),
+      stage_(stage),
+      stages_(stages),
+      slots_(std::max(1, slots)),
+      comms_(std::move(comms)),
+      impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  // Parameters: the flat buffer in graph order (nanoGPT order).
+  param_index_.assign(g_.tensors.size(), -1);
+  for (std::size_t t = 0; t < g_.tensors.size(); ++t) {
+    const TensorInfo& ti = g_.tensors[t];
+    if (ti.role != Role::param) continue;
+    ParamInfo p;
+    p.name = ti.name;
+    p.shape = ti.shape;
+    p.numel = numel_of(ti);
+    p.offset = nparams_;
+    p.decay = ti.global_shape.size() >= 2;
+    nparams_ += p.numel;
+    param_index_[t] = static_cast<int>(params_.size());
+    params_.push_back(std::move(p));
+  }
+  DT_CHECK(InvalidArgument, nparams_ > 0, "stage ", stage, " holds no parameters");
+  param_buf_ = Device::Buffer(dev_, nparams_ * sizeof(float));
+  if (grad_storage) {
+    grad_ = grad_storage;
+  } else {
+    grad_buf_ = Device::Buffer(dev_, nparams_ * sizeof(float));
+    grad_ = grad_buf_.as<float>();
+  }
+  // Activations and gradients.
+  m.act_off.assign(g_.tensors.size(), 0);
+  m.grad_off.assign(g_.tensors.size(), 0);
+  m.aux_off.assign(g_.nodes.size(), 0);
+  for (std::size_t t = 0; t < g_.tensors.size(); ++t) {
+    const TensorInfo& ti = g_.tensors[t];
+    if (ti.role == Role::input && ti.shape.size() == 2) {
+      m.B = static_cast<int>(ti.shape[0]);
+      m.T = static_cast<int>(ti.shape[1]);
+    }
+    if (ti.role != Role::activation) continue;
+    if (ti.shape.size() == 3) {
+      m.B = static_cast<int>(ti.shape[0]);
+      m.T = static_cast<int>(ti.shape[1]);
+    }
+    m.act_off[t] = m.slot_floats;
+    m.slot_floats += numel_of(ti);
+    m.grad_off[t] = m.grad_floats;
+    m.grad_floats += numel_of(ti);
+  }
+  DT_ASSERT(m.B > 0 && m.T > 0, "stage graph without activations");
+  const std::size_t BT = static_cast<std::size_t>(m.B) * static_cast<std::size_t>(m.T);
+  for (std::size_t i = 0; i < g_.nodes.size(); ++i) {
+    const Node& n = g_.nodes[i];
+    m.aux_off[i] = m.slot_floats;
+    if (n.op == "layernorm") {
+      m.slot_floats += 2 * BT;
+    } else if (n.op == "attention") {
+      const std::size_t att =
+          static_cast<std::size_t>(m.B) * static_cast<std::size_t>(n.attr("heads")) * m.T * m.T;
+      m.slot_floats += att;
+      m.scratch_floats = std::max(m.scratch_floats, att);
+    } else if (n.op == "xent") {
+      m.slot_floats += numel_of(g_.tensors[static_cast<std::size_t>(n.in[0])]) + BT;
+    } else if (n.op == "send") {
+      m.scratch_floats = std::max(m.scratch_floats, numel_of(g_.tensors[static_cast<std::size_t>(n.in[0])]));
+    }
+  }
+  for (int s = 0; s < slots_; ++s) {
+    m.slot_buf.emplace_back(dev_, m.slot_floats * sizeof(float));
+    m.token_buf.emplace_back(dev_, 2 * BT * sizeof(std::int32_t));
+  }
+  m.slot_B.assign(static_cast<std::size_t>(slots_), m.B);
+  m.grad_buf = Device::Buffer(dev_, std::max<std::size_t>(1, m.grad_floats) * sizeof(float));
+  m.scratch = Device::Buffer(dev_, std::max<std::size_t>(1, m.scratch_floats) * sizeof(float));
+  m.fwd_sends.resize(static_cast<std::size_t>(slots_));
+  m.host_losses.resize(BT);
+  zero_grad();
+}
+
+StageEngine::~StageEngine() {
+  // Sends still in flight read our buffers: finish them (errors were reported by the step).
+  try {
+    wait_sends();
+  } catch (...) {
+  }
+}
+
+const TensorInfo& StageEngine::param_tensor(std::size_t i) const {
+  for (std::size_t t = 0; t < g_.tensors.size(); ++t)
+    if (param_index_[t] == static_cast<int>(i)) return g_.tensors[t];
+  DT_THROW(InvalidArgument, "no parameter ", i);
+}
+
+void StageEngine::init(std::uint64_t seed) {
+  const std::vector<ParamInfo> global = gpt_params(model_);
+  std::vector<float> host(nparams_), full;
+  for (std::size_t t = 0; t < g_.tensors.size(); ++t) {
+    if (param_index_[t] < 0) continue;
+    const TensorInfo& ti = g_.tensors[t];
+    std::size_t gi = 0;
+    while (gi < global.size() && global[gi].name != ti.name) ++gi;
+    DT_ASSERT(gi < global.size(), "parameter ", ti.name, " is not part of the model");
+    full.resize(global[gi].numel);
+    gpt_init_param(model_, seed, gi, full.data());
+    graph::take_shard(ti, comms_.tp_rank, full.data(),
+                      host.data() + params_[static_cast<std::size_t>(param_index_[t])].offset);
+  }
+  dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(param_data()),
+            static_cast<const void*>(host.data()), nparams_ * sizeof(float),
+            DT_HAL_HOST_TO_DEVICE);
+}
+
+void StageEngine::zero_grad() {
+  dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(grad_),
+            nparams_ * sizeof(float));
+}
+
+void StageEngine::wait_sends() {
+  for (Work& w : impl_->fwd_sends)
+    if (w.valid()) {
+      w.wait();
+      w = Work();
+    }
+  for (Work& w : impl_->bwd_sends) w.wait();
+  impl_->bwd_sends.clear();
+}
+
+double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
+                            const std::int32_t* targets, int B) {
+  Impl& m = *impl_;
+  DT_CHECK(InvalidArgument, slot >= 0 && slot < slots_ && B >= 1 && B <= m.B, "slot ", slot,
+           " / batch ", B, " outside the engine's ", slots_, " slots / ", m.B, " sequences");
+  const std::size_t us = static_cast<std::size_t>(slot);
+  if (m.fwd_sends[us].valid()) {  // the slot's last activations may still be on their way
+    m.fwd_sends[us].wait();
+    m.fwd_sends[us] = Work();
+  }
+  m.slot_B[us] = B;
+  const std::int64_t T = m.T, BT = std::int64_t{B} * T;
+  float* A = m.slot_buf[us].as<float>();
+  const float* P = param_data();
+  std::int32_t* tok = m.token_buf[us].as<std::int32_t>();
+  std::int32_t* tgt = tok + static_cast<std::size_t>(m.B) * static_cast<std::size_t>(m.T);
+  auto act = [&](int t) { return A + m.act_off[static_cast<std::size_t>(t)]; };
+  auto prm = [&](int t) {
+    return P + params_[static_cast<std::size_t>(param_index_[static_cast<std::size_t>(t)])].offset;
+  };
+  auto width = [&](int t) { return g_.tensors[static_cast<std::size_t>(t)].shape.back(); };
+  double loss = 0;
+  for (std::size_t i = 0; i < g_.nodes.size(); ++i) {
+    const Node& n = g_.nodes[i];
+    float* aux = A + m.aux_off[i];
+    if (n.op == "embedding") {
+      dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(tok),
+                static_cast<const void*>(inputs), BT * sizeof(std::int32_t), DT_HAL_HOST_TO_DEVICE);
+      dev_.call(&dt_hal_v1_t::embedding_fwd, "embedding_fwd", act(n.out[0]),
+                static_cast<const std::int32_t*>(tok), prm(n.in[1]), prm(n.in[2]),
+                std::int64_t{B}, T, width(n.out[0]), g_.tensors[static_cast<std::size_t>(n.in[1])].shape[0]);
+    } else if (n.op == "layernorm") {
+      const trace::Scope s("forward", "model", "layer", n.layer);
+      dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", act(n.out[0]), aux, aux + BT,
+                static_cast<const float*>(act(n.in[0])), prm(n.in[1]), prm(n.in[2]), BT,
+                width(n.in[0]));
+    } else if (n.op == "linear") {
+      const bool bias = n.attr_or("bias_rank0", 0) == 0 || comms_.tp_rank == 0;
+      linear_fwd(dev_, act(n.out[0]), act(n.in[0]), prm(n.in[1]), bias ? prm(n.in[2]) : nullptr,
+                 BT, width(n.in[0]), width(n.out[0]));
+    } else if (n.op == "attention") {
+      dev_.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", act(n.out[0]), aux,
+                static_cast<const float*>(act(n.in[0])), std::int64_t{B}, T, width(n.out[0]),
+                n.attr("heads"));
+    } else if (n.op == "gelu") {
+      dev_.call(&dt_hal_v1_t::gelu_fwd, "gelu_fwd", act(n.out[0]),
+                static_cast<const float*>(act(n.in[0])), BT * width(n.out[0]));
+    } else if (n.op == "add") {
+      dev_.call(&dt_hal_v1_t::add, "add", act(n.out[0]), static_cast<const float*>(act(n.in[0])),
+                static_cast<const float*>(act(n.in[1])), BT * width(n.out[0]));
+    } else if (n.op == "lm_head") {
+      const std::int64_t C = width(n.in[0]), V = width(n.out[0]);
+      dev_.call(&dt_hal_v1_t::gemm, "gemm", 0, 1, BT, V, C, 1.0f,
+                static_cast<const float*>(act(n.in[0])), C, prm(n.in[1]), C, 0.0f, act(n.out[0]),
+                V);
+    } else if (n.op == "xent") {
+      if (!targets) continue;
+      const std::int64_t V = width(n.in[0]);
+      dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(tgt),
+                static_cast<const void*>(targets), BT * sizeof(std::int32_t),
+                DT_HAL_HOST_TO_DEVICE);
+      float* losses = aux + static_cast<std::size_t>(m.B) * m.T * static_cast<std::size_t>(V);
+      dev_.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", losses, aux,
+                static_cast<const float*>(act(n.in[0])), static_cast<const std::int32_t*>(tgt), BT,
+                V);
+      dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(m.host_losses.data()),
+                static_cast<const void*>(losses), BT * sizeof(float), DT_HAL_DEVICE_TO_HOST);
+      for (std::int64_t k = 0; k < BT; ++k) loss += m.host_losses[static_cast<std::size_t>(k)];
+    } else if (n.op == "tp_copy") {
+      dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(act(n.out[0])),
+                static_cast<const void*>(act(n.in[0])), BT * width(n.out[0]) * sizeof(float),
+                DT_HAL_DEVICE_TO_DEVICE);
+    } else if (n.op == "tp_reduce") {
+      float* y = act(n.out[0]);
+      dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(y),
+                static_cast<const void*>(act(n.in[0])), BT * width(n.out[0]) * sizeof(float),
+                DT_HAL_DEVICE_TO_DEVICE);
+      dev_.call(&dt_hal_v1_t::synchronize, "synchronize");
+      comms_.tp->all_reduce(view_of(y, static_cast<std::size_t>(BT * width(n.out[0]))),
+                            ReduceOp::sum);
+    } else if (n.op == "send") {
+      const trace::Scope s("send", "pipeline", "micro-batch", micro);
+      dev_.call(&dt_hal_v1_t::synchronize, "synchronize");
+      const float* x = act(n.in[0]);
+      m.fwd_sends[us] = comms_.p2p->isend(
+          ConstTensorView{x, static_cast<std::size_t>(BT * width(n.in[0])), DType::f32},
+          comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))], tag_of(n, micro, false));
+    } else if (n.op == "recv") {
+      const trace::Scope s("recv", "pipeline", "micro-batch", micro);
+      comms_.p2p->recv(view_of(act(n.out[0]), static_cast<std::size_t>(BT * width(n.out[0]))),
+                       comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))],
+                       tag_of(n, micro, false));
+    } else {
+      DT_THROW(InvalidArgument, "node ", n.name, ": the engine cannot run op '", n.op, "'");
+    }
+  }
+  return loss;
+}
+
+void StageEngine::backward(int slot, int micro, float loss_scale, const GradReady& ready) {
+  Impl& m = *impl_;
+  const std::size_t us = static_cast<std::size_t>(slot);
+  DT_CHECK(InvalidArgument, slot >= 0 && slot < slots_, "slot ", slot, " outside [0, ", slots_,
+           ")");
+  // The previous micro-batch's gradient messages read the gradient area we are about to clear.
+  for (Work& w : m.bwd_sends) w.wait();
+  m.bwd_sends.clear();
+  dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", m.grad_buf.get(),
+            m.grad_floats * sizeof(float));
+  const int B = m.slot_B[us];
+  const std::int64_t T = m.T, BT = std::int64_t{B} * T;
+  float* A = m.slot_buf[us].as<float>();
+  float* D = m.grad_buf.as<float>();
+  const float* P = param_data();
+  float* G = grad_;
+  const std::int32_t* tok = m.token_buf[us].as<std::int32_t>();
+  const std::int32_t* tgt = tok + static_cast<std::size_t>(m.B) * static_cast<std::size_t>(m.T);
+  auto act = [&](int t) { return static_cast<const float*>(A + m.act_off[static_cast<std::size_t>(t)]); };
+  auto grad = [&](int t) { return D + m.grad_off[static_cast<std::size_t>(t)]; };
+  auto pidx = [&](int t) { return param_index_[static_cast<std::size_t>(t)]; };
+  auto prm = [&](int t) { return P + params_[static_cast<std::size_t>(pidx(t))].offset; };
+  auto dprm = [&](int t) { return G + params_[static_cast<std::size_t>(pidx(t))].offset; };
+  auto width = [&](int t) { return g_.tensors[static_cast<std::size_t>(t)].shape.back(); };
+  if (ready) {
+    m.uses.assign(params_.size(), 0);
+    for (const Node& n : g_.nodes)
+      for (int t : n.in)
+        if (pidx(t) >= 0) ++m.uses[static_cast<std::size_t>(pidx(t))];
+  }
+  for (std::size_t k = g_.nodes.size(); k-- > 0;) {
+    const Node& n = g_.nodes[k];
+    const float* aux = A + m.aux_off[k];
+    if (n.op == "xent") {
+      const std::int64_t V = width(n.in[0]);
+      dev_.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", grad(n.in[0]), aux, tgt,
+                loss_scale, BT, V);
+    } else if (n.op == "lm_head") {
+      const std::int64_t C = width(n.in[0]), V = width(n.out[0]);
+      const float* dl = grad(n.out[0]);
+      dev_.call(&dt_hal_v1_t::gemm, "gemm", 0, 0, BT, C, V, 1.0f, dl, V, prm(n.in[1]), C, 1.0f,
+                grad(n.in[0]), C);
+      dev_.call(&dt_hal_v1_t::gemm, "gemm", 1, 0, V, C, BT, 1.0f, dl, V, act(n.in[0]), C, 1.0f,
+                dprm(n.in[1]), C);
+    } else if (n.op == "layernorm") {
+      const trace::Scope s("backward", "model", "layer", n.layer);
+      dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", grad(n.in[0]), dprm(n.in[1]),
+                dprm(n.in[2]), static_cast<const float*>(grad(n.out[0])), act(n.in[0]),
+                prm(n.in[1]), aux, aux + BT, BT, width(n.in[0]));
+    } else if (n.op == "linear") {
+      const std::int64_t in = width(n.in[0]), out = width(n.out[0]);
+      linear_bwd(dev_, grad(n.in[0]), 1.0f, dprm(n.in[1]), dprm(n.in[2]), grad(n.out[0]),
+                 act(n.in[0]), prm(n.in[1]), BT, in, out);
+      if (n.attr_or("zero_key_bias", 0)) {
+        // The key bias adds q_i . b_k to every score of row i, which softmax ignores: its
+        // gradient is exactly zero (dt::Gpt keeps it so too).
+        const std::int64_t seg = out / 3;
+        dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dprm(n.in[2]) + seg),
+                  static_cast<std::size_t>(seg) * sizeof(float));
+      }
+    } else if (n.op == "attention") {
+      dev_.call(&dt_hal_v1_t::attention_bwd, "attention_bwd", grad(n.in[0]), m.scratch.as<float>(),
+                static_cast<const float*>(grad(n.out[0])), act(n.in[0]), aux, std::int64_t{B}, T,
+                width(n.out[0]), n.attr("heads"));
+    } else if (n.op == "gelu") {
+      dev_.call(&dt_hal_v1_t::gelu_bwd, "gelu_bwd", grad(n.in[0]), act(n.in[0]),
+                static_cast<const float*>(grad(n.out[0])), BT * width(n.out[0]));
+    } else if (n.op == "add") {
+      const std::int64_t cnt = BT * width(n.out[0]);
+      for (int in : n.in)
+        dev_.call(&dt_hal_v1_t::add, "add", grad(in), static_cast<const float*>(grad(in)),
+                  static_cast<const float*>(grad(n.out[0])), cnt);
+    } else if (n.op == "embedding") {
+      dev_.call(&dt_hal_v1_t::embedding_bwd, "embedding_bwd", dprm(n.in[1]), dprm(n.in[2]),
+                static_cast<const float*>(grad(n.out[0])), tok, std::int64_t{B}, T,
+                width(n.out[0]));
+    } else if (n.op == "tp_copy") {
+      const std::int64_t cnt = BT * width(n.out[0]);
+      float* dy = grad(n.out[0]);
+      dev_.call(&dt_hal_v1_t::synchronize, "synchronize");
+      comms_.tp->all_reduce(view_of(dy, static_cast<std::size_t>(cnt)), ReduceOp::sum);
+      dev_.call(&dt_hal_v1_t::add, "add", grad(n.in[0]), static_cast<const float*>(grad(n.in[0])),
+                static_cast<const float*>(dy), cnt);
+    } else if (n.op == "tp_reduce") {
+      const std::int64_t cnt = BT * width(n.out[0]);
+      dev_.call(&dt_hal_v1_t::add, "add", grad(n.in[0]), static_cast<const float*>(grad(n.in[0])),
+                static_cast<const float*>(grad(n.out[0])), cnt);
+    } else if (n.op == "recv") {
+      // The gradient of what we received goes back to the stage that sent it.
+      const trace::Scope s("send", "pipeline", "micro-batch", micro);
+      dev_.call(&dt_hal_v1_t::synchronize, "synchronize");
+      m.bwd_sends.push_back(comms_.p2p->isend(
+          ConstTensorView{grad(n.out[0]), static_cast<std::size_t>(BT * width(n.out[0])),
+                          DType::f32},
+          comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))], tag_of(n, micro, true)));
+    } else if (n.op == "send") {
+      const trace::Scope s("recv", "pipeline", "micro-batch", micro);
+      const std::int64_t cnt = BT * width(n.in[0]);
+      float* tmp = m.scratch.as<float>();
+      comms_.p2p->recv(view_of(tmp, static_cast<std::size_t>(cnt)),
+                       comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))],
+                       tag_of(n, micro, true));
+      dev_.call(&dt_hal_v1_t::add, "add", grad(n.in[0]), static_cast<const float*>(grad(n.in[0])),
+                static_cast<const float*>(tmp), cnt);
+    } else {
+      DT_THROW(InvalidArgument, "node ", n.name, ": the engine cannot run op '", n.op, "'");
+    }
+    if (!ready) continue;
+    for (int t : n.in) {
+      const int p = pidx(t);
+      if (p < 0 || --m.uses[static_cast<std::size_t>(p)] > 0) continue;
+      dev_.call(&dt_hal_v1_t::synchronize, "synchronize");
+      ready(static_cast<std::size_t>(p), static_cast<std::size_t>(p) + 1);
+    }
+  }
+}
+
+}  // namespace dt

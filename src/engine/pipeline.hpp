@@ -1,0 +1,101 @@
+// The pipeline engine: the 1F1B schedule and the executor of one rank's stage graph.
+//
+// StageEngine interprets a stage graph (dt/graph.hpp) node by node on a dt::Device: forward in
+// graph order, backward in reverse, with activations kept per in-flight micro-batch ("slot") and
+// one set of activation gradients. Tensor-parallel collectives run on the TP communicator;
+// pipeline edges are point-to-point messages (activations forward, their gradients backward).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "dt/comm.hpp"
+#include "dt/device.hpp"
+#include "dt/gpt.hpp"
+#include "dt/graph.hpp"
+
+namespace dt {
+
+struct PipeAction {
+  enum class Kind { forward, backward };
+  Kind kind = Kind::forward;
+  int micro = 0;
+};
+
+/// The 1F1B order for `stage` of `stages` over `micro` micro-batches: a warm-up of
+/// min(stages - stage - 1, micro) forwards, then one forward and one backward in turn, then the
+/// remaining backwards (cool-down). Every micro-batch appears once as forward and once as backward.
+std::vector<PipeAction> one_f_one_b(int stage, int stages, int micro);
+
+/// Runs the 1F1B schedules of all stages against each other with forward time `tf` and backward
+/// time `tb` per micro-batch on every stage and free communication; returns the time the last
+/// stage finishes. Throws dt::InternalError when the schedules deadlock.
+double simulate_1f1b(int stages, int micro, double tf, double tb);
+
+/// Communicators a stage uses.
+struct StageComms {
+  Comm* tp = nullptr;  ///< tensor-parallel group (may be null when tp == 1)
+  int tp_rank = 0;
+  P2p* p2p = nullptr;           ///< pipeline messages (may be null with one stage)
+  std::vector<int> stage_rank;  ///< p2p rank of every stage of this rank's pipeline
+};
+
+class StageEngine {
+ public:
+  /// `g`: this rank's stage graph (shapes with the largest micro-batch). `slots`: micro-batches
+  /// whose activations are kept at once. `grad_storage`: host memory for num_params() floats to
+  /// hold the gradients (a shared-memory arena), or null to allocate them on the device.
+  StageEngine(const Device& dev, graph::Graph g, const GptConfig& model, int stage, int stages,
+              int slots, StageComms comms, float* grad_storage = nullptr);
+  ~StageEngine();
+  StageEngine(const StageEngine&) = delete;
+  StageEngine& operator=(const StageEngine&) = delete;
+
+  /// This rank's parameters (shards), nanoGPT names, offsets into the flat buffers.
+  const std::vector<ParamInfo>& params() const noexcept { return params_; }
+  /// The graph tensor of parameter i (its sharding and global shape).
+  const graph::TensorInfo& param_tensor(std::size_t i) const;
+  /// Number of parameters of the local flat buffer, for sizing a gradient arena before
+  /// construction.
+  static std::size_t count_params(const graph::Graph& g);
+  std::size_t num_params() const noexcept { return nparams_; }
+  float* param_data() const noexcept { return param_buf_.as<float>(); }
+  float* grad_data() const noexcept { return grad_; }
+  const graph::Graph& graph() const noexcept { return g_; }
+  bool first_stage() const noexcept { return stage_ == 0; }
+  bool last_stage() const noexcept { return stage_ == stages_ - 1; }
+
+  /// Draws every parameter as dt::Gpt::init(seed) does and keeps this rank's shard.
+  void init(std::uint64_t seed);
+  void zero_grad();
+
+  /// Forward of `micro` in `slot` on B sequences (B <= the graph's micro-batch): `inputs` and
+  /// `targets` are host arrays of B x T tokens (read by the stage that embeds, resp. computes the
+  /// loss). Returns the sum of token losses on the last stage, 0 elsewhere.
+  double forward(int slot, int micro, const std::int32_t* inputs, const std::int32_t* targets,
+                 int B);
+  /// Backward of `micro` (whose forward ran in `slot`): gradients of loss_scale x sum of token
+  /// losses are added to the gradient buffer. `ready(first, end)`, when set, is called as each
+  /// parameter's gradient becomes final for this backward (indices into params()).
+  using GradReady = std::function<void(std::size_t first, std::size_t end)>;
+  void backward(int slot, int micro, float loss_scale, const GradReady& ready = {});
+  /// Waits for every point-to-point send still in flight.
+  void wait_sends();
+
+ private:
+  struct Impl;
+  const Device& dev_;
+  graph::Graph g_;
+  GptConfig model_;
+  int stage_, stages_, slots_;
+  StageComms comms_;
+  std::vector<ParamInfo> params_;
+  std::vector<int> param_index_;  // tensor id -> index into params_ (-1: not a parameter)
+  std::size_t nparams_ = 0;
+  Device::Buffer param_buf_, grad_buf_;
+  float* grad_ = nullptr;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dt
