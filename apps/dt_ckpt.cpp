@@ -2,7 +2,9 @@
 //
 //   dt_ckpt list DIR          checkpoints of DIR, newest first, each verified; interrupted saves
 //   dt_ckpt inspect FILE      root attributes and every dataset (shape, dtype, size), file order
-//   dt_ckpt verify FILE       every chunk digest (collective: mpiexec -n N shares the hashing)
+//   dt_ckpt verify FILE       every chunk digest (collective: mpiexec -n N shares the hashing);
+//                             with --security.key_file KEY an encrypted checkpoint (ckpt.encrypt)
+//                             is also decrypted and authenticated, and a wrong key is reported
 //   dt_ckpt export FILE --format safetensors --output OUT.safetensors
 //   dt_ckpt import IN.safetensors --output DIR --heads H [--step 0]
 //
@@ -40,6 +42,7 @@
 #include "dt/error.hpp"
 #include "dt/gpt.hpp"
 #include "dt/runtime.hpp"
+#include "dt/security.hpp"
 #include "dt/train.hpp"
 
 namespace {
@@ -52,7 +55,7 @@ using dt::Shape;
 constexpr const char* kUsage =
     "usage: dt_ckpt list DIR\n"
     "       dt_ckpt inspect FILE\n"
-    "       dt_ckpt verify FILE\n"
+    "       dt_ckpt verify FILE [--security.key_file KEY]\n"
     "       dt_ckpt export FILE --format safetensors --output OUT.safetensors\n"
     "       dt_ckpt import IN.safetensors --output DIR --heads H [--step 0]\n"
     "Looks at, verifies and converts dt checkpoints (DIR/step-N.h5).\n"
@@ -210,7 +213,7 @@ class CheckpointFile {
         "H5Lvisit", path_);
     std::vector<DatasetInfo> out;
     for (const auto& n : names) {
-      if (n.rfind("/checksums/", 0) == 0) continue;
+      if (n.rfind("/checksums/", 0) == 0 || n.rfind("/crypto/", 0) == 0) continue;
       H5 d(h5_check(H5Dopen2(file_.get(), n.c_str(), H5P_DEFAULT), "H5Dopen2", path_), H5Dclose);
       H5 t(h5_check(H5Dget_type(d.get()), "H5Dget_type", path_), H5Tclose);
       H5 s(h5_check(H5Dget_space(d.get()), "H5Dget_space", path_), H5Sclose);
@@ -367,6 +370,17 @@ struct Args {
   std::string output;
   int heads = 0;
   long step = 0;
+  std::string key_file;  ///< --security.key_file: job key of encrypted checkpoints
+  /// The keys of key_file (loaded on demand; nullptr without a key file).
+  const dt::security::Keys* keys() const {
+    if (key_file.empty()) return nullptr;
+    if (!keys_) keys_ = std::make_shared<dt::security::Keys>(dt::security::load_key_file(key_file),
+                                                             dt::security::slurm_job_id());
+    return keys_.get();
+  }
+
+ private:
+  mutable std::shared_ptr<dt::security::Keys> keys_;
 };
 
 // One line of the list table (no trailing blanks).
@@ -399,7 +413,7 @@ int cmd_list(dt::Runtime& rt, const Args& a) {
     std::vector<std::string> problems;
     try {
       probe(e.path);  // not a dt checkpoint at all: reported like a failed verification
-      problems = dt::verify_file(rt.world(), e.path);
+      problems = dt::verify_file(rt.world(), e.path, a.keys());
     } catch (const ConfigError& err) {
       problems = {err.message()};
     }
@@ -471,13 +485,22 @@ int cmd_inspect(dt::Runtime& rt, const Args& a) {
 }
 
 // Verifies `path` (collective). Prints the outcome on rank 0; returns 0 or 1.
-int verify_and_report(dt::Runtime& rt, const std::string& path, const char* refusing) {
+int verify_and_report(dt::Runtime& rt, const Args& a, const std::string& path,
+                      const char* refusing) {
   const Probe p = probe(path);
-  const auto problems = dt::verify_file(rt.world(), path);
+  const dt::security::Keys* keys = a.keys();
+  const std::string enc = p.opens ? dt::checkpoint_encryption(path) : "";
+  const auto problems = dt::verify_file(rt.world(), path, keys);
   if (rt.rank() != 0) return problems.empty() ? 0 : 1;
   if (problems.empty()) {
+    const std::string how =
+        enc.empty() ? ""
+        : keys      ? "; encrypted (" + enc + "), every chunk authenticated with the key"
+                    : "; encrypted (" + enc +
+                     "), digests only: give --security.key_file to authenticate the contents";
     if (!refusing)
-      std::printf("ok: %s (%zu datasets, %zu chunks)\n", path.c_str(), p.datasets, p.chunks);
+      std::printf("ok: %s (%zu datasets, %zu chunks%s)\n", path.c_str(), p.datasets, p.chunks,
+                  how.c_str());
     return 0;
   }
   if (refusing)
@@ -488,7 +511,9 @@ int verify_and_report(dt::Runtime& rt, const std::string& path, const char* refu
   return 1;
 }
 
-int cmd_verify(dt::Runtime& rt, const Args& a) { return verify_and_report(rt, a.input, nullptr); }
+int cmd_verify(dt::Runtime& rt, const Args& a) {
+  return verify_and_report(rt, a, a.input, nullptr);
+}
 
 void write_all(std::FILE* f, const void* p, std::size_t n, const std::string& path) {
   DT_CHECK(ConfigError, n == 0 || std::fwrite(p, 1, n, f) == n, path,
@@ -496,14 +521,38 @@ void write_all(std::FILE* f, const void* p, std::size_t n, const std::string& pa
 }
 
 int cmd_export(dt::Runtime& rt, const Args& a) {
-  if (verify_and_report(rt, a.input, "export") != 0) return 1;
+  const bool encrypted = !dt::checkpoint_encryption(a.input).empty();
+  DT_CHECK(ConfigError, !encrypted || a.keys(), a.input,
+           " is encrypted: export needs its job key (--security.key_file KEY)");
+  if (verify_and_report(rt, a, a.input, "export") != 0) return 1;
+  std::map<std::string, std::pair<Shape, std::vector<unsigned char>>> tensors;  // sorted by name
+  if (encrypted) {
+    // Decrypted and authenticated by the library's loader (collective), then kept on rank 0.
+    CheckpointFile ef(a.input);
+    std::vector<dt::CkptTensor> all;
+    std::vector<std::vector<float>> bufs;
+    const auto infos = ef.datasets();
+    bufs.reserve(infos.size());
+    for (const auto& d : infos) {
+      bufs.emplace_back(dt::shape_numel(d.shape));
+      all.push_back(dt::CkptTensor{d.path, d.shape, bufs.back().data()});
+    }
+    dt::load_checkpoint(rt.world(), a.input, all, a.keys());
+    if (rt.rank() != 0) return 0;
+    for (std::size_t i = 0; i < infos.size(); ++i) {
+      if (infos[i].path.rfind("/model/", 0) != 0) continue;
+      std::vector<unsigned char> bytes(bufs[i].size() * sizeof(float));
+      if (!bytes.empty()) std::memcpy(bytes.data(), bufs[i].data(), bytes.size());
+      tensors[infos[i].path.substr(7)] = {infos[i].shape, std::move(bytes)};
+    }
+  }
   if (rt.rank() != 0) return 0;
   CheckpointFile f(a.input);
-  std::map<std::string, std::pair<Shape, std::vector<unsigned char>>> tensors;  // sorted by name
-  for (const auto& d : f.datasets()) {
-    if (d.path.rfind("/model/", 0) != 0) continue;
-    tensors[d.path.substr(7)] = {d.shape, f.read_f32_le(d)};
-  }
+  if (!encrypted)
+    for (const auto& d : f.datasets()) {
+      if (d.path.rfind("/model/", 0) != 0) continue;
+      tensors[d.path.substr(7)] = {d.shape, f.read_f32_le(d)};
+    }
   DT_CHECK(ConfigError, !tensors.empty(), a.input, ": no /model datasets to export");
   const auto wte = tensors.find("transformer.wte.weight");
   if (wte != tensors.end() && !tensors.count("lm_head.weight"))
@@ -863,7 +912,7 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
 
 const std::set<std::string> kSubcommands = {"list", "inspect", "verify", "export", "import"};
 const std::set<std::string> kValueOptions = {"--format", "--output", "--heads", "--step",
-                                             "--config"};
+                                             "--config", "--security.key_file"};
 
 // Parses argv into `a`; returns false when help was printed. Throws ConfigError on bad usage.
 bool parse_args(int argc, char** argv, Args& a) {
@@ -908,6 +957,10 @@ bool parse_args(int argc, char** argv, Args& a) {
   if (a.sub == "export")
     opts.add("format", &a.format, "safetensors", "output format", {"safetensors"})
         .add("output", &a.output, "", "output file (required); written as OUT.tmp, then renamed");
+  if (a.sub == "verify" || a.sub == "list" || a.sub == "export")
+    opts.add("security.key_file", &a.key_file, "",
+             "job key of encrypted checkpoints (ckpt.encrypt): 32 bytes, mode 0600, owned by you; "
+             "with it every chunk is decrypted and authenticated");
   if (a.sub == "import")
     opts.add("output", &a.output, "", "checkpoint directory (required); created if missing")
         .add("heads", &a.heads, 0, "attention heads (required: not visible in the weights)", 0,

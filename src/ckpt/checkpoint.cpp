@@ -15,11 +15,13 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "../comm/mpi_comm.hpp"
 #include "dt/qos.hpp"
+#include "dt/security.hpp"
 #include "dt/trace.hpp"
 #include "h5.hpp"
 
@@ -229,6 +231,104 @@ std::string read_string_attr(hid_t obj, const char* name, const std::string& fil
 
 std::string checksum_path(const std::string& p) { return "/checksums" + p; }
 
+// ---- encryption at rest -------------------------------------------------------------------------
+
+constexpr const char* kEncryption = "aes-256-gcm";
+constexpr std::size_t kCryptoRow = security::kNonceBytes + security::kTagBytes;  // nonce, tag
+
+std::string crypto_path(const std::string& p) { return "/crypto" + p; }
+
+std::array<std::uint8_t, security::kNonceBytes> chunk_nonce(std::uint32_t ordinal,
+                                                            std::uint64_t chunk) {
+  std::array<std::uint8_t, security::kNonceBytes> n{};
+  for (int b = 0; b < 4; ++b) n[static_cast<std::size_t>(b)] = (ordinal >> (8 * b)) & 0xFF;
+  for (int b = 0; b < 8; ++b) n[static_cast<std::size_t>(4 + b)] = (chunk >> (8 * b)) & 0xFF;
+  return n;
+}
+
+void put_u64(std::string& a, std::uint64_t v) {
+  for (int b = 0; b < 8; ++b) a.push_back(static_cast<char>((v >> (8 * b)) & 0xFF));
+}
+
+// Binds a chunk to its dataset (path and shape), its place and its size.
+std::string chunk_aad(const std::string& path, const Shape& shape, std::uint64_t chunk,
+                      std::uint64_t bytes) {
+  std::string a = "dt-ckpt-v1";
+  a.push_back('\0');
+  a += path;
+  a.push_back('\0');
+  put_u64(a, shape.size());
+  for (auto d : shape) put_u64(a, static_cast<std::uint64_t>(d));
+  for (int b = 0; b < 8; ++b) a.push_back(static_cast<char>((chunk >> (8 * b)) & 0xFF));
+  for (int b = 0; b < 8; ++b) a.push_back(static_cast<char>((bytes >> (8 * b)) & 0xFF));
+  return a;
+}
+
+constexpr const char* kKeyCheckAad = "dt-ckpt-key-check";
+
+// The root attributes a checkpoint's meta data is read from, serialised for authentication.
+std::string meta_aad(const CkptMeta& m) {
+  std::string a = "dt-ckpt-meta-v1";
+  a.push_back('\0');
+  for (std::int64_t v : {m.step, m.tokens, m.optimizer_step, m.data_position, m.rng_seed})
+    put_u64(a, static_cast<std::uint64_t>(v));
+  std::uint64_t ls = 0;
+  static_assert(sizeof ls == sizeof m.loss_scale, "double is 64 bits");
+  std::memcpy(&ls, &m.loss_scale, sizeof ls);
+  put_u64(a, ls);
+  put_u64(a, m.config.size());
+  a += m.config;
+  put_u64(a, m.layout.size());
+  a += m.layout;
+  return a;
+}
+
+// The tag that authenticates the meta data under the file key.
+std::array<std::uint8_t, security::kTagBytes> meta_tag(security::Aead& enc, const CkptMeta& m) {
+  std::array<std::uint8_t, security::kTagBytes> tag{};
+  const auto nonce = chunk_nonce(0xFFFFFFFEu, ~std::uint64_t{0});
+  const std::string aad = meta_aad(m);
+  enc.seal(nonce.data(), reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(), nullptr,
+           0, nullptr, tag.data());
+  return tag;
+}
+
+// The tag of an empty message under the file key: tells a wrong key apart from damage.
+std::array<std::uint8_t, security::kTagBytes> key_check(security::Aead& enc) {
+  std::array<std::uint8_t, security::kTagBytes> tag{};
+  const auto nonce = chunk_nonce(0xFFFFFFFFu, ~std::uint64_t{0});
+  enc.seal(nonce.data(), reinterpret_cast<const std::uint8_t*>(kKeyCheckAad),
+           std::strlen(kKeyCheckAad), nullptr, 0, nullptr, tag.data());
+  return tag;
+}
+
+std::string to_hex(const std::uint8_t* p, std::size_t n) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (std::size_t i = 0; i < n; ++i) {
+    s.push_back(d[p[i] >> 4]);
+    s.push_back(d[p[i] & 15]);
+  }
+  return s;
+}
+
+// Parses exactly n bytes of hex; false for anything else.
+bool from_hex(const std::string& s, std::uint8_t* out, std::size_t n) {
+  if (s.size() != 2 * n) return false;
+  auto nib = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    const int hi = nib(s[2 * i]), lo = nib(s[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out[i] = static_cast<std::uint8_t>(hi * 16 + lo);
+  }
+  return true;
+}
+
 std::string step_name(std::int64_t step) { return "step-" + std::to_string(step) + ".h5"; }
 
 }  // namespace
@@ -237,7 +337,7 @@ std::string step_name(std::int64_t step) { return "step-" + std::to_string(step)
 
 SaveStats save_checkpoint(Comm& comm, const std::string& dir,
                           const std::vector<CkptTensor>& tensors, const CkptMeta& meta, int keep,
-                          const std::function<void()>& after_write) {
+                          const std::function<void()>& after_write, const security::Keys* keys) {
   static const Quiet quiet;
   DT_CHECK(CheckpointError, keep >= 1, "ckpt.keep must be at least 1, got ", keep);
   const trace::Scope save_scope("ckpt.save", "ckpt", "step", meta.step);
@@ -268,6 +368,66 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     stats.bytes += t.numel() * sizeof(float);
   }
   const auto mine = my_chunks(numels, comm.rank(), comm.size());
+  // ckpt.encrypt: this rank's chunks are sealed first; the digests and the file get the
+  // ciphertext. sealed[i] holds elements [range_a[i], ...) of tensor i.
+  std::vector<std::vector<float>> sealed(keys ? tensors.size() : 0);
+  std::vector<std::vector<unsigned char>> crypto_rows(keys ? tensors.size() : 0);
+  std::vector<std::size_t> range_a(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    range_a[i] = std::min(mine[i].first * kChunkElements, tensors[i].numel());
+  std::string salt_hex, check_hex, meta_hex;
+  if (keys) {
+    security::Salt salt{};
+    if (comm.rank() == 0) {
+      try {
+        salt = security::random_salt();
+      } catch (const Error& e) {
+        ok = false;
+        err = e.message();
+      }
+    }
+    if (!all_ok(comm, ok)) DT_THROW(CheckpointError, "encrypting ", partial, " failed: ", err);
+    comm.broadcast(TensorView{salt.data(), salt.size(), DType::u8}, 0);
+    try {
+      const trace::Scope seal_scope("ckpt.seal", "ckpt");
+      DT_CHECK(CheckpointError, tensors.size() < 0xFFFFFFFFu, "too many tensors to encrypt");
+      security::Aead enc(keys->checkpoint_key(salt), true);
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const auto [ca, cb] = mine[i];
+        const std::size_t b = std::min(cb * kChunkElements, tensors[i].numel());
+        sealed[i].resize(b - range_a[i]);
+        crypto_rows[i].resize((cb - ca) * kCryptoRow + kCryptoRow);
+        for (std::size_t c = ca; c < cb; ++c) {
+          const std::size_t e0 = c * kChunkElements;
+          const std::size_t e1 = std::min(e0 + kChunkElements, tensors[i].numel());
+          const auto nonce = chunk_nonce(static_cast<std::uint32_t>(i), c);
+          const std::string aad =
+              chunk_aad(tensors[i].path, tensors[i].shape, c, (e1 - e0) * sizeof(float));
+          unsigned char* row = crypto_rows[i].data() + (c - ca) * kCryptoRow;
+          std::copy(nonce.begin(), nonce.end(), row);
+          enc.seal(nonce.data(), reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(),
+                   tensors[i].data + e0, (e1 - e0) * sizeof(float),
+                   sealed[i].data() + (e0 - range_a[i]), row + security::kNonceBytes);
+        }
+      }
+      const auto check = key_check(enc);
+      const auto mtag = meta_tag(enc, meta);
+      salt_hex = to_hex(salt.data(), salt.size());
+      check_hex = to_hex(check.data(), check.size());
+      meta_hex = to_hex(mtag.data(), mtag.size());
+    } catch (const Error& e) {
+      ok = false;
+      err = e.message();
+    }
+    if (!all_ok(comm, ok))
+      DT_THROW(CheckpointError, "encrypting ", partial, " failed",
+               err.empty() ? std::string(" on another rank") : ": " + err);
+  }
+  // Element e of tensor i as this rank writes it (plain, or sealed in this rank's share).
+  auto source = [&](std::size_t i, std::size_t e) -> const float* {
+    if (!keys) return tensors[i].data + e;
+    return sealed[i].data() + (e - range_a[i]);
+  };
   try {
     H5 fapl = file_access(mc.handle(), partial);
     H5 f(h5(H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), "H5Fcreate", partial),
@@ -296,7 +456,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     H5 dxpl = data_xfer(partial);
 
     // Create every dataset first (collective metadata), then one write per dataset.
-    std::vector<H5> data_sets, sum_sets;
+    std::vector<H5> data_sets, sum_sets, crypto_sets;
     for (const auto& t : tensors) {
       std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
       if (dims.empty()) dims.push_back(1);
@@ -313,6 +473,14 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
                                           H5P_DEFAULT, H5P_DEFAULT),
                                "H5Dcreate2", partial),
                             H5Dclose);
+      if (keys) {
+        hsize_t rdims[2] = {chunks_of(t.numel()), kCryptoRow};
+        H5 rsp(h5(H5Screate_simple(2, rdims, nullptr), "H5Screate_simple", partial), H5Sclose);
+        crypto_sets.emplace_back(h5(H5Dcreate2(f, crypto_path(t.path).c_str(), H5T_STD_U8LE, rsp,
+                                               lcpl, H5P_DEFAULT, H5P_DEFAULT),
+                                    "H5Dcreate2", partial),
+                                 H5Dclose);
+      }
     }
     const AbortUnlessAgreed guard{agreed, partial, comm.rank()};
     // The digests of this rank's chunks are computed in a second thread while this one writes.
@@ -328,7 +496,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
           for (std::size_t c = ca; c < cb; ++c) {
             const std::size_t e0 = c * kChunkElements;
             const std::size_t e1 = std::min(e0 + kChunkElements, tensors[i].numel());
-            const Digest d = sha256(tensors[i].data + e0, (e1 - e0) * sizeof(float));
+            const Digest d = sha256(source(i, e0), (e1 - e0) * sizeof(float));
             std::copy(d.begin(), d.end(),
                       all_sums[i].begin() + static_cast<std::ptrdiff_t>((c - ca) * 32));
           }
@@ -359,8 +527,8 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
         hsize_t n = std::max<std::size_t>(b - a, 1);
         H5 msp(h5(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", partial), H5Sclose);
         if (a == b) h5(H5Sselect_none(msp), "H5Sselect_none", partial, 0);
-        h5(H5Dwrite(data_sets[i], H5T_NATIVE_FLOAT, msp, fsp, dxpl, t.data + a), "H5Dwrite",
-           partial, 0);
+        h5(H5Dwrite(data_sets[i], H5T_NATIVE_FLOAT, msp, fsp, dxpl, a < b ? source(i, a) : t.data),
+           "H5Dwrite", partial, 0);
       }
     } catch (const std::exception& e) {
       wrote = false;
@@ -392,6 +560,19 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
           if (ca == cb) h5(H5Sselect_none(cmsp), "H5Sselect_none", partial, 0);
           h5(H5Dwrite(sum_sets[i], H5T_NATIVE_UCHAR, cmsp, csp, dxpl, sums.data()), "H5Dwrite",
              partial, 0);
+          if (!keys) continue;
+          H5 rsp(h5(H5Dget_space(crypto_sets[i]), "H5Dget_space", partial), H5Sclose);
+          hsize_t rstart[2] = {ca, 0}, rcount[2] = {cb - ca, kCryptoRow};
+          if (ca < cb)
+            h5(H5Sselect_hyperslab(rsp, H5S_SELECT_SET, rstart, nullptr, rcount, nullptr),
+               "H5Sselect_hyperslab", partial, 0);
+          else
+            h5(H5Sselect_none(rsp), "H5Sselect_none", partial, 0);
+          hsize_t rm = std::max<std::size_t>((cb - ca) * kCryptoRow, 1);
+          H5 rmsp(h5(H5Screate_simple(1, &rm, nullptr), "H5Screate_simple", partial), H5Sclose);
+          if (ca == cb) h5(H5Sselect_none(rmsp), "H5Sselect_none", partial, 0);
+          h5(H5Dwrite(crypto_sets[i], H5T_NATIVE_UCHAR, rmsp, rsp, dxpl, crypto_rows[i].data()),
+             "H5Dwrite", partial, 0);
         }
     } catch (const std::exception& e) {
       wrote = false;
@@ -415,6 +596,12 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     write_attr(root, "layout", meta.layout, partial);
     write_attr(root, "dt_version", std::string(DT_VERSION), partial);
     write_attr(root, "chunk_elements", static_cast<std::int64_t>(kChunkElements), partial);
+    if (keys) {
+      write_attr(root, "encryption", std::string(kEncryption), partial);
+      write_attr(root, "key_salt", salt_hex, partial);
+      write_attr(root, "key_check", check_hex, partial);
+      write_attr(root, "meta_tag", meta_hex, partial);
+    }
     h5(H5Fflush(f, H5F_SCOPE_GLOBAL), "H5Fflush", partial, 0);
   } catch (const std::exception& e) {
     ok = false;
@@ -589,10 +776,55 @@ Shape dataset_shape(hid_t d, const std::string& path) {
   return Shape(dims.begin(), dims.end());
 }
 
+// The decryption context of an encrypted file (nullopt for a plain one, and for an encrypted one
+// when `keys` is null and `require` is false). Throws CheckpointError "checkpoint key: ..." for an
+// encrypted file without keys (when `require`), a plain file with keys (when `require`), a
+// malformed key attribute and a wrong key.
+std::optional<security::Aead> open_crypto(hid_t file, const std::string& path,
+                                          const security::Keys* keys, bool require,
+                                          const CkptMeta& meta) {
+  H5 root(h5(H5Gopen2(file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
+  const bool encrypted = has_attr(root, "encryption");
+  if (!encrypted) {
+    DT_CHECK(CheckpointError, !(keys && require), "checkpoint key: ", path,
+             " is not encrypted, and ckpt.encrypt is on: refusing to load unauthenticated data "
+             "(load it with ckpt.encrypt=false)");
+    return std::nullopt;
+  }
+  const std::string alg = read_string_attr(root, "encryption", path);
+  DT_CHECK(CheckpointError, alg == kEncryption, path, ": encryption '", alg,
+           "' is not supported (this dt reads ", kEncryption, ")");
+  if (!keys) {
+    DT_CHECK(CheckpointError, !require, "checkpoint key: ", path,
+             " is encrypted (", kEncryption,
+             "); loading it needs the job key (ckpt.encrypt=true with security.key_file)");
+    return std::nullopt;
+  }
+  security::Salt salt{};
+  std::array<std::uint8_t, security::kTagBytes> want{};
+  DT_CHECK(CheckpointError,
+           from_hex(read_string_attr(root, "key_salt", path), salt.data(), salt.size()) &&
+               from_hex(read_string_attr(root, "key_check", path), want.data(), want.size()),
+           "checkpoint key: ", path, ": attributes key_salt/key_check are malformed");
+  const security::SecretKey k = keys->checkpoint_key(salt);
+  security::Aead enc(k, true);
+  const auto got = key_check(enc);
+  DT_CHECK(CheckpointError, got == want, "checkpoint key: wrong key for ", path,
+           ": it was encrypted with another job key (security.key_file); nothing was decrypted");
+  std::array<std::uint8_t, security::kTagBytes> mwant{};
+  DT_CHECK(CheckpointError,
+           from_hex(read_string_attr(root, "meta_tag", path), mwant.data(), mwant.size()) &&
+               meta_tag(enc, meta) == mwant,
+           path, ": the root attributes (step, tokens, config, ...) fail authentication: altered");
+  return security::Aead(k, false);
+}
+
 // Reads the tensors of `path` into their buffers (every rank, everything) and checks every chunk
-// (each rank its share). Returns the problems, identical on every rank.
+// (each rank its share). With `dec`, every rank then decrypts and authenticates every chunk in
+// place. Returns the problems, identical on every rank.
 std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string& path,
-                                        const std::vector<CkptTensor>& tensors) {
+                                        const std::vector<CkptTensor>& tensors,
+                                        security::Aead* dec = nullptr) {
   std::vector<std::size_t> numels;
   for (const auto& t : tensors) numels.push_back(t.numel());
   const auto mine = my_chunks(numels, comm.rank(), comm.size());
@@ -602,7 +834,9 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
     base.push_back(total);
     total += chunks_of(n);
   }
-  std::vector<std::uint8_t> bad(total + 1, 0);  // + 1: never empty
+  // bad[c]: chunk c fails its digest; bad[total + 1 + c]: it does not authenticate.
+  std::vector<std::uint8_t> bad(2 * (total + 1), 0);  // + 1: never empty
+  std::uint8_t* unauth = bad.data() + total + 1;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const CkptTensor& t = tensors[i];
     const std::size_t k = chunks_of(t.numel());
@@ -625,6 +859,30 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
           !std::equal(dg.begin(), dg.end(), sums.begin() + static_cast<std::ptrdiff_t>(ch * 32)))
         bad[base[i] + ch] = 1;
     }
+    if (!dec) continue;
+    std::vector<unsigned char> rows(k * kCryptoRow + kCryptoRow);
+    bool have_rows = false;
+    try {
+      H5 r(H5Dopen2(o.file, crypto_path(t.path).c_str(), H5P_DEFAULT), H5Dclose);
+      have_rows = r.get() >= 0 && dataset_shape(r, path) ==
+                                      Shape{static_cast<std::int64_t>(k),
+                                            static_cast<std::int64_t>(kCryptoRow)};
+      if (have_rows)
+        h5(H5Dread(r, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, o.dxpl, rows.data()), "H5Dread", path,
+           0);
+    } catch (const CheckpointError&) {
+      have_rows = false;
+    }
+    for (std::size_t ch = 0; ch < k; ++ch) {
+      const std::size_t e0 = ch * kChunkElements, e1 = std::min(e0 + kChunkElements, t.numel());
+      const unsigned char* row = rows.data() + ch * kCryptoRow;
+      const std::string aad = chunk_aad(t.path, t.shape, ch, (e1 - e0) * sizeof(float));
+      if (!have_rows ||
+          !dec->open(row, reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(),
+                     t.data + e0, (e1 - e0) * sizeof(float), t.data + e0,
+                     row + security::kNonceBytes))
+        unauth[base[i] + ch] = 1;
+    }
   }
   comm.all_reduce(view_of(bad), ReduceOp::max);
   std::vector<std::string> problems;
@@ -639,6 +897,15 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
       problems.push_back(tensors[i].path + ": checksum mismatch in chunk" +
                          (nbad > 1 ? "s " : " ") + chunks + " (of " +
                          std::to_string(chunks_of(tensors[i].numel())) + ")");
+    std::string uchunks;
+    int nun = 0;
+    for (std::size_t ch = 0; ch < chunks_of(tensors[i].numel()); ++ch)
+      if (unauth[base[i] + ch]) uchunks += (nun++ ? "," : "") + std::to_string(ch);
+    if (nun)
+      problems.push_back(tensors[i].path + ": authentication failed in chunk" +
+                         (nun > 1 ? "s " : " ") + uchunks + " (of " +
+                         std::to_string(chunks_of(tensors[i].numel())) +
+                         "): altered, moved or from another file");
   }
   return problems;
 }
@@ -664,18 +931,19 @@ std::vector<std::string> all_datasets(hid_t file, const std::string& path) {
      "H5Lvisit", path, 0);
   std::vector<std::string> out;
   for (auto& n : names)
-    if (n.rfind("/checksums/", 0) != 0) out.push_back(n);
+    if (n.rfind("/checksums/", 0) != 0 && n.rfind("/crypto/", 0) != 0) out.push_back(n);
   return out;
 }
 
 }  // namespace
 
 CkptMeta load_checkpoint(Comm& comm, const std::string& path,
-                         const std::vector<CkptTensor>& tensors) {
+                         const std::vector<CkptTensor>& tensors, const security::Keys* keys) {
   const trace::Scope load_scope("ckpt.load", "ckpt");
   MpiComm& mc = mpi_of(comm);
   Opened o = open_read(mc, path);
   CkptMeta meta = read_meta(o.file, path);
+  std::optional<security::Aead> dec = open_crypto(o.file, path, keys, true, meta);
   // The model must match: name every tensor that is missing, extra or shaped differently.
   std::vector<std::string> diff;
   const auto present = all_datasets(o.file, path);
@@ -699,7 +967,7 @@ CkptMeta load_checkpoint(Comm& comm, const std::string& path,
     DT_THROW(CheckpointError, "checkpoint does not match the model: ", path, " (", diff.size(),
              " tensors differ):", msg);
   }
-  const auto problems = read_and_check(comm, o, path, tensors);
+  const auto problems = read_and_check(comm, o, path, tensors, dec ? &*dec : nullptr);
   if (!problems.empty()) {
     std::string msg;
     for (const auto& p : problems) msg += "\n  " + p;
@@ -708,12 +976,14 @@ CkptMeta load_checkpoint(Comm& comm, const std::string& path,
   return meta;
 }
 
-std::vector<std::string> verify_file(Comm& comm, const std::string& path) {
+std::vector<std::string> verify_file(Comm& comm, const std::string& path,
+                                     const security::Keys* keys) {
   const trace::Scope verify_scope("ckpt.verify", "ckpt");
   MpiComm& mc = mpi_of(comm);
   try {
     Opened o = open_read(mc, path);
-    read_meta(o.file, path);
+    const CkptMeta meta = read_meta(o.file, path);
+    std::optional<security::Aead> dec = open_crypto(o.file, path, keys, false, meta);
     std::vector<CkptTensor> ts;
     std::vector<std::vector<float>> bufs;
     for (const auto& name : all_datasets(o.file, path)) {
@@ -725,19 +995,27 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path) {
       t.data = bufs.back().data();
       ts.push_back(t);
     }
-    return read_and_check(comm, o, path, ts);
+    return read_and_check(comm, o, path, ts, dec ? &*dec : nullptr);
   } catch (const CheckpointError& e) {
     return {e.message()};
   }
 }
 
+std::string checkpoint_encryption(const std::string& path) {
+  static const Quiet quiet;
+  H5 f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (f.get() < 0) DT_THROW(CheckpointError, path, ": not a readable HDF5 file: ", h5_message());
+  H5 root(h5(H5Gopen2(f, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
+  return has_attr(root, "encryption") ? read_string_attr(root, "encryption", path) : "";
+}
+
 CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
                 const std::vector<CkptTensor>& tensors, std::string* used,
-                const std::function<void(const std::string&)>& log) {
+                const std::function<void(const std::string&)>& log, const security::Keys* keys) {
   used->clear();
   if (mode == "none") return {};
   if (mode != "auto") {
-    CkptMeta m = load_checkpoint(comm, mode, tensors);
+    CkptMeta m = load_checkpoint(comm, mode, tensors, keys);
     *used = mode;
     return m;
   }
@@ -753,7 +1031,7 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
     if (e.path != latest) order.push_back(e);
   for (const auto& e : order) {
     try {
-      CkptMeta m = load_checkpoint(comm, e.path, tensors);
+      CkptMeta m = load_checkpoint(comm, e.path, tensors, keys);
       if (!latest.empty() && latest != e.path)
         log("the pointer " + dir + "/latest names " + latest + ", which is not usable; using " +
             e.path);
@@ -761,6 +1039,7 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
       return m;
     } catch (const CheckpointError& err) {
       if (err.message().rfind("checkpoint does not match the model", 0) == 0) throw;
+      if (err.message().rfind("checkpoint key:", 0) == 0) throw;
       log("skipping " + e.path + ": " + err.message());
     }
   }
@@ -773,6 +1052,7 @@ struct AsyncCheckpointer::Impl {
   std::unique_ptr<MpiComm> comm;
   std::string dir;
   int keep;
+  std::optional<security::Keys> keys;
   std::thread thread;
   // Uninitialised on purpose: pages outside this rank's share are never touched.
   std::vector<std::unique_ptr<float[]>> snapshot;
@@ -801,8 +1081,10 @@ struct AsyncCheckpointer::Impl {
   }
 };
 
-AsyncCheckpointer::AsyncCheckpointer(Comm& comm, std::string dir, int keep)
+AsyncCheckpointer::AsyncCheckpointer(Comm& comm, std::string dir, int keep,
+                                     const security::Keys* keys)
     : impl_(std::make_unique<Impl>()) {
+  if (keys) impl_->keys.emplace(*keys);
   impl_->comm = MpiComm::dup(mpi_of(comm).handle(), comm.name() + "/ckpt");
   impl_->dir = std::move(dir);
   impl_->keep = keep;
@@ -867,7 +1149,8 @@ double AsyncCheckpointer::save(const std::vector<CkptTensor>& tensors, const Ckp
     pthread_setname_np(pthread_self(), "dt-ckpt");
     qos::apply_to_current_thread(qos::Role::io);
     try {
-      s->stats = save_checkpoint(*s->comm, s->dir, s->tensors, s->meta, s->keep);
+      s->stats = save_checkpoint(*s->comm, s->dir, s->tensors, s->meta, s->keep, {},
+                                 s->keys ? &*s->keys : nullptr);
     } catch (...) {
       s->error = std::current_exception();
     }

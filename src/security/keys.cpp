@@ -1,0 +1,252 @@
+// Job keys, HKDF and the AES-256-GCM EVP wrapper.
+#include <fcntl.h>
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/kdf.h>
+#include <openssl/params.h>
+#include <openssl/rand.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "dt/error.hpp"
+#include "dt/security.hpp"
+
+namespace dt::security {
+
+namespace {
+
+std::string openssl_error() {
+  const unsigned long e = ERR_get_error();
+  if (e == 0) return "no OpenSSL error queued";
+  char buf[256];
+  ERR_error_string_n(e, buf, sizeof buf);
+  return buf;
+}
+
+std::string octal_mode(mode_t m) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(m & 07777));
+  return buf;
+}
+
+EVP_CIPHER_CTX* cctx(void* p) { return static_cast<EVP_CIPHER_CTX*>(p); }
+
+}  // namespace
+
+SecretKey::~SecretKey() { OPENSSL_cleanse(k_.data(), k_.size()); }
+
+SecretKey load_key_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    DT_THROW(ConfigError, "security.key_file: cannot open '", path, "': ", std::strerror(errno));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    DT_THROW(ConfigError, "security.key_file: cannot stat '", path, "': ", std::strerror(errno));
+  DT_CHECK(ConfigError, S_ISREG(st.st_mode), "security.key_file: '", path,
+           "' is not a regular file");
+  DT_CHECK(ConfigError, st.st_uid == ::geteuid(), "security.key_file: '", path,
+           "' is owned by uid ", st.st_uid, ", not by this job's user (uid ", ::geteuid(),
+           "); the key file must belong to the job's user");
+  DT_CHECK(ConfigError, (st.st_mode & 077) == 0, "security.key_file: '", path, "' has mode ",
+           octal_mode(st.st_mode),
+           ": group and others must have no access (chmod 600 or 400 the file)");
+  DT_CHECK(ConfigError, st.st_size == static_cast<off_t>(kKeyBytes), "security.key_file: '", path,
+           "' holds ", st.st_size, " bytes; a job key is exactly ", kKeyBytes,
+           " random bytes (head -c 32 /dev/urandom)");
+  Key k{};
+  std::size_t got = 0;
+  while (got < k.size()) {
+    const ssize_t r = ::read(fd, k.data() + got, k.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      OPENSSL_cleanse(k.data(), k.size());
+      DT_THROW(ConfigError, "security.key_file: cannot read '", path, "': ",
+               r < 0 ? std::strerror(errno) : "file shorter than 32 bytes");
+    }
+    got += static_cast<std::size_t>(r);
+  }
+  SecretKey out(k);
+  OPENSSL_cleanse(k.data(), k.size());
+  return out;
+}
+
+std::string slurm_job_id() {
+  const char* v = std::getenv("SLURM_JOB_ID");
+  return v && *v ? std::string(v) : std::string("none");
+}
+
+Salt random_salt() {
+  Salt s{};
+  DT_CHECK(SecurityError, RAND_bytes(s.data(), static_cast<int>(s.size())) == 1,
+           "RAND_bytes failed: ", openssl_error());
+  return s;
+}
+
+Key hkdf_sha256(const std::uint8_t* ikm, std::size_t ikm_len, const std::uint8_t* salt,
+                std::size_t salt_len, const std::uint8_t* info, std::size_t info_len) {
+  EVP_KDF* kdf = EVP_KDF_fetch(nullptr, "HKDF", nullptr);
+  DT_CHECK(SecurityError, kdf != nullptr, "HKDF is not available in OpenSSL: ", openssl_error());
+  EVP_KDF_CTX* ctx = EVP_KDF_CTX_new(kdf);
+  EVP_KDF_free(kdf);
+  DT_CHECK(SecurityError, ctx != nullptr, "EVP_KDF_CTX_new failed: ", openssl_error());
+  struct Free {
+    EVP_KDF_CTX* c;
+    ~Free() { EVP_KDF_CTX_free(c); }
+  } free_ctx{ctx};
+  char digest[] = "SHA256";
+  OSSL_PARAM params[5];
+  int k = 0;
+  params[k++] = OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, digest, 0);
+  params[k++] = OSSL_PARAM_construct_octet_string(
+      OSSL_KDF_PARAM_KEY, const_cast<std::uint8_t*>(ikm), ikm_len);
+  params[k++] = OSSL_PARAM_construct_octet_string(
+      OSSL_KDF_PARAM_SALT, const_cast<std::uint8_t*>(salt), salt_len);
+  params[k++] = OSSL_PARAM_construct_octet_string(
+      OSSL_KDF_PARAM_INFO, const_cast<std::uint8_t*>(info), info_len);
+  params[k] = OSSL_PARAM_construct_end();
+  Key out{};
+  DT_CHECK(SecurityError, EVP_KDF_derive(ctx, out.data(), out.size(), params) == 1,
+           "HKDF derivation failed: ", openssl_error());
+  return out;
+}
+
+Keys::Keys(SecretKey job_key, std::string job_id)
+    : job_key_(std::move(job_key)), job_id_(std::move(job_id)) {}
+
+namespace {
+void put_u32(std::string& s, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+SecretKey derive(const SecretKey& ikm, const std::string& salt, const std::string& info) {
+  Key k = hkdf_sha256(ikm.bytes().data(), ikm.bytes().size(),
+                      reinterpret_cast<const std::uint8_t*>(salt.data()), salt.size(),
+                      reinterpret_cast<const std::uint8_t*>(info.data()), info.size());
+  SecretKey out(k);
+  OPENSSL_cleanse(k.data(), k.size());
+  return out;
+}
+}  // namespace
+
+SecretKey Keys::traffic_key(const std::string& channel, const Salt& session, int sender,
+                            int receiver) const {
+  DT_CHECK(InvalidArgument, sender >= 0 && sender <= kMaxRank && receiver >= 0 &&
+                                receiver <= kMaxRank,
+           "sealed traffic between ranks ", sender, " and ", receiver, ": ranks above ", kMaxRank,
+           " are not supported");
+  // info = "dt/seal/v1" 0 session-salt channel-length channel sender receiver: unambiguous.
+  std::string info = "dt/seal/v1";
+  info.push_back('\0');
+  info.append(reinterpret_cast<const char*>(session.data()), session.size());
+  put_u32(info, static_cast<std::uint32_t>(channel.size()));
+  info += channel;
+  put_u32(info, static_cast<std::uint32_t>(sender));
+  put_u32(info, static_cast<std::uint32_t>(receiver));
+  return derive(job_key_, "dt/job/" + job_id_, info);
+}
+
+SecretKey Keys::checkpoint_key(const Salt& file_salt) const {
+  return derive(job_key_, std::string(reinterpret_cast<const char*>(file_salt.data()),
+                                      file_salt.size()),
+                "dt/ckpt/v1");
+}
+
+// ---- Aead ---------------------------------------------------------------------------------------
+
+Aead::Aead(const SecretKey& key, bool encrypt) : encrypt_(encrypt) {
+  EVP_CIPHER_CTX* c = EVP_CIPHER_CTX_new();
+  DT_CHECK(SecurityError, c != nullptr, "EVP_CIPHER_CTX_new failed: ", openssl_error());
+  ctx_ = c;
+  const int ok = encrypt
+                     ? EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), nullptr, key.bytes().data(), nullptr)
+                     : EVP_DecryptInit_ex(c, EVP_aes_256_gcm(), nullptr, key.bytes().data(), nullptr);
+  if (ok != 1) {
+    EVP_CIPHER_CTX_free(c);
+    ctx_ = nullptr;
+    DT_THROW(SecurityError, "AES-256-GCM set-up failed: ", openssl_error());
+  }
+}
+
+Aead::~Aead() {
+  if (ctx_) EVP_CIPHER_CTX_free(cctx(ctx_));
+}
+
+Aead::Aead(Aead&& o) noexcept : ctx_(std::exchange(o.ctx_, nullptr)), encrypt_(o.encrypt_) {}
+
+Aead& Aead::operator=(Aead&& o) noexcept {
+  if (this != &o) {
+    if (ctx_) EVP_CIPHER_CTX_free(cctx(ctx_));
+    ctx_ = std::exchange(o.ctx_, nullptr);
+    encrypt_ = o.encrypt_;
+  }
+  return *this;
+}
+
+namespace {
+// EVP takes int lengths: feed large buffers in pieces.
+constexpr std::size_t kEvpPiece = std::size_t{1} << 30;
+}  // namespace
+
+void Aead::seal(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t aad_len,
+                const void* in, std::size_t n, void* out, std::uint8_t* tag) {
+  DT_ASSERT(ctx_ != nullptr && encrypt_, "seal on a moved-from or decrypting Aead");
+  EVP_CIPHER_CTX* c = cctx(ctx_);
+  int len = 0;
+  DT_CHECK(SecurityError, EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, nonce) == 1,
+           "AES-GCM nonce set-up failed: ", openssl_error());
+  DT_CHECK(SecurityError,
+           aad_len == 0 || EVP_EncryptUpdate(c, nullptr, &len, aad, static_cast<int>(aad_len)) == 1,
+           "AES-GCM AAD failed: ", openssl_error());
+  const auto* src = static_cast<const std::uint8_t*>(in);
+  auto* dst = static_cast<std::uint8_t*>(out);
+  for (std::size_t off = 0; off < n; off += kEvpPiece) {
+    const int piece = static_cast<int>(std::min(kEvpPiece, n - off));
+    DT_CHECK(SecurityError, EVP_EncryptUpdate(c, dst + off, &len, src + off, piece) == 1,
+             "AES-GCM encryption failed: ", openssl_error());
+  }
+  DT_CHECK(SecurityError, EVP_EncryptFinal_ex(c, dst + n, &len) == 1,
+           "AES-GCM finalisation failed: ", openssl_error());
+  DT_CHECK(SecurityError,
+           EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, static_cast<int>(kTagBytes), tag) == 1,
+           "AES-GCM tag failed: ", openssl_error());
+}
+
+bool Aead::open(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t aad_len,
+                const void* in, std::size_t n, void* out, const std::uint8_t* tag) {
+  DT_ASSERT(ctx_ != nullptr && !encrypt_, "open on a moved-from or encrypting Aead");
+  EVP_CIPHER_CTX* c = cctx(ctx_);
+  int len = 0;
+  DT_CHECK(SecurityError, EVP_DecryptInit_ex(c, nullptr, nullptr, nullptr, nonce) == 1,
+           "AES-GCM nonce set-up failed: ", openssl_error());
+  DT_CHECK(SecurityError,
+           aad_len == 0 || EVP_DecryptUpdate(c, nullptr, &len, aad, static_cast<int>(aad_len)) == 1,
+           "AES-GCM AAD failed: ", openssl_error());
+  const auto* src = static_cast<const std::uint8_t*>(in);
+  auto* dst = static_cast<std::uint8_t*>(out);
+  for (std::size_t off = 0; off < n; off += kEvpPiece) {
+    const int piece = static_cast<int>(std::min(kEvpPiece, n - off));
+    DT_CHECK(SecurityError, EVP_DecryptUpdate(c, dst + off, &len, src + off, piece) == 1,
+             "AES-GCM decryption failed: ", openssl_error());
+  }
+  std::uint8_t t[kTagBytes];
+  std::memcpy(t, tag, kTagBytes);
+  DT_CHECK(SecurityError,
+           EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, static_cast<int>(kTagBytes), t) == 1,
+           "AES-GCM tag set-up failed: ", openssl_error());
+  const bool ok = EVP_DecryptFinal_ex(c, dst + n, &len) == 1;
+  if (!ok) ERR_clear_error();
+  return ok;
+}
+
+}  // namespace dt::security

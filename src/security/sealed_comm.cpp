@@ -1,0 +1,339 @@
+// dt::security::make_sealed_comm: dt's own collectives over sealed point-to-point messages.
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "comm/mpi_comm.hpp"
+#include "comm/progress.hpp"
+#include "comm/reduce.hpp"
+#include "dt/error.hpp"
+#include "dt/metrics.hpp"
+#include "dt/p2p.hpp"
+#include "sealed_p2p.hpp"
+
+namespace dt::security {
+
+namespace {
+
+constexpr int kCollTag = kReservedTagBase + 1;
+using Clock = std::chrono::steady_clock;
+
+std::size_t block_lo(std::size_t n, int b, int size) {
+  return n * static_cast<std::size_t>(b) / static_cast<std::size_t>(size);
+}
+
+char* at(void* p, std::size_t elems, DType t) {
+  return static_cast<char*>(p) + elems * dtype_size(t);
+}
+const char* at(const void* p, std::size_t elems, DType t) {
+  return static_cast<const char*>(p) + elems * dtype_size(t);
+}
+
+class SealedComm final : public Comm {
+ public:
+  static std::unique_ptr<SealedComm> create(const MpiComm& world, const Keys& keys,
+                                            const SealedCommOptions& opts, std::string name);
+  ~SealedComm() override { queue_.reset(); }  // finishes queued operations first
+
+  int rank() const noexcept override { return mpi_->rank(); }
+  int size() const noexcept override { return mpi_->size(); }
+  const std::string& name() const noexcept override { return name_; }
+
+  Work iall_reduce(TensorView buf, ReduceOp op) override {
+    check_usable("all_reduce");
+    return queued(what("all_reduce", buf, reduce_op_name(op)), "all_reduce", buf.nbytes(),
+                  [=] { do_all_reduce(buf, op); });
+  }
+  Work ibroadcast(TensorView buf, int root) override {
+    check_usable("broadcast");
+    DT_CHECK(InvalidArgument, root >= 0 && root < size(), "broadcast on ", name_, ": root ", root,
+             " is not a rank of this communicator (size ", size(), ")");
+    return queued(what("broadcast", buf), "broadcast", buf.nbytes(),
+                  [=] { do_broadcast(buf, root); });
+  }
+  Work iall_gather(ConstTensorView in, TensorView out) override {
+    check_usable("all_gather");
+    DT_CHECK(InvalidArgument, in.dtype == out.dtype, "all_gather on ", name_, ": input ",
+             dtype_name(in.dtype), ", output ", dtype_name(out.dtype));
+    DT_CHECK_EQ(InvalidArgument, out.numel, in.numel * static_cast<std::size_t>(size()),
+                "all_gather on ", name_, ": output must hold size() * input elements");
+    return queued(what("all_gather", in), "all_gather", out.nbytes(),
+                  [=] { do_all_gather(in, out); });
+  }
+  Work ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) override {
+    check_usable("reduce_scatter");
+    DT_CHECK(InvalidArgument, in.dtype == out.dtype, "reduce_scatter on ", name_, ": input ",
+             dtype_name(in.dtype), ", output ", dtype_name(out.dtype));
+    DT_CHECK_EQ(InvalidArgument, in.numel, out.numel * static_cast<std::size_t>(size()),
+                "reduce_scatter on ", name_, ": input must hold size() * output elements");
+    return queued(what("reduce_scatter", in, reduce_op_name(op)), "reduce_scatter", in.nbytes(),
+                  [=] { do_reduce_scatter(in, out, op); });
+  }
+  Work ibarrier() override {
+    check_usable("barrier");
+    return queued("barrier on " + name_, "barrier", 0, [=] { do_barrier(); });
+  }
+  Work isend(ConstTensorView buf, int dst, int tag) override { return p2p_->isend(buf, dst, tag); }
+  Work irecv(TensorView buf, int src, int tag) override { return p2p_->irecv(buf, src, tag); }
+
+  std::unique_ptr<Comm> split(int color, int key) override {
+    std::unique_ptr<MpiComm> sub = mpi_->split_mpi(color, key);
+    if (!sub) return nullptr;
+    return create(*sub, keys_, opts_, name_ + "/split(" + std::to_string(color) + ")");
+  }
+
+ private:
+  SealedComm(const Keys& keys, SealedCommOptions opts) : keys_(keys), opts_(std::move(opts)) {}
+
+  std::string what(const char* op, ConstTensorView v, const char* extra = nullptr) const {
+    std::string s = std::string(op) + "(" + dtype_name(v.dtype) + " x " + std::to_string(v.numel);
+    if (extra) s += std::string(", ") + extra;
+    return s + ") on " + name_;
+  }
+  void check_usable(const char* op) const {
+    DT_CHECK(CommError, !broken_.load(), op, " on ", name_, " (rank ", rank(),
+             "): the communicator is broken by an earlier failure");
+  }
+  template <class F>
+  Work queued(std::string w, const char* op, std::size_t bytes, F&& f) {
+    return queue_->submit(std::move(w), [this, op, bytes, f] {
+      const auto t0 = Clock::now();
+      try {
+        f();
+      } catch (...) {
+        broken_ = true;
+        throw;
+      }
+      metrics::record_comm(op, "sealed", bytes,
+                           std::chrono::duration<double>(Clock::now() - t0).count());
+    });
+  }
+
+  // Elements per message segment for dtype t.
+  std::size_t seg_elems(DType t) const {
+    return std::max<std::size_t>(1, opts_.segment_bytes / dtype_size(t));
+  }
+  // Posts receives of [lo, lo + n) elements of `dst` (segmented) from `src`.
+  void post_recvs(std::vector<Work>& ws, void* dst, std::size_t n, DType t, int src) {
+    const std::size_t seg = seg_elems(t);
+    for (std::size_t off = 0; off < n; off += seg)
+      ws.push_back(p2p_->irecv_internal(
+          TensorView{at(dst, off, t), std::min(seg, n - off), t}, src, kCollTag));
+  }
+  void post_sends(std::vector<Work>& ws, const void* src, std::size_t n, DType t, int dst) {
+    const std::size_t seg = seg_elems(t);
+    for (std::size_t off = 0; off < n; off += seg)
+      ws.push_back(p2p_->isend_internal(
+          ConstTensorView{at(src, off, t), std::min(seg, n - off), t}, dst, kCollTag));
+  }
+  static void wait_all(std::vector<Work>& ws) {
+    for (Work& w : ws) w.wait();
+  }
+
+  void do_all_reduce(TensorView buf, ReduceOp op);
+  void do_broadcast(TensorView buf, int root);
+  void do_all_gather(ConstTensorView in, TensorView out);
+  void do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op);
+  void do_barrier();
+  // Reduces `n` elements: every peer q sends `send_of(q)` (n_q elements) to q; this rank's own
+  // contribution is `own`; the result goes to `out` (may alias `own`).
+  template <class SendOf>
+  void scatter_reduce(const void* own, std::size_t n, DType t, ReduceOp op, void* out,
+                      SendOf&& send_of);
+
+  Keys keys_;
+  SealedCommOptions opts_;
+  std::string name_;
+  std::unique_ptr<MpiComm> mpi_;
+  std::unique_ptr<SealedP2p> p2p_;
+  std::unique_ptr<ProgressQueue> queue_;
+  std::atomic<bool> broken_{false};
+  std::vector<unsigned char> scratch_;
+};
+
+std::unique_ptr<SealedComm> SealedComm::create(const MpiComm& world, const Keys& keys,
+                                               const SealedCommOptions& opts, std::string name) {
+  DT_CHECK(InvalidArgument, opts.segment_bytes > 0, "sealed communicator ", name,
+           ": segment_bytes must be positive");
+  std::unique_ptr<SealedComm> c(new SealedComm(keys, opts));
+  c->name_ = std::move(name);
+  c->mpi_ = MpiComm::dup(world.handle(), c->name_);
+  const int n = c->mpi_->size(), me = c->mpi_->rank();
+  SealOptions so;
+  so.channel = "collectives";
+  so.tamper = opts.tamper;
+  if (opts.exempt_node_local || opts.simulated_nodes > 0) {
+    std::vector<std::int32_t> node(static_cast<std::size_t>(n), 0);
+    if (opts.simulated_nodes > 0) {
+      for (int r = 0; r < n; ++r)
+        node[static_cast<std::size_t>(r)] =
+            static_cast<std::int32_t>(static_cast<long>(r) * opts.simulated_nodes / n);
+    } else {
+      std::unique_ptr<MpiComm> local = c->mpi_->split_shared();
+      std::int32_t leader = me;
+      local->broadcast(view_of(&leader, 1), 0);
+      c->mpi_->all_gather(view_of(static_cast<const std::int32_t*>(&leader), 1), view_of(node));
+    }
+    if (opts.exempt_node_local)
+      for (int r = 0; r < n; ++r)
+        if (node[static_cast<std::size_t>(r)] == node[static_cast<std::size_t>(me)] && r != me)
+          so.plain_peers.push_back(r);
+  }
+  std::unique_ptr<P2p> inner = make_p2p(opts.p2p, *c->mpi_);
+  c->p2p_ = SealedP2p::create(std::move(inner), keys, so);
+  c->queue_ = std::make_unique<ProgressQueue>(me, c->name_);
+  return c;
+}
+
+template <class SendOf>
+void SealedComm::scatter_reduce(const void* own, std::size_t n, DType t, ReduceOp op, void* out,
+                                SendOf&& send_of) {
+  const int s = size(), me = rank();
+  const std::size_t bytes = n * dtype_size(t);
+  if (scratch_.size() < bytes * static_cast<std::size_t>(s - 1))
+    scratch_.resize(bytes * static_cast<std::size_t>(s - 1));
+  auto slot = [&](int q) {  // scratch of peer q
+    return scratch_.data() + bytes * static_cast<std::size_t>(q < me ? q : q - 1);
+  };
+  // recvs[q] = the segments from peer q, in order
+  std::vector<std::vector<Work>> recvs(static_cast<std::size_t>(s));
+  for (int q = 0; q < s; ++q)
+    if (q != me) post_recvs(recvs[static_cast<std::size_t>(q)], slot(q), n, t, q);
+  std::vector<Work> sends;
+  for (int k = 1; k < s; ++k) {
+    const int q = (me + k) % s;
+    const auto [p, nq] = send_of(q);
+    post_sends(sends, p, nq, t, q);
+  }
+  const std::size_t seg = seg_elems(t);
+  std::vector<const void*> in(static_cast<std::size_t>(s));
+  std::size_t k = 0;
+  for (std::size_t off = 0; off < n; off += seg, ++k) {
+    const std::size_t cnt = std::min(seg, n - off);
+    for (int q = 0; q < s; ++q) {
+      if (q == me) {
+        in[static_cast<std::size_t>(q)] = at(own, off, t);
+      } else {
+        recvs[static_cast<std::size_t>(q)][k].wait();
+        in[static_cast<std::size_t>(q)] = at(slot(q), off, t);
+      }
+    }
+    reduce_elements(t, op, at(out, off, t), in.data(), s, cnt, op == ReduceOp::avg ? s : 1);
+  }
+  wait_all(sends);
+}
+
+void SealedComm::do_all_reduce(TensorView buf, ReduceOp op) {
+  const int s = size(), me = rank();
+  const std::size_t n = buf.numel;
+  if (s == 1) {
+    if (op == ReduceOp::avg) {
+      const void* in[1] = {buf.data};
+      reduce_elements(buf.dtype, op, buf.data, in, 1, n, 1);
+    }
+    return;
+  }
+  const std::size_t lo = block_lo(n, me, s), hi = block_lo(n, me + 1, s);
+  char* mine = at(buf.data, lo, buf.dtype);
+  scatter_reduce(mine, hi - lo, buf.dtype, op, mine, [&](int q) {
+    const std::size_t a = block_lo(n, q, s), b = block_lo(n, q + 1, s);
+    return std::pair<const void*, std::size_t>(at(buf.data, a, buf.dtype), b - a);
+  });
+  // All-gather of the reduced blocks, decrypted straight into place.
+  std::vector<Work> ws;
+  for (int q = 0; q < s; ++q)
+    if (q != me) {
+      const std::size_t a = block_lo(n, q, s), b = block_lo(n, q + 1, s);
+      post_recvs(ws, at(buf.data, a, buf.dtype), b - a, buf.dtype, q);
+    }
+  for (int k = 1; k < s; ++k) post_sends(ws, mine, hi - lo, buf.dtype, (me + k) % s);
+  wait_all(ws);
+}
+
+void SealedComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) {
+  const int s = size(), me = rank();
+  const std::size_t n = out.numel;
+  const void* own = at(in.data, static_cast<std::size_t>(me) * n, in.dtype);
+  if (s == 1) {
+    const void* ins[1] = {own};
+    reduce_elements(in.dtype, op, out.data, ins, 1, n, 1);
+    return;
+  }
+  scatter_reduce(own, n, in.dtype, op, out.data, [&](int q) {
+    return std::pair<const void*, std::size_t>(
+        at(in.data, static_cast<std::size_t>(q) * n, in.dtype), n);
+  });
+}
+
+void SealedComm::do_all_gather(ConstTensorView in, TensorView out) {
+  const int s = size(), me = rank();
+  const std::size_t n = in.numel;
+  char* mine = at(out.data, static_cast<std::size_t>(me) * n, in.dtype);
+  if (mine != in.data && n > 0) std::memmove(mine, in.data, in.nbytes());
+  std::vector<Work> ws;
+  for (int q = 0; q < s; ++q)
+    if (q != me) post_recvs(ws, at(out.data, static_cast<std::size_t>(q) * n, in.dtype), n,
+                            in.dtype, q);
+  for (int k = 1; k < s; ++k) post_sends(ws, mine, n, in.dtype, (me + k) % s);
+  wait_all(ws);
+}
+
+void SealedComm::do_broadcast(TensorView buf, int root) {
+  const int s = size(), me = rank();
+  if (s == 1) return;
+  const int pos = (me - root + s) % s;
+  const int prev = (me - 1 + s) % s, next = (me + 1) % s;
+  std::vector<Work> recvs, sends;
+  if (pos > 0) post_recvs(recvs, buf.data, buf.numel, buf.dtype, prev);
+  const std::size_t seg = seg_elems(buf.dtype);
+  std::size_t k = 0;
+  for (std::size_t off = 0; off < buf.numel; off += seg, ++k) {
+    if (pos > 0) recvs[k].wait();  // opened in place
+    if (pos < s - 1)
+      sends.push_back(p2p_->isend_internal(
+          ConstTensorView{at(buf.data, off, buf.dtype), std::min(seg, buf.numel - off),
+                          buf.dtype},
+          next, kCollTag));
+  }
+  wait_all(sends);
+}
+
+void SealedComm::do_barrier() {
+  const int s = size(), me = rank();
+  std::uint8_t dummy = 0;
+  for (int k = 1; k < s; k *= 2) {
+    Work r = p2p_->irecv_internal(TensorView{&dummy, 0, DType::u8}, (me - k + s) % s, kCollTag);
+    Work w = p2p_->isend_internal(ConstTensorView{&dummy, 0, DType::u8}, (me + k) % s, kCollTag);
+    r.wait();
+    w.wait();
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Comm> make_sealed_comm(Comm& world, const Keys& keys,
+                                       const SealedCommOptions& opts) {
+  auto* mpi = dynamic_cast<MpiComm*>(&world);
+  DT_CHECK(InvalidArgument, mpi != nullptr, "make_sealed_comm: communicator ", world.name(),
+           " is not an MPI communicator");
+  DT_CHECK(ConfigError, opts.p2p == "mpi" || opts.p2p == "ucx", "comm.p2p: '", opts.p2p,
+           "' is not one of ", kP2pKinds);
+  return SealedComm::create(*mpi, keys, opts, world.name() + "/sealed");
+}
+
+void abort_job(const std::exception& e) {
+  int rank = -1, init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "dt: rank %d: security: %s; aborting the job\n", rank, e.what());
+  std::fflush(stderr);
+  if (init && !fin) MPI_Abort(MPI_COMM_WORLD, 5);
+  std::_Exit(5);
+}
+
+}  // namespace dt::security

@@ -1,0 +1,95 @@
+// dt::security::SealedP2p: AES-256-GCM sealing around any dt::P2p (see dt/security.hpp).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dt/security.hpp"
+
+namespace dt::security {
+
+/// Reusable message buffers (uninitialised bytes), so that large messages do not fault in fresh
+/// pages on every send. Thread-safe.
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  struct Buf {
+    std::unique_ptr<std::uint8_t[]> p;
+    std::size_t cap = 0;
+    std::size_t size = 0;
+    std::uint8_t* data() const noexcept { return p.get(); }
+  };
+  /// Returns the buffer to the pool when destroyed.
+  class Handle {
+   public:
+    Handle() = default;
+    Handle(std::shared_ptr<BufferPool> pool, std::unique_ptr<Buf> b)
+        : pool_(std::move(pool)), b_(std::move(b)) {}
+    Handle(Handle&&) noexcept = default;
+    Handle& operator=(Handle&& o) noexcept;
+    ~Handle();
+    Buf* operator->() const noexcept { return b_.get(); }
+    /// Gives the buffer up without freeing it: for a buffer a transport may still be using when
+    /// its owner goes away (an unfinished operation of a failing job).
+    void leak() noexcept {
+      (void)b_.release();
+      pool_.reset();
+    }
+    explicit operator bool() const noexcept { return b_ != nullptr; }
+
+   private:
+    std::shared_ptr<BufferPool> pool_;
+    std::unique_ptr<Buf> b_;
+  };
+  Handle get(std::size_t bytes);
+  void put(std::unique_ptr<Buf> b) noexcept;
+
+ private:
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Buf>> free_;
+  std::size_t free_bytes_ = 0;
+};
+
+class SealedP2p final : public P2p {
+ public:
+  /// See seal_p2p(). Collective over `inner`.
+  static std::unique_ptr<SealedP2p> create(std::unique_ptr<P2p> inner, const Keys& keys,
+                                           const SealOptions& opts);
+  ~SealedP2p() override;
+
+  int rank() const noexcept override { return inner_->rank(); }
+  int size() const noexcept override { return inner_->size(); }
+  const std::string& name() const noexcept override { return name_; }
+
+  Work isend(ConstTensorView buf, int dst, int tag) override;
+  Work irecv(TensorView buf, int src, int tag) override;
+
+  /// Whether messages to and from `peer` are sealed.
+  bool sealed_with(int peer) const noexcept;
+  /// Sends and receives of internal traffic may use tags at and above kReservedTagBase.
+  Work isend_internal(ConstTensorView buf, int dst, int tag);
+  Work irecv_internal(TensorView buf, int src, int tag);
+
+  struct Peer;
+  struct TamperState;
+
+ private:
+  SealedP2p() = default;
+  void check_tag(int tag, const char* op) const;
+  void check_peer(int peer, const char* op) const;
+  Peer& peer(int p) const;
+
+  std::unique_ptr<P2p> inner_;
+  std::string name_;
+  std::string channel_;
+  std::vector<bool> plain_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::shared_ptr<BufferPool> pool_;
+  std::unique_ptr<TamperState> tamper_;
+};
+
+}  // namespace dt::security

@@ -1,0 +1,310 @@
+// test_ckpt_crypto DIR: encrypted checkpoints (ckpt.encrypt) under mpiexec.
+//
+// Saves an encrypted checkpoint on every rank of the world, then checks: the file holds no
+// plaintext chunk; a load with the key gives the saved values bit for bit, also on smaller
+// sub-communicators (resharding); verify passes with and without the key; a load without the key,
+// with a wrong key, or with a key on a plain file fails with "checkpoint key:" and leaves the
+// tensors untouched; resume("auto") rethrows a wrong key instead of starting afresh; chunks swapped
+// together with their digests (an attacker who rewrites the checksums) and an altered step
+// attribute fail authentication; the asynchronous checkpointer encrypts too.
+// Leaves DIR/enc/step-3.h5 and the key files DIR/good.key, DIR/wrong.key (0600) and
+// DIR/open.key (0644) for the dt_ckpt tests.
+#include <hdf5.h>
+#include <mpi.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../mpi/check_harness.hpp"
+#include "comm/mpi_comm.hpp"
+#include "dt/checkpoint.hpp"
+#include "dt/error.hpp"
+#include "dt/security.hpp"
+
+namespace {
+
+using namespace dt_test;
+namespace sec = dt::security;
+constexpr std::size_t kC = dt::kChunkElements;
+
+struct State {
+  std::vector<std::vector<float>> bufs;
+  std::vector<dt::CkptTensor> tensors;
+};
+
+// Odd sizes: several chunks with a short last one, a 2-D tensor cut mid-row, a tiny one.
+State make_state(float salt) {
+  State s;
+  const std::vector<std::pair<std::string, dt::Shape>> specs = {
+      {"/model/a.weight", {3, static_cast<std::int64_t>(kC) + 7}},
+      {"/model/b.bias", {7}},
+      {"/optim/exp_avg/a.weight", {static_cast<std::int64_t>(2 * kC + 1)}},
+  };
+  s.bufs.reserve(specs.size());
+  for (const auto& [path, shape] : specs) {
+    const std::size_t n = dt::shape_numel(shape);
+    s.bufs.emplace_back(n);
+    for (std::size_t i = 0; i < n; ++i)
+      s.bufs.back()[i] = std::sin(static_cast<float>(i) * 0.001f + salt) * 3.0f;
+    s.tensors.push_back(dt::CkptTensor{path, shape, s.bufs.back().data()});
+  }
+  return s;
+}
+
+void fill(State& s, float v) {
+  for (auto& b : s.bufs) std::fill(b.begin(), b.end(), v);
+}
+
+bool same_bits(const State& a, const State& b) {
+  for (std::size_t i = 0; i < a.bufs.size(); ++i)
+    if (a.bufs[i].size() != b.bufs[i].size() ||
+        std::memcmp(a.bufs[i].data(), b.bufs[i].data(), a.bufs[i].size() * sizeof(float)) != 0)
+      return false;
+  return true;
+}
+
+bool all_equal(const State& s, float v) {
+  for (const auto& b : s.bufs)
+    for (float x : b)
+      if (x != v) return false;
+  return true;
+}
+
+sec::Keys keys_from(char fill_byte, const std::string& job) {
+  sec::Key k{};
+  std::memset(k.data(), fill_byte, k.size());
+  return sec::Keys(sec::SecretKey(k), job);
+}
+
+void write_key(const std::string& path, char fill_byte, mode_t mode) {
+  std::ofstream(path, std::ios::binary) << std::string(sec::kKeyBytes, fill_byte);
+  ::chmod(path.c_str(), mode);
+}
+
+// Raw dataset bytes through serial HDF5 (rank 0 only).
+std::vector<float> raw(const std::string& file, const std::string& ds, std::size_t n) {
+  std::vector<float> v(n);
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t d = H5Dopen2(f, ds.c_str(), H5P_DEFAULT);
+  H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+  H5Dclose(d);
+  H5Fclose(f);
+  return v;
+}
+
+// Swaps rows r0 and r1 of a 2-D uint8 dataset, or the element ranges of two chunks of a float one.
+void swap_chunks(const std::string& file, const std::string& data_ds, std::size_t numel) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  std::vector<float> v(numel);
+  hid_t d = H5Dopen2(f, data_ds.c_str(), H5P_DEFAULT);
+  H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+  std::swap_ranges(v.begin(), v.begin() + kC, v.begin() + kC);
+  H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+  H5Dclose(d);
+  for (const std::string prefix : {"/checksums", "/crypto"}) {
+    hid_t c = H5Dopen2(f, (prefix + data_ds).c_str(), H5P_DEFAULT);
+    hid_t sp = H5Dget_space(c);
+    hsize_t dims[2] = {0, 0};
+    H5Sget_simple_extent_dims(sp, dims, nullptr);
+    std::vector<unsigned char> rows(dims[0] * dims[1]);
+    H5Dread(c, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data());
+    std::swap_ranges(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(dims[1]),
+                     rows.begin() + static_cast<std::ptrdiff_t>(dims[1]));
+    H5Dwrite(c, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data());
+    H5Sclose(sp);
+    H5Dclose(c);
+  }
+  H5Fclose(f);
+}
+
+void set_step_attr(const std::string& file, std::int64_t step) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  hid_t a = H5Aopen_by_name(f, "/", "step", H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, H5T_NATIVE_INT64, &step);
+  H5Aclose(a);
+  H5Fclose(f);
+}
+
+void copy_file(const std::string& from, const std::string& to) {
+  std::filesystem::copy_file(from, to, std::filesystem::copy_options::overwrite_existing);
+}
+
+int run(const std::string& dir, int world_rank) {
+  std::unique_ptr<dt::MpiComm> world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
+  const int me = world->rank(), n = world->size();
+  const std::string enc_dir = dir + "/enc", plain_dir = dir + "/plain", bad_dir = dir + "/bad";
+  if (me == 0) {
+    std::filesystem::remove_all(enc_dir);
+    std::filesystem::remove_all(plain_dir);
+    std::filesystem::remove_all(bad_dir);
+    std::filesystem::create_directories(bad_dir);
+    write_key(dir + "/good.key", 'g', 0600);
+    write_key(dir + "/wrong.key", 'w', 0600);
+    write_key(dir + "/open.key", 'g', 0644);
+  }
+  world->barrier();
+  const sec::Keys good = keys_from('g', "job-1");
+  const sec::Keys good_other_job = keys_from('g', "job-2");  // a later job with the same key
+  const sec::Keys wrong = keys_from('w', "job-1");
+  H.expect(sec::load_key_file(dir + "/good.key").bytes()[0] == 'g', "key file", "wrong bytes");
+
+  const State saved = make_state(0.5f);
+  dt::CkptMeta meta;
+  meta.step = 3;
+  meta.tokens = 300;
+  meta.config = "ckpt.encrypt = true";
+  meta.layout = "dp=" + std::to_string(n);
+  guarded("encrypted save", [&] {
+    dt::save_checkpoint(*world, enc_dir, saved.tensors, meta, 2, {}, &good);
+  });
+  const std::string file = enc_dir + "/step-3.h5";
+
+  if (me == 0) {
+    guarded("no plaintext in the file", [&] {
+      H.expect(dt::checkpoint_encryption(file) == "aes-256-gcm", "encryption attribute",
+               dt::checkpoint_encryption(file));
+      for (std::size_t i = 0; i < saved.tensors.size(); ++i) {
+        const std::size_t numel = saved.tensors[i].numel();
+        const auto r = raw(file, saved.tensors[i].path, numel);
+        std::size_t same = 0;
+        for (std::size_t k = 0; k < numel; ++k) same += r[k] == saved.bufs[i][k];
+        H.expect(same < numel / 100 + 2, "ciphertext on disk: " + saved.tensors[i].path,
+                 str(same, " of ", numel, " elements stored in the clear"));
+      }
+    });
+  }
+  world->barrier();
+
+  // Load with the key, on the world and on smaller sub-communicators (a new layout), in a later
+  // job: bit-exact.
+  for (int part = 0; part < 2; ++part) {
+    std::unique_ptr<dt::MpiComm> sub =
+        part == 0 ? world->split_mpi(0, me) : world->split_mpi(me == 0 ? 0 : 1, me);
+    State got = make_state(9.0f);
+    fill(got, -1.0f);
+    guarded(str("load with key on ", sub->size(), " of ", n, " ranks"), [&] {
+      const dt::CkptMeta m = dt::load_checkpoint(*sub, file, got.tensors, &good_other_job);
+      H.expect(m.step == 3 && m.tokens == 300 && m.config == meta.config, "meta", "wrong meta");
+      H.expect(same_bits(got, saved), str("load on ", sub->size(), " ranks"),
+               "values differ from the saved ones");
+    });
+  }
+  {
+    const auto p_key = dt::verify_file(*world, file, &good);
+    H.expect(p_key.empty(), "verify with key", p_key.empty() ? "" : p_key[0]);
+    const auto p_nokey = dt::verify_file(*world, file);
+    H.expect(p_nokey.empty(), "verify without key (digests)", p_nokey.empty() ? "" : p_nokey[0]);
+    const auto p_wrong = dt::verify_file(*world, file, &wrong);
+    H.expect(p_wrong.size() == 1 && contains(p_wrong[0], "checkpoint key: wrong key"),
+             "verify with a wrong key", p_wrong.empty() ? "no problem reported" : p_wrong[0]);
+  }
+  // Refusals leave the tensors untouched.
+  {
+    State got = make_state(9.0f);
+    fill(got, -1.0f);
+    expect_throw<dt::CheckpointError>("load with a wrong key",
+                                      [&] { dt::load_checkpoint(*world, file, got.tensors, &wrong); },
+                                      {"checkpoint key: wrong key", "step-3.h5"});
+    expect_throw<dt::CheckpointError>("load without a key",
+                                      [&] { dt::load_checkpoint(*world, file, got.tensors); },
+                                      {"checkpoint key:", "is encrypted"});
+    H.expect(all_equal(got, -1.0f), "a refused load", "wrote into the tensors");
+    std::string used;
+    expect_throw<dt::CheckpointError>(
+        "resume auto with a wrong key",
+        [&] { dt::resume(*world, "auto", enc_dir, got.tensors, &used, [](const std::string&) {},
+                         &wrong); },
+        {"wrong key"});
+    H.expect(all_equal(got, -1.0f) && used.empty(), "resume with a wrong key", "loaded something");
+    guarded("resume auto with the key", [&] {
+      dt::resume(*world, "auto", enc_dir, got.tensors, &used, [](const std::string&) {}, &good);
+      H.expect(same_bits(got, saved) && used == file, "resume auto with the key", used);
+    });
+  }
+  // A plain checkpoint: loads without a key, refused with one (ckpt.encrypt is on).
+  guarded("plain checkpoint", [&] {
+    dt::save_checkpoint(*world, plain_dir, saved.tensors, meta, 1);
+    State got = make_state(9.0f);
+    dt::load_checkpoint(*world, plain_dir + "/step-3.h5", got.tensors);
+    H.expect(same_bits(got, saved), "plain load", "values differ");
+    H.expect(dt::checkpoint_encryption(plain_dir + "/step-3.h5").empty(), "plain attribute", "");
+    expect_throw<dt::CheckpointError>(
+        "plain checkpoint with ckpt.encrypt",
+        [&] { dt::load_checkpoint(*world, plain_dir + "/step-3.h5", got.tensors, &good); },
+        {"checkpoint key:", "not encrypted"});
+  });
+  // Tampering by someone who can rewrite the digests: two chunks swapped with their digests and
+  // nonces; the step attribute changed.
+  const std::string swapped = bad_dir + "/swapped.h5", stepped = bad_dir + "/stepped.h5";
+  if (me == 0) {
+    copy_file(file, swapped);
+    swap_chunks(swapped, "/optim/exp_avg/a.weight", 2 * kC + 1);
+    copy_file(file, stepped);
+    set_step_attr(stepped, 4);
+  }
+  world->barrier();
+  {
+    State got = make_state(9.0f);
+    const auto p_nokey = dt::verify_file(*world, swapped);
+    H.expect(p_nokey.empty(), "swapped chunks pass the digests", p_nokey.empty() ? "" : p_nokey[0]);
+    const auto p = dt::verify_file(*world, swapped, &good);
+    H.expect(p.size() == 1 && contains(p[0], "/optim/exp_avg/a.weight: authentication failed in "
+                                             "chunks 0,1 (of 3)"),
+             "swapped chunks fail authentication", p.empty() ? "no problem" : p[0]);
+    expect_throw<dt::CheckpointError>("load of swapped chunks",
+                                      [&] { dt::load_checkpoint(*world, swapped, got.tensors, &good); },
+                                      {"authentication failed"});
+    expect_throw<dt::CheckpointError>("load with an altered step",
+                                      [&] { dt::load_checkpoint(*world, stepped, got.tensors, &good); },
+                                      {"fail authentication"});
+  }
+  // The asynchronous checkpointer encrypts too.
+  guarded("async encrypted save", [&] {
+    dt::AsyncCheckpointer ac(*world, bad_dir + "/async", 1, &good);
+    dt::CkptMeta m2 = meta;
+    m2.step = 5;
+    ac.save(saved.tensors, m2);
+    ac.wait();
+    const std::string f5 = bad_dir + "/async/step-5.h5";
+    H.expect(dt::checkpoint_encryption(f5) == "aes-256-gcm", "async encryption", "plain file");
+    State got = make_state(9.0f);
+    dt::load_checkpoint(*world, f5, got.tensors, &good);
+    H.expect(same_bits(got, saved), "async encrypted load", "values differ");
+  });
+  world->barrier();
+  (void)world_rank;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  H.rank = rank;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (argc < 2) {
+    if (rank == 0) std::fprintf(stderr, "usage: test_ckpt_crypto DIR\n");
+    MPI_Finalize();
+    return 2;
+  }
+  try {
+    run(argv[1], rank);
+  } catch (const std::exception& e) {
+    H.fail("run", e.what());
+  }
+  const int rc = H.finish(
+      "test_ckpt_crypto",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,528 @@
+// test_sealed: sealed point-to-point and sealed collectives under mpiexec, against references
+// computed here from known per-rank inputs (small integers, so every sum is exact in every dtype).
+//
+//   test_sealed p2p mpi|ucx           sealed send/recv over make_p2p(kind): ring and pairs, every
+//                                     dtype, sizes 0..1M+3, blocking and non-blocking forms; a
+//                                     message sealed under another job's key is rejected
+//   test_sealed coll mpi|ucx [exempt|nodes2]
+//                                     every collective x dtype x op, odd sizes, all forms, on the
+//                                     world and a split; "exempt": same-node traffic unsealed;
+//                                     "nodes2": two simulated nodes, same-node traffic unsealed
+//   test_sealed tamper p2p|coll mpi|ucx flip:N|replay:N|reorder:N
+//                                     rank 0 damages its own N-th sealed message; the receiving
+//                                     rank must reject it with dt::SecurityError and abort the job
+//                                     (the test passes when the job ends non-zero, naming it)
+// Each failed check prints "rank R: FAIL <what>: <details>"; rank 0 prints a summary.
+#include <mpi.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "../mpi/check_harness.hpp"
+#include "comm/mpi_comm.hpp"
+#include "dt/comm.hpp"
+#include "dt/dtype.hpp"
+#include "dt/error.hpp"
+#include "dt/metrics.hpp"
+#include "dt/p2p.hpp"
+#include "dt/security.hpp"
+#include "dt/tensor.hpp"
+
+namespace {
+
+using dt::Comm;
+using dt::CommOptions;
+using dt::DType;
+using dt::Millis;
+using dt::ReduceOp;
+using dt::Work;
+namespace sec = dt::security;
+using namespace dt_test;
+
+template <class T>
+constexpr bool is16 = std::is_same_v<T, dt::bf16> || std::is_same_v<T, dt::f16>;
+
+int gen(int r, std::size_t i, std::uint32_t salt, bool nonneg) {
+  std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^
+                    (static_cast<std::uint32_t>(r + 1) * 0x9E3779B9u + salt * 0x85EBCA6Bu);
+  x ^= x >> 15;
+  x *= 0x2C1B3C6Du;
+  x ^= x >> 12;
+  x *= 0x297A2D39u;
+  x ^= x >> 15;
+  const int v = static_cast<int>(x % 41u);
+  return nonneg ? v : v - 20;
+}
+template <class T>
+int genv(int r, std::size_t i, std::uint32_t salt) {
+  return gen(r, i, salt, std::is_same_v<T, std::uint8_t>);
+}
+template <class T>
+T enc(double v) {
+  if constexpr (is16<T>)
+    return T(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
+}
+template <class T>
+double dec(T v) {
+  if constexpr (is16<T>)
+    return static_cast<double>(static_cast<float>(v));
+  else
+    return static_cast<double>(v);
+}
+double round_mantissa(double x, int mant) {
+  if (x == 0 || !std::isfinite(x)) return x;
+  int e = 0;
+  std::frexp(x, &e);
+  const double ulp = std::ldexp(1.0, e - 1 - mant);
+  return std::nearbyint(x / ulp) * ulp;
+}
+template <class T>
+double avg_ref(std::int64_t sum, int n) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<double>(sum / n);
+  } else if constexpr (std::is_same_v<T, double>) {
+    return static_cast<double>(sum) / static_cast<double>(n);
+  } else {
+    const float q = static_cast<float>(sum) / static_cast<float>(n);
+    if constexpr (std::is_same_v<T, float>) return q;
+    if constexpr (std::is_same_v<T, dt::bf16>) return round_mantissa(q, 7);
+    return round_mantissa(q, 10);
+  }
+}
+template <class T, class V>
+double reduce_ref(ReduceOp op, int n, V&& value) {
+  std::int64_t s = 0, mx = INT64_MIN, mn = INT64_MAX;
+  for (int r = 0; r < n; ++r) {
+    const std::int64_t v = value(r);
+    s += v;
+    mx = std::max(mx, v);
+    mn = std::min(mn, v);
+  }
+  switch (op) {
+    case ReduceOp::sum:
+      return static_cast<double>(s);
+    case ReduceOp::max:
+      return static_cast<double>(mx);
+    case ReduceOp::min:
+      return static_cast<double>(mn);
+    case ReduceOp::avg:
+      return avg_ref<T>(s, n);
+  }
+  return 0;
+}
+template <class T, class Ref>
+bool expect_buf(const std::string& what, const T* got, std::size_t n, Ref&& ref) {
+  std::size_t bad = 0, first = 0;
+  double fg = 0, fe = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double e = ref(i), g = dec(got[i]);
+    if (!(g == e)) {
+      if (bad++ == 0) {
+        first = i;
+        fg = g;
+        fe = e;
+      }
+    }
+  }
+  return H.expect(bad == 0, what,
+                  str(bad, " of ", n, " wrong; first at ", first, ": got ", fg, ", expected ", fe));
+}
+template <class T>
+std::vector<T> filled(std::size_t n, int r, std::uint32_t salt) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = enc<T>(genv<T>(r, i, salt));
+  return v;
+}
+template <class F>
+void for_each_dtype(F&& f) {
+  int k = 0;
+  for (DType t : dt::kAllDTypes) {
+    dt::visit_dtype(t, [&](auto z) { f(z, k); });
+    ++k;
+  }
+}
+
+enum class Form { blocking, timeout, iwait, itest };
+constexpr Form kForms[] = {Form::blocking, Form::timeout, Form::iwait, Form::itest};
+const char* form_name(Form f) {
+  switch (f) {
+    case Form::blocking:
+      return "blocking";
+    case Form::timeout:
+      return "blocking+timeout";
+    case Form::iwait:
+      return "i*+wait";
+    case Form::itest:
+      return "i*+test";
+  }
+  return "?";
+}
+void finish(Form f, Work& w) {
+  if (f == Form::itest) {
+    while (!w.test()) std::this_thread::yield();
+  } else {
+    w.wait();
+  }
+}
+template <class B, class NB>
+void run_form(Form f, B&& blocking, NB&& start) {
+  if (f == Form::iwait || f == Form::itest) {
+    Work w = start();
+    finish(f, w);
+  } else {
+    CommOptions o;
+    if (f == Form::timeout) o.timeout = Millis(120000);
+    blocking(o);
+  }
+}
+
+constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
+// Odd sizes: fewer elements than ranks, not divisible by any rank count, several segments.
+constexpr std::size_t kSizes[] = {0, 1, 7, 65537, (std::size_t{1} << 20) + 3};
+constexpr std::size_t kBig = 65537;
+
+std::uint32_t salt_of(int a, int b, int c, int d) {
+  return static_cast<std::uint32_t>(((a * 31 + b) * 31 + c) * 31 + d);
+}
+
+// ---- collectives ----------------------------------------------------------------------------
+
+void suite_collectives(Comm& c, int id) {
+  const int s = c.size(), me = c.rank();
+  for_each_dtype([&](auto z, int dk) {
+    using T = decltype(z);
+    const char* tn = dt::dtype_name(dt::dtype_v<T>);
+    for (std::size_t n : kSizes)
+      for (int fk = 0; fk < 4; ++fk) {
+        const Form f = kForms[fk];
+        // The largest size with one rotating form per dtype, to bound the run time.
+        if (n > kBig && fk != dk % 4) continue;
+        for (int ok = 0; ok < 4; ++ok) {
+          const ReduceOp op = kOps[ok];
+          if (n > kBig && ok != (dk + fk) % 4) continue;
+          const std::uint32_t salt = salt_of(id, dk, static_cast<int>(n % 1000), fk * 4 + ok);
+          const std::string w = str("all_reduce(", tn, " x ", n, ", ", dt::reduce_op_name(op),
+                                    ", ", form_name(f), ") on ", c.name());
+          guarded(w, [&] {
+            std::vector<T> buf = filled<T>(n, me, salt);
+            run_form(
+                f, [&](const CommOptions& o) { c.all_reduce(dt::view_of(buf), op, o); },
+                [&] { return c.iall_reduce(dt::view_of(buf), op); });
+            expect_buf(w, buf.data(), n, [&](std::size_t i) {
+              return reduce_ref<T>(op, s, [&](int r) { return genv<T>(r, i, salt); });
+            });
+          });
+          const std::size_t bn = n / static_cast<std::size_t>(s) + (n % 2);  // block per rank
+          const std::string w2 = str("reduce_scatter(", tn, " x ", bn, " per rank, ",
+                                     dt::reduce_op_name(op), ", ", form_name(f), ") on ", c.name());
+          guarded(w2, [&] {
+            const std::vector<T> in = filled<T>(bn * static_cast<std::size_t>(s), me, salt + 1);
+            std::vector<T> out(bn, enc<T>(77));
+            run_form(
+                f,
+                [&](const CommOptions& o) {
+                  c.reduce_scatter(dt::view_of(in), dt::view_of(out), op, o);
+                },
+                [&] { return c.ireduce_scatter(dt::view_of(in), dt::view_of(out), op); });
+            expect_buf(w2, out.data(), bn, [&](std::size_t i) {
+              return reduce_ref<T>(op, s, [&](int r) {
+                return genv<T>(r, static_cast<std::size_t>(me) * bn + i, salt + 1);
+              });
+            });
+          });
+        }
+        const std::uint32_t salt = salt_of(id + 1, dk, static_cast<int>(n % 1000), fk);
+        for (int root = 0; root < s; ++root) {
+          if (n > kBig && root != s - 1) continue;
+          const std::string w = str("broadcast(", tn, " x ", n, ", root ", root, ", ",
+                                    form_name(f), ") on ", c.name());
+          guarded(w, [&] {
+            std::vector<T> buf = filled<T>(n, me == root ? root : 1000 + me, salt);
+            run_form(
+                f, [&](const CommOptions& o) { c.broadcast(dt::view_of(buf), root, o); },
+                [&] { return c.ibroadcast(dt::view_of(buf), root); });
+            expect_buf(w, buf.data(), n, [&](std::size_t i) { return genv<T>(root, i, salt); });
+          });
+        }
+        const std::size_t gn = n > kBig ? n / static_cast<std::size_t>(s) : n;
+        for (int ip = 0; ip < 2; ++ip) {
+          const std::string w = str("all_gather(", tn, " x ", gn, ip ? ", in place, " : ", ",
+                                    form_name(f), ") on ", c.name());
+          guarded(w, [&] {
+            std::vector<T> out(gn * static_cast<std::size_t>(s), enc<T>(77));
+            std::vector<T> in = filled<T>(gn, me, salt + 2);
+            dt::ConstTensorView inv = dt::view_of(static_cast<const std::vector<T>&>(in));
+            if (ip) {
+              std::copy(in.begin(), in.end(), out.begin() + static_cast<std::ptrdiff_t>(me * gn));
+              inv = dt::view_of(static_cast<const T*>(out.data() + me * gn), gn);
+            }
+            run_form(
+                f, [&](const CommOptions& o) { c.all_gather(inv, dt::view_of(out), o); },
+                [&] { return c.iall_gather(inv, dt::view_of(out)); });
+            expect_buf(w, out.data(), out.size(), [&](std::size_t j) {
+              return genv<T>(static_cast<int>(j / gn), j % gn, salt + 2);
+            });
+          });
+        }
+      }
+  });
+  // Barrier: rank 0 arrives 200 ms late; nobody leaves before.
+  for (Form f : kForms) {
+    const std::string w = str("barrier(", form_name(f), ") on ", c.name());
+    guarded(w, [&] {
+      c.barrier();
+      if (me == 0 && s > 1) std::this_thread::sleep_for(Millis(200));
+      const auto t0 = std::chrono::steady_clock::now();
+      run_form(
+          f, [&](const CommOptions& o) { c.barrier(o); }, [&] { return c.ibarrier(); });
+      const auto ms = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - t0);
+      if (me != 0)
+        H.expect(ms.count() >= 100, w, str("left after ", ms.count(), " ms, before rank 0"));
+    });
+  }
+  // Several outstanding, completed in reverse order.
+  guarded("outstanding on " + c.name(), [&] {
+    std::vector<float> a = filled<float>(1000, me, 11);
+    std::vector<std::int32_t> b = filled<std::int32_t>(33, me == 0 ? 0 : 500 + me, 12);
+    std::vector<double> g(5 * static_cast<std::size_t>(s));
+    const std::vector<double> gin = filled<double>(5, me, 13);
+    Work w1 = c.iall_reduce(dt::view_of(a), ReduceOp::sum);
+    Work w2 = c.ibroadcast(dt::view_of(b), 0);
+    Work w3 = c.iall_gather(dt::view_of(gin), dt::view_of(g));
+    Work w4 = c.ibarrier();
+    for (Work* w : {&w4, &w3, &w2, &w1}) w->wait();
+    expect_buf("outstanding all_reduce", a.data(), a.size(), [&](std::size_t i) {
+      return reduce_ref<float>(ReduceOp::sum, s, [&](int r) { return genv<float>(r, i, 11); });
+    });
+    expect_buf("outstanding broadcast", b.data(), b.size(),
+               [&](std::size_t i) { return genv<std::int32_t>(0, i, 12); });
+    expect_buf("outstanding all_gather", g.data(), g.size(), [&](std::size_t j) {
+      return genv<double>(static_cast<int>(j / 5), j % 5, 13);
+    });
+  });
+  // Sealed send/recv through the communicator: a ring.
+  guarded("send/recv ring on " + c.name(), [&] {
+    const int next = (me + 1) % s, prev = (me + s - 1) % s;
+    const std::vector<std::int64_t> out = filled<std::int64_t>(1001, me, 14);
+    std::vector<std::int64_t> in(1001, 77);
+    Work r = c.irecv(dt::view_of(in), prev, 5);
+    Work w = c.isend(dt::view_of(out), next, 5);
+    r.wait();
+    w.wait();
+    expect_buf("ring", in.data(), in.size(),
+               [&](std::size_t i) { return genv<std::int64_t>(prev, i, 14); });
+  });
+  // Argument checks throw before any traffic.
+  std::vector<float> x(3), bad(3 * static_cast<std::size_t>(s) + 1);
+  expect_throw<dt::InvalidArgument>("all_gather output size on " + c.name(), [&] {
+    c.all_gather(dt::view_of(static_cast<const std::vector<float>&>(x)), dt::view_of(bad));
+  });
+  expect_throw<dt::InvalidArgument>("reduce_scatter input size on " + c.name(), [&] {
+    c.reduce_scatter(dt::view_of(static_cast<const std::vector<float>&>(bad)), dt::view_of(x),
+                     ReduceOp::sum);
+  });
+  expect_throw<dt::InvalidArgument>("broadcast root on " + c.name(),
+                                    [&] { c.broadcast(dt::view_of(x), s); }, {"root"});
+  expect_throw<dt::InvalidArgument>("reserved tag on " + c.name(), [&] {
+    c.send(dt::view_of(x), 0, sec::kReservedTagBase);
+  });
+}
+
+// ---- point-to-point -------------------------------------------------------------------------
+
+void suite_p2p(dt::P2p& p, int id) {
+  const int s = p.size(), me = p.rank();
+  const int next = (me + 1) % s, prev = (me + s - 1) % s;
+  for_each_dtype([&](auto z, int dk) {
+    using T = decltype(z);
+    for (std::size_t n : kSizes)
+      for (int fk = 0; fk < 4; ++fk) {
+        if (n > kBig && fk != dk % 4) continue;
+        const Form f = kForms[fk];
+        const std::uint32_t salt = salt_of(id, dk, static_cast<int>(n % 1000), fk);
+        const int tag = 100 + dk * 10 + fk;
+        const std::string w = str("sealed ring(", dt::dtype_name(dt::dtype_v<T>), " x ", n, ", ",
+                                  form_name(f), ") on ", p.name());
+        guarded(w, [&] {
+          const std::vector<T> out = filled<T>(n, me, salt);
+          std::vector<T> in(n, enc<T>(77));
+          if (f == Form::iwait || f == Form::itest || s == 1) {
+            Work r = p.irecv(dt::view_of(in), prev, tag);
+            Work sw = p.isend(dt::view_of(out), next, tag);
+            finish(f, r);
+            finish(f, sw);
+          } else {
+            CommOptions o;
+            if (f == Form::timeout) o.timeout = Millis(120000);
+            if (me % 2 == 0) {
+              p.send(dt::view_of(out), next, tag, o);
+              p.recv(dt::view_of(in), prev, tag, o);
+            } else {
+              p.recv(dt::view_of(in), prev, tag, o);
+              p.send(dt::view_of(out), next, tag, o);
+            }
+          }
+          expect_buf(w, in.data(), n, [&](std::size_t i) { return genv<T>(prev, i, salt); });
+        });
+      }
+  });
+  // Several messages on two tags, received in the other tag order (matching is by tag; the
+  // sequence numbers are per tag).
+  if (s >= 2 && me <= 1) {
+    guarded("two tags crossed on " + p.name(), [&] {
+      const int peer = 1 - me;
+      std::vector<std::vector<float>> got(6, std::vector<float>(100, 77));
+      std::vector<Work> ws;
+      if (me == 0) {
+        std::vector<std::vector<float>> msgs;
+        for (int k = 0; k < 6; ++k) msgs.push_back(filled<float>(100, k, 15));
+        for (int k = 0; k < 6; ++k) ws.push_back(p.isend(dt::view_of(msgs[k]), peer, 7 + k % 2));
+        for (Work& w : ws) w.wait();
+      } else {
+        for (int k : {1, 3, 5, 0, 2, 4}) ws.push_back(p.irecv(dt::view_of(got[k]), peer, 7 + k % 2));
+        for (auto it = ws.rbegin(); it != ws.rend(); ++it) it->wait();
+        for (int k = 0; k < 6; ++k)
+          expect_buf(str("two tags crossed, message ", k), got[k].data(), 100,
+                     [&](std::size_t i) { return genv<float>(k, i, 15); });
+      }
+    });
+  }
+  expect_throw<dt::InvalidArgument>("negative tag on " + p.name(), [&] {
+    std::vector<float> x(1);
+    p.isend(dt::view_of(x), next, -1);
+  });
+}
+
+// A message sealed under another job's key never verifies: rank 1 derives its keys for job
+// "other" and must reject rank 0's message, naming rank 0 and the sequence number.
+void check_other_job(const std::string& kind, Comm& world, const sec::SecretKey& key) {
+  if (world.size() < 2) return;
+  const int me = world.rank();
+  sec::Keys keys(key, me == 1 ? "other-job" : "this-job");
+  std::unique_ptr<dt::P2p> p = sec::seal_p2p(dt::make_p2p(kind, world), keys, {});
+  std::vector<float> buf(64, 1.0f);
+  const double before = dt::metrics::default_registry()
+                            .counter("dt_security_auth_failures_total",
+                                     "Sealed messages rejected (bad tag, replay, reorder, "
+                                     "redirect, malformed)",
+                                     {{"reason", "authentication"}})
+                            .value();
+  if (me == 0) {
+    guarded("other job (sender)", [&] { p->send(dt::view_of(buf), 1, 3); });
+  } else if (me == 1) {
+    expect_throw<dt::SecurityError>("message sealed under another job's key",
+                                    [&] { p->recv(dt::view_of(buf), 0, 3); },
+                                    {"message 0 from rank 0", "authentication failed"});
+    const std::string text = dt::metrics::default_registry().render();
+    H.expect(text.find("dt_security_auth_failures_total{reason=\"authentication\"} " +
+                       std::to_string(static_cast<int>(before) + 1)) != std::string::npos,
+             "auth failure counted", text.substr(0, 400));
+  }
+  world.barrier();
+}
+
+sec::SecretKey test_key() {
+  sec::Key k{};
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<std::uint8_t>(i * 7 + 3);
+  return sec::SecretKey(k);
+}
+
+int run(int argc, char** argv, int world_rank) {
+  const std::string mode = argc > 1 ? argv[1] : "coll";
+  const std::string kind = argc > 2 ? argv[2] : "mpi";
+  std::unique_ptr<dt::MpiComm> world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
+  const sec::Keys keys(test_key(), "test-job");
+  H.rank = world_rank;
+  if (mode == "tamper") {
+    // argv: tamper p2p|coll mpi|ucx SPEC
+    const std::string what = kind;
+    const std::string p2p = argc > 3 ? argv[3] : "mpi";
+    const sec::Tamper t = sec::parse_tamper(argc > 4 ? argv[4] : "flip:0");
+    try {
+      if (what == "p2p") {
+        sec::SealOptions so;
+        if (world_rank == 0) so.tamper = t;
+        auto p = sec::seal_p2p(dt::make_p2p(p2p, *world), keys, so);
+        const int s = p->size(), me = p->rank();
+        // Every rank sends 6 equal messages to the next rank and receives 6 from the previous.
+        for (int k = 0; k < 6; ++k) {
+          const std::vector<float> out = filled<float>(4096, me, 20 + k);
+          std::vector<float> in(4096);
+          Work r = p->irecv(dt::view_of(in), (me + s - 1) % s, 9);
+          Work w = p->isend(dt::view_of(out), (me + 1) % s, 9);
+          w.wait();
+          r.wait();
+        }
+      } else {
+        sec::SealedCommOptions o;
+        o.p2p = p2p;
+        o.segment_bytes = 64 << 10;
+        if (world_rank == 0) o.tamper = t;
+        auto c = sec::make_sealed_comm(*world, keys, o);
+        std::vector<float> buf = filled<float>(std::size_t{1} << 20, c->rank(), 30);
+        c->all_reduce(dt::view_of(buf), ReduceOp::sum);
+        c->barrier();
+      }
+    } catch (const dt::SecurityError& e) {
+      sec::abort_job(e);
+    }
+    std::printf("rank %d: no tampering detected\n", world_rank);
+    std::fflush(stdout);
+    return 1;
+  }
+  if (mode == "p2p") {
+    auto p = sec::seal_p2p(dt::make_p2p(kind, *world), keys, {});
+    suite_p2p(*p, 1);
+    check_other_job(kind, *world, test_key());
+  } else {
+    sec::SealedCommOptions o;
+    o.p2p = kind;
+    o.segment_bytes = 40000;  // not a multiple of any element size: uneven segments
+    const std::string variant = argc > 3 ? argv[3] : "";
+    if (variant == "exempt") o.exempt_node_local = true;
+    if (variant == "nodes2") {
+      o.exempt_node_local = true;
+      o.simulated_nodes = 2;
+    }
+    auto c = sec::make_sealed_comm(*world, keys, o);
+    suite_collectives(*c, 1);
+    std::unique_ptr<Comm> sub = c->split(world_rank % 2, -world_rank);
+    if (H.expect(sub != nullptr, "split", "returned nullptr")) {
+      H.expect(sub->name().find("sealed") != std::string::npos, "split name", sub->name());
+      suite_collectives(*sub, 2);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const auto t0 = std::chrono::steady_clock::now();
+  int rc = 0;
+  try {
+    rc = run(argc, argv, rank);
+  } catch (const std::exception& e) {
+    H.fail("run", e.what());
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string name = std::string("test_sealed ") + (argc > 1 ? argv[1] : "coll") + " " +
+                           (argc > 2 ? argv[2] : "mpi") + (argc > 3 ? std::string(" ") + argv[3] : "");
+  const int hrc = H.finish(name.c_str(), secs);
+  MPI_Finalize();
+  return rc ? rc : hrc;
+}
