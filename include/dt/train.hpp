@@ -151,6 +151,9 @@ class Trainer {
 
   /// The fused model (data parallelism only; null on the graph engine path).
   Gpt& model() noexcept { return *model_; }
+  /// The whole model's parameters in gpt_params() order, assembled from every rank's shards.
+  /// Collective over the trainer's communicator.
+  std::vector<float> global_parameters();
   /// The layout this trainer runs ("dp=4 tp=1 pp=1").
   std::string layout() const;
   /// Prints the per-rank plan and the placement and writes the DOT file (rank 0; the other ranks

@@ -605,6 +605,20 @@ float* Trainer::grads_ptr() const { return engine_ ? engine_->grad_data() : mode
 
 std::string Trainer::layout() const { return plan_->layout.str(); }
 
+std::vector<float> Trainer::global_parameters() {
+  const std::vector<ParamInfo> ps = gpt_params(c_.model);
+  std::vector<float> out(ps.back().offset + ps.back().numel);
+  if (engine_) {
+    gather_state();
+    std::copy_n(full_state_.begin(), out.size(), out.begin());
+  } else {
+    dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(out.data()),
+              static_cast<const void*>(model_->param_data()), out.size() * sizeof(float),
+              DT_HAL_DEVICE_TO_HOST);
+  }
+  return out;
+}
+
 namespace {
 // Global index of every local parameter (by name).
 std::vector<std::size_t> global_index(const std::vector<ParamInfo>& local,
