@@ -196,6 +196,10 @@ class Trainer {
   std::vector<char> counted_;      // per local parameter: counted once in the global norm
   std::vector<char> owner_;        // per local parameter: this rank's copy goes to checkpoints
   std::vector<float> full_state_;  // global parameters and moments (checkpoints, sampling)
+  double pipe_idle_s_ = 0, pipe_total_s_ = 0;  // 1F1B schedule time and its blocked part
+  std::int64_t pipe_steps_ = 0;
+  /// Rank 0 prints the measured pipeline bubble against 1F1B theory. Collective.
+  void report_bubble();
   void setup_engine();
   /// One step's forward and backward passes on the 1F1B schedule; returns this rank's loss sum.
   double pipeline_step(float scale);

@@ -1,6 +1,7 @@
 #include "engine/pipeline.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "dt/trace.hpp"
@@ -95,7 +96,25 @@ struct StageEngine::Impl {
   int B = 0, T = 0;                       // the graph's (largest) micro-batch
   std::vector<int> slot_B;                // B of the micro-batch in each slot
   std::vector<float> host_losses;
+  double wait_s = 0;  // blocked on pipeline messages
 };
+
+namespace {
+// Adds the lifetime of the scope to `acc` (seconds).
+class WaitClock {
+ public:
+  explicit WaitClock(double& acc) : acc_(acc), t0_(std::chrono::steady_clock::now()) {}
+  ~WaitClock() {
+    acc_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  WaitClock(const WaitClock&) = delete;
+  WaitClock& operator=(const WaitClock&) = delete;
+
+ private:
+  double& acc_;
+  std::chrono::steady_clock::time_point t0_;
+};
+}  // namespace
 
 namespace {
 std::size_t numel_of(const TensorInfo& t) { return shape_numel(t.shape); }
@@ -230,7 +249,14 @@ void StageEngine::zero_grad() {
             nparams_ * sizeof(float));
 }
 
+double StageEngine::take_wait_seconds() {
+  const double s = impl_->wait_s;
+  impl_->wait_s = 0;
+  return s;
+}
+
 void StageEngine::wait_sends() {
+  const WaitClock clock(impl_->wait_s);
   for (Work& w : impl_->fwd_sends)
     if (w.valid()) {
       w.wait();
@@ -247,6 +273,7 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
            " / batch ", B, " outside the engine's ", slots_, " slots / ", m.B, " sequences");
   const std::size_t us = static_cast<std::size_t>(slot);
   if (m.fwd_sends[us].valid()) {  // the slot's last activations may still be on their way
+    const WaitClock clock(m.wait_s);
     m.fwd_sends[us].wait();
     m.fwd_sends[us] = Work();
   }
@@ -329,6 +356,7 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
           comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))], tag_of(n, micro, false));
     } else if (n.op == "recv") {
       const trace::Scope s("recv", "pipeline", "micro-batch", micro);
+      const WaitClock clock(m.wait_s);
       comms_.p2p->recv(view_of(act(n.out[0]), static_cast<std::size_t>(BT * width(n.out[0]))),
                        comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))],
                        tag_of(n, micro, false));
@@ -345,8 +373,11 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
   DT_CHECK(InvalidArgument, slot >= 0 && slot < slots_, "slot ", slot, " outside [0, ", slots_,
            ")");
   // The previous micro-batch's gradient messages read the gradient area we are about to clear.
-  for (Work& w : m.bwd_sends) w.wait();
-  m.bwd_sends.clear();
+  {
+    const WaitClock clock(m.wait_s);
+    for (Work& w : m.bwd_sends) w.wait();
+    m.bwd_sends.clear();
+  }
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", m.grad_buf.get(),
             m.grad_floats * sizeof(float));
   const int B = m.slot_B[us];
@@ -438,9 +469,12 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
       const trace::Scope s("recv", "pipeline", "micro-batch", micro);
       const std::int64_t cnt = BT * width(n.in[0]);
       float* tmp = m.scratch.as<float>();
-      comms_.p2p->recv(view_of(tmp, static_cast<std::size_t>(cnt)),
-                       comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))],
-                       tag_of(n, micro, true));
+      {
+        const WaitClock clock(m.wait_s);
+        comms_.p2p->recv(view_of(tmp, static_cast<std::size_t>(cnt)),
+                         comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))],
+                         tag_of(n, micro, true));
+      }
       dev_.call(&dt_hal_v1_t::add, "add", grad(n.in[0]), static_cast<const float*>(grad(n.in[0])),
                 static_cast<const float*>(tmp), cnt);
     } else {

@@ -82,6 +82,9 @@ class StageEngine {
   void backward(int slot, int micro, float loss_scale, const GradReady& ready = {});
   /// Waits for every point-to-point send still in flight.
   void wait_sends();
+  /// Seconds spent blocked on pipeline messages (receives, and sends not yet taken) since the
+  /// last call: the stage's idle time, bubble included.
+  double take_wait_seconds();
 
  private:
   struct Impl;

@@ -455,6 +455,8 @@ double Trainer::pipeline_step(float scale) {
   const int m = plan_->microbatches, slots = plan_->in_flight(mc.pp);
   const std::int64_t first = mc.dp * local_batch_;
   double loss = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  engine_->take_wait_seconds();
   for (const PipeAction& a : one_f_one_b(mc.pp, plan_->layout.pp, m)) {
     const int slot = a.micro % slots;
     if (a.kind == PipeAction::Kind::forward) {
@@ -474,6 +476,12 @@ double Trainer::pipeline_step(float scale) {
     }
   }
   engine_->wait_sends();
+  // The first step also pays for first-touch page faults: the bubble figures leave it out.
+  const double idle = engine_->take_wait_seconds();
+  if (pipe_steps_++ > 0) {
+    pipe_idle_s_ += idle;
+    pipe_total_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   // Every tensor-parallel rank of the last stage computed the same loss: count it once.
   return engine_->last_stage() && mc.tp == 0 ? loss : 0.0;
 }
@@ -876,6 +884,7 @@ int Trainer::run() {
   }
   if (step_ != last_saved_) save_checkpoint_now(false);
   finish_checkpoints();
+  if (engine_ && plan_->layout.pp > 1) report_bubble();
   // Sampling runs the whole model on rank 0: the graph engine's shards are assembled first.
   if (engine_ && c_.sample_tokens > 0 && first_step < c_.steps) gather_state();
   if (lead && first_step >= c_.steps) {
@@ -912,6 +921,32 @@ int Trainer::run() {
   obs_->finish();
   comm_.barrier();
   return 0;
+}
+
+void Trainer::report_bubble() {
+  const int p = plan_->layout.pp, m = plan_->microbatches;
+  std::vector<double> mine{pipe_idle_s_, pipe_total_s_}, all(2 * static_cast<std::size_t>(comm_.size()));
+  comm_.all_gather(view_of(mine), view_of(all));
+  if (comm_.rank() != 0 || all[1] <= 0) return;
+  std::vector<double> idle(static_cast<std::size_t>(p), 0), total(static_cast<std::size_t>(p), 0);
+  for (std::size_t r = 0; r < mesh_->coords().size(); ++r) {
+    const std::size_t s = static_cast<std::size_t>(mesh_->coords()[r].pp);
+    idle[s] += all[2 * r];
+    total[s] += all[2 * r + 1];
+  }
+  double sum = 0;
+  std::string per;
+  for (int s = 0; s < p; ++s) {
+    const double f = idle[static_cast<std::size_t>(s)] / total[static_cast<std::size_t>(s)];
+    sum += f;
+    char b[48];
+    std::snprintf(b, sizeof b, "%s stage %d %.1f%%", s ? "," : "", s, 100 * f);
+    per += b;
+  }
+  std::printf("dt_train: pipeline bubble: %.1f%% of the 1F1B schedule idle, mean of %d stages "
+              "(theory (p-1)/(m+p-1) = %.1f%% for p=%d, m=%d);%s\n",
+              100 * sum / p, p, 100.0 * (p - 1) / (m + p - 1), p, m, per.c_str());
+  std::fflush(stdout);
 }
 
 void Trainer::print_plan() {
