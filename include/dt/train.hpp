@@ -93,6 +93,14 @@ struct TrainConfig {
   std::string p2p = "mpi";            ///< pipeline point-to-point transport: mpi | ucx
   std::string test_sim_placement = "block";  ///< testing only: block | cyclic
   RankSite site;  ///< where this rank runs (set by the app from the runtime)
+  // mixed precision
+  std::string dtype = "fp32";  ///< fp32 | bf16 | fp16: storage of the compute weights and gradients
+  double loss_scale_initial = 65536;
+  std::int64_t loss_scale_growth_interval = 2000;
+  int loss_scale_hysteresis = 1;
+  double loss_scale_min = 1;
+  std::int64_t test_inject_inf_rank = -1;  ///< testing only: this rank's gradient gets an Inf
+  std::int64_t test_inject_inf_step = 2;   ///< ... at this step
 };
 
 /// Exit code of a run that drained on SIGUSR1/SIGTERM after writing a checkpoint: job scripts
@@ -116,11 +124,14 @@ struct StepStats {
   std::int64_t step = 0;  ///< 0-based index of the step just taken
   double loss = 0;        ///< mean training loss over the global batch
   double lr = 0;
-  double grad_norm = 0;  ///< before clipping
+  double grad_norm = 0;  ///< before clipping (infinite on a skipped step)
   double seconds = 0;
+  bool skipped = false;    ///< mixed precision: the gradients overflowed, no update was made
+  double loss_scale = 1;   ///< the loss scale this step used
 };
 
 class GradBuckets;
+class LossScaler;
 class StageEngine;
 struct Plan;
 
@@ -196,6 +207,15 @@ class Trainer {
   std::vector<char> counted_;      // per local parameter: counted once in the global norm
   std::vector<char> owner_;        // per local parameter: this rank's copy goes to checkpoints
   std::vector<float> full_state_;  // global parameters and moments (checkpoints, sampling)
+  // Mixed precision: fp32 master weights; the model computes with their rounding to c_.dtype.
+  std::unique_ptr<LossScaler> scaler_;
+  Device::Buffer master_;
+  std::vector<float> host_tmp_;
+  bool low_precision() const { return c_.dtype != "fp32"; }
+  float* master_ptr() const;
+  /// Rounds n floats of device memory to c_.dtype in place (Inf beyond the format's range).
+  void round_to_dtype(float* data, std::size_t n);
+  void refresh_working_weights();
   double pipe_idle_s_ = 0, pipe_total_s_ = 0;  // 1F1B schedule time and its blocked part
   std::int64_t pipe_steps_ = 0;
   /// Rank 0 prints the measured pipeline bubble against 1F1B theory. Collective.

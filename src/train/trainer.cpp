@@ -11,6 +11,7 @@
 
 #include "comm/mpi_comm.hpp"
 #include "comm/shm_comm.hpp"
+#include "dt/loss_scale.hpp"
 #include "dt/p2p.hpp"
 #include "dt/train.hpp"
 #include "dt/trace.hpp"
@@ -171,6 +172,27 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("comm.p2p", &c.p2p, "mpi",
            "point-to-point transport of pipeline activations and their gradients",
            {"mpi", "ucx"})
+      .add("train.dtype", &c.dtype, "fp32",
+           "precision of the compute copy of the weights and of the gradients: fp32, bf16 or "
+           "fp16 (fp32 master weights and optimizer state; fp16 with dynamic loss scaling; "
+           "gradients are reduced in fp32)",
+           {"fp32", "bf16", "fp16"})
+      .add("loss-scale.initial", &c.loss_scale_initial, 65536.0,
+           "train.dtype=fp16: the first loss scale", 1e-30, 1e30)
+      .add("loss-scale.growth-interval", &c.loss_scale_growth_interval, 2000,
+           "train.dtype=fp16: clean steps in a row after which the scale doubles", 1L, 1L << 40)
+      .add("loss-scale.hysteresis", &c.loss_scale_hysteresis, 1,
+           "train.dtype=fp16: overflows tolerated before the scale halves (each overflow step "
+           "is skipped)",
+           1, 1 << 20)
+      .add("loss-scale.min", &c.loss_scale_min, 1.0,
+           "train.dtype=fp16: the scale never falls below this", 1e-30, 1e30)
+      .add("test.inject-inf-rank", &c.test_inject_inf_rank, -1,
+           "testing only: this rank puts an Inf into its gradients at step test.inject-inf-step "
+           "(every rank must skip that step)",
+           -1L, 1L << 30)
+      .add("test.inject-inf-step", &c.test_inject_inf_step, 2,
+           "testing only: see test.inject-inf-rank", 0L, 1L << 40)
       .add("test.simulated-placement", &c.test_sim_placement, "block",
            "testing only: how test.simulated-nodes maps ranks to nodes for placement: block "
            "(consecutive ranks) or cyclic (round robin, as srun --distribution=cyclic)",
@@ -321,6 +343,21 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
     model_->init(static_cast<std::uint64_t>(c_.seed));
     opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
   }
+  if (low_precision()) {
+    LossScaleConfig lc;
+    lc.dynamic = c_.dtype == "fp16";
+    lc.initial = lc.dynamic ? c_.loss_scale_initial : 1.0;
+    lc.growth_interval = c_.loss_scale_growth_interval;
+    lc.hysteresis = c_.loss_scale_hysteresis;
+    lc.min_scale = lc.dynamic ? c_.loss_scale_min : 1.0;
+    lc.max_scale = std::max(lc.max_scale, lc.initial);
+    scaler_ = std::make_unique<LossScaler>(lc);
+    const std::size_t count = param_list().back().offset + param_list().back().numel;
+    master_ = Device::Buffer(dev_, count * sizeof(float));
+    dev_.call(&dt_hal_v1_t::copy, "copy", master_.get(), static_cast<const void*>(params_ptr()),
+              count * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
+    refresh_working_weights();
+  }
   if (c_.ckpt_async && !c_.ckpt_dir.empty()) {
     async_ =
         std::make_unique<AsyncCheckpointer>(comm_, c_.ckpt_dir, static_cast<int>(c_.ckpt_keep));
@@ -394,7 +431,8 @@ StepStats Trainer::step() {
   const trace::Scope step_scope("step", "train", "step", step_);
   const auto t0 = std::chrono::steady_clock::now();
   const int T = c_.model.block;
-  const float scale = static_cast<float>(1.0 / (static_cast<double>(c_.batch) * T));
+  const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+  const float scale = static_cast<float>(loss_scale / (static_cast<double>(c_.batch) * T));
   watchdog::set_activity("forward and backward", step_);
   double loss_sum = 0;
   if (engine_) {
@@ -438,13 +476,41 @@ StepStats Trainer::step() {
   StepStats s;
   s.step = step_;
   s.loss = loss_sum / (static_cast<double>(c_.batch) * T);
+  s.loss_scale = loss_scale;
   DT_CHECK(Error, std::isfinite(s.loss), "training loss is ", s.loss, " at step ", step_,
            " (diverged: lower --optim.lr or raise --optim.warmup)");
   const trace::Scope optimizer_scope("optimizer", "train");
+  if (scaler_) {
+    // The gradients as c_.dtype stores them (fp16: Inf beyond 65504), then one decision for all
+    // ranks: any non-finite gradient anywhere skips the step everywhere.
+    const std::size_t n = param_list().back().offset + param_list().back().numel;
+    round_to_dtype(grads_ptr(), n);
+    if (c_.test_inject_inf_rank == comm_.rank() && step_ == c_.test_inject_inf_step) {
+      const float inf = INFINITY;
+      dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(grads_ptr()),
+                static_cast<const void*>(&inf), sizeof inf, DT_HAL_HOST_TO_DEVICE);
+    }
+    double ss = 0;
+    dev_.call(&dt_hal_v1_t::sum_squares, "sum_squares", static_cast<const float*>(grads_ptr()),
+              static_cast<std::int64_t>(n), &ss);
+    const bool overflow = overflow_anywhere(comm_, !std::isfinite(ss));
+    if (!scaler_->update(overflow)) {
+      s.skipped = true;
+      s.grad_norm = INFINITY;
+      s.lr = lr_at(c_.optim, step_);
+      ++step_;
+      s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return s;
+    }
+    if (loss_scale != 1.0f)
+      dev_.call(&dt_hal_v1_t::scale, "scale", grads_ptr(), 1.0f / loss_scale,
+                static_cast<std::int64_t>(n));
+  }
   s.grad_norm = engine_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, owner_, comm_)
                         : opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip);
   s.lr = lr_at(c_.optim, step_);
-  opt_->step(params_ptr(), grads_ptr(), s.lr, c_.optim);
+  opt_->step(master_ptr(), grads_ptr(), s.lr, c_.optim);
+  if (scaler_) refresh_working_weights();
   ++step_;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
@@ -594,7 +660,7 @@ std::vector<CkptTensor> Trainer::state_tensors() {
   const struct {
     const char* prefix;
     float* base;
-  } groups[] = {{"/model/", engine_ ? full_state_.data() : model_->param_data()},
+  } groups[] = {{"/model/", engine_ ? full_state_.data() : master_ptr()},
                 {"/optim/exp_avg/", engine_ ? full_state_.data() + N : opt_->m()},
                 {"/optim/exp_avg_sq/", engine_ ? full_state_.data() + 2 * N : opt_->v()}};
   for (const auto& g : groups)
@@ -609,6 +675,29 @@ const std::vector<ParamInfo>& Trainer::param_list() const {
 float* Trainer::params_ptr() const {
   return engine_ ? engine_->param_data() : model_->param_data();
 }
+float* Trainer::master_ptr() const {
+  return low_precision() ? master_.as<float>() : params_ptr();
+}
+
+void Trainer::round_to_dtype(float* data, std::size_t n) {
+  host_tmp_.resize(n);
+  dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(host_tmp_.data()),
+            static_cast<const void*>(data), n * sizeof(float), DT_HAL_DEVICE_TO_HOST);
+  if (c_.dtype == "bf16")
+    for (float& x : host_tmp_) x = static_cast<float>(bf16(x));
+  else if (c_.dtype == "fp16")
+    for (float& x : host_tmp_) x = static_cast<float>(f16(x));
+  dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(data),
+            static_cast<const void*>(host_tmp_.data()), n * sizeof(float), DT_HAL_HOST_TO_DEVICE);
+}
+
+void Trainer::refresh_working_weights() {
+  const std::size_t n = param_list().back().offset + param_list().back().numel;
+  dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(params_ptr()),
+            static_cast<const void*>(master_ptr()), n * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
+  round_to_dtype(params_ptr(), n);
+}
+
 float* Trainer::grads_ptr() const { return engine_ ? engine_->grad_data() : model_->grad_data(); }
 
 std::string Trainer::layout() const { return plan_->layout.str(); }
@@ -621,7 +710,7 @@ std::vector<float> Trainer::global_parameters() {
     std::copy_n(full_state_.begin(), out.size(), out.begin());
   } else {
     dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(out.data()),
-              static_cast<const void*>(model_->param_data()), out.size() * sizeof(float),
+              static_cast<const void*>(master_ptr()), out.size() * sizeof(float),
               DT_HAL_DEVICE_TO_HOST);
   }
   return out;
@@ -648,7 +737,7 @@ void Trainer::gather_state() {
   const std::vector<std::size_t> gi = global_index(engine_->params(), global);
   std::fill(full_state_.begin(), full_state_.end(), 0.0f);
   std::vector<float> host(n);
-  const float* src[3] = {engine_->param_data(), opt_->m(), opt_->v()};
+  const float* src[3] = {master_ptr(), opt_->m(), opt_->v()};
   for (int k = 0; k < 3; ++k) {
     dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(host.data()),
               static_cast<const void*>(src[k]), n * sizeof(float), DT_HAL_DEVICE_TO_HOST);
@@ -667,7 +756,7 @@ void Trainer::scatter_state() {
   const std::size_t N = global.back().offset + global.back().numel, n = engine_->num_params();
   const std::vector<std::size_t> gi = global_index(engine_->params(), global);
   std::vector<float> host(n);
-  float* dst[3] = {engine_->param_data(), opt_->m(), opt_->v()};
+  float* dst[3] = {master_ptr(), opt_->m(), opt_->v()};
   for (int k = 0; k < 3; ++k) {
     for (std::size_t i = 0; i < gi.size(); ++i)
       graph::take_shard(engine_->param_tensor(i), mesh_->coord().tp,
@@ -692,10 +781,24 @@ std::string Trainer::resume_from_checkpoint() {
       model_->init(static_cast<std::uint64_t>(c_.seed));
       opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
     }
+    if (low_precision()) {
+      dev_.call(&dt_hal_v1_t::copy, "copy", master_.get(), static_cast<const void*>(params_ptr()),
+                master_.bytes(), DT_HAL_DEVICE_TO_DEVICE);
+      refresh_working_weights();
+    }
     log("ckpt: no usable checkpoint in " + c_.ckpt_dir + ", starting from step 0");
     return "";
   }
   if (engine_) scatter_state();
+  if (low_precision()) {
+    refresh_working_weights();
+    if (c_.dtype == "fp16" && m.loss_scale > 0) {
+      LossScaler::State st = scaler_->state();
+      st.scale = std::clamp(m.loss_scale, scaler_->config().min_scale, scaler_->config().max_scale);
+      st.growth_tracker = 0;
+      scaler_->restore(st);
+    }
+  }
   step_ = m.step;
   last_saved_ = m.step;
   opt_->set_steps(m.optimizer_step);
@@ -729,7 +832,7 @@ void Trainer::save_checkpoint_now(bool sync) {
   meta.optimizer_step = opt_->steps();
   meta.data_position = step_;
   meta.rng_seed = c_.seed;
-  meta.loss_scale = 1.0;
+  meta.loss_scale = scaler_ ? scaler_->scale() : 1.0;
   meta.config = c_.config_text;
   meta.layout = plan_->layout.str();
   if (engine_) gather_state();
@@ -844,13 +947,23 @@ int Trainer::run() {
       val_text = b;
     }
     if (jsonl) {
+      char norm[32] = "null";  // a skipped step has no norm
+      if (!s.skipped) std::snprintf(norm, sizeof norm, "%.9g", s.grad_norm);
       std::fprintf(
           jsonl,
-          "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"seconds\": %.6f",
-          static_cast<long>(step_), s.loss, s.lr, s.grad_norm, s.seconds);
+          "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %s, \"seconds\": %.6f",
+          static_cast<long>(step_), s.loss, s.lr, norm, s.seconds);
+      if (scaler_)
+        std::fprintf(jsonl, ", \"loss_scale\": %.9g, \"skipped\": %s", s.loss_scale,
+                     s.skipped ? "true" : "false");
       if (do_eval) std::fprintf(jsonl, ", \"val_loss\": %.9g", val);
       std::fprintf(jsonl, "}\n");
       std::fflush(jsonl);
+    }
+    if (lead && s.skipped) {
+      std::printf("step %6ld: skipped: gradients overflowed at loss scale %g, now %g\n",
+                  static_cast<long>(step_), s.loss_scale, static_cast<double>(scaler_->scale()));
+      std::fflush(stdout);
     }
     if (lead && (step_ % c_.log_every == 0 || last || do_eval)) {
       const double ms = window_secs / static_cast<double>(window_steps) * 1e3;
