@@ -16,7 +16,8 @@
  *  - Entries marked (optional) may be NULL; dt asks before use and reports what is missing.
  *
  * A new ABI version gets a new header (dt_hal_v2_t, dt_hal_plugin_v2) and an adapter in dt for
- * the old one; a version-1 table never changes layout.
+ * the old one; a version-1 table never changes layout. Version 2 is in dt_hal_v2.h: it embeds
+ * this table and adds 16-bit storage, loss scaling, fused AdamW, streams, events and graphs.
  */
 #ifndef DT_HAL_H
 #define DT_HAL_H

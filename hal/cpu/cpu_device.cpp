@@ -15,7 +15,13 @@
 // libm's expf / tanhf do not. Relative error is a few float ulps (see exp_approx).
 //
 // Failures: every entry validates its arguments before touching memory and returns
-// DT_HAL_ERR_INVALID with a message in the context's last_error; no entry allocates except alloc.
+// DT_HAL_ERR_INVALID with a message in the context's last_error. No entry allocates except alloc
+// and gemm_ex, which converts 16-bit operands into fp32 scratch kept (and grown) in the context.
+//
+// Version 2 (dt_hal_v2.h): bf16/fp16 are storage only, every 16-bit value is widened to fp32
+// exactly, computed on in fp32 (OpenBLAS sgemm for gemm_ex) and rounded once on the way out. The
+// CPU runs everything synchronously: streams and events are no-ops on dummy handles, and there
+// is no graph capture (those entries are NULL).
 #include "cpu_device.h"
 
 #include <cblas.h>
@@ -56,6 +62,9 @@ constexpr size_t kErrorLen = 512;  // longer messages are truncated
 
 struct Context {
   char error[kErrorLen] = "";
+  float* scratch = nullptr;  // gemm_ex's fp32 copies of 16-bit operands
+  size_t scratch_floats = 0;
+  ~Context() { std::free(scratch); }
 };
 
 // Errors raised without a usable context (open with a null out-pointer, a null ctx) land here;
@@ -343,10 +352,11 @@ int cpu_set_threads(void* ctx, int threads) {
 
 // ---- dense algebra ------------------------------------------------------------------------------
 
-int cpu_gemm(void* ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-             int64_t ldc) {
-  const char* fn = "gemm";
+// Argument checks of gemm and gemm_ex (messages start with fn). Sets *empty when there is nothing
+// to compute (M or N is 0).
+int check_gemm(void* ctx, const char* fn, int trans_a, int trans_b, int64_t M, int64_t N,
+               int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, const void* C,
+               int64_t ldc, bool* empty) {
   DT_HAL_TRY(need_ctx(ctx, fn));
   DT_HAL_TRY(need_nonneg(ctx, fn, "M", M));
   DT_HAL_TRY(need_nonneg(ctx, fn, "N", N));
@@ -356,13 +366,14 @@ int cpu_gemm(void* ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t 
   const int64_t b_cols = trans_b ? K : N, b_rows = trans_b ? N : K;
   const auto max1 = [](int64_t v) { return v > 1 ? v : int64_t{1}; };
   if (lda < max1(a_cols))
-    return fail(ctx, DT_HAL_ERR_INVALID, "gemm: lda = ", lda, " < ", max1(a_cols),
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": lda = ", lda, " < ", max1(a_cols),
                 trans_a ? " (A is K x M, transposed)" : " (A is M x K)");
   if (ldb < max1(b_cols))
-    return fail(ctx, DT_HAL_ERR_INVALID, "gemm: ldb = ", ldb, " < ", max1(b_cols),
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": ldb = ", ldb, " < ", max1(b_cols),
                 trans_b ? " (B is N x K, transposed)" : " (B is K x N)");
-  if (ldc < max1(N)) return fail(ctx, DT_HAL_ERR_INVALID, "gemm: ldc = ", ldc, " < ", max1(N));
-  if (M == 0 || N == 0) return DT_HAL_OK;
+  if (ldc < max1(N)) return fail(ctx, DT_HAL_ERR_INVALID, fn, ": ldc = ", ldc, " < ", max1(N));
+  *empty = M == 0 || N == 0;
+  if (*empty) return DT_HAL_OK;
   DT_HAL_TRY(need_ptr(ctx, fn, "C", C, M * N));
   if (K > 0) {
     DT_HAL_TRY(need_ptr(ctx, fn, "A", A, a_rows * a_cols));
@@ -371,8 +382,17 @@ int cpu_gemm(void* ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t 
   constexpr int64_t kBlasMax = std::numeric_limits<blasint>::max();
   if (M > kBlasMax || N > kBlasMax || K > kBlasMax || lda > kBlasMax || ldb > kBlasMax ||
       ldc > kBlasMax)
-    return fail(ctx, DT_HAL_ERR_UNSUPPORTED, "gemm: a size or leading dimension exceeds ", kBlasMax,
-                " (the BLAS integer)");
+    return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": a size or leading dimension exceeds ",
+                kBlasMax, " (the BLAS integer)");
+  return DT_HAL_OK;
+}
+
+int cpu_gemm(void* ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+             int64_t ldc) {
+  bool empty = false;
+  DT_HAL_TRY(check_gemm(ctx, "gemm", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, &empty));
+  if (empty) return DT_HAL_OK;
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(M), static_cast<blasint>(N),
               static_cast<blasint>(K), alpha, A, static_cast<blasint>(lda), B,
@@ -1070,44 +1090,336 @@ int cpu_cast_bf16_to_f32(void* ctx, float* out, const uint16_t* in, int64_t n) {
   return DT_HAL_OK;
 }
 
-const dt_hal_v1_t kCpuTable = {
-    DT_HAL_API_VERSION_1,
-    "cpu",
-    cpu_open,
-    cpu_close,
-    cpu_last_error,
-    cpu_device_count,
-    cpu_alloc,
-    cpu_release,
-    cpu_copy,
-    cpu_fill_zero,
-    cpu_synchronize,
-    cpu_set_threads,
-    cpu_gemm,
-    cpu_bias_add,
-    cpu_bias_grad,
-    cpu_add,
-    cpu_scale,
-    cpu_sum_squares,
-    cpu_embedding_fwd,
-    cpu_embedding_bwd,
-    cpu_layernorm_fwd,
-    cpu_layernorm_bwd,
-    cpu_gelu_fwd,
-    cpu_gelu_bwd,
-    cpu_attention_fwd,
-    cpu_attention_bwd,
-    cpu_softmax_xent_fwd,
-    cpu_softmax_xent_bwd,
-    cpu_adamw,
-    cpu_cast_f32_to_bf16,
-    cpu_cast_bf16_to_f32,
+// ---- version 2: 16-bit storage, loss scaling, fused AdamW, streams ----------------------------
+
+// IEEE binary16 from float, round to nearest even (F. Giesen's float_to_half_fast3_rtne): values
+// from 65520 up become Inf, results below 2^-14 are subnormal (rounded by one float addition),
+// NaN stays NaN (quiet, sign and top payload bits kept).
+DT_INLINE uint16_t f16_of(float f) {
+  const uint32_t u = bits_of(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  uint32_t a = u & 0x7fffffffu;
+  if (a >= 0x47800000u)  // 2^16 and up, Inf, NaN
+    return static_cast<uint16_t>(sign | (a > 0x7f800000u ? 0x7e00u | ((a >> 13) & 0x3ffu)
+                                                         : 0x7c00u));
+  if (a < 0x38800000u) {  // below 2^-14: the sum's low bits are the subnormal result
+    const float denorm_magic = float_of(((127u - 15u) + (23u - 10u) + 1u) << 23);
+    const float t = float_of(a) + denorm_magic;
+    return static_cast<uint16_t>(sign | (bits_of(t) - bits_of(denorm_magic)));
+  }
+  const uint32_t mant_odd = (a >> 13) & 1u;
+  a += 0xc8000000u + 0xfffu;  // rebias the exponent by (15 - 127) and round half up...
+  a += mant_odd;              // ...or to even on a tie
+  return static_cast<uint16_t>(sign | (a >> 13));
+}
+
+// Exact.
+DT_INLINE float f32_of_f16(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) return float_of(sign | bits_of(static_cast<float>(m) * 0x1p-24f));
+  if (e == 31) return float_of(sign | 0x7f800000u | (m << 13));
+  return float_of(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+DT_INLINE float f32_of_bf16(uint16_t b) { return float_of(static_cast<uint32_t>(b) << 16); }
+
+bool known_dtype(dt_hal_dtype t) { return t == DT_HAL_F32 || t == DT_HAL_BF16 || t == DT_HAL_F16; }
+size_t dtype_bytes(dt_hal_dtype t) { return t == DT_HAL_F32 ? 4 : 2; }
+
+// Widens n elements of type t to fp32 (out must not overlap in unless t is f32 and out == in).
+DT_KERNEL void widen(float* out, const void* in, dt_hal_dtype t, int64_t n) {
+  if (t == DT_HAL_F32) {
+    if (out != in) std::memmove(out, in, static_cast<size_t>(n) * 4);
+  } else if (t == DT_HAL_BF16) {
+    const auto* p = static_cast<const uint16_t*>(in);
+    for (int64_t i = 0; i < n; ++i) out[i] = f32_of_bf16(p[i]);
+  } else {
+    const auto* p = static_cast<const uint16_t*>(in);
+    for (int64_t i = 0; i < n; ++i) out[i] = f32_of_f16(p[i]);
+  }
+}
+
+// Rounds n fp32 values to type t.
+DT_KERNEL void narrow(void* out, const float* in, dt_hal_dtype t, int64_t n) {
+  if (t == DT_HAL_F32) {
+    if (out != in) std::memmove(out, in, static_cast<size_t>(n) * 4);
+  } else if (t == DT_HAL_BF16) {
+    auto* p = static_cast<uint16_t*>(out);
+    for (int64_t i = 0; i < n; ++i) p[i] = bf16_of(in[i]);
+  } else {
+    auto* p = static_cast<uint16_t*>(out);
+    for (int64_t i = 0; i < n; ++i) p[i] = f16_of(in[i]);
+  }
+}
+
+int cpu_cast(void* ctx, void* out, dt_hal_dtype out_type, const void* in, dt_hal_dtype in_type,
+             int64_t n) {
+  const char* fn = "cast";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  if (!known_dtype(out_type) || !known_dtype(in_type))
+    return fail(ctx, DT_HAL_ERR_INVALID, "cast: unknown dtype (in ", static_cast<int>(in_type),
+                ", out ", static_cast<int>(out_type), ")");
+  DT_HAL_TRY(need_nonneg(ctx, fn, "n", n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "in", in, n));
+  if (n == 0) return DT_HAL_OK;
+  if (in_type == out_type) {
+    if (out != in) std::memmove(out, in, static_cast<size_t>(n) * dtype_bytes(in_type));
+  } else if (in_type == DT_HAL_F32) {
+    narrow(out, static_cast<const float*>(in), out_type, n);
+  } else if (out_type == DT_HAL_F32) {
+    widen(static_cast<float*>(out), in, in_type, n);
+  } else {  // bf16 <-> f16 through fp32 (exact), rounded once; blocks allow in == out
+    float t[256];
+    for (int64_t i = 0; i < n; i += 256) {
+      const int64_t k = n - i < 256 ? n - i : 256;
+      widen(t, static_cast<const uint16_t*>(in) + i, in_type, k);
+      narrow(static_cast<uint16_t*>(out) + i, t, out_type, k);
+    }
+  }
+  return DT_HAL_OK;
+}
+
+// The context's scratch, at least `floats` long.
+int scratch(void* ctx, const char* fn, size_t floats, float** out) {
+  auto* c = static_cast<Context*>(ctx);
+  if (c->scratch_floats < floats) {
+    std::free(c->scratch);
+    c->scratch_floats = 0;
+    c->scratch = static_cast<float*>(std::malloc(floats * sizeof(float)));
+    if (c->scratch == nullptr)
+      return fail(ctx, DT_HAL_ERR_NOMEM, fn, ": out of memory for ", floats * sizeof(float),
+                  " bytes of fp32 scratch");
+    c->scratch_floats = floats;
+  }
+  *out = c->scratch;
+  return DT_HAL_OK;
+}
+
+// Widens the used rows x cols of a matrix with leading dimension ld into dense fp32.
+void widen_matrix(float* out, const void* in, dt_hal_dtype t, int64_t rows, int64_t cols,
+                  int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r)
+    widen(out + r * cols, static_cast<const char*>(in) + r * ld * dtype_bytes(t), t, cols);
+}
+
+int cpu_gemm_ex(void* ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
+                int64_t ldc, dt_hal_dtype ab_type, dt_hal_dtype c_type) {
+  const char* fn = "gemm_ex";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  if (!known_dtype(ab_type) || !known_dtype(c_type))
+    return fail(ctx, DT_HAL_ERR_INVALID, "gemm_ex: unknown dtype (ab ", static_cast<int>(ab_type),
+                ", c ", static_cast<int>(c_type), ")");
+  bool empty = false;
+  DT_HAL_TRY(check_gemm(ctx, fn, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, &empty));
+  if (empty) return DT_HAL_OK;
+  const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  const bool wide_ab = ab_type != DT_HAL_F32, wide_c = c_type != DT_HAL_F32;
+  const size_t na = wide_ab ? static_cast<size_t>(a_rows * a_cols) : 0;
+  const size_t nb = wide_ab ? static_cast<size_t>(b_rows * b_cols) : 0;
+  const size_t nc = wide_c ? static_cast<size_t>(M * N) : 0;
+  float* s = nullptr;
+  if (na + nb + nc > 0) DT_HAL_TRY(scratch(ctx, fn, na + nb + nc, &s));
+  const float* a = static_cast<const float*>(A);
+  const float* b = static_cast<const float*>(B);
+  int64_t la = lda, lb = ldb;
+  if (wide_ab) {
+    if (K > 0) {
+      widen_matrix(s, A, ab_type, a_rows, a_cols, lda);
+      widen_matrix(s + na, B, ab_type, b_rows, b_cols, ldb);
+    }
+    a = s;
+    b = s + na;
+    la = a_cols > 1 ? a_cols : 1;
+    lb = b_cols > 1 ? b_cols : 1;
+  }
+  float* c = static_cast<float*>(C);
+  int64_t lc = ldc;
+  if (wide_c) {
+    c = s + na + nb;
+    lc = N;
+    // beta == 0 must ignore C (it may hold anything, NaN included), as BLAS does.
+    if (beta != 0.0f)
+      widen_matrix(c, C, c_type, M, N, ldc);
+    else
+      std::memset(c, 0, nc * sizeof(float));
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(M), static_cast<blasint>(N),
+              static_cast<blasint>(K), alpha, a, static_cast<blasint>(la), b,
+              static_cast<blasint>(lb), beta, c, static_cast<blasint>(lc));
+  if (wide_c)
+    for (int64_t r = 0; r < M; ++r)
+      narrow(static_cast<char*>(C) + r * ldc * 2, c + r * N, c_type, N);
+  return DT_HAL_OK;
+}
+
+// Returns nonzero when some x[i] * s is not finite (Inf * s and NaN * s never are, so checking
+// after scaling also catches values that were not finite before).
+DT_KERNEL uint32_t scale_check_kernel(float* __restrict x, float s, int64_t n) {
+  uint32_t bad = 0;
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW)
+    for (int j = 0; j < kW; ++j) {
+      const float y = x[i + j] * s;
+      x[i + j] = y;
+      bad |= static_cast<uint32_t>((bits_of(y) & 0x7f800000u) == 0x7f800000u);
+    }
+  for (; i < n; ++i) {
+    const float y = x[i] * s;
+    x[i] = y;
+    bad |= static_cast<uint32_t>((bits_of(y) & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad;
+}
+
+int cpu_scale_check_finite(void* ctx, float* x, int64_t n, float s, int32_t* found_inf) {
+  const char* fn = "scale_check_finite";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "n", n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "x", x, n));
+  if (found_inf == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, fn, ": found_inf is null");
+  if (scale_check_kernel(x, s, n)) *found_inf = 1;
+  return DT_HAL_OK;
+}
+
+int cpu_adamw_multi(void* ctx, int count, float* const* params, const float* const* grads,
+                    float* const* m, float* const* v, const int64_t* sizes,
+                    const float* weight_decay, float lr, float beta1, float beta2, float eps,
+                    int64_t t) {
+  const char* fn = "adamw_multi";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  if (count < 0) return fail(ctx, DT_HAL_ERR_INVALID, fn, ": count = ", count, " is negative");
+  if (count == 0) return DT_HAL_OK;
+  if (!params || !grads || !m || !v || !sizes || !weight_decay)
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": a pointer or size array is null for ", count,
+                " tensors");
+  // Everything is checked before any tensor is touched: a bad tensor k leaves all unchanged.
+  for (int k = 0; k < count; ++k) {
+    if (sizes[k] < 0)
+      return fail(ctx, DT_HAL_ERR_INVALID, fn, ": sizes[", k, "] = ", sizes[k], " is negative");
+    if (sizes[k] > 0 && (!params[k] || !grads[k] || !m[k] || !v[k]))
+      return fail(ctx, DT_HAL_ERR_INVALID, fn, ": tensor ", k, " of ", sizes[k],
+                  " elements has a null pointer");
+  }
+  if (t < 1) return fail(ctx, DT_HAL_ERR_INVALID, fn, ": step t = ", t, " must be >= 1");
+  if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": beta1 = ", beta1, ", beta2 = ", beta2,
+                " must lie in [0, 1)");
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
+  for (int k = 0; k < count; ++k)
+    if (sizes[k] > 0)
+      adamw_kernel(params[k], grads[k], m[k], v[k], sizes[k], lr, beta1, beta2, eps,
+                   weight_decay[k], static_cast<float>(1.0 / bc1), static_cast<float>(1.0 / bc2));
+  return DT_HAL_OK;
+}
+
+int cpu_describe(void* ctx, char* buf, size_t len) {
+  DT_HAL_TRY(need_ctx(ctx, "describe"));
+  if (buf == nullptr || len == 0)
+    return fail(ctx, DT_HAL_ERR_INVALID, "describe: buf is null or len is 0");
+  std::snprintf(buf, len, "CPU, OpenBLAS %s, %d BLAS thread(s)", openblas_get_config(),
+                openblas_get_num_threads());
+  return DT_HAL_OK;
+}
+
+// Synchronous device: a stream or an event is a name for "now". Handles point at this tag.
+char g_sync_tag;
+
+int cpu_stream_create(void* ctx, void** stream) {
+  DT_HAL_TRY(need_ctx(ctx, "stream_create"));
+  if (stream == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "stream_create: stream is null");
+  *stream = &g_sync_tag;
+  return DT_HAL_OK;
+}
+void cpu_handle_destroy(void*, void*) {}
+int cpu_set_stream(void* ctx, void*) { return need_ctx(ctx, "set_stream"); }
+int cpu_native_stream(void* ctx, void** handle) {
+  DT_HAL_TRY(need_ctx(ctx, "native_stream"));
+  if (handle == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "native_stream: handle is null");
+  *handle = nullptr;
+  return DT_HAL_OK;
+}
+int cpu_event_create(void* ctx, void** event) {
+  DT_HAL_TRY(need_ctx(ctx, "event_create"));
+  if (event == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "event_create: event is null");
+  *event = &g_sync_tag;
+  return DT_HAL_OK;
+}
+int cpu_event_op(void* ctx, void* event) {
+  DT_HAL_TRY(need_ctx(ctx, "event"));
+  if (event == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "event: null event");
+  return DT_HAL_OK;
+}
+
+// The version-1 entries after api_version and name, in table order.
+#define DT_CPU_V1_ENTRIES \
+    cpu_open, \
+    cpu_close, \
+    cpu_last_error, \
+    cpu_device_count, \
+    cpu_alloc, \
+    cpu_release, \
+    cpu_copy, \
+    cpu_fill_zero, \
+    cpu_synchronize, \
+    cpu_set_threads, \
+    cpu_gemm, \
+    cpu_bias_add, \
+    cpu_bias_grad, \
+    cpu_add, \
+    cpu_scale, \
+    cpu_sum_squares, \
+    cpu_embedding_fwd, \
+    cpu_embedding_bwd, \
+    cpu_layernorm_fwd, \
+    cpu_layernorm_bwd, \
+    cpu_gelu_fwd, \
+    cpu_gelu_bwd, \
+    cpu_attention_fwd, \
+    cpu_attention_bwd, \
+    cpu_softmax_xent_fwd, \
+    cpu_softmax_xent_bwd, \
+    cpu_adamw, \
+    cpu_cast_f32_to_bf16, \
+    cpu_cast_bf16_to_f32
+
+// The version-1 table (exported as dt_hal_plugin_v1 by the shared build, for dt builds that only
+// know version 1) and the version-2 table; they share every version-1 entry.
+const dt_hal_v1_t kCpuTable = {DT_HAL_API_VERSION_1, "cpu", DT_CPU_V1_ENTRIES};
+
+const dt_hal_v2_t kCpuTableV2 = {
+    {DT_HAL_API_VERSION_2, "cpu", DT_CPU_V1_ENTRIES},
+    cpu_describe,
+    cpu_gemm_ex,
+    cpu_cast,
+    cpu_scale_check_finite,
+    cpu_adamw_multi,
+    cpu_stream_create,
+    cpu_handle_destroy,
+    cpu_set_stream,
+    cpu_native_stream,
+    cpu_event_create,
+    cpu_handle_destroy,
+    cpu_event_op,
+    cpu_event_op,
+    cpu_event_op,
+    nullptr,  // graph_begin: nothing to capture on a synchronous device
+    nullptr,
+    nullptr,
+    nullptr,
 };
 
 }  // namespace
 
 extern "C" const dt_hal_v1_t* dt_hal_cpu_v1(void) { return &kCpuTable; }
+extern "C" const dt_hal_v2_t* dt_hal_cpu_v2(void) { return &kCpuTableV2; }
 
 #if defined(DT_HAL_EXPORT_PLUGIN)
 extern "C" DT_HAL_VISIBLE const dt_hal_v1_t* dt_hal_plugin_v1(void) { return &kCpuTable; }
+extern "C" DT_HAL_VISIBLE const dt_hal_v2_t* dt_hal_plugin_v2(void) { return &kCpuTableV2; }
 #endif

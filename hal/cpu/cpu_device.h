@@ -3,6 +3,7 @@
 #define DT_HAL_CPU_DEVICE_H
 
 #include "dt_hal.h"
+#include "dt_hal_v2.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -11,6 +12,9 @@ extern "C" {
 /* The CPU device's table; the same one a libdt_hal_cpu_shared.so build exports as
  * dt_hal_plugin_v1. */
 const dt_hal_v1_t* dt_hal_cpu_v1(void);
+/* The version-2 table (the v1 entries plus 16-bit storage, loss scaling, fused AdamW and no-op
+ * streams), exported as dt_hal_plugin_v2 by the shared build; dt uses this one. */
+const dt_hal_v2_t* dt_hal_cpu_v2(void);
 
 #ifdef __cplusplus
 }

@@ -1,17 +1,23 @@
-// dt::Device: one opened device plugin (hal/dt_hal.h, ABI version 1) and its context.
+// dt::Device: one opened device plugin (hal/dt_hal_v2.h, ABI version 2, or hal/dt_hal.h, ABI
+// version 1, through an adapter) and its context.
 //
 // "cpu" is the built-in CPU device; any other NAME is loaded from libdt_hal_NAME.so found in the
 // plugin path. The built-in device goes through the same table as a loaded one. Every kernel call
 // goes through call(), which reports a missing (optional) entry or a failed status as a
-// dt::DeviceError naming the device, the entry and the plugin's own message.
+// dt::DeviceError naming the device, the entry and the plugin's own message. A version-1 plugin
+// is seen through a version-2 table whose version-2 entries are NULL, so call() on one of them
+// reports it missing like any optional entry.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "dt/dtype.hpp"
 #include "dt/error.hpp"
 #include "dt_hal.h"
+#include "dt_hal_v2.h"
 
 namespace dt {
 
@@ -23,7 +29,8 @@ class Device {
  public:
   /// Opens device `index` of plugin `name`. plugin_path: colon-separated directories searched in
   /// order for libdt_hal_NAME.so. Throws dt::ConfigError when the plugin is missing or has a
-  /// different ABI version (naming both versions), dt::DeviceError when it fails to open.
+  /// different ABI version (naming both versions), dt::DeviceError when it fails to open (with
+  /// the plugin's own message, e.g. that no GPU is present).
   static Device open(const std::string& name, const std::string& plugin_path, int index = 0);
   ~Device();
   Device(Device&& o) noexcept;
@@ -34,14 +41,29 @@ class Device {
   const std::string& name() const noexcept { return name_; }
   /// Where the table came from: "built-in" or the plugin file.
   const std::string& origin() const noexcept { return origin_; }
-  const dt_hal_v1_t& table() const noexcept { return *table_; }
+  /// The version-1 part of the table (every plugin has it).
+  const dt_hal_v1_t& table() const noexcept { return table_.v1; }
+  /// The whole table; version-2 entries are NULL for a version-1 plugin.
+  const dt_hal_v2_t& table2() const noexcept { return table_; }
+  /// ABI version of the plugin as loaded (1 or 2).
+  int abi_version() const noexcept { return abi_version_; }
   void* ctx() const noexcept { return ctx_; }
   bool has(const void* entry) const noexcept { return entry != nullptr; }
+  /// The plugin's describe() line, or "NAME (ORIGIN)" where it has none.
+  std::string describe() const;
 
   /// Calls table entry `entry` (named `what` in errors) with the context and `args`.
   template <class... Fn, class... Args>
   void call(int (*dt_hal_v1_t::*entry)(void*, Fn...), const char* what, Args&&... args) const {
-    auto fn = table_->*entry;
+    auto fn = table_.v1.*entry;
+    if (!fn) missing(what);
+    const int st = fn(ctx_, std::forward<Args>(args)...);
+    if (st != DT_HAL_OK) failed(what, st);
+  }
+  /// The same for a version-2 entry.
+  template <class... Fn, class... Args>
+  void call(int (*dt_hal_v2_t::*entry)(void*, Fn...), const char* what, Args&&... args) const {
+    auto fn = table_.*entry;
     if (!fn) missing(what);
     const int st = fn(ctx_, std::forward<Args>(args)...);
     if (st != DT_HAL_OK) failed(what, st);
@@ -87,9 +109,24 @@ class Device {
   std::string name_;
   std::string origin_;
   std::unique_ptr<Library> lib_;
-  const dt_hal_v1_t* table_ = nullptr;
+  dt_hal_v2_t table_{};  // a copy: the plugin's own table, or the version-1 adapter
+  int abi_version_ = 0;
   void* ctx_ = nullptr;
 };
+
+/// The dt_hal_dtype of a dt::DType (f32, bf16, f16); throws dt::InvalidArgument for the others.
+dt_hal_dtype hal_dtype(DType t);
+
+/// Names of the table entries that training with parameters and gradients in fp32 and matrix
+/// products in `compute` (f32, bf16 or f16) needs and `dev` lacks, in table order; empty when
+/// everything is there. f32 needs the version-1 kernels; bf16 and f16 also need gemm_ex, cast
+/// and scale_check_finite.
+std::vector<std::string> missing_training_kernels(const Device& dev, DType compute = DType::f32);
+
+/// Throws dt::ConfigError "device 'NAME' (ORIGIN) cannot train in DTYPE: it lacks the kernels
+/// a, b, c" when missing_training_kernels() is not empty. Costs nothing on the device: call it once
+/// after Device::open, before any allocation, so a device that cannot train is refused up front.
+void require_training_kernels(const Device& dev, DType compute = DType::f32);
 
 /// The default plugin path: $DT_PLUGIN_PATH (set by the dt module) if set, then DIR/../plugins
 /// and DIR/../lib/dt/plugins next to the executable.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu_device.h"
+#include "dt/dtype.hpp"
 
 namespace dt {
 
@@ -60,11 +61,21 @@ std::string default_plugin_path() {
   return from_env + dir + "/../plugins:" + dir + "/../lib/dt/plugins";
 }
 
+namespace {
+// The version-1 adapter: a version-2 table whose version-2 entries are NULL.
+dt_hal_v2_t adapt_v1(const dt_hal_v1_t& v1) {
+  dt_hal_v2_t t{};
+  t.v1 = v1;
+  return t;
+}
+}  // namespace
+
 Device Device::open(const std::string& name, const std::string& plugin_path, int index) {
   Device d;
   d.name_ = name;
   if (name == "cpu") {
-    d.table_ = dt_hal_cpu_v1();
+    d.table_ = *dt_hal_cpu_v2();
+    d.abi_version_ = DT_HAL_API_VERSION_2;
     d.origin_ = "built-in";
   } else {
     DT_CHECK(ConfigError, !name.empty() && name.find('/') == std::string::npos, "device name '",
@@ -85,37 +96,65 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
     DT_CHECK(ConfigError, d.lib_->handle != nullptr, "device '", name, "': cannot load ", found,
              ": ", dlerror());
     d.origin_ = found;
-    auto entry =
-        reinterpret_cast<dt_hal_plugin_v1_fn>(dlsym(d.lib_->handle, DT_HAL_PLUGIN_V1_SYMBOL));
-    if (!entry) {
-      for (int v = 2; v < 16; ++v) {
+    // The newest version this dt knows first: a plugin may export several.
+    if (auto e2 = reinterpret_cast<dt_hal_plugin_v2_fn>(
+            dlsym(d.lib_->handle, DT_HAL_PLUGIN_V2_SYMBOL))) {
+      const dt_hal_v2_t* t = e2();
+      DT_CHECK(ConfigError, t != nullptr, "device '", name, "': plugin ", found,
+               " returned no table from ", DT_HAL_PLUGIN_V2_SYMBOL);
+      DT_CHECK(ConfigError, t->v1.api_version == DT_HAL_API_VERSION_2, "device '", name, "': ",
+               found, " has ABI version ", t->v1.api_version, ", this dt needs ABI version ",
+               DT_HAL_API_VERSION_2, " behind ", DT_HAL_PLUGIN_V2_SYMBOL);
+      d.table_ = *t;
+      d.abi_version_ = DT_HAL_API_VERSION_2;
+    } else if (auto e1 = reinterpret_cast<dt_hal_plugin_v1_fn>(
+                   dlsym(d.lib_->handle, DT_HAL_PLUGIN_V1_SYMBOL))) {
+      const dt_hal_v1_t* t = e1();
+      DT_CHECK(ConfigError, t != nullptr, "device '", name, "': plugin ", found,
+               " returned no table from ", DT_HAL_PLUGIN_V1_SYMBOL);
+      DT_CHECK(ConfigError, t->api_version == DT_HAL_API_VERSION_1, "device '", name, "': ",
+               found, " has ABI version ", t->api_version, ", this dt needs ABI version ",
+               DT_HAL_API_VERSION_1, " behind ", DT_HAL_PLUGIN_V1_SYMBOL);
+      d.table_ = adapt_v1(*t);
+      d.abi_version_ = DT_HAL_API_VERSION_1;
+    } else {
+      for (int v = 3; v < 16; ++v) {
         const std::string sym = "dt_hal_plugin_v" + std::to_string(v);
         if (dlsym(d.lib_->handle, sym.c_str()))
           DT_THROW(ConfigError, "device '", name, "': plugin ", found, " provides ABI version ", v,
-                   " (", sym, "), this dt needs ABI version ", DT_HAL_API_VERSION_1);
+                   " (", sym, "), this dt supports ABI versions ", DT_HAL_API_VERSION_1, " and ",
+                   DT_HAL_API_VERSION_2);
       }
       DT_THROW(ConfigError, "device '", name, "': ", found, " is not a dt device plugin (no ",
-               DT_HAL_PLUGIN_V1_SYMBOL, " symbol)");
+               DT_HAL_PLUGIN_V2_SYMBOL, " or ", DT_HAL_PLUGIN_V1_SYMBOL, " symbol)");
     }
-    d.table_ = entry();
-    DT_CHECK(ConfigError, d.table_ != nullptr, "device '", name, "': plugin ", found,
-             " returned no table");
   }
-  DT_CHECK(ConfigError, d.table_->api_version == DT_HAL_API_VERSION_1, "device '", name,
-           "': ", d.origin_, " has ABI version ", d.table_->api_version,
-           ", this dt needs ABI version ", DT_HAL_API_VERSION_1);
+  const dt_hal_v1_t& t = d.table_.v1;
   for (auto [fn, what] :
-       {std::pair<const void*, const char*>{reinterpret_cast<const void*>(d.table_->open), "open"},
-        {reinterpret_cast<const void*>(d.table_->close), "close"},
-        {reinterpret_cast<const void*>(d.table_->alloc), "alloc"},
-        {reinterpret_cast<const void*>(d.table_->release), "release"},
-        {reinterpret_cast<const void*>(d.table_->last_error), "last_error"}})
+       {std::pair<const void*, const char*>{reinterpret_cast<const void*>(t.open), "open"},
+        {reinterpret_cast<const void*>(t.close), "close"},
+        {reinterpret_cast<const void*>(t.alloc), "alloc"},
+        {reinterpret_cast<const void*>(t.release), "release"},
+        {reinterpret_cast<const void*>(t.last_error), "last_error"}})
     DT_CHECK(ConfigError, fn != nullptr, "device '", name, "': ", d.origin_,
              " lacks the required entry ", what);
-  const int st = d.table_->open(index, &d.ctx_);
-  DT_CHECK(DeviceError, st == DT_HAL_OK, "device '", name, "': open(", index,
-           ") failed: ", status_name(st));
+  const int st = t.open(index, &d.ctx_);
+  if (st != DT_HAL_OK) {
+    // open() has no context to hold its message: the plugin keeps it for last_error(NULL).
+    const char* msg = t.last_error(nullptr);
+    d.ctx_ = nullptr;
+    DT_THROW(DeviceError, "device '", name, "' (", d.origin_, "): open(", index, ") failed (",
+             status_name(st), ")", msg && *msg ? ": " : "", msg ? msg : "");
+  }
   return d;
+}
+
+std::string Device::describe() const {
+  if (table_.describe) {
+    char buf[256] = {0};
+    if (table_.describe(ctx_, buf, sizeof buf) == DT_HAL_OK && buf[0]) return buf;
+  }
+  return name_ + " (" + origin_ + ")";
 }
 
 Device::Device(Device&& o) noexcept
@@ -123,13 +162,13 @@ Device::Device(Device&& o) noexcept
       origin_(std::move(o.origin_)),
       lib_(std::move(o.lib_)),
       table_(o.table_),
+      abi_version_(o.abi_version_),
       ctx_(o.ctx_) {
-  o.table_ = nullptr;
   o.ctx_ = nullptr;
 }
 
 Device::~Device() {
-  if (table_ && ctx_) table_->close(ctx_);
+  if (ctx_ && table_.v1.close) table_.v1.close(ctx_);
 }
 
 void Device::missing(const char* what) const {
@@ -137,7 +176,7 @@ void Device::missing(const char* what) const {
 }
 
 void Device::failed(const char* what, int status) const {
-  const char* msg = table_->last_error ? table_->last_error(ctx_) : "";
+  const char* msg = table_.v1.last_error ? table_.v1.last_error(ctx_) : "";
   DT_THROW(DeviceError, "device '", name_, "': ", what, " failed (", status_name(status),
            "): ", msg ? msg : "");
 }
@@ -156,14 +195,14 @@ std::size_t Device::allocated_bytes() noexcept { return g_allocated.load(); }
 std::size_t Device::max_allocated_bytes() noexcept { return g_max_allocated.load(); }
 
 Device::Buffer::Buffer(const Device& d, std::size_t bytes) : dev_(&d), bytes_(bytes) {
-  const int st = d.table_->alloc(d.ctx_, bytes, &ptr_);
+  const int st = d.table_.v1.alloc(d.ctx_, bytes, &ptr_);
   if (st != DT_HAL_OK) d.failed("alloc", st);
   count_alloc(bytes_);
 }
 
 Device::Buffer::~Buffer() {
   if (ptr_ && dev_) {
-    dev_->table_->release(dev_->ctx_, ptr_);
+    dev_->table_.v1.release(dev_->ctx_, ptr_);
     g_allocated.fetch_sub(bytes_);
   }
 }
@@ -171,7 +210,7 @@ Device::Buffer::~Buffer() {
 Device::Buffer& Device::Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
     if (ptr_ && dev_) {
-      dev_->table_->release(dev_->ctx_, ptr_);
+      dev_->table_.v1.release(dev_->ctx_, ptr_);
       g_allocated.fetch_sub(bytes_);
     }
     dev_ = o.dev_;
@@ -181,6 +220,75 @@ Device::Buffer& Device::Buffer::operator=(Buffer&& o) noexcept {
     o.bytes_ = 0;
   }
   return *this;
+}
+
+dt_hal_dtype hal_dtype(DType t) {
+  switch (t) {
+    case DType::f32:
+      return DT_HAL_F32;
+    case DType::bf16:
+      return DT_HAL_BF16;
+    case DType::f16:
+      return DT_HAL_F16;
+    default:
+      break;
+  }
+  DT_THROW(InvalidArgument, "dtype ", dtype_name(t),
+           " has no device kernels (the devices compute in f32, bf16 or f16)");
+}
+
+std::vector<std::string> missing_training_kernels(const Device& dev, DType compute) {
+  DT_CHECK(InvalidArgument, compute == DType::f32 || compute == DType::bf16 || compute == DType::f16,
+           "training dtype ", dtype_name(compute), " is not one of f32, bf16, f16");
+  const dt_hal_v2_t& t = dev.table2();
+  const dt_hal_v1_t& v = t.v1;
+  auto p = [](auto fn) { return reinterpret_cast<const void*>(fn); };
+  // Everything the GPT forward, backward and optimiser step call, in table order.
+  const std::pair<const void*, const char*> needed[] = {
+      {p(v.copy), "copy"},
+      {p(v.fill_zero), "fill_zero"},
+      {p(v.synchronize), "synchronize"},
+      {p(v.gemm), "gemm"},
+      {p(v.bias_add), "bias_add"},
+      {p(v.bias_grad), "bias_grad"},
+      {p(v.add), "add"},
+      {p(v.scale), "scale"},
+      {p(v.sum_squares), "sum_squares"},
+      {p(v.embedding_fwd), "embedding_fwd"},
+      {p(v.embedding_bwd), "embedding_bwd"},
+      {p(v.layernorm_fwd), "layernorm_fwd"},
+      {p(v.layernorm_bwd), "layernorm_bwd"},
+      {p(v.gelu_fwd), "gelu_fwd"},
+      {p(v.gelu_bwd), "gelu_bwd"},
+      {p(v.attention_fwd), "attention_fwd"},
+      {p(v.attention_bwd), "attention_bwd"},
+      {p(v.softmax_xent_fwd), "softmax_xent_fwd"},
+      {p(v.softmax_xent_bwd), "softmax_xent_bwd"},
+      {p(v.adamw), "adamw"},
+  };
+  std::vector<std::string> out;
+  for (const auto& [fn, what] : needed)
+    if (!fn) out.emplace_back(what);
+  if (compute != DType::f32) {
+    const std::pair<const void*, const char*> mixed[] = {
+        {p(t.gemm_ex), "gemm_ex"},
+        {p(t.cast), "cast"},
+        {p(t.scale_check_finite), "scale_check_finite"},
+    };
+    for (const auto& [fn, what] : mixed)
+      if (!fn) out.emplace_back(what);
+  }
+  return out;
+}
+
+void require_training_kernels(const Device& dev, DType compute) {
+  const std::vector<std::string> missing = missing_training_kernels(dev, compute);
+  if (missing.empty()) return;
+  std::string list;
+  for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
+  DT_THROW(ConfigError, "device '", dev.name(), "' (", dev.origin(), ", ABI version ",
+           dev.abi_version(), ") cannot train in ", dtype_name(compute), ": it lacks the kernel",
+           missing.size() == 1 ? " " : "s ", list);
 }
 
 }  // namespace dt

@@ -1,0 +1,1424 @@
+// The CUDA device of dt (hal/dt_hal_v2.h): device memory, one stream per context (plus streams
+// and events the caller makes), cuBLAS for every matrix product, and a kernel for every other
+// entry of the CPU device. Built as libdt_hal_cuda.so for sm_90 with compute_90 PTX (so newer
+// GPUs JIT it), linked with the static CUDA runtime: loading needs libcublas, not a GPU or a
+// driver; open() is where a missing GPU or driver is reported.
+//
+// Numerics (what tests/gpu/test_cuda_kernels.cpp holds the kernels to against the CPU device):
+//  - fp32 GEMMs run in full fp32 (no TF32: the cuBLAS default math mode); gemm_ex runs bf16 and
+//    fp16 operands on tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F).
+//  - Reductions (LayerNorm, softmax, sums) accumulate in fp32 in a different order than the CPU;
+//    sum_squares accumulates in double. Exponentials use expf (the CPU its own, a few ulp off).
+//  - embedding_bwd adds rows of repeated tokens with atomicAdd: the order, and so the last bits,
+//    may differ from run to run. Everything else is deterministic.
+//  - casts and scale_check_finite are bit-exact with the CPU device (same bit-level rounding).
+//
+// Asynchrony: every entry enqueues on the context's current stream and returns; copies to the
+// host wait for their data (so a host buffer may be read on return) except while capturing a
+// graph. Token and target indices are checked on the device: a kernel that meets one out of
+// range skips it and records it, and the next synchronize() returns DT_HAL_ERR_INVALID naming
+// the entry, the position and the value (the check cannot be synchronous without a host wait).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <sstream>
+#include <string>
+
+#include "dt_hal_v2.h"
+
+#define DT_CUDA_EXPORT __attribute__((visibility("default")))
+
+namespace {
+
+constexpr size_t kErrorLen = 512;
+constexpr int kThreads = 256;
+constexpr size_t kBlasWorkspace = size_t{32} << 20;  // fixed, so cuBLAS never allocates in capture
+
+// Device-side record of the first bad index a kernel met (see synchronize).
+struct DeviceError {
+  int32_t code;  // 0: none; else a kBad* below
+  int32_t pad;
+  int64_t position;
+  int64_t value;
+  int64_t limit;
+};
+enum : int32_t { kBadToken = 1, kBadTokenBwd = 2, kBadTarget = 3, kBadTargetBwd = 4 };
+
+struct Context {
+  int device = 0;
+  cudaStream_t own = nullptr;     // the default stream of this context (non-blocking)
+  cudaStream_t stream = nullptr;  // current
+  cublasHandle_t blas = nullptr;
+  void* blas_ws = nullptr;
+  DeviceError* derr = nullptr;  // device memory
+  double* partials = nullptr;   // sum_squares' per-block sums (kSumBlocks + 1)
+  void* scratch = nullptr;      // gemm_ex's fp32 result for pairings cuBLAS lacks
+  size_t scratch_bytes = 0;
+  char error[kErrorLen] = "";
+};
+
+thread_local char t_orphan_error[kErrorLen] = "";
+
+template <class... A>
+int fail(void* ctx, int status, const A&... parts) noexcept {
+  char* slot = ctx != nullptr ? static_cast<Context*>(ctx)->error : t_orphan_error;
+  try {
+    std::ostringstream os;
+    (os << ... << parts);
+    std::snprintf(slot, kErrorLen, "%s", os.str().c_str());
+  } catch (...) {
+    std::snprintf(slot, kErrorLen, "%s", "out of memory while formatting an error message");
+  }
+  return status;
+}
+
+#define DT_HAL_TRY(expr)                            \
+  do {                                              \
+    const int dt_hal_rc_ = (expr);                  \
+    if (dt_hal_rc_ != DT_HAL_OK) return dt_hal_rc_; \
+  } while (0)
+
+// A failed CUDA runtime call: DT_HAL_ERR_DEVICE naming the entry and the call.
+#define CU(ctx, fn, call)                                                                     \
+  do {                                                                                        \
+    const cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess)                                                                    \
+      return fail(ctx, e_ == cudaErrorMemoryAllocation ? DT_HAL_ERR_NOMEM : DT_HAL_ERR_DEVICE, \
+                  fn, ": ", #call, ": ", cudaGetErrorString(e_));                             \
+  } while (0)
+
+#define CUBLAS(ctx, fn, call)                                                       \
+  do {                                                                              \
+    const cublasStatus_t s_ = (call);                                               \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                \
+      return fail(ctx, s_ == CUBLAS_STATUS_NOT_SUPPORTED ? DT_HAL_ERR_UNSUPPORTED   \
+                                                         : DT_HAL_ERR_DEVICE,       \
+                  fn, ": ", #call, ": ", cublasGetStatusString(s_));                \
+  } while (0)
+
+// After a kernel launch.
+#define LAUNCHED(ctx, fn) CU(ctx, fn, cudaGetLastError())
+
+int need_ctx(void* ctx, const char* fn) {
+  if (ctx == nullptr) return fail(nullptr, DT_HAL_ERR_INVALID, fn, ": null context");
+  return DT_HAL_OK;
+}
+int need_nonneg(void* ctx, const char* fn, const char* name, int64_t v) {
+  if (v < 0) return fail(ctx, DT_HAL_ERR_INVALID, fn, ": ", name, " = ", v, " is negative");
+  return DT_HAL_OK;
+}
+int need_ptr(void* ctx, const char* fn, const char* name, const void* p, int64_t count) {
+  if (p == nullptr && count > 0)
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": ", name, " is null but ", count,
+                " elements are needed");
+  return DT_HAL_OK;
+}
+
+Context* C(void* ctx) { return static_cast<Context*>(ctx); }
+
+unsigned blocks_for(int64_t n, int threads = kThreads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
+}
+
+// ---- bit-level 16-bit conversions (the CPU device's, so results are bit-identical) ----------
+
+__host__ __device__ inline uint32_t bits_of(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+__host__ __device__ inline float float_of(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+__device__ inline uint16_t bf16_of(float f) {
+  const uint32_t u = bits_of(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+__device__ inline uint16_t f16_of(float f) {
+  const uint32_t u = bits_of(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  uint32_t a = u & 0x7fffffffu;
+  if (a >= 0x47800000u)
+    return static_cast<uint16_t>(sign | (a > 0x7f800000u ? 0x7e00u | ((a >> 13) & 0x3ffu)
+                                                         : 0x7c00u));
+  if (a < 0x38800000u) {
+    // Round to nearest even at 2^-24 explicitly (the CPU adds a magic float; the device must not
+    // let the compiler contract or flush that addition).
+    const float denorm_magic = float_of(((127u - 15u) + (23u - 10u) + 1u) << 23);
+    const float t = __fadd_rn(float_of(a), denorm_magic);
+    return static_cast<uint16_t>(sign | (bits_of(t) - bits_of(denorm_magic)));
+  }
+  const uint32_t mant_odd = (a >> 13) & 1u;
+  a += 0xc8000000u + 0xfffu;
+  a += mant_odd;
+  return static_cast<uint16_t>(sign | (a >> 13));
+}
+__device__ inline float f32_of_f16(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) return float_of(sign | bits_of(__fmul_rn(static_cast<float>(m), 0x1p-24f)));
+  if (e == 31) return float_of(sign | 0x7f800000u | (m << 13));
+  return float_of(sign | ((e + 112u) << 23) | (m << 13));
+}
+__device__ inline float f32_of_bf16(uint16_t b) { return float_of(static_cast<uint32_t>(b) << 16); }
+
+__device__ inline float load_as_f32(const void* p, int64_t i, int type) {
+  if (type == DT_HAL_F32) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  return type == DT_HAL_BF16 ? f32_of_bf16(h) : f32_of_f16(h);
+}
+__device__ inline void store_from_f32(void* p, int64_t i, int type, float x) {
+  if (type == DT_HAL_F32)
+    static_cast<float*>(p)[i] = x;
+  else
+    static_cast<uint16_t*>(p)[i] = type == DT_HAL_BF16 ? bf16_of(x) : f16_of(x);
+}
+
+// ---- reductions ---------------------------------------------------------------------------
+
+template <class T>
+__device__ inline T warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+template <class T>
+__device__ T block_sum(T v) {
+  __shared__ T part[32];
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  T r = lane < nwarps ? part[lane] : T(0);
+  return warp_sum(r);
+}
+__device__ float block_max(float v) {
+  __shared__ float part[32];
+  v = warp_max(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  float r = lane < nwarps ? part[lane] : -INFINITY;
+  return warp_max(r);
+}
+
+__device__ void record_bad(DeviceError* e, int32_t code, int64_t pos, int64_t value,
+                           int64_t limit) {
+  if (atomicCAS(&e->code, 0, code) == 0) {
+    e->position = pos;
+    e->value = value;
+    e->limit = limit;
+  }
+}
+
+// ---- device and memory ----------------------------------------------------------------------
+
+int cuda_device_count(int* count) {
+  if (count == nullptr) return fail(nullptr, DT_HAL_ERR_INVALID, "device_count: count is null");
+  *count = 0;
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
+    (void)cudaGetLastError();
+    return DT_HAL_OK;  // no usable GPU is an answer, not a failure
+  }
+  if (e != cudaSuccess)
+    return fail(nullptr, DT_HAL_ERR_DEVICE, "device_count: cudaGetDeviceCount: ",
+                cudaGetErrorString(e));
+  *count = n;
+  return DT_HAL_OK;
+}
+
+void cuda_close(void* ctx);
+
+int cuda_open(int index, void** out) {
+  if (out == nullptr) return fail(nullptr, DT_HAL_ERR_INVALID, "open: ctx out-pointer is null");
+  *out = nullptr;
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fail(nullptr, DT_HAL_ERR_DEVICE, "open: no usable CUDA device (cudaGetDeviceCount: ",
+                cudaGetErrorString(e), ")");
+  }
+  if (index < 0 || index >= n)
+    return fail(nullptr, DT_HAL_ERR_INVALID, "open: CUDA device index ", index,
+                " does not exist (this node has ", n, ")");
+  auto* c = new (std::nothrow) Context();
+  if (c == nullptr) return fail(nullptr, DT_HAL_ERR_NOMEM, "open: out of memory");
+  c->device = index;
+  // Any failure below: report it without a context, then free what was made.
+  auto bail = [&](const char* what, const char* msg) {
+    fail(nullptr, DT_HAL_ERR_DEVICE, "open: CUDA device ", index, ": ", what, ": ", msg);
+    cuda_close(c);
+    return DT_HAL_ERR_DEVICE;
+  };
+  cudaError_t ce;
+  if ((ce = cudaSetDevice(index)) != cudaSuccess) return bail("cudaSetDevice", cudaGetErrorString(ce));
+  if ((ce = cudaStreamCreateWithFlags(&c->own, cudaStreamNonBlocking)) != cudaSuccess)
+    return bail("cudaStreamCreate", cudaGetErrorString(ce));
+  c->stream = c->own;
+  if ((ce = cudaMalloc(&c->derr, sizeof(DeviceError))) != cudaSuccess ||
+      (ce = cudaMemset(c->derr, 0, sizeof(DeviceError))) != cudaSuccess ||
+      (ce = cudaMalloc(&c->partials, sizeof(double) * 1025)) != cudaSuccess ||
+      (ce = cudaMalloc(&c->blas_ws, kBlasWorkspace)) != cudaSuccess)
+    return bail("cudaMalloc", cudaGetErrorString(ce));
+  cublasStatus_t bs;
+  if ((bs = cublasCreate(&c->blas)) != CUBLAS_STATUS_SUCCESS)
+    return bail("cublasCreate", cublasGetStatusString(bs));
+  if ((bs = cublasSetStream(c->blas, c->stream)) != CUBLAS_STATUS_SUCCESS ||
+      (bs = cublasSetWorkspace(c->blas, c->blas_ws, kBlasWorkspace)) != CUBLAS_STATUS_SUCCESS)
+    return bail("cublasSetStream/Workspace", cublasGetStatusString(bs));
+  *out = c;
+  return DT_HAL_OK;
+}
+
+void cuda_close(void* ctx) {
+  Context* c = C(ctx);
+  if (c == nullptr) return;
+  cudaSetDevice(c->device);
+  if (c->own) cudaStreamSynchronize(c->own);
+  if (c->blas) cublasDestroy(c->blas);
+  cudaFree(c->blas_ws);
+  cudaFree(c->derr);
+  cudaFree(c->partials);
+  cudaFree(c->scratch);
+  if (c->own) cudaStreamDestroy(c->own);
+  (void)cudaGetLastError();
+  delete c;
+}
+
+const char* cuda_last_error(void* ctx) { return ctx ? C(ctx)->error : t_orphan_error; }
+
+int cuda_alloc(void* ctx, size_t bytes, void** ptr) {
+  DT_HAL_TRY(need_ctx(ctx, "alloc"));
+  if (ptr == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "alloc: ptr out-pointer is null");
+  *ptr = nullptr;
+  CU(ctx, "alloc", cudaSetDevice(C(ctx)->device));
+  const cudaError_t e = cudaMalloc(ptr, bytes == 0 ? 256 : bytes);  // 256-byte aligned
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    *ptr = nullptr;
+    return fail(ctx, DT_HAL_ERR_NOMEM, "alloc: cudaMalloc of ", bytes, " bytes: ",
+                cudaGetErrorString(e));
+  }
+  return DT_HAL_OK;
+}
+
+void cuda_release(void* ctx, void* ptr) {
+  if (ptr == nullptr) return;
+  if (ctx) cudaSetDevice(C(ctx)->device);
+  cudaFree(ptr);  // waits for the work that may still use it
+}
+
+bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(s, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone;
+}
+
+int cuda_copy(void* ctx, void* dst, const void* src, size_t bytes, dt_hal_copy_kind kind) {
+  DT_HAL_TRY(need_ctx(ctx, "copy"));
+  cudaMemcpyKind k;
+  switch (kind) {
+    case DT_HAL_HOST_TO_DEVICE:
+      k = cudaMemcpyHostToDevice;
+      break;
+    case DT_HAL_DEVICE_TO_HOST:
+      k = cudaMemcpyDeviceToHost;
+      break;
+    case DT_HAL_DEVICE_TO_DEVICE:
+      k = cudaMemcpyDeviceToDevice;
+      break;
+    default:
+      return fail(ctx, DT_HAL_ERR_INVALID, "copy: unknown copy kind ", static_cast<int>(kind));
+  }
+  if (bytes == 0) return DT_HAL_OK;
+  if (dst == nullptr || src == nullptr)
+    return fail(ctx, DT_HAL_ERR_INVALID, "copy: ", dst == nullptr ? "dst" : "src",
+                " is null for a copy of ", bytes, " bytes");
+  cudaStream_t s = C(ctx)->stream;
+  CU(ctx, "copy", cudaMemcpyAsync(dst, src, bytes, k, s));
+  // The host may read its buffer on return (the version-1 contract for copies to the host).
+  if (kind == DT_HAL_DEVICE_TO_HOST && !capturing(s)) CU(ctx, "copy", cudaStreamSynchronize(s));
+  return DT_HAL_OK;
+}
+
+int cuda_fill_zero(void* ctx, void* dst, size_t bytes) {
+  DT_HAL_TRY(need_ctx(ctx, "fill_zero"));
+  if (bytes == 0) return DT_HAL_OK;
+  if (dst == nullptr)
+    return fail(ctx, DT_HAL_ERR_INVALID, "fill_zero: dst is null for ", bytes, " bytes");
+  CU(ctx, "fill_zero", cudaMemsetAsync(dst, 0, bytes, C(ctx)->stream));
+  return DT_HAL_OK;
+}
+
+const char* bad_entry(int32_t code) {
+  switch (code) {
+    case kBadToken:
+      return "embedding_fwd: token";
+    case kBadTokenBwd:
+      return "embedding_bwd: token";
+    case kBadTarget:
+      return "softmax_xent_fwd: target";
+    case kBadTargetBwd:
+      return "softmax_xent_bwd: target";
+  }
+  return "kernel: index";
+}
+
+int cuda_synchronize(void* ctx) {
+  DT_HAL_TRY(need_ctx(ctx, "synchronize"));
+  Context* c = C(ctx);
+  CU(ctx, "synchronize", cudaSetDevice(c->device));
+  CU(ctx, "synchronize", cudaDeviceSynchronize());
+  DeviceError e{};
+  CU(ctx, "synchronize", cudaMemcpy(&e, c->derr, sizeof e, cudaMemcpyDeviceToHost));
+  if (e.code != 0) {
+    CU(ctx, "synchronize", cudaMemset(c->derr, 0, sizeof e));
+    return fail(ctx, DT_HAL_ERR_INVALID, bad_entry(e.code), " ", e.value, " at position ",
+                e.position, " is outside [0, ", e.limit, ") (found on the device; that row was skipped)");
+  }
+  return DT_HAL_OK;
+}
+
+int cuda_describe(void* ctx, char* buf, size_t len) {
+  DT_HAL_TRY(need_ctx(ctx, "describe"));
+  if (buf == nullptr || len == 0) return fail(ctx, DT_HAL_ERR_INVALID, "describe: no buffer");
+  cudaDeviceProp p{};
+  CU(ctx, "describe", cudaGetDeviceProperties(&p, C(ctx)->device));
+  int drv = 0, rt = 0;
+  cudaDriverGetVersion(&drv);
+  cudaRuntimeGetVersion(&rt);
+  std::snprintf(buf, len, "%s, sm_%d%d, %.1f GiB, %d SMs, driver %d.%d, runtime %d.%d", p.name,
+                p.major, p.minor, static_cast<double>(p.totalGlobalMem) / (1u << 30),
+                p.multiProcessorCount, drv / 1000, (drv % 1000) / 10, rt / 1000,
+                (rt % 1000) / 10);
+  return DT_HAL_OK;
+}
+
+// ---- matrix products (row-major through column-major cuBLAS) -------------------------------
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands and M/N.
+int check_gemm(void* ctx, const char* fn, int ta, int tb, int64_t M, int64_t N, int64_t K,
+               const void* A, int64_t lda, const void* B, int64_t ldb, const void* Cm,
+               int64_t ldc, bool* empty) {
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "M", M));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "N", N));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "K", K));
+  const int64_t a_cols = ta ? M : K, b_cols = tb ? K : N;
+  const auto max1 = [](int64_t v) { return v > 1 ? v : int64_t{1}; };
+  if (lda < max1(a_cols))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": lda = ", lda, " < ", max1(a_cols),
+                ta ? " (A is K x M, transposed)" : " (A is M x K)");
+  if (ldb < max1(b_cols))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": ldb = ", ldb, " < ", max1(b_cols),
+                tb ? " (B is N x K, transposed)" : " (B is K x N)");
+  if (ldc < max1(N)) return fail(ctx, DT_HAL_ERR_INVALID, fn, ": ldc = ", ldc, " < ", max1(N));
+  *empty = M == 0 || N == 0;
+  if (*empty) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "C", Cm, M * N));
+  if (K > 0) {
+    DT_HAL_TRY(need_ptr(ctx, fn, "A", A, M * K));
+    DT_HAL_TRY(need_ptr(ctx, fn, "B", B, K * N));
+  }
+  constexpr int64_t kIntMax = 2147483647;
+  if (M > kIntMax || N > kIntMax || K > kIntMax || lda > kIntMax || ldb > kIntMax ||
+      ldc > kIntMax)
+    return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": a size or leading dimension exceeds ",
+                kIntMax, " (cuBLAS's int)");
+  return DT_HAL_OK;
+}
+
+inline cublasOperation_t op(int t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+// Strided-batched fp32 row-major GEMM (batch 1 for a plain one).
+int sgemm_rm(void* ctx, const char* fn, int ta, int tb, int64_t M, int64_t N, int64_t K,
+             float alpha, const float* A, int64_t lda, int64_t sA, const float* B, int64_t ldb,
+             int64_t sB, float beta, float* Cm, int64_t ldc, int64_t sC, int batch) {
+  CUBLAS(ctx, fn,
+         cublasSgemmStridedBatched(C(ctx)->blas, op(tb), op(ta), static_cast<int>(N),
+                                   static_cast<int>(M), static_cast<int>(K), &alpha, B,
+                                   static_cast<int>(ldb), sB, A, static_cast<int>(lda), sA, &beta,
+                                   Cm, static_cast<int>(ldc), sC, batch));
+  return DT_HAL_OK;
+}
+
+int cuda_gemm(void* ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* Cm,
+              int64_t ldc) {
+  bool empty = false;
+  DT_HAL_TRY(check_gemm(ctx, "gemm", ta, tb, M, N, K, A, lda, B, ldb, Cm, ldc, &empty));
+  if (empty) return DT_HAL_OK;
+  CUBLAS(ctx, "gemm",
+         cublasSgemm(C(ctx)->blas, op(tb), op(ta), static_cast<int>(N), static_cast<int>(M),
+                     static_cast<int>(K), &alpha, B, static_cast<int>(ldb), A,
+                     static_cast<int>(lda), &beta, Cm, static_cast<int>(ldc)));
+  return DT_HAL_OK;
+}
+
+cudaDataType_t cuda_type(dt_hal_dtype t) {
+  return t == DT_HAL_F32 ? CUDA_R_32F : t == DT_HAL_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+bool known_dtype(dt_hal_dtype t) { return t == DT_HAL_F32 || t == DT_HAL_BF16 || t == DT_HAL_F16; }
+
+// rows x cols of a matrix with leading dimension ld, between fp32 (dense, ld = cols) and type t.
+__global__ void widen_matrix_kernel(float* out, const void* in, int type, int64_t rows,
+                                    int64_t cols, int64_t ld) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = load_as_f32(in, (i / cols) * ld + i % cols, type);
+}
+__global__ void narrow_matrix_kernel(void* out, const float* in, int type, int64_t rows,
+                                     int64_t cols, int64_t ld) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    store_from_f32(out, (i / cols) * ld + i % cols, type, in[i]);
+}
+
+int cuda_gemm_ex(void* ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                 const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* Cm,
+                 int64_t ldc, dt_hal_dtype ab_type, dt_hal_dtype c_type) {
+  const char* fn = "gemm_ex";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  if (!known_dtype(ab_type) || !known_dtype(c_type))
+    return fail(ctx, DT_HAL_ERR_INVALID, "gemm_ex: unknown dtype (ab ", static_cast<int>(ab_type),
+                ", c ", static_cast<int>(c_type), ")");
+  bool empty = false;
+  DT_HAL_TRY(check_gemm(ctx, fn, ta, tb, M, N, K, A, lda, B, ldb, Cm, ldc, &empty));
+  if (empty) return DT_HAL_OK;
+  Context* c = C(ctx);
+  // cuBLAS with fp32 compute takes C of the operand type or fp32 (fp32 operands: fp32 C only);
+  // other pairings go through an fp32 result in scratch, rounded once to c_type.
+  const bool direct = c_type == ab_type || c_type == DT_HAL_F32;
+  void* out = Cm;
+  int64_t ldo = ldc;
+  dt_hal_dtype otype = c_type;
+  if (!direct) {
+    const size_t need = static_cast<size_t>(M * N) * sizeof(float);
+    if (c->scratch_bytes < need) {
+      if (capturing(c->stream))
+        return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": the first ", static_cast<int>(ab_type),
+                    "/", static_cast<int>(c_type),
+                    " product of this size needs scratch memory, which cannot be allocated "
+                    "while capturing a graph: run one step before capturing");
+      cudaFree(c->scratch);
+      c->scratch = nullptr;
+      c->scratch_bytes = 0;
+      CU(ctx, fn, cudaMalloc(&c->scratch, need));
+      c->scratch_bytes = need;
+    }
+    out = c->scratch;
+    ldo = N;
+    otype = DT_HAL_F32;
+    if (beta != 0.0f) {
+      widen_matrix_kernel<<<blocks_for(M * N), kThreads, 0, c->stream>>>(
+          static_cast<float*>(out), Cm, c_type, M, N, ldc);
+      LAUNCHED(ctx, fn);
+    }
+  }
+  CUBLAS(ctx, fn,
+         cublasGemmEx(c->blas, op(tb), op(ta), static_cast<int>(N), static_cast<int>(M),
+                      static_cast<int>(K), &alpha, B, cuda_type(ab_type), static_cast<int>(ldb), A,
+                      cuda_type(ab_type), static_cast<int>(lda), &beta, out, cuda_type(otype),
+                      static_cast<int>(ldo), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (!direct) {
+    narrow_matrix_kernel<<<blocks_for(M * N), kThreads, 0, c->stream>>>(
+        Cm, static_cast<const float*>(out), c_type, M, N, ldc);
+    LAUNCHED(ctx, fn);
+  }
+  return DT_HAL_OK;
+}
+
+// ---- elementwise and small reductions ------------------------------------------------------
+
+#define GRID_STRIDE(i, n)                                                   \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += int64_t{gridDim.x} * blockDim.x)
+
+__global__ void bias_add_kernel(float* out, const float* bias, int64_t N, int64_t Cc) {
+  GRID_STRIDE(i, N * Cc) out[i] += bias[i % Cc];
+}
+
+// Column sums: block (32 columns) x (32 row lanes); each lane sums a strided set of rows, the 32
+// partial sums of a column are added in shared memory in a fixed order (deterministic).
+__global__ void column_sums_kernel(float* acc, const float* x, int64_t N, int64_t Cc) {
+  __shared__ float part[32][33];
+  const int64_t col = blockIdx.x * 32 + threadIdx.x;
+  float s = 0.0f;
+  if (col < Cc)
+    for (int64_t n = threadIdx.y; n < N; n += 32) s += x[n * Cc + col];
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < Cc) {
+    float t = 0.0f;
+    for (int j = 0; j < 32; ++j) t += part[j][threadIdx.x];
+    acc[col] += t;
+  }
+}
+
+int cuda_bias_add(void* ctx, float* out, const float* bias, int64_t N, int64_t Cc) {
+  const char* fn = "bias_add";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "N", N));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "C", Cc));
+  if (N == 0 || Cc == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, N * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "bias", bias, Cc));
+  bias_add_kernel<<<blocks_for(N * Cc), kThreads, 0, C(ctx)->stream>>>(out, bias, N, Cc);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+int cuda_bias_grad(void* ctx, float* dbias, const float* dout, int64_t N, int64_t Cc) {
+  const char* fn = "bias_grad";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "N", N));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "C", Cc));
+  if (N == 0 || Cc == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "dbias", dbias, Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, N * Cc));
+  column_sums_kernel<<<static_cast<unsigned>((Cc + 31) / 32), dim3(32, 32), 0, C(ctx)->stream>>>(
+      dbias, dout, N, Cc);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+__global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
+  GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+__global__ void scale_kernel(float* x, float s, int64_t n) { GRID_STRIDE(i, n) x[i] *= s; }
+
+int cuda_add(void* ctx, float* out, const float* a, const float* b, int64_t n) {
+  const char* fn = "add";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "n", n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "a", a, n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "b", b, n));
+  if (n == 0) return DT_HAL_OK;
+  add_kernel<<<blocks_for(n), kThreads, 0, C(ctx)->stream>>>(out, a, b, n);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+int cuda_scale(void* ctx, float* x, float s, int64_t n) {
+  const char* fn = "scale";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "n", n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "x", x, n));
+  if (n == 0) return DT_HAL_OK;
+  scale_kernel<<<blocks_for(n), kThreads, 0, C(ctx)->stream>>>(x, s, n);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+constexpr int kSumBlocks = 1024;  // fixed grid: the summation order does not depend on timing
+
+__global__ void sum_squares_kernel(double* partials, const float* x, int64_t n) {
+  double s = 0.0;
+  GRID_STRIDE(i, n) s += static_cast<double>(x[i]) * x[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+__global__ void sum_partials_kernel(double* out, const double* partials, int count) {
+  double s = 0.0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partials[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) *out = s;
+}
+
+int cuda_sum_squares(void* ctx, const float* x, int64_t n, double* out) {
+  const char* fn = "sum_squares";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "n", n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "x", x, n));
+  if (out == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "sum_squares: out is null");
+  Context* c = C(ctx);
+  sum_squares_kernel<<<kSumBlocks, kThreads, 0, c->stream>>>(c->partials, x, n);
+  LAUNCHED(ctx, fn);
+  sum_partials_kernel<<<1, 1024, 0, c->stream>>>(c->partials + kSumBlocks, c->partials,
+                                                   kSumBlocks);
+  LAUNCHED(ctx, fn);
+  // The result goes to the host: this entry waits for it.
+  CU(ctx, fn, cudaMemcpyAsync(out, c->partials + kSumBlocks, sizeof(double),
+                              cudaMemcpyDeviceToHost, c->stream));
+  CU(ctx, fn, cudaStreamSynchronize(c->stream));
+  return DT_HAL_OK;
+}
+
+// ---- transformer layers ---------------------------------------------------------------------
+
+__global__ void embedding_fwd_kernel(float* out, const int32_t* tokens, const float* wte,
+                                     const float* wpe, int64_t B, int64_t T, int64_t Cc, int64_t V,
+                                     DeviceError* err) {
+  GRID_STRIDE(i, B * T * Cc) {
+    const int64_t bt = i / Cc, ch = i % Cc, t = bt % T;
+    const int32_t tok = tokens[bt];
+    if (tok < 0 || tok >= V) {
+      if (ch == 0) record_bad(err, kBadToken, bt, tok, V);
+      out[i] = 0.0f;
+      continue;
+    }
+    out[i] = wte[static_cast<int64_t>(tok) * Cc + ch] + wpe[t * Cc + ch];
+  }
+}
+
+int cuda_embedding_fwd(void* ctx, float* out, const int32_t* tokens, const float* wte,
+                       const float* wpe, int64_t B, int64_t T, int64_t Cc, int64_t V) {
+  const char* fn = "embedding_fwd";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "B", B));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "T", T));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "C", Cc));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "V", V));
+  if (B * T * Cc == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "tokens", tokens, B * T));
+  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, B * T * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "wte", wte, V * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "wpe", wpe, T * Cc));
+  embedding_fwd_kernel<<<blocks_for(B * T * Cc), kThreads, 0, C(ctx)->stream>>>(
+      out, tokens, wte, wpe, B, T, Cc, V, C(ctx)->derr);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+__global__ void embedding_bwd_wte_kernel(float* dwte, const float* dout, const int32_t* tokens,
+                                         int64_t BT, int64_t Cc, DeviceError* err) {
+  GRID_STRIDE(i, BT * Cc) {
+    const int64_t bt = i / Cc, ch = i % Cc;
+    const int32_t tok = tokens[bt];
+    if (tok < 0) {
+      if (ch == 0) record_bad(err, kBadTokenBwd, bt, tok, 0);
+      continue;
+    }
+    atomicAdd(&dwte[static_cast<int64_t>(tok) * Cc + ch], dout[i]);
+  }
+}
+// dwpe[t, c] += sum_b dout[b, t, c], one thread per (t, c), b in order.
+__global__ void embedding_bwd_wpe_kernel(float* dwpe, const float* dout, int64_t B, int64_t T,
+                                         int64_t Cc) {
+  GRID_STRIDE(i, T * Cc) {
+    float s = 0.0f;
+    for (int64_t b = 0; b < B; ++b) s += dout[b * T * Cc + i];
+    dwpe[i] += s;
+  }
+}
+
+int cuda_embedding_bwd(void* ctx, float* dwte, float* dwpe, const float* dout,
+                       const int32_t* tokens, int64_t B, int64_t T, int64_t Cc) {
+  const char* fn = "embedding_bwd";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "B", B));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "T", T));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "C", Cc));
+  if (B * T == 0 || Cc == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "tokens", tokens, B * T));
+  DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, B * T * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "dwte", dwte, Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "dwpe", dwpe, T * Cc));
+  cudaStream_t s = C(ctx)->stream;
+  embedding_bwd_wte_kernel<<<blocks_for(B * T * Cc), kThreads, 0, s>>>(dwte, dout, tokens, B * T,
+                                                                       Cc, C(ctx)->derr);
+  LAUNCHED(ctx, fn);
+  embedding_bwd_wpe_kernel<<<blocks_for(T * Cc), kThreads, 0, s>>>(dwpe, dout, B, T, Cc);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+// One warp per row.
+__global__ void layernorm_fwd_kernel(float* out, float* mean, float* rstd, const float* inp,
+                                     const float* w, const float* b, int64_t N, int64_t Cc) {
+  const int64_t n = blockIdx.x * int64_t{blockDim.y} + threadIdx.y;
+  if (n >= N) return;
+  const float* x = inp + n * Cc;
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < Cc; i += 32) s += x[i];
+  const float m = warp_sum(s) / static_cast<float>(Cc);
+  float v = 0.0f;
+  for (int64_t i = threadIdx.x; i < Cc; i += 32) v += (x[i] - m) * (x[i] - m);
+  const float rs = 1.0f / sqrtf(warp_sum(v) / static_cast<float>(Cc) + 1e-5f);
+  float* o = out + n * Cc;
+  for (int64_t i = threadIdx.x; i < Cc; i += 32) o[i] = (x[i] - m) * rs * w[i] + b[i];
+  if (threadIdx.x == 0) {
+    mean[n] = m;
+    rstd[n] = rs;
+  }
+}
+
+int cuda_layernorm_fwd(void* ctx, float* out, float* mean, float* rstd, const float* inp,
+                       const float* w, const float* b, int64_t N, int64_t Cc) {
+  const char* fn = "layernorm_fwd";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "N", N));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "C", Cc));
+  if (N == 0) return DT_HAL_OK;
+  if (Cc == 0) return fail(ctx, DT_HAL_ERR_INVALID, "layernorm_fwd: C = 0 (empty rows)");
+  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, N * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "mean", mean, N));
+  DT_HAL_TRY(need_ptr(ctx, fn, "rstd", rstd, N));
+  DT_HAL_TRY(need_ptr(ctx, fn, "inp", inp, N * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "w", w, Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "b", b, Cc));
+  layernorm_fwd_kernel<<<static_cast<unsigned>((N + 7) / 8), dim3(32, 8), 0, C(ctx)->stream>>>(
+      out, mean, rstd, inp, w, b, N, Cc);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+// dinp (acc), one warp per row: dx += (w d - mean(w d) - xh mean(w d xh)) rstd.
+__global__ void layernorm_bwd_dx_kernel(float* dinp, const float* dout, const float* inp,
+                                        const float* w, const float* mean, const float* rstd,
+                                        int64_t N, int64_t Cc) {
+  const int64_t n = blockIdx.x * int64_t{blockDim.y} + threadIdx.y;
+  if (n >= N) return;
+  const float* x = inp + n * Cc;
+  const float* d = dout + n * Cc;
+  const float m = mean[n], rs = rstd[n];
+  float sg = 0.0f, sgx = 0.0f;
+  for (int64_t i = threadIdx.x; i < Cc; i += 32) {
+    const float g = w[i] * d[i];
+    sg += g;
+    sgx += g * ((x[i] - m) * rs);
+  }
+  const float mg = warp_sum(sg) / static_cast<float>(Cc);
+  const float mgx = warp_sum(sgx) / static_cast<float>(Cc);
+  float* dx = dinp + n * Cc;
+  for (int64_t i = threadIdx.x; i < Cc; i += 32)
+    dx[i] += (w[i] * d[i] - mg - (x[i] - m) * rs * mgx) * rs;
+}
+// dw += sum_n xh dout, db += sum_n dout (acc), column tiles as in column_sums_kernel.
+__global__ void layernorm_bwd_dwdb_kernel(float* dw, float* db, const float* dout,
+                                          const float* inp, const float* mean, const float* rstd,
+                                          int64_t N, int64_t Cc) {
+  __shared__ float pw[32][33], pb[32][33];
+  const int64_t col = blockIdx.x * 32 + threadIdx.x;
+  float sw = 0.0f, sb = 0.0f;
+  if (col < Cc)
+    for (int64_t n = threadIdx.y; n < N; n += 32) {
+      const float d = dout[n * Cc + col];
+      sb += d;
+      sw += (inp[n * Cc + col] - mean[n]) * rstd[n] * d;
+    }
+  pw[threadIdx.y][threadIdx.x] = sw;
+  pb[threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < Cc) {
+    float tw = 0.0f, tb = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      tw += pw[j][threadIdx.x];
+      tb += pb[j][threadIdx.x];
+    }
+    dw[col] += tw;
+    db[col] += tb;
+  }
+}
+
+int cuda_layernorm_bwd(void* ctx, float* dinp, float* dw, float* db, const float* dout,
+                       const float* inp, const float* w, const float* mean, const float* rstd,
+                       int64_t N, int64_t Cc) {
+  const char* fn = "layernorm_bwd";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "N", N));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "C", Cc));
+  if (N == 0 || Cc == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "dinp", dinp, N * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "dw", dw, Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "db", db, Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, N * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "inp", inp, N * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "w", w, Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "mean", mean, N));
+  DT_HAL_TRY(need_ptr(ctx, fn, "rstd", rstd, N));
+  cudaStream_t s = C(ctx)->stream;
+  layernorm_bwd_dx_kernel<<<static_cast<unsigned>((N + 7) / 8), dim3(32, 8), 0, s>>>(
+      dinp, dout, inp, w, mean, rstd, N, Cc);
+  LAUNCHED(ctx, fn);
+  layernorm_bwd_dwdb_kernel<<<static_cast<unsigned>((Cc + 31) / 32), dim3(32, 32), 0, s>>>(
+      dw, db, dout, inp, mean, rstd, N, Cc);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+constexpr float kGeluK = 0.7978845608028654f;
+constexpr float kGeluA = 0.044715f;
+
+// The CPU device's formulation: s = 0.5 (1 + tanh u) = 1 / (1 + e^{-2u}), computed from
+// e = e^{-2|u|} so that nothing cancels for u < 0 (1 + tanhf(u) would lose most of its digits).
+__device__ inline void gelu_parts(float x, float& s, float& e, float& sp) {
+  const float u = kGeluK * (x + kGeluA * x * x * x);
+  e = expf(-2.0f * fabsf(u));
+  sp = 1.0f / (1.0f + e);
+  s = u >= 0.0f ? sp : e * sp;
+}
+__global__ void gelu_fwd_kernel(float* out, const float* inp, int64_t n) {
+  GRID_STRIDE(i, n) {
+    float s, e, sp;
+    gelu_parts(inp[i], s, e, sp);
+    out[i] = inp[i] * s;
+  }
+}
+// d/dx GELU = s + 2 x s (1 - s) u'(x), with s (1 - s) = e sp^2 for either sign of u.
+__global__ void gelu_bwd_kernel(float* dinp, const float* inp, const float* dout, int64_t n) {
+  GRID_STRIDE(i, n) {
+    const float x = inp[i];
+    float s, e, sp;
+    gelu_parts(x, s, e, sp);
+    dinp[i] += dout[i] * (s + 2.0f * x * (e * sp * sp) * kGeluK * (1.0f + 3.0f * kGeluA * x * x));
+  }
+}
+
+int cuda_gelu_fwd(void* ctx, float* out, const float* inp, int64_t n) {
+  const char* fn = "gelu_fwd";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "n", n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "inp", inp, n));
+  if (n == 0) return DT_HAL_OK;
+  gelu_fwd_kernel<<<blocks_for(n), kThreads, 0, C(ctx)->stream>>>(out, inp, n);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+int cuda_gelu_bwd(void* ctx, float* dinp, const float* inp, const float* dout, int64_t n) {
+  const char* fn = "gelu_bwd";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "n", n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "dinp", dinp, n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "inp", inp, n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, n));
+  if (n == 0) return DT_HAL_OK;
+  gelu_bwd_kernel<<<blocks_for(n), kThreads, 0, C(ctx)->stream>>>(dinp, inp, dout, n);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+// Row r (of B*NH*T rows, t = r % T): softmax over [0, t], zeros after. One block per row.
+__global__ void causal_softmax_kernel(float* att, int64_t T) {
+  const int64_t r = blockIdx.x;
+  const int64_t len = r % T + 1;
+  float* row = att + r * T;
+  float m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) m = fmaxf(m, row[i]);
+  m = block_max(m);
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
+    const float e = expf(row[i] - m);
+    row[i] = e;
+    s += e;
+  }
+  const float inv = 1.0f / block_sum(s);
+  for (int64_t i = threadIdx.x; i < T; i += blockDim.x) row[i] = i < len ? row[i] * inv : 0.0f;
+}
+// d[i] = scale a[i] (d[i] - sum_j a[j] d[j]) on [0, t], zeros after.
+__global__ void causal_softmax_bwd_kernel(float* d, const float* a, int64_t T, float scale) {
+  const int64_t r = blockIdx.x;
+  const int64_t len = r % T + 1;
+  float* dr = d + r * T;
+  const float* ar = a + r * T;
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) s += ar[i] * dr[i];
+  s = block_sum(s);
+  for (int64_t i = threadIdx.x; i < T; i += blockDim.x)
+    dr[i] = i < len ? scale * ar[i] * (dr[i] - s) : 0.0f;
+}
+
+int check_attention(void* ctx, const char* fn, int64_t B, int64_t T, int64_t Cc, int64_t NH) {
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "B", B));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "T", T));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "C", Cc));
+  if (NH <= 0) return fail(ctx, DT_HAL_ERR_INVALID, fn, ": NH = ", NH, " must be positive");
+  if (Cc % NH != 0)
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": NH = ", NH, " does not divide C = ", Cc);
+  if (Cc == 0) return fail(ctx, DT_HAL_ERR_INVALID, fn, ": C = 0 (heads of size 0)");
+  if (T > 2147483647 || 3 * Cc > 2147483647 || B * NH > 2147483647)
+    return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": T = ", T, " or 3C = ", 3 * Cc,
+                " exceeds cuBLAS's int");
+  return DT_HAL_OK;
+}
+
+// Per batch entry b, one strided-batched GEMM over the NH heads (head h of q, k, v starts at
+// column h*hs of the row; att blocks are T x T apart).
+int cuda_attention_fwd(void* ctx, float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                       int64_t Cc, int64_t NH) {
+  const char* fn = "attention_fwd";
+  DT_HAL_TRY(check_attention(ctx, fn, B, T, Cc, NH));
+  if (B * T == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, B * T * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
+  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * Cc));
+  const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
+  const int nh = static_cast<int>(NH);
+  for (int64_t b = 0; b < B; ++b) {
+    const float* q = qkv + b * T * C3;
+    float* A = att + b * NH * TT;
+    DT_HAL_TRY(sgemm_rm(ctx, fn, 0, 1, T, T, hs, scale, q, C3, hs, q + Cc, C3, hs, 0.0f, A, T, TT,
+                        nh));
+  }
+  causal_softmax_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, C(ctx)->stream>>>(att,
+                                                                                          T);
+  LAUNCHED(ctx, fn);
+  for (int64_t b = 0; b < B; ++b) {
+    const float* v = qkv + b * T * C3 + 2 * Cc;
+    DT_HAL_TRY(sgemm_rm(ctx, fn, 0, 0, T, hs, T, 1.0f, att + b * NH * TT, T, TT, v, C3, hs, 0.0f,
+                        out + b * T * Cc, Cc, hs, nh));
+  }
+  return DT_HAL_OK;
+}
+
+// S = dO V^T; dV += A^T dO; S = scale A (S - rowsum(A S)); dQ += S K; dK += S^T Q.
+int cuda_attention_bwd(void* ctx, float* dqkv, float* scratch, const float* dout, const float* qkv,
+                       const float* att, int64_t B, int64_t T, int64_t Cc, int64_t NH) {
+  const char* fn = "attention_bwd";
+  DT_HAL_TRY(check_attention(ctx, fn, B, T, Cc, NH));
+  if (B * T == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "dqkv", dqkv, B * T * 3 * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "scratch", scratch, B * NH * T * T));
+  DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, B * T * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
+  const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
+  const int nh = static_cast<int>(NH);
+  for (int64_t b = 0; b < B; ++b) {
+    const float* q = qkv + b * T * C3;
+    const float* dO = dout + b * T * Cc;
+    const float* A = att + b * NH * TT;
+    float* S = scratch + b * NH * TT;
+    float* dq = dqkv + b * T * C3;
+    DT_HAL_TRY(sgemm_rm(ctx, fn, 0, 1, T, T, hs, 1.0f, dO, Cc, hs, q + 2 * Cc, C3, hs, 0.0f, S, T,
+                        TT, nh));
+    DT_HAL_TRY(sgemm_rm(ctx, fn, 1, 0, T, hs, T, 1.0f, A, T, TT, dO, Cc, hs, 1.0f, dq + 2 * Cc, C3,
+                        hs, nh));
+  }
+  causal_softmax_bwd_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, C(ctx)->stream>>>(
+      scratch, att, T, scale);
+  LAUNCHED(ctx, fn);
+  for (int64_t b = 0; b < B; ++b) {
+    const float* q = qkv + b * T * C3;
+    const float* S = scratch + b * NH * TT;
+    float* dq = dqkv + b * T * C3;
+    DT_HAL_TRY(sgemm_rm(ctx, fn, 0, 0, T, hs, T, 1.0f, S, T, TT, q + Cc, C3, hs, 1.0f, dq, C3, hs,
+                        nh));
+    DT_HAL_TRY(sgemm_rm(ctx, fn, 1, 0, T, hs, T, 1.0f, S, T, TT, q, C3, hs, 1.0f, dq + Cc, C3, hs,
+                        nh));
+  }
+  return DT_HAL_OK;
+}
+
+// One block per row: probs = softmax(x), loss = log(sum e^(x - max)) - (x_target - max).
+__global__ void softmax_xent_fwd_kernel(float* losses, float* probs, const float* logits,
+                                        const int32_t* targets, int64_t V, DeviceError* err) {
+  const int64_t n = blockIdx.x;
+  const float* x = logits + n * V;
+  float* p = probs + n * V;
+  float m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, x[i]);
+  m = block_max(m);
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const float e = expf(x[i] - m);
+    p[i] = e;
+    s += e;
+  }
+  s = block_sum(s);
+  const float inv = 1.0f / s;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) p[i] *= inv;
+  if (threadIdx.x == 0) {
+    const int32_t t = targets[n];
+    if (t < 0 || t >= V) {
+      record_bad(err, kBadTarget, n, t, V);
+      losses[n] = NAN;
+    } else {
+      losses[n] = logf(s) - (x[t] - m);
+    }
+  }
+}
+
+__global__ void softmax_xent_bwd_kernel(float* dlogits, const float* probs, const int32_t* targets,
+                                        float dloss, int64_t N, int64_t V, DeviceError* err) {
+  GRID_STRIDE(i, N * V) {
+    const int64_t n = i / V, j = i % V;
+    const int32_t t = targets[n];
+    if (t < 0 || t >= V) {
+      if (j == 0) record_bad(err, kBadTargetBwd, n, t, V);
+      continue;
+    }
+    dlogits[i] = (probs[i] - (j == t ? 1.0f : 0.0f)) * dloss;
+  }
+}
+
+int check_xent(void* ctx, const char* fn, int64_t N, int64_t V) {
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "N", N));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "V", V));
+  if (N > 0 && V == 0) return fail(ctx, DT_HAL_ERR_INVALID, fn, ": V = 0 (no classes)");
+  if (N > 2147483647) return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": N = ", N, " rows");
+  return DT_HAL_OK;
+}
+
+int cuda_softmax_xent_fwd(void* ctx, float* losses, float* probs, const float* logits,
+                          const int32_t* targets, int64_t N, int64_t V) {
+  const char* fn = "softmax_xent_fwd";
+  DT_HAL_TRY(check_xent(ctx, fn, N, V));
+  if (N == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "losses", losses, N));
+  DT_HAL_TRY(need_ptr(ctx, fn, "probs", probs, N * V));
+  DT_HAL_TRY(need_ptr(ctx, fn, "logits", logits, N * V));
+  DT_HAL_TRY(need_ptr(ctx, fn, "targets", targets, N));
+  softmax_xent_fwd_kernel<<<static_cast<unsigned>(N), kThreads, 0, C(ctx)->stream>>>(
+      losses, probs, logits, targets, V, C(ctx)->derr);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+int cuda_softmax_xent_bwd(void* ctx, float* dlogits, const float* probs, const int32_t* targets,
+                          float dloss, int64_t N, int64_t V) {
+  const char* fn = "softmax_xent_bwd";
+  DT_HAL_TRY(check_xent(ctx, fn, N, V));
+  if (N == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "dlogits", dlogits, N * V));
+  DT_HAL_TRY(need_ptr(ctx, fn, "probs", probs, N * V));
+  DT_HAL_TRY(need_ptr(ctx, fn, "targets", targets, N));
+  softmax_xent_bwd_kernel<<<blocks_for(N * V), kThreads, 0, C(ctx)->stream>>>(
+      dlogits, probs, targets, dloss, N, V, C(ctx)->derr);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+// ---- optimiser, casts, loss scaling ----------------------------------------------------------
+
+__device__ inline void adamw_one(float* p, const float* g, float* m, float* v, int64_t i, float lr,
+                                 float b1, float b2, float eps, float wd, float inv_bc1,
+                                 float inv_bc2) {
+  const float gi = g[i];
+  const float mi = b1 * m[i] + (1.0f - b1) * gi;
+  const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+  m[i] = mi;
+  v[i] = vi;
+  p[i] -= lr * ((mi * inv_bc1) / (sqrtf(vi * inv_bc2) + eps) + wd * p[i]);
+}
+
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float lr,
+                             float b1, float b2, float eps, float wd, float inv_bc1,
+                             float inv_bc2) {
+  GRID_STRIDE(i, n) adamw_one(p, g, m, v, i, lr, b1, b2, eps, wd, inv_bc1, inv_bc2);
+}
+
+int check_adam(void* ctx, const char* fn, float beta1, float beta2, int64_t t) {
+  if (t < 1) return fail(ctx, DT_HAL_ERR_INVALID, fn, ": step t = ", t, " must be >= 1");
+  if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": beta1 = ", beta1, ", beta2 = ", beta2,
+                " must lie in [0, 1)");
+  return DT_HAL_OK;
+}
+
+int cuda_adamw(void* ctx, float* params, const float* grads, float* m, float* v, int64_t n,
+               float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t) {
+  const char* fn = "adamw";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "n", n));
+  DT_HAL_TRY(check_adam(ctx, fn, beta1, beta2, t));
+  DT_HAL_TRY(need_ptr(ctx, fn, "params", params, n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "grads", grads, n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "m", m, n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "v", v, n));
+  if (n == 0) return DT_HAL_OK;
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
+  adamw_kernel<<<blocks_for(n), kThreads, 0, C(ctx)->stream>>>(
+      params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, static_cast<float>(1.0 / bc1),
+      static_cast<float>(1.0 / bc2));
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+// Up to kMultiTensors tensors per launch, passed by value in the kernel parameters (2.1 KB, under
+// the 4 KB limit): blockIdx.y picks the tensor, x strides over its elements.
+constexpr int kMultiTensors = 48;
+struct MultiTensorArgs {
+  float* p[kMultiTensors];
+  const float* g[kMultiTensors];
+  float* m[kMultiTensors];
+  float* v[kMultiTensors];
+  int64_t n[kMultiTensors];
+  float wd[kMultiTensors];
+};
+
+__global__ void adamw_multi_kernel(MultiTensorArgs a, float lr, float b1, float b2, float eps,
+                                   float inv_bc1, float inv_bc2) {
+  const int k = blockIdx.y;
+  const int64_t n = a.n[k];
+  GRID_STRIDE(i, n) adamw_one(a.p[k], a.g[k], a.m[k], a.v[k], i, lr, b1, b2, eps, a.wd[k], inv_bc1,
+                              inv_bc2);
+}
+
+int cuda_adamw_multi(void* ctx, int count, float* const* params, const float* const* grads,
+                     float* const* m, float* const* v, const int64_t* sizes,
+                     const float* weight_decay, float lr, float beta1, float beta2, float eps,
+                     int64_t t) {
+  const char* fn = "adamw_multi";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  if (count < 0) return fail(ctx, DT_HAL_ERR_INVALID, fn, ": count = ", count, " is negative");
+  if (count == 0) return DT_HAL_OK;
+  if (!params || !grads || !m || !v || !sizes || !weight_decay)
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": a pointer or size array is null for ", count,
+                " tensors");
+  for (int k = 0; k < count; ++k) {
+    if (sizes[k] < 0)
+      return fail(ctx, DT_HAL_ERR_INVALID, fn, ": sizes[", k, "] = ", sizes[k], " is negative");
+    if (sizes[k] > 0 && (!params[k] || !grads[k] || !m[k] || !v[k]))
+      return fail(ctx, DT_HAL_ERR_INVALID, fn, ": tensor ", k, " of ", sizes[k],
+                  " elements has a null pointer");
+  }
+  DT_HAL_TRY(check_adam(ctx, fn, beta1, beta2, t));
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
+  for (int k0 = 0; k0 < count; k0 += kMultiTensors) {
+    const int kn = count - k0 < kMultiTensors ? count - k0 : kMultiTensors;
+    MultiTensorArgs a{};
+    int64_t most = 0;
+    for (int j = 0; j < kn; ++j) {
+      a.p[j] = params[k0 + j];
+      a.g[j] = grads[k0 + j];
+      a.m[j] = m[k0 + j];
+      a.v[j] = v[k0 + j];
+      a.n[j] = sizes[k0 + j];
+      a.wd[j] = weight_decay[k0 + j];
+      most = a.n[j] > most ? a.n[j] : most;
+    }
+    if (most == 0) continue;
+    const unsigned bx = blocks_for(most) < 1024 ? blocks_for(most) : 1024;
+    adamw_multi_kernel<<<dim3(bx, static_cast<unsigned>(kn)), kThreads, 0, C(ctx)->stream>>>(
+        a, lr, beta1, beta2, eps, static_cast<float>(1.0 / bc1), static_cast<float>(1.0 / bc2));
+    LAUNCHED(ctx, fn);
+  }
+  return DT_HAL_OK;
+}
+
+__global__ void cast_kernel(void* out, int out_type, const void* in, int in_type, int64_t n) {
+  GRID_STRIDE(i, n) store_from_f32(out, i, out_type, load_as_f32(in, i, in_type));
+}
+
+int cuda_cast(void* ctx, void* out, dt_hal_dtype out_type, const void* in, dt_hal_dtype in_type,
+              int64_t n) {
+  const char* fn = "cast";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  if (!known_dtype(out_type) || !known_dtype(in_type))
+    return fail(ctx, DT_HAL_ERR_INVALID, "cast: unknown dtype (in ", static_cast<int>(in_type),
+                ", out ", static_cast<int>(out_type), ")");
+  DT_HAL_TRY(need_nonneg(ctx, fn, "n", n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "in", in, n));
+  if (n == 0) return DT_HAL_OK;
+  if (in_type == out_type) {
+    if (out != in)
+      CU(ctx, fn, cudaMemcpyAsync(out, in, static_cast<size_t>(n) * (in_type == DT_HAL_F32 ? 4 : 2),
+                                  cudaMemcpyDeviceToDevice, C(ctx)->stream));
+    return DT_HAL_OK;
+  }
+  // Each element is read before it is written by the same thread: in == out (same size) is fine.
+  cast_kernel<<<blocks_for(n), kThreads, 0, C(ctx)->stream>>>(out, out_type, in, in_type, n);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+int cuda_cast_f32_to_bf16(void* ctx, uint16_t* out, const float* in, int64_t n) {
+  return cuda_cast(ctx, out, DT_HAL_BF16, in, DT_HAL_F32, n);
+}
+int cuda_cast_bf16_to_f32(void* ctx, float* out, const uint16_t* in, int64_t n) {
+  return cuda_cast(ctx, out, DT_HAL_F32, in, DT_HAL_BF16, n);
+}
+
+__global__ void scale_check_kernel(float* x, float s, int64_t n, int32_t* found) {
+  bool bad = false;
+  GRID_STRIDE(i, n) {
+    const float y = x[i] * s;
+    x[i] = y;
+    bad |= (bits_of(y) & 0x7f800000u) == 0x7f800000u;
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *found = 1;
+}
+
+int cuda_scale_check_finite(void* ctx, float* x, int64_t n, float s, int32_t* found_inf) {
+  const char* fn = "scale_check_finite";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  DT_HAL_TRY(need_nonneg(ctx, fn, "n", n));
+  DT_HAL_TRY(need_ptr(ctx, fn, "x", x, n));
+  if (found_inf == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, fn, ": found_inf is null");
+  if (n == 0) return DT_HAL_OK;
+  scale_check_kernel<<<blocks_for(n), kThreads, 0, C(ctx)->stream>>>(x, s, n, found_inf);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+// ---- streams, events, graphs ------------------------------------------------------------------
+
+int cuda_stream_create(void* ctx, void** stream) {
+  DT_HAL_TRY(need_ctx(ctx, "stream_create"));
+  if (stream == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "stream_create: stream is null");
+  cudaStream_t s = nullptr;
+  CU(ctx, "stream_create", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  *stream = s;
+  return DT_HAL_OK;
+}
+void cuda_stream_destroy(void* ctx, void* stream) {
+  if (stream == nullptr) return;
+  auto* c = C(ctx);
+  if (c && c->stream == stream) {
+    c->stream = c->own;
+    cublasSetStream(c->blas, c->own);
+  }
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+int cuda_set_stream(void* ctx, void* stream) {
+  DT_HAL_TRY(need_ctx(ctx, "set_stream"));
+  Context* c = C(ctx);
+  c->stream = stream ? static_cast<cudaStream_t>(stream) : c->own;
+  CUBLAS(ctx, "set_stream", cublasSetStream(c->blas, c->stream));
+  return DT_HAL_OK;
+}
+int cuda_native_stream(void* ctx, void** handle) {
+  DT_HAL_TRY(need_ctx(ctx, "native_stream"));
+  if (handle == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "native_stream: handle is null");
+  *handle = C(ctx)->stream;
+  return DT_HAL_OK;
+}
+int cuda_event_create(void* ctx, void** event) {
+  DT_HAL_TRY(need_ctx(ctx, "event_create"));
+  if (event == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "event_create: event is null");
+  cudaEvent_t e = nullptr;
+  CU(ctx, "event_create", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  *event = e;
+  return DT_HAL_OK;
+}
+void cuda_event_destroy(void*, void* event) {
+  if (event) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+int cuda_event_record(void* ctx, void* event) {
+  DT_HAL_TRY(need_ctx(ctx, "event_record"));
+  if (!event) return fail(ctx, DT_HAL_ERR_INVALID, "event_record: null event");
+  CU(ctx, "event_record", cudaEventRecord(static_cast<cudaEvent_t>(event), C(ctx)->stream));
+  return DT_HAL_OK;
+}
+int cuda_stream_wait_event(void* ctx, void* event) {
+  DT_HAL_TRY(need_ctx(ctx, "stream_wait_event"));
+  if (!event) return fail(ctx, DT_HAL_ERR_INVALID, "stream_wait_event: null event");
+  CU(ctx, "stream_wait_event",
+     cudaStreamWaitEvent(C(ctx)->stream, static_cast<cudaEvent_t>(event), 0));
+  return DT_HAL_OK;
+}
+int cuda_event_synchronize(void* ctx, void* event) {
+  DT_HAL_TRY(need_ctx(ctx, "event_synchronize"));
+  if (!event) return fail(ctx, DT_HAL_ERR_INVALID, "event_synchronize: null event");
+  CU(ctx, "event_synchronize", cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+  return DT_HAL_OK;
+}
+
+int cuda_graph_begin(void* ctx) {
+  DT_HAL_TRY(need_ctx(ctx, "graph_begin"));
+  Context* c = C(ctx);
+  CU(ctx, "graph_begin", cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+  return DT_HAL_OK;
+}
+int cuda_graph_end(void* ctx, void** graph) {
+  DT_HAL_TRY(need_ctx(ctx, "graph_end"));
+  if (graph == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "graph_end: graph is null");
+  *graph = nullptr;
+  cudaGraph_t g = nullptr;
+  CU(ctx, "graph_end", cudaStreamEndCapture(C(ctx)->stream, &g));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  if (e != cudaSuccess)
+    return fail(ctx, DT_HAL_ERR_DEVICE, "graph_end: cudaGraphInstantiate: ", cudaGetErrorString(e));
+  *graph = exec;
+  return DT_HAL_OK;
+}
+int cuda_graph_launch(void* ctx, void* graph) {
+  DT_HAL_TRY(need_ctx(ctx, "graph_launch"));
+  if (!graph) return fail(ctx, DT_HAL_ERR_INVALID, "graph_launch: null graph");
+  CU(ctx, "graph_launch", cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), C(ctx)->stream));
+  return DT_HAL_OK;
+}
+void cuda_graph_destroy(void*, void* graph) {
+  if (graph) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+}
+
+const dt_hal_v2_t kCudaTable = {
+    {
+        DT_HAL_API_VERSION_2,
+        "cuda",
+        cuda_open,
+        cuda_close,
+        cuda_last_error,
+        cuda_device_count,
+        cuda_alloc,
+        cuda_release,
+        cuda_copy,
+        cuda_fill_zero,
+        cuda_synchronize,
+        nullptr,  // set_threads: host threads are not the GPU's business
+        cuda_gemm,
+        cuda_bias_add,
+        cuda_bias_grad,
+        cuda_add,
+        cuda_scale,
+        cuda_sum_squares,
+        cuda_embedding_fwd,
+        cuda_embedding_bwd,
+        cuda_layernorm_fwd,
+        cuda_layernorm_bwd,
+        cuda_gelu_fwd,
+        cuda_gelu_bwd,
+        cuda_attention_fwd,
+        cuda_attention_bwd,
+        cuda_softmax_xent_fwd,
+        cuda_softmax_xent_bwd,
+        cuda_adamw,
+        cuda_cast_f32_to_bf16,
+        cuda_cast_bf16_to_f32,
+    },
+    cuda_describe,
+    cuda_gemm_ex,
+    cuda_cast,
+    cuda_scale_check_finite,
+    cuda_adamw_multi,
+    cuda_stream_create,
+    cuda_stream_destroy,
+    cuda_set_stream,
+    cuda_native_stream,
+    cuda_event_create,
+    cuda_event_destroy,
+    cuda_event_record,
+    cuda_stream_wait_event,
+    cuda_event_synchronize,
+    cuda_graph_begin,
+    cuda_graph_end,
+    cuda_graph_launch,
+    cuda_graph_destroy,
+};
+
+}  // namespace
+
+extern "C" DT_CUDA_EXPORT const dt_hal_v2_t* dt_hal_plugin_v2(void) { return &kCudaTable; }

@@ -1,0 +1,308 @@
+#include "comm/nccl_comm.hpp"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+namespace dt {
+
+namespace {
+
+[[noreturn]] void throw_nccl(ncclResult_t r, ncclComm_t comm, const char* call, int rank,
+                             const std::string& name, const char* file, int line) {
+  const char* last = ncclGetLastError(comm);
+  throw CommError(std::string(call) + " failed on rank " + std::to_string(rank) + " of " + name +
+                      ": " + ncclGetErrorString(r) + (last && *last ? std::string(" (") + last + ")" : ""),
+                  file, line);
+}
+#define DT_NCCL(call, comm, rank, name)                                                     \
+  do {                                                                                      \
+    const ncclResult_t r_ = (call);                                                         \
+    if (r_ != ncclSuccess) throw_nccl(r_, (comm), #call, (rank), (name), __FILE__, __LINE__); \
+  } while (0)
+
+#define DT_CUDA(call, rank, name)                                                             \
+  do {                                                                                        \
+    const cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess)                                                                    \
+      throw CommError(std::string(#call) + " failed on rank " + std::to_string(rank) + " of " + \
+                          (name) + ": " + cudaGetErrorString(e_),                             \
+                      __FILE__, __LINE__);                                                    \
+  } while (0)
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
+    case DType::u8:
+      return ncclUint8;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::avg:
+      return ncclAvg;
+    case ReduceOp::max:
+      return ncclMax;
+    case ReduceOp::min:
+      return ncclMin;
+  }
+  return ncclSum;
+}
+
+}  // namespace
+
+// Shared by the communicator and its unfinished Works, so a Work may outlive the NcclComm.
+struct NcclComm::State {
+  ncclComm_t comm = nullptr;
+  int* barrier_buf = nullptr;  // one device int for ibarrier
+  bool aborted = false;
+  ~State() {
+    if (comm) {
+      if (aborted)
+        ncclCommAbort(comm);
+      else
+        ncclCommDestroy(comm);
+    }
+    if (barrier_buf) cudaFree(barrier_buf);
+  }
+};
+
+namespace {
+
+class NcclWork final : public WorkImpl {
+ public:
+  NcclWork(std::shared_ptr<NcclComm::State> s, cudaEvent_t ev, std::string desc, int rank,
+           std::string comm)
+      : state_(std::move(s)), ev_(ev), desc_(std::move(desc)), comm_(std::move(comm)), rank_(rank) {}
+  ~NcclWork() override {
+    if (ev_) cudaEventDestroy(ev_);
+  }
+
+  bool test() override {
+    if (error_) std::rethrow_exception(error_);
+    if (done_) return true;
+    const cudaError_t e = cudaEventQuery(ev_);
+    if (e == cudaSuccess) {
+      done_ = true;
+      return true;
+    }
+    if (e != cudaErrorNotReady) {
+      fail(std::string("the CUDA stream failed: ") + cudaGetErrorString(e));
+    }
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(state_->comm, &async) == ncclSuccess && async != ncclSuccess &&
+        async != ncclInProgress) {
+      state_->aborted = true;
+      fail(std::string("NCCL reported ") + ncclGetErrorString(async));
+    }
+    return false;
+  }
+
+  bool wait_for(Millis timeout) override {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    auto nap = std::chrono::microseconds(20);
+    while (!test()) {
+      if (timeout.count() >= 0 && std::chrono::steady_clock::now() >= until) return false;
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(2000));
+    }
+    return true;
+  }
+
+  std::string describe() const override { return desc_ + " on " + comm_; }
+  int rank() const override { return rank_; }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) {
+    try {
+      throw CommError(desc_ + " failed on rank " + std::to_string(rank_) + " of " + comm_ + ": " +
+                          why,
+                      __FILE__, __LINE__);
+    } catch (...) {
+      error_ = std::current_exception();
+      throw;
+    }
+  }
+
+  std::shared_ptr<NcclComm::State> state_;
+  cudaEvent_t ev_ = nullptr;
+  std::string desc_, comm_;
+  int rank_ = 0;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+std::string what(const char* op, ConstTensorView v) {
+  return std::string(op) + "(" + dtype_name(v.dtype) + " x " + std::to_string(v.numel) + ")";
+}
+
+}  // namespace
+
+std::unique_ptr<NcclComm> NcclComm::create(MpiComm& bootstrap, int cuda_device, void* stream,
+                                           std::string name) {
+  const int rank = bootstrap.rank(), size = bootstrap.size();
+  DT_CUDA(cudaSetDevice(cuda_device), rank, name);
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof id);
+  // Rank 0's failure must not leave the others waiting in the broadcast: it sends an all-zero id
+  // with a flag, and every rank then throws.
+  int ok = 1;
+  std::string why;
+  if (rank == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) {
+      ok = 0;
+      why = ncclGetErrorString(r);
+    }
+  }
+  DT_MPI(MPI_Bcast(&ok, 1, MPI_INT, 0, bootstrap.handle()), rank, bootstrap.name());
+  if (!ok)
+    throw CommError("ncclGetUniqueId failed on rank 0 of " + name +
+                        (why.empty() ? std::string() : ": " + why),
+                    __FILE__, __LINE__);
+  DT_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, bootstrap.handle()), rank, bootstrap.name());
+  auto state = std::make_shared<State>();
+  DT_NCCL(ncclCommInitRank(&state->comm, size, id, rank), nullptr, rank, name);
+  DT_CUDA(cudaMalloc(&state->barrier_buf, sizeof(int)), rank, name);
+  DT_CUDA(cudaMemset(state->barrier_buf, 0, sizeof(int)), rank, name);
+  return std::unique_ptr<NcclComm>(
+      new NcclComm(std::move(state), rank, size, std::move(name), stream, cuda_device));
+}
+
+NcclComm::NcclComm(std::shared_ptr<State> s, int rank, int size, std::string name, void* stream,
+                   int device)
+    : state_(std::move(s)),
+      rank_(rank),
+      size_(size),
+      name_(std::move(name)),
+      stream_(stream),
+      device_(device) {}
+
+NcclComm::~NcclComm() = default;
+
+Work NcclComm::enqueue(const char* op, ConstTensorView v, const std::function<int()>& call) {
+  DT_CHECK(CommError, !state_->aborted, op, " on rank ", rank_, " of ", name_,
+           ": the communicator was aborted after an earlier NCCL failure");
+  DT_CUDA(cudaSetDevice(device_), rank_, name_);
+  const auto r = static_cast<ncclResult_t>(call());
+  if (r != ncclSuccess) throw_nccl(r, state_->comm, op, rank_, name_, __FILE__, __LINE__);
+  cudaEvent_t ev = nullptr;
+  DT_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), rank_, name_);
+  const cudaError_t e = cudaEventRecord(ev, static_cast<cudaStream_t>(stream_));
+  if (e != cudaSuccess) {
+    cudaEventDestroy(ev);
+    DT_CUDA(e, rank_, name_);
+  }
+  return Work(std::make_unique<NcclWork>(state_, ev, what(op, v), rank_, name_));
+}
+
+Work NcclComm::iall_reduce(TensorView buf, ReduceOp op) {
+  auto s = static_cast<cudaStream_t>(stream_);
+  return enqueue("all_reduce", buf, [&] {
+    return ncclAllReduce(buf.data, buf.data, buf.numel, nccl_type(buf.dtype), nccl_op(op),
+                         state_->comm, s);
+  });
+}
+
+Work NcclComm::ibroadcast(TensorView buf, int root) {
+  DT_CHECK(InvalidArgument, root >= 0 && root < size_, "broadcast on ", name_, ": root ", root,
+           " is outside [0, ", size_, ")");
+  auto s = static_cast<cudaStream_t>(stream_);
+  return enqueue("broadcast", buf, [&] {
+    return ncclBroadcast(buf.data, buf.data, buf.numel, nccl_type(buf.dtype), root, state_->comm,
+                         s);
+  });
+}
+
+Work NcclComm::iall_gather(ConstTensorView in, TensorView out) {
+  DT_CHECK(InvalidArgument, in.dtype == out.dtype, "all_gather on ", name_, ": input is ",
+           dtype_name(in.dtype), ", output is ", dtype_name(out.dtype));
+  DT_CHECK(InvalidArgument, out.numel == in.numel * static_cast<std::size_t>(size_),
+           "all_gather on ", name_, ": output has ", out.numel, " elements, needs ", size_,
+           " x ", in.numel);
+  auto s = static_cast<cudaStream_t>(stream_);
+  return enqueue("all_gather", in, [&] {
+    return ncclAllGather(in.data, out.data, in.numel, nccl_type(in.dtype), state_->comm, s);
+  });
+}
+
+Work NcclComm::ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) {
+  DT_CHECK(InvalidArgument, in.dtype == out.dtype, "reduce_scatter on ", name_, ": input is ",
+           dtype_name(in.dtype), ", output is ", dtype_name(out.dtype));
+  DT_CHECK(InvalidArgument, in.numel == out.numel * static_cast<std::size_t>(size_),
+           "reduce_scatter on ", name_, ": input has ", in.numel, " elements, needs ", size_,
+           " x ", out.numel);
+  auto s = static_cast<cudaStream_t>(stream_);
+  return enqueue("reduce_scatter", in, [&] {
+    return ncclReduceScatter(in.data, out.data, out.numel, nccl_type(in.dtype), nccl_op(op),
+                             state_->comm, s);
+  });
+}
+
+Work NcclComm::isend(ConstTensorView buf, int dst, int tag) {
+  DT_CHECK(InvalidArgument, dst >= 0 && dst < size_ && dst != rank_, "send on ", name_, ": peer ",
+           dst, " is not another rank of [0, ", size_, ")");
+  DT_CHECK(InvalidArgument, tag >= 0, "send on ", name_, ": tag ", tag, " is negative");
+  auto s = static_cast<cudaStream_t>(stream_);
+  return enqueue("send", buf, [&] {
+    return ncclSend(buf.data, buf.numel, nccl_type(buf.dtype), dst, state_->comm, s);
+  });
+}
+
+Work NcclComm::irecv(TensorView buf, int src, int tag) {
+  DT_CHECK(InvalidArgument, src >= 0 && src < size_ && src != rank_, "recv on ", name_, ": peer ",
+           src, " is not another rank of [0, ", size_, ")");
+  DT_CHECK(InvalidArgument, tag >= 0, "recv on ", name_, ": tag ", tag, " is negative");
+  auto s = static_cast<cudaStream_t>(stream_);
+  return enqueue("recv", buf, [&] {
+    return ncclRecv(buf.data, buf.numel, nccl_type(buf.dtype), src, state_->comm, s);
+  });
+}
+
+Work NcclComm::ibarrier() {
+  auto s = static_cast<cudaStream_t>(stream_);
+  TensorView one{state_->barrier_buf, 1, DType::i32};
+  return enqueue("barrier", one, [&] {
+    return ncclAllReduce(state_->barrier_buf, state_->barrier_buf, 1, ncclInt32, ncclSum,
+                         state_->comm, s);
+  });
+}
+
+std::unique_ptr<Comm> NcclComm::split(int color, int key) {
+  DT_CUDA(cudaSetDevice(device_), rank_, name_);
+  ncclComm_t sub = nullptr;
+  DT_NCCL(ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr),
+          state_->comm, rank_, name_);
+  if (color < 0 || sub == nullptr) return nullptr;
+  auto state = std::make_shared<State>();
+  state->comm = sub;
+  int r = 0, n = 1;
+  DT_NCCL(ncclCommUserRank(sub, &r), sub, rank_, name_);
+  DT_NCCL(ncclCommCount(sub, &n), sub, rank_, name_);
+  DT_CUDA(cudaMalloc(&state->barrier_buf, sizeof(int)), rank_, name_);
+  DT_CUDA(cudaMemset(state->barrier_buf, 0, sizeof(int)), rank_, name_);
+  return std::unique_ptr<Comm>(new NcclComm(std::move(state), r, n,
+                                            name_ + "/split(" + std::to_string(color) + ")",
+                                            stream_, device_));
+}
+
+}  // namespace dt

@@ -1,0 +1,121 @@
+// The device plugin ABI end to end through dt::Device: a version-2 plugin (the CPU device built as
+// a shared library, the vendor template), a version-1 plugin through the adapter, plugins of a
+// wrong or future version, and require_training_kernels refusing what cannot train, by name.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dt/device.hpp"
+
+namespace {
+
+const std::string kPlugins = DT_PLUGIN_DIR;
+const std::string kTestPlugins = DT_TEST_PLUGIN_DIR;
+
+template <class E, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.message();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("a version-2 plugin: the CPU device as a shared library matches the built-in one") {
+  dt::Device shared = dt::Device::open("cpu_shared", kPlugins);
+  dt::Device builtin = dt::Device::open("cpu", "");
+  CHECK(shared.abi_version() == 2);
+  CHECK(shared.origin().find("libdt_hal_cpu_shared.so") != std::string::npos);
+  CHECK(dt::missing_training_kernels(shared, dt::DType::bf16).empty());
+  // bf16 x bf16 -> f16 through each: the same bits.
+  std::vector<std::uint16_t> a(6 * 5), b(5 * 4);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<std::uint16_t>(0x3f80 + 7 * i);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::uint16_t>(0xbf00 + 5 * i);
+  std::vector<std::uint16_t> c1(6 * 4), c2(6 * 4);
+  for (auto* d : {&shared, &builtin}) {
+    auto& c = d == &shared ? c1 : c2;
+    d->call(&dt_hal_v2_t::gemm_ex, "gemm_ex", 0, 0, std::int64_t{6}, std::int64_t{4},
+            std::int64_t{5}, 1.0f, static_cast<const void*>(a.data()), std::int64_t{5},
+            static_cast<const void*>(b.data()), std::int64_t{4}, 0.0f,
+            static_cast<void*>(c.data()), std::int64_t{4}, DT_HAL_BF16, DT_HAL_F16);
+  }
+  CHECK(c1 == c2);
+}
+
+TEST_CASE("a version-1 plugin loads through the adapter and lacks every version-2 entry") {
+  dt::Device d = dt::Device::open("v1only", kTestPlugins);
+  CHECK(d.abi_version() == 1);
+  CHECK(d.table().api_version == DT_HAL_API_VERSION_1);
+  CHECK(!d.has(reinterpret_cast<const void*>(d.table2().gemm_ex)));
+  CHECK(!d.has(reinterpret_cast<const void*>(d.table2().stream_create)));
+  float x[4] = {1, 2, 3, 4}, y[4] = {10, 20, 30, 40}, z[4] = {};
+  d.call(&dt_hal_v1_t::add, "add", z, static_cast<const float*>(x), static_cast<const float*>(y),
+         std::int64_t{4});
+  CHECK(z[3] == 44.0f);
+  // A failing version-1 entry still reports the plugin's own message.
+  CHECK(error_of<dt::DeviceError>([&] {
+          d.call(&dt_hal_v1_t::add, "add", z, static_cast<const float*>(x),
+                 static_cast<const float*>(y), std::int64_t{-1});
+        }).find("add failed (invalid argument): add: n = -1 is negative") != std::string::npos);
+  int32_t flag = 0;
+  const std::string missing = error_of<dt::DeviceError>([&] {
+    d.call(&dt_hal_v2_t::scale_check_finite, "scale_check_finite", x, std::int64_t{4}, 1.0f,
+           &flag);
+  });
+  CHECK(missing.find("device 'v1only'") != std::string::npos);
+  CHECK(missing.find("does not provide scale_check_finite") != std::string::npos);
+  const std::string refused =
+      error_of<dt::ConfigError>([&] { dt::require_training_kernels(d, dt::DType::bf16); });
+  CHECK(refused.find("ABI version 1) cannot train in bf16: it lacks the kernels gemm, bias_add,") !=
+        std::string::npos);
+  CHECK(refused.find("adamw, gemm_ex, cast, scale_check_finite") != std::string::npos);
+  CHECK(d.describe().find("v1only (") == 0);
+}
+
+TEST_CASE("the template NPU plugin loads, describes itself and is refused for training") {
+  dt::Device d = dt::Device::open("template", kPlugins);
+  CHECK(d.abi_version() == 2);
+  CHECK(d.describe().find("template NPU skeleton") != std::string::npos);
+  // Its example kernels run.
+  float x[3] = {1, 2, 3};
+  d.call(&dt_hal_v1_t::scale, "scale", x, 2.0f, std::int64_t{3});
+  CHECK(x[2] == 6.0f);
+  const std::vector<std::string> lacks = dt::missing_training_kernels(d, dt::DType::f32);
+  const std::vector<std::string> want = {
+      "gemm",          "bias_add",      "bias_grad",        "sum_squares",     "embedding_fwd",
+      "embedding_bwd", "layernorm_fwd", "layernorm_bwd",    "gelu_fwd",        "gelu_bwd",
+      "attention_fwd", "attention_bwd", "softmax_xent_fwd", "softmax_xent_bwd", "adamw"};
+  CHECK(lacks == want);
+  const std::string msg =
+      error_of<dt::ConfigError>([&] { dt::require_training_kernels(d, dt::DType::f32); });
+  CHECK(msg.find("device 'template' (" + kPlugins + "/libdt_hal_template.so, ABI version 2) "
+                 "cannot train in f32: it lacks the kernels gemm, bias_add, bias_grad, "
+                 "sum_squares, embedding_fwd, embedding_bwd, layernorm_fwd, layernorm_bwd, "
+                 "gelu_fwd, gelu_bwd, attention_fwd, attention_bwd, softmax_xent_fwd, "
+                 "softmax_xent_bwd, adamw") == 0);
+  const std::string msg16 =
+      error_of<dt::ConfigError>([&] { dt::require_training_kernels(d, dt::DType::f16); });
+  CHECK(msg16.find("cannot train in f16") != std::string::npos);
+  CHECK(msg16.find("adamw, gemm_ex, cast, scale_check_finite") != std::string::npos);
+}
+
+TEST_CASE("plugins of another ABI version are refused, naming both versions") {
+  CHECK(error_of<dt::ConfigError>([] { dt::Device::open("wrongver", kTestPlugins); })
+            .find("has ABI version 2, this dt needs ABI version 1 behind dt_hal_plugin_v1") !=
+        std::string::npos);
+  CHECK(error_of<dt::ConfigError>([] { dt::Device::open("v3only", kTestPlugins); })
+            .find("provides ABI version 3 (dt_hal_plugin_v3), this dt supports ABI versions 1 "
+                  "and 2") != std::string::npos);
+  CHECK(error_of<dt::ConfigError>([] { dt::Device::open("nosuch", kTestPlugins); })
+            .find("plugin libdt_hal_nosuch.so not found") != std::string::npos);
+  // A plugin that fails to open: its own message is part of dt's.
+  CHECK(error_of<dt::DeviceError>([] { dt::Device::open("v1only", kTestPlugins, 3); })
+            .find("open(3) failed (invalid argument): open: legacy test device has no index 3") !=
+        std::string::npos);
+}

@@ -1,0 +1,394 @@
+// Differential tests of the CPU device's version-2 entries (hal/dt_hal_v2.h) against float64
+// references written here: casts between f32, bf16 and f16 (bit-exact against a rounding done in
+// double with nearbyint), gemm_ex for every pairing of operand and result types (first-order
+// bound as in test_kernels.cpp: a float sum of K terms is within K u sum|terms|, doubled for
+// second-order terms; a 16-bit result adds half an ulp of its format), scale_check_finite
+// (bit-exact, plus the flag) and adamw_multi (bit-exact against the version-1 adamw, which
+// test_kernels.cpp checks against float64).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cpu_device.h"
+#include "dt/device.hpp"
+
+namespace {
+
+constexpr double kU = 0x1p-24;
+
+struct Dev2 {
+  const dt_hal_v2_t* t = dt_hal_cpu_v2();
+  void* ctx = nullptr;
+  Dev2() {
+    REQUIRE(t != nullptr);
+    REQUIRE(t->v1.api_version == DT_HAL_API_VERSION_2);
+    REQUIRE(t->v1.open(0, &ctx) == DT_HAL_OK);
+  }
+  ~Dev2() { t->v1.close(ctx); }
+  Dev2(const Dev2&) = delete;
+  Dev2& operator=(const Dev2&) = delete;
+  std::string err() const { return t->v1.last_error(ctx); }
+};
+
+struct Format {
+  int p;       // significand bits, the implicit one included
+  int emin;    // exponent of the smallest normal
+  int emax;    // exponent of the largest finite
+  int ebits;   // exponent field width
+};
+constexpr Format kBf16{8, -126, 127, 8};
+constexpr Format kF16{11, -14, 15, 5};
+
+// x rounded to the format, to nearest even, as a double (Inf beyond the range).
+double round_to(double x, const Format& f) {
+  if (std::isnan(x) || std::isinf(x) || x == 0) return x;
+  int k = 0;
+  std::frexp(x, &k);
+  const int e = std::max(k - 1, f.emin);
+  const double q = std::ldexp(1.0, e - (f.p - 1));
+  const double r = std::nearbyint(x / q) * q;
+  const double maxf = std::ldexp(2.0 - std::ldexp(1.0, 1 - f.p), f.emax);
+  if (std::fabs(r) > maxf) return std::copysign(INFINITY, x);
+  return r;
+}
+
+// Bits of a double that the format represents exactly (finite, or +-Inf).
+uint16_t encode(double x, const Format& f) {
+  const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  const int mbits = f.p - 1;
+  const uint16_t inf = static_cast<uint16_t>(((1u << f.ebits) - 1) << mbits);
+  if (std::isinf(x)) return sign | inf;
+  const double a = std::fabs(x);
+  if (a == 0) return sign;
+  int k = 0;
+  std::frexp(a, &k);
+  const int e = k - 1;
+  if (e < f.emin)  // subnormal: a = m * 2^(emin - mbits)
+    return sign | static_cast<uint16_t>(std::ldexp(a, -(f.emin - mbits)));
+  const int bias = (1 << (f.ebits - 1)) - 1;
+  const auto m = static_cast<uint16_t>(std::ldexp(a, mbits - e) - std::ldexp(1.0, mbits));
+  return sign | static_cast<uint16_t>((e + bias) << mbits) | m;
+}
+
+double decode(uint16_t h, const Format& f) {
+  const int mbits = f.p - 1;
+  const int bias = (1 << (f.ebits - 1)) - 1;
+  const int e = (h >> mbits) & ((1 << f.ebits) - 1);
+  const int m = h & ((1 << mbits) - 1);
+  const double s = (h & 0x8000) ? -1.0 : 1.0;
+  if (e == (1 << f.ebits) - 1) return m ? NAN : s * INFINITY;
+  if (e == 0) return s * std::ldexp(m, f.emin - mbits);
+  return s * std::ldexp(1.0 + std::ldexp(m, -mbits), e - bias);
+}
+
+bool is_nan16(uint16_t h, const Format& f) {
+  const int mbits = f.p - 1;
+  const int e = (h >> mbits) & ((1 << f.ebits) - 1);
+  return e == (1 << f.ebits) - 1 && (h & ((1 << mbits) - 1)) != 0;
+}
+
+float f_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint32_t u_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Floats that exercise every rounding path of both formats.
+std::vector<float> cast_inputs() {
+  std::mt19937 rng(7);
+  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f,
+                          1e30f, -3e38f, INFINITY, -INFINITY, NAN, -NAN,
+                          std::numeric_limits<float>::denorm_min(), 1e-40f, 0x1p-14f, 0x1p-24f,
+                          0x1p-25f, 0x1.8p-25f, 0x1p-26f, 0x1.ffcp-15f, 3.3895314e38f,
+                          f_of(0x3f808000u), f_of(0x3f818000u), f_of(0x3f80ffffu),
+                          f_of(0x7f7fffffu), f_of(0x7f7f8000u), f_of(0x3f801000u),
+                          f_of(0x3f803000u)};
+  std::uniform_int_distribution<uint32_t> bits;
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-30, 20);
+  for (int i = 0; i < 3000; ++i) v.push_back(std::ldexp(unit(rng), ex(rng)));
+  for (int i = 0; i < 3000; ++i) v.push_back(f_of(bits(rng)));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("v2 cast: f32 -> bf16 and f16 round to nearest even, bit-exact") {
+  Dev2 d;
+  const std::vector<float> in = cast_inputs();
+  const auto n = static_cast<int64_t>(in.size());
+  for (const auto& [type, fmt, label] :
+       {std::tuple{DT_HAL_BF16, kBf16, "bf16"}, std::tuple{DT_HAL_F16, kF16, "f16"}}) {
+    const char* fmt_name = label;
+    CAPTURE(fmt_name);
+    std::vector<uint16_t> out(in.size());
+    REQUIRE(d.t->cast(d.ctx, out.data(), type, in.data(), DT_HAL_F32, n) == DT_HAL_OK);
+    size_t bad = 0;
+    for (size_t i = 0; i < in.size(); ++i) {
+      const double x = in[i];
+      bool ok;
+      if (std::isnan(x))
+        ok = is_nan16(out[i], fmt) && ((out[i] & 0x8000) != 0) == std::signbit(x);
+      else
+        ok = out[i] == encode(round_to(x, fmt), fmt);
+      if (!ok && bad++ < 5)
+        FAIL_CHECK(fmt_name, ": input ", in[i], " (0x", std::hex, u_of(in[i]), ") gave 0x", out[i],
+                   ", reference 0x", encode(round_to(x, fmt), fmt), std::dec);
+    }
+    CHECK(bad == 0);
+    // Back to f32 is exact.
+    std::vector<float> back(in.size());
+    REQUIRE(d.t->cast(d.ctx, back.data(), DT_HAL_F32, out.data(), type, n) == DT_HAL_OK);
+    bad = 0;
+    for (size_t i = 0; i < in.size(); ++i) {
+      const double ref = decode(out[i], fmt);
+      const bool ok = std::isnan(ref) ? std::isnan(back[i])
+                                      : static_cast<double>(back[i]) == ref &&
+                                            std::signbit(back[i]) == ((out[i] & 0x8000) != 0);
+      if (!ok) ++bad;
+    }
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("v2 cast: bf16 <-> f16 rounds once, in place too") {
+  Dev2 d;
+  std::vector<uint16_t> h;
+  for (uint32_t b = 0; b < 65536; b += 3) h.push_back(static_cast<uint16_t>(b));
+  const auto n = static_cast<int64_t>(h.size());
+  for (const auto& [from, ff, to, tf] :
+       {std::tuple{DT_HAL_F16, kF16, DT_HAL_BF16, kBf16},
+        std::tuple{DT_HAL_BF16, kBf16, DT_HAL_F16, kF16}}) {
+    std::vector<uint16_t> out(h.size()), inplace = h;
+    REQUIRE(d.t->cast(d.ctx, out.data(), to, h.data(), from, n) == DT_HAL_OK);
+    REQUIRE(d.t->cast(d.ctx, inplace.data(), to, inplace.data(), from, n) == DT_HAL_OK);
+    size_t bad = 0;
+    for (size_t i = 0; i < h.size(); ++i) {
+      const double x = decode(h[i], ff);
+      const bool ok = std::isnan(x) ? is_nan16(out[i], tf) : out[i] == encode(round_to(x, tf), tf);
+      if (!ok || out[i] != inplace[i]) ++bad;
+    }
+    CHECK(bad == 0);
+  }
+  std::vector<uint16_t> same(h.size());
+  REQUIRE(d.t->cast(d.ctx, same.data(), DT_HAL_F16, h.data(), DT_HAL_F16, n) == DT_HAL_OK);
+  CHECK(same == h);
+  CHECK(d.t->cast(d.ctx, same.data(), static_cast<dt_hal_dtype>(7), h.data(), DT_HAL_F16, n) ==
+        DT_HAL_ERR_INVALID);
+  CHECK(d.err().find("unknown dtype") != std::string::npos);
+}
+
+TEST_CASE("v2 gemm_ex: every operand/result type pairing within the fp32-accumulation bound") {
+  Dev2 d;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  const dt_hal_dtype types[] = {DT_HAL_F32, DT_HAL_BF16, DT_HAL_F16};
+  const Format* fmts[] = {nullptr, &kBf16, &kF16};
+  const int64_t M = 7, N = 19, K = 37;  // K crosses OpenBLAS's inner blocks only a little
+  for (int ab = 0; ab < 3; ++ab)
+    for (int c = 0; c < 3; ++c)
+      for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb)
+          for (float beta : {0.0f, 0.75f}) {
+            CAPTURE(ab);
+            CAPTURE(c);
+            CAPTURE(ta);
+            CAPTURE(tb);
+            CAPTURE(beta);
+            const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+            const int64_t lda = ac + 3, ldb = bc + 1, ldc = N + 2;
+            // Values as the operand type holds them, and their exact doubles.
+            auto make = [&](int64_t rows, int64_t ld, int type, std::vector<double>& exact) {
+              std::vector<uint8_t> raw(static_cast<size_t>(rows * ld) * (type ? 2 : 4));
+              exact.assign(static_cast<size_t>(rows * ld), 0.0);
+              for (int64_t i = 0; i < rows * ld; ++i) {
+                const float x = u(rng);
+                if (type == 0) {
+                  std::memcpy(raw.data() + i * 4, &x, 4);
+                  exact[i] = x;
+                } else {
+                  const uint16_t h = encode(round_to(x, *fmts[type]), *fmts[type]);
+                  std::memcpy(raw.data() + i * 2, &h, 2);
+                  exact[i] = decode(h, *fmts[type]);
+                }
+              }
+              return raw;
+            };
+            std::vector<double> ea, eb, ec;
+            auto A = make(ar, lda, ab, ea);
+            auto B = make(br, ldb, ab, eb);
+            auto C = make(M, ldc, c, ec);
+            if (beta == 0.0f)  // beta = 0 must ignore C, NaN included
+              for (int64_t i = 0; i < M * ldc; ++i) {
+                const float q = NAN;
+                const uint16_t qh = 0x7e00;
+                if (c == 0)
+                  std::memcpy(C.data() + i * 4, &q, 4);
+                else
+                  std::memcpy(C.data() + i * 2, &qh, 2);
+              }
+            const float alpha = 1.25f;
+            REQUIRE_MESSAGE(d.t->gemm_ex(d.ctx, ta, tb, M, N, K, alpha, A.data(), lda, B.data(),
+                                         ldb, beta, C.data(), ldc, types[ab],
+                                         types[c]) == DT_HAL_OK,
+                            d.err());
+            size_t bad = 0;
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t j = 0; j < N; ++j) {
+                double ref = 0, mag = 0;
+                for (int64_t k = 0; k < K; ++k) {
+                  const double a = ta ? ea[k * lda + i] : ea[i * lda + k];
+                  const double b = tb ? eb[j * ldb + k] : eb[k * ldb + j];
+                  ref += a * b;
+                  mag += std::fabs(a * b);
+                }
+                ref *= alpha;
+                mag *= std::fabs(alpha);
+                if (beta != 0.0f) {
+                  ref += beta * ec[i * ldc + j];
+                  mag += std::fabs(beta * ec[i * ldc + j]);
+                }
+                double tol = 2.0 * (K + 3) * kU * mag;
+                double got;
+                if (c == 0) {
+                  float g;
+                  std::memcpy(&g, C.data() + (i * ldc + j) * 4, 4);
+                  got = g;
+                } else {
+                  uint16_t g;
+                  std::memcpy(&g, C.data() + (i * ldc + j) * 2, 2);
+                  got = decode(g, *fmts[c]);
+                  const double uc = std::ldexp(1.0, -fmts[c]->p);
+                  tol = tol * (1 + uc) + uc * std::fabs(ref) + std::ldexp(1.0, -25);
+                }
+                if (!(std::fabs(got - ref) <= tol) && bad++ < 3)
+                  FAIL_CHECK("C[", i, ",", j, "] = ", got, ", reference ", ref, ", tolerance ",
+                             tol);
+              }
+            CHECK(bad == 0);
+            // The padding between rows of C is left alone.
+            if (c != 0) {
+              uint16_t pad;
+              std::memcpy(&pad, C.data() + (0 * ldc + N) * 2, 2);
+              if (beta == 0.0f) CHECK(pad == 0x7e00);
+            }
+          }
+  CHECK(d.t->gemm_ex(d.ctx, 0, 0, 2, 2, 2, 1.0f, nullptr, 1, nullptr, 2, 0.0f, nullptr, 2,
+                     DT_HAL_BF16, DT_HAL_F32) == DT_HAL_ERR_INVALID);
+  CHECK(d.err().find("gemm_ex: lda = 1 < 2") != std::string::npos);
+}
+
+TEST_CASE("v2 scale_check_finite: exact products, the flag set by Inf, NaN and overflow only") {
+  Dev2 d;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-100.0f, 100.0f);
+  for (int64_t n : {int64_t{0}, int64_t{5}, int64_t{16}, int64_t{61}}) {
+    CAPTURE(n);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = u(rng);
+    const std::vector<float> x0 = x;
+    int32_t flag = 0;
+    REQUIRE(d.t->scale_check_finite(d.ctx, x.data(), n, 0.0078125f / 3, &flag) == DT_HAL_OK);
+    CHECK(flag == 0);
+    for (size_t i = 0; i < x.size(); ++i)
+      CHECK(x[i] == static_cast<float>(static_cast<double>(x0[i]) * (0.0078125f / 3)));
+    flag = 1;  // never cleared
+    REQUIRE(d.t->scale_check_finite(d.ctx, x.data(), n, 1.0f, &flag) == DT_HAL_OK);
+    CHECK(flag == 1);
+    if (n == 0) continue;
+    for (float bad : {INFINITY, -INFINITY, NAN, 3e38f}) {
+      for (int64_t pos : {int64_t{0}, n - 1}) {
+        std::vector<float> y = x0;
+        y[static_cast<size_t>(pos)] = bad;
+        flag = 0;
+        REQUIRE(d.t->scale_check_finite(d.ctx, y.data(), n, 2.0f, &flag) == DT_HAL_OK);
+        CHECK_MESSAGE(flag == 1, "value ", bad, " at ", pos);
+        CHECK(y[n > 1 && pos == 0 ? 1 : 0] == x0[n > 1 && pos == 0 ? 1 : 0] * 2.0f);
+      }
+    }
+  }
+  CHECK(d.t->scale_check_finite(d.ctx, nullptr, 0, 1.0f, nullptr) == DT_HAL_ERR_INVALID);
+  CHECK(d.err().find("found_inf is null") != std::string::npos);
+}
+
+TEST_CASE("v2 adamw_multi: the same bits as the version-1 adamw per tensor") {
+  Dev2 d;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const std::vector<int64_t> sizes = {17, 0, 40, 1};
+  const std::vector<float> wd = {0.1f, 0.1f, 0.0f, 0.3f};
+  std::vector<std::vector<float>> p, g, m, v;
+  for (int64_t s : sizes) {
+    auto r = [&] {
+      std::vector<float> x(static_cast<size_t>(s));
+      for (auto& e : x) e = u(rng);
+      return x;
+    };
+    p.push_back(r());
+    g.push_back(r());
+    m.push_back(r());
+    auto vv = r();
+    for (auto& e : vv) e = std::fabs(e);
+    v.push_back(vv);
+  }
+  auto p1 = p, m1 = m, v1 = v;
+  std::vector<float*> pp, mp, vp;
+  std::vector<const float*> gp;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    pp.push_back(p[k].data());
+    gp.push_back(g[k].data());
+    mp.push_back(m[k].data());
+    vp.push_back(v[k].data());
+  }
+  for (int64_t t = 1; t <= 3; ++t) {
+    REQUIRE(d.t->adamw_multi(d.ctx, 4, pp.data(), gp.data(), mp.data(), vp.data(), sizes.data(),
+                             wd.data(), 1e-2f, 0.9f, 0.95f, 1e-8f, t) == DT_HAL_OK);
+    for (size_t k = 0; k < sizes.size(); ++k)
+      REQUIRE(d.t->v1.adamw(d.ctx, p1[k].data(), g[k].data(), m1[k].data(), v1[k].data(),
+                            sizes[k], 1e-2f, 0.9f, 0.95f, 1e-8f, wd[k], t) == DT_HAL_OK);
+  }
+  CHECK(p == p1);
+  CHECK(m == m1);
+  CHECK(v == v1);
+  // A bad tensor is found before anything is written.
+  std::vector<int64_t> bad_sizes = sizes;
+  bad_sizes[2] = -1;
+  REQUIRE(d.t->adamw_multi(d.ctx, 4, pp.data(), gp.data(), mp.data(), vp.data(),
+                           bad_sizes.data(), wd.data(), 1e-2f, 0.9f, 0.95f, 1e-8f,
+                           4) == DT_HAL_ERR_INVALID);
+  CHECK(d.err().find("sizes[2] = -1") != std::string::npos);
+  CHECK(p == p1);
+  CHECK(d.t->adamw_multi(d.ctx, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1e-2f,
+                         0.9f, 0.95f, 1e-8f, 1) == DT_HAL_OK);
+}
+
+TEST_CASE("v2 through dt::Device: the built-in CPU has every training kernel in every dtype") {
+  dt::Device dev = dt::Device::open("cpu", "");
+  CHECK(dev.abi_version() == 2);
+  for (dt::DType t : {dt::DType::f32, dt::DType::bf16, dt::DType::f16}) {
+    CHECK(dt::missing_training_kernels(dev, t).empty());
+    CHECK_NOTHROW(dt::require_training_kernels(dev, t));
+  }
+  CHECK_THROWS_AS(dt::require_training_kernels(dev, dt::DType::i32), dt::InvalidArgument);
+  CHECK(dt::hal_dtype(dt::DType::bf16) == DT_HAL_BF16);
+  CHECK_THROWS_AS(dt::hal_dtype(dt::DType::f64), dt::InvalidArgument);
+  float x[3] = {1, 2, 3};
+  int32_t flag = 0;
+  dev.call(&dt_hal_v2_t::scale_check_finite, "scale_check_finite", x, int64_t{3}, 0.5f, &flag);
+  CHECK(x[2] == 1.5f);
+  CHECK(flag == 0);
+  CHECK(dev.describe().find("CPU") != std::string::npos);
+}
