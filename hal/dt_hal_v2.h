@@ -53,9 +53,9 @@ typedef struct dt_hal_v2 {
   /* C[M,N] = alpha * op(A) @ op(B) + beta * C as v1 gemm, with A and B of type ab_type and C of
    * type c_type (F32, BF16 or F16 each; any pairing). Products are accumulated in fp32 (at least),
    * alpha and beta applied in fp32, and C rounded once to c_type. */
-  int (*gemm_ex)(void* ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
-                 float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta,
-                 void* C, int64_t ldc, dt_hal_dtype ab_type, dt_hal_dtype c_type);
+  int (*gemm_ex)(void* ctx, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
+                 int64_t ldc, dt_hal_dtype ab_type, dt_hal_dtype c_type);
   /* out[i] = in[i] converted from in_type to out_type (equal types copy). Round to nearest even;
    * NaN stays NaN (quiet, sign kept); values beyond the target's range become +-Inf; fp16 keeps
    * subnormals. in and out must not overlap unless they are the same pointer of the same type. */

@@ -354,9 +354,9 @@ int cpu_set_threads(void* ctx, int threads) {
 
 // Argument checks of gemm and gemm_ex (messages start with fn). Sets *empty when there is nothing
 // to compute (M or N is 0).
-int check_gemm(void* ctx, const char* fn, int trans_a, int trans_b, int64_t M, int64_t N,
-               int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, const void* C,
-               int64_t ldc, bool* empty) {
+int check_gemm(void* ctx, const char* fn, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+               const void* A, int64_t lda, const void* B, int64_t ldb, const void* C, int64_t ldc,
+               bool* empty) {
   DT_HAL_TRY(need_ctx(ctx, fn));
   DT_HAL_TRY(need_nonneg(ctx, fn, "M", M));
   DT_HAL_TRY(need_nonneg(ctx, fn, "N", N));
@@ -382,8 +382,8 @@ int check_gemm(void* ctx, const char* fn, int trans_a, int trans_b, int64_t M, i
   constexpr int64_t kBlasMax = std::numeric_limits<blasint>::max();
   if (M > kBlasMax || N > kBlasMax || K > kBlasMax || lda > kBlasMax || ldb > kBlasMax ||
       ldc > kBlasMax)
-    return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": a size or leading dimension exceeds ",
-                kBlasMax, " (the BLAS integer)");
+    return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": a size or leading dimension exceeds ", kBlasMax,
+                " (the BLAS integer)");
   return DT_HAL_OK;
 }
 
@@ -1100,8 +1100,8 @@ DT_INLINE uint16_t f16_of(float f) {
   const uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t a = u & 0x7fffffffu;
   if (a >= 0x47800000u)  // 2^16 and up, Inf, NaN
-    return static_cast<uint16_t>(sign | (a > 0x7f800000u ? 0x7e00u | ((a >> 13) & 0x3ffu)
-                                                         : 0x7c00u));
+    return static_cast<uint16_t>(sign |
+                                 (a > 0x7f800000u ? 0x7e00u | ((a >> 13) & 0x3ffu) : 0x7c00u));
   if (a < 0x38800000u) {  // below 2^-14: the sum's low bits are the subnormal result
     const float denorm_magic = float_of(((127u - 15u) + (23u - 10u) + 1u) << 23);
     const float t = float_of(a) + denorm_magic;
@@ -1357,36 +1357,13 @@ int cpu_event_op(void* ctx, void* event) {
 }
 
 // The version-1 entries after api_version and name, in table order.
-#define DT_CPU_V1_ENTRIES \
-    cpu_open, \
-    cpu_close, \
-    cpu_last_error, \
-    cpu_device_count, \
-    cpu_alloc, \
-    cpu_release, \
-    cpu_copy, \
-    cpu_fill_zero, \
-    cpu_synchronize, \
-    cpu_set_threads, \
-    cpu_gemm, \
-    cpu_bias_add, \
-    cpu_bias_grad, \
-    cpu_add, \
-    cpu_scale, \
-    cpu_sum_squares, \
-    cpu_embedding_fwd, \
-    cpu_embedding_bwd, \
-    cpu_layernorm_fwd, \
-    cpu_layernorm_bwd, \
-    cpu_gelu_fwd, \
-    cpu_gelu_bwd, \
-    cpu_attention_fwd, \
-    cpu_attention_bwd, \
-    cpu_softmax_xent_fwd, \
-    cpu_softmax_xent_bwd, \
-    cpu_adamw, \
-    cpu_cast_f32_to_bf16, \
-    cpu_cast_bf16_to_f32
+#define DT_CPU_V1_ENTRIES                                                                     \
+  cpu_open, cpu_close, cpu_last_error, cpu_device_count, cpu_alloc, cpu_release, cpu_copy,    \
+      cpu_fill_zero, cpu_synchronize, cpu_set_threads, cpu_gemm, cpu_bias_add, cpu_bias_grad, \
+      cpu_add, cpu_scale, cpu_sum_squares, cpu_embedding_fwd, cpu_embedding_bwd,              \
+      cpu_layernorm_fwd, cpu_layernorm_bwd, cpu_gelu_fwd, cpu_gelu_bwd, cpu_attention_fwd,    \
+      cpu_attention_bwd, cpu_softmax_xent_fwd, cpu_softmax_xent_bwd, cpu_adamw,               \
+      cpu_cast_f32_to_bf16, cpu_cast_bf16_to_f32
 
 // The version-1 table (exported as dt_hal_plugin_v1 by the shared build, for dt builds that only
 // know version 1) and the version-2 table; they share every version-1 entry.

@@ -84,21 +84,21 @@ int fail(void* ctx, int status, const A&... parts) noexcept {
   } while (0)
 
 // A failed CUDA runtime call: DT_HAL_ERR_DEVICE naming the entry and the call.
-#define CU(ctx, fn, call)                                                                     \
-  do {                                                                                        \
-    const cudaError_t e_ = (call);                                                            \
-    if (e_ != cudaSuccess)                                                                    \
-      return fail(ctx, e_ == cudaErrorMemoryAllocation ? DT_HAL_ERR_NOMEM : DT_HAL_ERR_DEVICE, \
-                  fn, ": ", #call, ": ", cudaGetErrorString(e_));                             \
+#define CU(ctx, fn, call)                                                                          \
+  do {                                                                                             \
+    const cudaError_t e_ = (call);                                                                 \
+    if (e_ != cudaSuccess)                                                                         \
+      return fail(ctx, e_ == cudaErrorMemoryAllocation ? DT_HAL_ERR_NOMEM : DT_HAL_ERR_DEVICE, fn, \
+                  ": ", #call, ": ", cudaGetErrorString(e_));                                      \
   } while (0)
 
-#define CUBLAS(ctx, fn, call)                                                       \
-  do {                                                                              \
-    const cublasStatus_t s_ = (call);                                               \
-    if (s_ != CUBLAS_STATUS_SUCCESS)                                                \
-      return fail(ctx, s_ == CUBLAS_STATUS_NOT_SUPPORTED ? DT_HAL_ERR_UNSUPPORTED   \
-                                                         : DT_HAL_ERR_DEVICE,       \
-                  fn, ": ", #call, ": ", cublasGetStatusString(s_));                \
+#define CUBLAS(ctx, fn, call)                                                                     \
+  do {                                                                                            \
+    const cublasStatus_t s_ = (call);                                                             \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                              \
+      return fail(ctx,                                                                            \
+                  s_ == CUBLAS_STATUS_NOT_SUPPORTED ? DT_HAL_ERR_UNSUPPORTED : DT_HAL_ERR_DEVICE, \
+                  fn, ": ", #call, ": ", cublasGetStatusString(s_));                              \
   } while (0)
 
 // After a kernel launch.
@@ -149,8 +149,8 @@ __device__ inline uint16_t f16_of(float f) {
   const uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t a = u & 0x7fffffffu;
   if (a >= 0x47800000u)
-    return static_cast<uint16_t>(sign | (a > 0x7f800000u ? 0x7e00u | ((a >> 13) & 0x3ffu)
-                                                         : 0x7c00u));
+    return static_cast<uint16_t>(sign |
+                                 (a > 0x7f800000u ? 0x7e00u | ((a >> 13) & 0x3ffu) : 0x7c00u));
   if (a < 0x38800000u) {
     // Round to nearest even at 2^-24 explicitly (the CPU adds a magic float; the device must not
     // let the compiler contract or flush that addition).
@@ -239,8 +239,8 @@ int cuda_device_count(int* count) {
     return DT_HAL_OK;  // no usable GPU is an answer, not a failure
   }
   if (e != cudaSuccess)
-    return fail(nullptr, DT_HAL_ERR_DEVICE, "device_count: cudaGetDeviceCount: ",
-                cudaGetErrorString(e));
+    return fail(nullptr, DT_HAL_ERR_DEVICE,
+                "device_count: cudaGetDeviceCount: ", cudaGetErrorString(e));
   *count = n;
   return DT_HAL_OK;
 }
@@ -254,8 +254,8 @@ int cuda_open(int index, void** out) {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    return fail(nullptr, DT_HAL_ERR_DEVICE, "open: no usable CUDA device (cudaGetDeviceCount: ",
-                cudaGetErrorString(e), ")");
+    return fail(nullptr, DT_HAL_ERR_DEVICE,
+                "open: no usable CUDA device (cudaGetDeviceCount: ", cudaGetErrorString(e), ")");
   }
   if (index < 0 || index >= n)
     return fail(nullptr, DT_HAL_ERR_INVALID, "open: CUDA device index ", index,
@@ -270,7 +270,8 @@ int cuda_open(int index, void** out) {
     return DT_HAL_ERR_DEVICE;
   };
   cudaError_t ce;
-  if ((ce = cudaSetDevice(index)) != cudaSuccess) return bail("cudaSetDevice", cudaGetErrorString(ce));
+  if ((ce = cudaSetDevice(index)) != cudaSuccess)
+    return bail("cudaSetDevice", cudaGetErrorString(ce));
   if ((ce = cudaStreamCreateWithFlags(&c->own, cudaStreamNonBlocking)) != cudaSuccess)
     return bail("cudaStreamCreate", cudaGetErrorString(ce));
   c->stream = c->own;
@@ -315,8 +316,8 @@ int cuda_alloc(void* ctx, size_t bytes, void** ptr) {
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     *ptr = nullptr;
-    return fail(ctx, DT_HAL_ERR_NOMEM, "alloc: cudaMalloc of ", bytes, " bytes: ",
-                cudaGetErrorString(e));
+    return fail(ctx, DT_HAL_ERR_NOMEM, "alloc: cudaMalloc of ", bytes,
+                " bytes: ", cudaGetErrorString(e));
   }
   return DT_HAL_OK;
 }
@@ -392,7 +393,8 @@ int cuda_synchronize(void* ctx) {
   if (e.code != 0) {
     CU(ctx, "synchronize", cudaMemset(c->derr, 0, sizeof e));
     return fail(ctx, DT_HAL_ERR_INVALID, bad_entry(e.code), " ", e.value, " at position ",
-                e.position, " is outside [0, ", e.limit, ") (found on the device; that row was skipped)");
+                e.position, " is outside [0, ", e.limit,
+                ") (found on the device; that row was skipped)");
   }
   return DT_HAL_OK;
 }
@@ -407,8 +409,7 @@ int cuda_describe(void* ctx, char* buf, size_t len) {
   cudaRuntimeGetVersion(&rt);
   std::snprintf(buf, len, "%s, sm_%d%d, %.1f GiB, %d SMs, driver %d.%d, runtime %d.%d", p.name,
                 p.major, p.minor, static_cast<double>(p.totalGlobalMem) / (1u << 30),
-                p.multiProcessorCount, drv / 1000, (drv % 1000) / 10, rt / 1000,
-                (rt % 1000) / 10);
+                p.multiProcessorCount, drv / 1000, (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10);
   return DT_HAL_OK;
 }
 
@@ -416,8 +417,8 @@ int cuda_describe(void* ctx, char* buf, size_t len) {
 
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands and M/N.
 int check_gemm(void* ctx, const char* fn, int ta, int tb, int64_t M, int64_t N, int64_t K,
-               const void* A, int64_t lda, const void* B, int64_t ldb, const void* Cm,
-               int64_t ldc, bool* empty) {
+               const void* A, int64_t lda, const void* B, int64_t ldb, const void* Cm, int64_t ldc,
+               bool* empty) {
   DT_HAL_TRY(need_ctx(ctx, fn));
   DT_HAL_TRY(need_nonneg(ctx, fn, "M", M));
   DT_HAL_TRY(need_nonneg(ctx, fn, "N", N));
@@ -439,10 +440,9 @@ int check_gemm(void* ctx, const char* fn, int ta, int tb, int64_t M, int64_t N, 
     DT_HAL_TRY(need_ptr(ctx, fn, "B", B, K * N));
   }
   constexpr int64_t kIntMax = 2147483647;
-  if (M > kIntMax || N > kIntMax || K > kIntMax || lda > kIntMax || ldb > kIntMax ||
-      ldc > kIntMax)
-    return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": a size or leading dimension exceeds ",
-                kIntMax, " (cuBLAS's int)");
+  if (M > kIntMax || N > kIntMax || K > kIntMax || lda > kIntMax || ldb > kIntMax || ldc > kIntMax)
+    return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": a size or leading dimension exceeds ", kIntMax,
+                " (cuBLAS's int)");
   return DT_HAL_OK;
 }
 
@@ -516,8 +516,8 @@ int cuda_gemm_ex(void* ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, flo
     const size_t need = static_cast<size_t>(M * N) * sizeof(float);
     if (c->scratch_bytes < need) {
       if (capturing(c->stream))
-        return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": the first ", static_cast<int>(ab_type),
-                    "/", static_cast<int>(c_type),
+        return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": the first ", static_cast<int>(ab_type), "/",
+                    static_cast<int>(c_type),
                     " product of this size needs scratch memory, which cannot be allocated "
                     "while capturing a graph: run one step before capturing");
       cudaFree(c->scratch);
@@ -530,8 +530,8 @@ int cuda_gemm_ex(void* ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, flo
     ldo = N;
     otype = DT_HAL_F32;
     if (beta != 0.0f) {
-      widen_matrix_kernel<<<blocks_for(M * N), kThreads, 0, c->stream>>>(
-          static_cast<float*>(out), Cm, c_type, M, N, ldc);
+      widen_matrix_kernel<<<blocks_for(M * N), kThreads, 0, c->stream>>>(static_cast<float*>(out),
+                                                                         Cm, c_type, M, N, ldc);
       LAUNCHED(ctx, fn);
     }
   }
@@ -655,12 +655,12 @@ int cuda_sum_squares(void* ctx, const float* x, int64_t n, double* out) {
   Context* c = C(ctx);
   sum_squares_kernel<<<kSumBlocks, kThreads, 0, c->stream>>>(c->partials, x, n);
   LAUNCHED(ctx, fn);
-  sum_partials_kernel<<<1, 1024, 0, c->stream>>>(c->partials + kSumBlocks, c->partials,
-                                                   kSumBlocks);
+  sum_partials_kernel<<<1, 1024, 0, c->stream>>>(c->partials + kSumBlocks, c->partials, kSumBlocks);
   LAUNCHED(ctx, fn);
   // The result goes to the host: this entry waits for it.
-  CU(ctx, fn, cudaMemcpyAsync(out, c->partials + kSumBlocks, sizeof(double),
-                              cudaMemcpyDeviceToHost, c->stream));
+  CU(ctx, fn,
+     cudaMemcpyAsync(out, c->partials + kSumBlocks, sizeof(double), cudaMemcpyDeviceToHost,
+                     c->stream));
   CU(ctx, fn, cudaStreamSynchronize(c->stream));
   return DT_HAL_OK;
 }
@@ -806,9 +806,9 @@ __global__ void layernorm_bwd_dx_kernel(float* dinp, const float* dout, const fl
     dx[i] += (w[i] * d[i] - mg - (x[i] - m) * rs * mgx) * rs;
 }
 // dw += sum_n xh dout, db += sum_n dout (acc), column tiles as in column_sums_kernel.
-__global__ void layernorm_bwd_dwdb_kernel(float* dw, float* db, const float* dout,
-                                          const float* inp, const float* mean, const float* rstd,
-                                          int64_t N, int64_t Cc) {
+__global__ void layernorm_bwd_dwdb_kernel(float* dw, float* db, const float* dout, const float* inp,
+                                          const float* mean, const float* rstd, int64_t N,
+                                          int64_t Cc) {
   __shared__ float pw[32][33], pb[32][33];
   const int64_t col = blockIdx.x * 32 + threadIdx.x;
   float sw = 0.0f, sb = 0.0f;
@@ -972,11 +972,10 @@ int cuda_attention_fwd(void* ctx, float* out, float* att, const float* qkv, int6
   for (int64_t b = 0; b < B; ++b) {
     const float* q = qkv + b * T * C3;
     float* A = att + b * NH * TT;
-    DT_HAL_TRY(sgemm_rm(ctx, fn, 0, 1, T, T, hs, scale, q, C3, hs, q + Cc, C3, hs, 0.0f, A, T, TT,
-                        nh));
+    DT_HAL_TRY(
+        sgemm_rm(ctx, fn, 0, 1, T, T, hs, scale, q, C3, hs, q + Cc, C3, hs, 0.0f, A, T, TT, nh));
   }
-  causal_softmax_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, C(ctx)->stream>>>(att,
-                                                                                          T);
+  causal_softmax_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, C(ctx)->stream>>>(att, T);
   LAUNCHED(ctx, fn);
   for (int64_t b = 0; b < B; ++b) {
     const float* v = qkv + b * T * C3 + 2 * Cc;
@@ -1018,10 +1017,10 @@ int cuda_attention_bwd(void* ctx, float* dqkv, float* scratch, const float* dout
     const float* q = qkv + b * T * C3;
     const float* S = scratch + b * NH * TT;
     float* dq = dqkv + b * T * C3;
-    DT_HAL_TRY(sgemm_rm(ctx, fn, 0, 0, T, hs, T, 1.0f, S, T, TT, q + Cc, C3, hs, 1.0f, dq, C3, hs,
-                        nh));
-    DT_HAL_TRY(sgemm_rm(ctx, fn, 1, 0, T, hs, T, 1.0f, S, T, TT, q, C3, hs, 1.0f, dq + Cc, C3, hs,
-                        nh));
+    DT_HAL_TRY(
+        sgemm_rm(ctx, fn, 0, 0, T, hs, T, 1.0f, S, T, TT, q + Cc, C3, hs, 1.0f, dq, C3, hs, nh));
+    DT_HAL_TRY(
+        sgemm_rm(ctx, fn, 1, 0, T, hs, T, 1.0f, S, T, TT, q, C3, hs, 1.0f, dq + Cc, C3, hs, nh));
   }
   return DT_HAL_OK;
 }
@@ -1169,8 +1168,8 @@ __global__ void adamw_multi_kernel(MultiTensorArgs a, float lr, float b1, float 
                                    float inv_bc1, float inv_bc2) {
   const int k = blockIdx.y;
   const int64_t n = a.n[k];
-  GRID_STRIDE(i, n) adamw_one(a.p[k], a.g[k], a.m[k], a.v[k], i, lr, b1, b2, eps, a.wd[k], inv_bc1,
-                              inv_bc2);
+  GRID_STRIDE(i, n)
+  adamw_one(a.p[k], a.g[k], a.m[k], a.v[k], i, lr, b1, b2, eps, a.wd[k], inv_bc1, inv_bc2);
 }
 
 int cuda_adamw_multi(void* ctx, int count, float* const* params, const float* const* grads,
@@ -1233,8 +1232,9 @@ int cuda_cast(void* ctx, void* out, dt_hal_dtype out_type, const void* in, dt_ha
   if (n == 0) return DT_HAL_OK;
   if (in_type == out_type) {
     if (out != in)
-      CU(ctx, fn, cudaMemcpyAsync(out, in, static_cast<size_t>(n) * (in_type == DT_HAL_F32 ? 4 : 2),
-                                  cudaMemcpyDeviceToDevice, C(ctx)->stream));
+      CU(ctx, fn,
+         cudaMemcpyAsync(out, in, static_cast<size_t>(n) * (in_type == DT_HAL_F32 ? 4 : 2),
+                         cudaMemcpyDeviceToDevice, C(ctx)->stream));
     return DT_HAL_OK;
   }
   // Each element is read before it is written by the same thread: in == out (same size) is fine.

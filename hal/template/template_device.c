@@ -78,7 +78,8 @@ static const char* tpl_last_error(void* ctx) {
 static int tpl_alloc(void* ctx, size_t bytes, void** ptr) {
   if (!ctx || !ptr) return tpl_fail(ctx, DT_HAL_ERR_INVALID, "alloc: null argument");
   const size_t rounded = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
-  if (rounded < bytes) return tpl_fail(ctx, DT_HAL_ERR_NOMEM, "alloc: %zu bytes is too large", bytes);
+  if (rounded < bytes)
+    return tpl_fail(ctx, DT_HAL_ERR_NOMEM, "alloc: %zu bytes is too large", bytes);
   *ptr = aligned_alloc(64, rounded);
   if (!*ptr) return tpl_fail(ctx, DT_HAL_ERR_NOMEM, "alloc: out of memory for %zu bytes", bytes);
   return DT_HAL_OK;
@@ -95,7 +96,8 @@ static int tpl_copy(void* ctx, void* dst, const void* src, size_t bytes, dt_hal_
       kind != DT_HAL_DEVICE_TO_DEVICE)
     return tpl_fail(ctx, DT_HAL_ERR_INVALID, "copy: unknown copy kind %d", (int)kind);
   if (bytes == 0) return DT_HAL_OK;
-  if (!dst || !src) return tpl_fail(ctx, DT_HAL_ERR_INVALID, "copy: null pointer for %zu bytes", bytes);
+  if (!dst || !src)
+    return tpl_fail(ctx, DT_HAL_ERR_INVALID, "copy: null pointer for %zu bytes", bytes);
   memmove(dst, src, bytes);
   return DT_HAL_OK;
 }

@@ -91,21 +91,21 @@ bool overflow_anywhere(Comm& comm, bool local_found_inf, const CommOptions& opts
 
 // ---- implementation (header-only: nothing here needs more than the host) --------------------
 
-
 inline LossScaler::LossScaler(const LossScaleConfig& c) : cfg_(c) {
-  DT_CHECK(ConfigError, std::isfinite(c.initial) && c.initial > 0, "loss-scale.initial = ",
-           c.initial, " must be a finite number > 0");
+  DT_CHECK(ConfigError, std::isfinite(c.initial) && c.initial > 0,
+           "loss-scale.initial = ", c.initial, " must be a finite number > 0");
   DT_CHECK(ConfigError, c.growth_interval >= 1, "loss-scale.growth-interval = ", c.growth_interval,
            " must be >= 1");
   DT_CHECK(ConfigError, std::isfinite(c.growth_factor) && c.growth_factor > 1,
            "loss-scale.growth-factor = ", c.growth_factor, " must be > 1");
   DT_CHECK(ConfigError, c.backoff_factor > 0 && c.backoff_factor < 1,
            "loss-scale.backoff-factor = ", c.backoff_factor, " must lie in (0, 1)");
-  DT_CHECK(ConfigError, c.min_scale > 0 && c.min_scale <= c.initial, "loss-scale.min = ",
-           c.min_scale, " must be > 0 and <= loss-scale.initial = ", c.initial);
+  DT_CHECK(ConfigError, c.min_scale > 0 && c.min_scale <= c.initial,
+           "loss-scale.min = ", c.min_scale,
+           " must be > 0 and <= loss-scale.initial = ", c.initial);
   DT_CHECK(ConfigError, std::isfinite(c.max_scale) && c.max_scale >= c.initial,
-           "loss-scale.max = ", c.max_scale, " must be finite and >= loss-scale.initial = ",
-           c.initial);
+           "loss-scale.max = ", c.max_scale,
+           " must be finite and >= loss-scale.initial = ", c.initial);
   DT_CHECK(ConfigError, c.hysteresis >= 1, "loss-scale.hysteresis = ", c.hysteresis,
            " must be >= 1");
   scale_ = c.initial;
@@ -134,8 +134,8 @@ inline bool LossScaler::update(bool found_inf_anywhere) {
 
 inline void LossScaler::restore(const State& s) {
   DT_CHECK(ConfigError, s.scale >= cfg_.min_scale && s.scale <= cfg_.max_scale,
-           "loss scaler state: scale ", s.scale, " lies outside [loss-scale.min = ",
-           cfg_.min_scale, ", loss-scale.max = ", cfg_.max_scale, "]");
+           "loss scaler state: scale ", s.scale, " lies outside [loss-scale.min = ", cfg_.min_scale,
+           ", loss-scale.max = ", cfg_.max_scale, "]");
   DT_CHECK(ConfigError, s.growth_tracker >= 0 && s.growth_tracker < cfg_.growth_interval,
            "loss scaler state: ", s.growth_tracker,
            " clean steps in a row lies outside [0, loss-scale.growth-interval = ",
@@ -156,6 +156,5 @@ inline bool overflow_anywhere(Comm& comm, bool local_found_inf, const CommOption
   comm.all_reduce(view_of(&flag, 1), ReduceOp::max, opts);
   return flag != 0;
 }
-
 
 }  // namespace dt

@@ -16,22 +16,23 @@ namespace {
                              const std::string& name, const char* file, int line) {
   const char* last = ncclGetLastError(comm);
   throw CommError(std::string(call) + " failed on rank " + std::to_string(rank) + " of " + name +
-                      ": " + ncclGetErrorString(r) + (last && *last ? std::string(" (") + last + ")" : ""),
+                      ": " + ncclGetErrorString(r) +
+                      (last && *last ? std::string(" (") + last + ")" : ""),
                   file, line);
 }
-#define DT_NCCL(call, comm, rank, name)                                                     \
-  do {                                                                                      \
-    const ncclResult_t r_ = (call);                                                         \
+#define DT_NCCL(call, comm, rank, name)                                                       \
+  do {                                                                                        \
+    const ncclResult_t r_ = (call);                                                           \
     if (r_ != ncclSuccess) throw_nccl(r_, (comm), #call, (rank), (name), __FILE__, __LINE__); \
   } while (0)
 
-#define DT_CUDA(call, rank, name)                                                             \
-  do {                                                                                        \
-    const cudaError_t e_ = (call);                                                            \
-    if (e_ != cudaSuccess)                                                                    \
+#define DT_CUDA(call, rank, name)                                                               \
+  do {                                                                                          \
+    const cudaError_t e_ = (call);                                                              \
+    if (e_ != cudaSuccess)                                                                      \
       throw CommError(std::string(#call) + " failed on rank " + std::to_string(rank) + " of " + \
-                          (name) + ": " + cudaGetErrorString(e_),                             \
-                      __FILE__, __LINE__);                                                    \
+                          (name) + ": " + cudaGetErrorString(e_),                               \
+                      __FILE__, __LINE__);                                                      \
   } while (0)
 
 ncclDataType_t nccl_type(DType t) {
@@ -92,7 +93,11 @@ class NcclWork final : public WorkImpl {
  public:
   NcclWork(std::shared_ptr<NcclComm::State> s, cudaEvent_t ev, std::string desc, int rank,
            std::string comm)
-      : state_(std::move(s)), ev_(ev), desc_(std::move(desc)), comm_(std::move(comm)), rank_(rank) {}
+      : state_(std::move(s)),
+        ev_(ev),
+        desc_(std::move(desc)),
+        comm_(std::move(comm)),
+        rank_(rank) {}
   ~NcclWork() override {
     if (ev_) cudaEventDestroy(ev_);
   }
@@ -134,9 +139,9 @@ class NcclWork final : public WorkImpl {
  private:
   [[noreturn]] void fail(const std::string& why) {
     try {
-      throw CommError(desc_ + " failed on rank " + std::to_string(rank_) + " of " + comm_ + ": " +
-                          why,
-                      __FILE__, __LINE__);
+      throw CommError(
+          desc_ + " failed on rank " + std::to_string(rank_) + " of " + comm_ + ": " + why,
+          __FILE__, __LINE__);
     } catch (...) {
       error_ = std::current_exception();
       throw;
@@ -176,9 +181,9 @@ std::unique_ptr<NcclComm> NcclComm::create(MpiComm& bootstrap, int cuda_device, 
   }
   DT_MPI(MPI_Bcast(&ok, 1, MPI_INT, 0, bootstrap.handle()), rank, bootstrap.name());
   if (!ok)
-    throw CommError("ncclGetUniqueId failed on rank 0 of " + name +
-                        (why.empty() ? std::string() : ": " + why),
-                    __FILE__, __LINE__);
+    throw CommError(
+        "ncclGetUniqueId failed on rank 0 of " + name + (why.empty() ? std::string() : ": " + why),
+        __FILE__, __LINE__);
   DT_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, bootstrap.handle()), rank, bootstrap.name());
   auto state = std::make_shared<State>();
   DT_NCCL(ncclCommInitRank(&state->comm, size, id, rank), nullptr, rank, name);
@@ -237,8 +242,8 @@ Work NcclComm::iall_gather(ConstTensorView in, TensorView out) {
   DT_CHECK(InvalidArgument, in.dtype == out.dtype, "all_gather on ", name_, ": input is ",
            dtype_name(in.dtype), ", output is ", dtype_name(out.dtype));
   DT_CHECK(InvalidArgument, out.numel == in.numel * static_cast<std::size_t>(size_),
-           "all_gather on ", name_, ": output has ", out.numel, " elements, needs ", size_,
-           " x ", in.numel);
+           "all_gather on ", name_, ": output has ", out.numel, " elements, needs ", size_, " x ",
+           in.numel);
   auto s = static_cast<cudaStream_t>(stream_);
   return enqueue("all_gather", in, [&] {
     return ncclAllGather(in.data, out.data, in.numel, nccl_type(in.dtype), state_->comm, s);
@@ -249,8 +254,8 @@ Work NcclComm::ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) 
   DT_CHECK(InvalidArgument, in.dtype == out.dtype, "reduce_scatter on ", name_, ": input is ",
            dtype_name(in.dtype), ", output is ", dtype_name(out.dtype));
   DT_CHECK(InvalidArgument, in.numel == out.numel * static_cast<std::size_t>(size_),
-           "reduce_scatter on ", name_, ": input has ", in.numel, " elements, needs ", size_,
-           " x ", out.numel);
+           "reduce_scatter on ", name_, ": input has ", in.numel, " elements, needs ", size_, " x ",
+           out.numel);
   auto s = static_cast<cudaStream_t>(stream_);
   return enqueue("reduce_scatter", in, [&] {
     return ncclReduceScatter(in.data, out.data, out.numel, nccl_type(in.dtype), nccl_op(op),
@@ -300,9 +305,8 @@ std::unique_ptr<Comm> NcclComm::split(int color, int key) {
   DT_NCCL(ncclCommCount(sub, &n), sub, rank_, name_);
   DT_CUDA(cudaMalloc(&state->barrier_buf, sizeof(int)), rank_, name_);
   DT_CUDA(cudaMemset(state->barrier_buf, 0, sizeof(int)), rank_, name_);
-  return std::unique_ptr<Comm>(new NcclComm(std::move(state), r, n,
-                                            name_ + "/split(" + std::to_string(color) + ")",
-                                            stream_, device_));
+  return std::unique_ptr<Comm>(new NcclComm(
+      std::move(state), r, n, name_ + "/split(" + std::to_string(color) + ")", stream_, device_));
 }
 
 }  // namespace dt

@@ -97,13 +97,13 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
              ": ", dlerror());
     d.origin_ = found;
     // The newest version this dt knows first: a plugin may export several.
-    if (auto e2 = reinterpret_cast<dt_hal_plugin_v2_fn>(
-            dlsym(d.lib_->handle, DT_HAL_PLUGIN_V2_SYMBOL))) {
+    if (auto e2 =
+            reinterpret_cast<dt_hal_plugin_v2_fn>(dlsym(d.lib_->handle, DT_HAL_PLUGIN_V2_SYMBOL))) {
       const dt_hal_v2_t* t = e2();
       DT_CHECK(ConfigError, t != nullptr, "device '", name, "': plugin ", found,
                " returned no table from ", DT_HAL_PLUGIN_V2_SYMBOL);
-      DT_CHECK(ConfigError, t->v1.api_version == DT_HAL_API_VERSION_2, "device '", name, "': ",
-               found, " has ABI version ", t->v1.api_version, ", this dt needs ABI version ",
+      DT_CHECK(ConfigError, t->v1.api_version == DT_HAL_API_VERSION_2, "device '", name,
+               "': ", found, " has ABI version ", t->v1.api_version, ", this dt needs ABI version ",
                DT_HAL_API_VERSION_2, " behind ", DT_HAL_PLUGIN_V2_SYMBOL);
       d.table_ = *t;
       d.abi_version_ = DT_HAL_API_VERSION_2;
@@ -112,8 +112,8 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
       const dt_hal_v1_t* t = e1();
       DT_CHECK(ConfigError, t != nullptr, "device '", name, "': plugin ", found,
                " returned no table from ", DT_HAL_PLUGIN_V1_SYMBOL);
-      DT_CHECK(ConfigError, t->api_version == DT_HAL_API_VERSION_1, "device '", name, "': ",
-               found, " has ABI version ", t->api_version, ", this dt needs ABI version ",
+      DT_CHECK(ConfigError, t->api_version == DT_HAL_API_VERSION_1, "device '", name, "': ", found,
+               " has ABI version ", t->api_version, ", this dt needs ABI version ",
                DT_HAL_API_VERSION_1, " behind ", DT_HAL_PLUGIN_V1_SYMBOL);
       d.table_ = adapt_v1(*t);
       d.abi_version_ = DT_HAL_API_VERSION_1;
@@ -238,7 +238,8 @@ dt_hal_dtype hal_dtype(DType t) {
 }
 
 std::vector<std::string> missing_training_kernels(const Device& dev, DType compute) {
-  DT_CHECK(InvalidArgument, compute == DType::f32 || compute == DType::bf16 || compute == DType::f16,
+  DT_CHECK(InvalidArgument,
+           compute == DType::f32 || compute == DType::bf16 || compute == DType::f16,
            "training dtype ", dtype_name(compute), " is not one of f32, bf16, f16");
   const dt_hal_v2_t& t = dev.table2();
   const dt_hal_v1_t& v = t.v1;

@@ -53,8 +53,9 @@ void compare(const std::string& what, const std::vector<float>& got, const std::
   }
   char buf[256] = "";
   if (bad)
-    std::snprintf(buf, sizeof buf, "%zu of %zu outside tolerance; first [%zu]: cuda %.9g, cpu %.9g, tol %.3g",
-                  bad, got.size(), first, got[first], ref[first], tol(first));
+    std::snprintf(buf, sizeof buf,
+                  "%zu of %zu outside tolerance; first [%zu]: cuda %.9g, cpu %.9g, tol %.3g", bad,
+                  got.size(), first, got[first], ref[first], tol(first));
   report(what, bad == 0, buf);
 }
 void compare_rel(const std::string& what, const std::vector<float>& got,
@@ -119,8 +120,9 @@ void test_gemm(Rig& r) {
       auto dA = r.up(A), dB = r.up(B), dC = r.up(C0);
       r.gpu.call(&dt_hal_v1_t::gemm, "gemm", ta, tb, M, N, K, 0.5f, dA.as<const float>(), lda,
                  dB.as<const float>(), ldb, 1.0f, dC.as<float>(), N);
-      compare("gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb), r.down<float>(dC, M * N),
-              C, [&](std::size_t i) { return 2.0 * (K + 2) * kU * (0.5 * mag[i] + std::fabs(C0[i])); });
+      compare(
+          "gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb), r.down<float>(dC, M * N),
+          C, [&](std::size_t i) { return 2.0 * (K + 2) * kU * (0.5 * mag[i] + std::fabs(C0[i])); });
     }
   // gemm_ex: operands rounded to 16 bits on the CPU device first, so both see the same inputs.
   const dt_hal_dtype types[] = {DT_HAL_F32, DT_HAL_BF16, DT_HAL_F16};
@@ -148,17 +150,18 @@ void test_gemm(Rig& r) {
       auto dA = r.up(a16), dB = r.up(b16);
       dt::Device::Buffer dC(r.gpu, c16.size());
       r.gpu.call(&dt_hal_v2_t::gemm_ex, "gemm_ex", 0, 1, M, N, K, 1.0f,
-                 static_cast<const void*>(dA.get()), K, static_cast<const void*>(dB.get()), K,
-                 0.0f, dC.get(), N, types[ab], types[c]);
+                 static_cast<const void*>(dA.get()), K, static_cast<const void*>(dB.get()), K, 0.0f,
+                 dC.get(), N, types[ab], types[c]);
       auto got16 = r.down<std::uint8_t>(dC, c16.size());
       std::vector<float> got(M * N), ref(M * N);
       r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(got.data()), DT_HAL_F32,
                  static_cast<const void*>(got16.data()), types[c], M * N);
       r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(ref.data()), DT_HAL_F32,
                  static_cast<const void*>(c16.data()), types[c], M * N);
-      compare(std::string("gemm_ex ") + names[ab] + " -> " + names[c], got, ref, [&](std::size_t i) {
-        return 2.0 * (K + 2) * kU * mag[i] + ulp[c] * std::fabs(ref[i]) + 1e-30;
-      });
+      compare(std::string("gemm_ex ") + names[ab] + " -> " + names[c], got, ref,
+              [&](std::size_t i) {
+                return 2.0 * (K + 2) * kU * mag[i] + ulp[c] * std::fabs(ref[i]) + 1e-30;
+              });
     }
 }
 
@@ -167,14 +170,16 @@ void test_elementwise(Rig& r) {
   auto a = r.rand(n), b = r.rand(n), bias = r.rand(Cc);
   {
     auto out = a;
-    r.cpu.call(&dt_hal_v1_t::bias_add, "bias_add", out.data(), static_cast<const float*>(bias.data()), N, Cc);
+    r.cpu.call(&dt_hal_v1_t::bias_add, "bias_add", out.data(),
+               static_cast<const float*>(bias.data()), N, Cc);
     auto d = r.up(a), db = r.up(bias);
     r.gpu.call(&dt_hal_v1_t::bias_add, "bias_add", d.as<float>(), db.as<const float>(), N, Cc);
     compare_rel("bias_add", r.down<float>(d, n), out, 0, 0);
   }
   {
     auto g0 = r.rand(Cc), g = g0;
-    r.cpu.call(&dt_hal_v1_t::bias_grad, "bias_grad", g.data(), static_cast<const float*>(a.data()), N, Cc);
+    r.cpu.call(&dt_hal_v1_t::bias_grad, "bias_grad", g.data(), static_cast<const float*>(a.data()),
+               N, Cc);
     auto d = r.up(g0), da = r.up(a);
     r.gpu.call(&dt_hal_v1_t::bias_grad, "bias_grad", d.as<float>(), da.as<const float>(), N, Cc);
     compare_rel("bias_grad", r.down<float>(d, Cc), g, 2.0 * (N + 1) * kU * N, 0);
@@ -185,7 +190,8 @@ void test_elementwise(Rig& r) {
                static_cast<const float*>(b.data()), n);
     auto da = r.up(a), dbb = r.up(b);
     dt::Device::Buffer dout(r.gpu, n * 4);
-    r.gpu.call(&dt_hal_v1_t::add, "add", dout.as<float>(), da.as<const float>(), dbb.as<const float>(), n);
+    r.gpu.call(&dt_hal_v1_t::add, "add", dout.as<float>(), da.as<const float>(),
+               dbb.as<const float>(), n);
     compare_rel("add", r.down<float>(dout, n), out, 0, 0);
     auto x = a;
     r.cpu.call(&dt_hal_v1_t::scale, "scale", x.data(), 0.3f, n);
@@ -194,7 +200,8 @@ void test_elementwise(Rig& r) {
   }
   {
     double s_cpu = 0, s_gpu = 0;
-    r.cpu.call(&dt_hal_v1_t::sum_squares, "sum_squares", static_cast<const float*>(a.data()), n, &s_cpu);
+    r.cpu.call(&dt_hal_v1_t::sum_squares, "sum_squares", static_cast<const float*>(a.data()), n,
+               &s_cpu);
     auto da = r.up(a);
     r.gpu.call(&dt_hal_v1_t::sum_squares, "sum_squares", da.as<const float>(), n, &s_gpu);
     report("sum_squares", std::fabs(s_cpu - s_gpu) <= 1e-12 * s_cpu,
@@ -203,7 +210,8 @@ void test_elementwise(Rig& r) {
   {
     auto x = r.rand(n, -6, 6);
     std::vector<float> y(n);
-    r.cpu.call(&dt_hal_v1_t::gelu_fwd, "gelu_fwd", y.data(), static_cast<const float*>(x.data()), n);
+    r.cpu.call(&dt_hal_v1_t::gelu_fwd, "gelu_fwd", y.data(), static_cast<const float*>(x.data()),
+               n);
     auto dx = r.up(x);
     dt::Device::Buffer dy(r.gpu, n * 4);
     r.gpu.call(&dt_hal_v1_t::gelu_fwd, "gelu_fwd", dy.as<float>(), dx.as<const float>(), n);
@@ -212,7 +220,8 @@ void test_elementwise(Rig& r) {
     r.cpu.call(&dt_hal_v1_t::gelu_bwd, "gelu_bwd", g.data(), static_cast<const float*>(x.data()),
                static_cast<const float*>(dout.data()), n);
     auto dg = r.up(g0), dd = r.up(dout);
-    r.gpu.call(&dt_hal_v1_t::gelu_bwd, "gelu_bwd", dg.as<float>(), dx.as<const float>(), dd.as<const float>(), n);
+    r.gpu.call(&dt_hal_v1_t::gelu_bwd, "gelu_bwd", dg.as<float>(), dx.as<const float>(),
+               dd.as<const float>(), n);
     compare_rel("gelu_bwd", r.down<float>(dg, n), g, 1e-6, 1e-5);
   }
 }
@@ -224,22 +233,26 @@ void test_layers(Rig& r) {
   for (auto& t : tok) t = static_cast<std::int32_t>(r.rng() % V);
   auto wte = r.rand(V * Cc), wpe = r.rand(T * Cc);
   std::vector<float> emb(BT * Cc);
-  r.cpu.call(&dt_hal_v1_t::embedding_fwd, "embedding_fwd", emb.data(), static_cast<const std::int32_t*>(tok.data()),
-             static_cast<const float*>(wte.data()), static_cast<const float*>(wpe.data()), B, T, Cc, V);
+  r.cpu.call(&dt_hal_v1_t::embedding_fwd, "embedding_fwd", emb.data(),
+             static_cast<const std::int32_t*>(tok.data()), static_cast<const float*>(wte.data()),
+             static_cast<const float*>(wpe.data()), B, T, Cc, V);
   auto dtok = r.up(tok), dwte = r.up(wte), dwpe = r.up(wpe);
   dt::Device::Buffer demb(r.gpu, BT * Cc * 4);
-  r.gpu.call(&dt_hal_v1_t::embedding_fwd, "embedding_fwd", demb.as<float>(), dtok.as<const std::int32_t>(),
-             dwte.as<const float>(), dwpe.as<const float>(), B, T, Cc, V);
+  r.gpu.call(&dt_hal_v1_t::embedding_fwd, "embedding_fwd", demb.as<float>(),
+             dtok.as<const std::int32_t>(), dwte.as<const float>(), dwpe.as<const float>(), B, T,
+             Cc, V);
   compare_rel("embedding_fwd", r.down<float>(demb, BT * Cc), emb, 0, 0);
   {
     auto dout = r.rand(BT * Cc), gte0 = r.rand(V * Cc), gpe0 = r.rand(T * Cc);
     auto gte = gte0, gpe = gpe0;
     r.cpu.call(&dt_hal_v1_t::embedding_bwd, "embedding_bwd", gte.data(), gpe.data(),
-               static_cast<const float*>(dout.data()), static_cast<const std::int32_t*>(tok.data()), B, T, Cc);
+               static_cast<const float*>(dout.data()), static_cast<const std::int32_t*>(tok.data()),
+               B, T, Cc);
     auto dd = r.up(dout), dgte = r.up(gte0), dgpe = r.up(gpe0);
     r.gpu.call(&dt_hal_v1_t::embedding_bwd, "embedding_bwd", dgte.as<float>(), dgpe.as<float>(),
                dd.as<const float>(), dtok.as<const std::int32_t>(), B, T, Cc);
-    compare_rel("embedding_bwd dwte", r.down<float>(dgte, V * Cc), gte, 4.0 * BT * kU * (BT + 1), 0);
+    compare_rel("embedding_bwd dwte", r.down<float>(dgte, V * Cc), gte, 4.0 * BT * kU * (BT + 1),
+                0);
     compare_rel("embedding_bwd dwpe", r.down<float>(dgpe, T * Cc), gpe, 4.0 * B * kU * (B + 1), 0);
   }
   // A bad token is reported by the next synchronize, naming it.
@@ -247,16 +260,19 @@ void test_layers(Rig& r) {
     auto bad = tok;
     bad[5] = 999;
     auto dbad = r.up(bad);
-    r.gpu.call(&dt_hal_v1_t::embedding_fwd, "embedding_fwd", demb.as<float>(), dbad.as<const std::int32_t>(),
-               dwte.as<const float>(), dwpe.as<const float>(), B, T, Cc, V);
+    r.gpu.call(&dt_hal_v1_t::embedding_fwd, "embedding_fwd", demb.as<float>(),
+               dbad.as<const std::int32_t>(), dwte.as<const float>(), dwpe.as<const float>(), B, T,
+               Cc, V);
     std::string msg;
     try {
       r.gpu.call(&dt_hal_v1_t::synchronize, "synchronize");
     } catch (const dt::DeviceError& e) {
       msg = e.message();
     }
-    report("embedding_fwd reports a bad token at synchronize",
-           msg.find("embedding_fwd: token 999 at position 5 is outside [0, 67)") != std::string::npos, msg);
+    report(
+        "embedding_fwd reports a bad token at synchronize",
+        msg.find("embedding_fwd: token 999 at position 5 is outside [0, 67)") != std::string::npos,
+        msg);
   }
   // LayerNorm.
   {
@@ -267,8 +283,9 @@ void test_layers(Rig& r) {
                static_cast<const float*>(bb.data()), BT, Cc);
     auto dx = r.up(x), dw = r.up(w), db = r.up(bb);
     dt::Device::Buffer dy(r.gpu, BT * Cc * 4), dm(r.gpu, BT * 4), dr(r.gpu, BT * 4);
-    r.gpu.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", dy.as<float>(), dm.as<float>(), dr.as<float>(),
-               dx.as<const float>(), dw.as<const float>(), db.as<const float>(), BT, Cc);
+    r.gpu.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", dy.as<float>(), dm.as<float>(),
+               dr.as<float>(), dx.as<const float>(), dw.as<const float>(), db.as<const float>(), BT,
+               Cc);
     const double tol = 4.0 * (Cc + 2) * kU;
     compare_rel("layernorm_fwd out", r.down<float>(dy, BT * Cc), y, 8 * tol, 8 * tol);
     compare_rel("layernorm_fwd mean", r.down<float>(dm, BT), mean, 3 * tol, tol);
@@ -281,8 +298,8 @@ void test_layers(Rig& r) {
                static_cast<const float*>(rstd.data()), BT, Cc);
     auto ddo = r.up(dout), dgx = r.up(gx0), dgw = r.up(gw0), dgb = r.up(gb0), dmean = r.up(mean),
          drstd = r.up(rstd);
-    r.gpu.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", dgx.as<float>(), dgw.as<float>(), dgb.as<float>(),
-               ddo.as<const float>(), dx.as<const float>(), dw.as<const float>(),
+    r.gpu.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", dgx.as<float>(), dgw.as<float>(),
+               dgb.as<float>(), ddo.as<const float>(), dx.as<const float>(), dw.as<const float>(),
                dmean.as<const float>(), drstd.as<const float>(), BT, Cc);
     compare_rel("layernorm_bwd dinp", r.down<float>(dgx, BT * Cc), gx, 16 * tol, 8 * tol);
     const double ctol = 4.0 * (BT + 2) * kU * BT * 3;
@@ -320,21 +337,22 @@ void test_layers(Rig& r) {
     for (auto& t : tgt) t = static_cast<std::int32_t>(r.rng() % V);
     std::vector<float> loss(N), probs(N * V);
     r.cpu.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", loss.data(), probs.data(),
-               static_cast<const float*>(logits.data()), static_cast<const std::int32_t*>(tgt.data()), N, V);
+               static_cast<const float*>(logits.data()),
+               static_cast<const std::int32_t*>(tgt.data()), N, V);
     auto dl = r.up(logits), dt_ = r.up(tgt);
     dt::Device::Buffer dloss(r.gpu, N * 4), dprobs(r.gpu, N * V * 4);
-    r.gpu.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", dloss.as<float>(), dprobs.as<float>(),
-               dl.as<const float>(), dt_.as<const std::int32_t>(), N, V);
+    r.gpu.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", dloss.as<float>(),
+               dprobs.as<float>(), dl.as<const float>(), dt_.as<const std::int32_t>(), N, V);
     compare_rel("softmax_xent_fwd losses", r.down<float>(dloss, N), loss, 1e-5, 1e-5);
     compare_rel("softmax_xent_fwd probs", r.down<float>(dprobs, N * V), probs, 1e-9, 1e-5);
     std::vector<float> dlog(N * V);
     r.cpu.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dlog.data(),
-               static_cast<const float*>(probs.data()), static_cast<const std::int32_t*>(tgt.data()),
-               1.0f / N, N, V);
+               static_cast<const float*>(probs.data()),
+               static_cast<const std::int32_t*>(tgt.data()), 1.0f / N, N, V);
     auto dp = r.up(probs);
     dt::Device::Buffer dd(r.gpu, N * V * 4);
-    r.gpu.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dd.as<float>(), dp.as<const float>(),
-               dt_.as<const std::int32_t>(), 1.0f / N, N, V);
+    r.gpu.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dd.as<float>(),
+               dp.as<const float>(), dt_.as<const std::int32_t>(), 1.0f / N, N, V);
     compare_rel("softmax_xent_bwd", r.down<float>(dd, N * V), dlog, 0, 2 * kU);
   }
 }
@@ -346,8 +364,8 @@ void test_optim_and_mixed(Rig& r) {
     auto pc = p, mc = m, vc = v;
     auto dp = r.up(p), dg = r.up(g), dm = r.up(m), dv = r.up(v);
     for (int64_t t = 1; t <= 3; ++t) {
-      r.cpu.call(&dt_hal_v1_t::adamw, "adamw", pc.data(), static_cast<const float*>(g.data()), mc.data(),
-                 vc.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+      r.cpu.call(&dt_hal_v1_t::adamw, "adamw", pc.data(), static_cast<const float*>(g.data()),
+                 mc.data(), vc.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
       r.gpu.call(&dt_hal_v1_t::adamw, "adamw", dp.as<float>(), dg.as<const float>(), dm.as<float>(),
                  dv.as<float>(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
     }
@@ -386,14 +404,16 @@ void test_optim_and_mixed(Rig& r) {
       gv.push_back(dV[k].as<float>());
     }
     const int count = static_cast<int>(sizes.size());
-    r.cpu.call(&dt_hal_v2_t::adamw_multi, "adamw_multi", count, static_cast<float* const*>(cp.data()),
-               static_cast<const float* const*>(cg.data()), static_cast<float* const*>(cm.data()),
-               static_cast<float* const*>(cv.data()), static_cast<const int64_t*>(sizes.data()),
-               static_cast<const float*>(wd.data()), 1e-2f, 0.9f, 0.95f, 1e-8f, int64_t{5});
-    r.gpu.call(&dt_hal_v2_t::adamw_multi, "adamw_multi", count, static_cast<float* const*>(gp.data()),
-               static_cast<const float* const*>(gg.data()), static_cast<float* const*>(gm.data()),
-               static_cast<float* const*>(gv.data()), static_cast<const int64_t*>(sizes.data()),
-               static_cast<const float*>(wd.data()), 1e-2f, 0.9f, 0.95f, 1e-8f, int64_t{5});
+    r.cpu.call(&dt_hal_v2_t::adamw_multi, "adamw_multi", count,
+               static_cast<float* const*>(cp.data()), static_cast<const float* const*>(cg.data()),
+               static_cast<float* const*>(cm.data()), static_cast<float* const*>(cv.data()),
+               static_cast<const int64_t*>(sizes.data()), static_cast<const float*>(wd.data()),
+               1e-2f, 0.9f, 0.95f, 1e-8f, int64_t{5});
+    r.gpu.call(&dt_hal_v2_t::adamw_multi, "adamw_multi", count,
+               static_cast<float* const*>(gp.data()), static_cast<const float* const*>(gg.data()),
+               static_cast<float* const*>(gm.data()), static_cast<float* const*>(gv.data()),
+               static_cast<const int64_t*>(sizes.data()), static_cast<const float*>(wd.data()),
+               1e-2f, 0.9f, 0.95f, 1e-8f, int64_t{5});
     std::vector<float> all_c, all_g;
     for (std::size_t k = 0; k < sizes.size(); ++k) {
       auto got = r.down<float>(dP[k], sizes[k]);
@@ -420,11 +440,13 @@ void test_optim_and_mixed(Rig& r) {
         r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(ref.data()), to, src, from,
                    static_cast<int64_t>(n2));
         dt::Device::Buffer din(r.gpu, n2 * (f32in ? 4 : 2)), dout(r.gpu, n2 * ob);
-        r.gpu.call(&dt_hal_v1_t::copy, "copy", din.get(), src, n2 * (f32in ? 4 : 2), DT_HAL_HOST_TO_DEVICE);
-        r.gpu.call(&dt_hal_v2_t::cast, "cast", dout.get(), to, static_cast<const void*>(din.get()), from,
-                   static_cast<int64_t>(n2));
+        r.gpu.call(&dt_hal_v1_t::copy, "copy", din.get(), src, n2 * (f32in ? 4 : 2),
+                   DT_HAL_HOST_TO_DEVICE);
+        r.gpu.call(&dt_hal_v2_t::cast, "cast", dout.get(), to, static_cast<const void*>(din.get()),
+                   from, static_cast<int64_t>(n2));
         auto got = r.down<std::uint8_t>(dout, n2 * ob);
-        report("cast " + std::to_string(from) + " -> " + std::to_string(to) + " bit-exact", got == ref);
+        report("cast " + std::to_string(from) + " -> " + std::to_string(to) + " bit-exact",
+               got == ref);
       }
   }
   // scale_check_finite: bit-exact, and the flag.
@@ -464,7 +486,8 @@ void test_streams_graphs(Rig& r) {
   r.gpu.call(&dt_hal_v2_t::set_stream, "set_stream", s);
   r.gpu.call(&dt_hal_v2_t::graph_begin, "graph_begin");
   r.gpu.call(&dt_hal_v1_t::scale, "scale", da.as<float>(), 0.5f, n);
-  r.gpu.call(&dt_hal_v1_t::add, "add", da.as<float>(), da.as<const float>(), db.as<const float>(), n);
+  r.gpu.call(&dt_hal_v1_t::add, "add", da.as<float>(), da.as<const float>(), db.as<const float>(),
+             n);
   void* graph = nullptr;
   r.gpu.call(&dt_hal_v2_t::graph_end, "graph_end", &graph);
   r.gpu.call(&dt_hal_v2_t::graph_launch, "graph_launch", graph);

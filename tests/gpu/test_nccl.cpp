@@ -28,7 +28,9 @@ struct DevVec {
   ~DevVec() { cudaFree(p); }
   DevVec(const DevVec&) = delete;
   DevVec& operator=(const DevVec&) = delete;
-  void put(const std::vector<T>& v) { cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice); }
+  void put(const std::vector<T>& v) {
+    cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice);
+  }
   std::vector<T> get() const {
     std::vector<T> v(n);
     cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
@@ -81,8 +83,10 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>((rank + 1) * (i % 7));
       DevVec<float> d(n);
       const float tri = static_cast<float>(size * (size + 1) / 2);
-      for (auto [op, name] : {std::pair{dt::ReduceOp::sum, "sum"}, {dt::ReduceOp::avg, "avg"},
-                              {dt::ReduceOp::max, "max"}, {dt::ReduceOp::min, "min"}}) {
+      for (auto [op, name] : {std::pair{dt::ReduceOp::sum, "sum"},
+                              {dt::ReduceOp::avg, "avg"},
+                              {dt::ReduceOp::max, "max"},
+                              {dt::ReduceOp::min, "min"}}) {
         d.put(x);
         nc->all_reduce(d.view(), op);
         const auto got = d.get();
@@ -106,7 +110,8 @@ int main(int argc, char** argv) {
       DevVec<dt::bf16> db(n);
       db.put(xb);
       nc->all_reduce(db.view(), dt::ReduceOp::sum);
-      h.expect(static_cast<float>(db.get()[7]) == static_cast<float>(size), "all_reduce bf16 sum", "");
+      h.expect(static_cast<float>(db.get()[7]) == static_cast<float>(size), "all_reduce bf16 sum",
+               "");
     }
     // Stream order: a copy enqueued on the same stream after the non-blocking all_reduce sees it.
     {

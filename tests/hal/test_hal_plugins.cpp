@@ -42,8 +42,8 @@ TEST_CASE("a version-2 plugin: the CPU device as a shared library matches the bu
     auto& c = d == &shared ? c1 : c2;
     d->call(&dt_hal_v2_t::gemm_ex, "gemm_ex", 0, 0, std::int64_t{6}, std::int64_t{4},
             std::int64_t{5}, 1.0f, static_cast<const void*>(a.data()), std::int64_t{5},
-            static_cast<const void*>(b.data()), std::int64_t{4}, 0.0f,
-            static_cast<void*>(c.data()), std::int64_t{4}, DT_HAL_BF16, DT_HAL_F16);
+            static_cast<const void*>(b.data()), std::int64_t{4}, 0.0f, static_cast<void*>(c.data()),
+            std::int64_t{4}, DT_HAL_BF16, DT_HAL_F16);
   }
   CHECK(c1 == c2);
 }
@@ -65,8 +65,7 @@ TEST_CASE("a version-1 plugin loads through the adapter and lacks every version-
         }).find("add failed (invalid argument): add: n = -1 is negative") != std::string::npos);
   int32_t flag = 0;
   const std::string missing = error_of<dt::DeviceError>([&] {
-    d.call(&dt_hal_v2_t::scale_check_finite, "scale_check_finite", x, std::int64_t{4}, 1.0f,
-           &flag);
+    d.call(&dt_hal_v2_t::scale_check_finite, "scale_check_finite", x, std::int64_t{4}, 1.0f, &flag);
   });
   CHECK(missing.find("device 'v1only'") != std::string::npos);
   CHECK(missing.find("does not provide scale_check_finite") != std::string::npos);
@@ -88,13 +87,14 @@ TEST_CASE("the template NPU plugin loads, describes itself and is refused for tr
   CHECK(x[2] == 6.0f);
   const std::vector<std::string> lacks = dt::missing_training_kernels(d, dt::DType::f32);
   const std::vector<std::string> want = {
-      "gemm",          "bias_add",      "bias_grad",        "sum_squares",     "embedding_fwd",
-      "embedding_bwd", "layernorm_fwd", "layernorm_bwd",    "gelu_fwd",        "gelu_bwd",
+      "gemm",          "bias_add",      "bias_grad",        "sum_squares",      "embedding_fwd",
+      "embedding_bwd", "layernorm_fwd", "layernorm_bwd",    "gelu_fwd",         "gelu_bwd",
       "attention_fwd", "attention_bwd", "softmax_xent_fwd", "softmax_xent_bwd", "adamw"};
   CHECK(lacks == want);
   const std::string msg =
       error_of<dt::ConfigError>([&] { dt::require_training_kernels(d, dt::DType::f32); });
-  CHECK(msg.find("device 'template' (" + kPlugins + "/libdt_hal_template.so, ABI version 2) "
+  CHECK(msg.find("device 'template' (" + kPlugins +
+                 "/libdt_hal_template.so, ABI version 2) "
                  "cannot train in f32: it lacks the kernels gemm, bias_add, bias_grad, "
                  "sum_squares, embedding_fwd, embedding_bwd, layernorm_fwd, layernorm_bwd, "
                  "gelu_fwd, gelu_bwd, attention_fwd, attention_bwd, softmax_xent_fwd, "
@@ -106,16 +106,19 @@ TEST_CASE("the template NPU plugin loads, describes itself and is refused for tr
 }
 
 TEST_CASE("plugins of another ABI version are refused, naming both versions") {
-  CHECK(error_of<dt::ConfigError>([] { dt::Device::open("wrongver", kTestPlugins); })
-            .find("has ABI version 2, this dt needs ABI version 1 behind dt_hal_plugin_v1") !=
+  CHECK(error_of<dt::ConfigError>([] {
+          dt::Device::open("wrongver", kTestPlugins);
+        }).find("has ABI version 2, this dt needs ABI version 1 behind dt_hal_plugin_v1") !=
         std::string::npos);
   CHECK(error_of<dt::ConfigError>([] { dt::Device::open("v3only", kTestPlugins); })
             .find("provides ABI version 3 (dt_hal_plugin_v3), this dt supports ABI versions 1 "
                   "and 2") != std::string::npos);
-  CHECK(error_of<dt::ConfigError>([] { dt::Device::open("nosuch", kTestPlugins); })
-            .find("plugin libdt_hal_nosuch.so not found") != std::string::npos);
+  CHECK(error_of<dt::ConfigError>([] {
+          dt::Device::open("nosuch", kTestPlugins);
+        }).find("plugin libdt_hal_nosuch.so not found") != std::string::npos);
   // A plugin that fails to open: its own message is part of dt's.
-  CHECK(error_of<dt::DeviceError>([] { dt::Device::open("v1only", kTestPlugins, 3); })
-            .find("open(3) failed (invalid argument): open: legacy test device has no index 3") !=
+  CHECK(error_of<dt::DeviceError>([] {
+          dt::Device::open("v1only", kTestPlugins, 3);
+        }).find("open(3) failed (invalid argument): open: legacy test device has no index 3") !=
         std::string::npos);
 }

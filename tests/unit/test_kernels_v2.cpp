@@ -39,10 +39,10 @@ struct Dev2 {
 };
 
 struct Format {
-  int p;       // significand bits, the implicit one included
-  int emin;    // exponent of the smallest normal
-  int emax;    // exponent of the largest finite
-  int ebits;   // exponent field width
+  int p;      // significand bits, the implicit one included
+  int emin;   // exponent of the smallest normal
+  int emax;   // exponent of the largest finite
+  int ebits;  // exponent field width
 };
 constexpr Format kBf16{8, -126, 127, 8};
 constexpr Format kF16{11, -14, 15, 5};
@@ -109,12 +109,35 @@ uint32_t u_of(float f) {
 // Floats that exercise every rounding path of both formats.
 std::vector<float> cast_inputs() {
   std::mt19937 rng(7);
-  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f,
-                          1e30f, -3e38f, INFINITY, -INFINITY, NAN, -NAN,
-                          std::numeric_limits<float>::denorm_min(), 1e-40f, 0x1p-14f, 0x1p-24f,
-                          0x1p-25f, 0x1.8p-25f, 0x1p-26f, 0x1.ffcp-15f, 3.3895314e38f,
-                          f_of(0x3f808000u), f_of(0x3f818000u), f_of(0x3f80ffffu),
-                          f_of(0x7f7fffffu), f_of(0x7f7f8000u), f_of(0x3f801000u),
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          65504.0f,
+                          65519.99f,
+                          65520.0f,
+                          -65520.0f,
+                          1e30f,
+                          -3e38f,
+                          INFINITY,
+                          -INFINITY,
+                          NAN,
+                          -NAN,
+                          std::numeric_limits<float>::denorm_min(),
+                          1e-40f,
+                          0x1p-14f,
+                          0x1p-24f,
+                          0x1p-25f,
+                          0x1.8p-25f,
+                          0x1p-26f,
+                          0x1.ffcp-15f,
+                          3.3895314e38f,
+                          f_of(0x3f808000u),
+                          f_of(0x3f818000u),
+                          f_of(0x3f80ffffu),
+                          f_of(0x7f7fffffu),
+                          f_of(0x7f7f8000u),
+                          f_of(0x3f801000u),
                           f_of(0x3f803000u)};
   std::uniform_int_distribution<uint32_t> bits;
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
@@ -169,9 +192,8 @@ TEST_CASE("v2 cast: bf16 <-> f16 rounds once, in place too") {
   std::vector<uint16_t> h;
   for (uint32_t b = 0; b < 65536; b += 3) h.push_back(static_cast<uint16_t>(b));
   const auto n = static_cast<int64_t>(h.size());
-  for (const auto& [from, ff, to, tf] :
-       {std::tuple{DT_HAL_F16, kF16, DT_HAL_BF16, kBf16},
-        std::tuple{DT_HAL_BF16, kBf16, DT_HAL_F16, kF16}}) {
+  for (const auto& [from, ff, to, tf] : {std::tuple{DT_HAL_F16, kF16, DT_HAL_BF16, kBf16},
+                                         std::tuple{DT_HAL_BF16, kBf16, DT_HAL_F16, kF16}}) {
     std::vector<uint16_t> out(h.size()), inplace = h;
     REQUIRE(d.t->cast(d.ctx, out.data(), to, h.data(), from, n) == DT_HAL_OK);
     REQUIRE(d.t->cast(d.ctx, inplace.data(), to, inplace.data(), from, n) == DT_HAL_OK);
@@ -241,10 +263,10 @@ TEST_CASE("v2 gemm_ex: every operand/result type pairing within the fp32-accumul
                   std::memcpy(C.data() + i * 2, &qh, 2);
               }
             const float alpha = 1.25f;
-            REQUIRE_MESSAGE(d.t->gemm_ex(d.ctx, ta, tb, M, N, K, alpha, A.data(), lda, B.data(),
-                                         ldb, beta, C.data(), ldc, types[ab],
-                                         types[c]) == DT_HAL_OK,
-                            d.err());
+            REQUIRE_MESSAGE(
+                d.t->gemm_ex(d.ctx, ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta,
+                             C.data(), ldc, types[ab], types[c]) == DT_HAL_OK,
+                d.err());
             size_t bad = 0;
             for (int64_t i = 0; i < M; ++i)
               for (int64_t j = 0; j < N; ++j) {
@@ -357,8 +379,8 @@ TEST_CASE("v2 adamw_multi: the same bits as the version-1 adamw per tensor") {
     REQUIRE(d.t->adamw_multi(d.ctx, 4, pp.data(), gp.data(), mp.data(), vp.data(), sizes.data(),
                              wd.data(), 1e-2f, 0.9f, 0.95f, 1e-8f, t) == DT_HAL_OK);
     for (size_t k = 0; k < sizes.size(); ++k)
-      REQUIRE(d.t->v1.adamw(d.ctx, p1[k].data(), g[k].data(), m1[k].data(), v1[k].data(),
-                            sizes[k], 1e-2f, 0.9f, 0.95f, 1e-8f, wd[k], t) == DT_HAL_OK);
+      REQUIRE(d.t->v1.adamw(d.ctx, p1[k].data(), g[k].data(), m1[k].data(), v1[k].data(), sizes[k],
+                            1e-2f, 0.9f, 0.95f, 1e-8f, wd[k], t) == DT_HAL_OK);
   }
   CHECK(p == p1);
   CHECK(m == m1);
@@ -366,9 +388,8 @@ TEST_CASE("v2 adamw_multi: the same bits as the version-1 adamw per tensor") {
   // A bad tensor is found before anything is written.
   std::vector<int64_t> bad_sizes = sizes;
   bad_sizes[2] = -1;
-  REQUIRE(d.t->adamw_multi(d.ctx, 4, pp.data(), gp.data(), mp.data(), vp.data(),
-                           bad_sizes.data(), wd.data(), 1e-2f, 0.9f, 0.95f, 1e-8f,
-                           4) == DT_HAL_ERR_INVALID);
+  REQUIRE(d.t->adamw_multi(d.ctx, 4, pp.data(), gp.data(), mp.data(), vp.data(), bad_sizes.data(),
+                           wd.data(), 1e-2f, 0.9f, 0.95f, 1e-8f, 4) == DT_HAL_ERR_INVALID);
   CHECK(d.err().find("sizes[2] = -1") != std::string::npos);
   CHECK(p == p1);
   CHECK(d.t->adamw_multi(d.ctx, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1e-2f,
