@@ -44,7 +44,9 @@ struct MeshCoord {
 void check_layout(const Layout& l, int world, const GptConfig& model, std::int64_t batch);
 
 /// Mesh coordinates of every world rank (index = world rank) for `sites` (index = world rank):
-/// ranks sorted by (node, numa, local rank, rank), then filled tp fastest, pp, dp.
+/// ranks sorted by (node, numa, local rank, rank) and cut into TP groups, each node giving as many
+/// whole groups as it holds (the remaining ranks of all nodes form the last groups, which span
+/// nodes); groups then fill pp, then dp.
 std::vector<MeshCoord> place(const Layout& l, const std::vector<RankSite>& sites);
 
 /// Text lines naming each TP group's ranks and nodes; a group spread over several nodes (the node

@@ -36,8 +36,10 @@ std::string format_bytes(double b) {
   char buf[32];
   if (b >= 1024.0 * 1024 * 1024)
     std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
-  else
+  else if (b >= 1024.0 * 1024)
     std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
   return buf;
 }
 
@@ -88,6 +90,12 @@ Plan build(const PlanRequest& r, Layout l) {
   for (int s = 0; s < l.pp; ++s)
     p.memory.push_back(graph::estimate_memory(p.stage(s), p.in_flight(s)));
   return p;
+}
+
+int worst_stage(const Plan& p) {
+  int s = 0;
+  worst(p, &s);
+  return s;
 }
 
 std::string memory_text(const Plan& p, int stage) {
@@ -145,7 +153,7 @@ Plan make_plan(const PlanRequest& r) {
            r.ranks_per_node, " ranks per node for tensor parallelism");
   DT_CHECK(ConfigError, !fits.empty(), "option --parallel.auto: no layout fits --mem.limit=",
            format_bytes(r.mem_limit), "; the smallest, ", smallest.layout.str(), ", needs ",
-           memory_text(smallest, 0), " per rank");
+           memory_text(smallest, worst_stage(smallest)), " per rank");
   // Most data parallelism first (least communication per step), then tensor parallelism inside a
   // node before pipeline stages (no bubble).
   std::stable_sort(fits.begin(), fits.end(), [](const Plan& a, const Plan& b) {

@@ -39,9 +39,24 @@ std::vector<MeshCoord> place(const Layout& l, const std::vector<RankSite>& sites
     if (x.numa != y.numa) return x.numa < y.numa;
     return x.local_rank < y.local_rank;
   });
+  // Whole TP groups from each node first (in node order); the ranks a node cannot fill a group
+  // with are grouped last, and only those groups span nodes.
+  std::vector<int> grouped, rest;
+  for (std::size_t i = 0; i < order.size();) {
+    std::size_t j = i;
+    const int node = sites[static_cast<std::size_t>(order[i])].node;
+    while (j < order.size() && sites[static_cast<std::size_t>(order[j])].node == node) ++j;
+    const std::size_t whole = (j - i) / static_cast<std::size_t>(l.tp) * static_cast<std::size_t>(l.tp);
+    grouped.insert(grouped.end(), order.begin() + static_cast<std::ptrdiff_t>(i),
+                   order.begin() + static_cast<std::ptrdiff_t>(i + whole));
+    rest.insert(rest.end(), order.begin() + static_cast<std::ptrdiff_t>(i + whole),
+                order.begin() + static_cast<std::ptrdiff_t>(j));
+    i = j;
+  }
+  grouped.insert(grouped.end(), rest.begin(), rest.end());
   std::vector<MeshCoord> c(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) {
-    MeshCoord& m = c[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])];
+    MeshCoord& m = c[static_cast<std::size_t>(grouped[static_cast<std::size_t>(i)])];
     m.tp = i % l.tp;
     m.pp = (i / l.tp) % l.pp;
     m.dp = i / (l.tp * l.pp);

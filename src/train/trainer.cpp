@@ -886,10 +886,11 @@ int Trainer::run() {
                 ps.back().offset + ps.back().numel, c_.model.layers, c_.model.heads, c_.model.embd, T,
                 c_.model.vocab);
     std::printf(
-        "dt_train: %d ranks (%s), global batch %ld x %d tokens, micro-batch %ld, %ld steps, "
-        "device %s (%s)\n",
-        comm_.size(), plan_->layout.str().c_str(), static_cast<long>(c_.batch), T, static_cast<long>(micro_),
-        static_cast<long>(c_.steps), dev_.name().c_str(), dev_.origin().c_str());
+        "dt_train: %d ranks, global batch %ld x %d tokens, micro-batch %ld, %ld steps, "
+        "device %s (%s), layout %s\n",
+        comm_.size(), static_cast<long>(c_.batch), T, static_cast<long>(micro_),
+        static_cast<long>(c_.steps), dev_.name().c_str(), dev_.origin().c_str(),
+        plan_->layout.str().c_str());
     std::printf("dt_train: data %s (%s, %zu tokens: %zu train, %zu val)\n", c_.data_path.c_str(),
                 data_.format.c_str(), data_.size(), split_.train.size(), split_.val.size());
     if (!plan_->why.empty()) std::printf("dt_train: %s\n", plan_->why.c_str());

@@ -25,7 +25,7 @@ steplog same A.jsonl R1.jsonl 5 8 1e-5
 train R4 4 --train.steps=8 --parallel.pp=2 --ckpt.resume="$WORK/D/step-4.h5" --ckpt.dir=E4 \
   --train.log-file=R4.jsonl
 expect_rc R4 0
-expect_line R4 "ranks \(dp=2 tp=1 pp=2\)"
+expect_line R4 "layout dp=2 tp=1 pp=2$"
 steplog steps R4.jsonl 5 8
 steplog same A.jsonl R4.jsonl 5 8 1e-5
 

@@ -896,12 +896,11 @@ TEST_CASE("placement: TP groups inside a node and a NUMA domain; spans flagged")
   CHECK_THROWS_AS(dt::place(dt::Layout{2, 2, 1}, sites_of({0, 0, 1}, {})), dt::InvalidArgument);
 }
 
-TEST_CASE("placement of uneven nodes: a node that can hold a TP group gets one" * doctest::skip()) {
+TEST_CASE("placement of uneven nodes: a node that can hold a TP group gets one") {
   // Nodes of 1, 2 and 1 ranks (node = 0, 1, 1, 2), tp = 2, dp = 2. Node 1 has room for a whole
   // TP group, so at most one group needs to span nodes; describe_placement promises that a group
-  // is flagged only when "the node sizes leave no other choice". Skipped: place() fills the
-  // (node, numa, local rank) order tp-fastest, giving groups {0, 1} and {2, 3}, both across
-  // nodes, and describe_placement says "no node has room for 2".
+  // is flagged only when "the node sizes leave no other choice" (filling the sorted order
+  // tp-fastest would give groups {0, 1} and {2, 3}, both across nodes).
   const auto s = sites_of({0, 1, 1, 2}, {});
   const dt::Layout l{2, 2, 1};
   const auto c = dt::place(l, s);
@@ -1137,11 +1136,9 @@ TEST_CASE("plan make_plan: mem.limit refuses an explicit layout and steers the a
 
 TEST_CASE(
     "plan make_plan: with no layout under mem.limit, the message gives the smallest "
-    "layout's need on its worst stage" *
-    doctest::skip()) {
+    "layout's need on its worst stage") {
   // A large vocabulary and long sequences put most memory on the last stage (the head's logits
   // and probabilities), so the worst stage of the pp = 2 layout is stage 1, not stage 0.
-  // Skipped: make_plan reports memory_text(smallest, 0), stage 0's 0.4 MiB instead of 1.9 MiB.
   dt::PlanRequest r;
   r.model.vocab = 2048;
   r.model.block = 64;
