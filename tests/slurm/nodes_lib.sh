@@ -3,6 +3,25 @@
 # `scripts/slurm-local up --nodes 2` in STATE_DIR/cluster (its own folder, ports, munge and
 # names, so it runs beside the one-node cluster of the other Slurm tests).
 export DT_SLURM_DIR=$STATE/cluster
+# A rank that crashes leaves a core file in the job's folder (WORK; sbatch and srun pass the limit
+# on), and show_cores prints its backtrace: UCX's own handler would print only its own frames.
+ulimit -c unlimited 2>/dev/null || true
+export UCX_HANDLE_ERRORS=none
+
+# show_cores: the backtrace of every core file in WORK (renamed so it is shown once), by gdb.
+show_cores() {
+  local c exe
+  for c in "$WORK"/core "$WORK"/core.[0-9]*; do
+    [ -f "$c" ] || continue
+    exe=$(file "$c" | sed -n "s/.*execfn: '\([^']*\)'.*/\1/p")
+    echo "=== a process crashed: $(file -b "$c" | cut -c1-200)"
+    if command -v gdb >/dev/null && [ -n "$exe" ]; then
+      timeout 120 gdb -batch -ex "thread apply all bt 30" "$exe" "$c" 2>&1 |
+        grep -E '^(#|Thread|Program terminated)' | head -n 80 | sed 's/^/    /'
+    fi
+    mv "$c" "$c.shown.$RANDOM"
+  done
+}
 
 # need_nodes N: need_cluster on the multi-node cluster, which has N nodes; NODE1..N in NODES_LIST.
 need_nodes() {
@@ -47,6 +66,7 @@ job_script() {
   JOB_END=$(wait_ended "$JOB")
   echo "=== $name: job $JOB ended $JOB_END, exit code $(job_field "$JOB" ExitCode)"
   sed 's/^/    /' "$WORK/$name.out" 2>/dev/null
+  show_cores
 }
 
 # nodes_healthy: every node up and not drained (a failing prolog or epilog drains it).

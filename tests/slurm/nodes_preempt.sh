@@ -33,6 +33,7 @@ scontrol update JobId="$JOB" NumNodes=1-1 NumCPUs=2 NumTasks=2 ||
   fail "scontrol update NumNodes=1-1 NumCPUs=2 NumTasks=2"
 scontrol release "$JOB" || fail "scontrol release $JOB"
 expect_end P "$JOB" COMPLETED
+show_cores
 [ "$(job_field "$JOB" Restarts)" = 1 ] || fail "P: $(job_field "$JOB" Restarts) restarts, expected 1"
 [ "$(job_field "$JOB" ExitCode)" = "0:0" ] || fail "P: exit code $(job_field "$JOB" ExitCode)"
 
