@@ -5,7 +5,8 @@
 // Exit codes: 0 done; 2 bad options, config, data or checkpoint (refused before training starts);
 // 3 a rank failed during training (the job is aborted so that no rank hangs); 4 the hang watchdog
 // found a collective stuck longer than comm.timeout-s (it names the missing ranks); 75 drained on
-// SIGUSR1/SIGTERM after writing a checkpoint (requeue the job; it resumes from that checkpoint).
+// SIGUSR1/SIGTERM after writing a checkpoint (requeue the job; it resumes from that checkpoint);
+// 5 a sealed message failed authentication (security.seal: the rank names the peer and sequence).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "dt/device.hpp"
 #include "dt/qos.hpp"
 #include "dt/runtime.hpp"
+#include "dt/security.hpp"
 #include "dt/trace.hpp"
 #include "dt/train.hpp"
 #include "dt/watchdog.hpp"
@@ -118,6 +120,9 @@ int main(int argc, char** argv) {
     return 2;
   try {
     return trainer->run();
+  } catch (const dt::SecurityError& e) {
+    dt::trace::write_noexcept();
+    dt::security::abort_job(e);  // a message failed authentication: no rank goes on (exit 5)
   } catch (const dt::Error& e) {
     std::fprintf(stderr, "dt_train: rank %d: %s\n", rt.rank(), e.what());
     dt::trace::write_noexcept();  // the timeline up to the failure

@@ -101,6 +101,13 @@ struct TrainConfig {
   double loss_scale_min = 1;
   std::int64_t test_inject_inf_rank = -1;  ///< testing only: this rank's gradient gets an Inf
   std::int64_t test_inject_inf_step = 2;   ///< ... at this step
+  // security (include/dt/security.hpp)
+  std::string seal = "off";         ///< off | p2p (pipeline messages) | all (and collectives)
+  std::string key_file;             ///< 32-byte job key, owner-only permissions
+  bool seal_exempt_node_local = false;  ///< traffic inside a node's shared memory stays plain
+  bool ckpt_encrypt = false;        ///< checkpoints encrypted at rest with the job key
+  std::string test_tamper = "none"; ///< testing only: flip:N | replay:N | reorder:N
+  std::int64_t test_tamper_rank = -1;  ///< testing only: the rank whose sends are tampered with
 };
 
 /// Exit code of a run that drained on SIGUSR1/SIGTERM after writing a checkpoint: job scripts
@@ -132,6 +139,11 @@ struct StepStats {
 
 class GradBuckets;
 class LossScaler;
+namespace security {
+class Keys;
+struct SealedCommOptions;
+struct Tamper;
+}  // namespace security
 class StageEngine;
 struct Plan;
 
@@ -207,6 +219,11 @@ class Trainer {
   std::vector<char> counted_;      // per local parameter: counted once in the global norm
   std::vector<char> owner_;        // per local parameter: this rank's copy goes to checkpoints
   std::vector<float> full_state_;  // global parameters and moments (checkpoints, sampling)
+  // Security: the job's keys and the sealed communicators (seal=all).
+  std::unique_ptr<security::Keys> keys_;
+  std::unique_ptr<Comm> sealed_world_, sealed_tp_, sealed_tied_;
+  /// The communicator of the trainer's own collectives (sealed with seal=all).
+  Comm& coll() { return sealed_world_ ? *sealed_world_ : comm_; }
   // Mixed precision: fp32 master weights; the model computes with their rounding to c_.dtype.
   std::unique_ptr<LossScaler> scaler_;
   Device::Buffer master_;
@@ -220,7 +237,8 @@ class Trainer {
   std::int64_t pipe_steps_ = 0;
   /// Rank 0 prints the measured pipeline bubble against 1F1B theory. Collective.
   void report_bubble();
-  void setup_engine();
+  void setup_engine(const security::SealedCommOptions& sealed, const security::Tamper& tamper,
+                    bool tamper_collectives);
   /// One step's forward and backward passes on the 1F1B schedule; returns this rank's loss sum.
   double pipeline_step(float scale);
   /// Assembles the global state from every rank's shards into full_state_. Collective.

@@ -74,9 +74,12 @@ double simulate_1f1b(int stages, int micro, double tf, double tb) {
 // ---------------------------------------------------------------------------------------------
 
 namespace {
-constexpr int kTagMicro = 1024;  // micro-batch numbers wrap in tags (messages stay ordered)
-int tag_of(const Node& n, int micro, bool backward) {
-  return ((micro % kTagMicro) * 16 + static_cast<int>(n.attr("edge") % 16)) * 2 + (backward ? 1 : 0);
+// One tag per pipeline edge and direction: both ends send and receive the micro-batches of an
+// edge in the same (increasing) order, and messages with the same (source, tag) are never
+// overtaken, so the order itself pairs them (and a sealed transport's sequence check sees any
+// message out of that order).
+int tag_of(const Node& n, bool backward) {
+  return static_cast<int>(n.attr("edge") % 4096) * 2 + (backward ? 1 : 0);
 }
 }  // namespace
 
@@ -353,13 +356,13 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
       const float* x = act(n.in[0]);
       m.fwd_sends[us] = comms_.p2p->isend(
           ConstTensorView{x, static_cast<std::size_t>(BT * width(n.in[0])), DType::f32},
-          comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))], tag_of(n, micro, false));
+          comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))], tag_of(n, false));
     } else if (n.op == "recv") {
       const trace::Scope s("recv", "pipeline", "micro-batch", micro);
       const WaitClock clock(m.wait_s);
       comms_.p2p->recv(view_of(act(n.out[0]), static_cast<std::size_t>(BT * width(n.out[0]))),
                        comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))],
-                       tag_of(n, micro, false));
+                       tag_of(n, false));
     } else {
       DT_THROW(InvalidArgument, "node ", n.name, ": the engine cannot run op '", n.op, "'");
     }
@@ -464,7 +467,7 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
       m.bwd_sends.push_back(comms_.p2p->isend(
           ConstTensorView{grad(n.out[0]), static_cast<std::size_t>(BT * width(n.out[0])),
                           DType::f32},
-          comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))], tag_of(n, micro, true)));
+          comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))], tag_of(n, true)));
     } else if (n.op == "send") {
       const trace::Scope s("recv", "pipeline", "micro-batch", micro);
       const std::int64_t cnt = BT * width(n.in[0]);
@@ -473,7 +476,7 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
         const WaitClock clock(m.wait_s);
         comms_.p2p->recv(view_of(tmp, static_cast<std::size_t>(cnt)),
                          comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))],
-                         tag_of(n, micro, true));
+                         tag_of(n, true));
       }
       dev_.call(&dt_hal_v1_t::add, "add", grad(n.in[0]), static_cast<const float*>(grad(n.in[0])),
                 static_cast<const float*>(tmp), cnt);

@@ -13,6 +13,7 @@
 #include "comm/shm_comm.hpp"
 #include "dt/loss_scale.hpp"
 #include "dt/p2p.hpp"
+#include "dt/security.hpp"
 #include "dt/train.hpp"
 #include "dt/trace.hpp"
 #include "dt/watchdog.hpp"
@@ -193,6 +194,23 @@ void add_train_options(Options& o, TrainConfig& c) {
            -1L, 1L << 30)
       .add("test.inject-inf-step", &c.test_inject_inf_step, 2,
            "testing only: see test.inject-inf-rank", 0L, 1L << 40)
+      .add("security.seal", &c.seal, "off",
+           "AES-256-GCM sealing of tensor traffic: off; p2p (pipeline activations and their "
+           "gradients); all (also every collective: dt's own algorithms decrypt, reduce and "
+           "re-encrypt at each hop)",
+           {"off", "p2p", "all"})
+      .add("security.key-file", &c.key_file, "",
+           "32-byte job key (owned by the job's user, no group or other permissions; distribute "
+           "it with sbcast); needed by security.seal and ckpt.encrypt")
+      .add("security.exempt-node-local", &c.seal_exempt_node_local, false,
+           "traffic between ranks of one node (shared memory) stays unsealed")
+      .add("ckpt.encrypt", &c.ckpt_encrypt, false,
+           "encrypt checkpoints at rest (AES-256-GCM per chunk) with the job key")
+      .add("test.tamper", &c.test_tamper, "none",
+           "testing only: test.tamper-rank alters its sealed messages: flip:N (one bit of message "
+           "N), replay:N, reorder:N")
+      .add("test.tamper-rank", &c.test_tamper_rank, -1L, "testing only: see test.tamper", -1L,
+           1L << 30)
       .add("test.simulated-placement", &c.test_sim_placement, "block",
            "testing only: how test.simulated-nodes maps ranks to nodes for placement: block "
            "(consecutive ranks) or cyclic (round robin, as srun --distribution=cyclic)",
@@ -233,6 +251,14 @@ TokenFile validate_and_load(TrainConfig& c) {
            " pipeline stages are more than the ", c.model.layers,
            " layers of the model (--model.layers); each stage needs at least one layer");
   parse_bytes(c.mem_limit, "mem.limit");
+  security::parse_tamper(c.test_tamper, "test.tamper");
+  if (c.seal != "off" || c.ckpt_encrypt) {
+    DT_CHECK(ConfigError, !c.key_file.empty(), "option --security.key-file is required by ",
+             c.seal != "off" ? "--security.seal=" + c.seal : std::string("--ckpt.encrypt"));
+    security::load_key_file(c.key_file);  // refused here, naming the file and its mode
+  }
+  DT_CHECK(ConfigError, !(c.ckpt_encrypt && c.ckpt_async),
+           "option --ckpt.encrypt: encrypted checkpoints are written blocking; drop --ckpt.async");
   DT_CHECK(ConfigError, c.optim.min_lr <= c.optim.lr, "option --optim.min-lr: ", c.optim.min_lr,
            " is above --optim.lr=", c.optim.lr);
   if (c.optim.decay_steps == 0) c.optim.decay_steps = c.steps;
@@ -308,6 +334,19 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   const bool graph_engine = L.tp > 1 || L.pp > 1 || c_.par_engine == "graph";
   if (graph_engine || c_.print_plan) mesh_ = std::make_unique<DeviceMesh>(comm_, L, sites);
   if (c_.print_plan) return;  // nothing is allocated: print_plan() is all this trainer does
+  if (c_.seal != "off" || c_.ckpt_encrypt)
+    keys_ = std::make_unique<security::Keys>(security::load_key_file(c_.key_file),
+                                             security::slurm_job_id());
+  security::SealedCommOptions sealed;
+  sealed.p2p = c_.p2p;
+  sealed.exempt_node_local = c_.seal_exempt_node_local;
+  sealed.simulated_nodes = static_cast<int>(c_.test_sim_nodes);
+  const security::Tamper tamper = c_.test_tamper_rank == comm_.rank()
+                                      ? security::parse_tamper(c_.test_tamper, "test.tamper")
+                                      : security::Tamper{};
+  // Tampering targets the pipeline's messages where there are any, else the collectives.
+  const bool tamper_collectives = L.pp == 1;
+  if (c_.seal == "all") sealed_world_ = security::make_sealed_comm(comm_, *keys_, sealed);
   if (c_.optim.decay_steps == 0) c_.optim.decay_steps = c_.steps;
   sampler_ = std::make_unique<Sampler>(data.data(split_.train), split_.train.size(), c_.model.block,
                                        static_cast<std::uint64_t>(c_.seed));
@@ -316,13 +355,17 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   if (dev_.table().set_threads)
     dev_.call(&dt_hal_v1_t::set_threads, "set_threads", static_cast<int>(c_.threads));
   if (graph_engine) {
-    setup_engine();
+    setup_engine(sealed, tamper, tamper_collectives);
   } else {
     float* grad_storage = nullptr;
     if (n > 1) {
       // Gradients live in the shared-memory arena, so each bucket's all_reduce needs no copy.
       auto* mpi = dynamic_cast<MpiComm*>(&comm_);
-      if (c_.allreduce != "mpi" && mpi) {
+      if (c_.seal == "all") {
+        security::SealedCommOptions so = sealed;
+        if (tamper_collectives) so.tamper = tamper;
+        grad_comm_ = security::make_sealed_comm(comm_, *keys_, so);
+      } else if (c_.allreduce != "mpi" && mpi) {
         const auto ps = gpt_params(c_.model);
         ShmConfig sc;
         sc.arena_bytes = (ps.back().offset + ps.back().numel) * sizeof(float);
@@ -370,22 +413,41 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
                                                gpt_flops_per_token(c_.model, c_.model.block));
 }
 
-void Trainer::setup_engine() {
+void Trainer::setup_engine(const security::SealedCommOptions& sealed,
+                           const security::Tamper& tamper, bool tamper_collectives) {
   const Layout& L = plan_->layout;
   const MeshCoord& mc = mesh_->coord();
   graph::Graph sg = plan_->stage(mc.pp);
   StageComms sc;
-  sc.tp = L.tp > 1 ? &mesh_->tp() : nullptr;
+  if (c_.seal == "all" && L.tp > 1) sealed_tp_ = security::make_sealed_comm(mesh_->tp(), *keys_, sealed);
+  if (c_.seal == "all" && mesh_->tied())
+    sealed_tied_ = security::make_sealed_comm(*mesh_->tied(), *keys_, sealed);
+  sc.tp = L.tp > 1 ? (sealed_tp_ ? sealed_tp_.get() : &mesh_->tp()) : nullptr;
   sc.tp_rank = mc.tp;
   if (L.pp > 1) {
     p2p_ = make_p2p(c_.p2p, comm_);
+    if (c_.seal != "off") {
+      security::SealOptions so;
+      so.channel = "pipeline";
+      so.tamper = tamper;
+      if (c_.seal_exempt_node_local)
+        for (std::size_t r = 0; r < mesh_->sites().size(); ++r)
+          if (mesh_->sites()[r].node == mesh_->sites()[static_cast<std::size_t>(comm_.rank())].node &&
+              static_cast<int>(r) != comm_.rank())
+            so.plain_peers.push_back(static_cast<int>(r));
+      p2p_ = security::seal_p2p(std::move(p2p_), *keys_, so);
+    }
     sc.p2p = p2p_.get();
     for (int s = 0; s < L.pp; ++s) sc.stage_rank.push_back(mesh_->rank_of(mc.dp, s, mc.tp));
   }
   float* grad_storage = nullptr;
   if (L.dp > 1) {
     auto* mpi = dynamic_cast<MpiComm*>(&mesh_->dp());
-    if (c_.allreduce != "mpi" && mpi) {
+    if (c_.seal == "all") {
+      security::SealedCommOptions so = sealed;
+      if (tamper_collectives) so.tamper = tamper;
+      grad_comm_ = security::make_sealed_comm(mesh_->dp(), *keys_, so);
+    } else if (c_.allreduce != "mpi" && mpi) {
       ShmConfig shc;
       shc.arena_bytes = StageEngine::count_params(sg) * sizeof(float);
       shc.min_bytes = static_cast<std::size_t>(c_.shm_min_bytes);
@@ -459,7 +521,7 @@ StepStats Trainer::step() {
       stall_for_test("test.skip-collective: skipping the loss all_reduce");
     }
     watchdog::set_activity("loss all_reduce", step_);
-    comm_.all_reduce(view_of(&loss_sum, 1), ReduceOp::sum);
+    coll().all_reduce(view_of(&loss_sum, 1), ReduceOp::sum);
     watchdog::set_activity("gradient all_reduce wait", step_);
     const trace::Scope wait_scope("gradient all_reduce wait", "comm");
     if (buckets_) buckets_->finish();
@@ -468,7 +530,7 @@ StepStats Trainer::step() {
       for (std::size_t i = 0; i < engine_->params().size(); ++i)
         if (engine_->param_tensor(i).tied) {
           const ParamInfo& p = engine_->params()[i];
-          mesh_->tied()->all_reduce(view_of(engine_->grad_data() + p.offset, p.numel),
+          (sealed_tied_ ? *sealed_tied_ : *mesh_->tied()).all_reduce(view_of(engine_->grad_data() + p.offset, p.numel),
                                     ReduceOp::sum);
         }
   }
@@ -493,7 +555,7 @@ StepStats Trainer::step() {
     double ss = 0;
     dev_.call(&dt_hal_v1_t::sum_squares, "sum_squares", static_cast<const float*>(grads_ptr()),
               static_cast<std::int64_t>(n), &ss);
-    const bool overflow = overflow_anywhere(comm_, !std::isfinite(ss));
+    const bool overflow = overflow_anywhere(coll(), !std::isfinite(ss));
     if (!scaler_->update(overflow)) {
       s.skipped = true;
       s.grad_norm = INFINITY;
@@ -506,7 +568,7 @@ StepStats Trainer::step() {
       dev_.call(&dt_hal_v1_t::scale, "scale", grads_ptr(), 1.0f / loss_scale,
                 static_cast<std::int64_t>(n));
   }
-  s.grad_norm = engine_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, owner_, comm_)
+  s.grad_norm = engine_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, owner_, coll())
                         : opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip);
   s.lr = lr_at(c_.optim, step_);
   opt_->step(master_ptr(), grads_ptr(), s.lr, c_.optim);
@@ -578,7 +640,7 @@ double Trainer::loss_over(const std::vector<std::size_t>& starts) {
     engine_->wait_sends();
     if (!engine_->last_stage() || mesh_->coord().tp != 0) sums[0] = sums[1] = 0;
   }
-  if (comm_.size() > 1) comm_.all_reduce(view_of(sums, 2), ReduceOp::sum);
+  if (comm_.size() > 1) coll().all_reduce(view_of(sums, 2), ReduceOp::sum);
   return sums[0] / sums[1];
 }
 
@@ -748,7 +810,7 @@ void Trainer::gather_state() {
                          full_state_.data() + k * N + global[gi[i]].offset);
   }
   // Every element has exactly one owner and zeros elsewhere: the sum is exact.
-  comm_.all_reduce(view_of(full_state_), ReduceOp::sum);
+  coll().all_reduce(view_of(full_state_), ReduceOp::sum);
 }
 
 void Trainer::scatter_state() {
@@ -771,7 +833,8 @@ std::string Trainer::resume_from_checkpoint() {
   if (c_.ckpt_resume == "none" || (c_.ckpt_resume == "auto" && c_.ckpt_dir.empty())) return "";
   std::string used;
   const CkptMeta m = resume(comm_, c_.ckpt_resume, c_.ckpt_dir, state_tensors(), &used,
-                            [this](const std::string& line) { log("ckpt: " + line); });
+                            [this](const std::string& line) { log("ckpt: " + line); },
+                            c_.ckpt_encrypt ? keys_.get() : nullptr);
   if (used.empty()) {
     // Rejected candidates may have left their data in the buffers: start from clean weights.
     if (engine_) {
@@ -861,7 +924,8 @@ void Trainer::save_checkpoint_now(bool sync) {
                                        static_cast<int>(c_.ckpt_keep), [die, stall, this] {
                                          if (die) std::raise(SIGKILL);
                                          if (stall) stall_for_test("in the checkpoint save");
-                                       });
+                                       },
+                                       c_.ckpt_encrypt ? keys_.get() : nullptr);
   obs_->on_checkpoint_blocked(st.write_seconds);
   obs_->on_checkpoint_written(st.write_seconds, st.bytes);
   std::snprintf(line, sizeof line, "ckpt: saved %s (%.1f MB) in %.3f s, blocking (%.0f MB/s)",
@@ -981,7 +1045,7 @@ int Trainer::run() {
     }
     // Preemption: a signal on any rank drains all of them at this step boundary.
     int drain = drain_requested() ? 1 : 0;
-    if (comm_.size() > 1) comm_.all_reduce(view_of(&drain, 1), ReduceOp::max);
+    if (comm_.size() > 1) coll().all_reduce(view_of(&drain, 1), ReduceOp::max);
     if (drain) {
       if (step_ != last_saved_) save_checkpoint_now(true);
       finish_checkpoints();
