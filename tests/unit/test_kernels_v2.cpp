@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -167,9 +168,12 @@ TEST_CASE("v2 cast: f32 -> bf16 and f16 round to nearest even, bit-exact") {
         ok = is_nan16(out[i], fmt) && ((out[i] & 0x8000) != 0) == std::signbit(x);
       else
         ok = out[i] == encode(round_to(x, fmt), fmt);
-      if (!ok && bad++ < 5)
-        FAIL_CHECK(fmt_name, ": input ", in[i], " (0x", std::hex, u_of(in[i]), ") gave 0x", out[i],
-                   ", reference 0x", encode(round_to(x, fmt), fmt), std::dec);
+      if (!ok && bad++ < 5) {
+        std::ostringstream os;
+        os << fmt_name << ": input " << in[i] << " (0x" << std::hex << u_of(in[i]) << ") gave 0x"
+           << out[i] << ", reference 0x" << encode(round_to(x, fmt), fmt);
+        FAIL_CHECK(os.str());
+      }
     }
     CHECK(bad == 0);
     // Back to f32 is exact.
