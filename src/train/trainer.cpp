@@ -199,7 +199,7 @@ void add_train_options(Options& o, TrainConfig& c) {
            "gradients); all (also every collective: dt's own algorithms decrypt, reduce and "
            "re-encrypt at each hop)",
            {"off", "p2p", "all"})
-      .add("security.key-file", &c.key_file, "",
+      .add("security.key_file", &c.key_file, "",
            "32-byte job key (owned by the job's user, no group or other permissions; distribute "
            "it with sbcast); needed by security.seal and ckpt.encrypt")
       .add("security.exempt-node-local", &c.seal_exempt_node_local, false,
@@ -253,7 +253,7 @@ TokenFile validate_and_load(TrainConfig& c) {
   parse_bytes(c.mem_limit, "mem.limit");
   security::parse_tamper(c.test_tamper, "test.tamper");
   if (c.seal != "off" || c.ckpt_encrypt) {
-    DT_CHECK(ConfigError, !c.key_file.empty(), "option --security.key-file is required by ",
+    DT_CHECK(ConfigError, !c.key_file.empty(), "option --security.key_file is required by ",
              c.seal != "off" ? "--security.seal=" + c.seal : std::string("--ckpt.encrypt"));
     security::load_key_file(c.key_file);  // refused here, naming the file and its mode
   }

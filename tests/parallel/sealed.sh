@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # sealed.sh WORKDIR DT_TRAIN CONFIG TEXT MODE MPIEXEC...
-# Sealed tensor traffic through dt_train (security.seal, security.key-file, ckpt.encrypt):
+# Sealed tensor traffic through dt_train (security.seal, security.key_file, ckpt.encrypt):
 #   same      seal=p2p and seal=all on dp=2 pp=2 give exactly the losses of the unsealed run
 #   flip|replay|reorder  one rank's sealed pipeline (or, with pp=1, gradient) messages are
 #             tampered with: the receiver names the peer and sequence number, the job aborts
@@ -33,7 +33,7 @@ case "$MODE" in
     run plain 4 --parallel.pp=2 --train.log-file=plain.jsonl
     [ "$RC" -eq 0 ] || FAIL "plain run failed"
     for seal in p2p all; do
-      run "$seal" 4 --parallel.pp=2 --security.seal=$seal --security.key-file=key.bin \
+      run "$seal" 4 --parallel.pp=2 --security.seal=$seal --security.key_file=key.bin \
         --train.log-file=$seal.jsonl
       [ "$RC" -eq 0 ] || FAIL "seal=$seal run failed"
       # Loss, lr, norm of every step, bit for bit (the seconds differ).
@@ -43,7 +43,7 @@ case "$MODE" in
     done
     ;;
   flip | replay | reorder)
-    args=(--security.seal=all --security.key-file=key.bin --test.tamper=$MODE:2 --test.tamper-rank=0)
+    args=(--security.seal=all --security.key_file=key.bin --test.tamper=$MODE:2 --test.tamper-rank=0)
     run pipe 2 --parallel.pp=2 "${args[@]}"
     run grads 2 "${args[@]}"
     for r in pipe grads; do
@@ -54,18 +54,18 @@ case "$MODE" in
     ;;
   keys)
     cp key.bin open.bin && chmod 0644 open.bin
-    run open 1 --security.seal=p2p --security.key-file=open.bin
+    run open 1 --security.seal=p2p --security.key_file=open.bin
     [ "$RC" -eq 2 ] || FAIL "a 0644 key file: exit code $RC, expected 2"
     grep -q "open.bin.*0644" open.out || FAIL "the refusal does not name the file and its mode"
-    run enc 2 --parallel.pp=2 --ckpt.dir=D --ckpt.encrypt=true --security.key-file=key.bin
+    run enc 2 --parallel.pp=2 --ckpt.dir=D --ckpt.encrypt=true --security.key_file=key.bin
     [ "$RC" -eq 0 ] || FAIL "encrypted checkpoint run failed"
     [ -f D/step-4.h5 ] || FAIL "D/step-4.h5 is missing"
     STEPS=6 run wrong 2 --parallel.pp=2 --ckpt.dir=D --ckpt.encrypt=true \
-      --security.key-file=other.bin
+      --security.key_file=other.bin
     [ "$RC" -eq 2 ] || FAIL "another key: exit code $RC, expected 2"
     grep -q "checkpoint key:" wrong.out || FAIL "another key: no 'checkpoint key:' message"
     grep -q "^step " wrong.out && FAIL "another key: training started"
-    STEPS=6 run right 1 --ckpt.dir=D --ckpt.encrypt=true --security.key-file=key.bin
+    STEPS=6 run right 1 --ckpt.dir=D --ckpt.encrypt=true --security.key_file=key.bin
     [ "$RC" -eq 0 ] || FAIL "the right key: exit code $RC"
     grep -q "resumed from .*step-4.h5 at step 4" right.out || FAIL "the right key did not resume"
     ;;
