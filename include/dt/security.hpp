@@ -204,7 +204,8 @@ struct SealOptions {
 
 /// Wraps `inner` so that every message is sealed with AES-256-GCM. Collective over `inner` (every
 /// rank calls it with the same channel): rank 0 draws the session salt and sends it to every rank
-/// on tag kReservedTagBase. Tags must lie in [0, kReservedTagBase) (dt::InvalidArgument).
+/// on tag kReservedTagBase (in the clear: it is no secret, and an altered salt only makes every
+/// message fail authentication). Tags must lie in [0, kReservedTagBase) (dt::InvalidArgument).
 /// isend seals on the calling thread before it returns (cost: one AES-GCM pass, about 3 GB/s per
 /// core with AES-NI); a receive's Work decrypts and verifies when the inner receive completes,
 /// in test() or wait(), and throws dt::SecurityError there if the message is rejected (the error

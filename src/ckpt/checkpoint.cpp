@@ -819,6 +819,26 @@ std::optional<security::Aead> open_crypto(hid_t file, const std::string& path,
   return security::Aead(k, false);
 }
 
+// A dataset's declared extent is believed only as far as the file backs it: float32 elements, and
+// exactly numel * 4 bytes of storage (so a damaged or hostile file cannot make a reader allocate
+// more than the file holds). Throws CheckpointError naming the dataset.
+void check_stored(hid_t d, const std::string& name, const Shape& shape, const std::string& path) {
+  H5 type(h5(H5Dget_type(d), "H5Dget_type", path), H5Tclose);
+  DT_CHECK(CheckpointError, H5Tget_class(type) == H5T_FLOAT && H5Tget_size(type) == 4, path,
+           ": dataset ", name, " is not float32");
+  std::uint64_t n = 1;
+  for (auto e : shape) {
+    const auto u = static_cast<std::uint64_t>(e);
+    DT_CHECK(CheckpointError, u == 0 || n <= (std::uint64_t{1} << 60) / u, path, ": dataset ",
+             name, " declares an impossible extent ", shape_str(shape));
+    n *= u;
+  }
+  const std::uint64_t stored = H5Dget_storage_size(d);
+  DT_CHECK(CheckpointError, stored == n * sizeof(float), path, ": dataset ", name, " declares ",
+           shape_str(shape), " (", n * sizeof(float), " bytes) but the file stores ", stored,
+           " bytes of it");
+}
+
 // Reads the tensors of `path` into their buffers (every rank, everything) and checks every chunk
 // (each rank its share). With `dec`, every rank then decrypts and authenticates every chunk in
 // place. Returns the problems, identical on every rank.
@@ -991,6 +1011,7 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path,
       CkptTensor t;
       t.path = name;
       t.shape = dataset_shape(d, path);
+      check_stored(d, name, t.shape, path);  // before allocating what the file declares
       bufs.emplace_back(t.numel());
       t.data = bufs.back().data();
       ts.push_back(t);

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <type_traits>
 
 #include "dt/error.hpp"
 
@@ -91,6 +93,8 @@ void add_number(po::options_description& desc,
     h << " [" << (min ? short_text(*min) : "") << ".." << (max ? short_text(*max) : "") << "]";
     checks.emplace_back(name, [target, min, max]() -> std::string {
       std::ostringstream os;
+      if constexpr (std::is_floating_point_v<T>)
+        if (std::isnan(*target)) return "nan is not a number in the allowed range";
       if (min && *target < *min) os << *target << " is below the minimum " << *min;
       if (max && *target > *max) os << *target << " is above the maximum " << *max;
       return os.str();
@@ -143,6 +147,19 @@ std::string Options::dump() const {
   return os.str();
 }
 
+namespace {
+// Boost.Program_options' error::what() loops forever when a value it substitutes into its message
+// (an option name, a token from the user) contains one of its placeholders, e.g.
+// "%original_token%". Every '%' in the substituted values becomes '?' before what() is called.
+struct PlaceholderScrub : po::error_with_option_name {
+  static void scrub(po::error_with_option_name& e) {
+    for (auto& kv : e.*(&PlaceholderScrub::m_substitutions))
+      std::replace(kv.second.begin(), kv.second.end(), '%', '?');
+  }
+};
+void scrub_placeholders(po::error_with_option_name& e) { PlaceholderScrub::scrub(e); }
+}  // namespace
+
 bool Options::parse(int argc, const char* const* argv) {
   po::variables_map vm;
   std::string source = "command line";
@@ -174,11 +191,13 @@ bool Options::parse(int argc, const char* const* argv) {
       po::store(po::parse_config_file(in, impl_->desc, /*allow_unregistered=*/false), vm);
     }
     po::notify(vm);
-  } catch (const po::invalid_option_value& e) {
+  } catch (po::invalid_option_value& e) {
+    scrub_placeholders(e);
     std::string opt = e.get_option_name();
     std::string key = opt.rfind("--", 0) == 0 ? opt.substr(2) : opt;
     DT_THROW(ConfigError, e.what(), " in ", source, " (expected ", impl_->expected(key), ")");
-  } catch (const po::error& e) {
+  } catch (po::error& e) {
+    if (auto* named = dynamic_cast<po::error_with_option_name*>(&e)) scrub_placeholders(*named);
     DT_THROW(ConfigError, e.what(), " in ", source);
   }
   // Range and choice problems name where the bad value came from, like the errors above.

@@ -124,11 +124,26 @@ class SealedComm final : public Comm {
       ws.push_back(p2p_->irecv_internal(
           TensorView{at(dst, off, t), std::min(seg, n - off), t}, src, kCollTag));
   }
-  void post_sends(std::vector<Work>& ws, const void* src, std::size_t n, DType t, int dst) {
+  // Receives in the order they will be needed; poke() advances the transport and opens those
+  // that arrived, so that opening overlaps with sealing the outgoing segments.
+  struct Progress {
+    std::vector<Work*> works;
+    std::size_t next = 0;
+    void add(std::vector<Work>& ws) {
+      for (Work& w : ws) works.push_back(&w);
+    }
+    void poke() {
+      while (next < works.size() && works[next]->test()) ++next;
+    }
+  };
+  void post_sends(std::vector<Work>& ws, const void* src, std::size_t n, DType t, int dst,
+                  Progress* progress = nullptr) {
     const std::size_t seg = seg_elems(t);
-    for (std::size_t off = 0; off < n; off += seg)
+    for (std::size_t off = 0; off < n; off += seg) {
       ws.push_back(p2p_->isend_internal(
           ConstTensorView{at(src, off, t), std::min(seg, n - off), t}, dst, kCollTag));
+      if (progress) progress->poke();
+    }
   }
   static void wait_all(std::vector<Work>& ws) {
     for (Work& w : ws) w.wait();
@@ -203,11 +218,13 @@ void SealedComm::scatter_reduce(const void* own, std::size_t n, DType t, ReduceO
   std::vector<std::vector<Work>> recvs(static_cast<std::size_t>(s));
   for (int q = 0; q < s; ++q)
     if (q != me) post_recvs(recvs[static_cast<std::size_t>(q)], slot(q), n, t, q);
+  Progress progress;
+  for (int k = 1; k < s; ++k) progress.add(recvs[static_cast<std::size_t>((me - k + s) % s)]);
   std::vector<Work> sends;
   for (int k = 1; k < s; ++k) {
     const int q = (me + k) % s;
     const auto [p, nq] = send_of(q);
-    post_sends(sends, p, nq, t, q);
+    post_sends(sends, p, nq, t, q, &progress);
   }
   const std::size_t seg = seg_elems(t);
   std::vector<const void*> in(static_cast<std::size_t>(s));
@@ -244,13 +261,16 @@ void SealedComm::do_all_reduce(TensorView buf, ReduceOp op) {
     return std::pair<const void*, std::size_t>(at(buf.data, a, buf.dtype), b - a);
   });
   // All-gather of the reduced blocks, decrypted straight into place.
-  std::vector<Work> ws;
-  for (int q = 0; q < s; ++q)
-    if (q != me) {
-      const std::size_t a = block_lo(n, q, s), b = block_lo(n, q + 1, s);
-      post_recvs(ws, at(buf.data, a, buf.dtype), b - a, buf.dtype, q);
-    }
-  for (int k = 1; k < s; ++k) post_sends(ws, mine, hi - lo, buf.dtype, (me + k) % s);
+  std::vector<Work> rs, ws;
+  for (int k = 1; k < s; ++k) {
+    const int q = (me - k + s) % s;
+    const std::size_t a = block_lo(n, q, s), b = block_lo(n, q + 1, s);
+    post_recvs(rs, at(buf.data, a, buf.dtype), b - a, buf.dtype, q);
+  }
+  Progress progress;
+  progress.add(rs);
+  for (int k = 1; k < s; ++k) post_sends(ws, mine, hi - lo, buf.dtype, (me + k) % s, &progress);
+  wait_all(rs);
   wait_all(ws);
 }
 
@@ -274,11 +294,15 @@ void SealedComm::do_all_gather(ConstTensorView in, TensorView out) {
   const std::size_t n = in.numel;
   char* mine = at(out.data, static_cast<std::size_t>(me) * n, in.dtype);
   if (mine != in.data && n > 0) std::memmove(mine, in.data, in.nbytes());
-  std::vector<Work> ws;
-  for (int q = 0; q < s; ++q)
-    if (q != me) post_recvs(ws, at(out.data, static_cast<std::size_t>(q) * n, in.dtype), n,
-                            in.dtype, q);
-  for (int k = 1; k < s; ++k) post_sends(ws, mine, n, in.dtype, (me + k) % s);
+  std::vector<Work> rs, ws;
+  for (int k = 1; k < s; ++k) {
+    const int q = (me - k + s) % s;
+    post_recvs(rs, at(out.data, static_cast<std::size_t>(q) * n, in.dtype), n, in.dtype, q);
+  }
+  Progress progress;
+  progress.add(rs);
+  for (int k = 1; k < s; ++k) post_sends(ws, mine, n, in.dtype, (me + k) % s, &progress);
+  wait_all(rs);
   wait_all(ws);
 }
 

@@ -159,14 +159,14 @@ class SendWork final : public WorkImpl {
 class SealedRecvWork final : public WorkImpl {
  public:
   SealedRecvWork(std::string what, int rank, Work inner, BufferPool::Handle wire, Expect e,
-                 TensorView out, SealedP2p::Peer* peer)
+                 TensorView out, std::shared_ptr<SealedP2p::Peer> peer)
       : what_(std::move(what)),
         rank_(rank),
         inner_(std::move(inner)),
         wire_(std::move(wire)),
         e_(std::move(e)),
         out_(out),
-        peer_(peer) {}
+        peer_(std::move(peer)) {}
   /// The transport may still write into an unfinished receive's wire buffer: it is then given up.
   ~SealedRecvWork() override {
     if (!inner_done_ && wire_) wire_.leak();
@@ -221,7 +221,7 @@ class SealedRecvWork final : public WorkImpl {
   BufferPool::Handle wire_;
   Expect e_;
   TensorView out_;
-  SealedP2p::Peer* peer_;
+  std::shared_ptr<SealedP2p::Peer> peer_;
   bool done_ = false;
   bool inner_done_ = false;
   std::exception_ptr error_;
@@ -281,7 +281,7 @@ std::unique_ptr<SealedP2p> SealedP2p::create(std::unique_ptr<P2p> inner, const K
   }
   s->peers_.resize(static_cast<std::size_t>(n));
   for (int p = 0; p < n; ++p) {
-    auto st = std::make_unique<Peer>();
+    auto st = std::make_shared<Peer>();
     if (!s->plain_[static_cast<std::size_t>(p)]) {
       st->enc.emplace(keys.traffic_key(opts.channel, session, me, p), true);
       st->dec.emplace(keys.traffic_key(opts.channel, session, p, me), false);
@@ -296,7 +296,9 @@ bool SealedP2p::sealed_with(int peer) const noexcept {
   return peer >= 0 && peer < size() && !plain_[static_cast<std::size_t>(peer)];
 }
 
-SealedP2p::Peer& SealedP2p::peer(int p) const { return *peers_[static_cast<std::size_t>(p)]; }
+const std::shared_ptr<SealedP2p::Peer>& SealedP2p::peer(int p) const {
+  return peers_[static_cast<std::size_t>(p)];
+}
 
 void SealedP2p::check_tag(int tag, const char* op) const {
   DT_CHECK(InvalidArgument, tag >= 0 && tag < kReservedTagBase, op, " on ", name_, ": tag ", tag,
@@ -325,7 +327,7 @@ Work SealedP2p::isend_internal(ConstTensorView buf, int dst, int tag) {
                                           ") on " + name_,
                                       rank());
   BufferPool::Handle wire = pool_->get(n + kSealOverhead);
-  Peer& p = peer(dst);
+  Peer& p = *peer(dst);
   std::lock_guard<std::mutex> lk(p.mu);
   Header h;
   h.sender = static_cast<std::uint32_t>(rank());
@@ -342,6 +344,10 @@ Work SealedP2p::isend_internal(ConstTensorView buf, int dst, int tag) {
         inner_->isend(ConstTensorView{b->data(), b->size, DType::u8}, dst, tag));
     w->bufs.push_back(std::move(b));
   };
+  if (tamper_->plan.kind == Tamper::Kind::none) {
+    post(std::move(wire));
+    return Work(std::move(w));
+  }
   // Test-only faults.
   TamperState& t = *tamper_;
   std::lock_guard<std::mutex> tl(t.mu);
@@ -380,7 +386,8 @@ Work SealedP2p::irecv_internal(TensorView buf, int src, int tag) {
   if (plain_[static_cast<std::size_t>(src)]) return inner_->irecv(buf, src, tag);
   const std::size_t n = buf.nbytes();
   BufferPool::Handle wire = pool_->get(n + kSealOverhead);
-  Peer& p = peer(src);
+  const std::shared_ptr<Peer>& pp = peer(src);
+  Peer& p = *pp;
   Expect e;
   e.sender = src;
   e.receiver = rank();
@@ -396,7 +403,7 @@ Work SealedP2p::irecv_internal(TensorView buf, int src, int tag) {
   std::string what = "sealed recv(" + std::to_string(n) + " bytes from " + std::to_string(src) +
                      ", tag " + std::to_string(tag) + ") on " + name_;
   return Work(std::make_unique<SealedRecvWork>(std::move(what), rank(), std::move(inner),
-                                               std::move(wire), std::move(e), buf, &p));
+                                               std::move(wire), std::move(e), buf, pp));
 }
 
 std::unique_ptr<P2p> seal_p2p(std::unique_ptr<P2p> inner, const Keys& keys,

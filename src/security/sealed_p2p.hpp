@@ -81,13 +81,13 @@ class SealedP2p final : public P2p {
   SealedP2p() = default;
   void check_tag(int tag, const char* op) const;
   void check_peer(int peer, const char* op) const;
-  Peer& peer(int p) const;
+  const std::shared_ptr<Peer>& peer(int p) const;
 
   std::unique_ptr<P2p> inner_;
   std::string name_;
   std::string channel_;
   std::vector<bool> plain_;
-  std::vector<std::unique_ptr<Peer>> peers_;
+  std::vector<std::shared_ptr<Peer>> peers_;  // shared with receives that outlive this object
   std::shared_ptr<BufferPool> pool_;
   std::unique_ptr<TamperState> tamper_;
 };
