@@ -7,13 +7,10 @@ export DT_SLURM_DIR=$STATE/cluster
 # on), and show_cores prints its backtrace: UCX's own handler would print only its own frames.
 ulimit -c unlimited 2>/dev/null || true
 export UCX_HANDLE_ERRORS=none
-# Open MPI 4.1.4 (Debian 12) crashes now and then in MPI_Init on these nodes: a NULL function
-# called from mca_btl_tcp's event handler inside opal_progress in ompi_mpi_init (seen in 5 of about
-# 100 launches across the two nodes, rank 0 of the first node each time), apparently a peer that
-# left MPI_Init first connecting before this rank added its procs (procs are added lazily, at
-# mpi_add_procs_cutoff 0). Adding them at init (cutoff above the job size) gave no crash in 81
-# launches. Not a dt fault; set OMPI_MCA_mpi_add_procs_cutoff=0 to see it again.
-export OMPI_MCA_mpi_add_procs_cutoff=${OMPI_MCA_mpi_add_procs_cutoff-1024}
+# Known here: Open MPI 4.1.4 (Debian 12) now and then crashes in MPI_Init on these nodes (about
+# 1 in 20 launches across the two nodes, rank 0 of the first node each time): a NULL function
+# called from mca_btl_tcp's event handler inside opal_progress in ompi_mpi_init. The backtrace
+# then names it; mpi_add_procs_cutoff=1024 did not prevent it.
 
 # show_cores: the backtrace of every core file in WORK (renamed so it is shown once), by gdb.
 show_cores() {
