@@ -12,6 +12,7 @@
 #include "dt/gpt.hpp"
 #include "dt/runtime.hpp"
 #include "dt/train.hpp"
+#include "micro_train.hpp"
 
 namespace {
 
@@ -40,19 +41,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: test_layouts DATA_FILE DPxTPxPP[:ucx] ...\n");
     return 2;
   }
-  dt::TrainConfig c;
-  c.model.block = 32;
-  c.model.layers = 4;
-  c.model.heads = 4;
-  c.model.embd = 32;
-  c.data_path = argv[1];
-  c.steps = 5;
-  c.batch = 8;
-  c.seed = 42;
-  c.optim.lr = 3e-3;
-  c.optim.warmup = 2;
-  c.val_fraction = 0.1;
-  c.eval_windows = 8;
+  dt::TrainConfig c = dt::test::micro_train(argv[1], 5, 4, 4);
   const dt::TokenFile data = dt::validate_and_load(c);
 
   dt::Runtime rt(&argc, &argv);

@@ -13,6 +13,7 @@
 
 #include "dt/runtime.hpp"
 #include "dt/train.hpp"
+#include "micro_train.hpp"
 
 namespace {
 int failures = 0;
@@ -27,19 +28,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: test_mixed DATA_FILE [DPxTPxPP]\n");
     return 2;
   }
-  dt::TrainConfig c;
-  c.model.block = 32;
-  c.model.layers = 2;
-  c.model.heads = 2;
-  c.model.embd = 32;
-  c.data_path = argv[1];
-  c.steps = 20;
-  c.batch = 8;
-  c.seed = 42;
-  c.optim.lr = 3e-3;
-  c.optim.warmup = 2;
-  c.val_fraction = 0.1;
-  c.eval_windows = 8;
+  dt::TrainConfig c = dt::test::micro_train(argv[1], 20);
   if (argc > 2 && std::sscanf(argv[2], "%dx%dx%d", &c.par_dp, &c.par_tp, &c.par_pp) != 3) {
     std::fprintf(stderr, "test_mixed: '%s' is not DPxTPxPP\n", argv[2]);
     return 2;
