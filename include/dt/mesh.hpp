@@ -38,6 +38,10 @@ struct MeshCoord {
   int dp = 0, pp = 0, tp = 0;
 };
 
+/// The part of check_layout that needs no world size (callable before MPI starts): tp divides the
+/// heads, pp is at most the layers. dt::ConfigError naming the option.
+void check_model_split(int tp, int pp, const GptConfig& model);
+
 /// Checks a layout against the world size and the model before anything is allocated: throws
 /// dt::ConfigError naming the options (product not the world size, tp not dividing the heads,
 /// pp larger than the layers, the global batch not dividing over dp).

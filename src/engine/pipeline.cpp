@@ -154,8 +154,21 @@ StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& mod
     p.decay = ti.global_shape.size() >= 2;
     nparams_ += p.numel;
     param_index_[t] = static_cast<int>(params_.size());
+    param_tensor_id_.push_back(static_cast<int>(t));
     params_.push_back(std::move(p));
   }
+  const std::vector<ParamInfo> global = gpt_params(model_);
+  for (const ParamInfo& p : params_) {
+    std::size_t gi = 0;
+    while (gi < global.size() && global[gi].name != p.name) ++gi;
+    DT_ASSERT(gi < global.size(), "parameter ", p.name, " is not part of the model");
+    global_index_.push_back(gi);
+  }
+  param_uses_.assign(params_.size(), 0);
+  for (const Node& n : g_.nodes)
+    for (int t : n.in)
+      if (param_index_[static_cast<std::size_t>(t)] >= 0)
+        ++param_uses_[static_cast<std::size_t>(param_index_[static_cast<std::size_t>(t)])];
   DT_CHECK(InvalidArgument, nparams_ > 0, "stage ", stage, " holds no parameters");
   param_buf_ = Device::Buffer(dev_, nparams_ * sizeof(float));
   if (grad_storage) {
@@ -222,25 +235,14 @@ StageEngine::~StageEngine() {
   }
 }
 
-const TensorInfo& StageEngine::param_tensor(std::size_t i) const {
-  for (std::size_t t = 0; t < g_.tensors.size(); ++t)
-    if (param_index_[t] == static_cast<int>(i)) return g_.tensors[t];
-  DT_THROW(InvalidArgument, "no parameter ", i);
-}
-
 void StageEngine::init(std::uint64_t seed) {
   const std::vector<ParamInfo> global = gpt_params(model_);
   std::vector<float> host(nparams_), full;
-  for (std::size_t t = 0; t < g_.tensors.size(); ++t) {
-    if (param_index_[t] < 0) continue;
-    const TensorInfo& ti = g_.tensors[t];
-    std::size_t gi = 0;
-    while (gi < global.size() && global[gi].name != ti.name) ++gi;
-    DT_ASSERT(gi < global.size(), "parameter ", ti.name, " is not part of the model");
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const std::size_t gi = global_index_[i];
     full.resize(global[gi].numel);
     gpt_init_param(model_, seed, gi, full.data());
-    graph::take_shard(ti, comms_.tp_rank, full.data(),
-                      host.data() + params_[static_cast<std::size_t>(param_index_[t])].offset);
+    graph::take_shard(param_tensor(i), comms_.tp_rank, full.data(), host.data() + params_[i].offset);
   }
   dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(param_data()),
             static_cast<const void*>(host.data()), nparams_ * sizeof(float),
@@ -397,12 +399,7 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
   auto prm = [&](int t) { return P + params_[static_cast<std::size_t>(pidx(t))].offset; };
   auto dprm = [&](int t) { return G + params_[static_cast<std::size_t>(pidx(t))].offset; };
   auto width = [&](int t) { return g_.tensors[static_cast<std::size_t>(t)].shape.back(); };
-  if (ready) {
-    m.uses.assign(params_.size(), 0);
-    for (const Node& n : g_.nodes)
-      for (int t : n.in)
-        if (pidx(t) >= 0) ++m.uses[static_cast<std::size_t>(pidx(t))];
-  }
+  if (ready) m.uses = param_uses_;
   for (std::size_t k = g_.nodes.size(); k-- > 0;) {
     const Node& n = g_.nodes[k];
     const float* aux = A + m.aux_off[k];

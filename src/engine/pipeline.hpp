@@ -55,7 +55,11 @@ class StageEngine {
   /// This rank's parameters (shards), nanoGPT names, offsets into the flat buffers.
   const std::vector<ParamInfo>& params() const noexcept { return params_; }
   /// The graph tensor of parameter i (its sharding and global shape).
-  const graph::TensorInfo& param_tensor(std::size_t i) const;
+  const graph::TensorInfo& param_tensor(std::size_t i) const {
+    return g_.tensors[static_cast<std::size_t>(param_tensor_id_[i])];
+  }
+  /// Index of parameter i in gpt_params(model).
+  std::size_t global_index(std::size_t i) const { return global_index_[i]; }
   /// Number of parameters of the local flat buffer, for sizing a gradient arena before
   /// construction.
   static std::size_t count_params(const graph::Graph& g);
@@ -95,6 +99,9 @@ class StageEngine {
   StageComms comms_;
   std::vector<ParamInfo> params_;
   std::vector<int> param_index_;  // tensor id -> index into params_ (-1: not a parameter)
+  std::vector<int> param_tensor_id_;        // index into params_ -> tensor id
+  std::vector<std::size_t> global_index_;   // index into params_ -> index in gpt_params()
+  std::vector<int> param_uses_;             // index into params_ -> nodes that read it
   std::size_t nparams_ = 0;
   Device::Buffer param_buf_, grad_buf_;
   float* grad_ = nullptr;

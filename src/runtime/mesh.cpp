@@ -12,18 +12,22 @@ std::string Layout::str() const {
   return "dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp);
 }
 
+void check_model_split(int tp, int pp, const GptConfig& model) {
+  DT_CHECK(ConfigError, model.heads % tp == 0, "option --parallel.tp: ", tp,
+           " does not divide --model.heads=", model.heads,
+           " (tensor parallelism splits the attention heads)");
+  DT_CHECK(ConfigError, pp <= model.layers, "option --parallel.pp: ", pp,
+           " pipeline stages are more than the ", model.layers,
+           " layers of the model (--model.layers); each stage needs at least one layer");
+}
+
 void check_layout(const Layout& l, int world, const GptConfig& model, std::int64_t batch) {
   DT_CHECK(ConfigError, l.dp >= 1 && l.tp >= 1 && l.pp >= 1, "options --parallel.dp/tp/pp: ",
            l.str(), " must all be at least 1");
   DT_CHECK(ConfigError, l.size() == world, "options --parallel.dp/tp/pp: ", l.str(),
            " is a mesh of ", l.size(), " ranks, the job has ", world,
            " (dp x tp x pp must equal the number of ranks)");
-  DT_CHECK(ConfigError, model.heads % l.tp == 0, "option --parallel.tp: ", l.tp,
-           " does not divide --model.heads=", model.heads,
-           " (tensor parallelism splits the attention heads)");
-  DT_CHECK(ConfigError, l.pp <= model.layers, "option --parallel.pp: ", l.pp,
-           " pipeline stages are more than the ", model.layers,
-           " layers of the model (--model.layers); each stage needs at least one layer");
+  check_model_split(l.tp, l.pp, model);
   DT_CHECK(ConfigError, batch % l.dp == 0, "option --train.batch: ", batch,
            " sequences do not divide over ", l.dp, " ranks (the data-parallel degree, --parallel.dp)");
 }

@@ -244,12 +244,7 @@ TokenFile validate_and_load(TrainConfig& c) {
            "llm.c token file)");
   DT_CHECK(ConfigError, c.model.embd % c.model.heads == 0, "option --model.heads: ", c.model.heads,
            " does not divide --model.embd=", c.model.embd);
-  DT_CHECK(ConfigError, c.model.heads % c.par_tp == 0, "option --parallel.tp: ", c.par_tp,
-           " does not divide --model.heads=", c.model.heads,
-           " (tensor parallelism splits the attention heads)");
-  DT_CHECK(ConfigError, c.par_pp <= c.model.layers, "option --parallel.pp: ", c.par_pp,
-           " pipeline stages are more than the ", c.model.layers,
-           " layers of the model (--model.layers); each stage needs at least one layer");
+  check_model_split(c.par_tp, c.par_pp, c.model);
   parse_bytes(c.mem_limit, "mem.limit");
   security::parse_tamper(c.test_tamper, "test.tamper");
   if (c.seal != "off" || c.ckpt_encrypt) {
@@ -778,36 +773,20 @@ std::vector<float> Trainer::global_parameters() {
   return out;
 }
 
-namespace {
-// Global index of every local parameter (by name).
-std::vector<std::size_t> global_index(const std::vector<ParamInfo>& local,
-                                      const std::vector<ParamInfo>& global) {
-  std::vector<std::size_t> out;
-  for (const ParamInfo& p : local) {
-    std::size_t g = 0;
-    while (g < global.size() && global[g].name != p.name) ++g;
-    DT_ASSERT(g < global.size(), "parameter ", p.name, " is not part of the model");
-    out.push_back(g);
-  }
-  return out;
-}
-}  // namespace
-
 void Trainer::gather_state() {
   const std::vector<ParamInfo> global = gpt_params(c_.model);
   const std::size_t N = global.back().offset + global.back().numel, n = engine_->num_params();
-  const std::vector<std::size_t> gi = global_index(engine_->params(), global);
   std::fill(full_state_.begin(), full_state_.end(), 0.0f);
   std::vector<float> host(n);
   const float* src[3] = {master_ptr(), opt_->m(), opt_->v()};
   for (int k = 0; k < 3; ++k) {
     dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(host.data()),
               static_cast<const void*>(src[k]), n * sizeof(float), DT_HAL_DEVICE_TO_HOST);
-    for (std::size_t i = 0; i < gi.size(); ++i)
+    for (std::size_t i = 0; i < engine_->params().size(); ++i)
       if (owner_[i])
         graph::put_shard(engine_->param_tensor(i), mesh_->coord().tp,
                          host.data() + engine_->params()[i].offset,
-                         full_state_.data() + k * N + global[gi[i]].offset);
+                         full_state_.data() + k * N + global[engine_->global_index(i)].offset);
   }
   // Every element has exactly one owner and zeros elsewhere: the sum is exact.
   coll().all_reduce(view_of(full_state_), ReduceOp::sum);
@@ -816,13 +795,12 @@ void Trainer::gather_state() {
 void Trainer::scatter_state() {
   const std::vector<ParamInfo> global = gpt_params(c_.model);
   const std::size_t N = global.back().offset + global.back().numel, n = engine_->num_params();
-  const std::vector<std::size_t> gi = global_index(engine_->params(), global);
   std::vector<float> host(n);
   float* dst[3] = {master_ptr(), opt_->m(), opt_->v()};
   for (int k = 0; k < 3; ++k) {
-    for (std::size_t i = 0; i < gi.size(); ++i)
+    for (std::size_t i = 0; i < engine_->params().size(); ++i)
       graph::take_shard(engine_->param_tensor(i), mesh_->coord().tp,
-                        full_state_.data() + k * N + global[gi[i]].offset,
+                        full_state_.data() + k * N + global[engine_->global_index(i)].offset,
                         host.data() + engine_->params()[i].offset);
     dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(dst[k]),
               static_cast<const void*>(host.data()), n * sizeof(float), DT_HAL_HOST_TO_DEVICE);
