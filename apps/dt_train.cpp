@@ -107,7 +107,9 @@ int main(int argc, char** argv) {
         dev = std::make_unique<dt::Device>(dt::Device::open(
             cfg.device, cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path));
         // A device without every kernel training needs is refused here, naming what it lacks.
-        dt::require_training_kernels(*dev, dt::DType::f32);
+        dt::require_training_kernels(*dev, cfg.dtype == "bf16"   ? dt::DType::bf16
+                                           : cfg.dtype == "fp16" ? dt::DType::f16
+                                                                 : dt::DType::f32);
       }))
     return 2;
   if (!phase([&] { trainer = std::make_unique<dt::Trainer>(rt.world(), *dev, cfg, data); }))

@@ -227,12 +227,14 @@ class Trainer {
   // Mixed precision: fp32 master weights; the model computes with their rounding to c_.dtype.
   std::unique_ptr<LossScaler> scaler_;
   Device::Buffer master_;
-  std::vector<float> host_tmp_;
   bool low_precision() const { return c_.dtype != "fp32"; }
   float* master_ptr() const;
   /// Rounds n floats of device memory to c_.dtype in place (Inf beyond the format's range).
   void round_to_dtype(float* data, std::size_t n);
   void refresh_working_weights();
+  /// Divides n gradients by the loss scale; true when one of them is Inf or NaN (this rank).
+  bool unscale_found_inf(float* grads, std::size_t n, float loss_scale);
+  Device::Buffer lp_buf_, lp_flag_;  // 16-bit copy for rounding; the device's overflow flag
   double pipe_idle_s_ = 0, pipe_total_s_ = 0;  // 1F1B schedule time and its blocked part
   std::int64_t pipe_steps_ = 0;
   /// Rank 0 prints the measured pipeline bubble against 1F1B theory. Collective.

@@ -547,10 +547,7 @@ StepStats Trainer::step() {
       dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(grads_ptr()),
                 static_cast<const void*>(&inf), sizeof inf, DT_HAL_HOST_TO_DEVICE);
     }
-    double ss = 0;
-    dev_.call(&dt_hal_v1_t::sum_squares, "sum_squares", static_cast<const float*>(grads_ptr()),
-              static_cast<std::int64_t>(n), &ss);
-    const bool overflow = overflow_anywhere(coll(), !std::isfinite(ss));
+    const bool overflow = overflow_anywhere(coll(), unscale_found_inf(grads_ptr(), n, loss_scale));
     if (!scaler_->update(overflow)) {
       s.skipped = true;
       s.grad_norm = INFINITY;
@@ -559,9 +556,6 @@ StepStats Trainer::step() {
       s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return s;
     }
-    if (loss_scale != 1.0f)
-      dev_.call(&dt_hal_v1_t::scale, "scale", grads_ptr(), 1.0f / loss_scale,
-                static_cast<std::int64_t>(n));
   }
   s.grad_norm = engine_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, owner_, coll())
                         : opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip);
@@ -737,15 +731,26 @@ float* Trainer::master_ptr() const {
 }
 
 void Trainer::round_to_dtype(float* data, std::size_t n) {
-  host_tmp_.resize(n);
-  dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(host_tmp_.data()),
-            static_cast<const void*>(data), n * sizeof(float), DT_HAL_DEVICE_TO_HOST);
-  if (c_.dtype == "bf16")
-    for (float& x : host_tmp_) x = static_cast<float>(bf16(x));
-  else if (c_.dtype == "fp16")
-    for (float& x : host_tmp_) x = static_cast<float>(f16(x));
-  dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(data),
-            static_cast<const void*>(host_tmp_.data()), n * sizeof(float), DT_HAL_HOST_TO_DEVICE);
+  // A round trip through 16 bits with the device's cast (ABI version 2; dt_train refuses a device
+  // without it for bf16/fp16 before anything is allocated).
+  const dt_hal_dtype lp = hal_dtype(c_.dtype == "bf16" ? DType::bf16 : DType::f16);
+  const dt_hal_dtype f32 = hal_dtype(DType::f32);
+  if (lp_buf_.bytes() < 2 * n) lp_buf_ = Device::Buffer(dev_, 2 * n);
+  dev_.call(&dt_hal_v2_t::cast, "cast", lp_buf_.get(), lp, static_cast<const void*>(data), f32,
+            static_cast<std::int64_t>(n));
+  dev_.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(data), f32,
+            static_cast<const void*>(lp_buf_.get()), lp, static_cast<std::int64_t>(n));
+}
+
+bool Trainer::unscale_found_inf(float* grads, std::size_t n, float loss_scale) {
+  if (lp_flag_.bytes() == 0) lp_flag_ = Device::Buffer(dev_, sizeof(std::int32_t));
+  dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", lp_flag_.get(), sizeof(std::int32_t));
+  dev_.call(&dt_hal_v2_t::scale_check_finite, "scale_check_finite", grads,
+            static_cast<std::int64_t>(n), 1.0f / loss_scale, lp_flag_.as<std::int32_t>());
+  std::int32_t found = 0;
+  dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(&found),
+            static_cast<const void*>(lp_flag_.get()), sizeof found, DT_HAL_DEVICE_TO_HOST);
+  return found != 0;
 }
 
 void Trainer::refresh_working_weights() {
