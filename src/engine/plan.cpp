@@ -1,6 +1,7 @@
 #include "engine/plan.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -26,7 +27,12 @@ double parse_bytes(const std::string& text, const char* option) {
     unit = 1024.0 * 1024 * 1024 * 1024;
   else if (!rest.empty())
     unit = -1;
-  DT_CHECK(ConfigError, end != text.c_str() && unit > 0 && std::isfinite(v) && v >= 0, "option --",
+  // Plain decimal only: strtod would also take leading spaces, hex ("0x10") and "inf".
+  const bool decimal = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) ||
+                                         text[0] == '.') &&
+                       text.find_first_of("xXpP") == std::string::npos;
+  DT_CHECK(ConfigError, decimal && end != text.c_str() && unit > 0 && std::isfinite(v) && v >= 0,
+           "option --",
            option, ": '", text,
            "' is not a size (a number of bytes, optionally with K, M, G or T, e.g. 8G; 0: no limit)");
   return v * unit;

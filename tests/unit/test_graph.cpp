@@ -1204,7 +1204,7 @@ TEST_CASE("plan parse_bytes: sizes with units, 0, and refused text") {
   CHECK(dt::parse_bytes("123456", "mem.limit") == 123456);
   CHECK(dt::parse_bytes("1.5T", "mem.limit") == 1.5 * 1024 * 1024 * 1024 * 1024);
   CHECK(dt::parse_bytes("4K", "mem.limit") == 4096);
-  for (const char* bad : {"8X", "lots", "", "-1G", "8GB", "G"}) {
+  for (const char* bad : {"8X", "lots", "", "-1G", "8GB", "G", "0x10", " 8G", "inf", "nan"}) {
     CAPTURE(bad);
     const std::string m = error_of<dt::ConfigError>([&] { dt::parse_bytes(bad, "mem.limit"); });
     CHECK(has(m, "mem.limit"));
