@@ -46,13 +46,24 @@ inline constexpr int kCheckpointVersion = 1;
 /// Elements per checksum chunk (1 MiB of float32).
 inline constexpr std::size_t kChunkElements = std::size_t{1} << 18;
 
-/// One float32 tensor of the state: its dataset path, global shape and host data (the whole
-/// tensor; data-parallel ranks hold replicas).
+/// Marks a CkptTensor whose data is the whole tensor.
+inline constexpr std::size_t kWholeTensor = ~std::size_t{0};
+
+/// One float32 tensor of the state: its dataset path, global shape and host data.
+///
+/// By default `data` is the whole tensor (data-parallel ranks hold replicas). A sharded state
+/// (parallel.zero) gives each rank the row-major element range [begin, end) it holds, with `data`
+/// pointing at element `begin`: then save_checkpoint writes each rank's own range (the ranges of
+/// all ranks must cover the tensor exactly once), and load_checkpoint reads only that range.
 struct CkptTensor {
   std::string path;  ///< "/model/transformer.wte.weight"
   Shape shape;
   float* data = nullptr;
+  std::size_t begin = 0;
+  std::size_t end = kWholeTensor;
   std::size_t numel() const { return shape_numel(shape); }
+  bool whole() const { return end == kWholeTensor; }
+  std::size_t held_end() const { return end == kWholeTensor ? numel() : end; }
 };
 
 /// The scalar state stored as attributes.
@@ -79,7 +90,10 @@ struct SaveStats {
 /// (>= 1) and removes stale *.partial files. Throws dt::CheckpointError naming the file and the
 /// failing call; then nothing is committed and the previous checkpoint stays the latest.
 /// `after_write` (a fault-injection seam for tests) runs on every rank once its data is in the
-/// .partial file, before anything is made durable or committed. With `keys` (ckpt.encrypt) the
+/// .partial file, before anything is made durable or committed. Sharded tensors: the rank holding
+/// the first element of a chunk writes and digests that chunk, receiving the chunk's remainder
+/// from the next ranks (less than one chunk per tensor and rank boundary moves), so each rank
+/// writes about its own range. With `keys` (ckpt.encrypt) the
 /// datasets are encrypted (see above); each rank seals its own share of the chunks (about 3 GB/s
 /// per core) and holds one sealed copy of that share while writing.
 SaveStats save_checkpoint(Comm& comm, const std::string& dir,
@@ -88,7 +102,8 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
                           const security::Keys* keys = nullptr);
 
 /// Reads `path` into `tensors` (every rank reads everything) and verifies every chunk digest
-/// (each rank hashes its share). Collective. Throws dt::CheckpointError naming the file and each
+/// (each rank hashes its share). A sharded tensor (see CkptTensor) reads only the chunks that
+/// overlap its range, verifies all of them and keeps its range. Collective. Throws dt::CheckpointError naming the file and each
 /// bad dataset/chunk, or, for a checkpoint of another model, each tensor whose shape differs or
 /// is missing (with a message that starts "checkpoint does not match the model"). After a
 /// failure the tensors may hold part of the file's data.

@@ -43,18 +43,49 @@ void gpt_init_param(const GptConfig& c, std::uint64_t seed, std::size_t index, f
 /// the position embedding).
 double gpt_flops_per_token(const GptConfig& c, int T);
 
+/// Where a Gpt keeps its parameters and gradients (the defaults: its own buffers, packed).
+struct GptStorage {
+  /// Host memory for the gradients instead of a device allocation (see Gpt's constructor).
+  float* grad_storage = nullptr;
+  /// The flat layout: gpt_params() with other offsets (padding between tensors), and the
+  /// buffers' size in elements (0: the end of the last tensor). Empty: gpt_params().
+  std::vector<ParamInfo> layout;
+  std::size_t numel = 0;
+  bool own_params = true;  ///< false: parameters come from UnitHooks::acquire
+  bool own_grads = true;   ///< false: gradients go to UnitHooks::grads
+};
+
 class Gpt {
  public:
+  /// Units of the model for UnitHooks: 0 the embeddings (wte, wpe), 1..layers the blocks,
+  /// layers + 1 the final LayerNorm.
+  /// Sharded parameters and gradients (parallel.zero): base pointers of one unit at a time, in
+  /// the unit's part of the flat layout (parameter i at base + offset_i - offset of the unit's
+  /// first parameter).
+  struct UnitHooks {
+    /// Parameters of `unit` for its next use; `next` (-1: none) is the unit used after it.
+    std::function<const float*(int unit, int next)> acquire;
+    std::function<void(int unit)> release;  ///< the unit's parameters are no longer used
+    /// A zeroed buffer for the unit's gradients of this backward; grads_done hands it back.
+    std::function<float*(int unit)> grads;
+    std::function<void(int unit)> grads_done;
+  };
+  void set_unit_hooks(UnitHooks hooks);
+
   /// Allocates parameters, gradients and activations for micro-batches of up to `max_batch`
   /// sequences of `c.block` tokens. `dev` must outlive the model.
   /// `grad_storage`: host memory for num_params() floats to hold the gradients instead of a
   /// device allocation (a shared-memory arena, so the gradient all-reduce needs no copy); only
   /// for devices whose memory is host memory. It must outlive the model.
   Gpt(const Device& dev, GptConfig c, int max_batch, float* grad_storage = nullptr);
+  Gpt(const Device& dev, GptConfig c, int max_batch, GptStorage storage);
+  /// Bytes of the activation and activation-gradient buffers.
+  std::size_t activation_bytes() const noexcept { return act_buf_.bytes() + grad_act_buf_.bytes(); }
 
   const GptConfig& config() const noexcept { return cfg_; }
   const std::vector<ParamInfo>& params() const noexcept { return params_; }
   std::size_t num_params() const noexcept { return nparams_; }
+  /// Null when the parameters come from UnitHooks.
   float* param_data() const noexcept { return param_buf_.as<float>(); }
   float* grad_data() const noexcept { return grad_; }
   const ParamInfo& param(const std::string& name) const;
@@ -92,6 +123,14 @@ class Gpt {
   int max_batch_;
   std::vector<ParamInfo> params_;
   std::size_t nparams_ = 0;
+  GptStorage storage_;
+  UnitHooks hooks_;
+  std::vector<const float*> pp_;  // per parameter: where its values are now
+  std::vector<float*> gp_;        // per parameter: where its gradient goes now
+  std::pair<std::size_t, std::size_t> unit_params(int unit) const;
+  void use_params(int unit, int next);
+  void drop_params(int unit);
+  void use_grads(int unit);
   Device::Buffer param_buf_, grad_buf_;
   float* grad_ = nullptr;  // grad_buf_ or the caller's storage
   Device::Buffer act_buf_, grad_act_buf_;

@@ -85,6 +85,7 @@ struct TrainConfig {
   int par_tp = 1;
   int par_pp = 1;
   std::int64_t par_microbatches = 0;  ///< per data-parallel rank and step; 0: from micro_batch
+  int par_zero = 0;                   ///< ZeRO stage: 0 replicas, 1 optimizer, 2 + gradients, 3 + parameters
   bool par_auto = false;              ///< choose the layout from world, topology and memory
   std::string par_engine = "auto";    ///< auto: fused model when tp = pp = 1; graph: always graph
   std::string mem_limit = "0";        ///< per-rank memory limit of a plan ("8G"; 0: none)
@@ -145,6 +146,7 @@ struct SealedCommOptions;
 struct Tamper;
 }  // namespace security
 class StageEngine;
+class ZeroShards;
 struct Plan;
 
 class Trainer {
@@ -250,6 +252,19 @@ class Trainer {
   const std::vector<ParamInfo>& param_list() const;
   float* params_ptr() const;
   float* grads_ptr() const;
+  /// Elements of the master parameters, gradients and moments this rank updates.
+  std::size_t state_numel() const;
+  // Sharded data parallelism (parallel.zero >= 1; fused model only).
+  std::unique_ptr<ZeroShards> zero_;
+  std::vector<char> zero_counted_;  // per shard piece: counted in the global norm (all)
+  void setup_zero(const security::SealedCommOptions& sealed, const security::Tamper& tamper,
+                  bool tamper_collectives);
+  /// The initial weights from the seed (and zeroed optimiser state).
+  void init_weights();
+  /// Prints this rank's model-state bytes and activation estimate (rank 0 prints).
+  void report_memory();
+  /// Rank 0 prints every rank's measured peak resident memory. Collective.
+  void report_peak_memory();
 };
 
 }  // namespace dt

@@ -122,6 +122,113 @@ std::vector<std::pair<std::size_t, std::size_t>> my_chunks(const std::vector<std
   return out;
 }
 
+// Sharded saves (CkptTensor ranges): gathers every rank's [begin, end) of every tensor and checks
+// that they cover each tensor exactly once (the same verdict on every rank). Chunk c of a tensor
+// belongs to the rank holding its first element; the part of a rank's range before its first
+// chunk start is sent to the owner of that chunk. Returns this rank's chunk ranges and fills
+// assembled[i] with elements [first chunk start, end of the last chunk) of tensor i: its own
+// elements followed by the chunk tails received from the following ranks.
+std::vector<std::pair<std::size_t, std::size_t>> shard_chunks(
+    Comm& comm, const std::vector<CkptTensor>& tensors,
+    std::vector<std::vector<float>>* assembled) {
+  const int P = comm.size(), me = comm.rank();
+  const std::size_t T = tensors.size(), K = kChunkElements;
+  std::vector<std::int64_t> mine(2 * T + 1), all((2 * T + 1) * static_cast<std::size_t>(P));
+  for (std::size_t i = 0; i < T; ++i) {
+    mine[2 * i] = static_cast<std::int64_t>(tensors[i].begin);
+    mine[2 * i + 1] = static_cast<std::int64_t>(tensors[i].held_end());
+  }
+  comm.all_gather(view_of(mine), view_of(all));
+  auto lo = [&](int r, std::size_t i) {
+    return static_cast<std::size_t>(all[static_cast<std::size_t>(r) * (2 * T + 1) + 2 * i]);
+  };
+  auto hi = [&](int r, std::size_t i) {
+    return static_cast<std::size_t>(all[static_cast<std::size_t>(r) * (2 * T + 1) + 2 * i + 1]);
+  };
+  for (std::size_t i = 0; i < T; ++i) {
+    std::vector<std::pair<std::size_t, std::size_t>> parts;
+    for (int r = 0; r < P; ++r)
+      if (lo(r, i) != hi(r, i)) parts.emplace_back(lo(r, i), hi(r, i));
+    std::sort(parts.begin(), parts.end());
+    std::size_t at = 0;
+    bool ok = true;
+    for (const auto& [a, b] : parts) {
+      ok = ok && a == at && b > a;
+      at = b;
+    }
+    DT_CHECK(CheckpointError, ok && at == tensors[i].numel(), tensors[i].path,
+             ": the ranks' element ranges do not cover the tensor's ", tensors[i].numel(),
+             " elements exactly once");
+  }
+  auto owner = [&](std::size_t i, std::size_t e) {
+    for (int r = 0; r < P; ++r)
+      if (lo(r, i) <= e && e < hi(r, i)) return r;
+    return -1;
+  };
+  // The head of rank r's range in tensor i: the elements before its first chunk start.
+  auto head = [&](int r, std::size_t i) -> std::pair<std::size_t, std::size_t> {
+    const std::size_t a = lo(r, i), b = hi(r, i);
+    if (a == b || a % K == 0) return {a, a};
+    return {a, std::min(b, (a / K + 1) * K)};
+  };
+  std::vector<std::pair<std::size_t, std::size_t>> chunks(T);
+  assembled->assign(T, {});
+  for (std::size_t i = 0; i < T; ++i) {
+    const std::size_t a = lo(me, i), b = hi(me, i);
+    const std::size_t ca = (a + K - 1) / K, cb = a == b ? ca : (b + K - 1) / K;
+    chunks[i] = {std::min(ca, cb), cb};
+    const std::size_t x0 = std::min(ca * K, tensors[i].numel());
+    const std::size_t x1 = std::min(cb * K, tensors[i].numel());
+    (*assembled)[i].resize(x1 > x0 ? x1 - x0 : 0);
+    if (b > x0 && x1 > x0)
+      std::copy(tensors[i].data + (x0 - a), tensors[i].data + (b - a), (*assembled)[i].begin());
+  }
+  std::vector<int> scount(static_cast<std::size_t>(P), 0), rcount(scount), sdisp(scount),
+      rdisp(scount);
+  std::vector<float> sendbuf, recvbuf;
+  for (int d = 0; d < P; ++d) {
+    sdisp[static_cast<std::size_t>(d)] = static_cast<int>(sendbuf.size());
+    for (std::size_t i = 0; i < T; ++i) {
+      const auto [a, b] = head(me, i);
+      if (a < b && owner(i, a / K * K) == d)
+        sendbuf.insert(sendbuf.end(), tensors[i].data, tensors[i].data + (b - a));
+    }
+    scount[static_cast<std::size_t>(d)] =
+        static_cast<int>(sendbuf.size()) - sdisp[static_cast<std::size_t>(d)];
+  }
+  std::size_t total = 0;
+  for (int s = 0; s < P; ++s) {
+    rdisp[static_cast<std::size_t>(s)] = static_cast<int>(total);
+    for (std::size_t i = 0; i < T; ++i) {
+      const auto [a, b] = head(s, i);
+      if (a < b && owner(i, a / K * K) == me) total += b - a;
+    }
+    rcount[static_cast<std::size_t>(s)] = static_cast<int>(total) - rdisp[static_cast<std::size_t>(s)];
+  }
+  DT_CHECK(CheckpointError, sendbuf.size() < (std::size_t{1} << 31) && total < (std::size_t{1} << 31),
+           "too many chunk tails to exchange in one sharded save");
+  recvbuf.resize(total + 1);
+  sendbuf.push_back(0.0f);  // never empty
+  DT_CHECK(CheckpointError,
+           MPI_Alltoallv(sendbuf.data(), scount.data(), sdisp.data(), MPI_FLOAT, recvbuf.data(),
+                         rcount.data(), rdisp.data(), MPI_FLOAT,
+                         mpi_of(comm).handle()) == MPI_SUCCESS,
+           "MPI_Alltoallv of the chunk tails of a sharded save failed");
+  std::size_t at = 0;
+  for (int s = 0; s < P; ++s)
+    for (std::size_t i = 0; i < T; ++i) {
+      const auto [a, b] = head(s, i);
+      if (a < b && owner(i, a / K * K) == me) {
+        const std::size_t x0 = chunks[i].first * K;
+        std::copy(recvbuf.begin() + static_cast<std::ptrdiff_t>(at),
+                  recvbuf.begin() + static_cast<std::ptrdiff_t>(at + (b - a)),
+                  (*assembled)[i].begin() + static_cast<std::ptrdiff_t>(a - x0));
+        at += b - a;
+      }
+    }
+  return chunks;
+}
+
 // Selects the row-major element range [a, b) of a 1-D or 2-D dataspace (none when a == b).
 void select_range(hid_t space, const Shape& shape, std::size_t a, std::size_t b,
                   const std::string& file) {
@@ -367,7 +474,14 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     numels.push_back(t.numel());
     stats.bytes += t.numel() * sizeof(float);
   }
-  const auto mine = my_chunks(numels, comm.rank(), comm.size());
+  // A sharded state (CkptTensor ranges) writes the chunks that start in each rank's range, from
+  // assembled[i] (elements [range_a[i], ...) of tensor i); a replicated one a share of all chunks.
+  int sharded = 0;
+  for (const auto& t : tensors) sharded |= t.whole() ? 0 : 1;
+  comm.all_reduce(view_of(&sharded, 1), ReduceOp::max);
+  std::vector<std::vector<float>> assembled;
+  const auto mine = sharded ? shard_chunks(comm, tensors, &assembled)
+                            : my_chunks(numels, comm.rank(), comm.size());
   // ckpt.encrypt: this rank's chunks are sealed first; the digests and the file get the
   // ciphertext. sealed[i] holds elements [range_a[i], ...) of tensor i.
   std::vector<std::vector<float>> sealed(keys ? tensors.size() : 0);
@@ -375,6 +489,10 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
   std::vector<std::size_t> range_a(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i)
     range_a[i] = std::min(mine[i].first * kChunkElements, tensors[i].numel());
+  // Element e of tensor i in plain text (e inside this rank's chunks).
+  auto plain = [&](std::size_t i, std::size_t e) -> const float* {
+    return sharded ? assembled[i].data() + (e - range_a[i]) : tensors[i].data + e;
+  };
   std::string salt_hex, check_hex, meta_hex;
   if (keys) {
     security::Salt salt{};
@@ -406,7 +524,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
           unsigned char* row = crypto_rows[i].data() + (c - ca) * kCryptoRow;
           std::copy(nonce.begin(), nonce.end(), row);
           enc.seal(nonce.data(), reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(),
-                   tensors[i].data + e0, (e1 - e0) * sizeof(float),
+                   plain(i, e0), (e1 - e0) * sizeof(float),
                    sealed[i].data() + (e0 - range_a[i]), row + security::kNonceBytes);
         }
       }
@@ -425,7 +543,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
   }
   // Element e of tensor i as this rank writes it (plain, or sealed in this rank's share).
   auto source = [&](std::size_t i, std::size_t e) -> const float* {
-    if (!keys) return tensors[i].data + e;
+    if (!keys) return plain(i, e);
     return sealed[i].data() + (e - range_a[i]);
   };
   try {
@@ -527,7 +645,8 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
         hsize_t n = std::max<std::size_t>(b - a, 1);
         H5 msp(h5(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", partial), H5Sclose);
         if (a == b) h5(H5Sselect_none(msp), "H5Sselect_none", partial, 0);
-        h5(H5Dwrite(data_sets[i], H5T_NATIVE_FLOAT, msp, fsp, dxpl, a < b ? source(i, a) : t.data),
+        const float none = 0.0f;
+        h5(H5Dwrite(data_sets[i], H5T_NATIVE_FLOAT, msp, fsp, dxpl, a < b ? source(i, a) : &none),
            "H5Dwrite", partial, 0);
       }
     } catch (const std::exception& e) {
@@ -860,11 +979,33 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const CkptTensor& t = tensors[i];
     const std::size_t k = chunks_of(t.numel());
+    // A sharded tensor reads and checks the chunks [fa, fb) overlapping its range into `part`
+    // (elements [x0, x1)); a whole one reads everything and checks its share.
+    const bool whole = t.whole();
+    std::size_t fa = 0, fb = k;
+    if (!whole) {
+      fa = t.begin / kChunkElements;
+      fb = t.held_end() > t.begin ? (t.held_end() + kChunkElements - 1) / kChunkElements : fa;
+    }
+    const std::size_t x0 = std::min(fa * kChunkElements, t.numel());
+    const std::size_t x1 = std::min(fb * kChunkElements, t.numel());
+    std::vector<float> part(whole ? 0 : x1 - x0 + 1);
+    float* const data = whole ? t.data : part.data();  // element e at data[e - x0]
+    const std::pair<std::size_t, std::size_t> check = whole ? mine[i] : std::make_pair(fa, fb);
     std::vector<unsigned char> sums(k * 32 + 32);
     bool have = false;
     try {
       H5 d(h5(H5Dopen2(o.file, t.path.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
-      h5(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, o.dxpl, t.data), "H5Dread", path, 0);
+      if (whole) {
+        h5(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, o.dxpl, t.data), "H5Dread", path, 0);
+      } else {
+        H5 fsp(h5(H5Dget_space(d), "H5Dget_space", path), H5Sclose);
+        select_range(fsp, t.shape, x0, x1, path);
+        hsize_t n = std::max<std::size_t>(x1 - x0, 1);
+        H5 msp(h5(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", path), H5Sclose);
+        if (x0 == x1) h5(H5Sselect_none(msp), "H5Sselect_none", path, 0);
+        h5(H5Dread(d, H5T_NATIVE_FLOAT, msp, fsp, o.dxpl, part.data()), "H5Dread", path, 0);
+      }
       H5 c(H5Dopen2(o.file, checksum_path(t.path).c_str(), H5P_DEFAULT), H5Dclose);
       have = c.get() >= 0 && dataset_shape(c, path) == Shape{static_cast<std::int64_t>(k), 32};
       if (have)
@@ -872,14 +1013,21 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
     } catch (const CheckpointError&) {
       have = false;  // unreadable here: every chunk of this rank's share counts as bad
     }
-    for (std::size_t ch = mine[i].first; ch < mine[i].second; ++ch) {
+    for (std::size_t ch = check.first; ch < check.second; ++ch) {
       const std::size_t e0 = ch * kChunkElements, e1 = std::min(e0 + kChunkElements, t.numel());
-      const Digest dg = sha256(t.data + e0, (e1 - e0) * sizeof(float));
+      const Digest dg = sha256(data + (e0 - x0), (e1 - e0) * sizeof(float));
       if (!have ||
           !std::equal(dg.begin(), dg.end(), sums.begin() + static_cast<std::ptrdiff_t>(ch * 32)))
         bad[base[i] + ch] = 1;
     }
-    if (!dec) continue;
+    auto keep_range = [&] {
+      if (!whole && t.held_end() > t.begin)
+        std::copy(data + (t.begin - x0), data + (t.held_end() - x0), t.data);
+    };
+    if (!dec) {
+      keep_range();
+      continue;
+    }
     std::vector<unsigned char> rows(k * kCryptoRow + kCryptoRow);
     bool have_rows = false;
     try {
@@ -893,16 +1041,17 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
     } catch (const CheckpointError&) {
       have_rows = false;
     }
-    for (std::size_t ch = 0; ch < k; ++ch) {
+    for (std::size_t ch = fa; ch < fb; ++ch) {
       const std::size_t e0 = ch * kChunkElements, e1 = std::min(e0 + kChunkElements, t.numel());
       const unsigned char* row = rows.data() + ch * kCryptoRow;
       const std::string aad = chunk_aad(t.path, t.shape, ch, (e1 - e0) * sizeof(float));
+      float* chunk = data + (e0 - x0);
       if (!have_rows ||
-          !dec->open(row, reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(),
-                     t.data + e0, (e1 - e0) * sizeof(float), t.data + e0,
-                     row + security::kNonceBytes))
+          !dec->open(row, reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(), chunk,
+                     (e1 - e0) * sizeof(float), chunk, row + security::kNonceBytes))
         unauth[base[i] + ch] = 1;
     }
+    keep_range();
   }
   comm.all_reduce(view_of(bad), ReduceOp::max);
   std::vector<std::string> problems;
@@ -1141,6 +1290,12 @@ void AsyncCheckpointer::reserve(const std::vector<CkptTensor>& tensors) {
   impl_->snapshot_size.resize(tensors.size(), 0);
   const auto ranges = my_ranges(tensors, impl_->comm->rank(), impl_->comm->size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].whole()) {  // a sharded tensor: this rank's range, all of it
+      const std::size_t n = tensors[i].held_end() - tensors[i].begin;
+      impl_->ensure(i, n);
+      std::fill(impl_->snapshot[i].get(), impl_->snapshot[i].get() + n, 0.0f);
+      continue;
+    }
     impl_->ensure(i, tensors[i].numel());
     std::fill(impl_->snapshot[i].get() + ranges[i].first,
               impl_->snapshot[i].get() + ranges[i].second,
@@ -1158,6 +1313,13 @@ double AsyncCheckpointer::save(const std::vector<CkptTensor>& tensors, const Ckp
   // Only this rank's share is copied: the save reads nothing else on this rank.
   const auto ranges = my_ranges(tensors, impl_->comm->rank(), impl_->comm->size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].whole()) {  // a sharded tensor: this rank's range, all of it
+      const std::size_t n = tensors[i].held_end() - tensors[i].begin;
+      impl_->ensure(i, n);
+      std::copy(tensors[i].data, tensors[i].data + n, impl_->snapshot[i].get());
+      impl_->tensors[i].data = impl_->snapshot[i].get();
+      continue;
+    }
     impl_->ensure(i, tensors[i].numel());
     std::copy(tensors[i].data + ranges[i].first, tensors[i].data + ranges[i].second,
               impl_->snapshot[i].get() + ranges[i].first);

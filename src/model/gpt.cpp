@@ -65,18 +65,39 @@ struct Normal {
 }  // namespace
 
 Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, float* grad_storage)
+    : Gpt(dev, c, max_batch, GptStorage{grad_storage, {}, 0, true, true}) {}
+
+Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, GptStorage storage)
     : dev_(dev), cfg_(c), max_batch_(max_batch), params_(gpt_params(c)) {
   DT_CHECK(InvalidArgument, c.embd % c.heads == 0, "model.embd ", c.embd,
            " is not divisible by model.heads ", c.heads);
   DT_CHECK(InvalidArgument, max_batch >= 1 && c.block >= 1 && c.layers >= 1 && c.vocab >= 1,
            "model sizes must be positive");
   nparams_ = params_.back().offset + params_.back().numel;
-  param_buf_ = Device::Buffer(dev, nparams_ * sizeof(float));
-  if (grad_storage) {
-    grad_ = grad_storage;
-  } else {
+  if (!storage.layout.empty()) {
+    DT_CHECK(InvalidArgument, storage.layout.size() == params_.size(),
+             "a Gpt layout must list every parameter");
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      DT_CHECK(InvalidArgument, storage.layout[i].numel == params_[i].numel,
+               "a Gpt layout must keep the parameter sizes");
+      params_[i].offset = storage.layout[i].offset;
+    }
+    nparams_ = std::max(storage.numel, params_.back().offset + params_.back().numel);
+  }
+  storage_ = storage;
+  storage_.layout.clear();
+  if (storage.own_params) param_buf_ = Device::Buffer(dev, nparams_ * sizeof(float));
+  if (storage.grad_storage) {
+    grad_ = storage.grad_storage;
+  } else if (storage.own_grads) {
     grad_buf_ = Device::Buffer(dev, nparams_ * sizeof(float));
     grad_ = grad_buf_.as<float>();
+  }
+  pp_.assign(params_.size(), nullptr);
+  gp_.assign(params_.size(), nullptr);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (param_data()) pp_[i] = param_data() + params_[i].offset;
+    if (grad_) gp_[i] = grad_ + params_[i].offset;
   }
 
   const std::size_t B = static_cast<std::size_t>(max_batch), T = static_cast<std::size_t>(c.block),
@@ -139,6 +160,42 @@ const ParamInfo& Gpt::param(const std::string& name) const {
   DT_THROW(InvalidArgument, "no parameter named '", name, "'");
 }
 
+void Gpt::set_unit_hooks(UnitHooks hooks) {
+  DT_CHECK(InvalidArgument, storage_.own_params || hooks.acquire,
+           "a Gpt without its own parameters needs UnitHooks::acquire");
+  DT_CHECK(InvalidArgument, storage_.own_grads || (hooks.grads && hooks.grads_done),
+           "a Gpt without its own gradients needs UnitHooks::grads and grads_done");
+  hooks_ = std::move(hooks);
+}
+
+std::pair<std::size_t, std::size_t> Gpt::unit_params(int unit) const {
+  if (unit == 0) return {0, 2};
+  if (unit == cfg_.layers + 1) return {params_.size() - 2, params_.size()};
+  const std::size_t first = 2 + static_cast<std::size_t>(unit - 1) * kPerLayer;
+  return {first, first + kPerLayer};
+}
+
+void Gpt::use_params(int unit, int next) {
+  if (!hooks_.acquire) return;
+  const float* base = hooks_.acquire(unit, next);
+  const auto [a, b] = unit_params(unit);
+  for (std::size_t i = a; i < b; ++i) pp_[i] = base + (params_[i].offset - params_[a].offset);
+}
+
+void Gpt::drop_params(int unit) {
+  if (!hooks_.release) return;
+  hooks_.release(unit);
+  const auto [a, b] = unit_params(unit);
+  for (std::size_t i = a; i < b; ++i) pp_[i] = nullptr;
+}
+
+void Gpt::use_grads(int unit) {
+  if (!hooks_.grads) return;
+  float* base = hooks_.grads(unit);
+  const auto [a, b] = unit_params(unit);
+  for (std::size_t i = a; i < b; ++i) gp_[i] = base + (params_[i].offset - params_[a].offset);
+}
+
 void gpt_init_param(const GptConfig& c, std::uint64_t seed, std::size_t index, float* out) {
   const std::vector<ParamInfo> params = gpt_params(c);
   DT_CHECK(InvalidArgument, index < params.size(), "parameter index ", index, " outside [0, ",
@@ -158,7 +215,9 @@ void gpt_init_param(const GptConfig& c, std::uint64_t seed, std::size_t index, f
 }
 
 void Gpt::init(std::uint64_t seed) {
-  std::vector<float> host(nparams_);
+  DT_CHECK(InvalidArgument, param_data() != nullptr,
+           "Gpt::init needs the model's own parameters (sharded ones are initialised by their owner)");
+  std::vector<float> host(nparams_, 0.0f);
   for (std::size_t i = 0; i < params_.size(); ++i)
     gpt_init_param(cfg_, seed, i, host.data() + params_[i].offset);
   dev_.call(&dt_hal_v1_t::copy, "copy", param_data(), host.data(), nparams_ * sizeof(float),
@@ -166,6 +225,7 @@ void Gpt::init(std::uint64_t seed) {
 }
 
 void Gpt::zero_grad() {
+  if (!grad_) return;  // gradients in UnitHooks buffers start from zero in every backward
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(grad_data()),
             nparams_ * sizeof(float));
 }
@@ -200,13 +260,16 @@ double Gpt::forward(const std::int32_t* inputs, const std::int32_t* targets, int
     dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(tgt),
               static_cast<const void*>(targets), BT * sizeof(std::int32_t), DT_HAL_HOST_TO_DEVICE);
 
-  const float* P = param_data();
-  auto W = [&](int l, int k) { return P + params_[2 + l * kPerLayer + k].offset; };
-  dev_.call(&dt_hal_v1_t::embedding_fwd, "embedding_fwd", encoded_, tok, P + params_[0].offset,
-            P + params_[1].offset, std::int64_t{B}, std::int64_t{T}, C, V);
+  auto W = [&](int l, int k) { return pp_[static_cast<std::size_t>(2 + l * kPerLayer + k)]; };
+  const int head = cfg_.layers + 1;  // unit of the final LayerNorm
+  use_params(0, 1);
+  dev_.call(&dt_hal_v1_t::embedding_fwd, "embedding_fwd", encoded_, tok, pp_[0], pp_[1],
+            std::int64_t{B}, std::int64_t{T}, C, V);
+  drop_params(0);
   const float* x = encoded_;
   for (int l = 0; l < cfg_.layers; ++l) {
     const trace::Scope layer_scope("forward", "model", "layer", l);
+    use_params(l + 1, l + 2);
     Layer& a = L_[static_cast<std::size_t>(l)];
     dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", a.ln1, a.ln1_mean, a.ln1_rstd, x,
               W(l, LN1W), W(l, LN1B), BT, C);
@@ -221,13 +284,18 @@ double Gpt::forward(const std::int32_t* inputs, const std::int32_t* targets, int
     dev_.call(&dt_hal_v1_t::gelu_fwd, "gelu_fwd", a.fch_gelu, a.fch, 4 * BT * C);
     linear_fwd(dev_, a.res3, a.fch_gelu, W(l, FCPW), W(l, FCPB), BT, 4 * C, C);
     dev_.call(&dt_hal_v1_t::add, "add", a.res3, a.res3, a.res2, BT * C);
+    drop_params(l + 1);
     x = a.res3;
   }
   const std::size_t lnf = params_.size() - 2;
+  use_params(head, 0);
+  use_params(0, -1);
   dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", lnf_, lnf_mean_, lnf_rstd_, x,
-            P + params_[lnf].offset, P + params_[lnf + 1].offset, BT, C);
+            pp_[lnf], pp_[lnf + 1], BT, C);
   dev_.call(&dt_hal_v1_t::gemm, "gemm", 0, 1, BT, V, C, 1.0f, static_cast<const float*>(lnf_), C,
-            P + params_[0].offset, C, 0.0f, logits_, V);
+            pp_[0], C, 0.0f, logits_, V);
+  drop_params(head);
+  drop_params(0);
   if (!targets) return 0.0;
   dev_.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", losses_, probs_,
             static_cast<const float*>(logits_), static_cast<const std::int32_t*>(tgt), BT, V);
@@ -244,37 +312,50 @@ void Gpt::backward(float loss_scale, const GradReady& ready) {
   const std::int64_t B = B_, T = T_, C = cfg_.embd, V = cfg_.vocab, NH = cfg_.heads, BT = B * T;
   const std::int32_t* tok = tokens_buf_.as<std::int32_t>();
   const std::int32_t* tgt = tok + static_cast<std::size_t>(max_batch_) * cfg_.block;
-  const float* P = param_data();
-  float* G = grad_data();
-  auto W = [&](int l, int k) { return P + params_[2 + l * kPerLayer + k].offset; };
-  auto dW = [&](int l, int k) { return G + params_[2 + l * kPerLayer + k].offset; };
+  auto W = [&](int l, int k) { return pp_[static_cast<std::size_t>(2 + l * kPerLayer + k)]; };
+  auto dW = [&](int l, int k) { return gp_[static_cast<std::size_t>(2 + l * kPerLayer + k)]; };
   const std::size_t lnf = params_.size() - 2;
+  const int head = cfg_.layers + 1;  // unit of the final LayerNorm
+  // Gradients of a unit are final: let the caller start reducing them (after the device
+  // finished writing them).
+  auto notify = [&](int unit) {
+    if (!ready && !hooks_.grads_done) return;
+    dev_.call(&dt_hal_v1_t::synchronize, "synchronize");
+    if (hooks_.grads_done) {
+      hooks_.grads_done(unit);
+      const auto [a, b] = unit_params(unit);
+      for (std::size_t i = a; i < b; ++i) gp_[i] = nullptr;
+    } else {
+      const auto [a, b] = unit_params(unit);
+      ready(a, b);
+    }
+  };
 
+  use_params(0, head);
+  use_grads(0);
   dev_.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dlogits_,
             static_cast<const float*>(probs_), tgt, loss_scale, BT, V);
   // logits = lnf @ wte^T
   dev_.call(&dt_hal_v1_t::gemm, "gemm", 0, 0, BT, C, V, 1.0f, static_cast<const float*>(dlogits_),
-            V, P + params_[0].offset, C, 0.0f, dln_, C);
+            V, pp_[0], C, 0.0f, dln_, C);
   dev_.call(&dt_hal_v1_t::gemm, "gemm", 1, 0, V, C, BT, 1.0f, static_cast<const float*>(dlogits_),
-            V, static_cast<const float*>(lnf_), C, 1.0f, G + params_[0].offset, C);
+            V, static_cast<const float*>(lnf_), C, 1.0f, gp_[0], C);
+  drop_params(0);
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dres_),
             static_cast<std::size_t>(BT * C) * sizeof(float));
   const float* last = cfg_.layers > 0 ? L_.back().res3 : encoded_;
-  dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", dres_, G + params_[lnf].offset,
-            G + params_[lnf + 1].offset, static_cast<const float*>(dln_), last,
-            P + params_[lnf].offset, static_cast<const float*>(lnf_mean_),
-            static_cast<const float*>(lnf_rstd_), BT, C);
-  // Gradients [first, end) are final: let the caller start reducing them (after the device
-  // finished writing them).
-  auto notify = [&](std::size_t first, std::size_t end) {
-    if (!ready) return;
-    dev_.call(&dt_hal_v1_t::synchronize, "synchronize");
-    ready(first, end);
-  };
-  notify(lnf, lnf + 2);
+  use_params(head, cfg_.layers);
+  use_grads(head);
+  dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", dres_, gp_[lnf], gp_[lnf + 1],
+            static_cast<const float*>(dln_), last, pp_[lnf],
+            static_cast<const float*>(lnf_mean_), static_cast<const float*>(lnf_rstd_), BT, C);
+  drop_params(head);
+  notify(head);
 
   for (int l = cfg_.layers - 1; l >= 0; --l) {
     const trace::Scope layer_scope("backward", "model", "layer", l);
+    use_params(l + 1, l > 0 ? l : -1);
+    use_grads(l + 1);
     Layer& a = L_[static_cast<std::size_t>(l)];
     const float* x = l == 0 ? encoded_ : L_[static_cast<std::size_t>(l - 1)].res3;
     // res3 = res2 + fch_gelu @ Wfcp^T + b: dres flows to res2 unchanged.
@@ -305,12 +386,12 @@ void Gpt::backward(float loss_scale, const GradReady& ready) {
     dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", dres_, dW(l, LN1W), dW(l, LN1B),
               static_cast<const float*>(dln_), x, W(l, LN1W), static_cast<const float*>(a.ln1_mean),
               static_cast<const float*>(a.ln1_rstd), BT, C);
-    const std::size_t first = 2 + static_cast<std::size_t>(l) * kPerLayer;
-    notify(first, first + kPerLayer);
+    drop_params(l + 1);
+    notify(l + 1);
   }
-  dev_.call(&dt_hal_v1_t::embedding_bwd, "embedding_bwd", G + params_[0].offset,
-            G + params_[1].offset, static_cast<const float*>(dres_), tok, B, T, C);
-  notify(0, 2);
+  dev_.call(&dt_hal_v1_t::embedding_bwd, "embedding_bwd", gp_[0], gp_[1],
+            static_cast<const float*>(dres_), tok, B, T, C);
+  notify(0);
 }
 
 }  // namespace dt

@@ -1,3 +1,4 @@
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <chrono>
 #include <thread>
@@ -20,6 +21,7 @@
 #include "engine/grad_buckets.hpp"
 #include "engine/pipeline.hpp"
 #include "engine/plan.hpp"
+#include "engine/zero.hpp"
 #include "obs/train_obs.hpp"
 
 namespace dt {
@@ -163,6 +165,10 @@ void add_train_options(Options& o, TrainConfig& c) {
            "auto: the fused model when tp = pp = 1, the graph engine otherwise; graph: always the "
            "graph engine",
            {"auto", "graph"})
+      .add("parallel.zero", &c.par_zero, 0,
+           "sharded data parallelism: 0 replicas; 1 shards the AdamW state over the data-parallel "
+           "ranks; 2 also the gradients; 3 also the parameters (gathered per layer when used)",
+           0, 3)
       .add("mem.limit", &c.mem_limit, "0",
            "memory per rank a plan may use (estimate of parameters, gradients, AdamW moments and "
            "activations), e.g. 8G; a plan over it is refused before training (0: no limit)")
@@ -252,8 +258,12 @@ TokenFile validate_and_load(TrainConfig& c) {
              c.seal != "off" ? "--security.seal=" + c.seal : std::string("--ckpt.encrypt"));
     security::load_key_file(c.key_file);  // refused here, naming the file and its mode
   }
-  DT_CHECK(ConfigError, !(c.ckpt_encrypt && c.ckpt_async),
-           "option --ckpt.encrypt: encrypted checkpoints are written blocking; drop --ckpt.async");
+  DT_CHECK(ConfigError, c.par_zero == 0 || (c.par_tp == 1 && c.par_pp == 1 && !c.par_auto &&
+                                              c.par_engine == "auto"),
+           "option --parallel.zero=", c.par_zero,
+           ": sharded data parallelism runs on the fused model (parallel.tp = parallel.pp = 1, "
+           "parallel.engine=auto, no parallel.auto); got tp=", c.par_tp, " pp=", c.par_pp,
+           " engine=", c.par_engine, c.par_auto ? " auto" : "");
   DT_CHECK(ConfigError, c.optim.min_lr <= c.optim.lr, "option --optim.min-lr: ", c.optim.min_lr,
            " is above --optim.lr=", c.optim.lr);
   if (c.optim.decay_steps == 0) c.optim.decay_steps = c.steps;
@@ -351,6 +361,8 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
     dev_.call(&dt_hal_v1_t::set_threads, "set_threads", static_cast<int>(c_.threads));
   if (graph_engine) {
     setup_engine(sealed, tamper, tamper_collectives);
+  } else if (c_.par_zero > 0) {
+    setup_zero(sealed, tamper, tamper_collectives);
   } else {
     float* grad_storage = nullptr;
     if (n > 1) {
@@ -390,15 +402,18 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
     lc.min_scale = lc.dynamic ? c_.loss_scale_min : 1.0;
     lc.max_scale = std::max(lc.max_scale, lc.initial);
     scaler_ = std::make_unique<LossScaler>(lc);
-    const std::size_t count = param_list().back().offset + param_list().back().numel;
-    master_ = Device::Buffer(dev_, count * sizeof(float));
-    dev_.call(&dt_hal_v1_t::copy, "copy", master_.get(), static_cast<const void*>(params_ptr()),
-              count * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
+    if (!zero_) {  // sharded: the ZeRO master shard is the fp32 copy
+      const std::size_t count = param_list().back().offset + param_list().back().numel;
+      master_ = Device::Buffer(dev_, count * sizeof(float));
+      dev_.call(&dt_hal_v1_t::copy, "copy", master_.get(), static_cast<const void*>(params_ptr()),
+                count * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
+    }
     refresh_working_weights();
   }
   if (c_.ckpt_async && !c_.ckpt_dir.empty()) {
-    async_ =
-        std::make_unique<AsyncCheckpointer>(comm_, c_.ckpt_dir, static_cast<int>(c_.ckpt_keep));
+    async_ = std::make_unique<AsyncCheckpointer>(comm_, c_.ckpt_dir,
+                                                 static_cast<int>(c_.ckpt_keep),
+                                                 c_.ckpt_encrypt ? keys_.get() : nullptr);
     async_->reserve(state_tensors());
   }
   const std::size_t bt = static_cast<std::size_t>(micro_) * c_.model.block;
@@ -474,6 +489,71 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
   full_state_.assign(3 * (ps.back().offset + ps.back().numel), 0.0f);
 }
 
+void Trainer::setup_zero(const security::SealedCommOptions& sealed,
+                         const security::Tamper& tamper, bool tamper_collectives) {
+  // Two communicators over the data-parallel ranks (all of them here), one per progress thread.
+  auto make_comm = [&](bool tampered) -> std::unique_ptr<Comm> {
+    if (c_.seal != "all") return comm_.split(0, comm_.rank());
+    security::SealedCommOptions so = sealed;
+    if (tampered && tamper_collectives) so.tamper = tamper;
+    return security::make_sealed_comm(comm_, *keys_, so);
+  };
+  std::function<void(float*, std::size_t)> round;
+  if (low_precision()) round = [this](float* d, std::size_t n) { round_to_dtype(d, n); };
+  auto gather = make_comm(false);
+  auto reduce = make_comm(true);
+  zero_ = std::make_unique<ZeroShards>(dev_, c_.par_zero, gpt_params(c_.model),
+                                       gpt_units(c_.model), std::move(gather), std::move(reduce),
+                                       std::move(round));
+  GptStorage st;
+  st.layout = zero_->padded();
+  st.numel = zero_->padded_numel();
+  st.own_params = c_.par_zero < 3;
+  st.own_grads = c_.par_zero < 2;
+  model_ = std::make_unique<Gpt>(dev_, c_.model, static_cast<int>(micro_), st);
+  ZeroShards* z = zero_.get();
+  Gpt::UnitHooks h;
+  if (c_.par_zero >= 3) {
+    h.acquire = [z](int u, int next) { return z->acquire(u, next); };
+    h.release = [z](int u) { z->release(u); };
+  }
+  if (c_.par_zero >= 2) {
+    h.grads = [z](int u) { return z->grads_buffer(u); };
+    h.grads_done = [z](int u) { z->grads_done(u); };
+  }
+  model_->set_unit_hooks(std::move(h));
+  zero_counted_.assign(zero_->shard_params().size(), 1);
+  init_weights();
+}
+
+void Trainer::init_weights() {
+  const auto seed = static_cast<std::uint64_t>(c_.seed);
+  if (engine_) {
+    engine_->init(seed);
+    opt_ = std::make_unique<AdamW>(dev_, engine_->params(), engine_->num_params());
+  } else if (zero_) {
+    if (model_->param_data()) {
+      model_->init(seed);
+      zero_->take_shard(model_->param_data());
+    } else {
+      zero_->init_shard([this, seed](std::size_t i, float* out) {
+        gpt_init_param(c_.model, seed, i, out);
+      });
+    }
+    opt_ = std::make_unique<AdamW>(dev_, zero_->shard_params(), zero_->shard_numel());
+    zero_->publish(model_->param_data());
+    return;
+  } else {
+    model_->init(seed);
+    opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
+  }
+  if (low_precision() && master_.bytes()) {
+    dev_.call(&dt_hal_v1_t::copy, "copy", master_.get(), static_cast<const void*>(params_ptr()),
+              master_.bytes(), DT_HAL_DEVICE_TO_DEVICE);
+    refresh_working_weights();
+  }
+}
+
 Trainer::~Trainer() = default;
 
 void Trainer::stall_for_test(const char* what) {
@@ -497,18 +577,30 @@ StepStats Trainer::step() {
     loss_sum = pipeline_step(scale);
   } else {
     model_->zero_grad();
+    if (zero_) zero_->begin_step();
     const std::int64_t first = comm_.rank() * local_batch_;
     for (std::int64_t m = 0; m < local_batch_; m += micro_) {
       const trace::Scope micro_scope("micro-batch", "train", "index", m / micro_);
       sampler_->fill(static_cast<std::uint64_t>(step_), first + m, micro_, inputs_.data(),
                      targets_.data());
       loss_sum += model_->forward(inputs_.data(), targets_.data(), static_cast<int>(micro_), T);
-      // The last micro-batch's backward hands each finished bucket to the progress thread.
-      if (buckets_ && m + micro_ >= local_batch_)
+      // The last micro-batch's backward hands each finished bucket (ZeRO-1: unit) to the
+      // progress thread; ZeRO-2/3 reduce every micro-batch's units through the model's hooks.
+      const bool last = m + micro_ >= local_batch_;
+      if (zero_ && zero_->stage() == 1 && last)
+        model_->backward(scale, [&](std::size_t a, std::size_t) {
+          const int u = zero_->unit_starting_at(a);
+          zero_->grads_final(u, model_->grad_data() + zero_->unit_offset(u));
+        });
+      else if (buckets_ && last)
         model_->backward(scale, [&](std::size_t a, std::size_t b) { buckets_->ready(a, b); });
       else
         model_->backward(scale);
     }
+  }
+  if (zero_) {
+    watchdog::set_activity("gradient reduce_scatter wait", step_);
+    zero_->finish_grads();
   }
   if (comm_.size() > 1) {
     if (c_.test_skip_collective == comm_.rank() && step_ == c_.test_skip_step) {
@@ -540,7 +632,7 @@ StepStats Trainer::step() {
   if (scaler_) {
     // The gradients as c_.dtype stores them (fp16: Inf beyond 65504), then one decision for all
     // ranks: any non-finite gradient anywhere skips the step everywhere.
-    const std::size_t n = param_list().back().offset + param_list().back().numel;
+    const std::size_t n = state_numel();
     round_to_dtype(grads_ptr(), n);
     if (c_.test_inject_inf_rank == comm_.rank() && step_ == c_.test_inject_inf_step) {
       const float inf = INFINITY;
@@ -557,11 +649,13 @@ StepStats Trainer::step() {
       return s;
     }
   }
-  s.grad_norm = engine_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, owner_, coll())
-                        : opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip);
+  s.grad_norm =
+      engine_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, owner_, coll())
+      : zero_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, zero_counted_, coll())
+              : opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip);
   s.lr = lr_at(c_.optim, step_);
   opt_->step(master_ptr(), grads_ptr(), s.lr, c_.optim);
-  if (scaler_) refresh_working_weights();
+  if (scaler_ || zero_) refresh_working_weights();
   ++step_;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
@@ -614,6 +708,15 @@ double Trainer::loss_over(const std::vector<std::size_t>& starts) {
   double sums[2] = {0, 0};  // loss sum, tokens
   const uint16_t* val = data_.data(split_.val);
   int k = 0;
+  // ZeRO-3 gathers parameters collectively in every forward: all ranks run as many forwards as
+  // the largest share needs (the extra ones on this rank's first window, not counted).
+  const bool lockstep = zero_ && zero_->stage() == 3 && n > 1;
+  const std::int64_t rounds = (((total + n - 1) / n) + micro_ - 1) / micro_;
+  for (std::int64_t j = 0; lockstep && j < rounds - (end - begin + micro_ - 1) / micro_; ++j) {
+    fill_windows(data_.data(split_.val), split_.val.size(), T, starts.data(), 1, inputs_.data(),
+                 targets_.data());
+    model_->forward(inputs_.data(), targets_.data(), 1, T);
+  }
   for (std::int64_t i = begin; i < end; i += micro_, ++k) {
     const std::int64_t cnt = std::min(micro_, end - i);
     fill_windows(val, split_.val.size(), T, starts.data() + i, cnt, inputs_.data(),
@@ -648,7 +751,7 @@ std::vector<std::int32_t> Trainer::sample(const std::vector<std::int32_t>& promp
   };
   Gpt* model = model_.get();
   std::unique_ptr<Gpt> whole;
-  if (engine_) {  // the global parameters gathered into full_state_
+  if (engine_ || (zero_ && !model_->param_data())) {  // global parameters in full_state_
     whole = std::make_unique<Gpt>(dev_, c_.model, 1);
     dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(whole->param_data()),
               static_cast<const void*>(full_state_.data()), whole->num_params() * sizeof(float),
@@ -706,6 +809,18 @@ void Trainer::log(const std::string& line) const {
 std::vector<CkptTensor> Trainer::state_tensors() {
   std::vector<CkptTensor> out;
   const std::vector<ParamInfo> global = gpt_params(c_.model);
+  if (zero_) {  // each rank holds its shard's piece of every tensor (or none)
+    const char* prefix[3] = {"/model/", "/optim/exp_avg/", "/optim/exp_avg_sq/"};
+    float* base[3] = {zero_->master(), opt_->m(), opt_->v()};
+    for (int g = 0; g < 3; ++g)
+      for (std::size_t i = 0; i < global.size(); ++i) {
+        CkptTensor t{prefix[g] + global[i].name, global[i].shape, base[g], 0, 0};
+        for (const ZeroPiece& pc : zero_->pieces())
+          if (pc.param == i) t = CkptTensor{t.path, t.shape, base[g] + pc.local, pc.begin, pc.end};
+        out.push_back(std::move(t));
+      }
+    return out;
+  }
   const std::size_t N = global.back().offset + global.back().numel;
   // The graph engine holds shards: checkpoints read and write the assembled global state.
   const struct {
@@ -727,7 +842,13 @@ float* Trainer::params_ptr() const {
   return engine_ ? engine_->param_data() : model_->param_data();
 }
 float* Trainer::master_ptr() const {
+  if (zero_) return zero_->master();
   return low_precision() ? master_.as<float>() : params_ptr();
+}
+
+std::size_t Trainer::state_numel() const {
+  if (zero_) return zero_->shard_numel();
+  return param_list().back().offset + param_list().back().numel;
 }
 
 void Trainer::round_to_dtype(float* data, std::size_t n) {
@@ -754,13 +875,20 @@ bool Trainer::unscale_found_inf(float* grads, std::size_t n, float loss_scale) {
 }
 
 void Trainer::refresh_working_weights() {
+  if (zero_) {
+    zero_->publish(model_->param_data());
+    return;
+  }
   const std::size_t n = param_list().back().offset + param_list().back().numel;
   dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(params_ptr()),
             static_cast<const void*>(master_ptr()), n * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
   round_to_dtype(params_ptr(), n);
 }
 
-float* Trainer::grads_ptr() const { return engine_ ? engine_->grad_data() : model_->grad_data(); }
+float* Trainer::grads_ptr() const {
+  if (zero_) return zero_->grads();
+  return engine_ ? engine_->grad_data() : model_->grad_data();
+}
 
 std::string Trainer::layout() const { return plan_->layout.str(); }
 
@@ -770,6 +898,8 @@ std::vector<float> Trainer::global_parameters() {
   if (engine_) {
     gather_state();
     std::copy_n(full_state_.begin(), out.size(), out.begin());
+  } else if (zero_) {
+    out = zero_->gather_master();
   } else {
     dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(out.data()),
               static_cast<const void*>(master_ptr()), out.size() * sizeof(float),
@@ -820,24 +950,14 @@ std::string Trainer::resume_from_checkpoint() {
                             c_.ckpt_encrypt ? keys_.get() : nullptr);
   if (used.empty()) {
     // Rejected candidates may have left their data in the buffers: start from clean weights.
-    if (engine_) {
-      engine_->init(static_cast<std::uint64_t>(c_.seed));
-      opt_ = std::make_unique<AdamW>(dev_, engine_->params(), engine_->num_params());
-    } else {
-      model_->init(static_cast<std::uint64_t>(c_.seed));
-      opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
-    }
-    if (low_precision()) {
-      dev_.call(&dt_hal_v1_t::copy, "copy", master_.get(), static_cast<const void*>(params_ptr()),
-                master_.bytes(), DT_HAL_DEVICE_TO_DEVICE);
-      refresh_working_weights();
-    }
+    init_weights();
     log("ckpt: no usable checkpoint in " + c_.ckpt_dir + ", starting from step 0");
     return "";
   }
   if (engine_) scatter_state();
+  if (zero_) refresh_working_weights();  // the loaded shards into the compute parameters
   if (low_precision()) {
-    refresh_working_weights();
+    if (!zero_) refresh_working_weights();
     if (c_.dtype == "fp16" && m.loss_scale > 0) {
       LossScaler::State st = scaler_->state();
       st.scale = std::clamp(m.loss_scale, scaler_->config().min_scale, scaler_->config().max_scale);
@@ -943,6 +1063,7 @@ int Trainer::run() {
     if (!plan_->why.empty()) std::printf("dt_train: %s\n", plan_->why.c_str());
     std::fflush(stdout);
   }
+  report_memory();
   if (c_.eval_only) {
     char line[256];
     std::snprintf(
@@ -1048,6 +1169,9 @@ int Trainer::run() {
   if (engine_ && plan_->layout.pp > 1) report_bubble();
   // Sampling runs the whole model on rank 0: the graph engine's shards are assembled first.
   if (engine_ && c_.sample_tokens > 0 && first_step < c_.steps) gather_state();
+  if (zero_ && !model_->param_data() && c_.sample_tokens > 0 && first_step < c_.steps)
+    full_state_ = zero_->gather_master();
+  report_peak_memory();
   if (lead && first_step >= c_.steps) {
     std::printf("dt_train: nothing to train: the checkpoint is at step %ld, --train.steps is %ld\n",
                 static_cast<long>(first_step), static_cast<long>(c_.steps));
@@ -1082,6 +1206,47 @@ int Trainer::run() {
   obs_->finish();
   comm_.barrier();
   return 0;
+}
+
+void Trainer::report_memory() {
+  if (!model_) return;  // the graph engine prints its plan's estimate with --print-plan
+  const std::size_t f = sizeof(float);
+  ZeroMemory m;
+  if (zero_) {
+    m = zero_->memory();
+  } else {
+    const std::size_t n = model_->num_params();
+    m.params = n * f;
+    m.grads = n * f;
+    m.optimizer = (2 + (low_precision() ? 1 : 0)) * n * f;
+  }
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "dt_train: memory per rank (parallel.zero=%d, rank 0): parameters %s, gradients "
+                "%s, optimizer state %s, model state %s; activations %s",
+                c_.par_zero, format_bytes(static_cast<double>(m.params)).c_str(),
+                format_bytes(static_cast<double>(m.grads)).c_str(),
+                format_bytes(static_cast<double>(m.optimizer)).c_str(),
+                format_bytes(static_cast<double>(m.params + m.grads + m.optimizer)).c_str(),
+                format_bytes(static_cast<double>(model_->activation_bytes())).c_str());
+  log(line);
+}
+
+void Trainer::report_peak_memory() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  std::vector<double> mine{static_cast<double>(ru.ru_maxrss) * 1024.0};  // Linux: KiB
+  std::vector<double> all(static_cast<std::size_t>(comm_.size()));
+  comm_.all_gather(view_of(mine), view_of(all));
+  if (comm_.rank() != 0) return;
+  std::string line = "dt_train: peak resident memory per rank:";
+  double top = 0;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    line += (r ? ", " : " ") + format_bytes(all[r]) + " (rank " +
+            std::to_string(r) + ")";
+    top = std::max(top, all[r]);
+  }
+  log(line + "; max " + format_bytes(top));
 }
 
 void Trainer::report_bubble() {

@@ -1,0 +1,325 @@
+#include "engine/zero.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "dt/error.hpp"
+#include "dt/trace.hpp"
+
+namespace dt {
+
+std::vector<ZeroUnit> gpt_units(const GptConfig& c) {
+  const std::size_t per_layer = 12;
+  std::vector<ZeroUnit> u;
+  u.push_back({0, 2});
+  for (int l = 0; l < c.layers; ++l)
+    u.push_back({2 + static_cast<std::size_t>(l) * per_layer,
+                 2 + static_cast<std::size_t>(l + 1) * per_layer});
+  const std::size_t end = 2 + static_cast<std::size_t>(c.layers) * per_layer;
+  u.push_back({end, end + 2});
+  return u;
+}
+
+struct ZeroShards::Slot {
+  int unit = -1;       // the unit the buffer holds (or is being filled with)
+  bool held = false;   // in use by the model
+  Work work;           // the gather (parameters) or reduction (gradients) in flight
+  bool in_flight = false;
+  Device::Buffer buf;  // a padded unit
+  Device::Buffer part;  // gradients: this rank's reduced slice before it is added
+};
+
+namespace {
+std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+ZeroShards::ZeroShards(const Device& dev, int stage, std::vector<ParamInfo> params,
+                       std::vector<ZeroUnit> units, std::unique_ptr<Comm> gather,
+                       std::unique_ptr<Comm> reduce,
+                       std::function<void(float*, std::size_t)> round)
+    : dev_(dev),
+      stage_(stage),
+      n_(reduce->size()),
+      r_(reduce->rank()),
+      params_(std::move(params)),
+      units_(std::move(units)),
+      gather_comm_(std::move(gather)),
+      reduce_comm_(std::move(reduce)),
+      round_(std::move(round)) {
+  DT_CHECK(InvalidArgument, stage_ >= 1 && stage_ <= 3, "parallel.zero stage ", stage_,
+           " is not 1, 2 or 3");
+  DT_CHECK(InvalidArgument, gather_comm_->size() == n_ && gather_comm_->rank() == r_,
+           "ZeRO communicators differ");
+  const std::size_t N = static_cast<std::size_t>(n_), r = static_cast<std::size_t>(r_);
+  padded_ = params_;
+  std::size_t expect = 0;
+  for (const ZeroUnit& u : units_) {
+    DT_CHECK(InvalidArgument, u.first == expect && u.end > u.first && u.end <= params_.size(),
+             "ZeRO units must cover the parameters in order");
+    expect = u.end;
+    const std::size_t S = params_[u.end - 1].offset + params_[u.end - 1].numel -
+                          params_[u.first].offset;
+    const std::size_t s = ceil_div(S, N);
+    A_.push_back(padded_total_);
+    S_.push_back(S);
+    s_.push_back(s);
+    loc_.push_back(n_loc_);
+    for (std::size_t i = u.first; i < u.end; ++i)
+      padded_[i].offset = padded_total_ + (params_[i].offset - params_[u.first].offset);
+    // This rank's slice [lo, hi) of the padded unit: the pieces of its tensors.
+    const std::size_t lo = padded_total_ + r * s, hi = lo + s;
+    for (std::size_t i = u.first; i < u.end; ++i) {
+      const std::size_t a = std::max(lo, padded_[i].offset);
+      const std::size_t b = std::min(hi, padded_[i].offset + padded_[i].numel);
+      if (a >= b) continue;
+      ZeroPiece pc{i, a - padded_[i].offset, b - padded_[i].offset, n_loc_ + (a - lo)};
+      pieces_.push_back(pc);
+      ParamInfo pi;
+      pi.name = params_[i].name;
+      pi.shape = {static_cast<std::int64_t>(b - a)};
+      pi.offset = pc.local;
+      pi.numel = b - a;
+      pi.decay = params_[i].decay;
+      shard_params_.push_back(std::move(pi));
+    }
+    padded_total_ += s * N;
+    n_loc_ += s;
+    max_unit_ = std::max(max_unit_, s * N);
+  }
+  DT_CHECK(InvalidArgument, expect == params_.size(), "ZeRO units must cover the parameters");
+  auto zeroed = [&](std::size_t n) {
+    Device::Buffer b(dev_, std::max<std::size_t>(n, 1) * sizeof(float));
+    dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", b.get(), b.bytes());
+    return b;
+  };
+  master_ = zeroed(n_loc_);
+  grads_ = zeroed(n_loc_);
+  if (round_ && stage_ == 3) work_ = zeroed(n_loc_);
+  if (stage_ == 3)
+    for (int k = 0; k < 2; ++k) {
+      param_slots_.push_back(std::make_unique<Slot>());
+      param_slots_.back()->buf = zeroed(max_unit_);
+    }
+  if (stage_ >= 2)
+    for (int k = 0; k < 3; ++k) {  // the embeddings (held all backward), current, in flight
+      grad_slots_.push_back(std::make_unique<Slot>());
+      grad_slots_.back()->buf = zeroed(max_unit_);
+      grad_slots_.back()->part = zeroed(max_unit_ / N);
+    }
+  gather_q_ = std::make_unique<ProgressQueue>(r_, gather_comm_->name());
+  reduce_q_ = std::make_unique<ProgressQueue>(r_, reduce_comm_->name());
+}
+
+ZeroShards::~ZeroShards() {
+  gather_q_.reset();  // runs what is queued while the buffers are alive
+  reduce_q_.reset();
+}
+
+int ZeroShards::unit_starting_at(std::size_t first) const {
+  for (std::size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].first == first) return static_cast<int>(u);
+  return -1;
+}
+
+void ZeroShards::take_shard(const float* padded_full) {
+  for (std::size_t u = 0; u < units_.size(); ++u)
+    dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(master() + loc_[u]),
+              static_cast<const void*>(padded_full + A_[u] + static_cast<std::size_t>(r_) * s_[u]),
+              s_[u] * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
+}
+
+void ZeroShards::init_shard(const std::function<void(std::size_t, float*)>& whole) {
+  std::vector<float> host;
+  for (const ZeroPiece& pc : pieces_) {
+    host.resize(params_[pc.param].numel);
+    whole(pc.param, host.data());
+    dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(master() + pc.local),
+              static_cast<const void*>(host.data() + pc.begin),
+              (pc.end - pc.begin) * sizeof(float), DT_HAL_HOST_TO_DEVICE);
+  }
+}
+
+void ZeroShards::publish(float* model_params) {
+  const trace::Scope scope("zero.publish", "comm");
+  if (work_.bytes()) {
+    dev_.call(&dt_hal_v1_t::copy, "copy", work_.get(), static_cast<const void*>(master()),
+              n_loc_ * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
+    round_(work_.as<float>(), n_loc_);
+  }
+  if (stage_ == 3) {
+    for (auto& s : param_slots_) {
+      wait_slot(*s);
+      s->unit = -1;
+    }
+    return;
+  }
+  // Stages 1-2: the rounded shard (low precision) goes into the model's own buffer first.
+  const float* src = master();
+  Device::Buffer rounded;
+  if (round_) {
+    rounded = Device::Buffer(dev_, std::max<std::size_t>(n_loc_, 1) * sizeof(float));
+    dev_.call(&dt_hal_v1_t::copy, "copy", rounded.get(), static_cast<const void*>(master()),
+              n_loc_ * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
+    round_(rounded.as<float>(), n_loc_);
+    src = rounded.as<float>();
+  }
+  Work w = gather_q_->submit("ZeRO parameter all_gather", [this, src, model_params] {
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      gather_comm_->all_gather(ConstTensorView{src + loc_[u], s_[u], DType::f32},
+                               TensorView{model_params + A_[u], s_[u] * n_, DType::f32});
+  });
+  w.wait();
+}
+
+std::vector<float> ZeroShards::gather_master() {
+  std::vector<float> shard(std::max<std::size_t>(n_loc_, 1)), padded(padded_total_ + 1);
+  dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(shard.data()),
+            static_cast<const void*>(master()), n_loc_ * sizeof(float), DT_HAL_DEVICE_TO_HOST);
+  Work w = gather_q_->submit("ZeRO master all_gather", [&] {
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      gather_comm_->all_gather(ConstTensorView{shard.data() + loc_[u], s_[u], DType::f32},
+                               TensorView{padded.data() + A_[u], s_[u] * n_, DType::f32});
+  });
+  w.wait();
+  std::vector<float> out(params_.back().offset + params_.back().numel);
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    std::copy_n(padded.begin() + static_cast<std::ptrdiff_t>(padded_[i].offset), params_[i].numel,
+                out.begin() + static_cast<std::ptrdiff_t>(params_[i].offset));
+  return out;
+}
+
+void ZeroShards::begin_step() {
+  dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", grads_.get(), grads_.bytes());
+}
+
+void ZeroShards::grads_final(int u, const float* unit_grads) {
+  const std::size_t k = static_cast<std::size_t>(u);
+  float* out = grads() + loc_[k];
+  pending_.push_back(reduce_q_->submit(
+      "ZeRO gradient reduce_scatter of unit " + std::to_string(u), [this, k, unit_grads, out] {
+        reduce_comm_->reduce_scatter(ConstTensorView{unit_grads, s_[k] * n_, DType::f32},
+                                     TensorView{out, s_[k], DType::f32}, ReduceOp::sum);
+      }));
+}
+
+void ZeroShards::wait_slot(Slot& s) {
+  if (!s.in_flight) return;
+  s.in_flight = false;
+  s.work.wait();
+}
+
+float* ZeroShards::grads_buffer(int u) {
+  Slot* pick = nullptr;
+  for (auto& s : grad_slots_)
+    if (!s->held && !s->in_flight) {
+      pick = s.get();
+      break;
+    }
+  if (!pick)  // every buffer is held or reducing: wait for a reduction (queued in order)
+    for (auto& s : grad_slots_)
+      if (!s->held) {
+        wait_slot(*s);
+        pick = s.get();
+        break;
+      }
+  DT_ASSERT(pick != nullptr, "no free ZeRO gradient buffer");
+  pick->unit = u;
+  pick->held = true;
+  const std::size_t k = static_cast<std::size_t>(u);
+  dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", pick->buf.get(), s_[k] * n_ * sizeof(float));
+  return pick->buf.as<float>();
+}
+
+void ZeroShards::grads_done(int u) {
+  Slot* s = nullptr;
+  for (auto& g : grad_slots_)
+    if (g->held && g->unit == u) s = g.get();
+  DT_ASSERT(s != nullptr, "ZeRO gradients of unit ", u, " were never taken");
+  const std::size_t k = static_cast<std::size_t>(u);
+  float* acc = grads() + loc_[k];
+  s->held = false;
+  s->in_flight = true;
+  s->work = reduce_q_->submit("ZeRO gradient reduce_scatter of unit " + std::to_string(u),
+                              [this, s, k, acc] {
+                                reduce_comm_->reduce_scatter(
+                                    ConstTensorView{s->buf.as<float>(), s_[k] * n_, DType::f32},
+                                    TensorView{s->part.as<float>(), s_[k], DType::f32},
+                                    ReduceOp::sum);
+                                dev_.call(&dt_hal_v1_t::add, "add", acc,
+                                          static_cast<const float*>(acc),
+                                          static_cast<const float*>(s->part.as<float>()),
+                                          static_cast<std::int64_t>(s_[k]));
+                              });
+}
+
+void ZeroShards::finish_grads() {
+  const trace::Scope scope("zero.reduce wait", "comm");
+  for (auto& s : grad_slots_) wait_slot(*s);
+  std::vector<Work> p = std::move(pending_);
+  pending_.clear();
+  for (Work& w : p) w.wait();
+}
+
+Work ZeroShards::gather_into(Slot& s, int u) {
+  const std::size_t k = static_cast<std::size_t>(u);
+  const float* src = work() + loc_[k];
+  float* dst = s.buf.as<float>();
+  s.unit = u;
+  s.in_flight = true;
+  return gather_q_->submit("ZeRO parameter all_gather of unit " + std::to_string(u),
+                           [this, k, src, dst] {
+                             gather_comm_->all_gather(
+                                 ConstTensorView{src, s_[k], DType::f32},
+                                 TensorView{dst, s_[k] * n_, DType::f32});
+                           });
+}
+
+const float* ZeroShards::acquire(int u, int next) {
+  DT_ASSERT(stage_ == 3, "ZeRO acquire() needs stage 3");
+  Slot* mine = nullptr;
+  for (auto& s : param_slots_)
+    if (s->unit == u) mine = s.get();
+  if (!mine) {
+    for (auto& s : param_slots_)  // a free buffer: one not held, preferring an empty one
+      if (!s->held && (!mine || s->unit == -1)) mine = s.get();
+    DT_ASSERT(mine != nullptr, "both ZeRO parameter buffers are held");
+    wait_slot(*mine);
+    mine->work = gather_into(*mine, u);
+  }
+  {
+    const trace::Scope scope("zero.gather wait", "comm", "unit", u);
+    wait_slot(*mine);
+  }
+  mine->held = true;
+  if (next >= 0) {
+    bool cached = false;
+    Slot* other = nullptr;
+    for (auto& s : param_slots_) {
+      cached = cached || s->unit == next;
+      if (!s->held) other = s.get();
+    }
+    if (!cached && other) {
+      wait_slot(*other);
+      other->work = gather_into(*other, next);
+    }
+  }
+  return mine->buf.as<float>();
+}
+
+void ZeroShards::release(int u) {
+  for (auto& s : param_slots_)
+    if (s->unit == u) s->held = false;
+}
+
+ZeroMemory ZeroShards::memory() const {
+  ZeroMemory m;
+  const std::size_t f = sizeof(float);
+  m.optimizer = 3 * n_loc_ * f;  // master, exp_avg, exp_avg_sq
+  m.params = stage_ < 3 ? padded_total_ * f
+                        : (work_.bytes() ? n_loc_ * f : 0) + param_slots_.size() * max_unit_ * f;
+  m.grads = n_loc_ * f + (stage_ < 2 ? padded_total_ * f
+                                      : grad_slots_.size() * (max_unit_ + max_unit_ / n_) * f);
+  return m;
+}
+
+}  // namespace dt
