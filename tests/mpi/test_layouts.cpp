@@ -2,8 +2,11 @@
 // parallel collectives) gives the same losses, validation loss and final parameters as the fused
 // model on one rank, within 1e-5 relative, over 5 steps of the micro config (with 4 layers and 4
 // heads, so that tp and pp up to 4 are possible).
-//   mpiexec -n N test_layouts DATA_FILE DPxTPxPP[:ucx] ...
-// ":ucx" sends the pipeline's activations over UCX instead of MPI.
+// Sharded data parallelism (parallel.zero) on the fused model is held to the same reference.
+//   mpiexec -n N test_layouts DATA_FILE DPxTPxPP[:ucx][:zN][:m1] ...
+// ":ucx" sends the pipeline's activations over UCX instead of MPI; ":zN" trains with
+// parallel.zero=N (N = 1, 2, 3; the fused model, so tp = pp = 1); ":m1" uses micro-batches of one
+// sequence.
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -59,19 +62,30 @@ int main(int argc, char** argv) {
   for (int a = 2; a < argc; ++a) {
     std::string spec = argv[a];
     dt::TrainConfig cl = c;
-    if (spec.size() > 4 && spec.substr(spec.size() - 4) == ":ucx") {
-      cl.p2p = "ucx";
-      spec = spec.substr(0, spec.size() - 4);
+    cl.par_engine = "graph";  // 1x1x1 too: the engine itself against the fused model
+    for (std::size_t colon; (colon = spec.rfind(':')) != std::string::npos;
+         spec = spec.substr(0, colon)) {
+      const std::string opt = spec.substr(colon + 1);
+      if (opt == "ucx") {
+        cl.p2p = "ucx";
+      } else if (opt == "m1") {
+        cl.micro_batch = 1;  // gradients accumulate over several micro-batches per step
+      } else if (opt.size() == 2 && opt[0] == 'z' && opt[1] >= '1' && opt[1] <= '3') {
+        cl.par_zero = opt[1] - '0';
+        cl.par_engine = "auto";  // sharding runs on the fused model
+      } else {
+        std::fprintf(stderr, "test_layouts: '%s': unknown option ':%s'\n", argv[a], opt.c_str());
+        return 2;
+      }
     }
     if (std::sscanf(spec.c_str(), "%dx%dx%d", &cl.par_dp, &cl.par_tp, &cl.par_pp) != 3) {
       std::fprintf(stderr, "test_layouts: '%s' is not DPxTPxPP\n", argv[a]);
       return 2;
     }
-    cl.par_engine = "graph";  // 1x1x1 too: the engine itself against the fused model
     const Run got = train(rt.world(), dev, cl, data);
     if (me != 0) continue;
-    std::printf("layout %s (dp=%d tp=%d pp=%d, p2p %s):\n", argv[a], cl.par_dp, cl.par_tp,
-                cl.par_pp, cl.p2p.c_str());
+    std::printf("layout %s (dp=%d tp=%d pp=%d, p2p %s, zero %d):\n", argv[a], cl.par_dp,
+                cl.par_tp, cl.par_pp, cl.p2p.c_str(), cl.par_zero);
     for (int s = 0; s < c.steps; ++s) {
       const double d = rel(got.losses[static_cast<std::size_t>(s)],
                            ref.losses[static_cast<std::size_t>(s)]);
