@@ -1,15 +1,21 @@
 // bench_seal: the cost of AES-256-GCM sealing in dt's tensor traffic, side by side in one run.
 //
-//   mpiexec -n 2 bench_seal [--iters N]
+//   mpiexec -n 2 bench_seal [--iters N] [--window W] [--record-bytes B]
 // prints, on rank 0:
-//   seal-only   one core sealing 1/4/16 MiB messages in memory (dt::security::Aead, the ceiling
-//               for sealed traffic on one core)
-//   p2p         rank 0 streams messages of 1/4/16 MiB to rank 1 (a window of 4 in flight), over
-//               plain MPI point-to-point and over seal_p2p(MPI): GB/s of payload
+//   memcpy      one core copying 256 KiB (in cache) and 16 MiB (memory): what a transport's own
+//               copy costs on this machine
+//   seal/open   one core sealing, resp. opening in place, 256 KiB and 1 MiB in memory
+//               (dt::security::Aead; the ceiling for sealed traffic on one core, as openssl speed)
+//   p2p         rank 0 streams messages of 1/4/16 MiB to rank 1 (W in flight, W distinct buffers
+//               on each side), over plain MPI point-to-point and over seal_p2p(MPI): GB/s of
+//               payload
 //   all_reduce  16 MiB of f32 (sum) over MPI_Allreduce (dt::MpiComm), over dt's sealed
-//               communicator, and over the same communicator with every peer exempted (dt's
-//               algorithm without cryptography): GB/s algorithm bandwidth (bytes / time)
-// Each figure is the median of --iters timed repetitions after one warm-up.
+//               communicator, and over the same algorithm with every peer unsealed: GB/s algorithm
+//               bandwidth (bytes / time)
+// Each figure is the median of --iters timed repetitions after one warm-up. The ranks may sit on
+// one node or on two (srun): the unsealed dt communicator exempts every peer either way.
+// The source also builds against dt before sealing had records (no SealOptions::record_bytes),
+// so that the previous implementation can be measured in the same run.
 #include <mpi.h>
 
 #include <algorithm>
@@ -17,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "comm/mpi_comm.hpp"
@@ -47,34 +54,65 @@ double timed(int iters, dt::Comm& world, F&& f) {
   return median(t);
 }
 
-double seal_only(std::size_t bytes, int iters) {
-  sec::Key k{};
-  k.fill(7);
-  sec::Aead enc(sec::SecretKey(k), true);
-  std::vector<std::uint8_t> in(bytes, 1), out(bytes + 16);
-  std::uint8_t nonce[12] = {0}, aad[40] = {0};
+// Median GB/s of `f` processing `bytes`, repeated until at least 64 MiB went through per sample.
+template <class F>
+double local_rate(std::size_t bytes, int iters, F&& f) {
+  const int reps = static_cast<int>(std::max<std::size_t>(1, (std::size_t{64} << 20) / bytes));
   std::vector<double> t;
   for (int i = 0; i <= iters; ++i) {
-    nonce[0] = static_cast<std::uint8_t>(i);
     const auto t0 = Clock::now();
-    enc.seal(nonce, aad, sizeof aad, in.data(), bytes, out.data(), out.data() + bytes);
+    for (int r = 0; r < reps; ++r) f(r);
     if (i > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  return static_cast<double>(bytes) / median(t) / 1e9;
+  return static_cast<double>(bytes) * reps / median(t) / 1e9;
 }
 
-// Rank 0 sends `msgs` messages of `bytes` to rank 1 with `window` in flight.
-void stream(dt::P2p& p, std::vector<float>& buf, int msgs, int window) {
-  const auto view = dt::view_of(buf);
-  std::vector<dt::Work> ws;
+double memcpy_rate(std::size_t bytes, int iters) {
+  std::vector<std::uint8_t> a(bytes, 1), b(bytes, 2);
+  return local_rate(bytes, iters, [&](int r) {
+    std::memcpy(r % 2 ? a.data() : b.data(), r % 2 ? b.data() : a.data(), bytes);
+  });
+}
+
+double seal_rate(std::size_t bytes, int iters, bool open) {
+  sec::Key k{};
+  k.fill(7);
+  sec::Aead enc(sec::SecretKey(k), true), dec(sec::SecretKey(k), false);
+  std::vector<std::uint8_t> in(bytes, 1), out(bytes + 16);
+  std::uint8_t nonce[12] = {0}, aad[56] = {0}, tag[16];
+  enc.seal(nonce, aad, sizeof aad, in.data(), bytes, out.data(), tag);
+  return local_rate(bytes, iters, [&](int) {
+    if (open)  // fails authentication after the first pass (in place): same work either way
+      (void)dec.open(nonce, aad, sizeof aad, out.data(), bytes, out.data(), tag);
+    else
+      enc.seal(nonce, aad, sizeof aad, in.data(), bytes, out.data(), tag);
+  });
+}
+
+// Rank 0 sends `msgs` messages to rank 1 with `window` in flight, from and into `bufs` in turn.
+void stream(dt::P2p& p, std::vector<std::vector<float>>& bufs, int msgs) {
+  const std::size_t window = bufs.size();
+  std::vector<dt::Work> ws(window);
   for (int m = 0; m < msgs; ++m) {
-    if (static_cast<int>(ws.size()) == window) {
-      ws.front().wait();
-      ws.erase(ws.begin());
-    }
-    ws.push_back(p.rank() == 0 ? p.isend(view, 1, 3) : p.irecv(view, 0, 3));
+    const std::size_t slot = static_cast<std::size_t>(m) % window;
+    if (ws[slot].valid()) ws[slot].wait();
+    const auto view = dt::view_of(bufs[slot]);
+    ws[slot] = p.rank() == 0 ? p.isend(view, 1, 3) : p.irecv(view, 0, 3);
   }
-  for (auto& w : ws) w.wait();
+  for (auto& w : ws)
+    if (w.valid()) w.wait();
+}
+
+// SealOptions::record_bytes where it exists.
+template <class O, class = void>
+struct has_records : std::false_type {};
+template <class O>
+struct has_records<O, std::void_t<decltype(O::record_bytes)>> : std::true_type {};
+template <class O>
+void set_record_bytes(O& o, std::size_t b) {
+  if constexpr (has_records<O>::value) {
+    if (b > 0) o.record_bytes = b;
+  }
 }
 
 }  // namespace
@@ -82,37 +120,54 @@ void stream(dt::P2p& p, std::vector<float>& buf, int msgs, int window) {
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int iters = 5;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string(argv[i]) == "--iters") iters = std::max(1, std::atoi(argv[i + 1]));
+  int iters = 5, window = 4;
+  std::size_t record_bytes = 0;
+  for (int i = 1; i + 1 < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--iters") iters = std::max(1, std::atoi(argv[i + 1]));
+    if (a == "--window") window = std::max(1, std::atoi(argv[i + 1]));
+    if (a == "--record-bytes") record_bytes = std::strtoull(argv[i + 1], nullptr, 10);
+  }
   {
     auto world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
     const bool lead = world->rank() == 0;
     if (world->size() != 2) {
-      if (lead) std::fprintf(stderr, "bench_seal: run with mpiexec -n 2\n");
+      if (lead) std::fprintf(stderr, "bench_seal: run with 2 ranks\n");
       MPI_Finalize();
       return 2;
     }
     sec::Key k{};
     k.fill(42);
     const sec::Keys keys(sec::SecretKey(k), sec::slurm_job_id());
-    const std::size_t sizes[] = {std::size_t{1} << 20, std::size_t{4} << 20, std::size_t{16} << 20};
-    if (lead) std::printf("%-40s %10s\n", "case", "GB/s");
-    for (std::size_t s : sizes) {
-      const double g = seal_only(s, iters * 4);
-      if (lead) std::printf("seal-only %5zu MiB (one core)               %10.2f\n", s >> 20, g);
+    if (lead) {
+      std::printf("%-46s %8s\n", "case", "GB/s");
+      std::printf("memcpy 256 KiB (in cache, one core)            %8.2f\n",
+                  memcpy_rate(256 << 10, iters));
+      std::printf("memcpy  16 MiB (memory, one core)              %8.2f\n",
+                  memcpy_rate(16 << 20, iters));
+      for (std::size_t s : {std::size_t{256} << 10, std::size_t{1} << 20}) {
+        std::printf("seal %4zu KiB (one core)                       %8.2f\n", s >> 10,
+                    seal_rate(s, iters, false));
+        std::printf("open %4zu KiB in place (one core)              %8.2f\n", s >> 10,
+                    seal_rate(s, iters, true));
+      }
     }
+    world->barrier();
+    const std::size_t sizes[] = {std::size_t{1} << 20, std::size_t{4} << 20, std::size_t{16} << 20};
     auto plain = dt::make_p2p("mpi", *world);
-    auto sealed = sec::seal_p2p(dt::make_p2p("mpi", *world), keys, {});
+    sec::SealOptions po;
+    set_record_bytes(po, record_bytes);
+    auto sealed = sec::seal_p2p(dt::make_p2p("mpi", *world), keys, po);
     for (std::size_t s : sizes) {
       const int msgs = static_cast<int>(std::max<std::size_t>(8, (std::size_t{256} << 20) / s));
-      std::vector<float> buf(s / sizeof(float), 1.0f);
-      const double tp = timed(iters, *world, [&] { stream(*plain, buf, msgs, 4); });
-      const double ts = timed(iters, *world, [&] { stream(*sealed, buf, msgs, 4); });
+      std::vector<std::vector<float>> bufs(static_cast<std::size_t>(window),
+                                           std::vector<float>(s / sizeof(float), 1.0f));
+      const double tp = timed(iters, *world, [&] { stream(*plain, bufs, msgs); });
+      const double ts = timed(iters, *world, [&] { stream(*sealed, bufs, msgs); });
       const double gb = static_cast<double>(s) * msgs / 1e9;
       if (lead) {
-        std::printf("p2p %5zu MiB plain MPI                      %10.2f\n", s >> 20, gb / tp);
-        std::printf("p2p %5zu MiB sealed                         %10.2f  (%.0f%% of plain)\n",
+        std::printf("p2p %5zu MiB plain MPI                         %8.2f\n", s >> 20, gb / tp);
+        std::printf("p2p %5zu MiB sealed                            %8.2f  (%.0f%% of plain)\n",
                     s >> 20, gb / ts, 100.0 * tp / ts);
       }
     }
@@ -120,18 +175,23 @@ int main(int argc, char** argv) {
     std::vector<float> buf(n, 1.0f);
     sec::SealedCommOptions so;
     auto sc = sec::make_sealed_comm(*world, keys, so);
-    so.exempt_node_local = true;  // one node: every peer exempted, no cryptography
+    so.exempt_node_local = true;  // all ranks on one (simulated) node: every peer unsealed
+    so.simulated_nodes = 1;
     auto xc = sec::make_sealed_comm(*world, keys, so);
-    const double tm = timed(iters, *world, [&] { world->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
-    const double ts = timed(iters, *world, [&] { sc->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
-    const double tx = timed(iters, *world, [&] { xc->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
+    const double tm =
+        timed(iters, *world, [&] { world->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
+    const double ts =
+        timed(iters, *world, [&] { sc->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
+    const double tx =
+        timed(iters, *world, [&] { xc->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
     const double gb = static_cast<double>(n * sizeof(float)) / 1e9;
     if (lead) {
-      std::printf("all_reduce 16 MiB f32 MPI_Allreduce          %10.2f\n", gb / tm);
-      std::printf("all_reduce 16 MiB f32 dt ring, exempted      %10.2f\n", gb / tx);
-      std::printf("all_reduce 16 MiB f32 dt sealed              %10.2f  (%.0f%% of MPI, %.0f%% of "
-                  "dt unsealed)\n",
-                  gb / ts, 100.0 * tm / ts, 100.0 * tx / ts);
+      std::printf("all_reduce 16 MiB f32 MPI_Allreduce             %8.2f\n", gb / tm);
+      std::printf("all_reduce 16 MiB f32 dt, unsealed              %8.2f\n", gb / tx);
+      std::printf(
+          "all_reduce 16 MiB f32 dt sealed                 %8.2f  (%.0f%% of MPI, %.0f%% "
+          "of dt unsealed)\n",
+          gb / ts, 100.0 * tm / ts, 100.0 * tx / ts);
     }
   }
   MPI_Finalize();

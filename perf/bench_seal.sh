@@ -1,17 +1,98 @@
 #!/usr/bin/env bash
-# Sealed tensor traffic against its ceilings, side by side in one run:
-#   1. openssl speed -elapsed -evp aes-256-gcm on one core (taskset -c 0), 1 MiB and 16 KiB
-#      blocks (wall clock, as bench_seal measures: on a loaded machine both see the same load)
-#   2. bench_seal under mpiexec -n 2: seal-only, sealed vs plain MPI point-to-point (1/4/16 MiB),
-#      sealed vs unsealed all_reduce of 16 MiB
-#   perf/bench_seal.sh [BUILD_DIR]     (default build/; builds the bench_seal target)
+# Sealed tensor traffic against its ceilings and against a baseline, side by side in one run.
+#   perf/bench_seal.sh [BUILD_DIR] [BASELINE_BENCH]
+# Each of ROUNDS rounds (default 3) records the load (uptime), then runs back to back:
+#   1. openssl speed -elapsed -evp aes-256-gcm on one core (taskset -c 0), 1 MiB blocks (wall
+#      clock, as bench_seal measures: on a loaded machine both see the same load)
+#   2. bench_seal of BUILD_DIR (default build/; the bench_seal target is built first) on 2 ranks
+#   3. BASELINE_BENCH, if given: a bench_seal binary built from the same perf/bench_seal.cpp
+#      against another dt (the previous implementation), same arguments; its order with 2.
+#      alternates between rounds
+# and then prints per round and as medians over the rounds: sealed p2p as a fraction of openssl's
+# one-core rate and of plain MPI, sealed all_reduce as a fraction of MPI_Allreduce and of dt's
+# algorithm unsealed, each for this build and the baseline.
+# NODES=2 runs bench_seal across two namespaced nodes, one rank each (TCP over a veth bridge;
+# tests/multinode/mpirun-nodes.sh, needs root; it creates and removes the dtn* namespaces, so
+# nobody else may be using them: `ip netns list`). NODES=1 (default): mpiexec -n 2 on this node
+# (shared memory). BENCH_ARGS (default "--iters 5") go to bench_seal.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../build}
+baseline=${2:-}
+rounds=${ROUNDS:-3}
+nodes=${NODES:-1}
+args=(${BENCH_ARGS:---iters 5})
 cmake --build "$build" --target bench_seal -j "$(nproc)" >/dev/null
-if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-echo "== openssl speed -elapsed -evp aes-256-gcm (one core, wall clock like bench_seal)"
-taskset -c 0 openssl speed -elapsed -evp aes-256-gcm -seconds 2 -bytes 1048576 2>/dev/null | tail -n 1
-taskset -c 0 openssl speed -elapsed -evp aes-256-gcm -seconds 2 -bytes 16384 2>/dev/null | tail -n 1
-echo "== bench_seal (mpiexec -n 2)"
-mpiexec -n 2 "$build/tests/security/bench_seal" --iters 5
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+run() {
+  if [ "$nodes" = 2 ]; then
+    "$here/../tests/multinode/mpirun-nodes.sh" 2 1 "$@"
+  else
+    mpiexec -n 2 "$@"
+  fi
+}
+out=$(mktemp /tmp/dt-bench-seal.XXXXXX)
+trap 'rm -f "$out"' EXIT
+echo "bench_seal: $(nproc) cores, nodes=$nodes, ${rounds} rounds, bench_seal ${args[*]}"
+for r in $(seq "$rounds"); do
+  {
+    echo "round $r load $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "round $r openssl $(taskset -c 0 openssl speed -elapsed -evp aes-256-gcm -seconds 2 \
+      -bytes 1048576 2>/dev/null | tail -n 1)"
+    order=(new)
+    if [ -n "$baseline" ]; then
+      if [ $((r % 2)) = 1 ]; then order=(new base); else order=(base new); fi
+    fi
+    for which in "${order[@]}"; do
+      bin=$build/tests/security/bench_seal
+      [ "$which" = base ] && bin=$baseline
+      run "$bin" "${args[@]}" | sed "s/^/round $r $which /"
+    done
+    echo "round $r load-after $(cut -d' ' -f1-3 /proc/loadavg)"
+  } | tee -a "$out"
+done
+python3 - "$out" <<'PY'
+import re, statistics, sys
+rows = {}  # (round, which) -> {case: GB/s}
+ssl, load = {}, {}
+for line in open(sys.argv[1]):
+    m = re.match(r"round (\d+) openssl AES-256-GCM\s+([\d.]+)k", line)
+    if m:
+        ssl[m[1]] = float(m[2]) * 1e3 / 1e9
+        continue
+    m = re.match(r"round (\d+) (load|load-after) (.*)", line)
+    if m:
+        load.setdefault(m[1], []).append(m[3])
+        continue
+    m = re.match(r"round (\d+) (new|base) (.+?)\s{2,}([\d.]+)", line)
+    if m:
+        rows.setdefault((m[1], m[2]), {})[m[3].strip()] = float(m[4])
+def ratios(r, which):
+    c = rows.get((r, which), {})
+    out = {}
+    for mib in (1, 4, 16):
+        s, p = c.get(f"p2p {mib:5d} MiB sealed"), c.get(f"p2p {mib:5d} MiB plain MPI")
+        if s and r in ssl:
+            out[f"p2p {mib:2d} MiB sealed / openssl"] = s / ssl[r]
+        if s and p:
+            out[f"p2p {mib:2d} MiB sealed / plain"] = s / p
+    s = c.get("all_reduce 16 MiB f32 dt sealed")
+    m, u = c.get("all_reduce 16 MiB f32 MPI_Allreduce"), c.get("all_reduce 16 MiB f32 dt, unsealed")
+    if s and m:
+        out["all_reduce 16 MiB sealed / MPI"] = s / m
+    if s and u:
+        out["all_reduce 16 MiB sealed / dt unsealed"] = s / u
+    return out
+print("\n== summary (ratios within one round; load = 1/5/15-min load average before and after)")
+for r in sorted(ssl, key=int):
+    print(f"round {r}: openssl one core {ssl[r]:.2f} GB/s; load {' -> '.join(load.get(r, []))}")
+whiches = [w for w in ("new", "base") if any(k[1] == w for k in rows)]
+keys = sorted({k for r in ssl for w in whiches for k in ratios(r, w)})
+print(f"{'ratio':42}" + "".join(f"{w + ' (median, min-max)':>28}" for w in whiches))
+for k in keys:
+    line = f"{k:42}"
+    for w in whiches:
+        v = [ratios(r, w)[k] for r in ssl if k in ratios(r, w)]
+        line += f"{'':>6}{statistics.median(v):6.0%} ({min(v):.0%}-{max(v):.0%})" if v else f"{'-':>28}"
+    print(line)
+PY

@@ -20,6 +20,9 @@ namespace dt::security {
 namespace {
 
 constexpr int kCollTag = kReservedTagBase + 1;
+// all_reduce's all-gather half runs while its reduce-scatter half still sends: its own tag keeps
+// the two streams of one peer apart.
+constexpr int kGatherTag = kReservedTagBase + 2;
 using Clock = std::chrono::steady_clock;
 
 std::size_t block_lo(std::size_t n, int b, int size) {
@@ -118,11 +121,12 @@ class SealedComm final : public Comm {
     return std::max<std::size_t>(1, opts_.segment_bytes / dtype_size(t));
   }
   // Posts receives of [lo, lo + n) elements of `dst` (segmented) from `src`.
-  void post_recvs(std::vector<Work>& ws, void* dst, std::size_t n, DType t, int src) {
+  void post_recvs(std::vector<Work>& ws, void* dst, std::size_t n, DType t, int src,
+                  int tag = kCollTag) {
     const std::size_t seg = seg_elems(t);
     for (std::size_t off = 0; off < n; off += seg)
-      ws.push_back(p2p_->irecv_internal(
-          TensorView{at(dst, off, t), std::min(seg, n - off), t}, src, kCollTag));
+      ws.push_back(
+          p2p_->irecv_internal(TensorView{at(dst, off, t), std::min(seg, n - off), t}, src, tag));
   }
   // Receives in the order they will be needed; poke() advances the transport and opens those
   // that arrived, so that opening overlaps with sealing the outgoing segments.
@@ -135,13 +139,16 @@ class SealedComm final : public Comm {
     void poke() {
       while (next < works.size() && works[next]->test()) ++next;
     }
+    void wait() {
+      for (; next < works.size(); ++next) works[next]->wait();
+    }
   };
   void post_sends(std::vector<Work>& ws, const void* src, std::size_t n, DType t, int dst,
                   Progress* progress = nullptr) {
     const std::size_t seg = seg_elems(t);
     for (std::size_t off = 0; off < n; off += seg) {
-      ws.push_back(p2p_->isend_internal(
-          ConstTensorView{at(src, off, t), std::min(seg, n - off), t}, dst, kCollTag));
+      ws.push_back(p2p_->isend_internal(ConstTensorView{at(src, off, t), std::min(seg, n - off), t},
+                                        dst, kCollTag));
       if (progress) progress->poke();
     }
   }
@@ -155,10 +162,11 @@ class SealedComm final : public Comm {
   void do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op);
   void do_barrier();
   // Reduces `n` elements: every peer q sends `send_of(q)` (n_q elements) to q; this rank's own
-  // contribution is `own`; the result goes to `out` (may alias `own`).
-  template <class SendOf>
+  // contribution is `own`; the result goes to `out` (may alias `own`). Each segment of the
+  // result is handed to on_reduced(offset, count) as soon as it is reduced (while in cache).
+  template <class SendOf, class OnReduced>
   void scatter_reduce(const void* own, std::size_t n, DType t, ReduceOp op, void* out,
-                      SendOf&& send_of);
+                      SendOf&& send_of, OnReduced&& on_reduced);
 
   Keys keys_;
   SealedCommOptions opts_;
@@ -204,9 +212,13 @@ std::unique_ptr<SealedComm> SealedComm::create(const MpiComm& world, const Keys&
   return c;
 }
 
-template <class SendOf>
+// One event loop per rank: seal and send the next outgoing segment, then reduce every segment
+// whose inputs have all arrived (opening them in place) and hand it on; block only when there is
+// nothing left to send. So the peers' segments are opened and reduced while this rank's own are
+// still being sealed, and (all_reduce) the reduced segments travel on while the rest is reduced.
+template <class SendOf, class OnReduced>
 void SealedComm::scatter_reduce(const void* own, std::size_t n, DType t, ReduceOp op, void* out,
-                                SendOf&& send_of) {
+                                SendOf&& send_of, OnReduced&& on_reduced) {
   const int s = size(), me = rank();
   const std::size_t bytes = n * dtype_size(t);
   if (scratch_.size() < bytes * static_cast<std::size_t>(s - 1))
@@ -218,28 +230,62 @@ void SealedComm::scatter_reduce(const void* own, std::size_t n, DType t, ReduceO
   std::vector<std::vector<Work>> recvs(static_cast<std::size_t>(s));
   for (int q = 0; q < s; ++q)
     if (q != me) post_recvs(recvs[static_cast<std::size_t>(q)], slot(q), n, t, q);
-  Progress progress;
-  for (int k = 1; k < s; ++k) progress.add(recvs[static_cast<std::size_t>((me - k + s) % s)]);
-  std::vector<Work> sends;
-  for (int k = 1; k < s; ++k) {
-    const int q = (me + k) % s;
-    const auto [p, nq] = send_of(q);
-    post_sends(sends, p, nq, t, q, &progress);
-  }
+  // The outgoing segments, segment by segment over the peers (each peer gets its first early).
+  struct Out {
+    const void* p;
+    std::size_t cnt;
+    int q;
+  };
+  std::vector<Out> outs;
   const std::size_t seg = seg_elems(t);
-  std::vector<const void*> in(static_cast<std::size_t>(s));
-  std::size_t k = 0;
-  for (std::size_t off = 0; off < n; off += seg, ++k) {
-    const std::size_t cnt = std::min(seg, n - off);
-    for (int q = 0; q < s; ++q) {
-      if (q == me) {
-        in[static_cast<std::size_t>(q)] = at(own, off, t);
-      } else {
-        recvs[static_cast<std::size_t>(q)][k].wait();
-        in[static_cast<std::size_t>(q)] = at(slot(q), off, t);
-      }
+  {
+    std::vector<std::pair<const void*, std::size_t>> blocks(static_cast<std::size_t>(s));
+    std::size_t most = 0;
+    for (int k = 1; k < s; ++k) {
+      const int q = (me + k) % s;
+      blocks[static_cast<std::size_t>(q)] = send_of(q);
+      most = std::max(most, blocks[static_cast<std::size_t>(q)].second);
     }
-    reduce_elements(t, op, at(out, off, t), in.data(), s, cnt, op == ReduceOp::avg ? s : 1);
+    for (std::size_t off = 0; off < most; off += seg)
+      for (int k = 1; k < s; ++k) {
+        const int q = (me + k) % s;
+        const auto [p, nq] = blocks[static_cast<std::size_t>(q)];
+        if (off < nq) outs.push_back({at(p, off, t), std::min(seg, nq - off), q});
+      }
+  }
+  std::vector<Work> sends;
+  std::vector<const void*> in(static_cast<std::size_t>(s));
+  const std::size_t nseg = (n + seg - 1) / seg;
+  std::size_t next_out = 0, k = 0;
+  auto arrived = [&](bool block) {
+    for (int q = 0; q < s; ++q) {
+      if (q == me) continue;
+      Work& w = recvs[static_cast<std::size_t>(q)][k];
+      if (block)
+        w.wait();
+      else if (!w.test())
+        return false;
+    }
+    return true;
+  };
+  while (k < nseg) {
+    if (next_out < outs.size()) {
+      const Out& o = outs[next_out++];
+      sends.push_back(p2p_->isend_internal(ConstTensorView{o.p, o.cnt, t}, o.q, kCollTag));
+    }
+    const bool sent_all = next_out == outs.size();
+    while (k < nseg && arrived(sent_all)) {
+      const std::size_t off = k * seg, cnt = std::min(seg, n - off);
+      for (int q = 0; q < s; ++q)
+        in[static_cast<std::size_t>(q)] = q == me ? at(own, off, t) : at(slot(q), off, t);
+      reduce_elements(t, op, at(out, off, t), in.data(), s, cnt, op == ReduceOp::avg ? s : 1);
+      on_reduced(off, cnt);
+      ++k;
+    }
+  }
+  while (next_out < outs.size()) {  // this rank's block is empty, or smaller than a peer's
+    const Out& o = outs[next_out++];
+    sends.push_back(p2p_->isend_internal(ConstTensorView{o.p, o.cnt, t}, o.q, kCollTag));
   }
   wait_all(sends);
 }
@@ -256,21 +302,29 @@ void SealedComm::do_all_reduce(TensorView buf, ReduceOp op) {
   }
   const std::size_t lo = block_lo(n, me, s), hi = block_lo(n, me + 1, s);
   char* mine = at(buf.data, lo, buf.dtype);
-  scatter_reduce(mine, hi - lo, buf.dtype, op, mine, [&](int q) {
-    const std::size_t a = block_lo(n, q, s), b = block_lo(n, q + 1, s);
-    return std::pair<const void*, std::size_t>(at(buf.data, a, buf.dtype), b - a);
-  });
-  // All-gather of the reduced blocks, decrypted straight into place.
+  // All-gather receives first, decrypted straight into place; each reduced segment of this
+  // rank's block is sealed and sent to every peer as soon as it is reduced.
   std::vector<Work> rs, ws;
   for (int k = 1; k < s; ++k) {
     const int q = (me - k + s) % s;
     const std::size_t a = block_lo(n, q, s), b = block_lo(n, q + 1, s);
-    post_recvs(rs, at(buf.data, a, buf.dtype), b - a, buf.dtype, q);
+    post_recvs(rs, at(buf.data, a, buf.dtype), b - a, buf.dtype, q, kGatherTag);
   }
-  Progress progress;
-  progress.add(rs);
-  for (int k = 1; k < s; ++k) post_sends(ws, mine, hi - lo, buf.dtype, (me + k) % s, &progress);
-  wait_all(rs);
+  Progress gathered;
+  gathered.add(rs);
+  scatter_reduce(
+      mine, hi - lo, buf.dtype, op, mine,
+      [&](int q) {
+        const std::size_t a = block_lo(n, q, s), b = block_lo(n, q + 1, s);
+        return std::pair<const void*, std::size_t>(at(buf.data, a, buf.dtype), b - a);
+      },
+      [&](std::size_t off, std::size_t cnt) {
+        for (int k = 1; k < s; ++k)
+          ws.push_back(p2p_->isend_internal(
+              ConstTensorView{at(mine, off, buf.dtype), cnt, buf.dtype}, (me + k) % s, kGatherTag));
+        gathered.poke();
+      });
+  gathered.wait();
   wait_all(ws);
 }
 
@@ -283,10 +337,13 @@ void SealedComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp 
     reduce_elements(in.dtype, op, out.data, ins, 1, n, 1);
     return;
   }
-  scatter_reduce(own, n, in.dtype, op, out.data, [&](int q) {
-    return std::pair<const void*, std::size_t>(
-        at(in.data, static_cast<std::size_t>(q) * n, in.dtype), n);
-  });
+  scatter_reduce(
+      own, n, in.dtype, op, out.data,
+      [&](int q) {
+        return std::pair<const void*, std::size_t>(
+            at(in.data, static_cast<std::size_t>(q) * n, in.dtype), n);
+      },
+      [](std::size_t, std::size_t) {});
 }
 
 void SealedComm::do_all_gather(ConstTensorView in, TensorView out) {
@@ -319,8 +376,7 @@ void SealedComm::do_broadcast(TensorView buf, int root) {
     if (pos > 0) recvs[k].wait();  // opened in place
     if (pos < s - 1)
       sends.push_back(p2p_->isend_internal(
-          ConstTensorView{at(buf.data, off, buf.dtype), std::min(seg, buf.numel - off),
-                          buf.dtype},
+          ConstTensorView{at(buf.data, off, buf.dtype), std::min(seg, buf.numel - off), buf.dtype},
           next, kCollTag));
   }
   wait_all(sends);

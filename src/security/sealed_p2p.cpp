@@ -1,7 +1,10 @@
 #include "sealed_p2p.hpp"
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <thread>
 
 #include "dt/error.hpp"
@@ -13,7 +16,7 @@ namespace dt::security {
 
 namespace {
 constexpr std::size_t kPoolMaxBytes = std::size_t{256} << 20;
-constexpr std::size_t kPoolMaxBuffers = 64;
+constexpr std::size_t kPoolMaxBuffers = 1024;
 }  // namespace
 
 BufferPool::Handle& BufferPool::Handle::operator=(Handle&& o) noexcept {
@@ -33,14 +36,11 @@ BufferPool::Handle BufferPool::get(std::size_t bytes) {
   std::unique_ptr<Buf> b;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    // Smallest free buffer that fits.
-    std::size_t best = free_.size();
-    for (std::size_t i = 0; i < free_.size(); ++i)
-      if (free_[i]->cap >= bytes && (best == free_.size() || free_[i]->cap < free_[best]->cap))
-        best = i;
-    if (best != free_.size()) {
-      b = std::move(free_[best]);
-      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+    auto it = free_.lower_bound(bytes);  // the smallest capacity that fits
+    if (it != free_.end()) {
+      it = std::prev(free_.upper_bound(it->first));  // of those, the last returned
+      b = std::move(it->second);
+      free_.erase(it);
       free_bytes_ -= b->cap;
     }
   }
@@ -56,11 +56,11 @@ BufferPool::Handle BufferPool::get(std::size_t bytes) {
 void BufferPool::put(std::unique_ptr<Buf> b) noexcept {
   std::lock_guard<std::mutex> lk(mu_);
   if (free_.size() >= kPoolMaxBuffers || free_bytes_ + b->cap > kPoolMaxBytes) return;
-  free_bytes_ += b->cap;
+  const std::size_t cap = b->cap;
   try {
-    free_.push_back(std::move(b));
+    free_.emplace(cap, std::move(b));  // after the equal keys already there
+    free_bytes_ += cap;
   } catch (...) {  // no room to keep it: freed instead
-    free_bytes_ -= b ? b->cap : 0;
   }
 }
 
@@ -80,12 +80,14 @@ void count_failure(Reject r) noexcept {
 // ---- state --------------------------------------------------------------------------------------
 
 struct SealedP2p::Peer {
-  std::mutex mu;
-  std::optional<Aead> enc, dec;
-  std::uint64_t counter = 0;                 // sent messages to this peer (the nonce counter)
-  std::map<int, std::uint64_t> send_seq;     // per tag
-  std::map<int, std::uint64_t> recv_seq;     // per tag, assigned when a receive is posted
-  std::mutex dec_mu;                         // decryption happens outside `mu`
+  std::mutex send_mu;  // held while one message's records are sealed and posted, in order
+  std::optional<Aead> enc;
+  std::uint64_t counter = 0;              // records sent to this peer (the nonce counter)
+  std::map<int, std::uint64_t> send_seq;  // per tag
+  std::mutex recv_mu;                     // held while one message's receives are posted
+  std::map<int, std::uint64_t> recv_seq;  // per tag, assigned when a receive is posted
+  std::mutex dec_mu;                      // opening happens outside recv_mu
+  std::optional<Aead> dec;
 };
 
 struct SealedP2p::TamperState {
@@ -96,45 +98,156 @@ struct SealedP2p::TamperState {
   // reorder: message `at`, held back until then
   bool armed = false;
   int peer = -1, tag = 0;
-  BufferPool::Handle saved;
+  std::vector<BufferPool::Handle> saved;  // its records (ciphertext, trailer)
 };
 
 namespace {
 
 std::string rank_list_name(const std::string& inner) { return inner + "/sealed"; }
 
+// A sealed send: the inner sends of every record (ciphertext and trailer) and the pooled buffers
+// they read. A record's buffer goes back to the pool as soon as its sends complete.
 class SendWork final : public WorkImpl {
  public:
   SendWork(std::string what, int rank) : what_(std::move(what)), rank_(rank) {}
   /// The transport may still read an unfinished send's buffers: they are then given up.
   ~SendWork() override {
-    if (!done_)
-      for (BufferPool::Handle& b : bufs) b.leak();
+    for (Part& p : parts_)
+      if (!p.done && p.buf) p.buf.leak();
   }
-  std::vector<Work> inner;
-  std::vector<BufferPool::Handle> bufs;
-  bool test() override {
-    if (done_) return true;
-    bool all = true;
+  /// Posts one record: its ciphertext (omitted when empty), then its trailer, from `buf`
+  /// (ciphertext of `len` bytes followed by the trailer).
+  void post(P2p& inner, BufferPool::Handle buf, std::size_t len, int dst, int tag) {
+    Part p;
+    if (len > 0) p.body = inner.isend(ConstTensorView{buf->data(), len, DType::u8}, dst, tag);
+    p.trailer = inner.isend(ConstTensorView{buf->data() + len, kTrailerBytes, DType::u8}, dst, tag);
+    p.has_body = len > 0;
+    p.buf = std::move(buf);
+    parts_.push_back(std::move(p));
+  }
+  /// Completes the records whose sends are done, in order, returning their buffers; true when
+  /// every record is done. Drives the transport's progress.
+  bool reap() {
     try {
-      for (Work& w : inner) all = w.test() && all;
+      while (first_ < parts_.size()) {
+        Part& p = parts_[first_];
+        if (p.has_body && !p.body_done) p.body_done = p.body.test();
+        if (!p.body_done && p.has_body) return false;
+        if (!p.trailer.test()) return false;
+        p.done = true;
+        p.buf = BufferPool::Handle();
+        ++first_;
+      }
     } catch (...) {
-      done_ = true;  // a failed operation is finished
+      failed();
       throw;
     }
-    done_ = all;
-    return all;
+    return true;
   }
+  bool test() override { return done_ || (done_ = reap()); }
   bool wait_for(Millis timeout) override {
     if (done_) return true;
     if (timeout == kNoTimeout) {
       try {
-        for (Work& w : inner) w.wait();
+        for (; first_ < parts_.size(); ++first_) {
+          Part& p = parts_[first_];
+          if (p.has_body && !p.body_done) p.body.wait();
+          p.body_done = true;
+          p.trailer.wait();
+          p.done = true;
+          p.buf = BufferPool::Handle();
+        }
       } catch (...) {
-        done_ = true;
+        failed();
         throw;
       }
-      done_ = true;
+      return done_ = true;
+    }
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (!test()) {
+      if (std::chrono::steady_clock::now() >= end) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    return true;
+  }
+  std::string describe() const override { return what_; }
+  int rank() const override { return rank_; }
+
+ private:
+  struct Part {
+    Work body, trailer;
+    BufferPool::Handle buf;
+    bool has_body = false, body_done = false, done = false;
+  };
+  // A failed operation is finished; buffers of records the transport may still read are given up.
+  void failed() noexcept {
+    for (Part& p : parts_)
+      if (!p.done && p.buf) p.buf.leak();
+    done_ = true;
+  }
+  std::string what_;
+  int rank_;
+  std::vector<Part> parts_;
+  std::size_t first_ = 0;  // the first record not known to be done
+  bool done_ = false;
+};
+
+}  // namespace
+
+// A receive: every record's ciphertext lands in the caller's buffer and its trailer in trailers_;
+// the records are opened in place, in order, as they arrive.
+class SealedRecvWork final : public WorkImpl {
+ public:
+  struct Rec {
+    Work body, trailer;
+    std::size_t off = 0, len = 0;
+    bool body_done = false;
+  };
+  SealedRecvWork(std::string what, int rank, Expect e, TensorView out,
+                 std::shared_ptr<SealedP2p::Peer> peer, std::size_t records)
+      : what_(std::move(what)),
+        rank_(rank),
+        e_(std::move(e)),
+        out_(static_cast<std::uint8_t*>(out.data)),
+        peer_(std::move(peer)),
+        trailers_(new std::uint8_t[records * kTrailerBytes]) {
+    recs_.reserve(records);
+  }
+  /// The transport may still write into the trailers of an unfinished or failed receive (records
+  /// after a rejected one stay posted): they are then given up.
+  ~SealedRecvWork() override {
+    if (next_ < recs_.size() || error_) (void)trailers_.release();
+  }
+  std::uint8_t* trailer(std::size_t i) const noexcept {
+    return trailers_.get() + i * kTrailerBytes;
+  }
+  std::uint8_t* out() const noexcept { return out_; }
+  std::vector<Rec>& recs() noexcept { return recs_; }
+  void set_sequence(std::uint64_t s) noexcept { e_.sequence = s; }
+
+  bool test() override {
+    if (error_) std::rethrow_exception(error_);
+    while (next_ < recs_.size()) {
+      Rec& r = recs_[next_];
+      if (!r.body_done) {
+        if (!guard([&] { return r.body.test(); })) return false;
+        r.body_done = true;
+      }
+      if (!guard([&] { return r.trailer.test(); })) return false;
+      open_next();
+    }
+    return true;
+  }
+  bool wait_for(Millis timeout) override {
+    if (error_) std::rethrow_exception(error_);
+    if (timeout == kNoTimeout) {
+      while (next_ < recs_.size()) {
+        Rec& r = recs_[next_];
+        if (!r.body_done) guard([&] { return r.body.wait(), true; });
+        r.body_done = true;
+        guard([&] { return r.trailer.wait(), true; });
+        open_next();
+      }
       return true;
     }
     const auto end = std::chrono::steady_clock::now() + timeout;
@@ -148,102 +261,43 @@ class SendWork final : public WorkImpl {
   int rank() const override { return rank_; }
 
  private:
-  std::string what_;
-  int rank_;
-  bool done_ = false;
-};
-
-}  // namespace
-
-// A receive: the inner receive into a wire buffer, then (once) open into the caller's buffer.
-class SealedRecvWork final : public WorkImpl {
- public:
-  SealedRecvWork(std::string what, int rank, Work inner, BufferPool::Handle wire, Expect e,
-                 TensorView out, std::shared_ptr<SealedP2p::Peer> peer)
-      : what_(std::move(what)),
-        rank_(rank),
-        inner_(std::move(inner)),
-        wire_(std::move(wire)),
-        e_(std::move(e)),
-        out_(out),
-        peer_(std::move(peer)) {}
-  /// The transport may still write into an unfinished receive's wire buffer: it is then given up.
-  ~SealedRecvWork() override {
-    if (!inner_done_ && wire_) wire_.leak();
-  }
-  bool test() override {
-    if (error_) std::rethrow_exception(error_);
-    if (done_) return true;
-    if (!inner_test()) return false;
-    finish();
-    return true;
-  }
-  bool wait_for(Millis timeout) override {
-    if (error_) std::rethrow_exception(error_);
-    if (done_) return true;
-    if (timeout == kNoTimeout) {
-      try {
-        inner_.wait();
-      } catch (...) {
-        inner_done_ = true;
-        error_ = std::current_exception();
-        throw;
-      }
-      inner_done_ = true;
-    } else {
-      const auto end = std::chrono::steady_clock::now() + timeout;
-      while (!inner_test()) {
-        if (std::chrono::steady_clock::now() >= end) return false;
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
-    }
-    finish();
-    return true;
-  }
-  std::string describe() const override { return what_; }
-  int rank() const override { return rank_; }
-
- private:
-  bool inner_test() {
+  // Runs an inner test/wait; a failure of the transport ends the receive.
+  template <class F>
+  bool guard(F&& f) {
     try {
-      inner_done_ = inner_.test();
+      return f();
     } catch (...) {
-      inner_done_ = true;
       error_ = std::current_exception();
       throw;
     }
-    return inner_done_;
   }
-  void finish();
-  std::string what_;
-  int rank_;
-  Work inner_;
-  BufferPool::Handle wire_;
-  Expect e_;
-  TensorView out_;
-  std::shared_ptr<SealedP2p::Peer> peer_;
-  bool done_ = false;
-  bool inner_done_ = false;
-  std::exception_ptr error_;
-};
-
-void SealedRecvWork::finish() {
-  try {
+  void open_next() {
+    const Rec& r = recs_[next_];
+    Expect e = e_;
+    e.record = static_cast<std::uint32_t>(next_);
+    e.length = r.len;
     Reject why = Reject::malformed;
     try {
       std::lock_guard<std::mutex> lk(peer_->dec_mu);
-      open_message(*peer_->dec, wire_->data(), wire_->size, e_, out_.data, &why);
+      open_record(*peer_->dec, out_ + r.off, r.len, trailer(next_), kTrailerBytes, e, out_ + r.off,
+                  &why);
     } catch (const SecurityError&) {
       count_failure(why);
+      error_ = std::current_exception();
       throw;
     }
-    done_ = true;
-    wire_ = BufferPool::Handle();
-  } catch (...) {
-    error_ = std::current_exception();
-    throw;
+    ++next_;
   }
-}
+  std::string what_;
+  int rank_;
+  Expect e_;
+  std::uint8_t* out_;
+  std::shared_ptr<SealedP2p::Peer> peer_;
+  std::unique_ptr<std::uint8_t[]> trailers_;
+  std::vector<Rec> recs_;
+  std::size_t next_ = 0;  // the first record not yet opened
+  std::exception_ptr error_;
+};
 
 // ---- SealedP2p ----------------------------------------------------------------------------------
 
@@ -264,20 +318,37 @@ std::unique_ptr<SealedP2p> SealedP2p::create(std::unique_ptr<P2p> inner, const K
              inner->name(), " (size ", n, ")");
     if (p != me) s->plain_[static_cast<std::size_t>(p)] = true;
   }
+  DT_CHECK(InvalidArgument, opts.record_bytes >= 4096 && opts.record_bytes <= kMaxRecordBytes,
+           "seal_p2p on ", inner->name(), ": record_bytes ", opts.record_bytes,
+           " is outside [4096, ", kMaxRecordBytes, "]");
+  s->record_bytes_ = opts.record_bytes;
   s->pool_ = std::make_shared<BufferPool>();
   s->tamper_ = std::make_unique<TamperState>();
   s->tamper_->plan = opts.tamper;
-  // Session salt: drawn by rank 0, sent to every rank (a fresh key set per channel instance).
+  // Session salt and record size: drawn resp. chosen by rank 0, sent to every rank (a fresh key
+  // set per channel instance; every rank must cut messages into the same records).
+  std::array<std::uint8_t, kSaltBytes + 8> setup{};
   Salt session{};
   if (me == 0) {
     session = random_salt();
+    std::memcpy(setup.data(), session.data(), kSaltBytes);
+    for (int i = 0; i < 8; ++i)
+      setup[kSaltBytes + static_cast<std::size_t>(i)] =
+          static_cast<std::uint8_t>(static_cast<std::uint64_t>(opts.record_bytes) >> (8 * i));
     std::vector<Work> ws;
     for (int r = 1; r < n; ++r)
-      ws.push_back(inner->isend(ConstTensorView{session.data(), session.size(), DType::u8}, r,
+      ws.push_back(inner->isend(ConstTensorView{setup.data(), setup.size(), DType::u8}, r,
                                 kReservedTagBase));
     for (Work& w : ws) w.wait();
   } else {
-    inner->recv(TensorView{session.data(), session.size(), DType::u8}, 0, kReservedTagBase);
+    inner->recv(TensorView{setup.data(), setup.size(), DType::u8}, 0, kReservedTagBase);
+    std::memcpy(session.data(), setup.data(), kSaltBytes);
+    std::uint64_t rb0 = 0;
+    for (int i = 0; i < 8; ++i)
+      rb0 |= static_cast<std::uint64_t>(setup[kSaltBytes + static_cast<std::size_t>(i)]) << (8 * i);
+    DT_CHECK(InvalidArgument, rb0 == opts.record_bytes, "seal_p2p on ", inner->name(), ": rank ",
+             me, " cuts messages into records of ", opts.record_bytes, " bytes, rank 0 into ", rb0,
+             " (record_bytes must be the same on every rank)");
   }
   s->peers_.resize(static_cast<std::size_t>(n));
   for (int p = 0; p < n; ++p) {
@@ -318,66 +389,141 @@ Work SealedP2p::irecv(TensorView buf, int src, int tag) {
   return irecv_internal(buf, src, tag);
 }
 
+namespace {
+
+// The records of one message of `n` bytes: their count, and record i's offset and length.
+struct Records {
+  std::size_t n, rb, count;
+  Records(std::size_t bytes, std::size_t record_bytes, const std::string& what)
+      : n(bytes),
+        rb(record_bytes),
+        count(static_cast<std::size_t>(record_count(bytes, record_bytes))) {
+    DT_CHECK(InvalidArgument, count <= 0xFFFFFFFFu, what, ": ", bytes, " bytes make ", count,
+             " records of ", record_bytes, " bytes; at most 2^32 - 1 per message");
+  }
+  std::size_t off(std::size_t i) const noexcept { return i * rb; }
+  std::size_t len(std::size_t i) const noexcept { return std::min(rb, n - off(i)); }
+};
+
+}  // namespace
+
 Work SealedP2p::isend_internal(ConstTensorView buf, int dst, int tag) {
   check_peer(dst, "send");
   if (plain_[static_cast<std::size_t>(dst)]) return inner_->isend(buf, dst, tag);
+  if (tamper_->plan.kind != Tamper::Kind::none) return isend_tampered(buf, dst, tag);
   const std::size_t n = buf.nbytes();
-  auto w = std::make_unique<SendWork>("sealed send(" + std::to_string(n) + " bytes to " +
-                                          std::to_string(dst) + ", tag " + std::to_string(tag) +
-                                          ") on " + name_,
-                                      rank());
-  BufferPool::Handle wire = pool_->get(n + kSealOverhead);
+  std::string what = "sealed send(" + std::to_string(n) + " bytes to " + std::to_string(dst) +
+                     ", tag " + std::to_string(tag) + ") on " + name_;
+  const Records rec(n, record_bytes_, what);
+  auto w = std::make_unique<SendWork>(std::move(what), rank());
+  const auto* src = static_cast<const std::uint8_t*>(buf.data);
   Peer& p = *peer(dst);
-  std::lock_guard<std::mutex> lk(p.mu);
+  std::lock_guard<std::mutex> lk(p.send_mu);
   Header h;
   h.sender = static_cast<std::uint32_t>(rank());
   h.receiver = static_cast<std::uint32_t>(dst);
   h.tag = tag;
   h.sequence = p.send_seq[tag];
-  h.counter = p.counter;
-  h.length = n;
-  seal_message(*p.enc, h, buf.data, wire->data());
-  ++p.counter;
-  ++p.send_seq[tag];
-  auto post = [&](BufferPool::Handle b) {
-    w->inner.push_back(
-        inner_->isend(ConstTensorView{b->data(), b->size, DType::u8}, dst, tag));
-    w->bufs.push_back(std::move(b));
-  };
-  if (tamper_->plan.kind == Tamper::Kind::none) {
-    post(std::move(wire));
-    return Work(std::move(w));
+  h.message_length = n;
+  h.records = static_cast<std::uint32_t>(rec.count);
+  // Every record takes one counter value; refused as a whole before anything is sent.
+  DT_CHECK(SecurityError, p.counter + (rec.count - 1) <= kMaxCounter, "sealed traffic from rank ",
+           rank(), " to rank ", dst, ": message counter exhausted (", p.counter, " + ", rec.count,
+           " records); re-create the channel for a fresh key");
+  // Seal record k and hand it to the transport, then seal k+1 while k travels; reap() returns
+  // the buffers of records already delivered, so the next records reuse them while in cache.
+  for (std::size_t i = 0; i < rec.count; ++i) {
+    h.record = static_cast<std::uint32_t>(i);
+    h.length = rec.len(i);
+    h.counter = p.counter++;
+    BufferPool::Handle wire = pool_->get(h.length + kTrailerBytes);
+    seal_record(*p.enc, h, src + rec.off(i), wire->data(), wire->data() + h.length);
+    w->post(*inner_, std::move(wire), h.length, dst, tag);
+    w->reap();
   }
-  // Test-only faults.
+  ++p.send_seq[tag];
+  return Work(std::move(w));
+}
+
+// The test-only faults of Tamper: the message is sealed whole, then sent damaged, held back,
+// replaced, cut or with records swapped.
+Work SealedP2p::isend_tampered(ConstTensorView buf, int dst, int tag) {
+  const std::size_t n = buf.nbytes();
+  std::string what = "sealed send(" + std::to_string(n) + " bytes to " + std::to_string(dst) +
+                     ", tag " + std::to_string(tag) + ") on " + name_;
+  const Records rec(n, record_bytes_, what);
+  auto w = std::make_unique<SendWork>(std::move(what), rank());
+  const auto* src = static_cast<const std::uint8_t*>(buf.data);
+  Peer& p = *peer(dst);
+  std::lock_guard<std::mutex> lk(p.send_mu);
+  Header h;
+  h.sender = static_cast<std::uint32_t>(rank());
+  h.receiver = static_cast<std::uint32_t>(dst);
+  h.tag = tag;
+  h.sequence = p.send_seq[tag]++;
+  h.message_length = n;
+  h.records = static_cast<std::uint32_t>(rec.count);
+  std::vector<BufferPool::Handle> recs;
+  for (std::size_t i = 0; i < rec.count; ++i) {
+    h.record = static_cast<std::uint32_t>(i);
+    h.length = rec.len(i);
+    h.counter = p.counter++;
+    recs.push_back(pool_->get(h.length + kTrailerBytes));
+    seal_record(*p.enc, h, src + rec.off(i), recs.back()->data(), recs.back()->data() + h.length);
+  }
+  auto post = [&](std::vector<BufferPool::Handle>& rs) {
+    for (BufferPool::Handle& b : rs) {
+      const std::size_t len = b->size - kTrailerBytes;
+      w->post(*inner_, std::move(b), len, dst, tag);
+    }
+    rs.clear();
+  };
   TamperState& t = *tamper_;
   std::lock_guard<std::mutex> tl(t.mu);
   const std::uint64_t index = t.sent++;
   using K = Tamper::Kind;
-  if (t.plan.kind == K::flip && index == t.plan.at) {
-    wire->data()[kHeaderBytes + n / 2] ^= 0x10;  // payload, or the GCM tag when empty
+  const bool at = index == t.plan.at;
+  if (t.plan.kind == K::flip && at) {
+    // A bit of the payload's middle byte, or of the GCM tag of an empty message.
+    const std::size_t r = n == 0 ? 0 : (n / 2) / rec.rb;
+    const std::size_t pos = n == 0 ? kHeaderBytes : n / 2 - rec.off(r);
+    recs[r]->data()[pos] ^= 0x10;
+  } else if (t.plan.kind == K::drop_record && at) {
+    recs.pop_back();  // the last record never leaves
+  } else if (t.plan.kind == K::swap_records && at && recs.size() >= 2) {
+    std::swap(recs[0], recs[1]);
   } else if (t.armed && t.peer == dst && t.tag == tag) {
-    if (t.plan.kind == K::replay && t.saved->size == wire->size) {
-      std::memcpy(wire->data(), t.saved->data(), wire->size);  // the receiver sees `at` again
+    auto same_shape = [&] {
+      if (t.saved.size() != recs.size()) return false;
+      for (std::size_t i = 0; i < recs.size(); ++i)
+        if (t.saved[i]->size != recs[i]->size) return false;
+      return true;
+    };
+    if (t.plan.kind == K::replay && same_shape()) {
+      for (std::size_t i = 0; i < recs.size(); ++i)  // the receiver sees `at` again
+        std::memcpy(recs[i]->data(), t.saved[i]->data(), recs[i]->size);
       t.armed = false;
-      t.saved = BufferPool::Handle();
+      t.saved.clear();
     } else if (t.plan.kind == K::reorder) {
-      post(std::move(wire));
-      post(std::move(t.saved));
+      post(recs);
+      post(t.saved);
       t.armed = false;
       return Work(std::move(w));
     }
-  } else if (index == t.plan.at && (t.plan.kind == K::replay || t.plan.kind == K::reorder)) {
+  } else if (at && (t.plan.kind == K::replay || t.plan.kind == K::reorder)) {
     t.armed = true;
     t.peer = dst;
     t.tag = tag;
     if (t.plan.kind == K::reorder) {
-      t.saved = std::move(wire);  // held back; this send counts as done
+      t.saved = std::move(recs);  // held back; this send counts as done
       return Work(std::move(w));
     }
-    t.saved = pool_->get(wire->size);
-    std::memcpy(t.saved->data(), wire->data(), wire->size);
+    for (const BufferPool::Handle& b : recs) {
+      t.saved.push_back(pool_->get(b->size));
+      std::memcpy(t.saved.back()->data(), b->data(), b->size);
+    }
   }
-  post(std::move(wire));
+  post(recs);
   return Work(std::move(w));
 }
 
@@ -385,25 +531,36 @@ Work SealedP2p::irecv_internal(TensorView buf, int src, int tag) {
   check_peer(src, "recv");
   if (plain_[static_cast<std::size_t>(src)]) return inner_->irecv(buf, src, tag);
   const std::size_t n = buf.nbytes();
-  BufferPool::Handle wire = pool_->get(n + kSealOverhead);
+  std::string what = "sealed recv(" + std::to_string(n) + " bytes from " + std::to_string(src) +
+                     ", tag " + std::to_string(tag) + ") on " + name_;
+  const Records rec(n, record_bytes_, what);
   const std::shared_ptr<Peer>& pp = peer(src);
   Peer& p = *pp;
   Expect e;
   e.sender = src;
   e.receiver = rank();
   e.tag = tag;
-  e.length = n;
+  e.message_length = n;
+  e.records = static_cast<std::uint32_t>(rec.count);
   e.channel = name_;
-  Work inner;
-  {
-    std::lock_guard<std::mutex> lk(p.mu);
-    e.sequence = p.recv_seq[tag]++;
-    inner = inner_->irecv(TensorView{wire->data(), wire->size, DType::u8}, src, tag);
+  auto w = std::make_unique<SealedRecvWork>(what, rank(), e, buf, pp, rec.count);
+  auto* out = w->out();
+  std::lock_guard<std::mutex> lk(p.recv_mu);
+  w->set_sequence(p.recv_seq[tag]++);
+  // Every record is posted now, in order (the transport matches messages of one tag in order):
+  // its ciphertext straight into the caller's buffer, where it is opened in place.
+  for (std::size_t i = 0; i < rec.count; ++i) {
+    SealedRecvWork::Rec r;
+    r.off = rec.off(i);
+    r.len = rec.len(i);
+    if (r.len > 0)
+      r.body = inner_->irecv(TensorView{out + r.off, r.len, DType::u8}, src, tag);
+    else
+      r.body_done = true;
+    r.trailer = inner_->irecv(TensorView{w->trailer(i), kTrailerBytes, DType::u8}, src, tag);
+    w->recs().push_back(std::move(r));
   }
-  std::string what = "sealed recv(" + std::to_string(n) + " bytes from " + std::to_string(src) +
-                     ", tag " + std::to_string(tag) + ") on " + name_;
-  return Work(std::make_unique<SealedRecvWork>(std::move(what), rank(), std::move(inner),
-                                               std::move(wire), std::move(e), buf, pp));
+  return Work(std::move(w));
 }
 
 std::unique_ptr<P2p> seal_p2p(std::unique_ptr<P2p> inner, const Keys& keys,
@@ -423,11 +580,16 @@ Tamper parse_tamper(const std::string& text, const std::string& option) {
     t.kind = Tamper::Kind::replay;
   else if (kind == "reorder")
     t.kind = Tamper::Kind::reorder;
-  const bool numeric = !num.empty() && num.size() <= 18 &&
-                       num.find_first_not_of("0123456789") == std::string::npos;
+  else if (kind == "drop-record")
+    t.kind = Tamper::Kind::drop_record;
+  else if (kind == "swap-records")
+    t.kind = Tamper::Kind::swap_records;
+  const bool numeric =
+      !num.empty() && num.size() <= 18 && num.find_first_not_of("0123456789") == std::string::npos;
   if (t.kind == Tamper::Kind::none || !numeric)
     DT_THROW(ConfigError, option, ": '", text,
-             "' is not one of none, flip:N, replay:N, reorder:N (N: message index)");
+             "' is not one of none, flip:N, replay:N, reorder:N, drop-record:N, swap-records:N (N: "
+             "message index)");
   t.at = std::stoull(num);
   return t;
 }

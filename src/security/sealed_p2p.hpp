@@ -14,7 +14,8 @@
 namespace dt::security {
 
 /// Reusable message buffers (uninitialised bytes), so that large messages do not fault in fresh
-/// pages on every send. Thread-safe.
+/// pages on every send. get() hands out the most recently returned of the smallest buffers that
+/// fit, so a buffer is reused while it is still in cache. Thread-safe.
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
  public:
   struct Buf {
@@ -50,7 +51,7 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
 
  private:
   std::mutex mu_;
-  std::vector<std::unique_ptr<Buf>> free_;
+  std::multimap<std::size_t, std::unique_ptr<Buf>> free_;  // by capacity; equal keys: LIFO
   std::size_t free_bytes_ = 0;
 };
 
@@ -82,10 +83,12 @@ class SealedP2p final : public P2p {
   void check_tag(int tag, const char* op) const;
   void check_peer(int peer, const char* op) const;
   const std::shared_ptr<Peer>& peer(int p) const;
+  Work isend_tampered(ConstTensorView buf, int dst, int tag);
 
   std::unique_ptr<P2p> inner_;
   std::string name_;
   std::string channel_;
+  std::size_t record_bytes_ = kDefaultRecordBytes;
   std::vector<bool> plain_;
   std::vector<std::shared_ptr<Peer>> peers_;  // shared with receives that outlive this object
   std::shared_ptr<BufferPool> pool_;

@@ -2,16 +2,19 @@
 // computed here from known per-rank inputs (small integers, so every sum is exact in every dtype).
 //
 //   test_sealed p2p mpi|ucx           sealed send/recv over make_p2p(kind): ring and pairs, every
-//                                     dtype, sizes 0..1M+3, blocking and non-blocking forms; a
-//                                     message sealed under another job's key is rejected
+//                                     dtype, sizes 0..1M+3, blocking and non-blocking forms, with
+//                                     the default records (256 KiB) and with 4 KiB records (many
+//                                     per message, the last one shorter); a message sealed under
+//                                     another job's key is rejected
 //   test_sealed coll mpi|ucx [exempt|nodes2]
 //                                     every collective x dtype x op, odd sizes, all forms, on the
 //                                     world and a split; "exempt": same-node traffic unsealed;
 //                                     "nodes2": two simulated nodes, same-node traffic unsealed
-//   test_sealed tamper p2p|coll mpi|ucx flip:N|replay:N|reorder:N
-//                                     rank 0 damages its own N-th sealed message; the receiving
-//                                     rank must reject it with dt::SecurityError and abort the job
-//                                     (the test passes when the job ends non-zero, naming it)
+//   test_sealed tamper p2p|coll mpi|ucx flip:N|replay:N|reorder:N|drop-record:N|swap-records:N
+//                                     rank 0 damages its own N-th sealed message (p2p: messages of
+//                                     4 records of 4 KiB); the receiving rank must reject it with
+//                                     dt::SecurityError and abort the job (the test passes when
+//                                     the job ends non-zero, naming it)
 // Each failed check prints "rank R: FAIL <what>: <details>"; rank 0 prints a summary.
 #include <mpi.h>
 
@@ -210,8 +213,8 @@ void suite_collectives(Comm& c, int id) {
           const ReduceOp op = kOps[ok];
           if (n > kBig && ok != (dk + fk) % 4) continue;
           const std::uint32_t salt = salt_of(id, dk, static_cast<int>(n % 1000), fk * 4 + ok);
-          const std::string w = str("all_reduce(", tn, " x ", n, ", ", dt::reduce_op_name(op),
-                                    ", ", form_name(f), ") on ", c.name());
+          const std::string w = str("all_reduce(", tn, " x ", n, ", ", dt::reduce_op_name(op), ", ",
+                                    form_name(f), ") on ", c.name());
           guarded(w, [&] {
             std::vector<T> buf = filled<T>(n, me, salt);
             run_form(
@@ -243,8 +246,8 @@ void suite_collectives(Comm& c, int id) {
         const std::uint32_t salt = salt_of(id + 1, dk, static_cast<int>(n % 1000), fk);
         for (int root = 0; root < s; ++root) {
           if (n > kBig && root != s - 1) continue;
-          const std::string w = str("broadcast(", tn, " x ", n, ", root ", root, ", ",
-                                    form_name(f), ") on ", c.name());
+          const std::string w = str("broadcast(", tn, " x ", n, ", root ", root, ", ", form_name(f),
+                                    ") on ", c.name());
           guarded(w, [&] {
             std::vector<T> buf = filled<T>(n, me == root ? root : 1000 + me, salt);
             run_form(
@@ -305,9 +308,8 @@ void suite_collectives(Comm& c, int id) {
     });
     expect_buf("outstanding broadcast", b.data(), b.size(),
                [&](std::size_t i) { return genv<std::int32_t>(0, i, 12); });
-    expect_buf("outstanding all_gather", g.data(), g.size(), [&](std::size_t j) {
-      return genv<double>(static_cast<int>(j / 5), j % 5, 13);
-    });
+    expect_buf("outstanding all_gather", g.data(), g.size(),
+               [&](std::size_t j) { return genv<double>(static_cast<int>(j / 5), j % 5, 13); });
   });
   // Sealed send/recv through the communicator: a ring.
   guarded("send/recv ring on " + c.name(), [&] {
@@ -332,9 +334,8 @@ void suite_collectives(Comm& c, int id) {
   });
   expect_throw<dt::InvalidArgument>("broadcast root on " + c.name(),
                                     [&] { c.broadcast(dt::view_of(x), s); }, {"root"});
-  expect_throw<dt::InvalidArgument>("reserved tag on " + c.name(), [&] {
-    c.send(dt::view_of(x), 0, sec::kReservedTagBase);
-  });
+  expect_throw<dt::InvalidArgument>("reserved tag on " + c.name(),
+                                    [&] { c.send(dt::view_of(x), 0, sec::kReservedTagBase); });
 }
 
 // ---- point-to-point -------------------------------------------------------------------------
@@ -388,7 +389,8 @@ void suite_p2p(dt::P2p& p, int id) {
         for (int k = 0; k < 6; ++k) ws.push_back(p.isend(dt::view_of(msgs[k]), peer, 7 + k % 2));
         for (Work& w : ws) w.wait();
       } else {
-        for (int k : {1, 3, 5, 0, 2, 4}) ws.push_back(p.irecv(dt::view_of(got[k]), peer, 7 + k % 2));
+        for (int k : {1, 3, 5, 0, 2, 4})
+          ws.push_back(p.irecv(dt::view_of(got[k]), peer, 7 + k % 2));
         for (auto it = ws.rbegin(); it != ws.rend(); ++it) it->wait();
         for (int k = 0; k < 6; ++k)
           expect_buf(str("two tags crossed, message ", k), got[k].data(), 100,
@@ -450,6 +452,7 @@ int run(int argc, char** argv, int world_rank) {
     try {
       if (what == "p2p") {
         sec::SealOptions so;
+        so.record_bytes = 4096;  // 4 records per message: record-level faults apply
         if (world_rank == 0) so.tamper = t;
         auto p = sec::seal_p2p(dt::make_p2p(p2p, *world), keys, so);
         const int s = p->size(), me = p->rank();
@@ -482,6 +485,23 @@ int run(int argc, char** argv, int world_rank) {
   if (mode == "p2p") {
     auto p = sec::seal_p2p(dt::make_p2p(kind, *world), keys, {});
     suite_p2p(*p, 1);
+    sec::SealOptions small;
+    small.record_bytes = 4096;
+    auto p4 = sec::seal_p2p(dt::make_p2p(kind, *world), keys, small);
+    suite_p2p(*p4, 2);
+    // Every rank must cut messages into the same records: a mismatch is refused at creation.
+    if (world->size() > 1) {
+      sec::SealOptions odd;
+      odd.record_bytes = world_rank == 0 ? 8192 : 16384;
+      if (world_rank == 0)
+        guarded("record size mismatch (rank 0)",
+                [&] { (void)sec::seal_p2p(dt::make_p2p(kind, *world), keys, odd); });
+      else
+        expect_throw<dt::InvalidArgument>(
+            "record size mismatch",
+            [&] { (void)sec::seal_p2p(dt::make_p2p(kind, *world), keys, odd); },
+            {"records of 16384 bytes, rank 0 into 8192"});
+    }
     check_other_job(kind, *world, test_key());
   } else {
     sec::SealedCommOptions o;
@@ -518,10 +538,10 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     H.fail("run", e.what());
   }
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string name = std::string("test_sealed ") + (argc > 1 ? argv[1] : "coll") + " " +
-                           (argc > 2 ? argv[2] : "mpi") + (argc > 3 ? std::string(" ") + argv[3] : "");
+                           (argc > 2 ? argv[2] : "mpi") +
+                           (argc > 3 ? std::string(" ") + argv[3] : "");
   const int hrc = H.finish(name.c_str(), secs);
   MPI_Finalize();
   return rc ? rc : hrc;

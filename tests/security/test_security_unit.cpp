@@ -5,12 +5,17 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../unit/temp_dir.hpp"
 #include "dt/error.hpp"
 #include "dt/metrics.hpp"
+#include "dt/p2p.hpp"
 #include "dt/security.hpp"
 
 using namespace dt::security;
@@ -34,8 +39,8 @@ double failures(const char* reason) {
 }
 
 // One sealed message from `from` to `to`.
-std::vector<std::uint8_t> make_msg(const Keys& keys, const Salt& session, int from, int to,
-                                   int tag, std::uint64_t seq, std::uint64_t counter,
+std::vector<std::uint8_t> make_msg(const Keys& keys, const Salt& session, int from, int to, int tag,
+                                   std::uint64_t seq, std::uint64_t counter,
                                    const std::string& text) {
   Aead enc(keys.traffic_key("test", session, from, to), true);
   Header h;
@@ -44,6 +49,7 @@ std::vector<std::uint8_t> make_msg(const Keys& keys, const Salt& session, int fr
   h.tag = tag;
   h.sequence = seq;
   h.counter = counter;
+  h.message_length = text.size();
   h.length = text.size();
   std::vector<std::uint8_t> wire(text.size() + kSealOverhead);
   seal_message(enc, h, text.data(), wire.data());
@@ -56,6 +62,7 @@ Expect expect_of(int from, int to, int tag, std::uint64_t seq, std::size_t len) 
   e.receiver = to;
   e.tag = tag;
   e.sequence = seq;
+  e.message_length = len;
   e.length = len;
   e.channel = "test";
   return e;
@@ -106,12 +113,10 @@ TEST_CASE("key file: wrong size, missing, directory, symlink, other owner are re
   dt::test::TempDir dir("dt_sec");
   const std::string shortk = dir.write("short.key", std::string(31, 'x'));
   ::chmod(shortk.c_str(), 0600);
-  CHECK_THROWS_WITH_AS(load_key_file(shortk), doctest::Contains("holds 31 bytes"),
-                       dt::ConfigError);
+  CHECK_THROWS_WITH_AS(load_key_file(shortk), doctest::Contains("holds 31 bytes"), dt::ConfigError);
   const std::string longk = dir.write("long.key", std::string(64, 'x'));
   ::chmod(longk.c_str(), 0600);
-  CHECK_THROWS_WITH_AS(load_key_file(longk), doctest::Contains("holds 64 bytes"),
-                       dt::ConfigError);
+  CHECK_THROWS_WITH_AS(load_key_file(longk), doctest::Contains("holds 64 bytes"), dt::ConfigError);
   CHECK_THROWS_WITH_AS(load_key_file((dir.path / "none.key").string()),
                        doctest::Contains("none.key"), dt::ConfigError);
   const std::string good = dir.write("good.key", key_bytes());
@@ -158,7 +163,8 @@ TEST_CASE("sealed message: round trip, empty message, nonce layout") {
   const std::string text = "activations of stage 1, microbatch 7";
   auto wire = make_msg(keys, s, 2, 5, 42, 0, 0, text);
   CHECK(wire.size() == text.size() + kSealOverhead);
-  CHECK(std::string(wire.begin() + kHeaderBytes, wire.begin() + kHeaderBytes + 36) != text);
+  CHECK(std::string(wire.begin(), wire.begin() + 36) != text);  // ciphertext first, then trailer
+  CHECK(std::memcmp(wire.data() + text.size(), "dtS2", 4) == 0);
   std::string got;
   CHECK(try_open(keys, s, wire, expect_of(2, 5, 42, 0, text.size()), &got) == "");
   CHECK(got == text);
@@ -189,7 +195,9 @@ TEST_CASE("sealed message: every bit flip, replay, reorder, redirect, truncation
       Reject why = Reject::malformed;
       const std::string err = try_open(keys, s, w, expect_of(1, 3, 7, 4, 100), nullptr, &why);
       if (!err.empty()) ++rejected;
-      if (byte >= kHeaderBytes) CHECK(why == Reject::authentication);
+      // Ciphertext and GCM tag: authentication; the header (the AAD) is checked as well.
+      if (byte < text.size() || byte >= text.size() + kHeaderBytes)
+        CHECK(why == Reject::authentication);
     }
   CHECK(rejected == flips);
   // Replay: the same message again, when the receiver expects the next sequence number.
@@ -232,6 +240,327 @@ TEST_CASE("sealed message: every bit flip, replay, reorder, redirect, truncation
             "dt_security_auth_failures_total{reason=\"authentication\"} 1") != std::string::npos);
 }
 
+// The records of one message of `text` cut into records of `rb` bytes, each ciphertext then
+// trailer, counters from `counter0`.
+std::vector<std::vector<std::uint8_t>> make_records(const Keys& keys, const Salt& session, int from,
+                                                    int to, int tag, std::uint64_t seq,
+                                                    std::uint64_t counter0, const std::string& text,
+                                                    std::size_t rb) {
+  Aead enc(keys.traffic_key("test", session, from, to), true);
+  const std::uint64_t n = record_count(text.size(), rb);
+  std::vector<std::vector<std::uint8_t>> out;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    Header h;
+    h.sender = static_cast<std::uint32_t>(from);
+    h.receiver = static_cast<std::uint32_t>(to);
+    h.tag = tag;
+    h.sequence = seq;
+    h.counter = counter0 + i;
+    h.message_length = text.size();
+    h.record = static_cast<std::uint32_t>(i);
+    h.records = static_cast<std::uint32_t>(n);
+    h.length = std::min<std::size_t>(rb, text.size() - i * rb);
+    std::vector<std::uint8_t> wire(h.length + kSealOverhead);
+    seal_message(enc, h, text.data() + i * rb, wire.data());
+    out.push_back(std::move(wire));
+  }
+  return out;
+}
+
+// What the receiver expects of record i of a message of `len` bytes in records of `rb`.
+Expect expect_record(int from, int to, int tag, std::uint64_t seq, std::size_t len, std::size_t rb,
+                     std::uint32_t i) {
+  Expect e = expect_of(from, to, tag, seq, len);
+  e.records = static_cast<std::uint32_t>(record_count(len, rb));
+  e.record = i;
+  e.length = std::min<std::size_t>(rb, len - i * rb);
+  return e;
+}
+
+TEST_CASE("records: count and layout") {
+  CHECK(record_count(0, 4096) == 1);
+  CHECK(record_count(1, 4096) == 1);
+  CHECK(record_count(4096, 4096) == 1);
+  CHECK(record_count(4097, 4096) == 2);
+  CHECK(record_count(std::uint64_t{16} << 20, 256 << 10) == 64);
+  // The trailer's fields, little-endian, at their documented offsets.
+  Header h;
+  h.sender = 1;
+  h.receiver = 2;
+  h.tag = 3;
+  h.sequence = 4;
+  h.counter = 5;
+  h.message_length = 6;
+  h.record = 7;
+  h.records = 8;
+  h.length = 9;
+  std::uint8_t t[kHeaderBytes];
+  encode_header(h, t);
+  CHECK(std::memcmp(t, "dtS2", 4) == 0);
+  for (auto [off, v] :
+       {std::pair{4, 1}, {8, 2}, {12, 3}, {16, 4}, {24, 5}, {32, 6}, {40, 7}, {44, 8}, {48, 9}})
+    CHECK_MESSAGE(t[off] == v, "offset ", off);
+  std::vector<std::uint8_t> tr(kTrailerBytes);
+  encode_header(h, tr.data());
+  const Header back = parse_trailer(tr.data(), tr.size(), 9);
+  CHECK(back.record == 7);
+  CHECK(back.records == 8);
+  CHECK(back.message_length == 6);
+  CHECK_THROWS_WITH_AS(parse_trailer(tr.data(), tr.size(), 8), doctest::Contains("malformed"),
+                       dt::SecurityError);
+  CHECK_THROWS_WITH_AS(parse_trailer(tr.data(), tr.size() - 1, 9), doctest::Contains("trailer"),
+                       dt::SecurityError);
+  h.record = 8;  // not below the record count
+  encode_header(h, tr.data());
+  CHECK_THROWS_WITH_AS(parse_trailer(tr.data(), tr.size(), 9), doctest::Contains("record 8 of 8"),
+                       dt::SecurityError);
+}
+
+TEST_CASE(
+    "records of one message open only in order: dropped, repeated, swapped, foreign or "
+    "truncated records are rejected") {
+  const Keys keys = test_keys();
+  const Salt s = random_salt();
+  const std::size_t rb = 4096;
+  std::string text(3 * rb, '\0');
+  for (std::size_t i = 0; i < text.size(); ++i) text[i] = static_cast<char>(i * 31 + 7);
+  const auto recs = make_records(keys, s, 1, 3, 7, 4, 100, text, rb);
+  REQUIRE(recs.size() == 3);
+  Aead dec(keys.traffic_key("test", s, 1, 3), false);
+  auto open_as = [&](const std::vector<std::uint8_t>& wire, std::uint32_t i, std::uint64_t seq,
+                     std::size_t len, std::string* got, Reject* why) {
+    const Expect e = expect_record(1, 3, 7, seq, len, rb, i);
+    std::string buf(e.length, '\0');
+    try {
+      open_message(dec, wire.data(), wire.size(), e, buf.data(), why);
+    } catch (const dt::SecurityError& err) {
+      return std::string(err.what());
+    }
+    if (got) *got += buf;
+    return std::string();
+  };
+  // In order: every record opens, the message is whole, the nonces differ.
+  std::string got;
+  for (std::uint32_t i = 0; i < 3; ++i)
+    CHECK(open_as(recs[i], i, 4, text.size(), &got, nullptr) == "");
+  CHECK(got == text);
+  CHECK(parse_header(recs[0].data(), recs[0].size()).counter == 100);
+  CHECK(parse_header(recs[2].data(), recs[2].size()).counter == 102);
+  // Record 1 where record 0 is expected (swapped), record 0 again where 1 is (repeated), record
+  // 2 where 1 is (one dropped): authentic, but out of place.
+  Reject why = Reject::malformed;
+  std::string err = open_as(recs[1], 0, 4, text.size(), nullptr, &why);
+  CHECK(why == Reject::sequence);
+  CHECK(err.find("message 4 from rank 1 to rank 3 (tag 7)") != std::string::npos);
+  CHECK(err.find("record 0 of 3") != std::string::npos);
+  CHECK(err.find("it is record 1 of 3") != std::string::npos);
+  err = open_as(recs[0], 1, 4, text.size(), nullptr, &why);
+  CHECK(why == Reject::sequence);
+  CHECK(err.find("it is record 0 of 3") != std::string::npos);
+  err = open_as(recs[2], 1, 4, text.size(), nullptr, &why);
+  CHECK(why == Reject::sequence);
+  // The message cut after record 1: the next message's first record arrives as record 2.
+  const auto next = make_records(keys, s, 1, 3, 7, 5, 103, text, rb);
+  err = open_as(next[0], 2, 4, text.size(), nullptr, &why);
+  CHECK(why == Reject::sequence);
+  CHECK(err.find("carries sequence number 5") != std::string::npos);
+  // A record of another message at the same place (replayed message).
+  const auto before = make_records(keys, s, 1, 3, 7, 3, 97, text, rb);
+  err = open_as(before[1], 1, 4, text.size(), nullptr, &why);
+  CHECK(err.find("replayed") != std::string::npos);
+  // A shorter message whose first records look alike: the message length is authenticated.
+  const std::string shorter = text.substr(0, 2 * rb);
+  const auto cut = make_records(keys, s, 1, 3, 7, 4, 100, shorter, rb);
+  err = open_as(cut[0], 0, 4, text.size(), nullptr, &why);
+  CHECK(why == Reject::malformed);
+  CHECK(err.find("part of a message of 8192 bytes in 2 records") != std::string::npos);
+  // The record count is authenticated: changing it in the trailer breaks the GCM tag.
+  auto forged = recs[2];
+  forged[rb + 44] = 2;  // records = 2, so record 2 would look like the last one of 2
+  forged[rb + 40] = 1;
+  err = open_as(forged, 2, 4, text.size(), nullptr, &why);
+  CHECK(!err.empty());
+  // Every bit of the trailer of a middle record matters.
+  for (std::size_t byte = rb; byte < recs[1].size(); ++byte) {
+    auto w = recs[1];
+    w[byte] ^= 0x01;
+    CHECK_MESSAGE(!open_as(w, 1, 4, text.size(), nullptr, nullptr).empty(), "byte ", byte);
+  }
+}
+
+// ---- seal_p2p over an in-process transport --------------------------------------------------
+
+// Two ranks in one thread: isend queues a copy, a receive takes the next queued message of its
+// (source, tag) when tested; waiting for a message nobody sent fails instead of hanging.
+struct Wire {
+  struct Msg {
+    int src, dst, tag;
+    std::vector<std::uint8_t> bytes;
+  };
+  std::map<std::tuple<int, int, int>, std::deque<std::vector<std::uint8_t>>> queues;
+  std::vector<Msg> log;  // everything sent, in order
+};
+
+class DoneWork final : public dt::WorkImpl {
+ public:
+  bool test() override { return true; }
+  bool wait_for(dt::Millis) override { return true; }
+  std::string describe() const override { return "loop send"; }
+  int rank() const override { return 0; }
+};
+
+class LoopRecv final : public dt::WorkImpl {
+ public:
+  LoopRecv(Wire& w, int src, int dst, int tag, dt::TensorView buf)
+      : w_(w), src_(src), dst_(dst), tag_(tag), buf_(buf) {}
+  bool test() override {
+    if (done_) return true;
+    auto& q = w_.queues[{src_, dst_, tag_}];
+    if (q.empty()) return false;
+    std::vector<std::uint8_t> m = std::move(q.front());
+    q.pop_front();
+    DT_CHECK(dt::CommError, m.size() == buf_.nbytes(), "loop recv: ", m.size(), " bytes, ",
+             buf_.nbytes(), " expected");
+    if (!m.empty()) std::memcpy(buf_.data, m.data(), m.size());
+    return done_ = true;
+  }
+  bool wait_for(dt::Millis) override {
+    DT_CHECK(dt::CommError, test(), "loop recv from ", src_, " tag ", tag_, ": nothing was sent");
+    return true;
+  }
+  std::string describe() const override { return "loop recv"; }
+  int rank() const override { return dst_; }
+
+ private:
+  Wire& w_;
+  int src_, dst_, tag_;
+  dt::TensorView buf_;
+  bool done_ = false;
+};
+
+class LoopP2p final : public dt::P2p {
+ public:
+  LoopP2p(Wire& w, int rank) : w_(w), rank_(rank) {}
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return 2; }
+  const std::string& name() const noexcept override { return name_; }
+  dt::Work isend(dt::ConstTensorView buf, int dst, int tag) override {
+    const auto* p = static_cast<const std::uint8_t*>(buf.data);
+    std::vector<std::uint8_t> m(p, p + buf.nbytes());
+    w_.log.push_back({rank_, dst, tag, m});
+    w_.queues[{rank_, dst, tag}].push_back(std::move(m));
+    return dt::Work(std::make_unique<DoneWork>());
+  }
+  dt::Work irecv(dt::TensorView buf, int src, int tag) override {
+    return dt::Work(std::make_unique<LoopRecv>(w_, src, rank_, tag, buf));
+  }
+
+ private:
+  Wire& w_;
+  int rank_;
+  std::string name_ = "loop";
+};
+
+struct LoopPair {
+  Wire wire;
+  std::unique_ptr<dt::P2p> a, b;  // ranks 0 and 1
+  LoopPair(std::size_t record_bytes, Tamper tamper = {}) {
+    const Keys keys = test_keys();
+    SealOptions so;
+    so.record_bytes = record_bytes;
+    so.tamper = tamper;
+    a = seal_p2p(std::make_unique<LoopP2p>(wire, 0), keys, so);  // sends the session salt
+    so.tamper = {};
+    b = seal_p2p(std::make_unique<LoopP2p>(wire, 1), keys, so);
+    wire.log.clear();
+  }
+};
+
+std::vector<float> ramp(std::size_t n, float base) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = base + static_cast<float>(i);
+  return v;
+}
+
+TEST_CASE(
+    "seal_p2p: records travel as ciphertext and trailer, one counter value each, opened "
+    "in place") {
+  LoopPair lp(4096);
+  const std::vector<float> m0 = ramp(2500, 1), m1 = ramp(1024, 5), m2;  // 10000, 4096, 0 bytes
+  lp.a->isend(dt::view_of(m0), 1, 5).wait();
+  lp.a->isend(dt::view_of(m1), 1, 6).wait();
+  lp.a->isend(dt::view_of(m2), 1, 5).wait();
+  // m0: 3 records (4096, 4096, 1808), m1: 1, m2: one empty record (its trailer only).
+  std::vector<std::size_t> sizes;
+  for (const Wire::Msg& m : lp.wire.log) sizes.push_back(m.bytes.size());
+  const std::vector<std::size_t> want = {4096,          kTrailerBytes, 4096,
+                                         kTrailerBytes, 1808,          kTrailerBytes,
+                                         4096,          kTrailerBytes, kTrailerBytes};
+  CHECK(sizes == want);
+  std::vector<std::uint64_t> counters;  // the trailer's counter field (offset 24)
+  for (const Wire::Msg& m : lp.wire.log)
+    if (m.bytes.size() == kTrailerBytes) {
+      std::uint64_t c = 0;
+      for (int i = 0; i < 8; ++i) c |= static_cast<std::uint64_t>(m.bytes[24 + i]) << (8 * i);
+      counters.push_back(c);
+    }
+  CHECK(counters == std::vector<std::uint64_t>{0, 1, 2, 3, 4});           // across tags, per record
+  CHECK(std::memcmp(lp.wire.log[0].bytes.data(), m0.data(), 4096) != 0);  // ciphertext
+  std::vector<float> r0(2500), r1(1024), r2;
+  dt::Work w1 = lp.b->irecv(dt::view_of(r1), 0, 6);  // the other tag first
+  dt::Work w0 = lp.b->irecv(dt::view_of(r0), 0, 5);
+  dt::Work w2 = lp.b->irecv(dt::view_of(r2), 0, 5);
+  w0.wait();
+  w1.wait();
+  w2.wait();
+  CHECK(r0 == m0);
+  CHECK(r1 == m1);
+}
+
+TEST_CASE(
+    "seal_p2p: a record dropped, records swapped, a bit flipped, a message replayed or "
+    "reordered is rejected naming peer and sequence") {
+  struct Case {
+    const char* tamper;
+    const char* want;
+  };
+  const Case cases[] = {
+      {"drop-record:1",
+       "message 1 from rank 0 to rank 1 (tag 9) on loop/sealed, record 2 of 3: "
+       "it carries sequence number 2"},
+      {"swap-records:1",
+       "message 1 from rank 0 to rank 1 (tag 9) on loop/sealed, record 0 of 3: "
+       "it is record 1 of 3"},
+      {"flip:1", "message 1 from rank 0 to rank 1 (tag 9) on loop/sealed, record 1 of 3 "},
+      {"replay:0",
+       "message 1 from rank 0 to rank 1 (tag 9) on loop/sealed, record 0 of 3: it "
+       "carries sequence number 0 (replayed)"},
+      {"reorder:1",
+       "message 1 from rank 0 to rank 1 (tag 9) on loop/sealed, record 0 of 3: it "
+       "carries sequence number 2 (reordered"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.tamper);
+    LoopPair lp(4096, parse_tamper(c.tamper));
+    std::vector<std::vector<float>> out;
+    for (int k = 0; k < 4; ++k) out.push_back(ramp(3072, static_cast<float>(k)));  // 3 records
+    for (int k = 0; k < 4; ++k) lp.a->isend(dt::view_of(out[k]), 1, 9).wait();
+    std::string err;
+    int k = 0;
+    for (; k < 4 && err.empty(); ++k) {
+      std::vector<float> in(3072);
+      try {
+        lp.b->recv(dt::view_of(in), 0, 9);
+        CHECK(in == out[k]);
+      } catch (const dt::SecurityError& e) {
+        err = e.what();
+      }
+    }
+    CHECK_MESSAGE(err.find(c.want) != std::string::npos, err);
+    CHECK(k == 2);  // message 0 arrived intact, message 1 was rejected
+  }
+}
+
 TEST_CASE("counter exhaustion is refused") {
   const Keys keys = test_keys();
   Aead enc(keys.traffic_key("c", random_salt(), 0, 1), true);
@@ -248,6 +577,8 @@ TEST_CASE("parse_tamper") {
   CHECK(parse_tamper("flip:3").at == 3);
   CHECK(parse_tamper("replay:0").kind == Tamper::Kind::replay);
   CHECK(parse_tamper("reorder:12").at == 12);
+  CHECK(parse_tamper("drop-record:4").kind == Tamper::Kind::drop_record);
+  CHECK(parse_tamper("swap-records:0").kind == Tamper::Kind::swap_records);
   for (const char* bad : {"flip", "flip:", "flip:x", "swap:1", "flip:-1"})
     CHECK_THROWS_WITH_AS(parse_tamper(bad), doctest::Contains("test.tamper"), dt::ConfigError);
 }
