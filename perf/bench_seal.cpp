@@ -1,6 +1,6 @@
 // bench_seal: the cost of AES-256-GCM sealing in dt's tensor traffic, side by side in one run.
 //
-//   mpiexec -n 2 bench_seal [--iters N] [--window W] [--record-bytes B]
+//   mpiexec -n 2 bench_seal [--iters N] [--window W] [--record-bytes B] [--cases LIST]
 // prints, on rank 0:
 //   memcpy      one core copying 256 KiB (in cache) and 16 MiB (memory): what a transport's own
 //               copy costs on this machine
@@ -12,7 +12,8 @@
 //   all_reduce  16 MiB of f32 (sum) over MPI_Allreduce (dt::MpiComm), over dt's sealed
 //               communicator, and over the same algorithm with every peer unsealed: GB/s algorithm
 //               bandwidth (bytes / time)
-// Each figure is the median of --iters timed repetitions after one warm-up. The ranks may sit on
+// --cases picks some of local,p2p,all_reduce (default: all). Each figure is the median of --iters
+// timed repetitions after one warm-up. The ranks may sit on
 // one node or on two (srun): the unsealed dt communicator exempts every peer either way.
 // The source also builds against dt before sealing had records (no SealOptions::record_bytes),
 // so that the previous implementation can be measured in the same run.
@@ -122,8 +123,10 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int iters = 5, window = 4;
   std::size_t record_bytes = 0;
+  std::string cases = "local,p2p,all_reduce";
   for (int i = 1; i + 1 < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--cases") cases = argv[i + 1];
     if (a == "--iters") iters = std::max(1, std::atoi(argv[i + 1]));
     if (a == "--window") window = std::max(1, std::atoi(argv[i + 1]));
     if (a == "--record-bytes") record_bytes = std::strtoull(argv[i + 1], nullptr, 10);
@@ -139,8 +142,11 @@ int main(int argc, char** argv) {
     sec::Key k{};
     k.fill(42);
     const sec::Keys keys(sec::SecretKey(k), sec::slurm_job_id());
-    if (lead) {
-      std::printf("%-46s %8s\n", "case", "GB/s");
+    auto want = [&](const char* c) {
+      return ("," + cases + ",").find(std::string(",") + c + ",") != std::string::npos;
+    };
+    if (lead) std::printf("%-46s %8s\n", "case", "GB/s");
+    if (lead && want("local")) {
       std::printf("memcpy 256 KiB (in cache, one core)            %8.2f\n",
                   memcpy_rate(256 << 10, iters));
       std::printf("memcpy  16 MiB (memory, one core)              %8.2f\n",
@@ -159,6 +165,7 @@ int main(int argc, char** argv) {
     set_record_bytes(po, record_bytes);
     auto sealed = sec::seal_p2p(dt::make_p2p("mpi", *world), keys, po);
     for (std::size_t s : sizes) {
+      if (!want("p2p")) break;
       const int msgs = static_cast<int>(std::max<std::size_t>(8, (std::size_t{256} << 20) / s));
       std::vector<std::vector<float>> bufs(static_cast<std::size_t>(window),
                                            std::vector<float>(s / sizeof(float), 1.0f));
@@ -171,27 +178,29 @@ int main(int argc, char** argv) {
                     s >> 20, gb / ts, 100.0 * tp / ts);
       }
     }
-    const std::size_t n = (std::size_t{16} << 20) / sizeof(float);
-    std::vector<float> buf(n, 1.0f);
-    sec::SealedCommOptions so;
-    auto sc = sec::make_sealed_comm(*world, keys, so);
-    so.exempt_node_local = true;  // all ranks on one (simulated) node: every peer unsealed
-    so.simulated_nodes = 1;
-    auto xc = sec::make_sealed_comm(*world, keys, so);
-    const double tm =
-        timed(iters, *world, [&] { world->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
-    const double ts =
-        timed(iters, *world, [&] { sc->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
-    const double tx =
-        timed(iters, *world, [&] { xc->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
-    const double gb = static_cast<double>(n * sizeof(float)) / 1e9;
-    if (lead) {
-      std::printf("all_reduce 16 MiB f32 MPI_Allreduce             %8.2f\n", gb / tm);
-      std::printf("all_reduce 16 MiB f32 dt, unsealed              %8.2f\n", gb / tx);
-      std::printf(
-          "all_reduce 16 MiB f32 dt sealed                 %8.2f  (%.0f%% of MPI, %.0f%% "
-          "of dt unsealed)\n",
-          gb / ts, 100.0 * tm / ts, 100.0 * tx / ts);
+    if (want("all_reduce")) {
+      const std::size_t n = (std::size_t{16} << 20) / sizeof(float);
+      std::vector<float> buf(n, 1.0f);
+      sec::SealedCommOptions so;
+      auto sc = sec::make_sealed_comm(*world, keys, so);
+      so.exempt_node_local = true;  // all ranks on one (simulated) node: every peer unsealed
+      so.simulated_nodes = 1;
+      auto xc = sec::make_sealed_comm(*world, keys, so);
+      const double tm =
+          timed(iters, *world, [&] { world->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
+      const double ts =
+          timed(iters, *world, [&] { sc->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
+      const double tx =
+          timed(iters, *world, [&] { xc->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
+      const double gb = static_cast<double>(n * sizeof(float)) / 1e9;
+      if (lead) {
+        std::printf("all_reduce 16 MiB f32 MPI_Allreduce             %8.2f\n", gb / tm);
+        std::printf("all_reduce 16 MiB f32 dt, unsealed              %8.2f\n", gb / tx);
+        std::printf(
+            "all_reduce 16 MiB f32 dt sealed                 %8.2f  (%.0f%% of MPI, %.0f%% "
+            "of dt unsealed)\n",
+            gb / ts, 100.0 * tm / ts, 100.0 * tx / ts);
+      }
     }
   }
   MPI_Finalize();

@@ -2,15 +2,20 @@
 # Sealed tensor traffic against its ceilings and against a baseline, side by side in one run.
 #   perf/bench_seal.sh [BUILD_DIR] [BASELINE_BENCH]
 # Each of ROUNDS rounds (default 3) records the load (uptime), then runs back to back:
-#   1. openssl speed -elapsed -evp aes-256-gcm on one core (taskset -c 0), 1 MiB blocks (wall
-#      clock, as bench_seal measures: on a loaded machine both see the same load)
+#   1. openssl speed -elapsed -evp aes-256-gcm, 1 MiB blocks, wall clock as bench_seal measures:
+#      one process on one core (taskset -c 0), and two processes at once (-multi 2; per process:
+#      what each of bench_seal's two ranks can have when the machine is shared, see below)
 #   2. bench_seal of BUILD_DIR (default build/; the bench_seal target is built first) on 2 ranks
 #   3. BASELINE_BENCH, if given: a bench_seal binary built from the same perf/bench_seal.cpp
 #      against another dt (the previous implementation), same arguments; its order with 2.
 #      alternates between rounds
 # and then prints per round and as medians over the rounds: sealed p2p as a fraction of openssl's
-# one-core rate and of plain MPI, sealed all_reduce as a fraction of MPI_Allreduce and of dt's
-# algorithm unsealed, each for this build and the baseline.
+# one-core rate (one process alone, and per process of two) and of plain MPI, sealed all_reduce as
+# a fraction of MPI_Allreduce and of dt's algorithm unsealed, each for this build and the
+# baseline. On an idle machine each rank has a core and the two openssl figures agree; on a
+# shared one (Linux autogroups: every session gets an equal share of the cores) the two ranks of
+# bench_seal share one session's share, as the two openssl processes of -multi 2 do, while a
+# single openssl process has it alone.
 # NODES=2 runs bench_seal across two namespaced nodes, one rank each (TCP over a veth bridge;
 # tests/multinode/mpirun-nodes.sh, needs root; it creates and removes the dtn* namespaces, so
 # nobody else may be using them: `ip netns list`). NODES=1 (default): mpiexec -n 2 on this node
@@ -39,6 +44,8 @@ for r in $(seq "$rounds"); do
     echo "round $r load $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "round $r openssl $(taskset -c 0 openssl speed -elapsed -evp aes-256-gcm -seconds 2 \
       -bytes 1048576 2>/dev/null | tail -n 1)"
+    echo "round $r openssl-multi2 $(openssl speed -elapsed -multi 2 -evp aes-256-gcm -seconds 2 \
+      -bytes 1048576 2>/dev/null | tail -n 1)"
     order=(new)
     if [ -n "$baseline" ]; then
       if [ $((r % 2)) = 1 ]; then order=(new base); else order=(base new); fi
@@ -54,17 +61,21 @@ done
 python3 - "$out" <<'PY'
 import re, statistics, sys
 rows = {}  # (round, which) -> {case: GB/s}
-ssl, load = {}, {}
+ssl, ssl2, load = {}, {}, {}
 for line in open(sys.argv[1]):
-    m = re.match(r"round (\d+) openssl AES-256-GCM\s+([\d.]+)k", line)
+    m = re.match(r"round (\d+) openssl (?:AES-256-GCM|evp)\s+([\d.]+)k", line)
     if m:
         ssl[m[1]] = float(m[2]) * 1e3 / 1e9
+        continue
+    m = re.match(r"round (\d+) openssl-multi2 (?:AES-256-GCM|evp)\s+([\d.]+)k", line)
+    if m:  # the sum over the two processes
+        ssl2[m[1]] = float(m[2]) * 1e3 / 1e9 / 2
         continue
     m = re.match(r"round (\d+) (load|load-after) (.*)", line)
     if m:
         load.setdefault(m[1], []).append(m[3])
         continue
-    m = re.match(r"round (\d+) (new|base) (.+?)\s{2,}([\d.]+)", line)
+    m = re.match(r"round (\d+) (new|base) (.*\S)\s+([\d.]+)(?:\s+\(.*\))?\s*$", line)
     if m:
         rows.setdefault((m[1], m[2]), {})[m[3].strip()] = float(m[4])
 def ratios(r, which):
@@ -73,7 +84,9 @@ def ratios(r, which):
     for mib in (1, 4, 16):
         s, p = c.get(f"p2p {mib:5d} MiB sealed"), c.get(f"p2p {mib:5d} MiB plain MPI")
         if s and r in ssl:
-            out[f"p2p {mib:2d} MiB sealed / openssl"] = s / ssl[r]
+            out[f"p2p {mib:2d} MiB sealed / openssl, alone"] = s / ssl[r]
+        if s and r in ssl2:
+            out[f"p2p {mib:2d} MiB sealed / openssl, one of two"] = s / ssl2[r]
         if s and p:
             out[f"p2p {mib:2d} MiB sealed / plain"] = s / p
     s = c.get("all_reduce 16 MiB f32 dt sealed")
@@ -85,7 +98,8 @@ def ratios(r, which):
     return out
 print("\n== summary (ratios within one round; load = 1/5/15-min load average before and after)")
 for r in sorted(ssl, key=int):
-    print(f"round {r}: openssl one core {ssl[r]:.2f} GB/s; load {' -> '.join(load.get(r, []))}")
+    print(f"round {r}: openssl one process {ssl[r]:.2f} GB/s, each of two {ssl2.get(r, 0):.2f} "
+          f"GB/s; load {' -> '.join(load.get(r, []))}")
 whiches = [w for w in ("new", "base") if any(k[1] == w for k in rows)]
 keys = sorted({k for r in ssl for w in whiches for k in ratios(r, w)})
 print(f"{'ratio':42}" + "".join(f"{w + ' (median, min-max)':>28}" for w in whiches))

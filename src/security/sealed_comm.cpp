@@ -128,8 +128,9 @@ class SealedComm final : public Comm {
       ws.push_back(
           p2p_->irecv_internal(TensorView{at(dst, off, t), std::min(seg, n - off), t}, src, tag));
   }
-  // Receives in the order they will be needed; poke() advances the transport and opens those
-  // that arrived, so that opening overlaps with sealing the outgoing segments.
+  // Receives in the order they will be needed; poke() advances the transport and opens the next
+  // one if it arrived, so that opening alternates with sealing the outgoing segments (a run of
+  // openings would keep the peers waiting for this rank's segments).
   struct Progress {
     std::vector<Work*> works;
     std::size_t next = 0;
@@ -137,7 +138,7 @@ class SealedComm final : public Comm {
       for (Work& w : ws) works.push_back(&w);
     }
     void poke() {
-      while (next < works.size() && works[next]->test()) ++next;
+      if (next < works.size() && works[next]->test()) ++next;
     }
     void wait() {
       for (; next < works.size(); ++next) works[next]->wait();
@@ -212,8 +213,8 @@ std::unique_ptr<SealedComm> SealedComm::create(const MpiComm& world, const Keys&
   return c;
 }
 
-// One event loop per rank: seal and send the next outgoing segment, then reduce every segment
-// whose inputs have all arrived (opening them in place) and hand it on; block only when there is
+// One event loop per rank: seal and send the next outgoing segment, then reduce the next segment
+// if its inputs have all arrived (opening them in place) and hand it on; block only when there is
 // nothing left to send. So the peers' segments are opened and reduced while this rank's own are
 // still being sealed, and (all_reduce) the reduced segments travel on while the rest is reduced.
 template <class SendOf, class OnReduced>
@@ -268,24 +269,24 @@ void SealedComm::scatter_reduce(const void* own, std::size_t n, DType t, ReduceO
     }
     return true;
   };
-  while (k < nseg) {
-    if (next_out < outs.size()) {
-      const Out& o = outs[next_out++];
-      sends.push_back(p2p_->isend_internal(ConstTensorView{o.p, o.cnt, t}, o.q, kCollTag));
-    }
-    const bool sent_all = next_out == outs.size();
-    while (k < nseg && arrived(sent_all)) {
-      const std::size_t off = k * seg, cnt = std::min(seg, n - off);
-      for (int q = 0; q < s; ++q)
-        in[static_cast<std::size_t>(q)] = q == me ? at(own, off, t) : at(slot(q), off, t);
-      reduce_elements(t, op, at(out, off, t), in.data(), s, cnt, op == ReduceOp::avg ? s : 1);
-      on_reduced(off, cnt);
-      ++k;
-    }
-  }
-  while (next_out < outs.size()) {  // this rank's block is empty, or smaller than a peer's
+  auto reduce_next = [&] {
+    const std::size_t off = k * seg, cnt = std::min(seg, n - off);
+    for (int q = 0; q < s; ++q)
+      in[static_cast<std::size_t>(q)] = q == me ? at(own, off, t) : at(slot(q), off, t);
+    reduce_elements(t, op, at(out, off, t), in.data(), s, cnt, op == ReduceOp::avg ? s : 1);
+    on_reduced(off, cnt);
+    ++k;
+  };
+  // While segments remain to be sent, each send is followed by at most one reduction, so the
+  // peers, which wait for this rank's segments, are never starved by a run of reductions.
+  while (next_out < outs.size()) {
     const Out& o = outs[next_out++];
     sends.push_back(p2p_->isend_internal(ConstTensorView{o.p, o.cnt, t}, o.q, kCollTag));
+    if (k < nseg && arrived(false)) reduce_next();
+  }
+  while (k < nseg) {
+    arrived(true);
+    reduce_next();
   }
   wait_all(sends);
 }
