@@ -131,7 +131,8 @@ std::size_t StageEngine::count_params(const graph::Graph& g) {
 }
 
 StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& model, int stage,
-                         int stages, int slots, StageComms comms, float* grad_storage)
+                         int stages, int slots, StageComms comms, float* grad_storage,
+                         std::size_t capacity)
     : dev_(dev),
       g_(std::move(g)),
       model_(model),
@@ -170,11 +171,15 @@ StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& mod
       if (param_index_[static_cast<std::size_t>(t)] >= 0)
         ++param_uses_[static_cast<std::size_t>(param_index_[static_cast<std::size_t>(t)])];
   DT_CHECK(InvalidArgument, nparams_ > 0, "stage ", stage, " holds no parameters");
-  param_buf_ = Device::Buffer(dev_, nparams_ * sizeof(float));
+  DT_CHECK(InvalidArgument, !grad_storage || capacity <= nparams_,
+           "a padded StageEngine keeps its own gradients");
+  capacity_ = std::max(nparams_, capacity);
+  param_buf_ = Device::Buffer(dev_, capacity_ * sizeof(float));
+  dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", param_buf_.get(), param_buf_.bytes());
   if (grad_storage) {
     grad_ = grad_storage;
   } else {
-    grad_buf_ = Device::Buffer(dev_, nparams_ * sizeof(float));
+    grad_buf_ = Device::Buffer(dev_, capacity_ * sizeof(float));
     grad_ = grad_buf_.as<float>();
   }
   // Activations and gradients.
@@ -251,7 +256,7 @@ void StageEngine::init(std::uint64_t seed) {
 
 void StageEngine::zero_grad() {
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(grad_),
-            nparams_ * sizeof(float));
+            (grad_buf_.bytes() ? capacity_ : nparams_) * sizeof(float));
 }
 
 double StageEngine::take_wait_seconds() {

@@ -46,8 +46,12 @@ class StageEngine {
   /// `g`: this rank's stage graph (shapes with the largest micro-batch). `slots`: micro-batches
   /// whose activations are kept at once. `grad_storage`: host memory for num_params() floats to
   /// hold the gradients (a shared-memory arena), or null to allocate them on the device.
+  /// `capacity`: the parameter and gradient buffers hold at least this many floats, the ones
+  /// after num_params() zero (sharded data parallelism pads the flat buffers; not with
+  /// grad_storage).
   StageEngine(const Device& dev, graph::Graph g, const GptConfig& model, int stage, int stages,
-              int slots, StageComms comms, float* grad_storage = nullptr);
+              int slots, StageComms comms, float* grad_storage = nullptr,
+              std::size_t capacity = 0);
   ~StageEngine();
   StageEngine(const StageEngine&) = delete;
   StageEngine& operator=(const StageEngine&) = delete;
@@ -103,6 +107,7 @@ class StageEngine {
   std::vector<std::size_t> global_index_;   // index into params_ -> index in gpt_params()
   std::vector<int> param_uses_;             // index into params_ -> nodes that read it
   std::size_t nparams_ = 0;
+  std::size_t capacity_ = 0;  // floats in the parameter and gradient buffers (>= nparams_)
   Device::Buffer param_buf_, grad_buf_;
   float* grad_ = nullptr;
   std::unique_ptr<Impl> impl_;

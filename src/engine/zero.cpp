@@ -121,9 +121,10 @@ int ZeroShards::unit_starting_at(std::size_t first) const {
   return -1;
 }
 
-void ZeroShards::take_shard(const float* padded_full) {
+void ZeroShards::take_shard(const float* padded_full, float* shard) {
+  if (!shard) shard = master();
   for (std::size_t u = 0; u < units_.size(); ++u)
-    dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(master() + loc_[u]),
+    dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(shard + loc_[u]),
               static_cast<const void*>(padded_full + A_[u] + static_cast<std::size_t>(r_) * s_[u]),
               s_[u] * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
 }
@@ -171,16 +172,20 @@ void ZeroShards::publish(float* model_params) {
   w.wait();
 }
 
+void ZeroShards::gather(const float* shard, float* padded_full) {
+  Work w = gather_q_->submit("ZeRO shard all_gather", [&] {
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      gather_comm_->all_gather(ConstTensorView{shard + loc_[u], s_[u], DType::f32},
+                               TensorView{padded_full + A_[u], s_[u] * n_, DType::f32});
+  });
+  w.wait();
+}
+
 std::vector<float> ZeroShards::gather_master() {
   std::vector<float> shard(std::max<std::size_t>(n_loc_, 1)), padded(padded_total_ + 1);
   dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(shard.data()),
             static_cast<const void*>(master()), n_loc_ * sizeof(float), DT_HAL_DEVICE_TO_HOST);
-  Work w = gather_q_->submit("ZeRO master all_gather", [&] {
-    for (std::size_t u = 0; u < units_.size(); ++u)
-      gather_comm_->all_gather(ConstTensorView{shard.data() + loc_[u], s_[u], DType::f32},
-                               TensorView{padded.data() + A_[u], s_[u] * n_, DType::f32});
-  });
-  w.wait();
+  gather(shard.data(), padded.data());
   std::vector<float> out(params_.back().offset + params_.back().numel);
   for (std::size_t i = 0; i < params_.size(); ++i)
     std::copy_n(padded.begin() + static_cast<std::ptrdiff_t>(padded_[i].offset), params_[i].numel,

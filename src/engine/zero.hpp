@@ -88,8 +88,10 @@ class ZeroShards {
   float* master() const noexcept { return master_.as<float>(); }
   float* grads() const noexcept { return grads_.as<float>(); }
 
-  /// Copies this rank's slices out of a full padded parameter buffer into the master shard.
-  void take_shard(const float* padded_full);
+  /// Copies this rank's slices out of a full padded buffer into `shard` (default: the master).
+  void take_shard(const float* padded_full, float* shard = nullptr);
+  /// All-gathers every rank's `shard` (host memory) into `padded_full` (host). Collective.
+  void gather(const float* shard, float* padded_full);
   /// Fills the master shard piece by piece: `whole(i, out)` writes parameter i (host memory).
   void init_shard(const std::function<void(std::size_t, float*)>& whole);
   /// After the master shard changed (step, load): rounds it for compute (low precision) and,

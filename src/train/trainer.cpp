@@ -258,11 +258,12 @@ TokenFile validate_and_load(TrainConfig& c) {
              c.seal != "off" ? "--security.seal=" + c.seal : std::string("--ckpt.encrypt"));
     security::load_key_file(c.key_file);  // refused here, naming the file and its mode
   }
-  DT_CHECK(ConfigError, c.par_zero == 0 || (c.par_tp == 1 && c.par_pp == 1 && !c.par_auto &&
+  DT_CHECK(ConfigError, c.par_zero <= 1 || (c.par_tp == 1 && c.par_pp == 1 && !c.par_auto &&
                                               c.par_engine == "auto"),
            "option --parallel.zero=", c.par_zero,
-           ": sharded data parallelism runs on the fused model (parallel.tp = parallel.pp = 1, "
-           "parallel.engine=auto, no parallel.auto); got tp=", c.par_tp, " pp=", c.par_pp,
+           ": sharding gradients and parameters runs on the fused model (parallel.tp = "
+           "parallel.pp = 1, parallel.engine=auto, no parallel.auto; with tensor or pipeline "
+           "parallelism use parallel.zero=1); got tp=", c.par_tp, " pp=", c.par_pp,
            " engine=", c.par_engine, c.par_auto ? " auto" : "");
   DT_CHECK(ConfigError, c.optim.min_lr <= c.optim.lr, "option --optim.min-lr: ", c.optim.min_lr,
            " is above --optim.lr=", c.optim.lr);
@@ -451,7 +452,22 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
     for (int s = 0; s < L.pp; ++s) sc.stage_rank.push_back(mesh_->rank_of(mc.dp, s, mc.tp));
   }
   float* grad_storage = nullptr;
-  if (L.dp > 1) {
+  std::size_t capacity = 0;
+  std::unique_ptr<Comm> zero_gather, zero_reduce;
+  if (c_.par_zero > 0) {
+    // ZeRO-1 over the mesh's data-parallel dimension: the stage's flat buffers, padded to a
+    // multiple of dp, are one unit; its gradients reduce-scatter after the schedule.
+    auto make = [&](bool tampered) -> std::unique_ptr<Comm> {
+      if (c_.seal != "all") return mesh_->dp().split(0, mesh_->dp().rank());
+      security::SealedCommOptions so = sealed;
+      if (tampered && tamper_collectives) so.tamper = tamper;
+      return security::make_sealed_comm(mesh_->dp(), *keys_, so);
+    };
+    zero_gather = make(false);
+    zero_reduce = make(true);
+    const std::size_t n = StageEngine::count_params(sg), d = static_cast<std::size_t>(L.dp);
+    capacity = (n + d - 1) / d * d;
+  } else if (L.dp > 1) {
     auto* mpi = dynamic_cast<MpiComm*>(&mesh_->dp());
     if (c_.seal == "all") {
       security::SealedCommOptions so = sealed;
@@ -470,13 +486,29 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
     }
   }
   engine_ = std::make_unique<StageEngine>(dev_, std::move(sg), c_.model, mc.pp, L.pp,
-                                          plan_->in_flight(mc.pp), sc, grad_storage);
-  if (L.dp > 1)
+                                          plan_->in_flight(mc.pp), sc, grad_storage, capacity);
+  if (L.dp > 1 && !zero_gather)
     buckets_ = std::make_unique<GradBuckets>(
         *grad_comm_, engine_->grad_data(), engine_->params(),
         static_cast<std::size_t>(c_.bucket_mb * 1024.0 * 1024.0));
-  engine_->init(static_cast<std::uint64_t>(c_.seed));
-  opt_ = std::make_unique<AdamW>(dev_, engine_->params(), engine_->num_params());
+  if (zero_gather) {
+    std::function<void(float*, std::size_t)> round;
+    if (low_precision()) round = [this](float* d, std::size_t k) { round_to_dtype(d, k); };
+    zero_ = std::make_unique<ZeroShards>(dev_, 1, engine_->params(),
+                                         std::vector<ZeroUnit>{{0, engine_->params().size()}},
+                                         std::move(zero_gather), std::move(zero_reduce),
+                                         std::move(round));
+    DT_ASSERT(zero_->padded_numel() == capacity, "ZeRO padding differs from the engine's");
+    // Each data-parallel rank holds other pieces: count every piece of a tensor this rank's
+    // tensor-parallel and pipeline position owns.
+    zero_counted_.clear();
+    for (const ZeroPiece& pc : zero_->pieces()) {
+      const graph::TensorInfo& t = engine_->param_tensor(pc.param);
+      const bool split = t.sharding.kind != graph::Sharding::Kind::replicated;
+      zero_counted_.push_back((split || mc.tp == 0) && !(t.tied && mc.pp != 0));
+    }
+  }
+  init_weights();
   // One copy of every global element counts: data-parallel rank 0, tensor-parallel rank 0 for
   // replicated tensors, and the first stage for tensors tied across stages.
   owner_.clear();
@@ -528,7 +560,13 @@ void Trainer::setup_zero(const security::SealedCommOptions& sealed,
 
 void Trainer::init_weights() {
   const auto seed = static_cast<std::uint64_t>(c_.seed);
-  if (engine_) {
+  if (engine_ && zero_) {
+    engine_->init(seed);
+    zero_->take_shard(engine_->param_data());
+    opt_ = std::make_unique<AdamW>(dev_, zero_->shard_params(), zero_->shard_numel());
+    zero_->publish(engine_->param_data());
+    return;
+  } else if (engine_) {
     engine_->init(seed);
     opt_ = std::make_unique<AdamW>(dev_, engine_->params(), engine_->num_params());
   } else if (zero_) {
@@ -598,7 +636,7 @@ StepStats Trainer::step() {
         model_->backward(scale);
     }
   }
-  if (zero_) {
+  if (zero_ && !engine_) {
     watchdog::set_activity("gradient reduce_scatter wait", step_);
     zero_->finish_grads();
   }
@@ -620,6 +658,11 @@ StepStats Trainer::step() {
           (sealed_tied_ ? *sealed_tied_ : *mesh_->tied()).all_reduce(view_of(engine_->grad_data() + p.offset, p.numel),
                                     ReduceOp::sum);
         }
+  }
+  if (zero_ && engine_) {  // ZeRO-1 with tp/pp: the stage's gradients, tied ones complete
+    watchdog::set_activity("gradient reduce_scatter wait", step_);
+    zero_->grads_final(0, engine_->grad_data());
+    zero_->finish_grads();
   }
   watchdog::set_activity("optimizer", step_);
   StepStats s;
@@ -650,9 +693,9 @@ StepStats Trainer::step() {
     }
   }
   s.grad_norm =
-      engine_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, owner_, coll())
-      : zero_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, zero_counted_, coll())
-              : opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip);
+      zero_     ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, zero_counted_, coll())
+      : engine_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, owner_, coll())
+                : opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip);
   s.lr = lr_at(c_.optim, step_);
   opt_->step(master_ptr(), grads_ptr(), s.lr, c_.optim);
   if (scaler_ || zero_) refresh_working_weights();
@@ -751,7 +794,7 @@ std::vector<std::int32_t> Trainer::sample(const std::vector<std::int32_t>& promp
   };
   Gpt* model = model_.get();
   std::unique_ptr<Gpt> whole;
-  if (engine_ || (zero_ && !model_->param_data())) {  // global parameters in full_state_
+  if (engine_ || (zero_ && model_ && !model_->param_data())) {  // global parameters in full_state_
     whole = std::make_unique<Gpt>(dev_, c_.model, 1);
     dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(whole->param_data()),
               static_cast<const void*>(full_state_.data()), whole->num_params() * sizeof(float),
@@ -809,7 +852,7 @@ void Trainer::log(const std::string& line) const {
 std::vector<CkptTensor> Trainer::state_tensors() {
   std::vector<CkptTensor> out;
   const std::vector<ParamInfo> global = gpt_params(c_.model);
-  if (zero_) {  // each rank holds its shard's piece of every tensor (or none)
+  if (zero_ && !engine_) {  // each rank holds its shard's piece of every tensor (or none)
     const char* prefix[3] = {"/model/", "/optim/exp_avg/", "/optim/exp_avg_sq/"};
     float* base[3] = {zero_->master(), opt_->m(), opt_->v()};
     for (int g = 0; g < 3; ++g)
@@ -876,7 +919,7 @@ bool Trainer::unscale_found_inf(float* grads, std::size_t n, float loss_scale) {
 
 void Trainer::refresh_working_weights() {
   if (zero_) {
-    zero_->publish(model_->param_data());
+    zero_->publish(params_ptr());
     return;
   }
   const std::size_t n = param_list().back().offset + param_list().back().numel;
@@ -912,11 +955,20 @@ void Trainer::gather_state() {
   const std::vector<ParamInfo> global = gpt_params(c_.model);
   const std::size_t N = global.back().offset + global.back().numel, n = engine_->num_params();
   std::fill(full_state_.begin(), full_state_.end(), 0.0f);
-  std::vector<float> host(n);
+  std::vector<float> host(zero_ ? zero_->padded_numel() : n);
   const float* src[3] = {master_ptr(), opt_->m(), opt_->v()};
+  std::vector<float> shard;
   for (int k = 0; k < 3; ++k) {
-    dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(host.data()),
-              static_cast<const void*>(src[k]), n * sizeof(float), DT_HAL_DEVICE_TO_HOST);
+    if (zero_) {  // ZeRO-1: this stage's whole state from the data-parallel ranks' shards
+      shard.resize(zero_->shard_numel());
+      dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(shard.data()),
+                static_cast<const void*>(src[k]), shard.size() * sizeof(float),
+                DT_HAL_DEVICE_TO_HOST);
+      zero_->gather(shard.data(), host.data());
+    } else {
+      dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(host.data()),
+                static_cast<const void*>(src[k]), n * sizeof(float), DT_HAL_DEVICE_TO_HOST);
+    }
     for (std::size_t i = 0; i < engine_->params().size(); ++i)
       if (owner_[i])
         graph::put_shard(engine_->param_tensor(i), mesh_->coord().tp,
@@ -930,15 +982,18 @@ void Trainer::gather_state() {
 void Trainer::scatter_state() {
   const std::vector<ParamInfo> global = gpt_params(c_.model);
   const std::size_t N = global.back().offset + global.back().numel, n = engine_->num_params();
-  std::vector<float> host(n);
+  std::vector<float> host(zero_ ? zero_->padded_numel() : n, 0.0f);
   float* dst[3] = {master_ptr(), opt_->m(), opt_->v()};
   for (int k = 0; k < 3; ++k) {
     for (std::size_t i = 0; i < engine_->params().size(); ++i)
       graph::take_shard(engine_->param_tensor(i), mesh_->coord().tp,
                         full_state_.data() + k * N + global[engine_->global_index(i)].offset,
                         host.data() + engine_->params()[i].offset);
-    dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(dst[k]),
-              static_cast<const void*>(host.data()), n * sizeof(float), DT_HAL_HOST_TO_DEVICE);
+    if (zero_)  // ZeRO-1: this rank's slice of the stage's state
+      zero_->take_shard(host.data(), dst[k]);
+    else
+      dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(dst[k]),
+                static_cast<const void*>(host.data()), n * sizeof(float), DT_HAL_HOST_TO_DEVICE);
   }
 }
 
@@ -1169,7 +1224,7 @@ int Trainer::run() {
   if (engine_ && plan_->layout.pp > 1) report_bubble();
   // Sampling runs the whole model on rank 0: the graph engine's shards are assembled first.
   if (engine_ && c_.sample_tokens > 0 && first_step < c_.steps) gather_state();
-  if (zero_ && !model_->param_data() && c_.sample_tokens > 0 && first_step < c_.steps)
+  if (zero_ && model_ && !model_->param_data() && c_.sample_tokens > 0 && first_step < c_.steps)
     full_state_ = zero_->gather_master();
   report_peak_memory();
   if (lead && first_step >= c_.steps) {

@@ -3,10 +3,10 @@
 // model on one rank, within 1e-5 relative, over 5 steps of the micro config (with 4 layers and 4
 // heads, so that tp and pp up to 4 are possible).
 // Sharded data parallelism (parallel.zero) on the fused model is held to the same reference.
-//   mpiexec -n N test_layouts DATA_FILE DPxTPxPP[:ucx][:zN][:m1] ...
+//   mpiexec -n N test_layouts DATA_FILE DPxTPxPP[:ucx][:zN][:graph][:m1] ...
 // ":ucx" sends the pipeline's activations over UCX instead of MPI; ":zN" trains with
-// parallel.zero=N (N = 1, 2, 3; the fused model, so tp = pp = 1); ":m1" uses micro-batches of one
-// sequence.
+// parallel.zero=N (N = 1, 2, 3; on the fused model when tp = pp = 1, unless ":graph"; with tp or pp
+// the graph engine, N = 1); ":m1" uses micro-batches of one sequence.
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
     std::string spec = argv[a];
     dt::TrainConfig cl = c;
     cl.par_engine = "graph";  // 1x1x1 too: the engine itself against the fused model
+    bool graph = false;
     for (std::size_t colon; (colon = spec.rfind(':')) != std::string::npos;
          spec = spec.substr(0, colon)) {
       const std::string opt = spec.substr(colon + 1);
@@ -70,14 +71,17 @@ int main(int argc, char** argv) {
         cl.p2p = "ucx";
       } else if (opt == "m1") {
         cl.micro_batch = 1;  // gradients accumulate over several micro-batches per step
+      } else if (opt == "graph") {
+        graph = true;
       } else if (opt.size() == 2 && opt[0] == 'z' && opt[1] >= '1' && opt[1] <= '3') {
         cl.par_zero = opt[1] - '0';
-        cl.par_engine = "auto";  // sharding runs on the fused model
       } else {
         std::fprintf(stderr, "test_layouts: '%s': unknown option ':%s'\n", argv[a], opt.c_str());
         return 2;
       }
     }
+    // Sharding runs on the fused model unless tp, pp or ":graph" ask for the engine.
+    if (cl.par_zero > 0 && !graph) cl.par_engine = "auto";
     if (std::sscanf(spec.c_str(), "%dx%dx%d", &cl.par_dp, &cl.par_tp, &cl.par_pp) != 3) {
       std::fprintf(stderr, "test_layouts: '%s' is not DPxTPxPP\n", argv[a]);
       return 2;

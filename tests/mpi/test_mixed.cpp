@@ -1,5 +1,5 @@
 // Mixed precision on the CPU: fp16 dynamic loss scaling and bf16 training of the micro config.
-//   mpiexec -n N test_mixed DATA_FILE [DPxTPxPP]
+//   mpiexec -n N test_mixed DATA_FILE [DPxTPxPP [zK]]     (zK: parallel.zero=K)
 // 1. fp16: an Inf put into one rank's gradients at step 2 makes every rank skip that step, halves
 //    the loss scale and leaves every parameter bit unchanged; after growth-interval (3) clean
 //    steps the scale doubles again.
@@ -32,6 +32,13 @@ int main(int argc, char** argv) {
   if (argc > 2 && std::sscanf(argv[2], "%dx%dx%d", &c.par_dp, &c.par_tp, &c.par_pp) != 3) {
     std::fprintf(stderr, "test_mixed: '%s' is not DPxTPxPP\n", argv[2]);
     return 2;
+  }
+  if (argc > 3) {
+    if (std::strlen(argv[3]) != 2 || argv[3][0] != 'z' || argv[3][1] < '1' || argv[3][1] > '3') {
+      std::fprintf(stderr, "test_mixed: '%s' is not z1, z2 or z3\n", argv[3]);
+      return 2;
+    }
+    c.par_zero = argv[3][1] - '0';
   }
   const dt::TokenFile data = dt::validate_and_load(c);
   dt::Runtime rt(&argc, &argv);
