@@ -1,11 +1,14 @@
 // bench_seal: the cost of AES-256-GCM sealing in dt's tensor traffic, side by side in one run.
 //
-//   mpiexec -n 2 bench_seal [--iters N] [--window W] [--record-bytes B] [--cases LIST]
+//   mpiexec -n 2 bench_seal [--iters N] [--window W] [--record-bytes B] [--segment-bytes S]
+//                           [--cases LIST]
 // prints, on rank 0:
 //   memcpy      one core copying 256 KiB (in cache) and 16 MiB (memory): what a transport's own
 //               copy costs on this machine
 //   seal/open   one core sealing, resp. opening in place, 256 KiB and 1 MiB in memory
 //               (dt::security::Aead; the ceiling for sealed traffic on one core, as openssl speed)
+//               memcpy, seal and open run on rank 0 while rank 1 waits in a barrier (spinning, as
+//               MPI's waits do), so on a shared machine they get the share one of two ranks gets
 //   p2p         rank 0 streams messages of 1/4/16 MiB to rank 1 (W in flight, W distinct buffers
 //               on each side), over plain MPI point-to-point and over seal_p2p(MPI): GB/s of
 //               payload
@@ -122,7 +125,7 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int iters = 5, window = 4;
-  std::size_t record_bytes = 0;
+  std::size_t record_bytes = 0, segment_bytes = 0;
   std::string cases = "local,p2p,all_reduce";
   for (int i = 1; i + 1 < argc; ++i) {
     const std::string a = argv[i];
@@ -130,6 +133,7 @@ int main(int argc, char** argv) {
     if (a == "--iters") iters = std::max(1, std::atoi(argv[i + 1]));
     if (a == "--window") window = std::max(1, std::atoi(argv[i + 1]));
     if (a == "--record-bytes") record_bytes = std::strtoull(argv[i + 1], nullptr, 10);
+    if (a == "--segment-bytes") segment_bytes = std::strtoull(argv[i + 1], nullptr, 10);
   }
   {
     auto world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
@@ -182,6 +186,7 @@ int main(int argc, char** argv) {
       const std::size_t n = (std::size_t{16} << 20) / sizeof(float);
       std::vector<float> buf(n, 1.0f);
       sec::SealedCommOptions so;
+      if (segment_bytes > 0) so.segment_bytes = segment_bytes;
       auto sc = sec::make_sealed_comm(*world, keys, so);
       so.exempt_node_local = true;  // all ranks on one (simulated) node: every peer unsealed
       so.simulated_nodes = 1;

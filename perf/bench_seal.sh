@@ -12,14 +12,20 @@
 # and then prints per round and as medians over the rounds: sealed p2p as a fraction of openssl's
 # one-core rate (one process alone, and per process of two) and of plain MPI, sealed all_reduce as
 # a fraction of MPI_Allreduce and of dt's algorithm unsealed, each for this build and the
-# baseline. On an idle machine each rank has a core and the two openssl figures agree; on a
+# baseline; and sealed p2p against what a receiver that copies (as plain MPI does) and then opens
+# every byte can reach at best, 1 / (1/open + 1/plain), and sealed all_reduce (2 ranks) against
+# dt's algorithm unsealed plus the AES-GCM work of each rank (it seals and opens 2 n bytes for n),
+# 1 / (1/unsealed + 2/seal). On an idle machine each rank has a core and the two openssl figures agree; on a
 # shared one (Linux autogroups: every session gets an equal share of the cores) the two ranks of
 # bench_seal share one session's share, as the two openssl processes of -multi 2 do, while a
 # single openssl process has it alone.
 # NODES=2 runs bench_seal across two namespaced nodes, one rank each (TCP over a veth bridge;
 # tests/multinode/mpirun-nodes.sh, needs root; it creates and removes the dtn* namespaces, so
 # nobody else may be using them: `ip netns list`). NODES=1 (default): mpiexec -n 2 on this node
-# (shared memory). BENCH_ARGS (default "--iters 5") go to bench_seal.
+# (shared memory). SESSIONS=1 starts each rank and openssl in a session of its own (setsid): Linux
+# gives every session (autogroup) an equal share of the cores, so each rank then has the share a
+# lone openssl process has, instead of the two ranks sharing one session's share; the default
+# starts them as mpiexec does. BENCH_ARGS (default "--iters 5") go to bench_seal.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../build}
@@ -29,22 +35,30 @@ nodes=${NODES:-1}
 args=(${BENCH_ARGS:---iters 5})
 cmake --build "$build" --target bench_seal -j "$(nproc)" >/dev/null
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+sessions=${SESSIONS:-0}
+own=()
+[ "$sessions" = 1 ] && own=(setsid -w)
 run() {
   if [ "$nodes" = 2 ]; then
-    "$here/../tests/multinode/mpirun-nodes.sh" 2 1 "$@"
+    if ip netns list | grep -q '^dtn'; then
+      echo "bench_seal.sh: the dtn* namespaces are in use (ip netns list); not touching them" >&2
+      exit 1
+    fi
+    "$here/../tests/multinode/mpirun-nodes.sh" 2 1 "${own[@]}" "$@"
   else
-    mpiexec -n 2 "$@"
+    mpiexec -n 2 "${own[@]}" "$@"
   fi
 }
 out=$(mktemp /tmp/dt-bench-seal.XXXXXX)
 trap 'rm -f "$out"' EXIT
-echo "bench_seal: $(nproc) cores, nodes=$nodes, ${rounds} rounds, bench_seal ${args[*]}"
+echo "bench_seal: $(nproc) cores, nodes=$nodes, sessions=$sessions, ${rounds} rounds, bench_seal" \
+  "${args[*]}"
 for r in $(seq "$rounds"); do
   {
     echo "round $r load $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "round $r openssl $(taskset -c 0 openssl speed -elapsed -evp aes-256-gcm -seconds 2 \
+    echo "round $r openssl $("${own[@]}" taskset -c 0 openssl speed -elapsed -evp aes-256-gcm -seconds 2 \
       -bytes 1048576 2>/dev/null | tail -n 1)"
-    echo "round $r openssl-multi2 $(openssl speed -elapsed -multi 2 -evp aes-256-gcm -seconds 2 \
+    echo "round $r openssl-multi2 $("${own[@]}" openssl speed -elapsed -multi 2 -evp aes-256-gcm -seconds 2 \
       -bytes 1048576 2>/dev/null | tail -n 1)"
     order=(new)
     if [ -n "$baseline" ]; then
@@ -85,16 +99,24 @@ def ratios(r, which):
         s, p = c.get(f"p2p {mib:5d} MiB sealed"), c.get(f"p2p {mib:5d} MiB plain MPI")
         if s and r in ssl:
             out[f"p2p {mib:2d} MiB sealed / openssl, alone"] = s / ssl[r]
+        if p and r in ssl:  # the transport alone, no cryptography
+            out[f"p2p {mib:2d} MiB plain / openssl, alone"] = p / ssl[r]
         if s and r in ssl2:
             out[f"p2p {mib:2d} MiB sealed / openssl, one of two"] = s / ssl2[r]
         if s and p:
             out[f"p2p {mib:2d} MiB sealed / plain"] = s / p
+        o = c.get("open  256 KiB in place (one core)")
+        if s and p and o:  # one node: the receiver copies (the transport) and opens each byte
+            out[f"p2p {mib:2d} MiB sealed / (1/(1/open + 1/plain))"] = s * (1 / o + 1 / p)
     s = c.get("all_reduce 16 MiB f32 dt sealed")
     m, u = c.get("all_reduce 16 MiB f32 MPI_Allreduce"), c.get("all_reduce 16 MiB f32 dt, unsealed")
     if s and m:
         out["all_reduce 16 MiB sealed / MPI"] = s / m
     if s and u:
         out["all_reduce 16 MiB sealed / dt unsealed"] = s / u
+    a = c.get("seal 1024 KiB (one core)")
+    if s and u and a:  # each rank seals and opens 2 n (n - 1) / n, on top of the unsealed work
+        out["all_reduce 16 MiB sealed / (1/(1/unsealed + 2/seal))"] = s * (1 / u + 2 / a)
     return out
 print("\n== summary (ratios within one round; load = 1/5/15-min load average before and after)")
 for r in sorted(ssl, key=int):
@@ -102,11 +124,13 @@ for r in sorted(ssl, key=int):
           f"GB/s; load {' -> '.join(load.get(r, []))}")
 whiches = [w for w in ("new", "base") if any(k[1] == w for k in rows)]
 keys = sorted({k for r in ssl for w in whiches for k in ratios(r, w)})
-print(f"{'ratio':42}" + "".join(f"{w + ' (median, min-max)':>28}" for w in whiches))
+width = max([len(k) for k in keys] + [5])
+print(f"{'ratio':{width}}" + "".join(f"  {w + ': median (min-max)':>24}" for w in whiches))
 for k in keys:
-    line = f"{k:42}"
+    line = f"{k:{width}}"
     for w in whiches:
         v = [ratios(r, w)[k] for r in ssl if k in ratios(r, w)]
-        line += f"{'':>6}{statistics.median(v):6.0%} ({min(v):.0%}-{max(v):.0%})" if v else f"{'-':>28}"
+        cell = f"{statistics.median(v):.0%} ({min(v):.0%}-{max(v):.0%})" if v else "-"
+        line += f"  {cell:>24}"
     print(line)
 PY
