@@ -273,13 +273,12 @@ class SealedRecvWork final : public WorkImpl {
   }
   void open_next() {
     const Rec& r = recs_[next_];
-    Expect e = e_;
-    e.record = static_cast<std::uint32_t>(next_);
-    e.length = r.len;
+    e_.record = static_cast<std::uint32_t>(next_);
+    e_.length = r.len;
     Reject why = Reject::malformed;
     try {
       std::lock_guard<std::mutex> lk(peer_->dec_mu);
-      open_record(*peer_->dec, out_ + r.off, r.len, trailer(next_), kTrailerBytes, e, out_ + r.off,
+      open_record(*peer_->dec, out_ + r.off, r.len, trailer(next_), kTrailerBytes, e_, out_ + r.off,
                   &why);
     } catch (const SecurityError&) {
       count_failure(why);

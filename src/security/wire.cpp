@@ -113,28 +113,31 @@ Header open_record(Aead& dec, const std::uint8_t* ciphertext, std::size_t cipher
   auto reject = [&](Reject r) {
     if (why) *why = r;
   };
-  std::string from = "message " + std::to_string(e.sequence) + " from rank " +
-                     std::to_string(e.sender) + " to rank " + std::to_string(e.receiver) +
-                     " (tag " + std::to_string(e.tag) + ") on " + e.channel;
-  if (e.records > 1)
-    from += ", record " + std::to_string(e.record) + " of " + std::to_string(e.records);
+  auto from = [&] {  // built only for a rejection
+    std::string f = "message " + std::to_string(e.sequence) + " from rank " +
+                    std::to_string(e.sender) + " to rank " + std::to_string(e.receiver) + " (tag " +
+                    std::to_string(e.tag) + ") on " + e.channel;
+    if (e.records > 1)
+      f += ", record " + std::to_string(e.record) + " of " + std::to_string(e.records);
+    return f;
+  };
   Header h;
   try {
     h = parse_trailer(trailer, trailer_bytes, ciphertext_bytes);
   } catch (const SecurityError& err) {
     reject(Reject::malformed);
-    DT_THROW(SecurityError, "rejected ", from, ": ", err.message());
+    DT_THROW(SecurityError, "rejected ", from(), ": ", err.message());
   }
   if (h.length != e.length) {
     reject(Reject::malformed);
-    DT_THROW(SecurityError, "rejected ", from, ": ", h.length, " bytes where ", e.length,
+    DT_THROW(SecurityError, "rejected ", from(), ": ", h.length, " bytes where ", e.length,
              " were expected (truncated or altered)");
   }
   const auto nonce = nonce_of(h);
   if (!dec.open(nonce.data(), trailer, kHeaderBytes, ciphertext, h.length, out,
                 trailer + kHeaderBytes)) {
     reject(Reject::authentication);
-    DT_THROW(SecurityError, "rejected ", from, " (sequence number ", h.sequence,
+    DT_THROW(SecurityError, "rejected ", from(), " (sequence number ", h.sequence,
              " in its header): authentication failed; the message was altered, or sealed with "
              "another key (another job, channel or direction)");
   }
@@ -142,23 +145,23 @@ Header open_record(Aead& dec, const std::uint8_t* ciphertext, std::size_t cipher
   if (h.sender != static_cast<std::uint32_t>(e.sender) ||
       h.receiver != static_cast<std::uint32_t>(e.receiver) || h.tag != e.tag) {
     reject(Reject::redirected);
-    DT_THROW(SecurityError, "rejected ", from, ": it was sealed for rank ", h.sender, " -> ",
+    DT_THROW(SecurityError, "rejected ", from(), ": it was sealed for rank ", h.sender, " -> ",
              h.receiver, " tag ", h.tag, " (redirected)");
   }
   if (h.sequence != e.sequence) {
     reject(Reject::sequence);
-    DT_THROW(SecurityError, "rejected ", from, ": it carries sequence number ", h.sequence,
+    DT_THROW(SecurityError, "rejected ", from(), ": it carries sequence number ", h.sequence,
              (h.sequence < e.sequence ? " (replayed)" : " (reordered or a message was dropped)"));
   }
   if (h.message_length != e.message_length || h.records != e.records) {
     reject(Reject::malformed);
-    DT_THROW(SecurityError, "rejected ", from, ": it is part of a message of ", h.message_length,
+    DT_THROW(SecurityError, "rejected ", from(), ": it is part of a message of ", h.message_length,
              " bytes in ", h.records, " records where ", e.message_length, " bytes in ", e.records,
              " were expected (truncated or altered)");
   }
   if (h.record != e.record) {
     reject(Reject::sequence);
-    DT_THROW(SecurityError, "rejected ", from, ": it is record ", h.record, " of ", h.records,
+    DT_THROW(SecurityError, "rejected ", from(), ": it is record ", h.record, " of ", h.records,
              " (records of the message dropped, repeated or reordered)");
   }
   return h;
