@@ -20,9 +20,6 @@ namespace dt::security {
 namespace {
 
 constexpr int kCollTag = kReservedTagBase + 1;
-// all_reduce's all-gather half runs while its reduce-scatter half still sends: its own tag keeps
-// the two streams of one peer apart.
-constexpr int kGatherTag = kReservedTagBase + 2;
 using Clock = std::chrono::steady_clock;
 
 std::size_t block_lo(std::size_t n, int b, int size) {
@@ -163,11 +160,12 @@ class SealedComm final : public Comm {
   void do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op);
   void do_barrier();
   // Reduces `n` elements: every peer q sends `send_of(q)` (n_q elements) to q; this rank's own
-  // contribution is `own`; the result goes to `out` (may alias `own`). Each segment of the
-  // result is handed to on_reduced(offset, count) as soon as it is reduced (while in cache).
-  template <class SendOf, class OnReduced>
+  // contribution is `own`; the result goes to `out` (may alias `own`). With `gather_of`
+  // (all_reduce), the result is also sent to every peer, and peer q's result is received into
+  // (*gather_of)(q) (pointer, elements).
+  template <class SendOf, class GatherOf>
   void scatter_reduce(const void* own, std::size_t n, DType t, ReduceOp op, void* out,
-                      SendOf&& send_of, OnReduced&& on_reduced);
+                      SendOf&& send_of, GatherOf* gather_of);
 
   Keys keys_;
   SealedCommOptions opts_;
@@ -213,13 +211,18 @@ std::unique_ptr<SealedComm> SealedComm::create(const MpiComm& world, const Keys&
   return c;
 }
 
-// One event loop per rank: seal and send the next outgoing segment, then reduce the next segment
-// if its inputs have all arrived (opening them in place) and hand it on; block only when there is
-// nothing left to send. So the peers' segments are opened and reduced while this rank's own are
-// still being sealed, and (all_reduce) the reduced segments travel on while the rest is reduced.
-template <class SendOf, class OnReduced>
+// Reduce-scatter in steps of one segment, and with `gather_of` all_reduce's all-gather in the
+// same steps: step j seals and sends segment j of every peer's block, waits for segment j of this
+// rank's block from every peer (opened in place as it arrives), reduces it and (all_reduce) seals
+// and sends the reduced segment to every peer at once, while it is in cache, then opens up to one
+// arrived all-gather segment per peer. Between two ranks the messages thus run in an order both
+// know (step j's reduce-scatter segment, then step j's all-gather segment), so one tag serves both,
+// every receive is posted before the first send, and a segment held back or replayed shows up as
+// out of sequence instead of waiting on another tag. Sealing step j+1 overlaps with the peers'
+// opening of step j.
+template <class SendOf, class GatherOf>
 void SealedComm::scatter_reduce(const void* own, std::size_t n, DType t, ReduceOp op, void* out,
-                                SendOf&& send_of, OnReduced&& on_reduced) {
+                                SendOf&& send_of, GatherOf* gather_of) {
   const int s = size(), me = rank();
   const std::size_t bytes = n * dtype_size(t);
   if (scratch_.size() < bytes * static_cast<std::size_t>(s - 1))
@@ -227,67 +230,57 @@ void SealedComm::scatter_reduce(const void* own, std::size_t n, DType t, ReduceO
   auto slot = [&](int q) {  // scratch of peer q
     return scratch_.data() + bytes * static_cast<std::size_t>(q < me ? q : q - 1);
   };
-  // recvs[q] = the segments from peer q, in order
-  std::vector<std::vector<Work>> recvs(static_cast<std::size_t>(s));
-  for (int q = 0; q < s; ++q)
-    if (q != me) post_recvs(recvs[static_cast<std::size_t>(q)], slot(q), n, t, q);
-  // The outgoing segments, segment by segment over the peers (each peer gets its first early).
-  struct Out {
-    const void* p;
-    std::size_t cnt;
-    int q;
-  };
-  std::vector<Out> outs;
   const std::size_t seg = seg_elems(t);
-  {
-    std::vector<std::pair<const void*, std::size_t>> blocks(static_cast<std::size_t>(s));
-    std::size_t most = 0;
-    for (int k = 1; k < s; ++k) {
-      const int q = (me + k) % s;
-      blocks[static_cast<std::size_t>(q)] = send_of(q);
-      most = std::max(most, blocks[static_cast<std::size_t>(q)].second);
+  auto nseg = [&](std::size_t elems) { return (elems + seg - 1) / seg; };
+  auto piece = [&](const void* base, std::size_t elems, std::size_t j) {
+    return ConstTensorView{at(base, j * seg, t), std::min(seg, elems - j * seg), t};
+  };
+  auto into = [&](void* base, std::size_t elems, std::size_t j) {
+    return TensorView{at(base, j * seg, t), std::min(seg, elems - j * seg), t};
+  };
+  // Receives from each peer q in the pair's order: per step, segment j of this rank's block
+  // (into q's scratch), then segment j of q's block (all_reduce: into place).
+  std::vector<std::vector<Work>> recvs(static_cast<std::size_t>(s));  // reduce-scatter, by step
+  std::vector<Work> gathers;
+  Progress gathered;
+  std::size_t steps = nseg(n);
+  for (int k = 1; k < s; ++k) {
+    const int q = (me - k + s) % s;
+    std::pair<void*, std::size_t> g{nullptr, 0};
+    if (gather_of) g = (*gather_of)(q);
+    const std::size_t sq = std::max(nseg(n), nseg(g.second));
+    steps = std::max({steps, sq, nseg(send_of(q).second)});
+    for (std::size_t j = 0; j < sq; ++j) {
+      if (j < nseg(n))
+        recvs[static_cast<std::size_t>(q)].push_back(
+            p2p_->irecv_internal(into(slot(q), n, j), q, kCollTag));
+      if (j < nseg(g.second))
+        gathers.push_back(p2p_->irecv_internal(into(g.first, g.second, j), q, kCollTag));
     }
-    for (std::size_t off = 0; off < most; off += seg)
-      for (int k = 1; k < s; ++k) {
-        const int q = (me + k) % s;
-        const auto [p, nq] = blocks[static_cast<std::size_t>(q)];
-        if (off < nq) outs.push_back({at(p, off, t), std::min(seg, nq - off), q});
-      }
   }
+  gathered.add(gathers);
   std::vector<Work> sends;
   std::vector<const void*> in(static_cast<std::size_t>(s));
-  const std::size_t nseg = (n + seg - 1) / seg;
-  std::size_t next_out = 0, k = 0;
-  auto arrived = [&](bool block) {
-    for (int q = 0; q < s; ++q) {
-      if (q == me) continue;
-      Work& w = recvs[static_cast<std::size_t>(q)][k];
-      if (block)
-        w.wait();
-      else if (!w.test())
-        return false;
+  for (std::size_t j = 0; j < steps; ++j) {
+    for (int k = 1; k < s; ++k) {
+      const int q = (me + k) % s;
+      const auto [p, nq] = send_of(q);
+      if (j < nseg(nq)) sends.push_back(p2p_->isend_internal(piece(p, nq, j), q, kCollTag));
     }
-    return true;
-  };
-  auto reduce_next = [&] {
-    const std::size_t off = k * seg, cnt = std::min(seg, n - off);
-    for (int q = 0; q < s; ++q)
-      in[static_cast<std::size_t>(q)] = q == me ? at(own, off, t) : at(slot(q), off, t);
-    reduce_elements(t, op, at(out, off, t), in.data(), s, cnt, op == ReduceOp::avg ? s : 1);
-    on_reduced(off, cnt);
-    ++k;
-  };
-  // While segments remain to be sent, each send is followed by at most one reduction, so the
-  // peers, which wait for this rank's segments, are never starved by a run of reductions.
-  while (next_out < outs.size()) {
-    const Out& o = outs[next_out++];
-    sends.push_back(p2p_->isend_internal(ConstTensorView{o.p, o.cnt, t}, o.q, kCollTag));
-    if (k < nseg && arrived(false)) reduce_next();
+    if (j < nseg(n)) {
+      for (int q = 0; q < s; ++q)
+        if (q != me) recvs[static_cast<std::size_t>(q)][j].wait();
+      const std::size_t off = j * seg, cnt = std::min(seg, n - off);
+      for (int q = 0; q < s; ++q)
+        in[static_cast<std::size_t>(q)] = q == me ? at(own, off, t) : at(slot(q), off, t);
+      reduce_elements(t, op, at(out, off, t), in.data(), s, cnt, op == ReduceOp::avg ? s : 1);
+      if (gather_of)
+        for (int k = 1; k < s; ++k)
+          sends.push_back(p2p_->isend_internal(piece(out, n, j), (me + k) % s, kCollTag));
+    }
+    for (int k = 1; k < s; ++k) gathered.poke();
   }
-  while (k < nseg) {
-    arrived(true);
-    reduce_next();
-  }
+  gathered.wait();
   wait_all(sends);
 }
 
@@ -303,30 +296,15 @@ void SealedComm::do_all_reduce(TensorView buf, ReduceOp op) {
   }
   const std::size_t lo = block_lo(n, me, s), hi = block_lo(n, me + 1, s);
   char* mine = at(buf.data, lo, buf.dtype);
-  // All-gather receives first, decrypted straight into place; each reduced segment of this
-  // rank's block is sealed and sent to every peer as soon as it is reduced.
-  std::vector<Work> rs, ws;
-  for (int k = 1; k < s; ++k) {
-    const int q = (me - k + s) % s;
+  auto block = [&](int q) {
     const std::size_t a = block_lo(n, q, s), b = block_lo(n, q + 1, s);
-    post_recvs(rs, at(buf.data, a, buf.dtype), b - a, buf.dtype, q, kGatherTag);
-  }
-  Progress gathered;
-  gathered.add(rs);
-  scatter_reduce(
-      mine, hi - lo, buf.dtype, op, mine,
-      [&](int q) {
-        const std::size_t a = block_lo(n, q, s), b = block_lo(n, q + 1, s);
-        return std::pair<const void*, std::size_t>(at(buf.data, a, buf.dtype), b - a);
-      },
-      [&](std::size_t off, std::size_t cnt) {
-        for (int k = 1; k < s; ++k)
-          ws.push_back(p2p_->isend_internal(
-              ConstTensorView{at(mine, off, buf.dtype), cnt, buf.dtype}, (me + k) % s, kGatherTag));
-        gathered.poke();
-      });
-  gathered.wait();
-  wait_all(ws);
+    return std::pair<void*, std::size_t>(at(buf.data, a, buf.dtype), b - a);
+  };
+  auto send_of = [&](int q) {
+    const auto [p, c] = block(q);
+    return std::pair<const void*, std::size_t>(p, c);
+  };
+  scatter_reduce(mine, hi - lo, buf.dtype, op, mine, send_of, &block);
 }
 
 void SealedComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) {
@@ -338,13 +316,12 @@ void SealedComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp 
     reduce_elements(in.dtype, op, out.data, ins, 1, n, 1);
     return;
   }
-  scatter_reduce(
-      own, n, in.dtype, op, out.data,
-      [&](int q) {
-        return std::pair<const void*, std::size_t>(
-            at(in.data, static_cast<std::size_t>(q) * n, in.dtype), n);
-      },
-      [](std::size_t, std::size_t) {});
+  auto send_of = [&](int q) {
+    return std::pair<const void*, std::size_t>(
+        at(in.data, static_cast<std::size_t>(q) * n, in.dtype), n);
+  };
+  using NoGather = std::pair<void*, std::size_t> (*)(int);
+  scatter_reduce(own, n, in.dtype, op, out.data, send_of, static_cast<NoGather*>(nullptr));
 }
 
 void SealedComm::do_all_gather(ConstTensorView in, TensorView out) {
