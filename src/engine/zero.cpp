@@ -21,6 +21,7 @@ std::vector<ZeroUnit> gpt_units(const GptConfig& c) {
 }
 
 struct ZeroShards::Slot {
+  int only = -1;       // the one unit this buffer is for (-1: any other unit)
   int unit = -1;       // the unit the buffer holds (or is being filled with)
   bool held = false;   // in use by the model
   Work work;           // the gather (parameters) or reduction (gradients) in flight
@@ -84,7 +85,6 @@ ZeroShards::ZeroShards(const Device& dev, int stage, std::vector<ParamInfo> para
     }
     padded_total_ += s * N;
     n_loc_ += s;
-    max_unit_ = std::max(max_unit_, s * N);
   }
   DT_CHECK(InvalidArgument, expect == params_.size(), "ZeRO units must cover the parameters");
   auto zeroed = [&](std::size_t n) {
@@ -95,17 +95,23 @@ ZeroShards::ZeroShards(const Device& dev, int stage, std::vector<ParamInfo> para
   master_ = zeroed(n_loc_);
   grads_ = zeroed(n_loc_);
   if (round_ && stage_ == 3) work_ = zeroed(n_loc_);
-  if (stage_ == 3)
-    for (int k = 0; k < 2; ++k) {
-      param_slots_.push_back(std::make_unique<Slot>());
-      param_slots_.back()->buf = zeroed(max_unit_);
+  // Buffers: unit 0 (GPT's embeddings, tied to the head: used first and last in backward, its
+  // gradients complete only at the end) has one of its own; the other units share two, so the
+  // next unit's gather (or the last unit's reduction) proceeds while one computes.
+  std::size_t others = 0;
+  for (std::size_t u = 1; u < units_.size(); ++u) others = std::max(others, s_[u] * N);
+  auto add_slots = [&](std::vector<std::unique_ptr<Slot>>& pool, bool part) {
+    for (int k = 0; k < (units_.size() > 1 ? 3 : 1); ++k) {
+      pool.push_back(std::make_unique<Slot>());
+      Slot& sl = *pool.back();
+      sl.only = k == 0 ? 0 : -1;
+      const std::size_t n = k == 0 ? s_[0] * N : others;
+      sl.buf = zeroed(n);
+      if (part) sl.part = zeroed(n / N);
     }
-  if (stage_ >= 2)
-    for (int k = 0; k < 3; ++k) {  // the embeddings (held all backward), current, in flight
-      grad_slots_.push_back(std::make_unique<Slot>());
-      grad_slots_.back()->buf = zeroed(max_unit_);
-      grad_slots_.back()->part = zeroed(max_unit_ / N);
-    }
+  };
+  if (stage_ == 3) add_slots(param_slots_, false);
+  if (stage_ >= 2) add_slots(grad_slots_, true);
   gather_q_ = std::make_unique<ProgressQueue>(r_, gather_comm_->name());
   reduce_q_ = std::make_unique<ProgressQueue>(r_, reduce_comm_->name());
 }
@@ -213,16 +219,18 @@ void ZeroShards::wait_slot(Slot& s) {
   s.work.wait();
 }
 
+bool ZeroShards::fits(const Slot& s, int u) const { return s.only == u || (s.only == -1 && u != 0); }
+
 float* ZeroShards::grads_buffer(int u) {
   Slot* pick = nullptr;
   for (auto& s : grad_slots_)
-    if (!s->held && !s->in_flight) {
+    if (fits(*s, u) && !s->held && !s->in_flight) {
       pick = s.get();
       break;
     }
   if (!pick)  // every buffer is held or reducing: wait for a reduction (queued in order)
     for (auto& s : grad_slots_)
-      if (!s->held) {
+      if (fits(*s, u) && !s->held) {
         wait_slot(*s);
         pick = s.get();
         break;
@@ -286,7 +294,7 @@ const float* ZeroShards::acquire(int u, int next) {
     if (s->unit == u) mine = s.get();
   if (!mine) {
     for (auto& s : param_slots_)  // a free buffer: one not held, preferring an empty one
-      if (!s->held && (!mine || s->unit == -1)) mine = s.get();
+      if (fits(*s, u) && !s->held && (!mine || s->unit == -1)) mine = s.get();
     DT_ASSERT(mine != nullptr, "both ZeRO parameter buffers are held");
     wait_slot(*mine);
     mine->work = gather_into(*mine, u);
@@ -301,7 +309,7 @@ const float* ZeroShards::acquire(int u, int next) {
     Slot* other = nullptr;
     for (auto& s : param_slots_) {
       cached = cached || s->unit == next;
-      if (!s->held) other = s.get();
+      if (fits(*s, next) && !s->held) other = s.get();
     }
     if (!cached && other) {
       wait_slot(*other);
@@ -320,10 +328,10 @@ ZeroMemory ZeroShards::memory() const {
   ZeroMemory m;
   const std::size_t f = sizeof(float);
   m.optimizer = 3 * n_loc_ * f;  // master, exp_avg, exp_avg_sq
-  m.params = stage_ < 3 ? padded_total_ * f
-                        : (work_.bytes() ? n_loc_ * f : 0) + param_slots_.size() * max_unit_ * f;
-  m.grads = n_loc_ * f + (stage_ < 2 ? padded_total_ * f
-                                      : grad_slots_.size() * (max_unit_ + max_unit_ / n_) * f);
+  m.params = stage_ < 3 ? padded_total_ * f : (work_.bytes() ? n_loc_ * f : 0);
+  for (const auto& s : param_slots_) m.params += s->buf.bytes();
+  m.grads = n_loc_ * f + (stage_ < 2 ? padded_total_ * f : 0);
+  for (const auto& s : grad_slots_) m.grads += s->buf.bytes() + s->part.bytes();
   return m;
 }
 

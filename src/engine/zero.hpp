@@ -15,9 +15,11 @@
 //   stage 2: gradients also stay sharded: each unit's gradients are computed into a pooled
 //            buffer, reduce-scattered and added into the shard during backward (every
 //            micro-batch), and the buffer is reused.
-//   stage 3: parameters also stay sharded: a unit's parameters are all-gathered into one of two
-//            buffers just before its forward or backward and released after it, and the next
-//            unit's gather runs on the communication thread while this one computes.
+//   stage 3: parameters also stay sharded: a unit's parameters are all-gathered into a buffer
+//            just before its forward or backward and released after it, and the next unit's
+//            gather runs on the communication thread while this one computes.
+// Buffers (stages 2-3): unit 0 has one of its own (GPT's embeddings are tied to the head, so they
+// are used first and last in backward); the other units share two, each the size of the largest.
 //
 // Collectives run on the ZeroShards' own communicators, each driven by its own progress thread:
 // every rank of the data-parallel group must make the same sequence of calls.
@@ -126,13 +128,15 @@ class ZeroShards {
   struct Slot;
   Work gather_into(Slot& s, int u);
   void wait_slot(Slot& s);
+  /// Whether buffer `s` may hold unit u (unit 0 has its own).
+  bool fits(const Slot& s, int u) const;
   const Device& dev_;
   int stage_, n_, r_;
   std::vector<ParamInfo> params_, padded_, shard_params_;
   std::vector<ZeroUnit> units_;
   std::vector<ZeroPiece> pieces_;
   std::vector<std::size_t> A_, S_, s_, loc_;  // per unit: padded offset, size, slice, local offset
-  std::size_t padded_total_ = 0, n_loc_ = 0, max_unit_ = 0;
+  std::size_t padded_total_ = 0, n_loc_ = 0;
   std::unique_ptr<Comm> gather_comm_, reduce_comm_;
   std::function<void(float*, std::size_t)> round_;
   Device::Buffer master_, grads_, work_;  // work_: rounded master (low precision) for gathers
