@@ -211,15 +211,15 @@ std::unique_ptr<SealedComm> SealedComm::create(const MpiComm& world, const Keys&
   return c;
 }
 
-// Reduce-scatter in steps of one segment, and with `gather_of` all_reduce's all-gather in the
-// same steps: step j seals and sends segment j of every peer's block, waits for segment j of this
-// rank's block from every peer (opened in place as it arrives), reduces it and (all_reduce) seals
-// and sends the reduced segment to every peer at once, while it is in cache, then opens up to one
-// arrived all-gather segment per peer. Between two ranks the messages thus run in an order both
-// know (step j's reduce-scatter segment, then step j's all-gather segment), so one tag serves both,
-// every receive is posted before the first send, and a segment held back or replayed shows up as
-// out of sequence instead of waiting on another tag. Sealing step j+1 overlaps with the peers'
-// opening of step j.
+// Reduce-scatter, and with `gather_of` all_reduce's all-gather, on one tag. Between two ranks the
+// messages run in an order both know: every reduce-scatter segment, then every all-gather
+// segment, so every receive is posted before the first send, and a segment held back or replayed
+// shows up as out of sequence. This rank first seals and sends its reduce-scatter segments, and
+// between two of them reduces the next segment of its own block if every peer's has arrived
+// (opened in place as it arrives); then it sends the segments reduced so far, and reduces and
+// sends the rest as they arrive, each right after its reduction while in cache, opening one
+// arrived all-gather segment per peer in between. Nothing waits for a peer before this rank's
+// own segments are all on their way.
 template <class SendOf, class GatherOf>
 void SealedComm::scatter_reduce(const void* own, std::size_t n, DType t, ReduceOp op, void* out,
                                 SendOf&& send_of, GatherOf* gather_of) {
@@ -231,54 +231,81 @@ void SealedComm::scatter_reduce(const void* own, std::size_t n, DType t, ReduceO
     return scratch_.data() + bytes * static_cast<std::size_t>(q < me ? q : q - 1);
   };
   const std::size_t seg = seg_elems(t);
-  auto nseg = [&](std::size_t elems) { return (elems + seg - 1) / seg; };
-  auto piece = [&](const void* base, std::size_t elems, std::size_t j) {
-    return ConstTensorView{at(base, j * seg, t), std::min(seg, elems - j * seg), t};
-  };
-  auto into = [&](void* base, std::size_t elems, std::size_t j) {
-    return TensorView{at(base, j * seg, t), std::min(seg, elems - j * seg), t};
-  };
-  // Receives from each peer q in the pair's order: per step, segment j of this rank's block
-  // (into q's scratch), then segment j of q's block (all_reduce: into place).
-  std::vector<std::vector<Work>> recvs(static_cast<std::size_t>(s));  // reduce-scatter, by step
+  // recvs[q] = the reduce-scatter segments from peer q, in order; then its all-gather segments.
+  std::vector<std::vector<Work>> recvs(static_cast<std::size_t>(s));
   std::vector<Work> gathers;
-  Progress gathered;
-  std::size_t steps = nseg(n);
   for (int k = 1; k < s; ++k) {
     const int q = (me - k + s) % s;
-    std::pair<void*, std::size_t> g{nullptr, 0};
-    if (gather_of) g = (*gather_of)(q);
-    const std::size_t sq = std::max(nseg(n), nseg(g.second));
-    steps = std::max({steps, sq, nseg(send_of(q).second)});
-    for (std::size_t j = 0; j < sq; ++j) {
-      if (j < nseg(n))
-        recvs[static_cast<std::size_t>(q)].push_back(
-            p2p_->irecv_internal(into(slot(q), n, j), q, kCollTag));
-      if (j < nseg(g.second))
-        gathers.push_back(p2p_->irecv_internal(into(g.first, g.second, j), q, kCollTag));
+    post_recvs(recvs[static_cast<std::size_t>(q)], slot(q), n, t, q);
+    if (gather_of) {
+      const auto [p, nq] = (*gather_of)(q);
+      post_recvs(gathers, p, nq, t, q);
     }
   }
+  Progress gathered;
   gathered.add(gathers);
-  std::vector<Work> sends;
-  std::vector<const void*> in(static_cast<std::size_t>(s));
-  for (std::size_t j = 0; j < steps; ++j) {
+  // The outgoing segments, segment by segment over the peers (each peer gets its first early).
+  struct Out {
+    const void* p;
+    std::size_t cnt;
+    int q;
+  };
+  std::vector<Out> outs;
+  {
+    std::vector<std::pair<const void*, std::size_t>> blocks(static_cast<std::size_t>(s));
+    std::size_t most = 0;
     for (int k = 1; k < s; ++k) {
       const int q = (me + k) % s;
-      const auto [p, nq] = send_of(q);
-      if (j < nseg(nq)) sends.push_back(p2p_->isend_internal(piece(p, nq, j), q, kCollTag));
+      blocks[static_cast<std::size_t>(q)] = send_of(q);
+      most = std::max(most, blocks[static_cast<std::size_t>(q)].second);
     }
-    if (j < nseg(n)) {
-      for (int q = 0; q < s; ++q)
-        if (q != me) recvs[static_cast<std::size_t>(q)][j].wait();
-      const std::size_t off = j * seg, cnt = std::min(seg, n - off);
-      for (int q = 0; q < s; ++q)
-        in[static_cast<std::size_t>(q)] = q == me ? at(own, off, t) : at(slot(q), off, t);
-      reduce_elements(t, op, at(out, off, t), in.data(), s, cnt, op == ReduceOp::avg ? s : 1);
-      if (gather_of)
-        for (int k = 1; k < s; ++k)
-          sends.push_back(p2p_->isend_internal(piece(out, n, j), (me + k) % s, kCollTag));
+    for (std::size_t off = 0; off < most; off += seg)
+      for (int k = 1; k < s; ++k) {
+        const int q = (me + k) % s;
+        const auto [p, nq] = blocks[static_cast<std::size_t>(q)];
+        if (off < nq) outs.push_back({at(p, off, t), std::min(seg, nq - off), q});
+      }
+  }
+  std::vector<Work> sends;
+  std::vector<const void*> in(static_cast<std::size_t>(s));
+  const std::size_t nseg = (n + seg - 1) / seg;
+  std::size_t reduced = 0, gathered_out = 0;
+  auto arrived = [&](bool block) {
+    for (int q = 0; q < s; ++q) {
+      if (q == me) continue;
+      Work& w = recvs[static_cast<std::size_t>(q)][reduced];
+      if (block)
+        w.wait();
+      else if (!w.test())
+        return false;
     }
-    for (int k = 1; k < s; ++k) gathered.poke();
+    return true;
+  };
+  auto reduce_next = [&] {
+    const std::size_t off = reduced * seg, cnt = std::min(seg, n - off);
+    for (int q = 0; q < s; ++q)
+      in[static_cast<std::size_t>(q)] = q == me ? at(own, off, t) : at(slot(q), off, t);
+    reduce_elements(t, op, at(out, off, t), in.data(), s, cnt, op == ReduceOp::avg ? s : 1);
+    ++reduced;
+  };
+  auto send_reduced = [&] {  // all-gather: the reduced segments not sent yet, to every peer
+    for (; gather_of && gathered_out < reduced; ++gathered_out) {
+      const std::size_t off = gathered_out * seg;
+      for (int k = 1; k < s; ++k)
+        sends.push_back(p2p_->isend_internal(
+            ConstTensorView{at(out, off, t), std::min(seg, n - off), t}, (me + k) % s, kCollTag));
+      for (int k = 1; k < s; ++k) gathered.poke();
+    }
+  };
+  for (const Out& o : outs) {
+    sends.push_back(p2p_->isend_internal(ConstTensorView{o.p, o.cnt, t}, o.q, kCollTag));
+    if (reduced < nseg && arrived(false)) reduce_next();
+  }
+  send_reduced();
+  while (reduced < nseg) {
+    arrived(true);
+    reduce_next();
+    send_reduced();
   }
   gathered.wait();
   wait_all(sends);
