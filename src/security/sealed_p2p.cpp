@@ -32,6 +32,46 @@ BufferPool::Handle::~Handle() {
   if (pool_ && b_) pool_->put(std::move(b_));
 }
 
+void BufferPool::Handle::leak() noexcept {
+  abandon(std::move(b_));
+  pool_.reset();
+}
+
+namespace {
+struct Abandoned {
+  std::mutex mu;
+  std::vector<std::unique_ptr<BufferPool::Buf>> bufs;
+  std::vector<std::unique_ptr<std::uint8_t[]>> raw;
+};
+// Never destroyed: a transport may write into what it holds while the process exits.
+Abandoned& abandoned() {
+  static Abandoned* a = new Abandoned();
+  return *a;
+}
+}  // namespace
+
+void abandon(std::unique_ptr<BufferPool::Buf> b) noexcept {
+  if (!b) return;
+  Abandoned& a = abandoned();
+  std::lock_guard<std::mutex> lk(a.mu);
+  try {
+    a.bufs.push_back(std::move(b));
+  } catch (...) {
+    (void)b.release();  // no room to keep it reachable: never freed all the same
+  }
+}
+
+void abandon(std::unique_ptr<std::uint8_t[]> p) noexcept {
+  if (!p) return;
+  Abandoned& a = abandoned();
+  std::lock_guard<std::mutex> lk(a.mu);
+  try {
+    a.raw.push_back(std::move(p));
+  } catch (...) {
+    (void)p.release();
+  }
+}
+
 BufferPool::Handle BufferPool::get(std::size_t bytes) {
   std::unique_ptr<Buf> b;
   {
@@ -216,7 +256,7 @@ class SealedRecvWork final : public WorkImpl {
   /// The transport may still write into the trailers of an unfinished or failed receive (records
   /// after a rejected one stay posted): they are then given up.
   ~SealedRecvWork() override {
-    if (next_ < recs_.size() || error_) (void)trailers_.release();
+    if (next_ < recs_.size() || error_) abandon(std::move(trailers_));
   }
   std::uint8_t* trailer(std::size_t i) const noexcept {
     return trailers_.get() + i * kTrailerBytes;

@@ -34,12 +34,9 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
     Handle& operator=(Handle&& o) noexcept;
     ~Handle();
     Buf* operator->() const noexcept { return b_.get(); }
-    /// Gives the buffer up without freeing it: for a buffer a transport may still be using when
-    /// its owner goes away (an unfinished operation of a failing job).
-    void leak() noexcept {
-      (void)b_.release();
-      pool_.reset();
-    }
+    /// Gives the buffer up without freeing it (abandon()): for a buffer a transport may still be
+    /// using when its owner goes away (an unfinished operation of a failing job).
+    void leak() noexcept;
     explicit operator bool() const noexcept { return b_ != nullptr; }
 
    private:
@@ -54,6 +51,12 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   std::multimap<std::size_t, std::unique_ptr<Buf>> free_;  // by capacity; equal keys: LIFO
   std::size_t free_bytes_ = 0;
 };
+
+/// Keeps memory that a transport may still read or write after its operation was given up (an
+/// unfinished operation of a failing job) until the process ends: never freed, never reused, and
+/// still reachable (no leak report). Costs nothing unless a job is failing.
+void abandon(std::unique_ptr<BufferPool::Buf> b) noexcept;
+void abandon(std::unique_ptr<std::uint8_t[]> p) noexcept;
 
 class SealedP2p final : public P2p {
  public:
