@@ -38,8 +38,8 @@
 //
 // Cost: the sender seals record k+1 while the transport carries record k, the receiver opens
 // record k (in place, while it is in cache) while record k+1 arrives; one AES-GCM pass per byte on
-// each side, no copy besides the transport's own. Records of 256 KiB keep a record's ciphertext in
-// the L2 cache between arriving and opening.
+// each side, no copy besides the transport's own. A record of 256 KiB fits in a core's L2 cache,
+// so it is opened while its ciphertext is still there.
 //
 // Failure policy: a SecurityError must end the job (no rank may go on with bad data). Callers catch
 // it at the top of the rank and call abort_job(), which prints the reason and calls MPI_Abort, so
@@ -265,11 +265,11 @@ struct SealOptions {
 /// soon as it is sealed, so the peer receives and opens record k while record k+1 is sealed; it
 /// returns when the last record is posted (cost: one AES-GCM pass, about 3 GB/s per core with
 /// AES-NI, into pooled buffers that are reused while still in cache). A receive posts every
-/// record's ciphertext straight into the caller's buffer; its Work opens the records in place,
-/// in order, as they arrive, in test() or wait(), and throws dt::SecurityError there if a record
-/// is rejected (the error is stored and rethrown by every later call). The receive buffer holds
-/// no data of a rejected message that could pass for valid: callers must treat the error as
-/// fatal (abort_job).
+/// record's ciphertext straight into the caller's buffer (so, as with MPI, pending receives must
+/// not share buffer space); its Work opens the records in place, in order, as they arrive, in
+/// test() or wait(), and throws dt::SecurityError there if a record is rejected (the error is
+/// stored and rethrown by every later call). The receive buffer holds no data of a rejected
+/// message that could pass for valid: callers must treat the error as fatal (abort_job).
 std::unique_ptr<P2p> seal_p2p(std::unique_ptr<P2p> inner, const Keys& keys,
                               const SealOptions& opts = {});
 
