@@ -94,7 +94,7 @@ ZeroShards::ZeroShards(const Device& dev, int stage, std::vector<ParamInfo> para
   };
   master_ = zeroed(n_loc_);
   grads_ = zeroed(n_loc_);
-  if (round_ && stage_ == 3) work_ = zeroed(n_loc_);
+  if (round_) work_ = zeroed(n_loc_);  // the rounded master, what the ranks gather
   // Buffers: unit 0 (GPT's embeddings, tied to the head: used first and last in backward, its
   // gradients complete only at the end) has one of its own; the other units share two, so the
   // next unit's gather (or the last unit's reduction) proceeds while one computes.
@@ -148,34 +148,16 @@ void ZeroShards::init_shard(const std::function<void(std::size_t, float*)>& whol
 
 void ZeroShards::publish(float* model_params) {
   const trace::Scope scope("zero.publish", "comm");
+  for (auto& s : param_slots_) {  // stage 3: no gather may still read the old shard
+    wait_slot(*s);
+    s->unit = -1;
+  }
   if (work_.bytes()) {
     dev_.call(&dt_hal_v1_t::copy, "copy", work_.get(), static_cast<const void*>(master()),
               n_loc_ * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
     round_(work_.as<float>(), n_loc_);
   }
-  if (stage_ == 3) {
-    for (auto& s : param_slots_) {
-      wait_slot(*s);
-      s->unit = -1;
-    }
-    return;
-  }
-  // Stages 1-2: the rounded shard (low precision) goes into the model's own buffer first.
-  const float* src = master();
-  Device::Buffer rounded;
-  if (round_) {
-    rounded = Device::Buffer(dev_, std::max<std::size_t>(n_loc_, 1) * sizeof(float));
-    dev_.call(&dt_hal_v1_t::copy, "copy", rounded.get(), static_cast<const void*>(master()),
-              n_loc_ * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
-    round_(rounded.as<float>(), n_loc_);
-    src = rounded.as<float>();
-  }
-  Work w = gather_q_->submit("ZeRO parameter all_gather", [this, src, model_params] {
-    for (std::size_t u = 0; u < units_.size(); ++u)
-      gather_comm_->all_gather(ConstTensorView{src + loc_[u], s_[u], DType::f32},
-                               TensorView{model_params + A_[u], s_[u] * n_, DType::f32});
-  });
-  w.wait();
+  if (stage_ < 3) gather(work(), model_params);  // into the model's own buffer
 }
 
 void ZeroShards::gather(const float* shard, float* padded_full) {
@@ -328,7 +310,7 @@ ZeroMemory ZeroShards::memory() const {
   ZeroMemory m;
   const std::size_t f = sizeof(float);
   m.optimizer = 3 * n_loc_ * f;  // master, exp_avg, exp_avg_sq
-  m.params = stage_ < 3 ? padded_total_ * f : (work_.bytes() ? n_loc_ * f : 0);
+  m.params = (stage_ < 3 ? padded_total_ * f : 0) + (work_.bytes() ? n_loc_ * f : 0);
   for (const auto& s : param_slots_) m.params += s->buf.bytes();
   m.grads = n_loc_ * f + (stage_ < 2 ? padded_total_ * f : 0);
   for (const auto& s : grad_slots_) m.grads += s->buf.bytes() + s->part.bytes();

@@ -139,7 +139,7 @@ class ZeroShards {
   std::size_t padded_total_ = 0, n_loc_ = 0;
   std::unique_ptr<Comm> gather_comm_, reduce_comm_;
   std::function<void(float*, std::size_t)> round_;
-  Device::Buffer master_, grads_, work_;  // work_: rounded master (low precision) for gathers
+  Device::Buffer master_, grads_, work_;  // work_: the rounded master (low precision) gathered
   std::vector<std::unique_ptr<Slot>> param_slots_, grad_slots_;
   std::vector<Work> pending_;  // stage 1 reductions in flight
   std::unique_ptr<ProgressQueue> gather_q_, reduce_q_;  // destroyed first (declared last)
