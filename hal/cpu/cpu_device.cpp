@@ -48,12 +48,6 @@
 #define DT_INLINE inline
 #endif
 
-#if defined(DT_HAL_EXPORT_PLUGIN)
-#define DT_HAL_VISIBLE __attribute__((visibility("default")))
-#else
-#define DT_HAL_VISIBLE
-#endif
-
 namespace {
 
 // ---- context and errors -------------------------------------------------------------------------
@@ -1396,7 +1390,3 @@ const dt_hal_v2_t kCpuTableV2 = {
 extern "C" const dt_hal_v1_t* dt_hal_cpu_v1(void) { return &kCpuTable; }
 extern "C" const dt_hal_v2_t* dt_hal_cpu_v2(void) { return &kCpuTableV2; }
 
-#if defined(DT_HAL_EXPORT_PLUGIN)
-extern "C" DT_HAL_VISIBLE const dt_hal_v1_t* dt_hal_plugin_v1(void) { return &kCpuTable; }
-extern "C" DT_HAL_VISIBLE const dt_hal_v2_t* dt_hal_plugin_v2(void) { return &kCpuTableV2; }
-#endif
