@@ -855,13 +855,17 @@ std::vector<CkptTensor> Trainer::state_tensors() {
   if (zero_ && !engine_) {  // each rank holds its shard's piece of every tensor (or none)
     const char* prefix[3] = {"/model/", "/optim/exp_avg/", "/optim/exp_avg_sq/"};
     float* base[3] = {zero_->master(), opt_->m(), opt_->v()};
-    for (int g = 0; g < 3; ++g)
-      for (std::size_t i = 0; i < global.size(); ++i) {
-        CkptTensor t{prefix[g] + global[i].name, global[i].shape, base[g], 0, 0};
-        for (const ZeroPiece& pc : zero_->pieces())
-          if (pc.param == i) t = CkptTensor{t.path, t.shape, base[g] + pc.local, pc.begin, pc.end};
-        out.push_back(std::move(t));
+    for (int g = 0; g < 3; ++g) {
+      const std::size_t first = out.size();
+      for (const ParamInfo& p : global)
+        out.push_back(CkptTensor{prefix[g] + p.name, p.shape, base[g], 0, 0});
+      for (const ZeroPiece& pc : zero_->pieces()) {  // at most one piece per tensor
+        CkptTensor& t = out[first + pc.param];
+        t.data = base[g] + pc.local;
+        t.begin = pc.begin;
+        t.end = pc.end;
       }
+    }
     return out;
   }
   const std::size_t N = global.back().offset + global.back().numel;
