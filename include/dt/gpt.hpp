@@ -43,12 +43,26 @@ void gpt_init_param(const GptConfig& c, std::uint64_t seed, std::size_t index, f
 /// the position embedding).
 double gpt_flops_per_token(const GptConfig& c, int T);
 
-/// Where a Gpt keeps its parameters and gradients (the defaults: its own buffers, packed).
+/// Sharded parameters and gradients (parallel.zero): a model cut into units (runs of whole
+/// parameter tensors) asks for the base pointer of one unit at a time, in the unit's part of the
+/// flat layout (parameter i at base + offset_i - offset of the unit's first parameter). Used by
+/// dt::Gpt and the pipeline's StageEngine.
+struct UnitHooks {
+  /// Parameters of `unit` for its next use; `next` (-1: none) is the unit used after it.
+  std::function<const float*(int unit, int next)> acquire;
+  std::function<void(int unit)> release;  ///< the unit's parameters are no longer used
+  /// A zeroed buffer for the unit's gradients of this backward; grads_done hands it back.
+  std::function<float*(int unit)> grads;
+  std::function<void(int unit)> grads_done;
+};
+
+/// Where a model keeps its parameters and gradients (the defaults: its own buffers, packed).
 struct GptStorage {
   /// Host memory for the gradients instead of a device allocation (see Gpt's constructor).
   float* grad_storage = nullptr;
-  /// The flat layout: gpt_params() with other offsets (padding between tensors), and the
-  /// buffers' size in elements (0: the end of the last tensor). Empty: gpt_params().
+  /// The flat layout: the model's parameter table (gpt_params(), a stage's params()) with other
+  /// offsets (padding between tensors), and the buffers' size in elements (0: the end of the
+  /// last tensor). Empty: the packed table.
   std::vector<ParamInfo> layout;
   std::size_t numel = 0;
   bool own_params = true;  ///< false: parameters come from UnitHooks::acquire
@@ -59,17 +73,6 @@ class Gpt {
  public:
   /// Units of the model for UnitHooks: 0 the embeddings (wte, wpe), 1..layers the blocks,
   /// layers + 1 the final LayerNorm.
-  /// Sharded parameters and gradients (parallel.zero): base pointers of one unit at a time, in
-  /// the unit's part of the flat layout (parameter i at base + offset_i - offset of the unit's
-  /// first parameter).
-  struct UnitHooks {
-    /// Parameters of `unit` for its next use; `next` (-1: none) is the unit used after it.
-    std::function<const float*(int unit, int next)> acquire;
-    std::function<void(int unit)> release;  ///< the unit's parameters are no longer used
-    /// A zeroed buffer for the unit's gradients of this backward; grads_done hands it back.
-    std::function<float*(int unit)> grads;
-    std::function<void(int unit)> grads_done;
-  };
   void set_unit_hooks(UnitHooks hooks);
 
   /// Allocates parameters, gradients and activations for micro-batches of up to `max_batch`

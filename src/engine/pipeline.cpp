@@ -100,6 +100,16 @@ struct StageEngine::Impl {
   std::vector<int> slot_B;                // B of the micro-batch in each slot
   std::vector<float> host_losses;
   double wait_s = 0;  // blocked on pipeline messages
+  // Unit hooks (sharded parameters or gradients).
+  std::vector<ZeroUnit> units;
+  std::vector<int> unit_of;               // per parameter
+  std::vector<std::size_t> unit_off;      // per unit: layout offset of its first parameter
+  std::vector<std::vector<int>> fwd_units, bwd_units;  // per node: units its kernels read
+  std::vector<int> fwd_next, bwd_next;    // per node: the next other unit the pass reads
+  std::vector<int> held;                  // units acquired and not released
+  std::vector<const float*> pbase;        // per unit: acquired parameters
+  std::vector<float*> gbase;              // per unit: this backward's gradient buffer
+  std::vector<int> unit_left;             // per unit: parameters whose gradients are not final
 };
 
 namespace {
@@ -123,6 +133,23 @@ namespace {
 std::size_t numel_of(const TensorInfo& t) { return shape_numel(t.shape); }
 }  // namespace
 
+std::vector<ParamInfo> StageEngine::param_table(const graph::Graph& g) {
+  std::vector<ParamInfo> out;
+  std::size_t n = 0;
+  for (const TensorInfo& ti : g.tensors) {
+    if (ti.role != Role::param) continue;
+    ParamInfo p;
+    p.name = ti.name;
+    p.shape = ti.shape;
+    p.numel = numel_of(ti);
+    p.offset = n;
+    p.decay = ti.global_shape.size() >= 2;
+    n += p.numel;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 std::size_t StageEngine::count_params(const graph::Graph& g) {
   std::size_t n = 0;
   for (const TensorInfo& t : g.tensors)
@@ -131,8 +158,7 @@ std::size_t StageEngine::count_params(const graph::Graph& g) {
 }
 
 StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& model, int stage,
-                         int stages, int slots, StageComms comms, float* grad_storage,
-                         std::size_t capacity)
+                         int stages, int slots, StageComms comms, GptStorage storage)
     : dev_(dev),
       g_(std::move(g)),
       model_(model),
@@ -142,21 +168,30 @@ StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& mod
       comms_(std::move(comms)),
       impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
-  // Parameters: the flat buffer in graph order (nanoGPT order).
+  // Parameters: the flat buffer in graph order (nanoGPT order), packed or in the given layout.
+  params_ = param_table(g_);
   param_index_.assign(g_.tensors.size(), -1);
-  for (std::size_t t = 0; t < g_.tensors.size(); ++t) {
-    const TensorInfo& ti = g_.tensors[t];
-    if (ti.role != Role::param) continue;
-    ParamInfo p;
-    p.name = ti.name;
-    p.shape = ti.shape;
-    p.numel = numel_of(ti);
-    p.offset = nparams_;
-    p.decay = ti.global_shape.size() >= 2;
-    nparams_ += p.numel;
-    param_index_[t] = static_cast<int>(params_.size());
-    param_tensor_id_.push_back(static_cast<int>(t));
-    params_.push_back(std::move(p));
+  for (std::size_t t = 0; t < g_.tensors.size(); ++t)
+    if (g_.tensors[t].role == Role::param) {
+      param_index_[t] = static_cast<int>(param_tensor_id_.size());
+      param_tensor_id_.push_back(static_cast<int>(t));
+    }
+  nparams_ = count_params(g_);
+  std::size_t end = nparams_;
+  if (!storage.layout.empty()) {
+    DT_CHECK(InvalidArgument, storage.layout.size() == params_.size(),
+             "a stage layout has ", storage.layout.size(), " parameters, the stage ",
+             params_.size());
+    end = 0;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      DT_CHECK(InvalidArgument,
+               storage.layout[i].name == params_[i].name &&
+                   storage.layout[i].numel == params_[i].numel,
+               "a stage layout's parameter ", i, " is ", storage.layout[i].name, ", not ",
+               params_[i].name);
+      params_[i].offset = storage.layout[i].offset;
+      end = std::max(end, params_[i].offset + params_[i].numel);
+    }
   }
   const std::vector<ParamInfo> global = gpt_params(model_);
   for (const ParamInfo& p : params_) {
@@ -171,14 +206,16 @@ StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& mod
       if (param_index_[static_cast<std::size_t>(t)] >= 0)
         ++param_uses_[static_cast<std::size_t>(param_index_[static_cast<std::size_t>(t)])];
   DT_CHECK(InvalidArgument, nparams_ > 0, "stage ", stage, " holds no parameters");
-  DT_CHECK(InvalidArgument, !grad_storage || capacity <= nparams_,
-           "a padded StageEngine keeps its own gradients");
-  capacity_ = std::max(nparams_, capacity);
-  param_buf_ = Device::Buffer(dev_, capacity_ * sizeof(float));
-  dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", param_buf_.get(), param_buf_.bytes());
-  if (grad_storage) {
-    grad_ = grad_storage;
-  } else {
+  DT_CHECK(InvalidArgument, !storage.grad_storage || (storage.layout.empty() && storage.own_grads),
+           "a StageEngine with a padded layout keeps its own gradients");
+  capacity_ = std::max(end, storage.numel);
+  if (storage.own_params) {
+    param_buf_ = Device::Buffer(dev_, capacity_ * sizeof(float));
+    dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", param_buf_.get(), param_buf_.bytes());
+  }
+  if (storage.grad_storage) {
+    grad_ = storage.grad_storage;
+  } else if (storage.own_grads) {
     grad_buf_ = Device::Buffer(dev_, capacity_ * sizeof(float));
     grad_ = grad_buf_.as<float>();
   }
@@ -240,21 +277,134 @@ StageEngine::~StageEngine() {
   }
 }
 
+void StageEngine::init_param(std::uint64_t seed, std::size_t i, float* out) const {
+  std::vector<float> full(gpt_params(model_)[global_index_[i]].numel);
+  gpt_init_param(model_, seed, global_index_[i], full.data());
+  graph::take_shard(param_tensor(i), comms_.tp_rank, full.data(), out);
+}
+
 void StageEngine::init(std::uint64_t seed) {
-  const std::vector<ParamInfo> global = gpt_params(model_);
-  std::vector<float> host(nparams_), full;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    const std::size_t gi = global_index_[i];
-    full.resize(global[gi].numel);
-    gpt_init_param(model_, seed, gi, full.data());
-    graph::take_shard(param_tensor(i), comms_.tp_rank, full.data(), host.data() + params_[i].offset);
-  }
+  DT_CHECK(InvalidArgument, param_data() != nullptr,
+           "StageEngine::init: the parameters come from the unit hooks (use init_param)");
+  std::vector<float> host(capacity_, 0.0f);
+  for (std::size_t i = 0; i < params_.size(); ++i) init_param(seed, i, host.data() + params_[i].offset);
   dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(param_data()),
-            static_cast<const void*>(host.data()), nparams_ * sizeof(float),
+            static_cast<const void*>(host.data()), capacity_ * sizeof(float),
             DT_HAL_HOST_TO_DEVICE);
 }
 
+std::size_t StageEngine::activation_bytes() const {
+  std::size_t b = impl_->grad_buf.bytes() + impl_->scratch.bytes();
+  for (const Device::Buffer& s : impl_->slot_buf) b += s.bytes();
+  for (const Device::Buffer& s : impl_->token_buf) b += s.bytes();
+  return b;
+}
+
+void StageEngine::set_unit_hooks(std::vector<ZeroUnit> units, UnitHooks hooks) {
+  DT_CHECK(InvalidArgument, param_data() || hooks.acquire,
+           "a StageEngine without its own parameters needs UnitHooks::acquire");
+  DT_CHECK(InvalidArgument, grad_ || (hooks.grads && hooks.grads_done),
+           "a StageEngine without its own gradients needs UnitHooks::grads and grads_done");
+  Impl& m = *impl_;
+  m.unit_of.assign(params_.size(), -1);
+  m.unit_off.clear();
+  std::size_t expect = 0;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    DT_CHECK(InvalidArgument, units[u].first == expect && units[u].end > units[u].first &&
+                                  units[u].end <= params_.size(),
+             "stage units must cover the parameters in order");
+    expect = units[u].end;
+    for (std::size_t i = units[u].first; i < units[u].end; ++i) m.unit_of[i] = static_cast<int>(u);
+    m.unit_off.push_back(params_[units[u].first].offset);
+  }
+  DT_CHECK(InvalidArgument, expect == params_.size(), "stage units must cover the parameters");
+  // What each node's kernels read: its parameters' units (the embedding's backward reads none).
+  const std::size_t N = g_.nodes.size();
+  m.fwd_units.assign(N, {});
+  m.bwd_units.assign(N, {});
+  for (std::size_t k = 0; k < N; ++k)
+    for (int t : g_.nodes[k].in) {
+      const int p = param_index_[static_cast<std::size_t>(t)];
+      if (p < 0) continue;
+      const int u = m.unit_of[static_cast<std::size_t>(p)];
+      auto add = [u](std::vector<int>& v) {
+        if (std::find(v.begin(), v.end(), u) == v.end()) v.push_back(u);
+      };
+      add(m.fwd_units[k]);
+      if (g_.nodes[k].op != "embedding") add(m.bwd_units[k]);
+    }
+  // The next unit a pass reads after node k that node k does not (prefetched meanwhile).
+  auto next_of = [&](const std::vector<std::vector<int>>& need, std::size_t k, bool backward) {
+    for (std::size_t j = k;;) {
+      if (backward ? j == 0 : j + 1 >= N) return -1;
+      j = backward ? j - 1 : j + 1;
+      for (int u : need[j])
+        if (std::find(need[k].begin(), need[k].end(), u) == need[k].end()) return u;
+    }
+  };
+  m.fwd_next.assign(N, -1);
+  m.bwd_next.assign(N, -1);
+  for (std::size_t k = 0; k < N; ++k) {
+    m.fwd_next[k] = next_of(m.fwd_units, k, false);
+    m.bwd_next[k] = next_of(m.bwd_units, k, true);
+  }
+  m.pbase.assign(units.size(), nullptr);
+  m.gbase.assign(units.size(), nullptr);
+  m.held.clear();
+  m.units = std::move(units);
+  hooks_ = std::move(hooks);
+}
+
+void StageEngine::use_units(std::size_t k, bool backward) {
+  Impl& m = *impl_;
+  if (!hooks_.acquire) return;
+  const std::vector<int>& need = (backward ? m.bwd_units : m.fwd_units)[k];
+  if (need.empty()) return;
+  for (std::size_t j = 0; j < m.held.size();) {  // units the pass has finished with, for now
+    const int u = m.held[j];
+    if (std::find(need.begin(), need.end(), u) != need.end()) {
+      ++j;
+      continue;
+    }
+    hooks_.release(u);
+    m.pbase[static_cast<std::size_t>(u)] = nullptr;
+    m.held.erase(m.held.begin() + static_cast<std::ptrdiff_t>(j));
+  }
+  const int next = (backward ? m.bwd_next : m.fwd_next)[k];
+  for (int u : need)
+    if (!m.pbase[static_cast<std::size_t>(u)]) {
+      m.pbase[static_cast<std::size_t>(u)] = hooks_.acquire(u, next);
+      m.held.push_back(u);
+    }
+}
+
+void StageEngine::release_units() {
+  Impl& m = *impl_;
+  for (int u : m.held) {
+    hooks_.release(u);
+    m.pbase[static_cast<std::size_t>(u)] = nullptr;
+  }
+  m.held.clear();
+}
+
+const float* StageEngine::param_ptr(std::size_t p) const {
+  if (param_data()) return param_data() + params_[p].offset;
+  const Impl& m = *impl_;
+  const std::size_t u = static_cast<std::size_t>(m.unit_of[p]);
+  DT_ASSERT(m.pbase[u] != nullptr, "parameter ", params_[p].name, " read outside its unit");
+  return m.pbase[u] + (params_[p].offset - m.unit_off[u]);
+}
+
+float* StageEngine::grad_ptr(std::size_t p) {
+  if (grad_) return grad_ + params_[p].offset;
+  Impl& m = *impl_;
+  const std::size_t u = static_cast<std::size_t>(m.unit_of[p]);
+  if (!m.gbase[u]) m.gbase[u] = hooks_.grads(static_cast<int>(u));
+  return m.gbase[u] + (params_[p].offset - m.unit_off[u]);
+}
+
 void StageEngine::zero_grad() {
+  if (!grad_) return;  // gradients in unit buffers start from zero in every backward
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(grad_),
             (grad_buf_.bytes() ? capacity_ : nparams_) * sizeof(float));
 }
@@ -290,18 +440,18 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
   m.slot_B[us] = B;
   const std::int64_t T = m.T, BT = std::int64_t{B} * T;
   float* A = m.slot_buf[us].as<float>();
-  const float* P = param_data();
   std::int32_t* tok = m.token_buf[us].as<std::int32_t>();
   std::int32_t* tgt = tok + static_cast<std::size_t>(m.B) * static_cast<std::size_t>(m.T);
   auto act = [&](int t) { return A + m.act_off[static_cast<std::size_t>(t)]; };
   auto prm = [&](int t) {
-    return P + params_[static_cast<std::size_t>(param_index_[static_cast<std::size_t>(t)])].offset;
+    return param_ptr(static_cast<std::size_t>(param_index_[static_cast<std::size_t>(t)]));
   };
   auto width = [&](int t) { return g_.tensors[static_cast<std::size_t>(t)].shape.back(); };
   double loss = 0;
   for (std::size_t i = 0; i < g_.nodes.size(); ++i) {
     const Node& n = g_.nodes[i];
     float* aux = A + m.aux_off[i];
+    use_units(i, false);
     if (n.op == "embedding") {
       dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(tok),
                 static_cast<const void*>(inputs), BT * sizeof(std::int32_t), DT_HAL_HOST_TO_DEVICE);
@@ -374,6 +524,7 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
       DT_THROW(InvalidArgument, "node ", n.name, ": the engine cannot run op '", n.op, "'");
     }
   }
+  release_units();
   return loss;
 }
 
@@ -394,19 +545,23 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
   const std::int64_t T = m.T, BT = std::int64_t{B} * T;
   float* A = m.slot_buf[us].as<float>();
   float* D = m.grad_buf.as<float>();
-  const float* P = param_data();
-  float* G = grad_;
   const std::int32_t* tok = m.token_buf[us].as<std::int32_t>();
   const std::int32_t* tgt = tok + static_cast<std::size_t>(m.B) * static_cast<std::size_t>(m.T);
   auto act = [&](int t) { return static_cast<const float*>(A + m.act_off[static_cast<std::size_t>(t)]); };
   auto grad = [&](int t) { return D + m.grad_off[static_cast<std::size_t>(t)]; };
   auto pidx = [&](int t) { return param_index_[static_cast<std::size_t>(t)]; };
-  auto prm = [&](int t) { return P + params_[static_cast<std::size_t>(pidx(t))].offset; };
-  auto dprm = [&](int t) { return G + params_[static_cast<std::size_t>(pidx(t))].offset; };
+  auto prm = [&](int t) { return param_ptr(static_cast<std::size_t>(pidx(t))); };
+  auto dprm = [&](int t) { return grad_ptr(static_cast<std::size_t>(pidx(t))); };
   auto width = [&](int t) { return g_.tensors[static_cast<std::size_t>(t)].shape.back(); };
-  if (ready) m.uses = param_uses_;
+  const bool count = ready || hooks_.grads_done;
+  if (count) m.uses = param_uses_;
+  if (hooks_.grads_done) {
+    m.unit_left.clear();
+    for (const ZeroUnit& u : m.units) m.unit_left.push_back(static_cast<int>(u.end - u.first));
+  }
   for (std::size_t k = g_.nodes.size(); k-- > 0;) {
     const Node& n = g_.nodes[k];
+    use_units(k, true);
     const float* aux = A + m.aux_off[k];
     if (n.op == "xent") {
       const std::int64_t V = width(n.in[0]);
@@ -485,14 +640,20 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
     } else {
       DT_THROW(InvalidArgument, "node ", n.name, ": the engine cannot run op '", n.op, "'");
     }
-    if (!ready) continue;
+    if (!count) continue;
     for (int t : n.in) {
       const int p = pidx(t);
       if (p < 0 || --m.uses[static_cast<std::size_t>(p)] > 0) continue;
       dev_.call(&dt_hal_v1_t::synchronize, "synchronize");
-      ready(static_cast<std::size_t>(p), static_cast<std::size_t>(p) + 1);
+      if (ready) ready(static_cast<std::size_t>(p), static_cast<std::size_t>(p) + 1);
+      if (!hooks_.grads_done) continue;
+      const std::size_t u = static_cast<std::size_t>(m.unit_of[static_cast<std::size_t>(p)]);
+      if (--m.unit_left[u] > 0) continue;
+      hooks_.grads_done(static_cast<int>(u));  // the unit's gradients of this backward
+      m.gbase[u] = nullptr;
     }
   }
+  release_units();
 }
 
 }  // namespace dt

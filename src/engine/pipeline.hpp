@@ -14,6 +14,7 @@
 #include "dt/device.hpp"
 #include "dt/gpt.hpp"
 #include "dt/graph.hpp"
+#include "engine/zero.hpp"
 
 namespace dt {
 
@@ -44,14 +45,12 @@ struct StageComms {
 class StageEngine {
  public:
   /// `g`: this rank's stage graph (shapes with the largest micro-batch). `slots`: micro-batches
-  /// whose activations are kept at once. `grad_storage`: host memory for num_params() floats to
-  /// hold the gradients (a shared-memory arena), or null to allocate them on the device.
-  /// `capacity`: the parameter and gradient buffers hold at least this many floats, the ones
-  /// after num_params() zero (sharded data parallelism pads the flat buffers; not with
-  /// grad_storage).
+  /// whose activations are kept at once. `storage`: where parameters and gradients live, as for
+  /// dt::Gpt: a padded layout of param_table(g) (sharded data parallelism), gradients in host
+  /// memory (a shared-memory arena; packed layout only), or none of the engine's own (then
+  /// set_unit_hooks supplies them unit by unit).
   StageEngine(const Device& dev, graph::Graph g, const GptConfig& model, int stage, int stages,
-              int slots, StageComms comms, float* grad_storage = nullptr,
-              std::size_t capacity = 0);
+              int slots, StageComms comms, GptStorage storage = {});
   ~StageEngine();
   StageEngine(const StageEngine&) = delete;
   StageEngine& operator=(const StageEngine&) = delete;
@@ -64,18 +63,36 @@ class StageEngine {
   }
   /// Index of parameter i in gpt_params(model).
   std::size_t global_index(std::size_t i) const { return global_index_[i]; }
+  /// The stage's parameter table, packed, in graph order (nanoGPT order): what params() is
+  /// without a storage layout.
+  static std::vector<ParamInfo> param_table(const graph::Graph& g);
   /// Number of parameters of the local flat buffer, for sizing a gradient arena before
   /// construction.
   static std::size_t count_params(const graph::Graph& g);
   std::size_t num_params() const noexcept { return nparams_; }
+  /// Elements of the flat parameter and gradient buffers (num_params() plus any padding).
+  std::size_t flat_numel() const noexcept { return capacity_; }
+  /// Null when the parameters come from the unit hooks.
   float* param_data() const noexcept { return param_buf_.as<float>(); }
+  /// Null when the gradients go to the unit hooks.
   float* grad_data() const noexcept { return grad_; }
+  /// Sharded parameters or gradients: `units` cut params() into runs of whole tensors in order;
+  /// each forward and backward asks `hooks` for a unit's parameters just before a node reads
+  /// them (naming the next unit it will need) and releases them when a node needs others;
+  /// each backward takes a gradient buffer per unit and hands it back when the unit's gradients
+  /// are complete.
+  void set_unit_hooks(std::vector<ZeroUnit> units, UnitHooks hooks);
+  /// Bytes of the activation, activation-gradient and scratch buffers.
+  std::size_t activation_bytes() const;
   const graph::Graph& graph() const noexcept { return g_; }
   bool first_stage() const noexcept { return stage_ == 0; }
   bool last_stage() const noexcept { return stage_ == stages_ - 1; }
 
   /// Draws every parameter as dt::Gpt::init(seed) does and keeps this rank's shard.
   void init(std::uint64_t seed);
+  /// Writes this rank's shard of parameter i as init(seed) draws it (params()[i].numel floats,
+  /// host memory).
+  void init_param(std::uint64_t seed, std::size_t i, float* out) const;
   void zero_grad();
 
   /// Forward of `micro` in `slot` on B sequences (B <= the graph's micro-batch): `inputs` and
@@ -96,6 +113,11 @@ class StageEngine {
 
  private:
   struct Impl;
+  /// Node k's parameters (its kernels read them) and gradients, through the unit hooks.
+  void use_units(std::size_t k, bool backward);
+  void release_units();
+  const float* param_ptr(std::size_t p) const;
+  float* grad_ptr(std::size_t p);
   const Device& dev_;
   graph::Graph g_;
   GptConfig model_;
@@ -110,6 +132,7 @@ class StageEngine {
   std::size_t capacity_ = 0;  // floats in the parameter and gradient buffers (>= nparams_)
   Device::Buffer param_buf_, grad_buf_;
   float* grad_ = nullptr;
+  UnitHooks hooks_;
   std::unique_ptr<Impl> impl_;
 };
 

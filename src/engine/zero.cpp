@@ -20,6 +20,22 @@ std::vector<ZeroUnit> gpt_units(const GptConfig& c) {
   return u;
 }
 
+std::vector<ZeroUnit> layer_units(const std::vector<ParamInfo>& params) {
+  auto key = [](const std::string& name) -> std::string {
+    const std::string block = "transformer.h.", norm = "transformer.ln_f.";
+    if (name.rfind(block, 0) == 0) return name.substr(0, name.find('.', block.size()));
+    if (name.rfind(norm, 0) == 0) return norm;
+    return name;
+  };
+  std::vector<ZeroUnit> u;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (u.empty() || key(params[i].name) != key(params[i - 1].name))
+      u.push_back({i, i + 1});
+    else
+      u.back().end = i + 1;
+  return u;
+}
+
 struct ZeroShards::Slot {
   int only = -1;       // the one unit this buffer is for (-1: any other unit)
   int unit = -1;       // the unit the buffer holds (or is being filled with)
@@ -37,9 +53,10 @@ std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 ZeroShards::ZeroShards(const Device& dev, int stage, std::vector<ParamInfo> params,
                        std::vector<ZeroUnit> units, std::unique_ptr<Comm> gather,
                        std::unique_ptr<Comm> reduce,
-                       std::function<void(float*, std::size_t)> round)
+                       std::function<void(float*, std::size_t)> round, int own_buffer)
     : dev_(dev),
       stage_(stage),
+      own_(own_buffer),
       n_(reduce->size()),
       r_(reduce->rank()),
       params_(std::move(params)),
@@ -51,6 +68,8 @@ ZeroShards::ZeroShards(const Device& dev, int stage, std::vector<ParamInfo> para
            " is not 1, 2 or 3");
   DT_CHECK(InvalidArgument, gather_comm_->size() == n_ && gather_comm_->rank() == r_,
            "ZeRO communicators differ");
+  DT_CHECK(InvalidArgument, own_ >= 0 && static_cast<std::size_t>(own_) < units_.size(),
+           "ZeRO unit ", own_, " with its own buffer is not one of the ", units_.size(), " units");
   const std::size_t N = static_cast<std::size_t>(n_), r = static_cast<std::size_t>(r_);
   padded_ = params_;
   std::size_t expect = 0;
@@ -95,17 +114,19 @@ ZeroShards::ZeroShards(const Device& dev, int stage, std::vector<ParamInfo> para
   master_ = zeroed(n_loc_);
   grads_ = zeroed(n_loc_);
   if (round_) work_ = zeroed(n_loc_);  // the rounded master, what the ranks gather
-  // Buffers: unit 0 (GPT's embeddings, tied to the head: used first and last in backward, its
+  // Buffers: one unit (GPT's embeddings, tied to the head: used first and last in backward, its
   // gradients complete only at the end) has one of its own; the other units share two, so the
   // next unit's gather (or the last unit's reduction) proceeds while one computes.
   std::size_t others = 0;
-  for (std::size_t u = 1; u < units_.size(); ++u) others = std::max(others, s_[u] * N);
+  const std::size_t own = static_cast<std::size_t>(own_);
+  for (std::size_t u = 0; u < units_.size(); ++u)
+    if (u != own) others = std::max(others, s_[u] * N);
   auto add_slots = [&](std::vector<std::unique_ptr<Slot>>& pool, bool part) {
     for (int k = 0; k < (units_.size() > 1 ? 3 : 1); ++k) {
       pool.push_back(std::make_unique<Slot>());
       Slot& sl = *pool.back();
-      sl.only = k == 0 ? 0 : -1;
-      const std::size_t n = k == 0 ? s_[0] * N : others;
+      sl.only = k == 0 ? own_ : -1;
+      const std::size_t n = k == 0 ? s_[own] * N : others;
       sl.buf = zeroed(n);
       if (part) sl.part = zeroed(n / N);
     }
@@ -201,7 +222,9 @@ void ZeroShards::wait_slot(Slot& s) {
   s.work.wait();
 }
 
-bool ZeroShards::fits(const Slot& s, int u) const { return s.only == u || (s.only == -1 && u != 0); }
+bool ZeroShards::fits(const Slot& s, int u) const {
+  return s.only == u || (s.only == -1 && u != own_);
+}
 
 float* ZeroShards::grads_buffer(int u) {
   Slot* pick = nullptr;
@@ -304,6 +327,19 @@ const float* ZeroShards::acquire(int u, int next) {
 void ZeroShards::release(int u) {
   for (auto& s : param_slots_)
     if (s->unit == u) s->held = false;
+}
+
+UnitHooks ZeroShards::hooks() {
+  UnitHooks h;
+  if (stage_ >= 3) {
+    h.acquire = [this](int u, int next) { return acquire(u, next); };
+    h.release = [this](int u) { release(u); };
+  }
+  if (stage_ >= 2) {
+    h.grads = [this](int u) { return grads_buffer(u); };
+    h.grads_done = [this](int u) { grads_done(u); };
+  }
+  return h;
 }
 
 ZeroMemory ZeroShards::memory() const {

@@ -18,8 +18,9 @@
 //   stage 3: parameters also stay sharded: a unit's parameters are all-gathered into a buffer
 //            just before its forward or backward and released after it, and the next unit's
 //            gather runs on the communication thread while this one computes.
-// Buffers (stages 2-3): unit 0 has one of its own (GPT's embeddings are tied to the head, so they
-// are used first and last in backward); the other units share two, each the size of the largest.
+// Buffers (stages 2-3): one unit has one of its own (GPT's embeddings, tied to the head, so used
+// first and last in backward; a pipeline's last stage: the head's tied word embedding, the
+// largest unit); the other units share two, each the size of the largest of them.
 //
 // Collectives run on the ZeroShards' own communicators, each driven by its own progress thread:
 // every rank of the data-parallel group must make the same sequence of calls.
@@ -62,10 +63,12 @@ class ZeroShards {
   /// `params`: the packed parameter table (offsets without padding); `units` cover it in order.
   /// `gather` and `reduce` are communicators over the same data-parallel ranks (duplicates: each
   /// is used by one progress thread). `low_precision`: the compute parameters are the master's
-  /// rounding, made by `round` (n floats of device memory in place).
+  /// rounding, made by `round` (n floats of device memory in place). `own_buffer`: the unit
+  /// with a buffer of its own.
   ZeroShards(const Device& dev, int stage, std::vector<ParamInfo> params,
              std::vector<ZeroUnit> units, std::unique_ptr<Comm> gather,
-             std::unique_ptr<Comm> reduce, std::function<void(float*, std::size_t)> round);
+             std::unique_ptr<Comm> reduce, std::function<void(float*, std::size_t)> round,
+             int own_buffer = 0);
   ~ZeroShards();
   ZeroShards(const ZeroShards&) = delete;
   ZeroShards& operator=(const ZeroShards&) = delete;
@@ -81,6 +84,9 @@ class ZeroShards {
   int unit_starting_at(std::size_t first) const;
   /// Element offset of unit u in the padded layout.
   std::size_t unit_offset(int u) const { return A_[static_cast<std::size_t>(u)]; }
+  /// Unit u's slice in the shard buffers: its offset and length (padding included).
+  std::size_t unit_local(int u) const { return loc_[static_cast<std::size_t>(u)]; }
+  std::size_t unit_slice(int u) const { return s_[static_cast<std::size_t>(u)]; }
 
   /// Elements of the shard buffers (every unit's slice, padding included).
   std::size_t shard_numel() const noexcept { return n_loc_; }
@@ -121,6 +127,10 @@ class ZeroShards {
   const float* acquire(int u, int next);
   void release(int u);
 
+  /// The model's unit hooks for this stage: acquire/release (stage 3) and grads/grads_done
+  /// (stages 2-3) call the functions above.
+  UnitHooks hooks();
+
   /// Model state bytes this rank holds (the gather/reduce buffers included).
   ZeroMemory memory() const;
 
@@ -131,7 +141,7 @@ class ZeroShards {
   /// Whether buffer `s` may hold unit u (unit 0 has its own).
   bool fits(const Slot& s, int u) const;
   const Device& dev_;
-  int stage_, n_, r_;
+  int stage_, own_, n_, r_;
   std::vector<ParamInfo> params_, padded_, shard_params_;
   std::vector<ZeroUnit> units_;
   std::vector<ZeroPiece> pieces_;
@@ -148,5 +158,10 @@ class ZeroShards {
 
 /// GPT's units: the embeddings, each block, the final LayerNorm.
 std::vector<ZeroUnit> gpt_units(const GptConfig& c);
+/// Units of a parameter table in nanoGPT names (a pipeline stage's): each block
+/// ("transformer.h.N.*"), the final LayerNorm, and every other tensor alone (so the word
+/// embedding, tied to the head on the last stage, is a unit of its own on both stages and its
+/// shards match).
+std::vector<ZeroUnit> layer_units(const std::vector<ParamInfo>& params);
 
 }  // namespace dt

@@ -258,13 +258,6 @@ TokenFile validate_and_load(TrainConfig& c) {
              c.seal != "off" ? "--security.seal=" + c.seal : std::string("--ckpt.encrypt"));
     security::load_key_file(c.key_file);  // refused here, naming the file and its mode
   }
-  DT_CHECK(ConfigError, c.par_zero <= 1 || (c.par_tp == 1 && c.par_pp == 1 && !c.par_auto &&
-                                              c.par_engine == "auto"),
-           "option --parallel.zero=", c.par_zero,
-           ": sharding gradients and parameters runs on the fused model (parallel.tp = "
-           "parallel.pp = 1, parallel.engine=auto, no parallel.auto; with tensor or pipeline "
-           "parallelism use parallel.zero=1); got tp=", c.par_tp, " pp=", c.par_pp,
-           " engine=", c.par_engine, c.par_auto ? " auto" : "");
   DT_CHECK(ConfigError, c.optim.min_lr <= c.optim.lr, "option --optim.min-lr: ", c.optim.min_lr,
            " is above --optim.lr=", c.optim.lr);
   if (c.optim.decay_steps == 0) c.optim.decay_steps = c.steps;
@@ -451,12 +444,11 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
     sc.p2p = p2p_.get();
     for (int s = 0; s < L.pp; ++s) sc.stage_rank.push_back(mesh_->rank_of(mc.dp, s, mc.tp));
   }
-  float* grad_storage = nullptr;
-  std::size_t capacity = 0;
+  GptStorage storage;
   std::unique_ptr<Comm> zero_gather, zero_reduce;
   if (c_.par_zero > 0) {
-    // ZeRO-1 over the mesh's data-parallel dimension: the stage's flat buffers, padded to a
-    // multiple of dp, are one unit; its gradients reduce-scatter after the schedule.
+    // Sharded data parallelism over the mesh's data-parallel dimension: the stage's flat
+    // buffers in a layout padded per unit (each block, the final norm, every other tensor).
     auto make = [&](bool tampered) -> std::unique_ptr<Comm> {
       if (c_.seal != "all") return mesh_->dp().split(0, mesh_->dp().rank());
       security::SealedCommOptions so = sealed;
@@ -465,8 +457,21 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
     };
     zero_gather = make(false);
     zero_reduce = make(true);
-    const std::size_t n = StageEngine::count_params(sg), d = static_cast<std::size_t>(L.dp);
-    capacity = (n + d - 1) / d * d;
+    std::function<void(float*, std::size_t)> round;
+    if (low_precision()) round = [this](float* d, std::size_t k) { round_to_dtype(d, k); };
+    const std::vector<ParamInfo> table = StageEngine::param_table(sg);
+    const std::vector<ZeroUnit> units = layer_units(table);
+    // The word embedding (used first and last, and the largest unit) has a buffer of its own.
+    int own = 0;
+    for (std::size_t u = 0; u < units.size(); ++u)
+      if (table[units[u].first].name == "transformer.wte.weight") own = static_cast<int>(u);
+    zero_ = std::make_unique<ZeroShards>(dev_, static_cast<int>(c_.par_zero), table, units,
+                                         std::move(zero_gather), std::move(zero_reduce),
+                                         std::move(round), own);
+    storage.layout = zero_->padded();
+    storage.numel = zero_->padded_numel();
+    storage.own_params = c_.par_zero < 3;
+    storage.own_grads = c_.par_zero < 2;
   } else if (L.dp > 1) {
     auto* mpi = dynamic_cast<MpiComm*>(&mesh_->dp());
     if (c_.seal == "all") {
@@ -479,26 +484,20 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
       shc.min_bytes = static_cast<std::size_t>(c_.shm_min_bytes);
       shc.simulated_nodes = static_cast<int>(c_.test_sim_nodes);
       auto shm = ShmComm::create(*mpi, mesh_->dp().name() + "/grads", shc);
-      grad_storage = static_cast<float*>(shm->arena());
+      storage.grad_storage = static_cast<float*>(shm->arena());
       grad_comm_ = std::move(shm);
     } else {
       grad_comm_ = mesh_->dp().split(0, mesh_->dp().rank());
     }
   }
   engine_ = std::make_unique<StageEngine>(dev_, std::move(sg), c_.model, mc.pp, L.pp,
-                                          plan_->in_flight(mc.pp), sc, grad_storage, capacity);
-  if (L.dp > 1 && !zero_gather)
+                                          plan_->in_flight(mc.pp), sc, std::move(storage));
+  if (L.dp > 1 && !zero_)
     buckets_ = std::make_unique<GradBuckets>(
         *grad_comm_, engine_->grad_data(), engine_->params(),
         static_cast<std::size_t>(c_.bucket_mb * 1024.0 * 1024.0));
-  if (zero_gather) {
-    std::function<void(float*, std::size_t)> round;
-    if (low_precision()) round = [this](float* d, std::size_t k) { round_to_dtype(d, k); };
-    zero_ = std::make_unique<ZeroShards>(dev_, 1, engine_->params(),
-                                         std::vector<ZeroUnit>{{0, engine_->params().size()}},
-                                         std::move(zero_gather), std::move(zero_reduce),
-                                         std::move(round));
-    DT_ASSERT(zero_->padded_numel() == capacity, "ZeRO padding differs from the engine's");
+  if (zero_) {
+    engine_->set_unit_hooks(zero_->units(), zero_->hooks());
     // Each data-parallel rank holds other pieces: count every piece of a tensor this rank's
     // tensor-parallel and pipeline position owns.
     zero_counted_.clear();
@@ -543,17 +542,7 @@ void Trainer::setup_zero(const security::SealedCommOptions& sealed,
   st.own_params = c_.par_zero < 3;
   st.own_grads = c_.par_zero < 2;
   model_ = std::make_unique<Gpt>(dev_, c_.model, static_cast<int>(micro_), st);
-  ZeroShards* z = zero_.get();
-  Gpt::UnitHooks h;
-  if (c_.par_zero >= 3) {
-    h.acquire = [z](int u, int next) { return z->acquire(u, next); };
-    h.release = [z](int u) { z->release(u); };
-  }
-  if (c_.par_zero >= 2) {
-    h.grads = [z](int u) { return z->grads_buffer(u); };
-    h.grads_done = [z](int u) { z->grads_done(u); };
-  }
-  model_->set_unit_hooks(std::move(h));
+  model_->set_unit_hooks(zero_->hooks());
   zero_counted_.assign(zero_->shard_params().size(), 1);
   init_weights();
 }
@@ -561,8 +550,12 @@ void Trainer::setup_zero(const security::SealedCommOptions& sealed,
 void Trainer::init_weights() {
   const auto seed = static_cast<std::uint64_t>(c_.seed);
   if (engine_ && zero_) {
-    engine_->init(seed);
-    zero_->take_shard(engine_->param_data());
+    if (engine_->param_data()) {
+      engine_->init(seed);
+      zero_->take_shard(engine_->param_data());
+    } else {
+      zero_->init_shard([this, seed](std::size_t i, float* out) { engine_->init_param(seed, i, out); });
+    }
     opt_ = std::make_unique<AdamW>(dev_, zero_->shard_params(), zero_->shard_numel());
     zero_->publish(engine_->param_data());
     return;
@@ -610,12 +603,12 @@ StepStats Trainer::step() {
   const float scale = static_cast<float>(loss_scale / (static_cast<double>(c_.batch) * T));
   watchdog::set_activity("forward and backward", step_);
   double loss_sum = 0;
+  if (zero_) zero_->begin_step();
   if (engine_) {
     engine_->zero_grad();
     loss_sum = pipeline_step(scale);
   } else {
     model_->zero_grad();
-    if (zero_) zero_->begin_step();
     const std::int64_t first = comm_.rank() * local_batch_;
     for (std::int64_t m = 0; m < local_batch_; m += micro_) {
       const trace::Scope micro_scope("micro-batch", "train", "index", m / micro_);
@@ -650,8 +643,9 @@ StepStats Trainer::step() {
     watchdog::set_activity("gradient all_reduce wait", step_);
     const trace::Scope wait_scope("gradient all_reduce wait", "comm");
     if (buckets_) buckets_->finish();
-    // A tensor used on the first and the last stage (wte) gets both stages' gradients.
-    if (mesh_ && mesh_->tied())
+    // A tensor used on the first and the last stage (wte) gets both stages' gradients
+    // (ZeRO-2/3: its shards, below).
+    if (mesh_ && mesh_->tied() && engine_->grad_data())
       for (std::size_t i = 0; i < engine_->params().size(); ++i)
         if (engine_->param_tensor(i).tied) {
           const ParamInfo& p = engine_->params()[i];
@@ -659,10 +653,20 @@ StepStats Trainer::step() {
                                     ReduceOp::sum);
         }
   }
-  if (zero_ && engine_) {  // ZeRO-1 with tp/pp: the stage's gradients, tied ones complete
+  if (zero_ && engine_) {
     watchdog::set_activity("gradient reduce_scatter wait", step_);
-    zero_->grads_final(0, engine_->grad_data());
+    if (zero_->stage() == 1)  // the stage's gradients, tied ones complete: every unit at once
+      for (int u = 0; u < static_cast<int>(zero_->units().size()); ++u)
+        zero_->grads_final(u, engine_->grad_data() + zero_->unit_offset(u));
     zero_->finish_grads();
+    // ZeRO-2/3: the tied word embedding is a unit of its own on the first and the last stage,
+    // so the two stages' shards of it match: add them.
+    if (zero_->stage() >= 2 && mesh_->tied())
+      for (int u = 0; u < static_cast<int>(zero_->units().size()); ++u)
+        if (engine_->param_tensor(zero_->units()[static_cast<std::size_t>(u)].first).tied)
+          (sealed_tied_ ? *sealed_tied_ : *mesh_->tied())
+              .all_reduce(view_of(zero_->grads() + zero_->unit_local(u), zero_->unit_slice(u)),
+                          ReduceOp::sum);
   }
   watchdog::set_activity("optimizer", step_);
   StepStats s;
@@ -758,7 +762,10 @@ double Trainer::loss_over(const std::vector<std::size_t>& starts) {
   for (std::int64_t j = 0; lockstep && j < rounds - (end - begin + micro_ - 1) / micro_; ++j) {
     fill_windows(data_.data(split_.val), split_.val.size(), T, starts.data(), 1, inputs_.data(),
                  targets_.data());
-    model_->forward(inputs_.data(), targets_.data(), 1, T);
+    if (engine_)
+      engine_->forward(0, -1, inputs_.data(), targets_.data(), 1);
+    else
+      model_->forward(inputs_.data(), targets_.data(), 1, T);
   }
   for (std::int64_t i = begin; i < end; i += micro_, ++k) {
     const std::int64_t cnt = std::min(micro_, end - i);
@@ -1268,17 +1275,17 @@ int Trainer::run() {
 }
 
 void Trainer::report_memory() {
-  if (!model_) return;  // the graph engine prints its plan's estimate with --print-plan
   const std::size_t f = sizeof(float);
   ZeroMemory m;
   if (zero_) {
     m = zero_->memory();
   } else {
-    const std::size_t n = model_->num_params();
+    const std::size_t n = engine_ ? engine_->num_params() : model_->num_params();
     m.params = n * f;
     m.grads = n * f;
     m.optimizer = (2 + (low_precision() ? 1 : 0)) * n * f;
   }
+  const std::size_t act = engine_ ? engine_->activation_bytes() : model_->activation_bytes();
   char line[320];
   std::snprintf(line, sizeof line,
                 "dt_train: memory per rank (parallel.zero=%d, rank 0): parameters %s, gradients "
@@ -1287,7 +1294,7 @@ void Trainer::report_memory() {
                 format_bytes(static_cast<double>(m.grads)).c_str(),
                 format_bytes(static_cast<double>(m.optimizer)).c_str(),
                 format_bytes(static_cast<double>(m.params + m.grads + m.optimizer)).c_str(),
-                format_bytes(static_cast<double>(model_->activation_bytes())).c_str());
+                format_bytes(static_cast<double>(act)).c_str());
   log(line);
 }
 

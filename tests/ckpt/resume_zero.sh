@@ -3,7 +3,7 @@
 # on 4 ranks each rank writes its own range of every tensor (dt_ckpt verify passes on the file);
 # the checkpoint resumes with zero=0 on one rank and continues a single-rank run that never
 # stopped; a single-rank checkpoint resumes with zero=2 on 2 ranks and zero=3 on 4 ranks (each
-# reading other ranges); ZeRO-1 with pipeline and tensor parallelism writes and resumes global
+# reading other ranges); ZeRO-1/2/3 with pipeline and tensor parallelism write and resume global
 # checkpoints; and an encrypted background save of zero=2 resumes too (losses, learning rates and
 # validation losses within 1e-5 relative).
 source "$(dirname "$0")/lib.sh"
@@ -41,22 +41,28 @@ for z in 2:2 3:4; do
   steplog same A.jsonl "S$stage.jsonl" 5 8 1e-5
 done
 
-# ZeRO-1 with pipeline stages (dp=2 pp=2): written and resumed on one rank; the single-rank
-# checkpoint resumed with dp=2 tp=2.
-train P 4 --train.steps=8 --parallel.pp=2 --parallel.zero=1 --ckpt.dir=M --ckpt.every=4 \
-  --train.log-file=P.jsonl
-expect_rc P 0
-expect_line P "layout dp=2 tp=1 pp=2$"
-steplog same A.jsonl P.jsonl 1 8 1e-5
-train RP 1 --train.steps=8 --ckpt.resume="$WORK/M/step-4.h5" --ckpt.dir=N1 \
-  --train.log-file=RP.jsonl
-expect_rc RP 0
-expect_line RP "written by dp=2 tp=1 pp=2"
-steplog same A.jsonl RP.jsonl 5 8 1e-5
-train T 4 --train.steps=8 --parallel.tp=2 --parallel.zero=1 --ckpt.resume="$WORK/G/step-4.h5" \
-  --ckpt.dir=N2 --train.log-file=T.jsonl
-expect_rc T 0
-steplog same A.jsonl T.jsonl 5 8 1e-5
+# ZeRO-1 and ZeRO-3 (parameters gathered per layer on each stage) with pipeline stages (dp=2
+# pp=2): written and resumed on one rank; the single-rank checkpoint resumed with dp=2 tp=2 and
+# zero=1 or 2.
+for z in 1 3; do
+  train "P$z" 4 --train.steps=8 --parallel.pp=2 --parallel.zero="$z" --ckpt.dir="M$z" \
+    --ckpt.every=4 --train.log-file="P$z.jsonl"
+  expect_rc "P$z" 0
+  expect_line "P$z" "layout dp=2 tp=1 pp=2$"
+  expect_line "P$z" "memory per rank \(parallel.zero=$z"
+  steplog same A.jsonl "P$z.jsonl" 1 8 1e-5
+  train "RP$z" 1 --train.steps=8 --ckpt.resume="$WORK/M$z/step-4.h5" --ckpt.dir="N1$z" \
+    --train.log-file="RP$z.jsonl"
+  expect_rc "RP$z" 0
+  expect_line "RP$z" "written by dp=2 tp=1 pp=2"
+  steplog same A.jsonl "RP$z.jsonl" 5 8 1e-5
+done
+for z in 1 2; do
+  train "T$z" 4 --train.steps=8 --parallel.tp=2 --parallel.zero="$z" \
+    --ckpt.resume="$WORK/G/step-4.h5" --ckpt.dir="N2$z" --train.log-file="T$z.jsonl"
+  expect_rc "T$z" 0
+  steplog same A.jsonl "T$z.jsonl" 5 8 1e-5
+done
 
 # Encrypted and in the background: the snapshot holds each rank's range, the writer thread seals.
 train X 2 --train.steps=8 --parallel.zero=2 --ckpt.dir=K --ckpt.every=4 --ckpt.async=true \

@@ -6,7 +6,7 @@
 //   mpiexec -n N test_layouts DATA_FILE DPxTPxPP[:ucx][:zN][:graph][:m1] ...
 // ":ucx" sends the pipeline's activations over UCX instead of MPI; ":zN" trains with
 // parallel.zero=N (N = 1, 2, 3; on the fused model when tp = pp = 1, unless ":graph"; with tp or pp
-// the graph engine, N = 1); ":m1" uses micro-batches of one sequence.
+// the graph engine); ":m1" uses micro-batches of one sequence.
 #include <cmath>
 #include <cstdio>
 #include <string>
