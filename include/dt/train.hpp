@@ -147,6 +147,7 @@ struct Tamper;
 }  // namespace security
 class StageEngine;
 class ZeroShards;
+struct ZeroUnit;
 struct Plan;
 
 class Trainer {
@@ -257,6 +258,9 @@ class Trainer {
   // Sharded data parallelism (parallel.zero >= 1; fused model only).
   std::unique_ptr<ZeroShards> zero_;
   std::vector<char> zero_counted_;  // per shard piece: counted in the global norm (all)
+  /// The units ZeroShards shards by: `layers`, merged into gradient buckets for zero=1.
+  std::vector<ZeroUnit> zero_units(const std::vector<ZeroUnit>& layers,
+                                   const std::vector<ParamInfo>& params) const;
   void setup_zero(const security::SealedCommOptions& sealed, const security::Tamper& tamper,
                   bool tamper_collectives);
   /// The initial weights from the seed (and zeroed optimiser state).

@@ -36,6 +36,21 @@ std::vector<ZeroUnit> layer_units(const std::vector<ParamInfo>& params) {
   return u;
 }
 
+std::vector<ZeroUnit> merge_units(const std::vector<ZeroUnit>& units,
+                                  const std::vector<ParamInfo>& params, std::size_t max_bytes) {
+  auto bytes = [&](const ZeroUnit& u) {
+    return (params[u.end - 1].offset + params[u.end - 1].numel - params[u.first].offset) *
+           sizeof(float);
+  };
+  std::vector<ZeroUnit> out;
+  for (const ZeroUnit& u : units)
+    if (!out.empty() && bytes({out.back().first, u.end}) <= max_bytes)
+      out.back().end = u.end;
+    else
+      out.push_back(u);
+  return out;
+}
+
 struct ZeroShards::Slot {
   int only = -1;       // the one unit this buffer is for (-1: any other unit)
   int unit = -1;       // the unit the buffer holds (or is being filled with)

@@ -163,5 +163,11 @@ std::vector<ZeroUnit> gpt_units(const GptConfig& c);
 /// embedding, tied to the head on the last stage, is a unit of its own on both stages and its
 /// shards match).
 std::vector<ZeroUnit> layer_units(const std::vector<ParamInfo>& params);
+/// Gradient buckets of ZeRO-1: consecutive units merged while the merged unit holds at most
+/// `max_bytes` of fp32 (a larger unit stays alone), so small layers reduce-scatter as one. A
+/// merged unit's gradients are final when those of its first unit are (backward runs the units
+/// in reverse).
+std::vector<ZeroUnit> merge_units(const std::vector<ZeroUnit>& units,
+                                  const std::vector<ParamInfo>& params, std::size_t max_bytes);
 
 }  // namespace dt

@@ -109,7 +109,8 @@ void add_train_options(Options& o, TrainConfig& c) {
            "load the checkpoint of ckpt.resume, report the loss of eval.sequences and stop")
       .add("train.bucket-mb", &c.bucket_mb, 25.0,
            "gradient bucket size in MiB: each bucket's all_reduce starts as soon as backward has "
-           "produced it (0: one all_reduce per parameter tensor)",
+           "produced it (0: one all_reduce per parameter tensor); with parallel.zero=1 the "
+           "reduce-scatter of layers smaller than this merges up to it",
            0.0, 1e6)
       .add("comm.allreduce", &c.allreduce, "auto",
            "gradient all_reduce: shm (shared memory inside a node, hierarchical across nodes), "
@@ -460,11 +461,12 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
     std::function<void(float*, std::size_t)> round;
     if (low_precision()) round = [this](float* d, std::size_t k) { round_to_dtype(d, k); };
     const std::vector<ParamInfo> table = StageEngine::param_table(sg);
-    const std::vector<ZeroUnit> units = layer_units(table);
+    const std::vector<ZeroUnit> units = zero_units(layer_units(table), table);
     // The word embedding (used first and last, and the largest unit) has a buffer of its own.
     int own = 0;
     for (std::size_t u = 0; u < units.size(); ++u)
-      if (table[units[u].first].name == "transformer.wte.weight") own = static_cast<int>(u);
+      for (std::size_t i = units[u].first; i < units[u].end; ++i)
+        if (table[i].name == "transformer.wte.weight") own = static_cast<int>(u);
     zero_ = std::make_unique<ZeroShards>(dev_, static_cast<int>(c_.par_zero), table, units,
                                          std::move(zero_gather), std::move(zero_reduce),
                                          std::move(round), own);
@@ -520,6 +522,14 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
   full_state_.assign(3 * (ps.back().offset + ps.back().numel), 0.0f);
 }
 
+std::vector<ZeroUnit> Trainer::zero_units(const std::vector<ZeroUnit>& layers,
+                                          const std::vector<ParamInfo>& params) const {
+  // ZeRO-1 holds whole gradients anyway: small layers reduce-scatter together, in buckets of
+  // train.bucket-mb. ZeRO-2/3 reduce and gather layer by layer: their buffers are a layer's.
+  if (c_.par_zero != 1) return layers;
+  return merge_units(layers, params, static_cast<std::size_t>(c_.bucket_mb * 1024.0 * 1024.0));
+}
+
 void Trainer::setup_zero(const security::SealedCommOptions& sealed,
                          const security::Tamper& tamper, bool tamper_collectives) {
   // Two communicators over the data-parallel ranks (all of them here), one per progress thread.
@@ -534,7 +544,8 @@ void Trainer::setup_zero(const security::SealedCommOptions& sealed,
   auto gather = make_comm(false);
   auto reduce = make_comm(true);
   zero_ = std::make_unique<ZeroShards>(dev_, c_.par_zero, gpt_params(c_.model),
-                                       gpt_units(c_.model), std::move(gather), std::move(reduce),
+                                       zero_units(gpt_units(c_.model), gpt_params(c_.model)),
+                                       std::move(gather), std::move(reduce),
                                        std::move(round));
   GptStorage st;
   st.layout = zero_->padded();
@@ -615,13 +626,14 @@ StepStats Trainer::step() {
       sampler_->fill(static_cast<std::uint64_t>(step_), first + m, micro_, inputs_.data(),
                      targets_.data());
       loss_sum += model_->forward(inputs_.data(), targets_.data(), static_cast<int>(micro_), T);
-      // The last micro-batch's backward hands each finished bucket (ZeRO-1: unit) to the
+      // The last micro-batch's backward hands each finished bucket (ZeRO-1: merged unit) to the
       // progress thread; ZeRO-2/3 reduce every micro-batch's units through the model's hooks.
       const bool last = m + micro_ >= local_batch_;
       if (zero_ && zero_->stage() == 1 && last)
         model_->backward(scale, [&](std::size_t a, std::size_t) {
+          // A bucket of several layers is final with its first layer.
           const int u = zero_->unit_starting_at(a);
-          zero_->grads_final(u, model_->grad_data() + zero_->unit_offset(u));
+          if (u >= 0) zero_->grads_final(u, model_->grad_data() + zero_->unit_offset(u));
         });
       else if (buckets_ && last)
         model_->backward(scale, [&](std::size_t a, std::size_t b) { buckets_->ready(a, b); });

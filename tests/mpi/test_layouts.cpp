@@ -3,10 +3,12 @@
 // model on one rank, within 1e-5 relative, over 5 steps of the micro config (with 4 layers and 4
 // heads, so that tp and pp up to 4 are possible).
 // Sharded data parallelism (parallel.zero) on the fused model is held to the same reference.
-//   mpiexec -n N test_layouts DATA_FILE DPxTPxPP[:ucx][:zN][:graph][:m1] ...
+//   mpiexec -n N test_layouts DATA_FILE DPxTPxPP[:ucx][:zN][:graph][:m1][:bX] ...
 // ":ucx" sends the pipeline's activations over UCX instead of MPI; ":zN" trains with
 // parallel.zero=N (N = 1, 2, 3; on the fused model when tp = pp = 1, unless ":graph"; with tp or pp
-// the graph engine); ":m1" uses micro-batches of one sequence.
+// the graph engine); ":m1" uses micro-batches of one sequence; ":bX" sets train.bucket-mb=X (ZeRO-1
+// merges layers into buckets of X MiB; 0: layer by layer).
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -73,6 +75,8 @@ int main(int argc, char** argv) {
         cl.micro_batch = 1;  // gradients accumulate over several micro-batches per step
       } else if (opt == "graph") {
         graph = true;
+      } else if (opt.size() > 1 && opt[0] == 'b' && std::isdigit(static_cast<unsigned char>(opt[1]))) {
+        cl.bucket_mb = std::stod(opt.substr(1));  // ZeRO-1: layers merged into buckets of this
       } else if (opt.size() == 2 && opt[0] == 'z' && opt[1] >= '1' && opt[1] <= '3') {
         cl.par_zero = opt[1] - '0';
       } else {
