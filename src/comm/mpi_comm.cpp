@@ -13,6 +13,11 @@ namespace dt {
 
 namespace {
 
+// reduce_scatter runs its own ring from this many bytes of input (below, MPI's algorithm).
+constexpr std::size_t kRingReduceScatterBytes = std::size_t{1} << 20;
+// The ring's messages: a tag point-to-point users of the communicator do not use.
+constexpr int kRingTag = 32767;
+
 bool mpi_alive() {
   int init = 0, fin = 0;
   MPI_Initialized(&init);
@@ -314,9 +319,11 @@ void MpiComm::check_root(int root, const char* op) const {
            " is not a rank of a communicator of size ", size_);
 }
 
-void MpiComm::check_peer(int peer, const char* op) const {
+void MpiComm::check_peer(int peer, int tag, const char* op) const {
   DT_CHECK(InvalidArgument, peer >= 0 && peer < size_, op, " on ", name_, ": peer ", peer,
            " is not a rank of a communicator of size ", size_);
+  DT_CHECK(InvalidArgument, tag >= 0 && tag != kRingTag, op, " on ", name_, ": tag ", tag,
+           " is negative or reserved (", kRingTag, ": reduce_scatter's ring)");
 }
 
 // ---- all_reduce ---------------------------------------------------------------------------------
@@ -443,16 +450,41 @@ void MpiComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
   check_scatter(in, out, size_, name_);
   const auto rec = record("reduce_scatter", in);
   const int n = as_int_count(out.numel, "reduce_scatter");
-  DT_MPI(MPI_Reduce_scatter_block(in.data, out.data, n, mpi_type(in.dtype), ops_->get(in.dtype, op),
-                                  comm_),
-         rank_, name_);
+  const std::size_t bytes = out.numel * dtype_size(out.dtype);
+  if (size_ == 1 || bytes * static_cast<std::size_t>(size_) < kRingReduceScatterBytes) {
+    DT_MPI(MPI_Reduce_scatter_block(in.data, out.data, n, mpi_type(in.dtype),
+                                    ops_->get(in.dtype, op), comm_),
+           rank_, name_);
+  } else {
+    // A ring: Open MPI runs MPI_Reduce_scatter_block as a reduce to rank 0 and a scatter (rank
+    // 0 then holds the whole input twice more) and MPI_Reduce_scatter by recursive halving (a
+    // whole-input temporary on every rank); the ring needs one slice. Step k passes the partial
+    // sum of slice r-1-k to the right and adds this rank's part of slice r-2-k to what arrives
+    // from the left; after size-1 steps slice r is complete, in `out`.
+    const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
+    auto slice = [&](int k) {
+      const int i = ((k % size_) + size_) % size_;
+      return at(in.data, out.numel * static_cast<std::size_t>(i), in.dtype);
+    };
+    std::vector<char> recv(bytes), acc(bytes);
+    std::memcpy(acc.data(), slice(rank_ - 1), bytes);
+    for (int k = 0; k < size_ - 1; ++k) {
+      DT_MPI(MPI_Sendrecv(acc.data(), n, mpi_type(in.dtype), right, kRingTag, recv.data(), n,
+                          mpi_type(in.dtype), left, kRingTag, comm_, MPI_STATUS_IGNORE),
+             rank_, name_);
+      void* dst = k == size_ - 2 ? out.data : static_cast<void*>(acc.data());
+      std::memcpy(dst, slice(rank_ - 2 - k), bytes);
+      DT_MPI(MPI_Reduce_local(recv.data(), dst, n, mpi_type(in.dtype), ops_->get(in.dtype, op)),
+             rank_, name_);
+    }
+  }
   if (op == ReduceOp::avg) divide(out, size_);
 }
 
 // ---- point to point -----------------------------------------------------------------------------
 
 Work MpiComm::isend(ConstTensorView buf, int dst, int tag) {
-  check_peer(dst, "send");
+  check_peer(dst, tag, "send");
   std::string extra = "to " + std::to_string(dst) + ", tag " + std::to_string(tag);
   auto w = std::make_unique<MpiWork>(what("send", buf, extra.c_str()), rank_, name_, true);
   for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
@@ -471,7 +503,7 @@ Work MpiComm::isend(ConstTensorView buf, int dst, int tag) {
 }
 
 Work MpiComm::irecv(TensorView buf, int src, int tag) {
-  check_peer(src, "recv");
+  check_peer(src, tag, "recv");
   std::string extra = "from " + std::to_string(src) + ", tag " + std::to_string(tag);
   auto w = std::make_unique<MpiWork>(what("recv", buf, extra.c_str()), rank_, name_, true);
   w->recv_type_ = mpi_type(buf.dtype);
@@ -494,7 +526,7 @@ Work MpiComm::irecv(TensorView buf, int src, int tag) {
 
 void MpiComm::send(ConstTensorView buf, int dst, int tag, const CommOptions& opts) {
   if (opts.timeout != kNoTimeout) return Comm::send(buf, dst, tag, opts);
-  check_peer(dst, "send");
+  check_peer(dst, tag, "send");
   if (buf.numel == 0) {
     DT_MPI(MPI_Send(buf.data, 0, mpi_type(buf.dtype), dst, tag, comm_), rank_, name_);
     return;
@@ -508,7 +540,7 @@ void MpiComm::send(ConstTensorView buf, int dst, int tag, const CommOptions& opt
 
 void MpiComm::recv(TensorView buf, int src, int tag, const CommOptions& opts) {
   if (opts.timeout != kNoTimeout) return Comm::recv(buf, src, tag, opts);
-  check_peer(src, "recv");
+  check_peer(src, tag, "recv");
   auto recv_exact = [&](void* p, std::size_t n) {
     MPI_Status st;
     DT_MPI(MPI_Recv(p, static_cast<int>(n), mpi_type(buf.dtype), src, tag, comm_, &st), rank_,

@@ -1,7 +1,9 @@
 // MPI implementation of dt::Comm for host tensors.
 //
 // Costs: collectives map one-to-one onto MPI calls (blocking ones onto the blocking MPI call, so
-// Open MPI's tuned algorithms apply). bf16/f16 reductions use MPI user ops that accumulate each
+// Open MPI's tuned algorithms apply), except a blocking reduce_scatter of 1 MiB or more: it runs
+// a ring of point-to-point messages (temporaries of two slices; Open MPI would hold the whole
+// input on rank 0, or on every rank), on tag 32767, which point-to-point calls refuse. bf16/f16 reductions use MPI user ops that accumulate each
 // pair in float; avg adds one local pass. Buffers above max_chunk elements are split into several
 // MPI calls so counts never overflow MPI's int.
 #pragma once
@@ -69,7 +71,7 @@ class MpiComm final : public Comm {
   /// Flight-recorder entry of this communicator's next collective.
   watchdog::OpRecord record(const char* op, ConstTensorView v);
   void check_root(int root, const char* op) const;
-  void check_peer(int peer, const char* op) const;
+  void check_peer(int peer, int tag, const char* op) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;

@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "engine/pipeline.hpp"
+#include "engine/zero.hpp"
+
 namespace dt {
 
 int Plan::in_flight(int stage) const {
@@ -93,8 +96,22 @@ Plan build(const PlanRequest& r, Layout l) {
       graph::build_gpt(r.model, static_cast<int>(p.micro), r.model.block), l.tp);
   p.first_layer = graph::partition(graph::layer_costs(g), l.pp);
   p.full = graph::pipeline_split(g, p.first_layer);
-  for (int s = 0; s < l.pp; ++s)
-    p.memory.push_back(graph::estimate_memory(p.stage(s), p.in_flight(s)));
+  for (int s = 0; s < l.pp; ++s) {
+    const graph::Graph sg = p.stage(s);
+    graph::MemoryEstimate m = graph::estimate_memory(sg, p.in_flight(s));
+    if (r.zero > 0) {  // the stage's state sharded layer by layer over the dp ranks
+      const bool fused = l.tp == 1 && l.pp == 1 && !r.graph_engine;
+      const std::vector<ParamInfo> table =
+          fused ? gpt_params(r.model) : StageEngine::param_table(sg);
+      const std::vector<ZeroUnit> units = fused ? gpt_units(r.model) : layer_units(table);
+      const ZeroMemory z =
+          zero_memory(r.zero, table, units, l.dp, embedding_unit(units, table), false);
+      m.params = static_cast<double>(z.params);
+      m.grads = static_cast<double>(z.grads);
+      m.optim = static_cast<double>(z.optimizer);
+    }
+    p.memory.push_back(m);
+  }
   return p;
 }
 
@@ -107,7 +124,7 @@ int worst_stage(const Plan& p) {
 std::string memory_text(const Plan& p, int stage) {
   const graph::MemoryEstimate& m = p.memory[static_cast<std::size_t>(stage)];
   return format_bytes(m.total()) + " (parameters " + format_bytes(m.params) + ", gradients " +
-         format_bytes(m.grads) + ", AdamW moments " + format_bytes(m.optim) + ", activations of " +
+         format_bytes(m.grads) + ", optimizer state " + format_bytes(m.optim) + ", activations of " +
          std::to_string(p.in_flight(stage)) + " micro-batches " + format_bytes(m.activations) +
          ")";
 }

@@ -17,6 +17,8 @@ struct PlanRequest {
   std::int64_t micro_batch = 0;  ///< train.micro-batch (0: from microbatches or the share)
   std::int64_t microbatches = 0; ///< parallel.microbatches (0: from micro_batch)
   Layout layout;                 ///< dp 0: world / (tp * pp)
+  int zero = 0;                  ///< parallel.zero: state sharded over the dp ranks
+  bool graph_engine = false;     ///< parallel.engine=graph (else the fused model at tp = pp = 1)
   bool automatic = false;        ///< parallel.auto
   double mem_limit = 0;          ///< bytes per rank (0: none)
   int world = 1;

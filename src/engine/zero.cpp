@@ -358,13 +358,39 @@ UnitHooks ZeroShards::hooks() {
 }
 
 ZeroMemory ZeroShards::memory() const {
+  return zero_memory(stage_, params_, units_, n_, own_, work_.bytes() > 0);
+}
+
+int embedding_unit(const std::vector<ZeroUnit>& units, const std::vector<ParamInfo>& params) {
+  for (std::size_t u = 0; u < units.size(); ++u)
+    for (std::size_t i = units[u].first; i < units[u].end; ++i)
+      if (params[i].name == "transformer.wte.weight") return static_cast<int>(u);
+  return 0;
+}
+
+ZeroMemory zero_memory(int stage, const std::vector<ParamInfo>& params,
+                       const std::vector<ZeroUnit>& units, int ranks, int own_buffer,
+                       bool low_precision) {
+  const std::size_t N = static_cast<std::size_t>(ranks), f = sizeof(float);
+  std::size_t local = 0, own = 0, others = 0;  // shard; the own and the shared buffers' units
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const ZeroUnit& z = units[u];
+    const std::size_t s =
+        ceil_div(params[z.end - 1].offset + params[z.end - 1].numel - params[z.first].offset, N);
+    local += s;
+    if (static_cast<int>(u) == own_buffer)
+      own = s * N;
+    else
+      others = std::max(others, s * N);
+  }
+  // Buffers (stages 2-3, see the constructor): the own unit's, and two shared when there are
+  // other units; a gradient buffer also keeps the reduced slice.
+  const std::size_t buffers = own + (units.size() > 1 ? 2 * others : 0);
+  const std::size_t slices = buffers / N;
   ZeroMemory m;
-  const std::size_t f = sizeof(float);
-  m.optimizer = 3 * n_loc_ * f;  // master, exp_avg, exp_avg_sq
-  m.params = (stage_ < 3 ? padded_total_ * f : 0) + (work_.bytes() ? n_loc_ * f : 0);
-  for (const auto& s : param_slots_) m.params += s->buf.bytes();
-  m.grads = n_loc_ * f + (stage_ < 2 ? padded_total_ * f : 0);
-  for (const auto& s : grad_slots_) m.grads += s->buf.bytes() + s->part.bytes();
+  m.optimizer = 3 * local * f;  // master, exp_avg, exp_avg_sq
+  m.params = (stage < 3 ? local * N : buffers) * f + (low_precision ? local * f : 0);
+  m.grads = local * f + (stage < 2 ? local * N : buffers + slices) * f;
   return m;
 }
 

@@ -58,6 +58,16 @@ struct ZeroMemory {
   std::size_t optimizer = 0;  ///< fp32 master shard and the two AdamW moments
 };
 
+/// The unit holding GPT's word embedding (the largest, used first and last: it gets a buffer of
+/// its own), else 0.
+int embedding_unit(const std::vector<ZeroUnit>& units, const std::vector<ParamInfo>& params);
+
+/// Bytes of model state per rank of ZeroShards(stage, params, units, ...) over `ranks` with
+/// `own_buffer`, its buffers included (`low_precision`: also the rounded shard it gathers from).
+ZeroMemory zero_memory(int stage, const std::vector<ParamInfo>& params,
+                       const std::vector<ZeroUnit>& units, int ranks, int own_buffer,
+                       bool low_precision);
+
 class ZeroShards {
  public:
   /// `params`: the packed parameter table (offsets without padding); `units` cover it in order.

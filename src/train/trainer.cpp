@@ -171,7 +171,7 @@ void add_train_options(Options& o, TrainConfig& c) {
            "ranks; 2 also the gradients; 3 also the parameters (gathered per layer when used)",
            0, 3)
       .add("mem.limit", &c.mem_limit, "0",
-           "memory per rank a plan may use (estimate of parameters, gradients, AdamW moments and "
+           "memory per rank a plan may use (estimate of parameters, gradients, optimizer state and "
            "activations), e.g. 8G; a plan over it is refused before training (0: no limit)")
       .add("print-plan", &c.print_plan, false,
            "print the parallel plan (placement, each stage's partitioned graph and memory "
@@ -322,6 +322,8 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   pr.micro_batch = c_.micro_batch;
   pr.microbatches = c_.par_microbatches;
   pr.layout = Layout{c_.par_dp, c_.par_tp, c_.par_pp};
+  pr.zero = static_cast<int>(c_.par_zero);
+  pr.graph_engine = c_.par_engine == "graph";
   pr.automatic = c_.par_auto;
   pr.mem_limit = parse_bytes(c_.mem_limit, "mem.limit");
   pr.world = comm_.size();
@@ -462,14 +464,9 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
     if (low_precision()) round = [this](float* d, std::size_t k) { round_to_dtype(d, k); };
     const std::vector<ParamInfo> table = StageEngine::param_table(sg);
     const std::vector<ZeroUnit> units = zero_units(layer_units(table), table);
-    // The word embedding (used first and last, and the largest unit) has a buffer of its own.
-    int own = 0;
-    for (std::size_t u = 0; u < units.size(); ++u)
-      for (std::size_t i = units[u].first; i < units[u].end; ++i)
-        if (table[i].name == "transformer.wte.weight") own = static_cast<int>(u);
     zero_ = std::make_unique<ZeroShards>(dev_, static_cast<int>(c_.par_zero), table, units,
                                          std::move(zero_gather), std::move(zero_reduce),
-                                         std::move(round), own);
+                                         std::move(round), embedding_unit(units, table));
     storage.layout = zero_->padded();
     storage.numel = zero_->padded_numel();
     storage.own_params = c_.par_zero < 3;
@@ -1367,7 +1364,7 @@ void Trainer::print_plan() {
                                      : c_.model.layers - 1;
       const graph::MemoryEstimate& m = plan_->memory[static_cast<std::size_t>(s)];
       std::printf("dt_train: stage %d: layers %d-%d; estimated memory per rank %s (parameters %s, "
-                  "gradients %s, AdamW moments %s, activations of %d micro-batches %s)\n",
+                  "gradients %s, optimizer state %s, activations of %d micro-batches %s)\n",
                   s, plan_->first_layer[static_cast<std::size_t>(s)], last,
                   format_bytes(m.total()).c_str(), format_bytes(m.params).c_str(),
                   format_bytes(m.grads).c_str(), format_bytes(m.optim).c_str(),

@@ -3,7 +3,9 @@
 # parallel.zero.memory: the measured peak resident memory of every rank (getrusage, printed by
 # dt_train at the end) falls as the ZeRO stage rises, on 4 ranks with a model whose state (16
 # bytes per parameter, 6.4 M parameters) outweighs everything else. Each run also prints its
-# per-rank memory report at the start.
+# per-rank memory report at the start, which equals the plan's estimate (--print-plan), and
+# mem.limit judges a layout by that estimate: a limit between the zero=3 and the zero=0 estimates
+# refuses zero=0 before training and lets zero=3 run.
 set -u
 WORK=$1 BIN=$2 CONFIG=$3 TEXT=$4
 shift 4
@@ -17,12 +19,21 @@ bytes() {
   awk -v n="$1" -v u="$2" 'BEGIN { m = 1; if (u == "KiB") m = 1024; if (u == "MiB") m = 1048576;
     if (u == "GiB") m = 1073741824; printf "%.0f\n", n * m }'
 }
-prev=
-for z in 0 1 2 3; do
+# "... parameters A, gradients B, optimizer state C, ..." -> "A|B|C"
+state() { sed -nE "s/.*$1[^(]*\(?parameters ([^,]*), gradients ([^,]*), optimizer state ([^,;]*)[,;].*/\1|\2|\3/p" "$2" | head -1; }
+run() {
   timeout -k 5 300 "${MPIEXEC[@]}" -n 4 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
     --model.layers=8 --model.embd=256 --model.heads=4 --train.batch=4 --train.steps=2 \
-    --train.eval-windows=4 --parallel.zero=$z >"z$z.out" 2>&1
+    --train.eval-windows=4 "$@"
+}
+prev=
+for z in 0 1 2 3; do
+  run --parallel.zero=$z --print-plan >"p$z.out" 2>&1 || { cat "p$z.out"; FAIL "zero=$z: --print-plan failed"; }
+  run --parallel.zero=$z >"z$z.out" 2>&1
   rc=$?
+  est=$(state "estimated memory per rank" "p$z.out") got=$(state "memory per rank .parallel.zero=$z, rank 0.:" "z$z.out")
+  echo "zero=$z: plan estimate $est, report $got"
+  [ -n "$est" ] && [ "$est" = "$got" ] || FAIL "zero=$z: the plan's estimate '$est' differs from the report '$got'"
   grep -E "memory" "z$z.out"
   [ "$rc" -eq 0 ] || { cat "z$z.out"; FAIL "zero=$z: exit code $rc"; continue; }
   grep -q "memory per rank (parallel.zero=$z, rank 0): parameters" "z$z.out" ||
@@ -37,5 +48,14 @@ for z in 0 1 2 3; do
   fi
   prev=$peak
 done
+total() {
+  read -r n u < <(sed -nE 's/.*estimated memory per rank ([0-9.]+) ([KMG]?i?B) .*/\1 \2/p' "$1" | head -1)
+  bytes "$n" "$u"
+}
+limit=$((($(total p0.out) + $(total p3.out)) / 2))
+run --parallel.zero=0 --mem.limit="$limit" >l0.out 2>&1 && FAIL "zero=0 ran over --mem.limit=$limit"
+grep -q "over --mem.limit" l0.out || { cat l0.out; FAIL "zero=0: no refusal naming --mem.limit"; }
+run --parallel.zero=3 --mem.limit="$limit" >l3.out 2>&1 ||
+  { cat l3.out; FAIL "zero=3 refused under --mem.limit=$limit"; }
 [ "$fail" -eq 0 ] && echo "zero_memory.sh: PASS" || echo "zero_memory.sh: FAIL"
 exit "$fail"
