@@ -75,7 +75,8 @@ struct CkptPiece {
 ///    the tensor.
 ///  - pieces (`pieces` not empty; data, begin and end are ignored): exactly the listed pieces
 ///    (tensor-parallel shards, q|k|v blocks, slices of them). Pieces with len == 0 or count == 0
-///    hold nothing.
+///    hold nothing. An empty `pieces` selects one of the forms above, so a rank holding no piece
+///    of a tensor says so with the empty range (end = begin) or a list of empty pieces.
 /// A tensor held in ranges or pieces is sharded: save_checkpoint needs the ranks' parts to cover
 /// it exactly once; load_checkpoint fills any parts (they may overlap, or leave elements out).
 struct CkptTensor {

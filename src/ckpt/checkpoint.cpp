@@ -431,10 +431,10 @@ std::vector<Share> sharded_shares(Comm& comm, const std::vector<CkptTensor>& ten
     desc.push_back(own[i].size());
     for (const CkptPiece& p : own[i]) desc.insert(desc.end(), {p.begin, p.len, p.stride, p.count});
   }
+  if (desc.size() >= (std::size_t{1} << 31) && problem.empty())
+    problem = "too many pieces (" + std::to_string(desc.size() / 4) + ") for one sharded save";
   const auto [bad_rank, bad] = first_problem(comm, problem);
   if (bad_rank < P) DT_THROW(CheckpointError, "rank ", bad_rank, ": ", bad);
-  DT_CHECK(CheckpointError, desc.size() < (std::size_t{1} << 31),
-           "too many pieces to describe in one sharded save");
   std::vector<int> sizes(static_cast<std::size_t>(P)), displs(sizes);
   int mine = static_cast<int>(desc.size());
   DT_CHECK(CheckpointError,
