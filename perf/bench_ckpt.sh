@@ -28,7 +28,7 @@ for ranks in 1 2 4; do
     rm -f "$dir/dd.bin"
     ddr+=("$(awk -v m="$mib" -v s="$s" 'BEGIN{printf "%.3f", m / 1024 * 1.073741824 / s}')")
     line=$(mpiexec -n "$ranks" $drop "$build/perf/bench_ckpt" "$dir" "$mib")
-    read -r _ _ _ bytes _ save _ load _ block <<<"$line"
+    read -r _ _ _ bytes _ save _ load _ block _ <<<"$line"
     wr+=("$(awk -v b="$bytes" -v s="$save" 'BEGIN{printf "%.3f", b / s / 1e9}')")
     rd+=("$(awk -v b="$bytes" -v s="$load" 'BEGIN{printf "%.3f", b / s / 1e9}')")
     blk+=("$(awk -v a="$block" -v s="$save" 'BEGIN{printf "%.4f", a / s}')")

@@ -4,7 +4,8 @@
 // their nanoGPT names: /model/<name>, /optim/exp_avg/<name>, /optim/exp_avg_sq/<name>. The writing
 // is spread over the ranks: the datasets are cut into fixed chunks of kChunkElements elements
 // (in row-major order), the chunks of all datasets are numbered in order, and rank r writes a
-// contiguous share of those chunks through MPI-IO (collective metadata, independent transfers of
+// contiguous share of those chunks (or, for tensors sharded over the ranks, the chunks it holds
+// most of; see save_checkpoint) through MPI-IO (collective metadata, independent transfers of
 // large contiguous runs). Every chunk has a SHA-256 digest in
 // /checksums/<dataset path> ([chunks, 32] uint8), so any reader, with any layout, can verify any
 // part. Root attributes: format ("dt-checkpoint"), format_version, step, tokens, optimizer_step,
@@ -49,20 +50,44 @@ inline constexpr std::size_t kChunkElements = std::size_t{1} << 18;
 /// Marks a CkptTensor whose data is the whole tensor.
 inline constexpr std::size_t kWholeTensor = ~std::size_t{0};
 
-/// One float32 tensor of the state: its dataset path, global shape and host data.
-///
-/// By default `data` is the whole tensor (data-parallel ranks hold replicas). A sharded state
-/// (parallel.zero) gives each rank the row-major element range [begin, end) it holds, with `data`
-/// pointing at element `begin`: then save_checkpoint writes each rank's own range (the ranges of
-/// all ranks must cover the tensor exactly once), and load_checkpoint reads only that range.
+/// A strided piece of a tensor held by one rank: the row-major elements
+/// begin + j * stride + [0, len) for j in [0, count), stored densely at `data` (count * len
+/// floats, row j at data + j * len). The rows must not overlap (stride >= len when count > 1);
+/// stride is unused when count == 1. Examples for an [R, C] tensor: the column block [c0, c1)
+/// of a tensor-parallel shard is {c0, c1 - c0, C, R}; the element range [a, b) is {a, b - a};
+/// rows [r0, r1) are {r0 * C, (r1 - r0) * C}; a q|k|v shard is three column blocks; a range of
+/// a column shard in its own row-major order is up to three (cut row, whole rows, cut row).
+struct CkptPiece {
+  std::size_t begin = 0;
+  std::size_t len = 0;
+  std::size_t stride = 0;
+  std::size_t count = 1;
+  float* data = nullptr;
+  std::size_t numel() const { return len * count; }
+};
+
+/// One float32 tensor of the state: its dataset path, global shape and the part of it this rank
+/// holds, in one of three forms:
+///  - whole (the default: `pieces` empty, end == kWholeTensor): `data` is the whole tensor. Such a
+///    tensor is replicated: every rank must hold it whole, and each writes a share of its chunks.
+///  - a range (`pieces` empty, end != kWholeTensor): the row-major elements [begin, end), with
+///    `data` pointing at element `begin` (parallel.zero). begin == end: this rank holds none of
+///    the tensor.
+///  - pieces (`pieces` not empty; data, begin and end are ignored): exactly the listed pieces
+///    (tensor-parallel shards, q|k|v blocks, slices of them). Pieces with len == 0 or count == 0
+///    hold nothing. An empty `pieces` selects one of the forms above, so a rank holding no piece
+///    of a tensor says so with the empty range (end = begin) or a list of empty pieces.
+/// A tensor held in ranges or pieces is sharded: save_checkpoint needs the ranks' parts to cover
+/// it exactly once; load_checkpoint fills any parts (they may overlap, or leave elements out).
 struct CkptTensor {
   std::string path;  ///< "/model/transformer.wte.weight"
   Shape shape;
   float* data = nullptr;
   std::size_t begin = 0;
   std::size_t end = kWholeTensor;
+  std::vector<CkptPiece> pieces = {};
   std::size_t numel() const { return shape_numel(shape); }
-  bool whole() const { return end == kWholeTensor; }
+  bool whole() const { return pieces.empty() && end == kWholeTensor; }
   std::size_t held_end() const { return end == kWholeTensor ? numel() : end; }
 };
 
@@ -90,27 +115,36 @@ struct SaveStats {
 /// (>= 1) and removes stale *.partial files. Throws dt::CheckpointError naming the file and the
 /// failing call; then nothing is committed and the previous checkpoint stays the latest.
 /// `after_write` (a fault-injection seam for tests) runs on every rank once its data is in the
-/// .partial file, before anything is made durable or committed. Sharded tensors: the rank holding
-/// the first element of a chunk writes and digests that chunk, receiving the chunk's remainder
-/// from the next ranks (less than one chunk per tensor and rank boundary moves), so each rank
-/// writes about its own range. With `keys` (ckpt.encrypt) the
-/// datasets are encrypted (see above); each rank seals its own share of the chunks (about 3 GB/s
-/// per core) and holds one sealed copy of that share while writing.
+/// .partial file, before anything is made durable or committed. Every chunk is written and
+/// digested by one rank. Replicated (whole) tensors: each rank writes a share of the chunks from
+/// its own copy. Sharded tensors (ranges, pieces): the ranks' parts must cover each tensor exactly
+/// once, else, before anything is written, a CheckpointError names the tensor and the first gap
+/// or overlap (or the rank whose part does not fit the tensor). The ranks learn each other's
+/// pieces (4 numbers each); a chunk is written by the rank holding more than half of it, if any,
+/// else by the rank whose share of all chunks it falls in, and the other holders of its elements
+/// send them there, all in one MPI_Alltoallw straight from the pieces. Memory: the chunks a rank
+/// writes (about 1/ranks of the state) and metadata in the number of pieces. With `keys`
+/// (ckpt.encrypt) the datasets are encrypted (see above); each rank seals its own chunks (about
+/// 3 GB/s per core), in place for sharded tensors and into one sealed copy of its share of the
+/// replicated ones.
 SaveStats save_checkpoint(Comm& comm, const std::string& dir,
                           const std::vector<CkptTensor>& tensors, const CkptMeta& meta, int keep,
                           const std::function<void()>& after_write = {},
                           const security::Keys* keys = nullptr);
 
-/// Reads `path` into `tensors` (every rank reads everything) and verifies every chunk digest
-/// (each rank hashes its share). A sharded tensor (see CkptTensor) reads only the chunks that
-/// overlap its range, verifies all of them and keeps its range. Collective. Throws dt::CheckpointError naming the file and each
+/// Reads `path` into `tensors` and verifies every chunk digest. A whole tensor is read whole on
+/// every rank (each rank hashes its share of the chunks); a range or pieces (see CkptTensor) read
+/// only the chunks that meet them, a bounded batch at a time, verify all of them and copy out what
+/// the rank holds. Any decomposition loads a file written with any other (parts may overlap
+/// between ranks; a rank's part outside the tensor is refused on every rank, naming the rank and
+/// tensor). Collective. Throws dt::CheckpointError naming the file and each
 /// bad dataset/chunk, or, for a checkpoint of another model, each tensor whose shape differs or
 /// is missing (with a message that starts "checkpoint does not match the model"). After a
 /// failure the tensors may hold part of the file's data.
 /// Encryption: an encrypted file needs `keys`, and with `keys` only an encrypted file loads;
 /// otherwise, and for a wrong key (found before any data is decrypted), the error starts with
-/// "checkpoint key:". Every rank decrypts every chunk; a chunk that does not authenticate fails
-/// the load, naming the dataset and chunk.
+/// "checkpoint key:". Every rank decrypts every chunk it reads; a chunk that does not
+/// authenticate fails the load, naming the dataset and chunk.
 CkptMeta load_checkpoint(Comm& comm, const std::string& path,
                          const std::vector<CkptTensor>& tensors,
                          const security::Keys* keys = nullptr);
@@ -148,9 +182,10 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path,
 /// HDF5 open). Throws dt::CheckpointError naming the file when it cannot be opened.
 std::string checkpoint_encryption(const std::string& path);
 
-/// Background saves: save() copies this rank's share of the tensors (the chunks it writes) into a
-/// host snapshot and returns; a thread writes the snapshot on its own duplicated communicator. The
-/// next save() and wait() block until the previous write finished; a write error is rethrown there.
+/// Background saves: save() copies this rank's part of the tensors into a host snapshot (of a
+/// replicated tensor only the chunks it writes; of a range or pieces all of them) and returns; a
+/// thread writes the snapshot on its own duplicated communicator. The next save() and wait()
+/// block until the previous write finished; a write error is rethrown there.
 class AsyncCheckpointer {
  public:
   /// With `keys` (copied) every save is encrypted (ckpt.encrypt).

@@ -16,8 +16,10 @@
 #include <exception>
 #include <fstream>
 #include <optional>
+#include <queue>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "../comm/mpi_comm.hpp"
 #include "dt/qos.hpp"
@@ -122,124 +124,512 @@ std::vector<std::pair<std::size_t, std::size_t>> my_chunks(const std::vector<std
   return out;
 }
 
-// Sharded saves (CkptTensor ranges): gathers every rank's [begin, end) of every tensor and checks
-// that they cover each tensor exactly once (the same verdict on every rank). Chunk c of a tensor
-// belongs to the rank holding its first element; the part of a rank's range before its first
-// chunk start is sent to the owner of that chunk. Returns this rank's chunk ranges and fills
-// assembled[i] with elements [first chunk start, end of the last chunk) of tensor i: its own
-// elements followed by the chunk tails received from the following ranks.
-std::vector<std::pair<std::size_t, std::size_t>> shard_chunks(
-    Comm& comm, const std::vector<CkptTensor>& tensors,
-    std::vector<std::vector<float>>* assembled) {
-  const int P = comm.size(), me = comm.rank();
-  const std::size_t T = tensors.size(), K = kChunkElements;
-  std::vector<std::int64_t> mine(2 * T + 1), all((2 * T + 1) * static_cast<std::size_t>(P));
-  for (std::size_t i = 0; i < T; ++i) {
-    mine[2 * i] = static_cast<std::int64_t>(tensors[i].begin);
-    mine[2 * i + 1] = static_cast<std::int64_t>(tensors[i].held_end());
-  }
-  comm.all_gather(view_of(mine), view_of(all));
-  auto lo = [&](int r, std::size_t i) {
-    return static_cast<std::size_t>(all[static_cast<std::size_t>(r) * (2 * T + 1) + 2 * i]);
-  };
-  auto hi = [&](int r, std::size_t i) {
-    return static_cast<std::size_t>(all[static_cast<std::size_t>(r) * (2 * T + 1) + 2 * i + 1]);
-  };
-  for (std::size_t i = 0; i < T; ++i) {
-    std::vector<std::pair<std::size_t, std::size_t>> parts;
-    for (int r = 0; r < P; ++r)
-      if (lo(r, i) != hi(r, i)) parts.emplace_back(lo(r, i), hi(r, i));
-    std::sort(parts.begin(), parts.end());
-    std::size_t at = 0;
-    bool ok = true;
-    for (const auto& [a, b] : parts) {
-      ok = ok && a == at && b > a;
-      at = b;
-    }
-    DT_CHECK(CheckpointError, ok && at == tensors[i].numel(), tensors[i].path,
-             ": the ranks' element ranges do not cover the tensor's ", tensors[i].numel(),
-             " elements exactly once");
-  }
-  auto owner = [&](std::size_t i, std::size_t e) {
-    for (int r = 0; r < P; ++r)
-      if (lo(r, i) <= e && e < hi(r, i)) return r;
-    return -1;
-  };
-  // The head of rank r's range in tensor i: the elements before its first chunk start.
-  auto head = [&](int r, std::size_t i) -> std::pair<std::size_t, std::size_t> {
-    const std::size_t a = lo(r, i), b = hi(r, i);
-    if (a == b || a % K == 0) return {a, a};
-    return {a, std::min(b, (a / K + 1) * K)};
-  };
-  std::vector<std::pair<std::size_t, std::size_t>> chunks(T);
-  assembled->assign(T, {});
-  for (std::size_t i = 0; i < T; ++i) {
-    const std::size_t a = lo(me, i), b = hi(me, i);
-    const std::size_t ca = (a + K - 1) / K, cb = a == b ? ca : (b + K - 1) / K;
-    chunks[i] = {std::min(ca, cb), cb};
-    const std::size_t x0 = std::min(ca * K, tensors[i].numel());
-    const std::size_t x1 = std::min(cb * K, tensors[i].numel());
-    (*assembled)[i].resize(x1 > x0 ? x1 - x0 : 0);
-    if (b > x0 && x1 > x0)
-      std::copy(tensors[i].data + (x0 - a), tensors[i].data + (b - a), (*assembled)[i].begin());
-  }
-  std::vector<int> scount(static_cast<std::size_t>(P), 0), rcount(scount), sdisp(scount),
-      rdisp(scount);
-  std::vector<float> sendbuf, recvbuf;
-  for (int d = 0; d < P; ++d) {
-    sdisp[static_cast<std::size_t>(d)] = static_cast<int>(sendbuf.size());
-    for (std::size_t i = 0; i < T; ++i) {
-      const auto [a, b] = head(me, i);
-      if (a < b && owner(i, a / K * K) == d)
-        sendbuf.insert(sendbuf.end(), tensors[i].data, tensors[i].data + (b - a));
-    }
-    scount[static_cast<std::size_t>(d)] =
-        static_cast<int>(sendbuf.size()) - sdisp[static_cast<std::size_t>(d)];
-  }
-  std::size_t total = 0;
-  for (int s = 0; s < P; ++s) {
-    rdisp[static_cast<std::size_t>(s)] = static_cast<int>(total);
-    for (std::size_t i = 0; i < T; ++i) {
-      const auto [a, b] = head(s, i);
-      if (a < b && owner(i, a / K * K) == me) total += b - a;
-    }
-    rcount[static_cast<std::size_t>(s)] = static_cast<int>(total) - rdisp[static_cast<std::size_t>(s)];
-  }
-  DT_CHECK(CheckpointError, sendbuf.size() < (std::size_t{1} << 31) && total < (std::size_t{1} << 31),
-           "too many chunk tails to exchange in one sharded save");
-  recvbuf.resize(total + 1);
-  sendbuf.push_back(0.0f);  // never empty
-  DT_CHECK(CheckpointError,
-           MPI_Alltoallv(sendbuf.data(), scount.data(), sdisp.data(), MPI_FLOAT, recvbuf.data(),
-                         rcount.data(), rdisp.data(), MPI_FLOAT,
-                         mpi_of(comm).handle()) == MPI_SUCCESS,
-           "MPI_Alltoallv of the chunk tails of a sharded save failed");
-  std::size_t at = 0;
-  for (int s = 0; s < P; ++s)
-    for (std::size_t i = 0; i < T; ++i) {
-      const auto [a, b] = head(s, i);
-      if (a < b && owner(i, a / K * K) == me) {
-        const std::size_t x0 = chunks[i].first * K;
-        std::copy(recvbuf.begin() + static_cast<std::ptrdiff_t>(at),
-                  recvbuf.begin() + static_cast<std::ptrdiff_t>(at + (b - a)),
-                  (*assembled)[i].begin() + static_cast<std::ptrdiff_t>(a - x0));
-        at += b - a;
-      }
-    }
-  return chunks;
+// ---- pieces of sharded tensors ------------------------------------------------------------------
+
+std::string piece_str(const CkptPiece& p) {
+  std::ostringstream os;
+  os << "{begin " << p.begin << ", len " << p.len << ", stride " << p.stride << ", count "
+     << p.count << "}";
+  return os.str();
 }
 
-// Selects the row-major element range [a, b) of a 1-D or 2-D dataspace (none when a == b).
+// Where element e of a tensor lies, for a 2-D one: " (row 1, column 6)"; "" for others. `from`
+// for the first of several.
+std::string where(const Shape& shape, std::size_t e, const char* from = "") {
+  if (shape.size() != 2 || shape[1] <= 0) return "";
+  const auto cols = static_cast<std::size_t>(shape[1]);
+  return std::string(" (") + from + "row " + std::to_string(e / cols) + ", column " +
+         std::to_string(e % cols) + ")";
+}
+
+// "" when the part of `t` this rank declares (CkptTensor's forms) lies inside the tensor, else
+// why not.
+std::string held_problem(const CkptTensor& t) {
+  const std::size_t n = t.numel();
+  if (t.pieces.empty()) {
+    if (t.whole() || (t.begin <= t.end && t.end <= n)) return "";
+    return "the range [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+           ") is not inside its " + std::to_string(n) + " elements";
+  }
+  for (std::size_t q = 0; q < t.pieces.size(); ++q) {
+    const CkptPiece& p = t.pieces[q];
+    if (p.len == 0 || p.count == 0) continue;
+    const std::size_t rest = p.begin <= n ? n - p.begin : 0;
+    const bool inside = p.begin <= n && p.len <= rest &&
+                        (p.count == 1 || p.stride <= (rest - p.len) / (p.count - 1));
+    std::string why;
+    if (p.count > 1 && p.stride < p.len)
+      why = "has overlapping rows (stride < len)";
+    else if (!inside)
+      why = "reaches past its " + std::to_string(n) + " elements";
+    else if (!p.data)
+      why = "has no data";
+    if (!why.empty()) return "piece " + std::to_string(q) + " " + piece_str(p) + " " + why;
+  }
+  return "";
+}
+
+// The pieces this rank holds of `t` (valid: held_problem(t) is ""), in normal form: len >= 1,
+// count >= 1, stride == len when count == 1. A range or the whole tensor is one piece, an empty
+// range none.
+std::vector<CkptPiece> held_pieces(const CkptTensor& t) {
+  std::vector<CkptPiece> out;
+  if (!t.pieces.empty()) {
+    for (CkptPiece p : t.pieces) {
+      if (p.len == 0 || p.count == 0) continue;
+      if (p.count == 1) p.stride = p.len;
+      out.push_back(p);
+    }
+    return out;
+  }
+  const std::size_t a = t.whole() ? 0 : t.begin, b = t.held_end();
+  if (b > a) out.push_back(CkptPiece{a, b - a, b - a, 1, t.data});
+  return out;
+}
+
+// One past the last element of a normal piece.
+std::size_t piece_end(const CkptPiece& p) { return p.begin + (p.count - 1) * p.stride + p.len; }
+
+// The elements of a normal piece before element x.
+std::size_t below(const CkptPiece& p, std::size_t x) {
+  if (x <= p.begin) return 0;
+  const std::size_t d = x - p.begin, j = d / p.stride;
+  if (j >= p.count) return p.numel();
+  return j * p.len + std::min(p.len, d - j * p.stride);
+}
+
+// A run of a piece's rows cut to a range: m rows of n elements, the first at element e of the
+// tensor (rows p.stride apart) and at `off` in the piece's data (rows p.len apart).
+struct Seg {
+  std::size_t e, off, n, m;
+};
+
+// Calls f(Seg) for the rows of normal piece `p` that meet the elements [a, b), cut to them: at
+// most three runs (a cut first row, whole rows, a cut last row), in element order.
+template <class F>
+void for_each_seg(const CkptPiece& p, std::size_t a, std::size_t b, F&& f) {
+  if (a >= b) return;
+  // Rows [j0, j1) meet [a, b): row j ends after a and starts before b.
+  const std::size_t j0 = a < p.begin + p.len ? 0 : (a - p.begin - p.len) / p.stride + 1;
+  const std::size_t j1 =
+      b <= p.begin ? 0 : std::min(p.count, (b - p.begin + p.stride - 1) / p.stride);
+  if (j0 >= j1) return;
+  auto start = [&](std::size_t j) { return p.begin + j * p.stride; };
+  auto full = [&](std::size_t j) { return start(j) >= a && start(j) + p.len <= b; };
+  auto cut = [&](std::size_t j) {
+    const std::size_t s = std::max(a, start(j)), e = std::min(b, start(j) + p.len);
+    f(Seg{s, j * p.len + (s - start(j)), e - s, 1});
+  };
+  std::size_t j = j0;
+  if (!full(j)) cut(j++);
+  if (j >= j1) return;
+  const bool tail = !full(j1 - 1);
+  const std::size_t jend = tail ? j1 - 1 : j1;
+  if (jend > j) f(Seg{start(j), j * p.len, p.len, jend - j});
+  if (tail) cut(j1 - 1);
+}
+
+// A piece of some rank (data unknown on the other ranks).
+struct Held {
+  int rank;
+  CkptPiece p;
+};
+
+// "" when `held` (every rank's normal pieces of a tensor) covers its elements exactly once, else
+// the first gap or overlap in element order. One sweep over the pieces' rows in element order.
+std::string cover_problem(const CkptTensor& t, const std::vector<Held>& held) {
+  const std::size_t n = t.numel();
+  const std::string head = t.path + ": the ranks' pieces do not cover its " + std::to_string(n) +
+                           " elements exactly once: ";
+  for (const Held& h : held)
+    if (piece_end(h.p) > n)
+      return head + "rank " + std::to_string(h.rank) + "'s piece " + piece_str(h.p) +
+             " reaches past the end";
+  using Row = std::tuple<std::size_t, std::size_t, std::size_t>;  // start, piece, row
+  std::priority_queue<Row, std::vector<Row>, std::greater<Row>> next;
+  for (std::size_t q = 0; q < held.size(); ++q) next.emplace(held[q].p.begin, q, 0);
+  std::size_t at = 0;  // elements [0, at) are covered once
+  int last = -1;       // the rank holding element at - 1
+  while (!next.empty()) {
+    const auto [s, q, j] = next.top();
+    next.pop();
+    const Held& h = held[q];
+    if (s > at)
+      return head + "elements [" + std::to_string(at) + ", " + std::to_string(s) + ")" +
+             where(t.shape, at, "from ") + " are held by no rank";
+    if (s < at)
+      return head + "element " + std::to_string(s) + where(t.shape, s) + " is held by rank " +
+             std::to_string(last) + " and by rank " + std::to_string(h.rank);
+    at = s + h.p.len;
+    last = h.rank;
+    if (j + 1 < h.p.count) next.emplace(s + h.p.stride, q, j + 1);
+  }
+  if (at < n)
+    return head + "elements [" + std::to_string(at) + ", " + std::to_string(n) + ")" +
+           where(t.shape, at, "from ") + " are held by no rank";
+  return "";
+}
+
+// The chunks of one tensor this rank writes, and where their elements are.
+struct Share {
+  std::vector<std::pair<std::size_t, std::size_t>> runs;  // chunk ranges [c0, c1), ascending
+  const float* whole = nullptr;  // the elements are the tensor's own (a replicated tensor), or
+  std::vector<float> packed;     // the runs' elements, one run after the other
+  std::size_t chunks() const {
+    std::size_t k = 0;
+    for (const auto& [a, b] : runs) k += b - a;
+    return k;
+  }
+};
+
+// One chunk of a Share: chunk c, elements [e0, e1), the q-th chunk of the share, at element
+// `at` of its packed order.
+struct ShareChunk {
+  std::size_t c, e0, e1, q, at;
+};
+template <class F>
+void for_each_chunk(const Share& s, std::size_t numel, F&& f) {
+  std::size_t q = 0, at = 0;
+  for (const auto& [c0, c1] : s.runs)
+    for (std::size_t c = c0; c < c1; ++c, ++q) {
+      const std::size_t e0 = c * kChunkElements, e1 = std::min(e0 + kChunkElements, numel);
+      f(ShareChunk{c, e0, e1, q, at});
+      at += e1 - e0;
+    }
+}
+
+// Replicated tensors: this rank's share of all chunks (my_chunks), read in place.
+std::vector<Share> replicated_shares(const std::vector<CkptTensor>& tensors, int rank, int size) {
+  std::vector<std::size_t> numels;
+  for (const auto& t : tensors) numels.push_back(t.numel());
+  const auto mine = my_chunks(numels, rank, size);
+  std::vector<Share> out(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (mine[i].first < mine[i].second) out[i].runs.push_back(mine[i]);
+    out[i].whole = tensors[i].data;
+  }
+  return out;
+}
+
+// Every rank learns the lowest rank whose `problem` is not empty, and its problem ("" if none).
+std::pair<int, std::string> first_problem(Comm& comm, const std::string& problem) {
+  int who = problem.empty() ? comm.size() : comm.rank();
+  comm.all_reduce(view_of(&who, 1), ReduceOp::min);
+  if (who == comm.size()) return {who, ""};
+  std::int64_t len = static_cast<std::int64_t>(problem.size());
+  comm.broadcast(view_of(&len, 1), who);
+  std::string msg = who == comm.rank() ? problem : std::string(static_cast<std::size_t>(len), '\0');
+  if (len) comm.broadcast(TensorView{msg.data(), msg.size(), DType::u8}, who);
+  return {who, msg};
+}
+
+// Move-only owner of an MPI datatype.
+class MpiType {
+ public:
+  MpiType() = default;
+  explicit MpiType(MPI_Datatype t) : t_(t) {}
+  ~MpiType() {
+    if (t_ != MPI_DATATYPE_NULL) MPI_Type_free(&t_);
+  }
+  MpiType(MpiType&& o) noexcept : t_(o.t_) { o.t_ = MPI_DATATYPE_NULL; }
+  MpiType& operator=(MpiType&& o) noexcept {
+    std::swap(t_, o.t_);
+    return *this;
+  }
+  MpiType(const MpiType&) = delete;
+  MpiType& operator=(const MpiType&) = delete;
+  MPI_Datatype get() const noexcept { return t_; }
+
+ private:
+  MPI_Datatype t_ = MPI_DATATYPE_NULL;
+};
+
+// m rows of n floats, `stride` floats apart, from `addr`.
+struct Block {
+  float* addr;
+  std::size_t n, m, stride;
+};
+
+// The committed MPI datatype of `blocks`, in order, at their absolute addresses (for
+// MPI_BOTTOM): one entry per block (a vector for strided rows), so its size is that of the
+// block list, not of the data.
+MpiType block_type(const std::vector<Block>& blocks) {
+  constexpr std::size_t kMax = std::size_t{1} << 30;  // floats per entry (int counts)
+  std::vector<int> lens;
+  std::vector<MPI_Aint> disps;
+  std::vector<MPI_Datatype> types;
+  std::vector<MpiType> vectors;  // freed once the struct is made (it keeps what it needs)
+  auto address = [](const float* p) {
+    MPI_Aint a = 0;
+    MPI_Get_address(p, &a);
+    return a;
+  };
+  auto add = [&](const float* p, std::size_t n) {
+    for (std::size_t at = 0; at < n; at += kMax) {
+      lens.push_back(static_cast<int>(std::min(kMax, n - at)));
+      disps.push_back(address(p + at));
+      types.push_back(MPI_FLOAT);
+    }
+  };
+  for (const Block& b : blocks) {
+    if (b.m == 1 || b.stride == b.n) {
+      add(b.addr, b.n * b.m);
+    } else if (b.n <= kMax && b.m <= kMax) {
+      MPI_Datatype v = MPI_DATATYPE_NULL;
+      DT_CHECK(CheckpointError,
+               MPI_Type_create_hvector(static_cast<int>(b.m), static_cast<int>(b.n),
+                                       static_cast<MPI_Aint>(b.stride * sizeof(float)), MPI_FLOAT,
+                                       &v) == MPI_SUCCESS,
+               "MPI_Type_create_hvector failed");
+      vectors.emplace_back(v);
+      lens.push_back(1);
+      disps.push_back(address(b.addr));
+      types.push_back(v);
+    } else {
+      for (std::size_t r = 0; r < b.m; ++r) add(b.addr + r * b.stride, b.n);
+    }
+  }
+  DT_CHECK(CheckpointError, lens.size() < (std::size_t{1} << 31),
+           "too many pieces to exchange in one sharded save");
+  MPI_Datatype t = MPI_DATATYPE_NULL;
+  DT_CHECK(CheckpointError,
+           MPI_Type_create_struct(static_cast<int>(lens.size()), lens.data(), disps.data(),
+                                  types.data(), &t) == MPI_SUCCESS,
+           "MPI_Type_create_struct failed");
+  MpiType out(t);
+  DT_CHECK(CheckpointError, MPI_Type_commit(&t) == MPI_SUCCESS, "MPI_Type_commit failed");
+  return out;
+}
+
+// Sharded saves (CkptTensor ranges and pieces). Gathers what every rank holds (4 numbers per
+// piece) and checks that the ranks' parts cover each sharded tensor exactly once (the same
+// verdict, naming the first gap or overlap, on every rank). A tensor whole on every rank is
+// replicated and written in place from this rank's share (my_chunks). A chunk of a sharded tensor
+// is written by the rank holding more than half of it, if any (so ranges move less than a chunk
+// per rank boundary), else by the rank whose share (my_chunks) it falls in; every other holder of
+// its elements sends them there, all in one MPI_Alltoallw whose datatypes point at the pieces and
+// into the writers' packed buffers (no staging copies). Returns this rank's shares.
+std::vector<Share> sharded_shares(Comm& comm, const std::vector<CkptTensor>& tensors) {
+  const trace::Scope plan_scope("ckpt.shard", "ckpt");
+  const int P = comm.size(), me = comm.rank();
+  const std::size_t T = tensors.size(), K = kChunkElements;
+  const MPI_Comm mc = mpi_of(comm).handle();
+  constexpr std::uint64_t kWhole = ~std::uint64_t{0};
+  // What this rank holds: per tensor kWhole, or its count of pieces and 4 numbers per piece.
+  std::string problem;
+  std::vector<std::vector<CkptPiece>> own(T);
+  std::vector<std::uint64_t> desc;
+  for (std::size_t i = 0; i < T; ++i) {
+    const CkptTensor& t = tensors[i];
+    const std::string why = held_problem(t);
+    if (!why.empty() && problem.empty()) problem = t.path + ": " + why;
+    if (t.whole()) {
+      desc.push_back(kWhole);
+      continue;
+    }
+    if (why.empty()) own[i] = held_pieces(t);
+    desc.push_back(own[i].size());
+    for (const CkptPiece& p : own[i]) desc.insert(desc.end(), {p.begin, p.len, p.stride, p.count});
+  }
+  if (desc.size() >= (std::size_t{1} << 31) && problem.empty())
+    problem = "too many pieces (" + std::to_string(desc.size() / 4) + ") for one sharded save";
+  const auto [bad_rank, bad] = first_problem(comm, problem);
+  if (bad_rank < P) DT_THROW(CheckpointError, "rank ", bad_rank, ": ", bad);
+  std::vector<int> sizes(static_cast<std::size_t>(P)), displs(sizes);
+  int mine = static_cast<int>(desc.size());
+  DT_CHECK(CheckpointError,
+           MPI_Allgather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, mc) == MPI_SUCCESS,
+           "MPI_Allgather of the pieces' sizes failed");
+  std::size_t total_desc = 0;
+  for (int r = 0; r < P; ++r) {
+    displs[static_cast<std::size_t>(r)] = static_cast<int>(total_desc);
+    total_desc += static_cast<std::size_t>(sizes[static_cast<std::size_t>(r)]);
+  }
+  DT_CHECK(CheckpointError, total_desc < (std::size_t{1} << 31),
+           "too many pieces to describe in one sharded save");
+  std::vector<std::uint64_t> all(total_desc);
+  DT_CHECK(CheckpointError,
+           MPI_Allgatherv(desc.data(), mine, MPI_UINT64_T, all.data(), sizes.data(), displs.data(),
+                          MPI_UINT64_T, mc) == MPI_SUCCESS,
+           "MPI_Allgatherv of the pieces failed");
+  // Every rank's pieces per tensor, in rank order, each rank's in its own order.
+  std::vector<std::vector<Held>> held(T);
+  std::vector<int> whole_ranks(T, 0);
+  for (int r = 0; r < P; ++r) {
+    const std::uint64_t* d = all.data() + displs[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < T; ++i) {
+      const std::uint64_t h = *d++;
+      if (h == kWhole) {
+        ++whole_ranks[i];
+        continue;
+      }
+      for (std::uint64_t q = 0; q < h; ++q, d += 4)
+        held[i].push_back(Held{r, CkptPiece{d[0], d[1], d[2], d[3], nullptr}});
+    }
+  }
+  all = {};
+  // The checks: each rank sweeps every P-th tensor; all ranks then name the first failing one.
+  auto tensor_problem = [&](std::size_t i) -> std::string {
+    if (whole_ranks[i] == P) return "";
+    if (whole_ranks[i] > 0)
+      return tensors[i].path + ": held whole by " + std::to_string(whole_ranks[i]) + " of the " +
+             std::to_string(P) +
+             " ranks and in ranges or pieces by the others (a whole tensor is replicated: whole "
+             "on every rank)";
+    return cover_problem(tensors[i], held[i]);
+  };
+  std::int64_t first_bad = static_cast<std::int64_t>(T);
+  for (std::size_t i = static_cast<std::size_t>(me); i < T; i += static_cast<std::size_t>(P))
+    if (!tensor_problem(i).empty()) {
+      first_bad = static_cast<std::int64_t>(i);
+      break;
+    }
+  comm.all_reduce(view_of(&first_bad, 1), ReduceOp::min);
+  if (first_bad < static_cast<std::int64_t>(T))
+    DT_THROW(CheckpointError, tensor_problem(static_cast<std::size_t>(first_bad)));
+
+  // The writers: rank r's share of all chunks is [lo[r], lo[r + 1]) (as in my_chunks).
+  std::vector<std::size_t> numels;
+  std::size_t total = 0;
+  for (const auto& t : tensors) {
+    numels.push_back(t.numel());
+    total += chunks_of(t.numel());
+  }
+  std::vector<std::size_t> lo(static_cast<std::size_t>(P) + 1);
+  for (int r = 0; r <= P; ++r)
+    lo[static_cast<std::size_t>(r)] =
+        total * static_cast<std::size_t>(r) / static_cast<std::size_t>(P);
+  std::vector<Share> shares(T);
+  struct Run {
+    std::size_t c0, c1;
+    int writer;
+    std::size_t off;  // in the writer's packed buffer (this rank's runs only)
+  };
+  std::vector<std::vector<Run>> runs(T);
+  std::vector<std::vector<Block>> send(static_cast<std::size_t>(P)), recv(send);
+  const auto mine_replicated = my_chunks(numels, me, P);
+  std::size_t base = 0;
+  for (std::size_t i = 0; i < T; ++i) {
+    const std::size_t n = numels[i], k = chunks_of(n);
+    Share& s = shares[i];
+    if (whole_ranks[i] == P) {
+      if (mine_replicated[i].first < mine_replicated[i].second)
+        s.runs.push_back(mine_replicated[i]);
+      s.whole = tensors[i].data;
+      base += k;
+      continue;
+    }
+    std::vector<int> writer(k);
+    {
+      auto r =
+          static_cast<std::size_t>(std::upper_bound(lo.begin(), lo.end(), base) - lo.begin() - 1);
+      for (std::size_t c = 0; c < k; ++c) {
+        while (lo[r + 1] <= base + c) ++r;
+        writer[c] = static_cast<int>(r);
+      }
+    }
+    std::vector<std::size_t> acc(k, 0), touched;
+    for (std::size_t q = 0; q < held[i].size();) {
+      const int r = held[i][q].rank;
+      for (; q < held[i].size() && held[i][q].rank == r; ++q) {
+        const CkptPiece& p = held[i][q].p;
+        for (std::size_t c = p.begin / K; c * K < piece_end(p); ++c) {
+          const std::size_t m = below(p, std::min(n, (c + 1) * K)) - below(p, c * K);
+          if (m == 0) continue;
+          if (acc[c] == 0) touched.push_back(c);
+          acc[c] += m;
+        }
+      }
+      for (std::size_t c : touched) {
+        if (2 * acc[c] > std::min(n, (c + 1) * K) - c * K) writer[c] = r;
+        acc[c] = 0;
+      }
+      touched.clear();
+    }
+    std::size_t packed = 0;
+    for (std::size_t c = 0; c < k;) {
+      std::size_t c1 = c + 1;
+      while (c1 < k && writer[c1] == writer[c]) ++c1;
+      runs[i].push_back(Run{c, c1, writer[c], writer[c] == me ? packed : 0});
+      if (writer[c] == me) {
+        s.runs.emplace_back(c, c1);
+        packed += std::min(n, c1 * K) - c * K;
+      }
+      c = c1;
+    }
+    s.packed.resize(packed);
+    // The runs that meet piece p: from the one holding its first element to its last one.
+    auto first_run = [&](const CkptPiece& p) {
+      const std::size_t c = p.begin / K;
+      return std::upper_bound(runs[i].begin(), runs[i].end(), c,
+                              [](std::size_t x, const Run& u) { return x < u.c0; }) -
+             1;
+    };
+    // This rank's pieces go to the writers of the chunks they meet (copied here for its own).
+    for (const CkptPiece& p : own[i])
+      for (auto u = first_run(p); u != runs[i].end() && u->c0 * K < piece_end(p); ++u) {
+        const std::size_t a = u->c0 * K, b = std::min(n, u->c1 * K);
+        for_each_seg(p, a, b, [&](const Seg& g) {
+          if (u->writer != me) {
+            send[static_cast<std::size_t>(u->writer)].push_back(
+                Block{p.data + g.off, g.n, g.m, p.len});
+            return;
+          }
+          for (std::size_t j = 0; j < g.m; ++j)
+            std::memcpy(s.packed.data() + u->off + (g.e + j * p.stride - a),
+                        p.data + g.off + j * p.len, g.n * sizeof(float));
+        });
+      }
+    // The other ranks' pieces that meet this rank's chunks, in the order their holders send them.
+    for (const Held& h : held[i]) {
+      if (h.rank == me) continue;
+      for (auto u = first_run(h.p); u != runs[i].end() && u->c0 * K < piece_end(h.p); ++u) {
+        if (u->writer != me) continue;
+        const std::size_t a = u->c0 * K, b = std::min(n, u->c1 * K);
+        for_each_seg(h.p, a, b, [&](const Seg& g) {
+          recv[static_cast<std::size_t>(h.rank)].push_back(
+              Block{s.packed.data() + u->off + (g.e - a), g.n, g.m, h.p.stride});
+        });
+      }
+    }
+    base += k;
+  }
+  held = {};
+  const trace::Scope exchange_scope("ckpt.exchange", "ckpt");
+  std::vector<MpiType> types(2 * static_cast<std::size_t>(P));
+  std::vector<int> scount(static_cast<std::size_t>(P), 0), rcount(scount), zero(scount);
+  std::vector<MPI_Datatype> stype(static_cast<std::size_t>(P), MPI_FLOAT), rtype(stype);
+  for (std::size_t d = 0; d < static_cast<std::size_t>(P); ++d) {
+    if (!send[d].empty()) {
+      types[2 * d] = block_type(send[d]);
+      stype[d] = types[2 * d].get();
+      scount[d] = 1;
+    }
+    if (!recv[d].empty()) {
+      types[2 * d + 1] = block_type(recv[d]);
+      rtype[d] = types[2 * d + 1].get();
+      rcount[d] = 1;
+    }
+  }
+  DT_CHECK(CheckpointError,
+           MPI_Alltoallw(MPI_BOTTOM, scount.data(), zero.data(), stype.data(), MPI_BOTTOM,
+                         rcount.data(), zero.data(), rtype.data(), mc) == MPI_SUCCESS,
+           "MPI_Alltoallw of the pieces of a sharded save failed");
+  return shares;
+}
+
+// Selects the row-major element range [a, b) of a 1-D or 2-D dataspace: replaces the selection
+// (none when a == b), or with H5S_SELECT_OR adds to it.
 void select_range(hid_t space, const Shape& shape, std::size_t a, std::size_t b,
-                  const std::string& file) {
+                  const std::string& file, H5S_seloper_t op = H5S_SELECT_SET) {
   if (a >= b) {
-    h5(H5Sselect_none(space), "H5Sselect_none", file, 0);
+    if (op == H5S_SELECT_SET) h5(H5Sselect_none(space), "H5Sselect_none", file, 0);
     return;
   }
   if (shape.size() <= 1) {
     hsize_t start = a, count = b - a;
-    h5(H5Sselect_hyperslab(space, H5S_SELECT_SET, &start, nullptr, &count, nullptr),
-       "H5Sselect_hyperslab", file, 0);
+    h5(H5Sselect_hyperslab(space, op, &start, nullptr, &count, nullptr), "H5Sselect_hyperslab",
+       file, 0);
     return;
   }
   DT_CHECK(CheckpointError, shape.size() == 2, "checkpoint tensors have 1 or 2 dimensions, not ",
@@ -249,8 +639,7 @@ void select_range(hid_t space, const Shape& shape, std::size_t a, std::size_t b,
   auto add = [&](std::size_t row, std::size_t col, std::size_t rows, std::size_t ncols) {
     if (rows == 0 || ncols == 0) return;
     hsize_t start[2] = {row, col}, count[2] = {rows, ncols};
-    h5(H5Sselect_hyperslab(space, first ? H5S_SELECT_SET : H5S_SELECT_OR, start, nullptr, count,
-                           nullptr),
+    h5(H5Sselect_hyperslab(space, first ? op : H5S_SELECT_OR, start, nullptr, count, nullptr),
        "H5Sselect_hyperslab", file, 0);
     first = false;
   };
@@ -266,6 +655,15 @@ void select_range(hid_t space, const Shape& shape, std::size_t a, std::size_t b,
   }
   add(r0, 0, r1 - r0, cols);
   add(r1, 0, 1, c1);
+}
+
+// Selects the row-major element ranges `ranges` (ascending, disjoint) of a dataspace of `shape`;
+// none if empty.
+void select_ranges(hid_t space, const Shape& shape,
+                   const std::vector<std::pair<std::size_t, std::size_t>>& ranges,
+                   const std::string& file) {
+  h5(H5Sselect_none(space), "H5Sselect_none", file, 0);
+  for (const auto& [a, b] : ranges) select_range(space, shape, a, b, file, H5S_SELECT_OR);
 }
 
 H5 file_access(MPI_Comm comm, const std::string& file) {
@@ -469,29 +867,27 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
   if (!all_ok(comm, ok))
     DT_THROW(CheckpointError, err.empty() ? "rank 0 cannot prepare " + dir : err);
 
-  std::vector<std::size_t> numels;
-  for (const auto& t : tensors) {
-    numels.push_back(t.numel());
-    stats.bytes += t.numel() * sizeof(float);
-  }
-  // A sharded state (CkptTensor ranges) writes the chunks that start in each rank's range, from
-  // assembled[i] (elements [range_a[i], ...) of tensor i); a replicated one a share of all chunks.
+  for (const auto& t : tensors) stats.bytes += t.numel() * sizeof(float);
+  // The chunks this rank writes and digests: a share of all chunks read in place when every
+  // tensor is replicated, else as sharded_shares assigns them.
   int sharded = 0;
   for (const auto& t : tensors) sharded |= t.whole() ? 0 : 1;
   comm.all_reduce(view_of(&sharded, 1), ReduceOp::max);
-  std::vector<std::vector<float>> assembled;
-  const auto mine = sharded ? shard_chunks(comm, tensors, &assembled)
-                            : my_chunks(numels, comm.rank(), comm.size());
+  std::vector<Share> shares;
+  try {
+    shares = sharded ? sharded_shares(comm, tensors)
+                     : replicated_shares(tensors, comm.rank(), comm.size());
+  } catch (const CheckpointError& e) {  // the same on every rank
+    DT_THROW(CheckpointError, "cannot save ", final_path, ": ", e.message());
+  }
   // ckpt.encrypt: this rank's chunks are sealed first; the digests and the file get the
-  // ciphertext. sealed[i] holds elements [range_a[i], ...) of tensor i.
+  // ciphertext. A packed share is sealed in place; sealed[i] holds a sealed copy of a share read
+  // in place (packed like a packed share).
   std::vector<std::vector<float>> sealed(keys ? tensors.size() : 0);
   std::vector<std::vector<unsigned char>> crypto_rows(keys ? tensors.size() : 0);
-  std::vector<std::size_t> range_a(tensors.size());
-  for (std::size_t i = 0; i < tensors.size(); ++i)
-    range_a[i] = std::min(mine[i].first * kChunkElements, tensors[i].numel());
-  // Element e of tensor i in plain text (e inside this rank's chunks).
-  auto plain = [&](std::size_t i, std::size_t e) -> const float* {
-    return sharded ? assembled[i].data() + (e - range_a[i]) : tensors[i].data + e;
+  // Chunk x of tensor i in plain text.
+  auto plain = [&](std::size_t i, const ShareChunk& x) -> const float* {
+    return shares[i].whole ? shares[i].whole + x.e0 : shares[i].packed.data() + x.at;
   };
   std::string salt_hex, check_hex, meta_hex;
   if (keys) {
@@ -511,22 +907,24 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       DT_CHECK(CheckpointError, tensors.size() < 0xFFFFFFFFu, "too many tensors to encrypt");
       security::Aead enc(keys->checkpoint_key(salt), true);
       for (std::size_t i = 0; i < tensors.size(); ++i) {
-        const auto [ca, cb] = mine[i];
-        const std::size_t b = std::min(cb * kChunkElements, tensors[i].numel());
-        sealed[i].resize(b - range_a[i]);
-        crypto_rows[i].resize((cb - ca) * kCryptoRow + kCryptoRow);
-        for (std::size_t c = ca; c < cb; ++c) {
-          const std::size_t e0 = c * kChunkElements;
-          const std::size_t e1 = std::min(e0 + kChunkElements, tensors[i].numel());
-          const auto nonce = chunk_nonce(static_cast<std::uint32_t>(i), c);
-          const std::string aad =
-              chunk_aad(tensors[i].path, tensors[i].shape, c, (e1 - e0) * sizeof(float));
-          unsigned char* row = crypto_rows[i].data() + (c - ca) * kCryptoRow;
-          std::copy(nonce.begin(), nonce.end(), row);
-          enc.seal(nonce.data(), reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(),
-                   plain(i, e0), (e1 - e0) * sizeof(float),
-                   sealed[i].data() + (e0 - range_a[i]), row + security::kNonceBytes);
+        Share& sh = shares[i];
+        if (sh.whole) {
+          std::size_t n = 0;
+          for (const auto& [c0, c1] : sh.runs)
+            n += std::min(c1 * kChunkElements, tensors[i].numel()) - c0 * kChunkElements;
+          sealed[i].resize(n);
         }
+        crypto_rows[i].resize(sh.chunks() * kCryptoRow + kCryptoRow);
+        for_each_chunk(sh, tensors[i].numel(), [&](const ShareChunk& x) {
+          const auto nonce = chunk_nonce(static_cast<std::uint32_t>(i), x.c);
+          const std::string aad =
+              chunk_aad(tensors[i].path, tensors[i].shape, x.c, (x.e1 - x.e0) * sizeof(float));
+          unsigned char* row = crypto_rows[i].data() + x.q * kCryptoRow;
+          std::copy(nonce.begin(), nonce.end(), row);
+          float* out = sh.whole ? sealed[i].data() + x.at : sh.packed.data() + x.at;
+          enc.seal(nonce.data(), reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(),
+                   plain(i, x), (x.e1 - x.e0) * sizeof(float), out, row + security::kNonceBytes);
+        });
       }
       const auto check = key_check(enc);
       const auto mtag = meta_tag(enc, meta);
@@ -541,10 +939,10 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       DT_THROW(CheckpointError, "encrypting ", partial, " failed",
                err.empty() ? std::string(" on another rank") : ": " + err);
   }
-  // Element e of tensor i as this rank writes it (plain, or sealed in this rank's share).
-  auto source = [&](std::size_t i, std::size_t e) -> const float* {
-    if (!keys) return plain(i, e);
-    return sealed[i].data() + (e - range_a[i]);
+  // Chunk x of tensor i as this rank writes it (plain, or sealed).
+  auto source = [&](std::size_t i, const ShareChunk& x) -> const float* {
+    if (keys && shares[i].whole) return sealed[i].data() + x.at;
+    return plain(i, x);
   };
   try {
     H5 fapl = file_access(mc.handle(), partial);
@@ -601,6 +999,14 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       }
     }
     const AbortUnlessAgreed guard{agreed, partial, comm.rank()};
+    // Writes `count` elements of `type` from `buf` (packed in file order) to the selection `fsp`.
+    auto write_packed = [&](hid_t set, hid_t fsp, hid_t type, const void* buf, std::size_t count) {
+      hsize_t m = std::max<std::size_t>(count, 1);
+      H5 msp(h5(H5Screate_simple(1, &m, nullptr), "H5Screate_simple", partial), H5Sclose);
+      if (count == 0) h5(H5Sselect_none(msp), "H5Sselect_none", partial, 0);
+      const float none = 0.0f;
+      h5(H5Dwrite(set, type, msp, fsp, dxpl, count ? buf : &none), "H5Dwrite", partial, 0);
+    };
     // The digests of this rank's chunks are computed in a second thread while this one writes.
     std::vector<std::vector<unsigned char>> all_sums(tensors.size());
     std::exception_ptr hash_error;
@@ -609,15 +1015,12 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
         trace::set_thread_name("ckpt-hash");
         const trace::Scope hash_scope("ckpt.hash", "ckpt");
         for (std::size_t i = 0; i < tensors.size(); ++i) {
-          const auto [ca, cb] = mine[i];
-          all_sums[i].resize((cb - ca) * 32 + 32);
-          for (std::size_t c = ca; c < cb; ++c) {
-            const std::size_t e0 = c * kChunkElements;
-            const std::size_t e1 = std::min(e0 + kChunkElements, tensors[i].numel());
-            const Digest d = sha256(source(i, e0), (e1 - e0) * sizeof(float));
+          all_sums[i].resize(shares[i].chunks() * 32 + 32);
+          for_each_chunk(shares[i], tensors[i].numel(), [&](const ShareChunk& x) {
+            const Digest d = sha256(source(i, x), (x.e1 - x.e0) * sizeof(float));
             std::copy(d.begin(), d.end(),
-                      all_sums[i].begin() + static_cast<std::ptrdiff_t>((c - ca) * 32));
-          }
+                      all_sums[i].begin() + static_cast<std::ptrdiff_t>(x.q * 32));
+          });
         }
       } catch (...) {
         hash_error = std::current_exception();
@@ -637,17 +1040,23 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       const trace::Scope write_scope("ckpt.write", "ckpt");
       for (std::size_t i = 0; i < tensors.size(); ++i) {
         const CkptTensor& t = tensors[i];
-        const auto [ca, cb] = mine[i];
-        const std::size_t a = std::min(ca * kChunkElements, t.numel());
-        const std::size_t b = std::min(cb * kChunkElements, t.numel());
+        std::vector<std::pair<std::size_t, std::size_t>> ranges;
+        for (const auto& [c0, c1] : shares[i].runs)
+          ranges.emplace_back(c0 * kChunkElements, std::min(c1 * kChunkElements, t.numel()));
         H5 fsp(h5(H5Dget_space(data_sets[i]), "H5Dget_space", partial), H5Sclose);
-        select_range(fsp, t.shape, a, b, partial);
-        hsize_t n = std::max<std::size_t>(b - a, 1);
-        H5 msp(h5(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", partial), H5Sclose);
-        if (a == b) h5(H5Sselect_none(msp), "H5Sselect_none", partial, 0);
-        const float none = 0.0f;
-        h5(H5Dwrite(data_sets[i], H5T_NATIVE_FLOAT, msp, fsp, dxpl, a < b ? source(i, a) : &none),
-           "H5Dwrite", partial, 0);
+        select_ranges(fsp, t.shape, ranges, partial);
+        if (shares[i].whole && !keys) {  // from the tensor in place
+          hsize_t n = std::max<std::size_t>(t.numel(), 1);
+          H5 msp(h5(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", partial), H5Sclose);
+          select_ranges(msp, Shape{static_cast<std::int64_t>(n)}, ranges, partial);
+          h5(H5Dwrite(data_sets[i], H5T_NATIVE_FLOAT, msp, fsp, dxpl, t.data), "H5Dwrite", partial,
+             0);
+          continue;
+        }
+        const bool copy = keys && shares[i].whole;  // the sealed copy of a share read in place
+        write_packed(data_sets[i], fsp, H5T_NATIVE_FLOAT,
+                     copy ? sealed[i].data() : shares[i].packed.data(),
+                     copy ? sealed[i].size() : shares[i].packed.size());
       }
     } catch (const std::exception& e) {
       wrote = false;
@@ -665,33 +1074,21 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     try {
       if (wrote)
         for (std::size_t i = 0; i < tensors.size(); ++i) {
-          const auto [ca, cb] = mine[i];
-          std::vector<unsigned char>& sums = all_sums[i];
-          H5 csp(h5(H5Dget_space(sum_sets[i]), "H5Dget_space", partial), H5Sclose);
-          hsize_t start[2] = {ca, 0}, count[2] = {cb - ca, 32};
-          if (ca < cb)
-            h5(H5Sselect_hyperslab(csp, H5S_SELECT_SET, start, nullptr, count, nullptr),
-               "H5Sselect_hyperslab", partial, 0);
-          else
-            h5(H5Sselect_none(csp), "H5Sselect_none", partial, 0);
-          hsize_t m = std::max<std::size_t>((cb - ca) * 32, 1);
-          H5 cmsp(h5(H5Screate_simple(1, &m, nullptr), "H5Screate_simple", partial), H5Sclose);
-          if (ca == cb) h5(H5Sselect_none(cmsp), "H5Sselect_none", partial, 0);
-          h5(H5Dwrite(sum_sets[i], H5T_NATIVE_UCHAR, cmsp, csp, dxpl, sums.data()), "H5Dwrite",
-             partial, 0);
-          if (!keys) continue;
-          H5 rsp(h5(H5Dget_space(crypto_sets[i]), "H5Dget_space", partial), H5Sclose);
-          hsize_t rstart[2] = {ca, 0}, rcount[2] = {cb - ca, kCryptoRow};
-          if (ca < cb)
-            h5(H5Sselect_hyperslab(rsp, H5S_SELECT_SET, rstart, nullptr, rcount, nullptr),
-               "H5Sselect_hyperslab", partial, 0);
-          else
-            h5(H5Sselect_none(rsp), "H5Sselect_none", partial, 0);
-          hsize_t rm = std::max<std::size_t>((cb - ca) * kCryptoRow, 1);
-          H5 rmsp(h5(H5Screate_simple(1, &rm, nullptr), "H5Screate_simple", partial), H5Sclose);
-          if (ca == cb) h5(H5Sselect_none(rmsp), "H5Sselect_none", partial, 0);
-          h5(H5Dwrite(crypto_sets[i], H5T_NATIVE_UCHAR, rmsp, rsp, dxpl, crypto_rows[i].data()),
-             "H5Dwrite", partial, 0);
+          const std::size_t k = chunks_of(tensors[i].numel());
+          std::vector<std::pair<std::size_t, std::size_t>> rows;
+          for (const auto& [c0, c1] : shares[i].runs) rows.emplace_back(c0, c1);
+          // Rows [c0, c1) of a [k, width] dataset, from a buffer of this rank's rows in order.
+          auto write_rows = [&](hid_t set, std::size_t width, const unsigned char* buf) {
+            std::vector<std::pair<std::size_t, std::size_t>> elems;
+            for (const auto& [c0, c1] : rows) elems.emplace_back(c0 * width, c1 * width);
+            H5 fsp(h5(H5Dget_space(set), "H5Dget_space", partial), H5Sclose);
+            select_ranges(fsp,
+                          Shape{static_cast<std::int64_t>(k), static_cast<std::int64_t>(width)},
+                          elems, partial);
+            write_packed(set, fsp, H5T_NATIVE_UCHAR, buf, shares[i].chunks() * width);
+          };
+          write_rows(sum_sets[i], 32, all_sums[i].data());
+          if (keys) write_rows(crypto_sets[i], kCryptoRow, crypto_rows[i].data());
         }
     } catch (const std::exception& e) {
       wrote = false;
@@ -958,12 +1355,16 @@ void check_stored(hid_t d, const std::string& name, const Shape& shape, const st
            " bytes of it");
 }
 
-// Reads the tensors of `path` into their buffers (every rank, everything) and checks every chunk
-// (each rank its share). With `dec`, every rank then decrypts and authenticates every chunk in
+// Reads the tensors of `path` into what each rank holds of them and checks the chunks. A whole
+// tensor (CkptTensor) is read whole, and each rank checks its share of its chunks; a range or
+// pieces read the chunks that meet them, kLoadBatch chunks at a time, check all of them and copy
+// out what the rank holds. With `dec`, the chunks read are then decrypted and authenticated in
 // place. Returns the problems, identical on every rank.
 std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string& path,
                                         const std::vector<CkptTensor>& tensors,
                                         security::Aead* dec = nullptr) {
+  constexpr std::size_t K = kChunkElements, kLoadBatch = 16;
+  const std::size_t T = tensors.size();
   std::vector<std::size_t> numels;
   for (const auto& t : tensors) numels.push_back(t.numel());
   const auto mine = my_chunks(numels, comm.rank(), comm.size());
@@ -973,85 +1374,129 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
     base.push_back(total);
     total += chunks_of(n);
   }
+  // The batches of consecutive chunks each sharded tensor reads. Every rank makes as many reads
+  // of a dataset as the rank with the most (the others select nothing), so that the HDF5 calls
+  // are the same on every rank.
+  std::vector<std::vector<CkptPiece>> pieces(T);
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> batches(T);
+  std::vector<std::int64_t> nbatch(T + 1, 0);  // + 1: never empty
+  std::size_t most = 0;                        // elements of the largest batch
+  for (std::size_t i = 0; i < T; ++i) {
+    if (tensors[i].whole()) continue;
+    pieces[i] = held_pieces(tensors[i]);
+    const std::size_t n = numels[i], k = chunks_of(n);
+    std::vector<char> need(k, 0);
+    for (const CkptPiece& p : pieces[i])
+      for (std::size_t c = p.begin / K; c * K < piece_end(p); ++c)
+        need[c] = need[c] || below(p, std::min(n, (c + 1) * K)) > below(p, c * K);
+    for (std::size_t c = 0; c < k;) {
+      if (!need[c]) {
+        ++c;
+        continue;
+      }
+      std::size_t c1 = c + 1;
+      while (c1 < k && need[c1] && c1 - c < kLoadBatch) ++c1;
+      batches[i].emplace_back(c, c1);
+      most = std::max(most, std::min(n, c1 * K) - c * K);
+      c = c1;
+    }
+    nbatch[i] = static_cast<std::int64_t>(batches[i].size());
+  }
+  comm.all_reduce(view_of(nbatch), ReduceOp::max);
+  std::vector<float> part(most);
   // bad[c]: chunk c fails its digest; bad[total + 1 + c]: it does not authenticate.
   std::vector<std::uint8_t> bad(2 * (total + 1), 0);  // + 1: never empty
   std::uint8_t* unauth = bad.data() + total + 1;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
+  for (std::size_t i = 0; i < T; ++i) {
     const CkptTensor& t = tensors[i];
-    const std::size_t k = chunks_of(t.numel());
-    // A sharded tensor reads and checks the chunks [fa, fb) overlapping its range into `part`
-    // (elements [x0, x1)); a whole one reads everything and checks its share.
+    const std::size_t n = numels[i], k = chunks_of(n);
     const bool whole = t.whole();
-    std::size_t fa = 0, fb = k;
-    if (!whole) {
-      fa = t.begin / kChunkElements;
-      fb = t.held_end() > t.begin ? (t.held_end() + kChunkElements - 1) / kChunkElements : fa;
-    }
-    const std::size_t x0 = std::min(fa * kChunkElements, t.numel());
-    const std::size_t x1 = std::min(fb * kChunkElements, t.numel());
-    std::vector<float> part(whole ? 0 : x1 - x0 + 1);
-    float* const data = whole ? t.data : part.data();  // element e at data[e - x0]
-    const std::pair<std::size_t, std::size_t> check = whole ? mine[i] : std::make_pair(fa, fb);
+    // readable: the data set opens (and, for a whole tensor, reads); have: the digests read;
+    // have_rows: the nonces and tags read.
+    bool readable = false, have = false, have_rows = false;
+    H5 d;
     std::vector<unsigned char> sums(k * 32 + 32);
-    bool have = false;
     try {
-      H5 d(h5(H5Dopen2(o.file, t.path.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
-      if (whole) {
+      d = H5(h5(H5Dopen2(o.file, t.path.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
+      if (whole)
         h5(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, o.dxpl, t.data), "H5Dread", path, 0);
-      } else {
-        H5 fsp(h5(H5Dget_space(d), "H5Dget_space", path), H5Sclose);
-        select_range(fsp, t.shape, x0, x1, path);
-        hsize_t n = std::max<std::size_t>(x1 - x0, 1);
-        H5 msp(h5(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", path), H5Sclose);
-        if (x0 == x1) h5(H5Sselect_none(msp), "H5Sselect_none", path, 0);
-        h5(H5Dread(d, H5T_NATIVE_FLOAT, msp, fsp, o.dxpl, part.data()), "H5Dread", path, 0);
-      }
+      readable = true;
       H5 c(H5Dopen2(o.file, checksum_path(t.path).c_str(), H5P_DEFAULT), H5Dclose);
       have = c.get() >= 0 && dataset_shape(c, path) == Shape{static_cast<std::int64_t>(k), 32};
       if (have)
         h5(H5Dread(c, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, o.dxpl, sums.data()), "H5Dread", path, 0);
     } catch (const CheckpointError&) {
-      have = false;  // unreadable here: every chunk of this rank's share counts as bad
+      have = false;  // unreadable here: every chunk this rank checks counts as bad
     }
-    for (std::size_t ch = check.first; ch < check.second; ++ch) {
-      const std::size_t e0 = ch * kChunkElements, e1 = std::min(e0 + kChunkElements, t.numel());
-      const Digest dg = sha256(data + (e0 - x0), (e1 - e0) * sizeof(float));
-      if (!have ||
-          !std::equal(dg.begin(), dg.end(), sums.begin() + static_cast<std::ptrdiff_t>(ch * 32)))
-        bad[base[i] + ch] = 1;
+    std::vector<unsigned char> rows(dec ? k * kCryptoRow + kCryptoRow : 0);
+    if (dec) {
+      try {
+        H5 r(H5Dopen2(o.file, crypto_path(t.path).c_str(), H5P_DEFAULT), H5Dclose);
+        have_rows = r.get() >= 0 &&
+                    dataset_shape(r, path) ==
+                        Shape{static_cast<std::int64_t>(k), static_cast<std::int64_t>(kCryptoRow)};
+        if (have_rows)
+          h5(H5Dread(r, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, o.dxpl, rows.data()), "H5Dread", path,
+             0);
+      } catch (const CheckpointError&) {
+        have_rows = false;
+      }
     }
-    auto keep_range = [&] {
-      if (!whole && t.held_end() > t.begin)
-        std::copy(data + (t.begin - x0), data + (t.held_end() - x0), t.data);
+    // Chunk c, read into `data` (its first element), against its digest.
+    auto check = [&](std::size_t c, const float* data, bool ok) {
+      const std::size_t e0 = c * K, e1 = std::min(e0 + K, n);
+      const Digest dg = sha256(data, (e1 - e0) * sizeof(float));
+      if (!ok || !have ||
+          !std::equal(dg.begin(), dg.end(), sums.begin() + static_cast<std::ptrdiff_t>(c * 32)))
+        bad[base[i] + c] = 1;
     };
-    if (!dec) {
-      keep_range();
+    // Chunk c decrypted and authenticated in place.
+    auto open = [&](std::size_t c, float* data) {
+      const std::size_t e0 = c * K, e1 = std::min(e0 + K, n);
+      const unsigned char* row = rows.data() + c * kCryptoRow;
+      const std::string aad = chunk_aad(t.path, t.shape, c, (e1 - e0) * sizeof(float));
+      if (!have_rows ||
+          !dec->open(row, reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(), data,
+                     (e1 - e0) * sizeof(float), data, row + security::kNonceBytes))
+        unauth[base[i] + c] = 1;
+    };
+    if (whole) {
+      for (std::size_t c = mine[i].first; c < mine[i].second; ++c)
+        check(c, t.data + c * K, readable);
+      if (dec)
+        for (std::size_t c = 0; c < k; ++c) open(c, t.data + c * K);
       continue;
     }
-    std::vector<unsigned char> rows(k * kCryptoRow + kCryptoRow);
-    bool have_rows = false;
-    try {
-      H5 r(H5Dopen2(o.file, crypto_path(t.path).c_str(), H5P_DEFAULT), H5Dclose);
-      have_rows = r.get() >= 0 && dataset_shape(r, path) ==
-                                      Shape{static_cast<std::int64_t>(k),
-                                            static_cast<std::int64_t>(kCryptoRow)};
-      if (have_rows)
-        h5(H5Dread(r, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, o.dxpl, rows.data()), "H5Dread", path,
-           0);
-    } catch (const CheckpointError&) {
-      have_rows = false;
+    for (std::size_t b = 0; b < static_cast<std::size_t>(nbatch[i]); ++b) {
+      const bool mine_b = b < batches[i].size();
+      const std::size_t c0 = mine_b ? batches[i][b].first : 0,
+                        c1 = mine_b ? batches[i][b].second : 0;
+      const std::size_t x0 = std::min(c0 * K, n), x1 = std::min(c1 * K, n);
+      bool ok = readable;
+      if (readable) {
+        try {
+          H5 fsp(h5(H5Dget_space(d), "H5Dget_space", path), H5Sclose);
+          select_range(fsp, t.shape, x0, x1, path);
+          hsize_t m = std::max<std::size_t>(x1 - x0, 1);
+          H5 msp(h5(H5Screate_simple(1, &m, nullptr), "H5Screate_simple", path), H5Sclose);
+          if (x0 == x1) h5(H5Sselect_none(msp), "H5Sselect_none", path, 0);
+          float none = 0.0f;
+          h5(H5Dread(d, H5T_NATIVE_FLOAT, msp, fsp, o.dxpl, x0 < x1 ? part.data() : &none),
+             "H5Dread", path, 0);
+        } catch (const CheckpointError&) {
+          ok = false;
+        }
+      }
+      for (std::size_t c = c0; c < c1; ++c) check(c, part.data() + (c * K - x0), ok);
+      if (dec)
+        for (std::size_t c = c0; c < c1; ++c) open(c, part.data() + (c * K - x0));
+      for (const CkptPiece& p : pieces[i])
+        for_each_seg(p, x0, x1, [&](const Seg& g) {
+          for (std::size_t j = 0; j < g.m; ++j)
+            std::memcpy(p.data + g.off + j * p.len, part.data() + (g.e + j * p.stride - x0),
+                        g.n * sizeof(float));
+        });
     }
-    for (std::size_t ch = fa; ch < fb; ++ch) {
-      const std::size_t e0 = ch * kChunkElements, e1 = std::min(e0 + kChunkElements, t.numel());
-      const unsigned char* row = rows.data() + ch * kCryptoRow;
-      const std::string aad = chunk_aad(t.path, t.shape, ch, (e1 - e0) * sizeof(float));
-      float* chunk = data + (e0 - x0);
-      if (!have_rows ||
-          !dec->open(row, reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(), chunk,
-                     (e1 - e0) * sizeof(float), chunk, row + security::kNonceBytes))
-        unauth[base[i] + ch] = 1;
-    }
-    keep_range();
   }
   comm.all_reduce(view_of(bad), ReduceOp::max);
   std::vector<std::string> problems;
@@ -1110,6 +1555,17 @@ CkptMeta load_checkpoint(Comm& comm, const std::string& path,
                          const std::vector<CkptTensor>& tensors, const security::Keys* keys) {
   const trace::Scope load_scope("ckpt.load", "ckpt");
   MpiComm& mc = mpi_of(comm);
+  std::string held;
+  for (const auto& t : tensors) {
+    const std::string why = held_problem(t);
+    if (!why.empty()) {
+      held = t.path + ": " + why;
+      break;
+    }
+  }
+  const auto [bad_rank, bad] = first_problem(comm, held);
+  if (bad_rank < comm.size())
+    DT_THROW(CheckpointError, "loading ", path, ": rank ", bad_rank, ": ", bad);
   Opened o = open_read(mc, path);
   CkptMeta meta = read_meta(o.file, path);
   std::optional<security::Aead> dec = open_crypto(o.file, path, keys, true, meta);
@@ -1269,6 +1725,14 @@ AsyncCheckpointer::~AsyncCheckpointer() {
 }
 
 namespace {
+// The elements this rank holds of a sharded tensor (0 for a declaration the save refuses).
+std::size_t held_numel(const CkptTensor& t) {
+  if (!held_problem(t).empty()) return 0;
+  std::size_t n = 0;
+  for (const CkptPiece& p : held_pieces(t)) n += p.numel();
+  return n;
+}
+
 // The element ranges of each tensor this rank writes (its share of the chunks): the only part
 // of the snapshot a save reads on this rank.
 std::vector<std::pair<std::size_t, std::size_t>> my_ranges(const std::vector<CkptTensor>& tensors,
@@ -1290,8 +1754,8 @@ void AsyncCheckpointer::reserve(const std::vector<CkptTensor>& tensors) {
   impl_->snapshot_size.resize(tensors.size(), 0);
   const auto ranges = my_ranges(tensors, impl_->comm->rank(), impl_->comm->size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    if (!tensors[i].whole()) {  // a sharded tensor: this rank's range, all of it
-      const std::size_t n = tensors[i].held_end() - tensors[i].begin;
+    if (!tensors[i].whole()) {  // a sharded tensor: all this rank holds of it
+      const std::size_t n = held_numel(tensors[i]);
       impl_->ensure(i, n);
       std::fill(impl_->snapshot[i].get(), impl_->snapshot[i].get() + n, 0.0f);
       continue;
@@ -1313,11 +1777,22 @@ double AsyncCheckpointer::save(const std::vector<CkptTensor>& tensors, const Ckp
   // Only this rank's share is copied: the save reads nothing else on this rank.
   const auto ranges = my_ranges(tensors, impl_->comm->rank(), impl_->comm->size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    if (!tensors[i].whole()) {  // a sharded tensor: this rank's range, all of it
-      const std::size_t n = tensors[i].held_end() - tensors[i].begin;
-      impl_->ensure(i, n);
-      std::copy(tensors[i].data, tensors[i].data + n, impl_->snapshot[i].get());
-      impl_->tensors[i].data = impl_->snapshot[i].get();
+    const CkptTensor& t = tensors[i];
+    if (!t.whole()) {  // a sharded tensor: all this rank holds of it, packed
+      impl_->ensure(i, held_numel(t));
+      float* at = impl_->snapshot[i].get();
+      if (t.pieces.empty()) {
+        if (held_numel(t)) std::copy(t.data, t.data + held_numel(t), at);
+        impl_->tensors[i].data = at;
+        continue;
+      }
+      if (held_numel(t) == 0) continue;  // nothing, or a declaration the save refuses
+      for (std::size_t q = 0; q < t.pieces.size(); ++q) {
+        const std::size_t m = t.pieces[q].len * t.pieces[q].count;
+        if (m) std::copy(t.pieces[q].data, t.pieces[q].data + m, at);
+        impl_->tensors[i].pieces[q].data = at;
+        at += m;
+      }
       continue;
     }
     impl_->ensure(i, tensors[i].numel());
