@@ -135,6 +135,14 @@ struct MemoryEstimate {
 /// AdamW moments.
 MemoryEstimate estimate_memory(const Graph& g, int in_flight);
 
+/// Where part `part` of parameter `t` lies in its global tensor: local elements
+/// [local, local + len * count) are the global row-major elements begin + j * stride + [0, len),
+/// j in [0, count), row j at local + j * len. The runs cover the shard in local order.
+struct ShardRun {
+  std::size_t local = 0, begin = 0, len = 0, stride = 0, count = 1;
+};
+std::vector<ShardRun> shard_runs(const TensorInfo& t, int part);
+
 /// Copies part `part` (0 .. parts-1) of parameter `t`'s global tensor (t.global_shape) into
 /// `local` (t.shape), as t.sharding lays it out; replicated tensors are copied whole.
 void take_shard(const TensorInfo& t, int part, const float* global, float* local);

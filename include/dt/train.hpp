@@ -173,7 +173,9 @@ class Trainer {
   /// Mean loss over the first `n` validation sequences taken in order (no sampling).
   double evaluate_in_order(std::int64_t n);
   /// The tensors of the training state: /model/..., /optim/exp_avg/..., /optim/exp_avg_sq/...
-  std::vector<CkptTensor> state_tensors();
+  /// The checkpointed state as this rank holds it. `save`: only the parts this rank writes
+  /// (each element once over all ranks); else every part it holds (replicas too).
+  std::vector<CkptTensor> state_tensors(bool save = true);
 
   /// The fused model (data parallelism only; null on the graph engine path).
   Gpt& model() noexcept { return *model_; }
@@ -220,8 +222,9 @@ class Trainer {
   std::unique_ptr<P2p> p2p_;
   std::unique_ptr<StageEngine> engine_;
   std::vector<char> counted_;      // per local parameter: counted once in the global norm
-  std::vector<char> owner_;        // per local parameter: this rank's copy goes to checkpoints
-  std::vector<float> full_state_;  // global parameters and moments (checkpoints, sampling)
+  std::vector<char> unique_;       // per stage parameter: this tp/pp position's copy counts
+  std::vector<char> owner_;        // per stage parameter: unique_ on data-parallel rank 0
+  std::vector<float> full_state_;  // global parameters (sampling, global_parameters())
   // Security: the job's keys and the sealed communicators (seal=all).
   std::unique_ptr<security::Keys> keys_;
   std::unique_ptr<Comm> sealed_world_, sealed_tp_, sealed_tied_;
@@ -246,10 +249,8 @@ class Trainer {
                     bool tamper_collectives);
   /// One step's forward and backward passes on the 1F1B schedule; returns this rank's loss sum.
   double pipeline_step(float scale);
-  /// Assembles the global state from every rank's shards into full_state_. Collective.
+  /// Assembles the global parameters from every rank's shards into full_state_. Collective.
   void gather_state();
-  /// Copies this rank's shards out of full_state_.
-  void scatter_state();
   const std::vector<ParamInfo>& param_list() const;
   float* params_ptr() const;
   float* grads_ptr() const;

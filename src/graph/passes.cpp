@@ -247,19 +247,11 @@ Graph stage_graph(const Graph& g, int stage) {
   return out;
 }
 
-namespace {
-// Copies between a global tensor and one shard: the sharded dimension d of extent D holds
-// `blocks` segments, each cut into `parts` pieces; the shard takes piece `part` of every segment.
-void shard_copy(const TensorInfo& t, int part, float* global, float* local, bool to_local) {
+std::vector<ShardRun> shard_runs(const TensorInfo& t, int part) {
+  // The sharded dimension d of extent D holds `blocks` segments, each cut into `parts` pieces;
+  // the shard takes piece `part` of every segment.
   const Shape& gs = t.global_shape.empty() ? t.shape : t.global_shape;
-  const std::size_t n = shape_numel(gs);
-  if (t.sharding.kind == Sharding::Kind::replicated) {
-    if (to_local)
-      std::memcpy(local, global, n * sizeof(float));
-    else
-      std::memcpy(global, local, n * sizeof(float));
-    return;
-  }
+  if (t.sharding.kind == Sharding::Kind::replicated) return {{0, 0, shape_numel(gs), 0, 1}};
   const int d = t.sharding.dim, parts = t.sharding.parts, blocks = t.sharding.blocks;
   DT_ASSERT(d >= 0 && static_cast<std::size_t>(d) < gs.size() && part >= 0 && part < parts);
   std::size_t outer = 1, inner = 1;
@@ -267,16 +259,28 @@ void shard_copy(const TensorInfo& t, int part, float* global, float* local, bool
   for (std::size_t k = static_cast<std::size_t>(d) + 1; k < gs.size(); ++k)
     inner *= static_cast<std::size_t>(gs[k]);
   const std::size_t D = static_cast<std::size_t>(gs[static_cast<std::size_t>(d)]);
-  DT_ASSERT(D % static_cast<std::size_t>(blocks * parts) == 0);
-  const std::size_t seg = D / static_cast<std::size_t>(blocks * parts), Dl = seg * blocks;
+  const std::size_t B = static_cast<std::size_t>(blocks), P = static_cast<std::size_t>(part);
+  DT_ASSERT(D % (B * static_cast<std::size_t>(parts)) == 0);
+  const std::size_t seg = D / (B * static_cast<std::size_t>(parts)), len = seg * inner;
+  if (B == 1) return {{0, P * len, len, D * inner, outer}};  // one strided run
+  std::vector<ShardRun> runs;  // q|k|v: one run per segment and outer index
   for (std::size_t o = 0; o < outer; ++o)
-    for (int b = 0; b < blocks; ++b) {
-      const std::size_t g0 = (o * D + b * (D / blocks) + part * seg) * inner;
-      const std::size_t l0 = (o * Dl + b * seg) * inner;
+    for (std::size_t b = 0; b < B; ++b)
+      runs.push_back({(o * B + b) * len, (o * D + b * (D / B)) * inner + P * len, len, 0, 1});
+  return runs;
+}
+
+namespace {
+// Copies between a global tensor and one shard, run by run.
+void shard_copy(const TensorInfo& t, int part, float* global, float* local, bool to_local) {
+  for (const ShardRun& r : shard_runs(t, part))
+    for (std::size_t j = 0; j < r.count; ++j) {
+      float* g = global + r.begin + j * r.stride;
+      float* l = local + r.local + j * r.len;
       if (to_local)
-        std::memcpy(local + l0, global + g0, seg * inner * sizeof(float));
+        std::memcpy(l, g, r.len * sizeof(float));
       else
-        std::memcpy(global + g0, local + l0, seg * inner * sizeof(float));
+        std::memcpy(g, l, r.len * sizeof(float));
     }
 }
 }  // namespace

@@ -491,6 +491,14 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
   }
   engine_ = std::make_unique<StageEngine>(dev_, std::move(sg), c_.model, mc.pp, L.pp,
                                           plan_->in_flight(mc.pp), sc, std::move(storage));
+  // One copy of each element per data-parallel rank counts: tensor-parallel rank 0's of a
+  // replicated tensor, the first stage's of a tensor tied across stages.
+  unique_.clear();
+  for (std::size_t i = 0; i < engine_->params().size(); ++i) {
+    const graph::TensorInfo& t = engine_->param_tensor(i);
+    const bool split = t.sharding.kind != graph::Sharding::Kind::replicated;
+    unique_.push_back((split || mc.tp == 0) && !(t.tied && mc.pp != 0));
+  }
   if (L.dp > 1 && !zero_)
     buckets_ = std::make_unique<GradBuckets>(
         *grad_comm_, engine_->grad_data(), engine_->params(),
@@ -500,23 +508,16 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
     // Each data-parallel rank holds other pieces: count every piece of a tensor this rank's
     // tensor-parallel and pipeline position owns.
     zero_counted_.clear();
-    for (const ZeroPiece& pc : zero_->pieces()) {
-      const graph::TensorInfo& t = engine_->param_tensor(pc.param);
-      const bool split = t.sharding.kind != graph::Sharding::Kind::replicated;
-      zero_counted_.push_back((split || mc.tp == 0) && !(t.tied && mc.pp != 0));
-    }
+    for (const ZeroPiece& pc : zero_->pieces()) zero_counted_.push_back(unique_[pc.param]);
   }
   init_weights();
   // One copy of every global element counts: data-parallel rank 0, tensor-parallel rank 0 for
   // replicated tensors, and the first stage for tensors tied across stages.
   owner_.clear();
-  for (std::size_t i = 0; i < engine_->params().size(); ++i) {
-    const graph::TensorInfo& t = engine_->param_tensor(i);
-    const bool sharded = t.sharding.kind != graph::Sharding::Kind::replicated;
-    owner_.push_back(mc.dp == 0 && (sharded || mc.tp == 0) && !(t.tied && mc.pp != 0));
-  }
+  for (std::size_t i = 0; i < engine_->params().size(); ++i)
+    owner_.push_back(mc.dp == 0 && unique_[i]);
   const auto ps = gpt_params(c_.model);
-  full_state_.assign(3 * (ps.back().offset + ps.back().numel), 0.0f);
+  full_state_.assign(ps.back().offset + ps.back().numel, 0.0f);
 }
 
 std::vector<ZeroUnit> Trainer::zero_units(const std::vector<ZeroUnit>& layers,
@@ -865,36 +866,75 @@ void Trainer::log(const std::string& line) const {
   std::fflush(stdout);
 }
 
-std::vector<CkptTensor> Trainer::state_tensors() {
+namespace {
+// Appends the pieces of the global tensor that local elements [lb, le) of shard `runs` are, the
+// local element lb being at `data`: in each run, a cut row, whole rows and a cut row.
+void add_pieces(const std::vector<graph::ShardRun>& runs, std::size_t lb, std::size_t le,
+                float* data, std::vector<CkptPiece>& out) {
+  for (const graph::ShardRun& r : runs) {
+    const std::size_t a = std::max(lb, r.local);
+    const std::size_t b = std::min(le, r.local + r.len * r.count);
+    auto piece = [&](std::size_t j, std::size_t x, std::size_t len, std::size_t rows) {
+      out.push_back(CkptPiece{r.begin + j * r.stride + x, len, r.stride, rows,
+                              data + (r.local + j * r.len + x - lb)});
+    };
+    if (a >= b) continue;
+    std::size_t j = (a - r.local) / r.len, x = (a - r.local) % r.len;
+    const std::size_t j1 = (b - r.local) / r.len, x1 = (b - r.local) % r.len;
+    if (j == j1) {
+      piece(j, x, x1 - x, 1);
+      continue;
+    }
+    if (x > 0) piece(j++, x, r.len - x, 1);
+    if (j1 > j) piece(j, 0, r.len, j1 - j);
+    if (x1 > 0) piece(j1, 0, x1, 1);
+  }
+}
+}  // namespace
+
+std::vector<CkptTensor> Trainer::state_tensors(bool save) {
   std::vector<CkptTensor> out;
   const std::vector<ParamInfo> global = gpt_params(c_.model);
-  if (zero_ && !engine_) {  // each rank holds its shard's piece of every tensor (or none)
-    const char* prefix[3] = {"/model/", "/optim/exp_avg/", "/optim/exp_avg_sq/"};
-    float* base[3] = {zero_->master(), opt_->m(), opt_->v()};
-    for (int g = 0; g < 3; ++g) {
-      const std::size_t first = out.size();
+  const char* prefix[3] = {"/model/", "/optim/exp_avg/", "/optim/exp_avg_sq/"};
+  float* base[3] = {master_ptr(), opt_->m(), opt_->v()};
+  if (!zero_ && !engine_) {  // every rank holds every tensor whole
+    for (int g = 0; g < 3; ++g)
       for (const ParamInfo& p : global)
-        out.push_back(CkptTensor{prefix[g] + p.name, p.shape, base[g], 0, 0});
-      for (const ZeroPiece& pc : zero_->pieces()) {  // at most one piece per tensor
-        CkptTensor& t = out[first + pc.param];
+        out.push_back(CkptTensor{prefix[g] + p.name, p.shape, base[g] + p.offset});
+    return out;
+  }
+  // Sharded: every tensor listed, each rank naming the parts it holds (none by default).
+  for (int g = 0; g < 3; ++g)
+    for (const ParamInfo& p : global)
+      out.push_back(CkptTensor{prefix[g] + p.name, p.shape, base[g], 0, 0});
+  auto at = [&](int g, std::size_t gi) -> CkptTensor& { return out[g * global.size() + gi]; };
+  if (!engine_) {  // ZeRO on the fused model: at most one range of each tensor per rank
+    for (const ZeroPiece& pc : zero_->pieces())
+      for (int g = 0; g < 3; ++g) {
+        CkptTensor& t = at(g, pc.param);
         t.data = base[g] + pc.local;
         t.begin = pc.begin;
         t.end = pc.end;
       }
-    }
     return out;
   }
-  const std::size_t N = global.back().offset + global.back().numel;
-  // The graph engine holds shards: checkpoints read and write the assembled global state.
-  const struct {
-    const char* prefix;
-    float* base;
-  } groups[] = {{"/model/", engine_ ? full_state_.data() : master_ptr()},
-                {"/optim/exp_avg/", engine_ ? full_state_.data() + N : opt_->m()},
-                {"/optim/exp_avg_sq/", engine_ ? full_state_.data() + 2 * N : opt_->v()}};
-  for (const auto& g : groups)
-    for (const ParamInfo& p : global)
-      out.push_back(CkptTensor{g.prefix + p.name, p.shape, g.base + p.offset});
+  // The graph engine: tensor-parallel shards (strided pieces of the global tensors), ZeRO slices
+  // of them. A save names each element once: the first stage's copy of a tied tensor, tp rank 0's
+  // of a replicated one, and without ZeRO data-parallel rank 0's; a load fills every copy.
+  const MeshCoord& mc = mesh_->coord();
+  auto writes = [&](std::size_t i) { return !save || ((zero_ || mc.dp == 0) && unique_[i]); };
+  auto add = [&](std::size_t i, std::size_t lb, std::size_t le, std::size_t local) {
+    const auto runs = graph::shard_runs(engine_->param_tensor(i), mc.tp);
+    for (int g = 0; g < 3; ++g)
+      add_pieces(runs, lb, le, base[g] + local, at(g, engine_->global_index(i)).pieces);
+  };
+  if (zero_) {
+    for (const ZeroPiece& pc : zero_->pieces())
+      if (writes(pc.param)) add(pc.param, pc.begin, pc.end, pc.local);
+  } else {
+    for (std::size_t i = 0; i < engine_->params().size(); ++i)
+      if (writes(i)) add(i, 0, engine_->params()[i].numel, engine_->params()[i].offset);
+  }
   return out;
 }
 
@@ -973,54 +1013,32 @@ std::vector<float> Trainer::global_parameters() {
 
 void Trainer::gather_state() {
   const std::vector<ParamInfo> global = gpt_params(c_.model);
-  const std::size_t N = global.back().offset + global.back().numel, n = engine_->num_params();
   std::fill(full_state_.begin(), full_state_.end(), 0.0f);
-  std::vector<float> host(zero_ ? zero_->padded_numel() : n);
-  const float* src[3] = {master_ptr(), opt_->m(), opt_->v()};
-  std::vector<float> shard;
-  for (int k = 0; k < 3; ++k) {
-    if (zero_) {  // ZeRO-1: this stage's whole state from the data-parallel ranks' shards
-      shard.resize(zero_->shard_numel());
-      dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(shard.data()),
-                static_cast<const void*>(src[k]), shard.size() * sizeof(float),
-                DT_HAL_DEVICE_TO_HOST);
-      zero_->gather(shard.data(), host.data());
-    } else {
-      dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(host.data()),
-                static_cast<const void*>(src[k]), n * sizeof(float), DT_HAL_DEVICE_TO_HOST);
-    }
-    for (std::size_t i = 0; i < engine_->params().size(); ++i)
-      if (owner_[i])
-        graph::put_shard(engine_->param_tensor(i), mesh_->coord().tp,
-                         host.data() + engine_->params()[i].offset,
-                         full_state_.data() + k * N + global[engine_->global_index(i)].offset);
+  std::vector<float> host(zero_ ? zero_->padded_numel() : engine_->num_params());
+  if (zero_) {  // this stage's parameters from the data-parallel ranks' shards
+    std::vector<float> shard(zero_->shard_numel());
+    dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(shard.data()),
+              static_cast<const void*>(master_ptr()), shard.size() * sizeof(float),
+              DT_HAL_DEVICE_TO_HOST);
+    zero_->gather(shard.data(), host.data());
+  } else {
+    dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(host.data()),
+              static_cast<const void*>(master_ptr()), host.size() * sizeof(float),
+              DT_HAL_DEVICE_TO_HOST);
   }
+  for (std::size_t i = 0; i < engine_->params().size(); ++i)
+    if (owner_[i])
+      graph::put_shard(engine_->param_tensor(i), mesh_->coord().tp,
+                       host.data() + engine_->params()[i].offset,
+                       full_state_.data() + global[engine_->global_index(i)].offset);
   // Every element has exactly one owner and zeros elsewhere: the sum is exact.
   coll().all_reduce(view_of(full_state_), ReduceOp::sum);
-}
-
-void Trainer::scatter_state() {
-  const std::vector<ParamInfo> global = gpt_params(c_.model);
-  const std::size_t N = global.back().offset + global.back().numel, n = engine_->num_params();
-  std::vector<float> host(zero_ ? zero_->padded_numel() : n, 0.0f);
-  float* dst[3] = {master_ptr(), opt_->m(), opt_->v()};
-  for (int k = 0; k < 3; ++k) {
-    for (std::size_t i = 0; i < engine_->params().size(); ++i)
-      graph::take_shard(engine_->param_tensor(i), mesh_->coord().tp,
-                        full_state_.data() + k * N + global[engine_->global_index(i)].offset,
-                        host.data() + engine_->params()[i].offset);
-    if (zero_)  // ZeRO-1: this rank's slice of the stage's state
-      zero_->take_shard(host.data(), dst[k]);
-    else
-      dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(dst[k]),
-                static_cast<const void*>(host.data()), n * sizeof(float), DT_HAL_HOST_TO_DEVICE);
-  }
 }
 
 std::string Trainer::resume_from_checkpoint() {
   if (c_.ckpt_resume == "none" || (c_.ckpt_resume == "auto" && c_.ckpt_dir.empty())) return "";
   std::string used;
-  const CkptMeta m = resume(comm_, c_.ckpt_resume, c_.ckpt_dir, state_tensors(), &used,
+  const CkptMeta m = resume(comm_, c_.ckpt_resume, c_.ckpt_dir, state_tensors(false), &used,
                             [this](const std::string& line) { log("ckpt: " + line); },
                             c_.ckpt_encrypt ? keys_.get() : nullptr);
   if (used.empty()) {
@@ -1029,7 +1047,6 @@ std::string Trainer::resume_from_checkpoint() {
     log("ckpt: no usable checkpoint in " + c_.ckpt_dir + ", starting from step 0");
     return "";
   }
-  if (engine_) scatter_state();
   if (zero_) refresh_working_weights();  // the loaded shards into the compute parameters
   if (low_precision()) {
     if (!zero_) refresh_working_weights();
@@ -1076,7 +1093,6 @@ void Trainer::save_checkpoint_now(bool sync) {
   meta.loss_scale = scaler_ ? scaler_->scale() : 1.0;
   meta.config = c_.config_text;
   meta.layout = plan_->layout.str();
-  if (engine_) gather_state();
   char line[256];
   if (async_) {
     const auto t0 = std::chrono::steady_clock::now();

@@ -42,19 +42,24 @@ for z in 2:2 3:4; do
 done
 
 # ZeRO-1 and ZeRO-3 (parameters gathered per layer on each stage) with pipeline stages (dp=2
-# pp=2): written and resumed on one rank; the single-rank checkpoint resumed with dp=2 tp=2 and
-# zero=1 or 2.
-for z in 1 3; do
-  train "P$z" 4 --train.steps=8 --parallel.pp=2 --parallel.zero="$z" --ckpt.dir="M$z" \
+# pp=2) and ZeRO-2 with tensor parallelism (dp=2 tp=2: each rank writes its slice of its
+# column and q|k|v shards): written (dt_ckpt verify passes) and resumed on one rank; the
+# single-rank checkpoint resumed with dp=2 tp=2 and zero=1 or 2.
+for spec in pp:1 pp:3 tp:2; do
+  dim=${spec%:*} z=${spec#*:}
+  train "P$z" 4 --train.steps=8 --parallel."$dim"=2 --parallel.zero="$z" --ckpt.dir="M$z" \
     --ckpt.every=4 --train.log-file="P$z.jsonl"
   expect_rc "P$z" 0
-  expect_line "P$z" "layout dp=2 tp=1 pp=2$"
+  want=$([ "$dim" = pp ] && echo "dp=2 tp=1 pp=2" || echo "dp=2 tp=2 pp=1")
+  expect_line "P$z" "layout $want$"
   expect_line "P$z" "memory per rank \(parallel.zero=$z"
   steplog same A.jsonl "P$z.jsonl" 1 8 1e-5
+  "$DT_CKPT" verify "M$z/step-4.h5" >"verify$z.out" 2>&1 ||
+    fail "dt_ckpt verify M$z/step-4.h5: $(cat "verify$z.out")"
   train "RP$z" 1 --train.steps=8 --ckpt.resume="$WORK/M$z/step-4.h5" --ckpt.dir="N1$z" \
     --train.log-file="RP$z.jsonl"
   expect_rc "RP$z" 0
-  expect_line "RP$z" "written by dp=2 tp=1 pp=2"
+  expect_line "RP$z" "written by $want"
   steplog same A.jsonl "RP$z.jsonl" 5 8 1e-5
 done
 for z in 1 2; do
