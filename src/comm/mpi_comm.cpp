@@ -15,6 +15,8 @@ namespace {
 
 // reduce_scatter runs its own ring from this many bytes of input (below, MPI's algorithm).
 constexpr std::size_t kRingReduceScatterBytes = std::size_t{1} << 20;
+// The ring's pieces: its temporary memory.
+constexpr std::size_t kRingChunkBytes = std::size_t{1} << 20;
 // The ring's messages: a tag point-to-point users of the communicator do not use.
 constexpr int kRingTag = 32767;
 
@@ -458,24 +460,32 @@ void MpiComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
   } else {
     // A ring: Open MPI runs MPI_Reduce_scatter_block as a reduce to rank 0 and a scatter (rank
     // 0 then holds the whole input twice more) and MPI_Reduce_scatter by recursive halving (a
-    // whole-input temporary on every rank); the ring needs one slice. Step k passes the partial
-    // sum of slice r-1-k to the right and adds this rank's part of slice r-2-k to what arrives
-    // from the left; after size-1 steps slice r is complete, in `out`.
+    // whole-input temporary on every rank). Piece by piece of at most kRingChunkBytes: step k
+    // passes the partial sum of slice r-1-k to the right (accumulated in `out`) and adds this
+    // rank's part of slice r-2-k to what arrives from the left; after size-1 steps `out` holds
+    // slice r. One piece of temporary memory.
     const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
-    auto slice = [&](int k) {
-      const int i = ((k % size_) + size_) % size_;
-      return at(in.data, out.numel * static_cast<std::size_t>(i), in.dtype);
-    };
-    std::vector<char> recv(bytes), acc(bytes);
-    std::memcpy(acc.data(), slice(rank_ - 1), bytes);
-    for (int k = 0; k < size_ - 1; ++k) {
-      DT_MPI(MPI_Sendrecv(acc.data(), n, mpi_type(in.dtype), right, kRingTag, recv.data(), n,
-                          mpi_type(in.dtype), left, kRingTag, comm_, MPI_STATUS_IGNORE),
-             rank_, name_);
-      void* dst = k == size_ - 2 ? out.data : static_cast<void*>(acc.data());
-      std::memcpy(dst, slice(rank_ - 2 - k), bytes);
-      DT_MPI(MPI_Reduce_local(recv.data(), dst, n, mpi_type(in.dtype), ops_->get(in.dtype, op)),
-             rank_, name_);
+    const std::size_t es = dtype_size(in.dtype);
+    const std::size_t per = std::max<std::size_t>(1, kRingChunkBytes / es);
+    std::vector<char> recv(std::min(per, out.numel) * es);
+    for (std::size_t off = 0; off < out.numel; off += per) {
+      const std::size_t m = std::min(per, out.numel - off);
+      auto part = [&](int k) {  // elements [off, off + m) of slice k
+        const int i = ((k % size_) + size_) % size_;
+        return at(in.data, out.numel * static_cast<std::size_t>(i) + off, in.dtype);
+      };
+      void* acc = at(out.data, off, out.dtype);
+      std::memcpy(acc, part(rank_ - 1), m * es);
+      for (int k = 0; k < size_ - 1; ++k) {
+        DT_MPI(MPI_Sendrecv(acc, static_cast<int>(m), mpi_type(in.dtype), right, kRingTag,
+                            recv.data(), static_cast<int>(m), mpi_type(in.dtype), left, kRingTag,
+                            comm_, MPI_STATUS_IGNORE),
+               rank_, name_);
+        std::memcpy(acc, part(rank_ - 2 - k), m * es);
+        DT_MPI(MPI_Reduce_local(recv.data(), acc, static_cast<int>(m), mpi_type(in.dtype),
+                                ops_->get(in.dtype, op)),
+               rank_, name_);
+      }
     }
   }
   if (op == ReduceOp::avg) divide(out, size_);

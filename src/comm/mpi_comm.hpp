@@ -2,8 +2,9 @@
 //
 // Costs: collectives map one-to-one onto MPI calls (blocking ones onto the blocking MPI call, so
 // Open MPI's tuned algorithms apply), except a blocking reduce_scatter of 1 MiB or more: it runs
-// a ring of point-to-point messages (temporaries of two slices; Open MPI would hold the whole
-// input on rank 0, or on every rank), on tag 32767, which point-to-point calls refuse. bf16/f16 reductions use MPI user ops that accumulate each
+// a ring of point-to-point messages in pieces of 1 MiB (one piece of temporary memory; Open MPI
+// would hold the whole input on rank 0, or on every rank), on tag 32767, which point-to-point
+// calls refuse. bf16/f16 reductions use MPI user ops that accumulate each
 // pair in float; avg adds one local pass. Buffers above max_chunk elements are split into several
 // MPI calls so counts never overflow MPI's int.
 #pragma once

@@ -474,26 +474,9 @@ void run(const std::string& dir, const std::string& mode) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  H.rank = rank;
-  const auto t0 = std::chrono::steady_clock::now();
-  if (argc < 3) {
-    if (rank == 0) std::fprintf(stderr, "usage: test_ckpt_pieces DIR mixed|refuse|encrypt|async\n");
-    MPI_Finalize();
-    return 2;
-  }
-  H.prefix = argv[2];
-  try {
-    run(argv[1], argv[2]);
-  } catch (const std::exception& e) {
-    H.fail("run", e.what());
-  }
-  const int rc =
-      H.finish("test_ckpt_pieces",
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  MPI_Finalize();
-  return rc;
+  return mpi_test_main(argc, argv, "test_ckpt_pieces", 2, "DIR mixed|refuse|encrypt|async",
+                       [](char** a) {
+                         H.prefix = a[2];
+                         run(a[1], a[2]);
+                       });
 }

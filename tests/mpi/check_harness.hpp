@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <initializer_list>
@@ -105,6 +106,32 @@ std::string expect_throw(const std::string& what, F&& f,
     H.fail(what, str("wrong exception type: ", e.what()));
   }
   return {};
+}
+
+/// The main() of an MPI test: MPI_Init_thread (multiple), `usage` (exit 2) when fewer than
+/// `args` arguments follow the program name, then body(argv) with exceptions counted as
+/// failures, then H.finish(name) and MPI_Finalize.
+template <class Body>
+int mpi_test_main(int argc, char** argv, const char* name, int args, const char* usage,
+                  Body&& body) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &H.rank);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (argc < args + 1) {
+    if (H.rank == 0) std::fprintf(stderr, "usage: %s %s\n", name, usage);
+    MPI_Finalize();
+    return 2;
+  }
+  try {
+    body(argv);
+  } catch (const std::exception& e) {
+    H.fail("run", e.what());
+  }
+  const int rc =
+      H.finish(name, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  MPI_Finalize();
+  return rc;
 }
 
 }  // namespace dt_test

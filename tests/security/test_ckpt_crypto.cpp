@@ -286,25 +286,6 @@ int run(const std::string& dir, int world_rank) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  H.rank = rank;
-  const auto t0 = std::chrono::steady_clock::now();
-  if (argc < 2) {
-    if (rank == 0) std::fprintf(stderr, "usage: test_ckpt_crypto DIR\n");
-    MPI_Finalize();
-    return 2;
-  }
-  try {
-    run(argv[1], rank);
-  } catch (const std::exception& e) {
-    H.fail("run", e.what());
-  }
-  const int rc = H.finish(
-      "test_ckpt_crypto",
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  MPI_Finalize();
-  return rc;
+  return mpi_test_main(argc, argv, "test_ckpt_crypto", 1, "DIR",
+                       [](char** a) { run(a[1], H.rank); });
 }
