@@ -23,28 +23,39 @@ mib() {  # "12.5 MiB" -> MiB
   awk -v n="$1" -v u="$2" 'BEGIN { m = 1; if (u == "KiB") m = 1 / 1024; if (u == "GiB") m = 1024;
     if (u == "B") m = 1 / 1048576; printf "%.1f\n", n * m }'
 }
-printf '| N | zero | dt model state (MiB) | dt formula (MiB) | paper formula (MiB) | peak RSS max (MiB) | tok/s | speed vs zero=0 |\n'
-printf '|---|------|------|------|------|------|------|------|\n'
-for N in 2 4; do
-  base=
+printf '| layout | N | zero | dt model state (MiB) | dt formula (MiB) | paper formula (MiB) | peak RSS max (MiB) | tok/s | speed vs zero=0 |\n'
+printf '|---|---|------|------|------|------|------|------|------|\n'
+# Layouts: N data-parallel ranks alone (the fused model), and dp=2 with 2 pipeline stages (the
+# graph engine, 4 ranks; the state is rank 0's: the first stage, whose Ps parameters are its
+# zero=0 state / 16, stand in for P in the formulas).
+for layout in dp2 dp4 dp2-pp2; do
+  case $layout in
+    dp2) N=2 ranks=2 extra=() ;;
+    dp4) N=4 ranks=4 extra=() ;;
+    dp2-pp2) N=2 ranks=4 extra=(--parallel.pp=2) ;;
+  esac
+  base= Ps=
   for z in 0 1 2 3; do
-    cmd=(mpiexec -n "$N" "$build/apps/dt_train" --config "$root/configs/micro.ini"
+    cmd=(mpiexec -n "$ranks" "$build/apps/dt_train" --config "$root/configs/micro.ini"
          --data.path="$root/run/corpus.txt" --model.layers=8 --model.embd=256 --model.heads=4
          --train.batch=8 --train.micro-batch=1 --train.steps=8 --train.eval-every=0
-         --train.eval-windows=2 --train.log-every=1000 --parallel.zero="$z")
+         --train.eval-windows=2 --train.log-every=1000 --parallel.zero="$z" "${extra[@]}")
     out=$("${cmd[@]}" 2>&1)
     P=$(sed -nE 's/^dt_train: ([0-9]+) parameters.*/\1/p' <<<"$out")
     read -r sn su < <(sed -nE 's/.*model state ([0-9.]+) ([KMG]?i?B);.*/\1 \2/p' <<<"$out")
     read -r pn pu < <(sed -nE 's/.*; max ([0-9.]+) ([KMG]?i?B).*/\1 \2/p' <<<"$out")
     tps=$(sed -nE 's/.* ([0-9]+) tok\/s \(steady state\).*/\1/p' <<<"$out")
     [ -z "$base" ] && base=$tps
-    read -r mine paper < <(awk -v P="$P" -v N="$N" -v z="$z" 'BEGIN {
+    [ -z "$Ps" ] && Ps=$(awk -v m="$(mib "$sn" "$su")" -v P="$P" -v l="$layout" \
+      'BEGIN { if (l == "dp2-pp2") printf "%.0f\n", m * 1048576 / 16; else print P }')
+    read -r mine paper < <(awk -v P="$Ps" -v N="$N" -v z="$z" 'BEGIN {
       f[0] = 16 * P; f[1] = 8 * P + 16 * P / N; f[2] = 4 * P + 16 * P / N; f[3] = 16 * P / N;
       g[0] = 16 * P; g[1] = 4 * P + 12 * P / N; g[2] = 2 * P + 14 * P / N; g[3] = 16 * P / N;
       printf "%.1f %.1f\n", f[z] / 1048576, g[z] / 1048576 }')
-    printf '| %s | %s | %s | %s | %s | %s | %s | %.2fx |\n' "$N" "$z" "$(mib "$sn" "$su")" "$mine" \
-      "$paper" "$(mib "$pn" "$pu")" "$tps" "$(awk -v a="$tps" -v b="$base" 'BEGIN { print a / b }')"
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %.2fx |\n' "$layout" "$N" "$z" \
+      "$(mib "$sn" "$su")" "$mine" "$paper" "$(mib "$pn" "$pu")" "$tps" \
+      "$(awk -v a="$tps" -v b="$base" 'BEGIN { print a / b }')"
   done
 done
 echo "P = $P parameters"
-echo "command: ${cmd[*]} (N and parallel.zero varied)"
+echo "command: ${cmd[*]} (ranks, parallel.pp and parallel.zero varied)"
