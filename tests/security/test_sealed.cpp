@@ -436,15 +436,30 @@ bool same_bytes(const std::string& what, const std::vector<std::uint8_t>& got,
                   str(got.size(), " bytes, first difference at byte ", first));
 }
 
-// Checks of the mailbox path on a channel whose peers all sit on this node.
-void suite_shm(dt::P2p& p, Comm& world, std::size_t rb, int id) {
+// Per rank of `world`: the lowest world rank on its node (MPI_Comm_split_type SHARED).
+std::vector<std::int32_t> nodes_of(dt::MpiComm& world) {
+  std::unique_ptr<dt::MpiComm> local = world.split_shared();
+  std::int32_t leader = world.rank();
+  local->broadcast(dt::view_of(&leader, 1), 0);
+  std::vector<std::int32_t> node(static_cast<std::size_t>(world.size()));
+  world.all_gather(dt::view_of(static_cast<const std::int32_t*>(&leader), 1), dt::view_of(node));
+  return node;
+}
+
+// Checks of the mailbox path: same-node peers (node[q] == node[me]) use mailboxes, the others
+// the transport; messages go both ways at once between every pair, whichever path they take.
+void suite_shm(dt::P2p& p, Comm& world, const std::vector<std::int32_t>& node, std::size_t rb,
+               int id) {
   const int s = p.size(), me = p.rank();
   if (s < 2) return;
   auto* sp = dynamic_cast<sec::SealedP2p*>(&p);
   for (int q = 0; q < s; ++q)
-    if (q != me)
-      H.expect(sp && sp->shm_with(q), str("mailbox to rank ", q, " on ", p.name()),
-               "sealed messages to this same-node peer do not use shared memory");
+    if (q != me) {
+      const bool local = node[static_cast<std::size_t>(q)] == node[static_cast<std::size_t>(me)];
+      H.expect(sp && sp->shm_with(q) == local, str("mailbox to rank ", q, " on ", p.name()),
+               local ? "sealed messages to this same-node peer do not use shared memory"
+                     : "a peer on another node is served by shared memory");
+    }
   const std::uint32_t salt = static_cast<std::uint32_t>(id) * 1000u;
   // Every rank exchanges one message with every other rank at each size, both ways at once:
   // empty, one byte, odd, around one and two records, and several MiB (past the mailbox).
@@ -553,8 +568,9 @@ void suite_shm(dt::P2p& p, Comm& world, std::size_t rb, int id) {
 
 // A receive whose peer destroys its end of the channel without sending fails with CommError
 // instead of waiting for ever (over MPI: a UCX transport's destructor waits for its peers').
-void check_peer_closed(Comm& world, const sec::Keys& keys) {
-  if (world.size() < 2) return;
+// Ranks 0 and 1 must share a node.
+void check_peer_closed(Comm& world, const std::vector<std::int32_t>& node, const sec::Keys& keys) {
+  if (world.size() < 2 || node[0] != node[1]) return;
   const int me = world.rank();
   std::unique_ptr<dt::P2p> q = sec::seal_p2p(dt::make_p2p("mpi", world), keys, {});
   std::vector<float> buf(1000);
@@ -663,15 +679,16 @@ int run(int argc, char** argv, int world_rank) {
     sec::SealOptions so;
     so.shm = shm;
     auto p = sec::seal_p2p(dt::make_p2p(kind, *world), keys, so);
+    const std::vector<std::int32_t> node = nodes_of(*world);
     suite_p2p(*p, 1);
-    if (shm) suite_shm(*p, *world, so.record_bytes, 1);
+    if (shm) suite_shm(*p, *world, node, so.record_bytes, 1);
     sec::SealOptions small = so;
     small.record_bytes = 4096;
     auto p4 = sec::seal_p2p(dt::make_p2p(kind, *world), keys, small);
     suite_p2p(*p4, 2);
     if (shm) {
-      suite_shm(*p4, *world, small.record_bytes, 2);
-      check_peer_closed(*world, keys);
+      suite_shm(*p4, *world, node, small.record_bytes, 2);
+      check_peer_closed(*world, node, keys);
     } else {
       const auto* sp = dynamic_cast<const sec::SealedP2p*>(p.get());
       for (int q = 0; q < world->size(); ++q)
