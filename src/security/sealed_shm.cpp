@@ -83,22 +83,41 @@ class ShmWork final : public WorkImpl {
       : mb_(std::move(mb)), op_(std::move(op)), what_(std::move(what)), rank_(rank) {}
   bool test() override {
     if (mb_->finished(*op_)) return true;
-    mb_->advance(*op_);
+    using Clock = std::chrono::steady_clock;
+    const auto now = Clock::now();
+    const bool stuck =
+        still_ != Clock::time_point::max() && now - still_ >= std::chrono::milliseconds(1);
+    if (mb_->advance(*op_, stuck))
+      still_ = Clock::time_point::max();
+    else if (still_ == Clock::time_point::max())
+      still_ = now;
     return mb_->finished(*op_);
   }
+  // Spins, then yields the core, and after a millisecond without progress (the peer is not
+  // running: on a shared node it waits for a core) sleeps 50 us at a time, so that the waiting
+  // leaves the core to others (the peer among them) instead of spending the job's share.
   bool wait_for(Millis timeout) override {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
-    auto checked = start;
+    auto checked = start, moved = start;  // moved: when this wait last became idle
     Backoff wait;
     while (!mb_->finished(*op_)) {
-      if (mb_->advance(*op_)) {
+      if (mb_->advance(*op_, wait.idle() && Clock::now() - moved >= std::chrono::milliseconds(1))) {
         wait.reset();
         continue;
       }
-      wait();
-      if (!wait.idle()) continue;
+      if (!wait.idle()) {
+        wait();
+        if (wait.idle()) moved = Clock::now();  // idle from here
+        continue;
+      }
       const auto now = Clock::now();
+      if (now - moved >= std::chrono::milliseconds(1)) {
+        const timespec ts{0, 50000};
+        nanosleep(&ts, nullptr);
+      } else {
+        wait();
+      }
       if (now - checked >= std::chrono::milliseconds(100)) {
         mb_->check_peer(*op_);
         checked = now;
@@ -115,6 +134,8 @@ class ShmWork final : public WorkImpl {
   std::shared_ptr<ShmMailboxes::Op> op_;
   std::string what_;
   int rank_;
+  // test(): since when calls have moved nothing (max: they have)
+  std::chrono::steady_clock::time_point still_ = std::chrono::steady_clock::time_point::max();
 };
 
 }  // namespace
@@ -356,7 +377,7 @@ Work ShmMailboxes::recv(std::string what, int src, void* out, const Expect& e) {
           fail_all(std::current_exception());
         }
       }
-      while (step_in(src)) {
+      while (step_in(src, false)) {
       }
     }
   }
@@ -457,8 +478,11 @@ bool ShmMailboxes::step_out(int peer) {
 }
 
 // Takes the next record from `peer`'s mailbox if one has arrived: opens it into its receive, or
-// keeps it aside for a receive not yet posted.
-bool ShmMailboxes::step_in(int peer) {
+// keeps it aside for a receive not yet posted. A message without a posted receive is kept aside
+// only when a receive from that peer waits behind it, or with `stuck` (a wait that has not moved
+// for a while: the peer may be blocked on a full mailbox the other way); otherwise it stays in the
+// mailbox, as its receive is usually about to be posted.
+bool ShmMailboxes::step_in(int peer, bool stuck) {
   Inbound& in = in_[static_cast<std::size_t>(peer)];
   if (failed_) return false;
   if (in.ctl->head.load(std::memory_order_acquire) == in.tail) return false;
@@ -469,6 +493,7 @@ bool ShmMailboxes::step_in(int peer) {
     InMsg m;
     m.tag = static_cast<std::int32_t>(static_cast<std::uint32_t>(get_le(trailer + 12, 4)));
     auto it = in.posted.find(m.tag);
+    if (it == in.posted.end() && in.posted.empty() && !stuck) return false;
     if (it != in.posted.end()) {
       m.recv = std::move(it->second.front());
       it->second.pop_front();
@@ -505,20 +530,20 @@ bool ShmMailboxes::step_in(int peer) {
   return true;
 }
 
-bool ShmMailboxes::round(bool sends_only) {
+bool ShmMailboxes::round(bool sends_only, bool stuck) {
   bool moved = false;
   for (int p : served_) {
     moved |= step_out(p);
-    if (!sends_only) moved |= step_in(p);
+    if (!sends_only) moved |= step_in(p, stuck);
   }
   return moved;
 }
 
-bool ShmMailboxes::advance(Op& op) {
+bool ShmMailboxes::advance(Op& op, bool stuck) {
   caller_advanced_ns_.store(now_ns(), std::memory_order_relaxed);
   bool moved = false;
   std::lock_guard<std::mutex> lk(mu_);
-  while (!op.done && round(false)) moved = true;
+  while (!op.done && round(false, stuck)) moved = true;
   return moved;
 }
 
@@ -576,7 +601,7 @@ void ShmMailboxes::helper() {
     bool moved = false;
     if (quiet >= kQuiet) {  // one round at a time: a caller may want the lock
       std::lock_guard<std::mutex> g(mu_);
-      moved = round(true);
+      moved = round(true, false);
     }
     if (moved) {
       sleep_us = 20;

@@ -12,10 +12,12 @@
 //
 // Matching: records of a message follow each other in the ring, in send order. The first record
 // of a message is routed by the tag in its (not yet authenticated) header to the oldest posted
-// receive for that tag; with none posted, the message is kept aside (its records copied out of
-// the ring, as MPI keeps unexpected messages) until a receive for the tag is posted, so the ring
-// never blocks on a receive posted late. Whatever a record is routed to, opening it checks every
-// header field against what the receive expects (dt::security::open_record).
+// receive for that tag. With none posted, the message waits in the ring for its receive, unless
+// a receive of another tag from the same peer is posted (it waits behind) or a wait has made no
+// progress for a millisecond (both sides may be blocked sending to each other): then it is kept
+// aside (its records copied out of the ring, as MPI keeps unexpected messages) until a receive
+// for the tag is posted. Whatever a record is routed to, opening it checks every header field
+// against what the receive expects (dt::security::open_record).
 //
 // Progress: isend seals as many records as the ring has room for at once; receives open what has
 // arrived. Every test() and wait() of a Work of the mailboxes advances all of them (sealing into
@@ -98,7 +100,9 @@ class ShmMailboxes : public std::enable_shared_from_this<ShmMailboxes> {
   struct SendOp;
   struct RecvOp;
   /// Advances every mailbox until `op` is done or nothing moves; true when anything moved.
-  bool advance(Op& op);
+  /// `stuck`: the caller's wait has not moved for a while; messages whose receive is not posted
+  /// are then kept aside whatever else is posted (see step_in).
+  bool advance(Op& op, bool stuck);
   /// Throws dt::CommError into `op` when its peer closed its end or its process is gone.
   void check_peer(Op& op);
   /// The state of `op`: rethrows its error; true when done.
@@ -142,8 +146,8 @@ class ShmMailboxes : public std::enable_shared_from_this<ShmMailboxes> {
 
   ShmMailboxes() = default;
   bool step_out(int peer);
-  bool step_in(int peer);
-  bool round(bool sends_only);
+  bool step_in(int peer, bool stuck);
+  bool round(bool sends_only, bool stuck);
   void open_one(RecvOp& r, const std::uint8_t* ct, std::size_t ct_bytes,
                 const std::uint8_t* trailer);
   void fail_all(std::exception_ptr e);
