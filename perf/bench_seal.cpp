@@ -7,8 +7,11 @@
 //               copy costs on this machine
 //   seal/open   one core sealing, resp. opening in place, 256 KiB and 1 MiB in memory
 //               (dt::security::Aead; the ceiling for sealed traffic on one core, as openssl speed)
-//               memcpy, seal and open run on rank 0 while rank 1 waits in a barrier (spinning, as
-//               MPI's waits do), so on a shared machine they get the share one of two ranks gets
+//   reduce      one core adding two 8 MiB f32 buffers into one of them (memory): the reduction
+//               of a 2-rank all_reduce of 16 MiB
+//               memcpy, seal, open and reduce run on rank 0 while rank 1 waits in a barrier
+//               (spinning, as MPI's waits do), so on a shared machine they get the share one of
+//               two ranks gets
 //   p2p         rank 0 streams messages of 1/4/16 MiB to rank 1 (W in flight, W distinct buffers
 //               on each side), over plain MPI point-to-point and over seal_p2p(MPI), the latter
 //               twice: with same-node peers in shared-memory mailboxes ("shared memory"; on two
@@ -34,6 +37,7 @@
 #include <vector>
 
 #include "comm/mpi_comm.hpp"
+#include "comm/reduce.hpp"
 #include "dt/p2p.hpp"
 #include "dt/security.hpp"
 
@@ -78,6 +82,14 @@ double memcpy_rate(std::size_t bytes, int iters) {
   std::vector<std::uint8_t> a(bytes, 1), b(bytes, 2);
   return local_rate(bytes, iters, [&](int r) {
     std::memcpy(r % 2 ? a.data() : b.data(), r % 2 ? b.data() : a.data(), bytes);
+  });
+}
+
+double reduce_rate(std::size_t bytes, int iters) {
+  std::vector<float> a(bytes / sizeof(float), 1.0f), b(a.size(), 2.0f);
+  return local_rate(bytes, iters, [&](int) {
+    const void* in[2] = {a.data(), b.data()};
+    dt::reduce_elements(dt::DType::f32, dt::ReduceOp::sum, a.data(), in, 2, a.size(), 1);
   });
 }
 
@@ -182,6 +194,8 @@ int main(int argc, char** argv) {
         std::printf("open %4zu KiB in place (one core)              %8.2f\n", s >> 10,
                     seal_rate(s, iters, true));
       }
+      std::printf("reduce 8 MiB f32, two inputs (one core)        %8.2f\n",
+                  reduce_rate(std::size_t{8} << 20, iters));
     }
     world->barrier();
     const std::size_t sizes[] = {std::size_t{1} << 20, std::size_t{4} << 20, std::size_t{16} << 20};

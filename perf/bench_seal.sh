@@ -16,9 +16,10 @@
 # all_reduce as a fraction of MPI_Allreduce and of dt's algorithm unsealed; sealed p2p against its
 # bound on one node (through the transport the receiver copies, as plain MPI does, and then opens
 # every byte: 1 / (1/open + 1/plain); through the mailboxes sender and receiver each make one
-# AES-GCM pass on their own core: min(seal, open)), and sealed all_reduce (2 ranks) against
-# dt's algorithm unsealed plus the AES-GCM work of each rank (it seals and opens 2 n bytes for n),
-# 1 / (1/unsealed + 2/seal). Across two nodes there are no same-node peers: both paths of this
+# AES-GCM pass on their own core: min(seal, open)), and sealed all_reduce (2 ranks) against its
+# bound (through the transport: dt's algorithm unsealed plus the AES-GCM work of each rank, which
+# seals and opens n bytes each for n, 1 / (1/unsealed + 2/seal); through the mailboxes: that
+# AES-GCM work and the reduction of the rank's half alone, 1 / (1/seal + 1/open + 0.5/reduce)). Across two nodes there are no same-node peers: both paths of this
 # build take the transport. On an idle machine each rank has a core and the two openssl figures agree; on a
 # shared one (Linux autogroups: every session gets an equal share of the cores) the two ranks of
 # bench_seal share one session's share, as the two openssl processes of -multi 2 do, while a
@@ -134,8 +135,14 @@ def ratios(r, which):
             out[("all_reduce 16 MiB sealed / MPI_Allreduce", col)] = s / m
         if s and u:
             out[("all_reduce 16 MiB sealed / dt unsealed", col)] = s / u
-        if s and u and seal:  # each rank seals and opens 2 n (n - 1) / n, on top of the unsealed work
-            out[("all_reduce 16 MiB sealed / bound 1/(1/unsealed + 2/seal)", col)] = s * (1 / u + 2 / seal)
+        red = c.get("reduce 8 MiB f32, two inputs (one core)")
+        # Bounds (2 ranks): through the transport, dt's algorithm unsealed plus each rank's AES-GCM
+        # work (it seals and opens n bytes each for n), 1/(1/unsealed + 2/seal); through the
+        # mailboxes, that work alone and the reduction of its half, 1/(1/seal + 1/open + 0.5/reduce).
+        if s and u and seal and path != "shared memory":
+            out[("all_reduce 16 MiB sealed / bound", col)] = s * (1 / u + 2 / seal)
+        if s and seal and opn and red and path == "shared memory":
+            out[("all_reduce 16 MiB sealed / bound", col)] = s * (1 / seal + 1 / opn + 0.5 / red)
     return out
 print("\n== summary (ratios within one round; load = 1/5/15-min load average before and after)")
 for r in sorted(ssl, key=int):
