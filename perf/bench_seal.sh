@@ -77,8 +77,9 @@ for r in $(seq "$rounds"); do
     echo "round $r load-after $(cut -d' ' -f1-3 /proc/loadavg)"
   } | tee -a "$out"
 done
-python3 - "$out" <<'PY'
+python3 - "$out" "$nodes" <<'PY'
 import re, statistics, sys
+two_nodes = len(sys.argv) > 2 and sys.argv[2] == "2"
 rows = {}  # (round, which) -> {case: GB/s}
 ssl, ssl2, load = {}, {}, {}
 for line in open(sys.argv[1]):
@@ -110,8 +111,10 @@ def ratios(r, which):
     c = rows.get((r, which), {})
     out = {}
     seal, opn = c.get("seal 1024 KiB (one core)"), c.get("open 1024 KiB in place (one core)")
+    if two_nodes:  # no bounds there (the network sets them), and no same-node peer
+        seal = opn = None
     for path in paths(c):
-        col = f"{which}: {path}"
+        col = f"{which}: {path}" + (" (no same-node peer)" if two_nodes and path == "shared memory" else "")
         for mib in (1, 4, 16):
             s, p = c.get(sealed_key(mib, path)), c.get(f"p2p {mib} MiB plain MPI")
             if s and r in ssl:
