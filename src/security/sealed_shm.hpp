@@ -24,7 +24,8 @@
 // free slots, opening arrived records), and a helper thread seals pending sends when no caller
 // has advanced the mailboxes for a millisecond, so a send completes while its caller computes or
 // waits on another communicator (as MPI's do). Receives advance only inside their callers' calls.
-// Waits spin briefly, then yield the core (sleep on real-time threads).
+// Waits spin briefly, then yield the core (sleep on real-time threads), and after a millisecond
+// without progress sleep 50 us at a time, leaving the core to the peer on a shared node.
 //
 // Failures: a rejected record fails its receive with dt::SecurityError (naming the peer and the
 // sequence number, counted in dt_security_auth_failures_total). The channel's mailboxes are then
