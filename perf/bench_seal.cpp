@@ -1,25 +1,31 @@
 // bench_seal: the cost of AES-256-GCM sealing in dt's tensor traffic, side by side in one run.
 //
 //   mpiexec -n 2 bench_seal [--iters N] [--window W] [--record-bytes B] [--segment-bytes S]
-//                           [--cases LIST]
+//                           [--shm-ring-bytes M] [--cases LIST]
 // prints, on rank 0:
 //   memcpy      one core copying 256 KiB (in cache) and 16 MiB (memory): what a transport's own
 //               copy costs on this machine
 //   seal/open   one core sealing, resp. opening in place, 256 KiB and 1 MiB in memory
 //               (dt::security::Aead; the ceiling for sealed traffic on one core, as openssl speed)
-//               memcpy, seal and open run on rank 0 while rank 1 waits in a barrier (spinning, as
-//               MPI's waits do), so on a shared machine they get the share one of two ranks gets
+//   reduce      one core adding two 8 MiB f32 buffers into one of them (memory): the reduction
+//               of a 2-rank all_reduce of 16 MiB
+//               memcpy, seal, open and reduce run on rank 0 while rank 1 waits in a barrier
+//               (spinning, as MPI's waits do), so on a shared machine they get the share one of
+//               two ranks gets
 //   p2p         rank 0 streams messages of 1/4/16 MiB to rank 1 (W in flight, W distinct buffers
-//               on each side), over plain MPI point-to-point and over seal_p2p(MPI): GB/s of
-//               payload
+//               on each side), over plain MPI point-to-point and over seal_p2p(MPI), the latter
+//               twice: with same-node peers in shared-memory mailboxes ("shared memory"; on two
+//               nodes there are none and it takes the transport too) and through the transport
+//               alone (SealOptions::shm = false, "transport"): GB/s of payload
 //   all_reduce  16 MiB of f32 (sum) over MPI_Allreduce (dt::MpiComm), over dt's sealed
-//               communicator, and over the same algorithm with every peer unsealed: GB/s algorithm
-//               bandwidth (bytes / time)
+//               communicator (again with and without the mailboxes), and over the same algorithm
+//               with every peer unsealed: GB/s algorithm bandwidth (bytes / time)
 // --cases picks some of local,p2p,all_reduce (default: all). Each figure is the median of --iters
 // timed repetitions after one warm-up. The ranks may sit on
 // one node or on two (srun): the unsealed dt communicator exempts every peer either way.
-// The source also builds against dt before sealing had records (no SealOptions::record_bytes),
-// so that the previous implementation can be measured in the same run.
+// The source also builds against dt before sealing had records (no SealOptions::record_bytes)
+// or mailboxes (no SealOptions::shm; it then prints the transport figures only), so that a
+// previous implementation can be measured in the same run.
 #include <mpi.h>
 
 #include <algorithm>
@@ -31,6 +37,7 @@
 #include <vector>
 
 #include "comm/mpi_comm.hpp"
+#include "comm/reduce.hpp"
 #include "dt/p2p.hpp"
 #include "dt/security.hpp"
 
@@ -78,6 +85,14 @@ double memcpy_rate(std::size_t bytes, int iters) {
   });
 }
 
+double reduce_rate(std::size_t bytes, int iters) {
+  std::vector<float> a(bytes / sizeof(float), 1.0f), b(a.size(), 2.0f);
+  return local_rate(bytes, iters, [&](int) {
+    const void* in[2] = {a.data(), b.data()};
+    dt::reduce_elements(dt::DType::f32, dt::ReduceOp::sum, a.data(), in, 2, a.size(), 1);
+  });
+}
+
 double seal_rate(std::size_t bytes, int iters, bool open) {
   sec::Key k{};
   k.fill(7);
@@ -118,6 +133,23 @@ void set_record_bytes(O& o, std::size_t b) {
     if (b > 0) o.record_bytes = b;
   }
 }
+// SealOptions::shm / SealedCommOptions::shm where they exist; false when they do not.
+template <class O, class = void>
+struct has_shm : std::false_type {};
+template <class O>
+struct has_shm<O, std::void_t<decltype(O::shm)>> : std::true_type {};
+template <class O>
+bool set_shm(O& o, bool on, std::size_t ring_bytes = 0) {
+  if constexpr (has_shm<O>::value) {
+    o.shm = on;
+    if constexpr (std::is_same_v<O, sec::SealOptions>) {
+      if (ring_bytes > 0) o.shm_ring_bytes = ring_bytes;
+    }
+    return true;
+  } else {
+    return !on;  // the transport only
+  }
+}
 
 }  // namespace
 
@@ -125,7 +157,7 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int iters = 5, window = 4;
-  std::size_t record_bytes = 0, segment_bytes = 0;
+  std::size_t record_bytes = 0, segment_bytes = 0, ring_bytes = 0;
   std::string cases = "local,p2p,all_reduce";
   for (int i = 1; i + 1 < argc; ++i) {
     const std::string a = argv[i];
@@ -134,6 +166,7 @@ int main(int argc, char** argv) {
     if (a == "--window") window = std::max(1, std::atoi(argv[i + 1]));
     if (a == "--record-bytes") record_bytes = std::strtoull(argv[i + 1], nullptr, 10);
     if (a == "--segment-bytes") segment_bytes = std::strtoull(argv[i + 1], nullptr, 10);
+    if (a == "--shm-ring-bytes") ring_bytes = std::strtoull(argv[i + 1], nullptr, 10);
   }
   {
     auto world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
@@ -161,50 +194,78 @@ int main(int argc, char** argv) {
         std::printf("open %4zu KiB in place (one core)              %8.2f\n", s >> 10,
                     seal_rate(s, iters, true));
       }
+      std::printf("reduce 8 MiB f32, two inputs (one core)        %8.2f\n",
+                  reduce_rate(std::size_t{8} << 20, iters));
     }
     world->barrier();
     const std::size_t sizes[] = {std::size_t{1} << 20, std::size_t{4} << 20, std::size_t{16} << 20};
+    // The sealed variants: through mailboxes where peers share a node, and the transport alone.
+    struct Variant {
+      const char* label;
+      bool shm;
+    };
+    std::vector<Variant> variants;
+    {
+      sec::SealOptions o;
+      if (set_shm(o, true)) variants.push_back({"shared memory", true});
+      variants.push_back({"transport", false});
+    }
     auto plain = dt::make_p2p("mpi", *world);
-    sec::SealOptions po;
-    set_record_bytes(po, record_bytes);
-    auto sealed = sec::seal_p2p(dt::make_p2p("mpi", *world), keys, po);
+    std::vector<std::unique_ptr<dt::P2p>> sealed;
+    for (const Variant& v : variants) {
+      sec::SealOptions po;
+      set_record_bytes(po, record_bytes);
+      set_shm(po, v.shm, ring_bytes);
+      sealed.push_back(sec::seal_p2p(dt::make_p2p("mpi", *world), keys, po));
+    }
     for (std::size_t s : sizes) {
       if (!want("p2p")) break;
       const int msgs = static_cast<int>(std::max<std::size_t>(8, (std::size_t{256} << 20) / s));
       std::vector<std::vector<float>> bufs(static_cast<std::size_t>(window),
                                            std::vector<float>(s / sizeof(float), 1.0f));
-      const double tp = timed(iters, *world, [&] { stream(*plain, bufs, msgs); });
-      const double ts = timed(iters, *world, [&] { stream(*sealed, bufs, msgs); });
       const double gb = static_cast<double>(s) * msgs / 1e9;
-      if (lead) {
+      const double tp = timed(iters, *world, [&] { stream(*plain, bufs, msgs); });
+      if (lead)
         std::printf("p2p %5zu MiB plain MPI                         %8.2f\n", s >> 20, gb / tp);
-        std::printf("p2p %5zu MiB sealed                            %8.2f  (%.0f%% of plain)\n",
-                    s >> 20, gb / ts, 100.0 * tp / ts);
+      for (std::size_t v = 0; v < variants.size(); ++v) {
+        const double ts = timed(iters, *world, [&] { stream(*sealed[v], bufs, msgs); });
+        if (lead)
+          std::printf("p2p %5zu MiB sealed, %-25s %8.2f  (%.0f%% of plain)\n", s >> 20,
+                      variants[v].label, gb / ts, 100.0 * tp / ts);
       }
     }
     if (want("all_reduce")) {
       const std::size_t n = (std::size_t{16} << 20) / sizeof(float);
       std::vector<float> buf(n, 1.0f);
-      sec::SealedCommOptions so;
-      if (segment_bytes > 0) so.segment_bytes = segment_bytes;
-      auto sc = sec::make_sealed_comm(*world, keys, so);
-      so.exempt_node_local = true;  // all ranks on one (simulated) node: every peer unsealed
-      so.simulated_nodes = 1;
-      auto xc = sec::make_sealed_comm(*world, keys, so);
+      std::vector<std::unique_ptr<dt::Comm>> scs;
+      for (const Variant& v : variants) {
+        sec::SealedCommOptions so;
+        if (segment_bytes > 0) so.segment_bytes = segment_bytes;
+        set_shm(so, v.shm);
+        scs.push_back(sec::make_sealed_comm(*world, keys, so));
+      }
+      sec::SealedCommOptions xo;
+      if (segment_bytes > 0) xo.segment_bytes = segment_bytes;
+      xo.exempt_node_local = true;  // all ranks on one (simulated) node: every peer unsealed
+      xo.simulated_nodes = 1;
+      auto xc = sec::make_sealed_comm(*world, keys, xo);
+      const double gb = static_cast<double>(n * sizeof(float)) / 1e9;
       const double tm =
           timed(iters, *world, [&] { world->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
-      const double ts =
-          timed(iters, *world, [&] { sc->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
       const double tx =
           timed(iters, *world, [&] { xc->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
-      const double gb = static_cast<double>(n * sizeof(float)) / 1e9;
       if (lead) {
         std::printf("all_reduce 16 MiB f32 MPI_Allreduce             %8.2f\n", gb / tm);
         std::printf("all_reduce 16 MiB f32 dt, unsealed              %8.2f\n", gb / tx);
-        std::printf(
-            "all_reduce 16 MiB f32 dt sealed                 %8.2f  (%.0f%% of MPI, %.0f%% "
-            "of dt unsealed)\n",
-            gb / ts, 100.0 * tm / ts, 100.0 * tx / ts);
+      }
+      for (std::size_t v = 0; v < variants.size(); ++v) {
+        const double ts =
+            timed(iters, *world, [&] { scs[v]->all_reduce(dt::view_of(buf), dt::ReduceOp::sum); });
+        if (lead)
+          std::printf(
+              "all_reduce 16 MiB f32 dt sealed, %-14s %8.2f  (%.0f%% of MPI, %.0f%% of dt "
+              "unsealed)\n",
+              variants[v].label, gb / ts, 100.0 * tm / ts, 100.0 * tx / ts);
       }
     }
   }

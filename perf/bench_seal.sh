@@ -9,13 +9,18 @@
 #   3. BASELINE_BENCH, if given: a bench_seal binary built from the same perf/bench_seal.cpp
 #      against another dt (the previous implementation), same arguments; its order with 2.
 #      alternates between rounds
-# and then prints per round and as medians over the rounds: sealed p2p as a fraction of openssl's
-# one-core rate (one process alone, and per process of two) and of plain MPI, sealed all_reduce as
-# a fraction of MPI_Allreduce and of dt's algorithm unsealed, each for this build and the
-# baseline; and sealed p2p against what a receiver that copies (as plain MPI does) and then opens
-# every byte can reach at best, 1 / (1/open + 1/plain), and sealed all_reduce (2 ranks) against
-# dt's algorithm unsealed plus the AES-GCM work of each rank (it seals and opens 2 n bytes for n),
-# 1 / (1/unsealed + 2/seal). On an idle machine each rank has a core and the two openssl figures agree; on a
+# and then prints per round and as medians over the rounds, for each sealed path of each binary
+# (this build: through the shared-memory mailboxes and through the transport alone, side by side
+# in the same process; a baseline before the mailboxes: its one path): sealed p2p as a fraction of
+# openssl's one-core rate (one process alone, and per process of two) and of plain MPI, sealed
+# all_reduce as a fraction of MPI_Allreduce and of dt's algorithm unsealed; sealed p2p against its
+# bound on one node (through the transport the receiver copies, as plain MPI does, and then opens
+# every byte: 1 / (1/open + 1/plain); through the mailboxes sender and receiver each make one
+# AES-GCM pass on their own core: min(seal, open)), and sealed all_reduce (2 ranks) against its
+# bound (through the transport: dt's algorithm unsealed plus the AES-GCM work of each rank, which
+# seals and opens n bytes each for n, 1 / (1/unsealed + 2/seal); through the mailboxes: that
+# AES-GCM work and the reduction of the rank's half alone, 1 / (1/seal + 1/open + 0.5/reduce)). Across two nodes there are no same-node peers: both paths of this
+# build take the transport. On an idle machine each rank has a core and the two openssl figures agree; on a
 # shared one (Linux autogroups: every session gets an equal share of the cores) the two ranks of
 # bench_seal share one session's share, as the two openssl processes of -multi 2 do, while a
 # single openssl process has it alone.
@@ -72,8 +77,9 @@ for r in $(seq "$rounds"); do
     echo "round $r load-after $(cut -d' ' -f1-3 /proc/loadavg)"
   } | tee -a "$out"
 done
-python3 - "$out" <<'PY'
+python3 - "$out" "$nodes" <<'PY'
 import re, statistics, sys
+two_nodes = len(sys.argv) > 2 and sys.argv[2] == "2"
 rows = {}  # (round, which) -> {case: GB/s}
 ssl, ssl2, load = {}, {}, {}
 for line in open(sys.argv[1]):
@@ -91,46 +97,75 @@ for line in open(sys.argv[1]):
         continue
     m = re.match(r"round (\d+) (new|base) (.*\S)\s+([\d.]+)(?:\s+\(.*\))?\s*$", line)
     if m:
-        rows.setdefault((m[1], m[2]), {})[m[3].strip()] = float(m[4])
+        rows.setdefault((m[1], m[2]), {})[re.sub(r"\s+", " ", m[3].strip())] = float(m[4])
+# The sealed paths a binary reports: "sealed, shared memory" and "sealed, transport" (this
+# implementation), or "sealed" (one before the mailboxes).
+def paths(c):
+    found = [p for p in ("shared memory", "transport") if f"p2p 1 MiB sealed, {p}" in c or
+             f"all_reduce 16 MiB f32 dt sealed, {p}" in c]
+    return found or ["sealed"]
+def sealed_key(kind, path):
+    name = "sealed" if path == "sealed" else f"sealed, {path}"
+    return f"p2p {kind} MiB {name}" if kind else f"all_reduce 16 MiB f32 dt {name}"
 def ratios(r, which):
     c = rows.get((r, which), {})
     out = {}
-    for mib in (1, 4, 16):
-        s, p = c.get(f"p2p {mib:5d} MiB sealed"), c.get(f"p2p {mib:5d} MiB plain MPI")
-        if s and r in ssl:
-            out[f"p2p {mib:2d} MiB sealed / openssl, alone"] = s / ssl[r]
-        if p and r in ssl:  # the transport alone, no cryptography
-            out[f"p2p {mib:2d} MiB plain / openssl, alone"] = p / ssl[r]
-        if s and r in ssl2:
-            out[f"p2p {mib:2d} MiB sealed / openssl, one of two"] = s / ssl2[r]
-        if s and p:
-            out[f"p2p {mib:2d} MiB sealed / plain"] = s / p
-        o = c.get("open  256 KiB in place (one core)")
-        if s and p and o:  # one node: the receiver copies (the transport) and opens each byte
-            out[f"p2p {mib:2d} MiB sealed / (1/(1/open + 1/plain))"] = s * (1 / o + 1 / p)
-    s = c.get("all_reduce 16 MiB f32 dt sealed")
-    m, u = c.get("all_reduce 16 MiB f32 MPI_Allreduce"), c.get("all_reduce 16 MiB f32 dt, unsealed")
-    if s and m:
-        out["all_reduce 16 MiB sealed / MPI"] = s / m
-    if s and u:
-        out["all_reduce 16 MiB sealed / dt unsealed"] = s / u
-    a = c.get("seal 1024 KiB (one core)")
-    if s and u and a:  # each rank seals and opens 2 n (n - 1) / n, on top of the unsealed work
-        out["all_reduce 16 MiB sealed / (1/(1/unsealed + 2/seal))"] = s * (1 / u + 2 / a)
+    seal, opn = c.get("seal 1024 KiB (one core)"), c.get("open 1024 KiB in place (one core)")
+    if two_nodes:  # no bounds there (the network sets them), and no same-node peer
+        seal = opn = None
+    for path in paths(c):
+        col = f"{which}: {path}" + (" (no same-node peer)" if two_nodes and path == "shared memory" else "")
+        for mib in (1, 4, 16):
+            s, p = c.get(sealed_key(mib, path)), c.get(f"p2p {mib} MiB plain MPI")
+            if s and r in ssl:
+                out[(f"p2p {mib:2d} MiB sealed / openssl, alone", col)] = s / ssl[r]
+            if s and r in ssl2:
+                out[(f"p2p {mib:2d} MiB sealed / openssl, one of two", col)] = s / ssl2[r]
+            if s and p:
+                out[(f"p2p {mib:2d} MiB sealed / plain MPI", col)] = s / p
+            if p and r in ssl and path != "shared memory":  # the transport alone, no cryptography
+                out[(f"p2p {mib:2d} MiB plain MPI / openssl, alone", col)] = p / ssl[r]
+            # Bounds on one node: through the transport the receiver copies (as plain MPI does)
+            # and then opens each byte, 1 / (1/open + 1/plain); through the mailboxes sender and
+            # receiver each make one pass on their own core, min(seal, open).
+            if s and p and opn and path != "shared memory":
+                out[(f"p2p {mib:2d} MiB sealed / bound", col)] = s * (1 / opn + 1 / p)
+            if s and seal and opn and path == "shared memory":
+                out[(f"p2p {mib:2d} MiB sealed / bound", col)] = s / min(seal, opn)
+        s = c.get(sealed_key(None, path))
+        m, u = c.get("all_reduce 16 MiB f32 MPI_Allreduce"), c.get("all_reduce 16 MiB f32 dt, unsealed")
+        if s and m:
+            out[("all_reduce 16 MiB sealed / MPI_Allreduce", col)] = s / m
+        if s and u:
+            out[("all_reduce 16 MiB sealed / dt unsealed", col)] = s / u
+        red = c.get("reduce 8 MiB f32, two inputs (one core)")
+        # Bounds (2 ranks): through the transport, dt's algorithm unsealed plus each rank's AES-GCM
+        # work (it seals and opens n bytes each for n), 1/(1/unsealed + 2/seal); through the
+        # mailboxes, that work alone and the reduction of its half, 1/(1/seal + 1/open + 0.5/reduce).
+        if s and u and seal and path != "shared memory":
+            out[("all_reduce 16 MiB sealed / bound", col)] = s * (1 / u + 2 / seal)
+        if s and seal and opn and red and path == "shared memory":
+            out[("all_reduce 16 MiB sealed / bound", col)] = s * (1 / seal + 1 / opn + 0.5 / red)
     return out
 print("\n== summary (ratios within one round; load = 1/5/15-min load average before and after)")
 for r in sorted(ssl, key=int):
     print(f"round {r}: openssl one process {ssl[r]:.2f} GB/s, each of two {ssl2.get(r, 0):.2f} "
           f"GB/s; load {' -> '.join(load.get(r, []))}")
-whiches = [w for w in ("new", "base") if any(k[1] == w for k in rows)]
-keys = sorted({k for r in ssl for w in whiches for k in ratios(r, w)})
+allr = {r: {**ratios(r, "new"), **ratios(r, "base")} for r in ssl}
+cols = []
+for r in allr:
+    for (_, col) in allr[r]:
+        if col not in cols:
+            cols.append(col)
+keys = sorted({k for r in allr for (k, _) in allr[r]})
 width = max([len(k) for k in keys] + [5])
-print(f"{'ratio':{width}}" + "".join(f"  {w + ': median (min-max)':>24}" for w in whiches))
+cw = max([len(c) for c in cols] + [16]) + 2
+print(f"{'ratio: median (min-max)':{width}}" + "".join(f"  {c:>{cw}}" for c in cols))
 for k in keys:
     line = f"{k:{width}}"
-    for w in whiches:
-        v = [ratios(r, w)[k] for r in ssl if k in ratios(r, w)]
+    for col in cols:
+        v = [allr[r][(k, col)] for r in allr if (k, col) in allr[r]]
         cell = f"{statistics.median(v):.0%} ({min(v):.0%}-{max(v):.0%})" if v else "-"
-        line += f"  {cell:>24}"
+        line += f"  {cell:>{cw}}"
     print(line)
 PY

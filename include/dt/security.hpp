@@ -41,6 +41,26 @@
 // each side, no copy besides the transport's own. A record of 256 KiB fits in a core's L2 cache,
 // so it is opened while its ciphertext is still there.
 //
+// Shared memory: between ranks of one node (as MPI sees nodes: MPI_Comm_split_type SHARED), the
+// records do not go through the transport at all. Each ordered pair of ranks has a mailbox in a
+// node-wide POSIX shared-memory segment: a ring of record slots (SealOptions::shm_ring_bytes)
+// with a head and a tail counter. The sender seals each record straight into the next free slot
+// and publishes it; the receiver authenticates and decrypts it straight from the slot into the
+// caller's buffer and frees the slot. So each byte is encrypted once and decrypted once, with no
+// copy in between, and both sides work at once, record by record. Records, nonces, headers and
+// every check are those of the transport path, and so are the errors (a rejected record fails its
+// receive with dt::SecurityError naming the peer and the sequence number; every other pending
+// or later operation through the channel's mailboxes then fails too, and none touches a caller's
+// buffer any more). A message that arrives before its receive is posted waits in the mailbox;
+// it is copied aside (as MPI keeps unexpected messages) only when a receive of another tag waits
+// behind it, or when a wait has made no progress for a millisecond. Synchronisation is by atomics
+// in the segment: waits spin briefly, then yield the core; a wait that makes no progress fails with
+// dt::CommError when the peer's end was destroyed or its process is gone, instead of hanging. Sends
+// complete when every record is in the mailbox; every wait on the channel advances every pending
+// operation, and a helper thread seals pending sends when nobody has advanced them for a
+// millisecond (so a send completes while its caller computes or waits elsewhere, as MPI's do).
+// Tamper faults apply on this path as on the transport's.
+//
 // Failure policy: a SecurityError must end the job (no rank may go on with bad data). Callers catch
 // it at the top of the rank and call abort_job(), which prints the reason and calls MPI_Abort, so
 // ranks waiting for the rejected data do not hang.
@@ -253,6 +273,23 @@ struct SealOptions {
   /// the channel (dt::InvalidArgument otherwise, found when the channel is created). 64 KiB to
   /// 1 MiB keeps a record in cache between its transfer and its sealing or opening.
   std::size_t record_bytes = kDefaultRecordBytes;
+  /// Sealed messages between ranks of one node (MPI_Comm_split_type SHARED over the transport's
+  /// communicator) go through shared-memory mailboxes instead of the transport (see "Shared
+  /// memory" above). false on any rank of a node: that node uses the transport. Transports not
+  /// backed by MPI (make_p2p's are) always use the transport.
+  bool shm = true;
+  /// Bytes of one mailbox (one per ordered pair of sealed ranks of a node), rounded down to whole
+  /// records, at least two and at most 256; the smallest value of a node's ranks applies; shrunk
+  /// (to two records at least) where a node's mailboxes would take more than 1 GiB. The sender
+  /// runs at most this far ahead of its receiver: on a node whose cores are shared with other
+  /// jobs, the two are seldom scheduled at once, and a mailbox of a few scheduler time slices of
+  /// sealing keeps each busy while the other waits (8 MiB: about twice as fast as 2 MiB there,
+  /// perf/RESULTS.md); when both run at once, the receiver reads what the sender has just
+  /// written, from the shared cache, whatever the size.
+  std::size_t shm_ring_bytes = std::size_t{8} << 20;
+  /// Testing only: mailboxes serve only ranks of the same simulated node (this many contiguous
+  /// blocks of ranks), as SealedCommOptions::simulated_nodes.
+  int simulated_nodes = 0;
   Tamper tamper;  ///< testing only
 };
 
@@ -283,6 +320,9 @@ struct SealedCommOptions {
   std::size_t segment_bytes = std::size_t{1} << 20;
   /// Traffic between ranks of one node (MPI_COMM_TYPE_SHARED) travels unsealed.
   bool exempt_node_local = false;
+  /// Sealed traffic between ranks of one node goes through shared-memory mailboxes
+  /// (SealOptions::shm).
+  bool shm = true;
   /// Testing only: pretend the ranks sit on this many nodes (contiguous blocks of ranks).
   int simulated_nodes = 0;
   Tamper tamper;  ///< testing only

@@ -1,23 +1,11 @@
 #include "shm_comm.hpp"
 
-#include <fcntl.h>
-#include <sched.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cstring>
-#include <ctime>
 #include <new>
 #include <sstream>
 #include <utility>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include "reduce.hpp"
 
@@ -33,23 +21,12 @@ struct ShmComm::Control {
 
 namespace {
 
-static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
-              "shared-memory flags need lock-free 64-bit atomics");
-
 constexpr std::size_t kCtlBytes = 4096;
 constexpr std::size_t kAlign = 4096;
 
 std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
 
-inline void cpu_relax() {
-#if defined(__x86_64__)
-  _mm_pause();
-#endif
-}
-
 std::uint64_t pack(std::uint64_t seq, std::uint64_t chunks) { return (seq << 32) | chunks; }
-
-std::atomic<unsigned> g_segments{0};
 
 // memcpy that accepts the null pointer of an empty buffer (memcpy itself may not be given one).
 inline void copy_bytes(void* dst, const void* src, std::size_t n) {
@@ -99,58 +76,18 @@ std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name
   // One POSIX shared-memory object per node: L segments of [control | staging | arena].
   c->seg_bytes_ =
       kCtlBytes + round_up(cfg.staging_bytes, kAlign) + round_up(cfg.arena_bytes, kAlign);
-  c->map_bytes_ = c->seg_bytes_ * static_cast<std::size_t>(L);
-  char shm_name[64] = {0};
   std::string err;
-  int fd = -1;
-  if (me == 0) {
-    std::snprintf(shm_name, sizeof shm_name, "/dt-shm-%ld-%u", static_cast<long>(getpid()),
-                  g_segments.fetch_add(1));
-    fd = shm_open(shm_name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
-      err = std::string("shm_open(") + shm_name + ") failed: " + std::strerror(errno);
-    } else {
-      int rc = ftruncate(fd, static_cast<off_t>(c->map_bytes_));
-      if (rc == 0)
-        rc = posix_fallocate(fd, 0, static_cast<off_t>(c->map_bytes_));
-      else
-        rc = errno;
-      if (rc != 0)
-        err = "cannot reserve " + std::to_string(c->map_bytes_) + " bytes in /dev/shm (" +
-              shm_name + "): " + std::strerror(rc);
-    }
-    if (!err.empty()) shm_name[0] = '\0';
-  }
-  c->local_->broadcast(view_of(reinterpret_cast<std::uint8_t*>(shm_name), sizeof shm_name), 0);
-  if (me != 0 && shm_name[0] != '\0') {
-    fd = shm_open(shm_name, O_RDWR, 0600);
-    if (fd < 0) err = std::string("shm_open(") + shm_name + ") failed: " + std::strerror(errno);
-  }
-  if (fd >= 0 && err.empty()) {
-    void* p = mmap(nullptr, c->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-      err = "mmap of " + std::to_string(c->map_bytes_) +
-            " bytes of shared memory failed: " + std::strerror(errno);
-    else
-      c->map_ = p;
-  }
-  if (fd >= 0) close(fd);
-  if (c->map_) {
+  c->shm_ =
+      ShmSegment::create(*c->local_, c->seg_bytes_ * static_cast<std::size_t>(L), "dt-shm", &err);
+  if (c->shm_) {
     for (int q = 0; q < L; ++q)
-      c->bases_.push_back(static_cast<char*>(c->map_) +
-                          c->seg_bytes_ * static_cast<std::size_t>(q));
+      c->bases_.push_back(c->shm_.data() + c->seg_bytes_ * static_cast<std::size_t>(q));
     new (c->seg(me)) Control();
     c->arena_ = c->seg(me) + kCtlBytes + round_up(cfg.staging_bytes, kAlign);
   }
   // Every rank learns whether every rank of the job has its segment before anyone uses it.
   int ok = err.empty() ? 1 : 0;
   c->mpi_->all_reduce(view_of(&ok, 1), ReduceOp::min);
-  if (me == 0 && shm_name[0] != '\0') {
-    c->local_->barrier();  // everyone has mapped (or failed): the name is no longer needed
-    shm_unlink(shm_name);
-  } else {
-    c->local_->barrier();
-  }
   if (!err.empty())
     DT_THROW(CommError, "shared-memory communicator ", c->name_, " on rank ", rank, ": ", err);
   DT_CHECK(CommError, ok, "shared-memory communicator ", c->name_, ": another rank could not map ",
@@ -160,7 +97,6 @@ std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name
 
 ShmComm::~ShmComm() {
   queue_.reset();  // finishes queued operations first
-  if (map_) munmap(map_, map_bytes_);
 }
 
 // --- helpers -----------------------------------------------------------------------------------
@@ -198,39 +134,6 @@ std::string ShmComm::what(const char* op, ConstTensorView v, const char* extra) 
   s << ") on " << name_;
   return s.str();
 }
-
-namespace {
-
-// True for SCHED_FIFO/SCHED_RR threads (the progress thread of a QoS tier): sched_yield() never
-// hands their core to an ordinary thread, so they must sleep instead of spinning.
-bool realtime_thread() {
-  thread_local const bool rt = [] {
-    const int p = sched_getscheduler(0);
-    return p == SCHED_FIFO || p == SCHED_RR;
-  }();
-  return rt;
-}
-
-// Waits until `a` >= target: a short spin (a peer a few microseconds behind), then yielding the
-// core (ordinary threads) or sleeping 10 us at a time (real-time threads, whose timer slack is 0).
-inline void wait_ge(const std::atomic<std::uint64_t>& a, std::uint64_t target) {
-  const bool rt = realtime_thread();
-  for (unsigned spins = 0;; ++spins) {
-    if (a.load(std::memory_order_acquire) >= target) return;
-    if (spins < 128) {
-      cpu_relax();
-      continue;
-    }
-    if (rt) {
-      const timespec ts{0, 10000};
-      nanosleep(&ts, nullptr);
-    } else {
-      sched_yield();
-    }
-  }
-}
-
-}  // namespace
 
 void ShmComm::arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n) {
   Control& mine = ctl(local_->rank());

@@ -37,6 +37,7 @@
 #include "dt/comm.hpp"
 #include "mpi_comm.hpp"
 #include "progress.hpp"
+#include "shm_segment.hpp"
 
 namespace dt {
 
@@ -134,8 +135,8 @@ class ShmComm final : public Comm {
   ShmConfig cfg_;
   std::unique_ptr<MpiComm> mpi_, local_, cross_;
   int nodes_ = 1;
-  void* map_ = nullptr;
-  std::size_t map_bytes_ = 0, seg_bytes_ = 0;
+  ShmSegment shm_;
+  std::size_t seg_bytes_ = 0;
   std::vector<char*> bases_;
   char* arena_ = nullptr;
   std::uint64_t seq_ = 0;    // synchronisation rounds through the segment

@@ -326,6 +326,7 @@ UcxP2p::~UcxP2p() = default;
 
 int UcxP2p::rank() const noexcept { return st_->rank; }
 int UcxP2p::size() const noexcept { return st_->size; }
+MPI_Comm UcxP2p::bootstrap() const noexcept { return st_->comm; }
 const std::string& UcxP2p::name() const noexcept { return st_->name; }
 
 Work UcxP2p::isend(ConstTensorView buf, int dst, int tag) {

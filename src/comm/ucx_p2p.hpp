@@ -53,6 +53,10 @@ class UcxP2p final : public P2p {
   Work isend(ConstTensorView buf, int dst, int tag) override;
   Work irecv(TensorView buf, int src, int tag) override;
 
+  /// This transport's duplicate of the bootstrap communicator (same ranks): for collective setup
+  /// of layers above it (MPI_Comm_split_type and the like); its traffic must stay collective.
+  MPI_Comm bootstrap() const noexcept;
+
   /// The 64-bit UCX tag of a message from `src` with user tag `tag` (exposed for tests).
   static std::uint64_t wire_tag(int src, int tag) noexcept {
     return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(src)) << 32) |

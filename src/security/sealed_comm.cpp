@@ -188,6 +188,8 @@ std::unique_ptr<SealedComm> SealedComm::create(const MpiComm& world, const Keys&
   SealOptions so;
   so.channel = "collectives";
   so.tamper = opts.tamper;
+  so.shm = opts.shm;
+  so.simulated_nodes = opts.simulated_nodes;
   if (opts.exempt_node_local || opts.simulated_nodes > 0) {
     std::vector<std::int32_t> node(static_cast<std::size_t>(n), 0);
     if (opts.simulated_nodes > 0) {

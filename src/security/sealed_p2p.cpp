@@ -7,8 +7,11 @@
 #include <iterator>
 #include <thread>
 
+#include "comm/mpi_comm.hpp"
+#include "comm/ucx_p2p.hpp"
 #include "dt/error.hpp"
 #include "dt/metrics.hpp"
+#include "sealed_shm.hpp"
 
 namespace dt::security {
 
@@ -118,17 +121,6 @@ void count_failure(Reject r) noexcept {
 }
 
 // ---- state --------------------------------------------------------------------------------------
-
-struct SealedP2p::Peer {
-  std::mutex send_mu;  // held while one message's records are sealed and posted, in order
-  std::optional<Aead> enc;
-  std::uint64_t counter = 0;              // records sent to this peer (the nonce counter)
-  std::map<int, std::uint64_t> send_seq;  // per tag
-  std::mutex recv_mu;                     // held while one message's receives are posted
-  std::map<int, std::uint64_t> recv_seq;  // per tag, assigned when a receive is posted
-  std::mutex dec_mu;                      // opening happens outside recv_mu
-  std::optional<Aead> dec;
-};
 
 struct SealedP2p::TamperState {
   std::mutex mu;
@@ -340,7 +332,20 @@ class SealedRecvWork final : public WorkImpl {
 
 // ---- SealedP2p ----------------------------------------------------------------------------------
 
-SealedP2p::~SealedP2p() = default;
+SealedP2p::~SealedP2p() {
+  if (shm_) shm_->close();
+}
+
+namespace {
+
+// The MPI communicator behind a transport (its ranks are the transport's), or MPI_COMM_NULL.
+MPI_Comm mpi_of(const P2p& p) {
+  if (const auto* m = dynamic_cast<const MpiComm*>(&p)) return m->handle();
+  if (const auto* u = dynamic_cast<const UcxP2p*>(&p)) return u->bootstrap();
+  return MPI_COMM_NULL;
+}
+
+}  // namespace
 
 std::unique_ptr<SealedP2p> SealedP2p::create(std::unique_ptr<P2p> inner, const Keys& keys,
                                              const SealOptions& opts) {
@@ -382,13 +387,10 @@ std::unique_ptr<SealedP2p> SealedP2p::create(std::unique_ptr<P2p> inner, const K
   } else {
     inner->recv(TensorView{setup.data(), setup.size(), DType::u8}, 0, kReservedTagBase);
     std::memcpy(session.data(), setup.data(), kSaltBytes);
-    std::uint64_t rb0 = 0;
-    for (int i = 0; i < 8; ++i)
-      rb0 |= static_cast<std::uint64_t>(setup[kSaltBytes + static_cast<std::size_t>(i)]) << (8 * i);
-    DT_CHECK(InvalidArgument, rb0 == opts.record_bytes, "seal_p2p on ", inner->name(), ": rank ",
-             me, " cuts messages into records of ", opts.record_bytes, " bytes, rank 0 into ", rb0,
-             " (record_bytes must be the same on every rank)");
   }
+  std::uint64_t rb0 = 0;
+  for (int i = 0; i < 8; ++i)
+    rb0 |= static_cast<std::uint64_t>(setup[kSaltBytes + static_cast<std::size_t>(i)]) << (8 * i);
   s->peers_.resize(static_cast<std::size_t>(n));
   for (int p = 0; p < n; ++p) {
     auto st = std::make_shared<Peer>();
@@ -398,6 +400,22 @@ std::unique_ptr<SealedP2p> SealedP2p::create(std::unique_ptr<P2p> inner, const K
     }
     s->peers_[static_cast<std::size_t>(p)] = std::move(st);
   }
+  // Same-node peers: shared-memory mailboxes (collective over the transport's communicator, so
+  // before a rank may refuse the record size below; the layout follows rank 0's record size).
+  const MPI_Comm comm = mpi_of(*inner);
+  if (comm != MPI_COMM_NULL) {
+    ShmMailboxes::Config mc;
+    mc.name = s->name_;
+    mc.record_bytes = static_cast<std::size_t>(rb0);
+    mc.ring_bytes = opts.shm_ring_bytes;
+    mc.enabled = opts.shm;
+    mc.simulated_nodes = opts.simulated_nodes;
+    mc.plain = s->plain_;
+    s->shm_ = ShmMailboxes::create(comm, mc, s->peers_, s->pool_);
+  }
+  DT_CHECK(InvalidArgument, rb0 == opts.record_bytes, "seal_p2p on ", inner->name(), ": rank ", me,
+           " cuts messages into records of ", opts.record_bytes, " bytes, rank 0 into ", rb0,
+           " (record_bytes must be the same on every rank)");
   s->inner_ = std::move(inner);
   return s;
 }
@@ -405,6 +423,8 @@ std::unique_ptr<SealedP2p> SealedP2p::create(std::unique_ptr<P2p> inner, const K
 bool SealedP2p::sealed_with(int peer) const noexcept {
   return peer >= 0 && peer < size() && !plain_[static_cast<std::size_t>(peer)];
 }
+
+bool SealedP2p::shm_with(int peer) const noexcept { return shm_ && shm_->serves(peer); }
 
 const std::shared_ptr<SealedP2p::Peer>& SealedP2p::peer(int p) const {
   return peers_[static_cast<std::size_t>(p)];
@@ -454,7 +474,6 @@ Work SealedP2p::isend_internal(ConstTensorView buf, int dst, int tag) {
   std::string what = "sealed send(" + std::to_string(n) + " bytes to " + std::to_string(dst) +
                      ", tag " + std::to_string(tag) + ") on " + name_;
   const Records rec(n, record_bytes_, what);
-  auto w = std::make_unique<SendWork>(std::move(what), rank());
   const auto* src = static_cast<const std::uint8_t*>(buf.data);
   Peer& p = *peer(dst);
   std::lock_guard<std::mutex> lk(p.send_mu);
@@ -469,6 +488,13 @@ Work SealedP2p::isend_internal(ConstTensorView buf, int dst, int tag) {
   DT_CHECK(SecurityError, p.counter + (rec.count - 1) <= kMaxCounter, "sealed traffic from rank ",
            rank(), " to rank ", dst, ": message counter exhausted (", p.counter, " + ", rec.count,
            " records); re-create the channel for a fresh key");
+  if (shm_with(dst)) {  // sealed straight into the peer's mailbox
+    h.counter = p.counter;
+    p.counter += rec.count;
+    ++p.send_seq[tag];
+    return shm_->send(std::move(what), dst, src, h);
+  }
+  auto w = std::make_unique<SendWork>(std::move(what), rank());
   // Seal record k and hand it to the transport, then seal k+1 while k travels; reap() returns
   // the buffers of records already delivered, so the next records reuse them while in cache.
   for (std::size_t i = 0; i < rec.count; ++i) {
@@ -485,13 +511,12 @@ Work SealedP2p::isend_internal(ConstTensorView buf, int dst, int tag) {
 }
 
 // The test-only faults of Tamper: the message is sealed whole, then sent damaged, held back,
-// replaced, cut or with records swapped.
+// replaced, cut or with records swapped, through the transport or the peer's mailbox.
 Work SealedP2p::isend_tampered(ConstTensorView buf, int dst, int tag) {
   const std::size_t n = buf.nbytes();
   std::string what = "sealed send(" + std::to_string(n) + " bytes to " + std::to_string(dst) +
                      ", tag " + std::to_string(tag) + ") on " + name_;
   const Records rec(n, record_bytes_, what);
-  auto w = std::make_unique<SendWork>(std::move(what), rank());
   const auto* src = static_cast<const std::uint8_t*>(buf.data);
   Peer& p = *peer(dst);
   std::lock_guard<std::mutex> lk(p.send_mu);
@@ -510,12 +535,19 @@ Work SealedP2p::isend_tampered(ConstTensorView buf, int dst, int tag) {
     recs.push_back(pool_->get(h.length + kTrailerBytes));
     seal_record(*p.enc, h, src + rec.off(i), recs.back()->data(), recs.back()->data() + h.length);
   }
+  std::vector<BufferPool::Handle> out;  // what leaves, in this order
   auto post = [&](std::vector<BufferPool::Handle>& rs) {
-    for (BufferPool::Handle& b : rs) {
+    for (BufferPool::Handle& b : rs) out.push_back(std::move(b));
+    rs.clear();
+  };
+  auto send = [&] {
+    if (shm_with(dst)) return shm_->send_raw(std::move(what), dst, std::move(out));
+    auto w = std::make_unique<SendWork>(std::move(what), rank());
+    for (BufferPool::Handle& b : out) {
       const std::size_t len = b->size - kTrailerBytes;
       w->post(*inner_, std::move(b), len, dst, tag);
     }
-    rs.clear();
+    return Work(std::move(w));
   };
   TamperState& t = *tamper_;
   std::lock_guard<std::mutex> tl(t.mu);
@@ -547,7 +579,7 @@ Work SealedP2p::isend_tampered(ConstTensorView buf, int dst, int tag) {
       post(recs);
       post(t.saved);
       t.armed = false;
-      return Work(std::move(w));
+      return send();
     }
   } else if (at && (t.plan.kind == K::replay || t.plan.kind == K::reorder)) {
     t.armed = true;
@@ -555,7 +587,7 @@ Work SealedP2p::isend_tampered(ConstTensorView buf, int dst, int tag) {
     t.tag = tag;
     if (t.plan.kind == K::reorder) {
       t.saved = std::move(recs);  // held back; this send counts as done
-      return Work(std::move(w));
+      return send();
     }
     for (const BufferPool::Handle& b : recs) {
       t.saved.push_back(pool_->get(b->size));
@@ -563,7 +595,7 @@ Work SealedP2p::isend_tampered(ConstTensorView buf, int dst, int tag) {
     }
   }
   post(recs);
-  return Work(std::move(w));
+  return send();
 }
 
 Work SealedP2p::irecv_internal(TensorView buf, int src, int tag) {
@@ -582,6 +614,11 @@ Work SealedP2p::irecv_internal(TensorView buf, int src, int tag) {
   e.message_length = n;
   e.records = static_cast<std::uint32_t>(rec.count);
   e.channel = name_;
+  if (shm_with(src)) {  // opened straight from the mailbox into `buf`
+    std::lock_guard<std::mutex> lk(p.recv_mu);
+    e.sequence = p.recv_seq[tag]++;
+    return shm_->recv(std::move(what), src, buf.data, e);
+  }
   auto w = std::make_unique<SealedRecvWork>(what, rank(), e, buf, pp, rec.count);
   auto* out = w->out();
   std::lock_guard<std::mutex> lk(p.recv_mu);

@@ -58,6 +58,8 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
 void abandon(std::unique_ptr<BufferPool::Buf> b) noexcept;
 void abandon(std::unique_ptr<std::uint8_t[]> p) noexcept;
 
+class ShmMailboxes;
+
 class SealedP2p final : public P2p {
  public:
   /// See seal_p2p(). Collective over `inner`.
@@ -74,6 +76,8 @@ class SealedP2p final : public P2p {
 
   /// Whether messages to and from `peer` are sealed.
   bool sealed_with(int peer) const noexcept;
+  /// Whether sealed messages to and from `peer` travel through a shared-memory mailbox.
+  bool shm_with(int peer) const noexcept;
   /// Sends and receives of internal traffic may use tags at and above kReservedTagBase.
   Work isend_internal(ConstTensorView buf, int dst, int tag);
   Work irecv_internal(TensorView buf, int src, int tag);
@@ -96,6 +100,20 @@ class SealedP2p final : public P2p {
   std::vector<std::shared_ptr<Peer>> peers_;  // shared with receives that outlive this object
   std::shared_ptr<BufferPool> pool_;
   std::unique_ptr<TamperState> tamper_;
+  std::shared_ptr<ShmMailboxes> shm_;  // same-node peers; null: none (or turned off)
+};
+
+/// Per peer: keys, counters and sequence numbers. Through a mailbox, `enc` and `dec` are used by
+/// the mailboxes only (under their lock).
+struct SealedP2p::Peer {
+  std::mutex send_mu;  // held while one message's records are sealed and posted, in order
+  std::optional<Aead> enc;
+  std::uint64_t counter = 0;              // records sent to this peer (the nonce counter)
+  std::map<int, std::uint64_t> send_seq;  // per tag
+  std::mutex recv_mu;                     // held while one message's receives are posted
+  std::map<int, std::uint64_t> recv_seq;  // per tag, assigned when a receive is posted
+  std::mutex dec_mu;                      // opening happens outside recv_mu
+  std::optional<Aead> dec;
 };
 
 }  // namespace dt::security

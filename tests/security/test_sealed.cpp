@@ -1,20 +1,28 @@
 // test_sealed: sealed point-to-point and sealed collectives under mpiexec, against references
 // computed here from known per-rank inputs (small integers, so every sum is exact in every dtype).
 //
-//   test_sealed p2p mpi|ucx           sealed send/recv over make_p2p(kind): ring and pairs, every
+//   test_sealed p2p mpi|ucx [noshm]   sealed send/recv over make_p2p(kind): ring and pairs, every
 //                                     dtype, sizes 0..1M+3, blocking and non-blocking forms, with
 //                                     the default records (256 KiB) and with 4 KiB records (many
 //                                     per message, the last one shorter); a message sealed under
-//                                     another job's key is rejected
-//   test_sealed coll mpi|ucx [exempt|nodes2]
+//                                     another job's key is rejected. Same-node peers go through
+//                                     the shared-memory mailboxes (checked), which are also tested
+//                                     on their own: byte-exact data at sizes around the record
+//                                     boundaries and past the mailbox's size, many messages on
+//                                     several tags both ways at once, messages sent before their
+//                                     receive is posted, a send completed while its sender waits
+//                                     elsewhere, a peer that goes away. "noshm": the transport only
+//   test_sealed coll mpi|ucx [exempt|nodes2|noshm]
 //                                     every collective x dtype x op, odd sizes, all forms, on the
 //                                     world and a split; "exempt": same-node traffic unsealed;
-//                                     "nodes2": two simulated nodes, same-node traffic unsealed
+//                                     "nodes2": two simulated nodes, same-node traffic unsealed;
+//                                     "noshm": sealed traffic through the transport only
 //   test_sealed tamper p2p|coll mpi|ucx flip:N|replay:N|reorder:N|drop-record:N|swap-records:N
-//                                     rank 0 damages its own N-th sealed message (p2p: messages of
+//               [noshm]               rank 0 damages its own N-th sealed message (p2p: messages of
 //                                     4 records of 4 KiB); the receiving rank must reject it with
 //                                     dt::SecurityError and abort the job (the test passes when
-//                                     the job ends non-zero, naming it)
+//                                     the job ends non-zero, naming it); p2p checks that the
+//                                     messages take the path asked for (mailboxes by default)
 // Each failed check prints "rank R: FAIL <what>: <details>"; rank 0 prints a summary.
 #include <mpi.h>
 
@@ -37,6 +45,7 @@
 #include "dt/p2p.hpp"
 #include "dt/security.hpp"
 #include "dt/tensor.hpp"
+#include "security/sealed_p2p.hpp"
 
 namespace {
 
@@ -404,6 +413,179 @@ void suite_p2p(dt::P2p& p, int id) {
   });
 }
 
+// ---- shared-memory mailboxes ---------------------------------------------------------------
+
+// Pseudo-random bytes of the message from `from` to `to` (every byte value occurs).
+std::vector<std::uint8_t> bytes_of(std::size_t n, int from, int to, std::uint32_t salt) {
+  std::vector<std::uint8_t> v(n);
+  std::uint64_t x = (static_cast<std::uint64_t>(from + 1) << 40) ^
+                    (static_cast<std::uint64_t>(to + 1) << 20) ^ salt ^ 0x9E3779B97F4A7C15ull;
+  for (std::uint8_t& b : v) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b = static_cast<std::uint8_t>(x >> 24);
+  }
+  return v;
+}
+bool same_bytes(const std::string& what, const std::vector<std::uint8_t>& got,
+                const std::vector<std::uint8_t>& want) {
+  std::size_t first = 0;
+  while (first < got.size() && first < want.size() && got[first] == want[first]) ++first;
+  return H.expect(got.size() == want.size() && first == got.size(), what,
+                  str(got.size(), " bytes, first difference at byte ", first));
+}
+
+// Per rank of `world`: the lowest world rank on its node (MPI_Comm_split_type SHARED).
+std::vector<std::int32_t> nodes_of(dt::MpiComm& world) {
+  std::unique_ptr<dt::MpiComm> local = world.split_shared();
+  std::int32_t leader = world.rank();
+  local->broadcast(dt::view_of(&leader, 1), 0);
+  std::vector<std::int32_t> node(static_cast<std::size_t>(world.size()));
+  world.all_gather(dt::view_of(static_cast<const std::int32_t*>(&leader), 1), dt::view_of(node));
+  return node;
+}
+
+// Checks of the mailbox path: same-node peers (node[q] == node[me]) use mailboxes, the others
+// the transport; messages go both ways at once between every pair, whichever path they take.
+void suite_shm(dt::P2p& p, Comm& world, const std::vector<std::int32_t>& node, std::size_t rb,
+               int id) {
+  const int s = p.size(), me = p.rank();
+  if (s < 2) return;
+  auto* sp = dynamic_cast<sec::SealedP2p*>(&p);
+  for (int q = 0; q < s; ++q)
+    if (q != me) {
+      const bool local = node[static_cast<std::size_t>(q)] == node[static_cast<std::size_t>(me)];
+      H.expect(sp && sp->shm_with(q) == local, str("mailbox to rank ", q, " on ", p.name()),
+               local ? "sealed messages to this same-node peer do not use shared memory"
+                     : "a peer on another node is served by shared memory");
+    }
+  const std::uint32_t salt = static_cast<std::uint32_t>(id) * 1000u;
+  // Every rank exchanges one message with every other rank at each size, both ways at once:
+  // empty, one byte, odd, around one and two records, and several MiB (past the mailbox).
+  const std::size_t sizes[] = {
+      0, 1, 4097, rb - 1, rb, rb + 1, 2 * rb - 1, 2 * rb + 1, (std::size_t{3} << 20) + 5};
+  int k = 0;
+  for (std::size_t n : sizes) {
+    ++k;
+    const std::string w = str("mailboxes, ", n, " bytes, all pairs both ways on ", p.name());
+    guarded(w, [&] {
+      std::vector<std::vector<std::uint8_t>> in(static_cast<std::size_t>(s)), out(in.size());
+      std::vector<Work> ws;
+      for (int q = 0; q < s; ++q) {
+        if (q == me) continue;
+        in[static_cast<std::size_t>(q)].assign(n, 0xAA);
+        out[static_cast<std::size_t>(q)] = bytes_of(n, me, q, salt + static_cast<std::uint32_t>(k));
+        ws.push_back(p.irecv(dt::view_of(in[static_cast<std::size_t>(q)]), q, 20 + k));
+      }
+      for (int q = 0; q < s; ++q)
+        if (q != me)
+          ws.push_back(p.isend(dt::view_of(static_cast<const std::vector<std::uint8_t>&>(
+                                   out[static_cast<std::size_t>(q)])),
+                               q, 20 + k));
+      for (Work& x : ws) x.wait();
+      for (int q = 0; q < s; ++q)
+        if (q != me)
+          same_bytes(str(w, ", from rank ", q), in[static_cast<std::size_t>(q)],
+                     bytes_of(n, q, me, salt + static_cast<std::uint32_t>(k)));
+    });
+  }
+  // Many messages in flight on several tags: to every peer 3 messages on each of 4 tags, sizes
+  // from a few bytes to several records; receives posted in the reverse tag order of the sends
+  // and completed in reverse posting order.
+  guarded("mailboxes, 12 messages on 4 tags per pair on " + p.name(), [&] {
+    auto size_of = [&](int t, int m) {
+      return static_cast<std::size_t>(t * 3 + m) * (rb / 3) + 11;
+    };
+    std::vector<std::vector<std::uint8_t>> in, out;
+    std::vector<std::pair<int, int>> who;  // (peer, t * 3 + m) of in[i]
+    in.reserve(12 * static_cast<std::size_t>(s));
+    out.reserve(12 * static_cast<std::size_t>(s));
+    std::vector<Work> rs, ws;
+    for (int q = 0; q < s; ++q)
+      for (int t = 3; t >= 0 && q != me; --t)
+        for (int m = 0; m < 3; ++m) {
+          in.emplace_back(size_of(t, m), 0);
+          who.emplace_back(q, t * 3 + m);
+          rs.push_back(p.irecv(dt::view_of(in.back()), q, 60 + t));
+        }
+    for (int m = 0; m < 3; ++m)
+      for (int t = 0; t < 4; ++t)
+        for (int q = 0; q < s; ++q)
+          if (q != me) {
+            out.push_back(bytes_of(size_of(t, m), me, q,
+                                   salt + 100u + static_cast<std::uint32_t>(t * 3 + m)));
+            ws.push_back(p.isend(
+                dt::view_of(static_cast<const std::vector<std::uint8_t>&>(out.back())), q, 60 + t));
+          }
+    for (auto it = rs.rbegin(); it != rs.rend(); ++it) it->wait();
+    for (Work& x : ws) x.wait();
+    for (std::size_t i = 0; i < in.size(); ++i)
+      same_bytes(str("message ", who[i].second, " from rank ", who[i].first), in[i],
+                 bytes_of(in[i].size(), who[i].first, me,
+                          salt + 100u + static_cast<std::uint32_t>(who[i].second)));
+  });
+  const int next = (me + 1) % s, prev = (me + s - 1) % s;
+  // Sent before the receive is posted, received in the other order: the mailbox keeps flowing
+  // (the first message is kept aside), and sends larger than the mailbox complete.
+  guarded("mailboxes, sent before the receives are posted on " + p.name(), [&] {
+    const std::size_t n = (std::size_t{3} << 19) + 17;  // two of them overfill a mailbox
+    const auto a = bytes_of(n, me, next, salt + 200), b = bytes_of(n, me, next, salt + 201);
+    Work wa = p.isend(dt::view_of(a), next, 80);
+    Work wb = p.isend(dt::view_of(b), next, 81);
+    world.barrier();
+    std::vector<std::uint8_t> ra(n), rb2(n);
+    p.recv(dt::view_of(rb2), prev, 81);
+    p.recv(dt::view_of(ra), prev, 80);
+    wa.wait();
+    wb.wait();
+    same_bytes("message on tag 80", ra, bytes_of(n, prev, me, salt + 200));
+    same_bytes("message on tag 81", rb2, bytes_of(n, prev, me, salt + 201));
+  });
+  // A send larger than the mailbox completes while its sender waits on something else (here a
+  // plain MPI message the receiver sends only once it has the whole sealed message).
+  guarded("mailboxes, send completed while its sender waits elsewhere on " + p.name(), [&] {
+    const std::size_t n = (std::size_t{6} << 20) + 3;
+    const auto out = bytes_of(n, me, next, salt + 300);
+    std::vector<std::uint8_t> in(n);
+    std::int32_t token = 0;
+    Work r = p.irecv(dt::view_of(in), prev, 90);
+    Work w = p.isend(dt::view_of(out), next, 90);
+    if (me % 2 == 0) {  // even ranks wait on MPI first, odd ones on their receive first
+      Work t = world.irecv(dt::view_of(&token, 1), next, 91);
+      t.wait();
+      r.wait(Millis(60000));
+      world.send(dt::view_of(static_cast<const std::int32_t*>(&token), 1), prev, 91);
+    } else {
+      r.wait(Millis(60000));
+      world.send(dt::view_of(static_cast<const std::int32_t*>(&token), 1), prev, 91);
+      world.recv(dt::view_of(&token, 1), next, 91);
+    }
+    w.wait();
+    same_bytes("message on tag 90", in, bytes_of(n, prev, me, salt + 300));
+  });
+}
+
+// A receive whose peer destroys its end of the channel without sending fails with CommError
+// instead of waiting for ever (over MPI: a UCX transport's destructor waits for its peers').
+// Ranks 0 and 1 must share a node.
+void check_peer_closed(Comm& world, const std::vector<std::int32_t>& node, const sec::Keys& keys) {
+  if (world.size() < 2 || node[0] != node[1]) return;
+  const int me = world.rank();
+  std::unique_ptr<dt::P2p> q = sec::seal_p2p(dt::make_p2p("mpi", world), keys, {});
+  std::vector<float> buf(1000);
+  Work w;
+  if (me == 1) w = q->irecv(dt::view_of(buf), 0, 4);
+  world.barrier();
+  if (me == 0) q.reset();
+  world.barrier();
+  if (me == 1)
+    expect_throw<dt::CommError>("receive from a peer that closed its end",
+                                [&] { w.wait(Millis(60000)); },
+                                {"from rank 0", "closed its end of the channel"});
+  world.barrier();
+}
+
 // A message sealed under another job's key never verifies: rank 1 derives its keys for job
 // "other" and must reject rank 0's message, naming rank 0 and the sequence number.
 void check_other_job(const std::string& kind, Comm& world, const sec::SecretKey& key) {
@@ -449,13 +631,22 @@ int run(int argc, char** argv, int world_rank) {
     const std::string what = kind;
     const std::string p2p = argc > 3 ? argv[3] : "mpi";
     const sec::Tamper t = sec::parse_tamper(argc > 4 ? argv[4] : "flip:0");
+    const bool shm = !(argc > 5 && std::string(argv[5]) == "noshm");
     try {
       if (what == "p2p") {
         sec::SealOptions so;
         so.record_bytes = 4096;  // 4 records per message: record-level faults apply
+        so.shm = shm;
         if (world_rank == 0) so.tamper = t;
         auto p = sec::seal_p2p(dt::make_p2p(p2p, *world), keys, so);
         const int s = p->size(), me = p->rank();
+        const auto* sp = dynamic_cast<const sec::SealedP2p*>(p.get());
+        if (s > 1 && (!sp || sp->shm_with((me + 1) % s) != shm)) {
+          std::printf("rank %d: FAIL the messages do not take the path asked for (%s)\n",
+                      world_rank, shm ? "shared memory" : "transport");
+          std::fflush(stdout);
+          return 1;
+        }
         // Every rank sends 6 equal messages to the next rank and receives 6 from the previous.
         for (int k = 0; k < 6; ++k) {
           const std::vector<float> out = filled<float>(4096, me, 20 + k);
@@ -469,6 +660,7 @@ int run(int argc, char** argv, int world_rank) {
         sec::SealedCommOptions o;
         o.p2p = p2p;
         o.segment_bytes = 64 << 10;
+        o.shm = shm;
         if (world_rank == 0) o.tamper = t;
         auto c = sec::make_sealed_comm(*world, keys, o);
         std::vector<float> buf = filled<float>(std::size_t{1} << 20, c->rank(), 30);
@@ -483,12 +675,26 @@ int run(int argc, char** argv, int world_rank) {
     return 1;
   }
   if (mode == "p2p") {
-    auto p = sec::seal_p2p(dt::make_p2p(kind, *world), keys, {});
+    const bool shm = !(argc > 3 && std::string(argv[3]) == "noshm");
+    sec::SealOptions so;
+    so.shm = shm;
+    auto p = sec::seal_p2p(dt::make_p2p(kind, *world), keys, so);
+    const std::vector<std::int32_t> node = nodes_of(*world);
     suite_p2p(*p, 1);
-    sec::SealOptions small;
+    if (shm) suite_shm(*p, *world, node, so.record_bytes, 1);
+    sec::SealOptions small = so;
     small.record_bytes = 4096;
     auto p4 = sec::seal_p2p(dt::make_p2p(kind, *world), keys, small);
     suite_p2p(*p4, 2);
+    if (shm) {
+      suite_shm(*p4, *world, node, small.record_bytes, 2);
+      check_peer_closed(*world, node, keys);
+    } else {
+      const auto* sp = dynamic_cast<const sec::SealedP2p*>(p.get());
+      for (int q = 0; q < world->size(); ++q)
+        H.expect(sp && !sp->shm_with(q), str("no mailbox to rank ", q),
+                 "SealOptions::shm = false, yet a mailbox is used");
+    }
     // Every rank must cut messages into the same records: a mismatch is refused at creation.
     if (world->size() > 1) {
       sec::SealOptions odd;
@@ -509,6 +715,7 @@ int run(int argc, char** argv, int world_rank) {
     o.segment_bytes = 40000;  // not a multiple of any element size: uneven segments
     const std::string variant = argc > 3 ? argv[3] : "";
     if (variant == "exempt") o.exempt_node_local = true;
+    if (variant == "noshm") o.shm = false;
     if (variant == "nodes2") {
       o.exempt_node_local = true;
       o.simulated_nodes = 2;

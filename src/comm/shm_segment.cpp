@@ -1,0 +1,103 @@
+#include "shm_segment.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "mpi_comm.hpp"
+
+namespace dt {
+
+namespace {
+std::atomic<unsigned> g_segments{0};
+}  // namespace
+
+bool realtime_thread() noexcept {
+  thread_local const bool rt = [] {
+    const int p = sched_getscheduler(0);
+    return p == SCHED_FIFO || p == SCHED_RR;
+  }();
+  return rt;
+}
+
+ShmSegment ShmSegment::create(const MpiComm& local, std::size_t bytes, const char* prefix,
+                              std::string* err) {
+  ShmSegment s;
+  std::string e;
+  const int me = local.rank();
+  char name[64] = {0};
+  int fd = -1;
+  if (me == 0) {
+    std::snprintf(name, sizeof name, "/%s-%ld-%u", prefix, static_cast<long>(getpid()),
+                  g_segments.fetch_add(1));
+    fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      e = std::string("shm_open(") + name + ") failed: " + std::strerror(errno);
+    } else {
+      int rc = ftruncate(fd, static_cast<off_t>(bytes));
+      if (rc == 0)
+        rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+      else
+        rc = errno;
+      if (rc != 0) {
+        e = "cannot reserve " + std::to_string(bytes) + " bytes in /dev/shm (" + name +
+            "): " + std::strerror(rc);
+        close(fd);
+        fd = -1;
+        shm_unlink(name);
+      }
+    }
+    if (!e.empty()) name[0] = '\0';
+  }
+  // The name, or an empty one when rank 0 failed.
+  DT_MPI(MPI_Bcast(name, sizeof name, MPI_CHAR, 0, local.handle()), me, local.name());
+  if (me != 0) {
+    if (name[0] == '\0') {
+      e = "local rank 0 could not create the segment";
+    } else {
+      fd = shm_open(name, O_RDWR, 0600);
+      if (fd < 0) e = std::string("shm_open(") + name + ") failed: " + std::strerror(errno);
+    }
+  }
+  if (fd >= 0 && e.empty()) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      e = "mmap of " + std::to_string(bytes) +
+          " bytes of shared memory failed: " + std::strerror(errno);
+    } else {
+      s.p_ = p;
+      s.bytes_ = bytes;
+    }
+  }
+  if (fd >= 0) close(fd);
+  // Everyone has mapped (or failed): the name is no longer needed.
+  const int rc = MPI_Barrier(local.handle());
+  if (me == 0 && name[0] != '\0') shm_unlink(name);
+  DT_MPI(rc, me, local.name());
+  if (err) *err = e;
+  return s;
+}
+
+ShmSegment::~ShmSegment() {
+  if (p_) munmap(p_, bytes_);
+}
+
+ShmSegment::ShmSegment(ShmSegment&& o) noexcept
+    : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+
+ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
+  if (this != &o) {
+    if (p_) munmap(p_, bytes_);
+    p_ = std::exchange(o.p_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+}  // namespace dt
