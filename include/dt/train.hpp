@@ -106,6 +106,7 @@ struct TrainConfig {
   std::string seal = "off";         ///< off | p2p (pipeline messages) | all (and collectives)
   std::string key_file;             ///< 32-byte job key, owner-only permissions
   bool seal_exempt_node_local = false;  ///< traffic inside a node's shared memory stays plain
+  bool seal_shm = true;  ///< sealed traffic inside a node goes through shared-memory mailboxes
   bool ckpt_encrypt = false;        ///< checkpoints encrypted at rest with the job key
   std::string test_tamper = "none"; ///< testing only: flip:N | replay:N | reorder:N
   std::int64_t test_tamper_rank = -1;  ///< testing only: the rank whose sends are tampered with

@@ -211,6 +211,10 @@ void add_train_options(Options& o, TrainConfig& c) {
            "it with sbcast); needed by security.seal and ckpt.encrypt")
       .add("security.exempt-node-local", &c.seal_exempt_node_local, false,
            "traffic between ranks of one node (shared memory) stays unsealed")
+      .add("security.shm", &c.seal_shm, true,
+           "sealed traffic between ranks of one node goes through shared-memory mailboxes (each "
+           "byte sealed once into the receiver's mailbox and opened once out of it); false: "
+           "through the transport (comm.p2p: MPI or UCX)")
       .add("ckpt.encrypt", &c.ckpt_encrypt, false,
            "encrypt checkpoints at rest (AES-256-GCM per chunk) with the job key")
       .add("test.tamper", &c.test_tamper, "none",
@@ -342,6 +346,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   security::SealedCommOptions sealed;
   sealed.p2p = c_.p2p;
   sealed.exempt_node_local = c_.seal_exempt_node_local;
+  sealed.shm = c_.seal_shm;
   sealed.simulated_nodes = static_cast<int>(c_.test_sim_nodes);
   const security::Tamper tamper = c_.test_tamper_rank == comm_.rank()
                                       ? security::parse_tamper(c_.test_tamper, "test.tamper")
@@ -436,6 +441,7 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
     if (c_.seal != "off") {
       security::SealOptions so;
       so.channel = "pipeline";
+      so.shm = c_.seal_shm;
       so.tamper = tamper;
       if (c_.seal_exempt_node_local)
         for (std::size_t r = 0; r < mesh_->sites().size(); ++r)

@@ -2,6 +2,7 @@
 # sealed.sh WORKDIR DT_TRAIN CONFIG TEXT MODE MPIEXEC...
 # Sealed tensor traffic through dt_train (security.seal, security.key_file, ckpt.encrypt):
 #   same      seal=p2p and seal=all on dp=2 pp=2 give exactly the losses of the unsealed run
+#             (seal=all also with security.shm=false: through the transport, not the mailboxes)
 #   flip|replay|reorder  one rank's sealed pipeline (or, with pp=1, gradient) messages are
 #             tampered with: the receiver names the peer and sequence number, the job aborts
 #             (exit 5) and no rank hangs (bounded time)
@@ -32,9 +33,12 @@ case "$MODE" in
   same)
     run plain 4 --parallel.pp=2 --train.log-file=plain.jsonl
     [ "$RC" -eq 0 ] || FAIL "plain run failed"
-    for seal in p2p all; do
-      run "$seal" 4 --parallel.pp=2 --security.seal=$seal --security.key_file=key.bin \
-        --train.log-file=$seal.jsonl
+    # Between the ranks of this node sealed messages go through the shared-memory mailboxes;
+    # all-transport (security.shm=false) sends them through MPI.
+    for seal in p2p all all-transport; do
+      shm=$([ "$seal" = all-transport ] && echo false || echo true)
+      run "$seal" 4 --parallel.pp=2 --security.seal=${seal%-transport} --security.shm=$shm \
+        --security.key_file=key.bin --train.log-file=$seal.jsonl
       [ "$RC" -eq 0 ] || FAIL "seal=$seal run failed"
       # Loss, lr, norm of every step, bit for bit (the seconds differ).
       a=$(sed -E 's/"seconds": [0-9.e+-]+//' plain.jsonl)
