@@ -70,8 +70,6 @@ class StageEngine {
   /// construction.
   static std::size_t count_params(const graph::Graph& g);
   std::size_t num_params() const noexcept { return nparams_; }
-  /// Elements of the flat parameter and gradient buffers (num_params() plus any padding).
-  std::size_t flat_numel() const noexcept { return capacity_; }
   /// Null when the parameters come from the unit hooks.
   float* param_data() const noexcept { return param_buf_.as<float>(); }
   /// Null when the gradients go to the unit hooks.
