@@ -53,27 +53,22 @@ Abandoned& abandoned() {
 }
 }  // namespace
 
-void abandon(std::unique_ptr<BufferPool::Buf> b) noexcept {
-  if (!b) return;
-  Abandoned& a = abandoned();
-  std::lock_guard<std::mutex> lk(a.mu);
-  try {
-    a.bufs.push_back(std::move(b));
-  } catch (...) {
-    (void)b.release();  // no room to keep it reachable: never freed all the same
-  }
-}
-
-void abandon(std::unique_ptr<std::uint8_t[]> p) noexcept {
+namespace {
+// Keeps `p` reachable in `list` for the rest of the process.
+template <class P>
+void keep(std::vector<P>& list, P p) noexcept {
   if (!p) return;
-  Abandoned& a = abandoned();
-  std::lock_guard<std::mutex> lk(a.mu);
+  std::lock_guard<std::mutex> lk(abandoned().mu);
   try {
-    a.raw.push_back(std::move(p));
+    list.push_back(std::move(p));
   } catch (...) {
-    (void)p.release();
+    (void)p.release();  // no room to keep it reachable: never freed all the same
   }
 }
+}  // namespace
+
+void abandon(std::unique_ptr<BufferPool::Buf> b) noexcept { keep(abandoned().bufs, std::move(b)); }
+void abandon(std::unique_ptr<std::uint8_t[]> p) noexcept { keep(abandoned().raw, std::move(p)); }
 
 BufferPool::Handle BufferPool::get(std::size_t bytes) {
   std::unique_ptr<Buf> b;
