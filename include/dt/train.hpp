@@ -148,7 +148,6 @@ struct Tamper;
 }  // namespace security
 class StageEngine;
 class ZeroShards;
-struct ZeroUnit;
 struct Plan;
 
 class Trainer {
@@ -260,9 +259,9 @@ class Trainer {
   // Sharded data parallelism (parallel.zero >= 1; fused model only).
   std::unique_ptr<ZeroShards> zero_;
   std::vector<char> zero_counted_;  // per shard piece: counted in the global norm (all)
-  /// The units ZeroShards shards by: `layers`, merged into gradient buckets for zero=1.
-  std::vector<ZeroUnit> zero_units(const std::vector<ZeroUnit>& layers,
-                                   const std::vector<ParamInfo>& params) const;
+  std::size_t bucket_bytes() const {
+    return static_cast<std::size_t>(c_.bucket_mb * 1024.0 * 1024.0);
+  }
   void setup_zero(const security::SealedCommOptions& sealed, const security::Tamper& tamper,
                   bool tamper_collectives);
   /// The initial weights from the seed (and zeroed optimiser state).

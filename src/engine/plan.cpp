@@ -103,7 +103,8 @@ Plan build(const PlanRequest& r, Layout l) {
       const bool fused = l.tp == 1 && l.pp == 1 && !r.graph_engine;
       const std::vector<ParamInfo> table =
           fused ? gpt_params(r.model) : StageEngine::param_table(sg);
-      const std::vector<ZeroUnit> units = fused ? gpt_units(r.model) : layer_units(table);
+      const std::vector<ZeroUnit> units = zero_units(
+          r.zero, fused ? gpt_units(r.model) : layer_units(table), table, r.bucket_bytes);
       const ZeroMemory z =
           zero_memory(r.zero, table, units, l.dp, embedding_unit(units, table), false);
       m.params = static_cast<double>(z.params);

@@ -19,6 +19,7 @@ struct PlanRequest {
   Layout layout;                 ///< dp 0: world / (tp * pp)
   int zero = 0;                  ///< parallel.zero: state sharded over the dp ranks
   bool graph_engine = false;     ///< parallel.engine=graph (else the fused model at tp = pp = 1)
+  std::size_t bucket_bytes = 0;  ///< train.bucket-mb (ZeRO-1's buckets)
   bool automatic = false;        ///< parallel.auto
   double mem_limit = 0;          ///< bytes per rank (0: none)
   int world = 1;

@@ -51,6 +51,11 @@ std::vector<ZeroUnit> merge_units(const std::vector<ZeroUnit>& units,
   return out;
 }
 
+std::vector<ZeroUnit> zero_units(int stage, const std::vector<ZeroUnit>& layers,
+                                 const std::vector<ParamInfo>& params, std::size_t bucket_bytes) {
+  return stage == 1 ? merge_units(layers, params, bucket_bytes) : layers;
+}
+
 struct ZeroShards::Slot {
   int only = -1;       // the one unit this buffer is for (-1: any other unit)
   int unit = -1;       // the unit the buffer holds (or is being filled with)

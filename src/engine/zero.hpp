@@ -179,5 +179,10 @@ std::vector<ZeroUnit> layer_units(const std::vector<ParamInfo>& params);
 /// in reverse).
 std::vector<ZeroUnit> merge_units(const std::vector<ZeroUnit>& units,
                                   const std::vector<ParamInfo>& params, std::size_t max_bytes);
+/// The units ZeroShards of `stage` shards by: `layers`, merged into gradient buckets of
+/// `bucket_bytes` at stage 1 (it holds whole gradients anyway); stages 2-3 reduce and gather layer
+/// by layer, their buffers a layer's size.
+std::vector<ZeroUnit> zero_units(int stage, const std::vector<ZeroUnit>& layers,
+                                 const std::vector<ParamInfo>& params, std::size_t bucket_bytes);
 
 }  // namespace dt

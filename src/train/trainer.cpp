@@ -328,6 +328,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   pr.layout = Layout{c_.par_dp, c_.par_tp, c_.par_pp};
   pr.zero = static_cast<int>(c_.par_zero);
   pr.graph_engine = c_.par_engine == "graph";
+  pr.bucket_bytes = bucket_bytes();
   pr.automatic = c_.par_auto;
   pr.mem_limit = parse_bytes(c_.mem_limit, "mem.limit");
   pr.world = comm_.size();
@@ -391,7 +392,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
     if (n > 1)
       buckets_ = std::make_unique<GradBuckets>(
           *grad_comm_, model_->grad_data(), model_->params(),
-          static_cast<std::size_t>(c_.bucket_mb * 1024.0 * 1024.0));
+          bucket_bytes());
     model_->init(static_cast<std::uint64_t>(c_.seed));
     opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
   }
@@ -469,7 +470,8 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
     std::function<void(float*, std::size_t)> round;
     if (low_precision()) round = [this](float* d, std::size_t k) { round_to_dtype(d, k); };
     const std::vector<ParamInfo> table = StageEngine::param_table(sg);
-    const std::vector<ZeroUnit> units = zero_units(layer_units(table), table);
+    const std::vector<ZeroUnit> units =
+        zero_units(static_cast<int>(c_.par_zero), layer_units(table), table, bucket_bytes());
     zero_ = std::make_unique<ZeroShards>(dev_, static_cast<int>(c_.par_zero), table, units,
                                          std::move(zero_gather), std::move(zero_reduce),
                                          std::move(round), embedding_unit(units, table));
@@ -508,7 +510,7 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
   if (L.dp > 1 && !zero_)
     buckets_ = std::make_unique<GradBuckets>(
         *grad_comm_, engine_->grad_data(), engine_->params(),
-        static_cast<std::size_t>(c_.bucket_mb * 1024.0 * 1024.0));
+        bucket_bytes());
   if (zero_) {
     engine_->set_unit_hooks(zero_->units(), zero_->hooks());
     // Each data-parallel rank holds other pieces: count every piece of a tensor this rank's
@@ -526,14 +528,6 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
   full_state_.assign(ps.back().offset + ps.back().numel, 0.0f);
 }
 
-std::vector<ZeroUnit> Trainer::zero_units(const std::vector<ZeroUnit>& layers,
-                                          const std::vector<ParamInfo>& params) const {
-  // ZeRO-1 holds whole gradients anyway: small layers reduce-scatter together, in buckets of
-  // train.bucket-mb. ZeRO-2/3 reduce and gather layer by layer: their buffers are a layer's.
-  if (c_.par_zero != 1) return layers;
-  return merge_units(layers, params, static_cast<std::size_t>(c_.bucket_mb * 1024.0 * 1024.0));
-}
-
 void Trainer::setup_zero(const security::SealedCommOptions& sealed,
                          const security::Tamper& tamper, bool tamper_collectives) {
   // Two communicators over the data-parallel ranks (all of them here), one per progress thread.
@@ -548,7 +542,8 @@ void Trainer::setup_zero(const security::SealedCommOptions& sealed,
   auto gather = make_comm(false);
   auto reduce = make_comm(true);
   zero_ = std::make_unique<ZeroShards>(dev_, c_.par_zero, gpt_params(c_.model),
-                                       zero_units(gpt_units(c_.model), gpt_params(c_.model)),
+                                       zero_units(static_cast<int>(c_.par_zero), gpt_units(c_.model),
+                                                  gpt_params(c_.model), bucket_bytes()),
                                        std::move(gather), std::move(reduce),
                                        std::move(round));
   GptStorage st;
