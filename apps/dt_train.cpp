@@ -109,7 +109,8 @@ int main(int argc, char** argv) {
         // A device without every kernel training needs is refused here, naming what it lacks.
         dt::require_training_kernels(*dev, cfg.dtype == "bf16"   ? dt::DType::bf16
                                            : cfg.dtype == "fp16" ? dt::DType::f16
-                                                                 : dt::DType::f32);
+                                                                 : dt::DType::f32,
+                                     cfg.cuda_graphs);
       }))
     return 2;
   if (!phase([&] { trainer = std::make_unique<dt::Trainer>(rt.world(), *dev, cfg, data); }))

@@ -20,21 +20,35 @@
 //
 // Version 2 (dt_hal_v2.h): bf16/fp16 are storage only, every 16-bit value is widened to fp32
 // exactly, computed on in fp32 (OpenBLAS sgemm for gemm_ex) and rounded once on the way out. The
-// CPU runs everything synchronously: streams and events are no-ops on dummy handles, and there
-// is no graph capture (those entries are NULL).
+// CPU runs everything synchronously: streams and events are no-ops on dummy handles.
+//
+// Graph capture (graph_begin .. graph_end) records the calls the capturing thread makes instead of
+// running them, with their arguments by value, and graph_launch runs the list again: what a CUDA
+// graph does with kernel launches, and bound by the same rules, so code that captures correctly
+// here captures correctly on a GPU. During a capture, work that reads or writes host memory
+// (copies to or from the host, sum_squares' host result), waits for the device (synchronize,
+// event_synchronize) or allocates is refused with DT_HAL_ERR_UNSUPPORTED and invalidates the
+// capture, as CUDA does; calls from other threads run at once (CUDA's thread-local capture mode).
+// A recorded call's arguments are checked when the graph runs: a bad one fails graph_launch with
+// the entry's own message. Replaying saves no time on a CPU; it is there so that the trainer's
+// capture is tested on every machine.
 #include "cpu_device.h"
 
 #include <cblas.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <new>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define DT_KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
@@ -54,11 +68,24 @@ namespace {
 
 constexpr size_t kErrorLen = 512;  // longer messages are truncated
 
+// A captured graph: the recorded calls, in order.
+struct Graph {
+  std::vector<std::function<int(void*)>> ops;
+};
+
 struct Context {
   char error[kErrorLen] = "";
   float* scratch = nullptr;  // gemm_ex's fp32 copies of 16-bit operands
   size_t scratch_floats = 0;
-  ~Context() { std::free(scratch); }
+  // Graph capture: the graph being recorded (null: none), the thread recording it, and the first
+  // refused call's message once the capture is invalidated.
+  std::atomic<Graph*> capture{nullptr};
+  std::thread::id capture_thread;
+  std::string capture_error;
+  ~Context() {
+    std::free(scratch);
+    delete capture;
+  }
 };
 
 // Errors raised without a usable context (open with a null out-pointer, a null ctx) land here;
@@ -1350,14 +1377,170 @@ int cpu_event_op(void* ctx, void* event) {
   return DT_HAL_OK;
 }
 
+// ---- graph capture ------------------------------------------------------------------------------
+
+// The context when the calling thread is capturing on it, else null.
+Context* capturing(void* ctx) {
+  auto* c = static_cast<Context*>(ctx);
+  if (c == nullptr || c->capture.load(std::memory_order_acquire) == nullptr) return nullptr;
+  return c->capture_thread == std::this_thread::get_id() ? c : nullptr;
+}
+
+// Refuses entry `fn` during a capture and invalidates the capture (graph_end says why).
+int refuse_in_capture(Context* c, const char* fn, const char* why) {
+  const int st = fail(c, DT_HAL_ERR_UNSUPPORTED, fn, " cannot be captured into a graph: ", why);
+  if (c->capture_error.empty()) {
+    try {
+      c->capture_error = c->error;
+    } catch (...) {
+      return fail(c, DT_HAL_ERR_NOMEM, "out of memory while capturing a graph");
+    }
+  }
+  return st;
+}
+
+// Appends a call to the graph being captured.
+int record(Context* c, std::function<int(void*)> op) {
+  try {
+    c->capture.load()->ops.push_back(std::move(op));
+  } catch (...) {
+    return fail(c, DT_HAL_ERR_NOMEM, "out of memory while recording a graph");
+  }
+  return DT_HAL_OK;
+}
+
+// Entry Fn as seen through the table: run at once, or appended to the graph being captured with
+// its arguments (device pointers and values) copied.
+template <auto Fn>
+struct Rec;
+template <class... A, int (*Fn)(void*, A...)>
+struct Rec<Fn> {
+  static int entry(void* ctx, A... a) {
+    Context* c = capturing(ctx);
+    if (c == nullptr) return Fn(ctx, a...);
+    return record(c, [a...](void* x) { return Fn(x, a...); });
+  }
+};
+
+int rec_alloc(void* ctx, size_t bytes, void** ptr) {
+  if (Context* c = capturing(ctx))
+    return refuse_in_capture(c, "alloc", "memory cannot be allocated while capturing");
+  return cpu_alloc(ctx, bytes, ptr);
+}
+void rec_release(void* ctx, void* ptr) {
+  if (Context* c = capturing(ctx))
+    refuse_in_capture(c, "release", "memory the graph may use was freed while capturing");
+  cpu_release(ctx, ptr);
+}
+int rec_copy(void* ctx, void* dst, const void* src, size_t bytes, dt_hal_copy_kind kind) {
+  Context* c = capturing(ctx);
+  if (c != nullptr && kind == DT_HAL_HOST_TO_DEVICE)
+    return refuse_in_capture(c, "copy", "it reads host memory, which may change before the graph runs");
+  if (c != nullptr && kind == DT_HAL_DEVICE_TO_HOST)
+    return refuse_in_capture(c, "copy", "it writes host memory, which the host would read before the graph runs");
+  return Rec<cpu_copy>::entry(ctx, dst, src, bytes, kind);
+}
+int rec_synchronize(void* ctx) {
+  if (Context* c = capturing(ctx))
+    return refuse_in_capture(c, "synchronize", "the host cannot wait for work that has not run");
+  return cpu_synchronize(ctx);
+}
+int rec_sum_squares(void* ctx, const float* x, int64_t n, double* out) {
+  if (Context* c = capturing(ctx))
+    return refuse_in_capture(c, "sum_squares", "its result is written to host memory");
+  return cpu_sum_squares(ctx, x, n, out);
+}
+int rec_event_synchronize(void* ctx, void* event) {
+  if (Context* c = capturing(ctx))
+    return refuse_in_capture(c, "event_synchronize", "the host cannot wait for work that has not run");
+  return cpu_event_op(ctx, event);
+}
+// The pointer and size arrays are host arrays read during the call: the graph keeps copies.
+int rec_adamw_multi(void* ctx, int count, float* const* params, const float* const* grads,
+                    float* const* m, float* const* v, const int64_t* sizes,
+                    const float* weight_decay, float lr, float beta1, float beta2, float eps,
+                    int64_t t) {
+  Context* c = capturing(ctx);
+  if (c == nullptr || count <= 0 || !params || !grads || !m || !v || !sizes || !weight_decay)
+    return c != nullptr && count == 0
+               ? DT_HAL_OK
+               : cpu_adamw_multi(ctx, count, params, grads, m, v, sizes, weight_decay, lr, beta1,
+                                 beta2, eps, t);  // runs, or reports the bad arrays unchanged
+  try {
+    const auto n = static_cast<size_t>(count);
+    std::vector<float*> P(params, params + n), M(m, m + n), Vv(v, v + n);
+    std::vector<const float*> G(grads, grads + n);
+    std::vector<int64_t> S(sizes, sizes + n);
+    std::vector<float> W(weight_decay, weight_decay + n);
+    return record(c, [=](void* x) {
+      return cpu_adamw_multi(x, count, P.data(), G.data(), M.data(), Vv.data(), S.data(),
+                             W.data(), lr, beta1, beta2, eps, t);
+    });
+  } catch (...) {
+    return fail(c, DT_HAL_ERR_NOMEM, "out of memory while recording a graph");
+  }
+}
+
+int cpu_graph_begin(void* ctx) {
+  DT_HAL_TRY(need_ctx(ctx, "graph_begin"));
+  auto* c = static_cast<Context*>(ctx);
+  if (c->capture.load() != nullptr)
+    return fail(ctx, DT_HAL_ERR_INVALID, "graph_begin: a capture is already in progress");
+  auto* g = new (std::nothrow) Graph();
+  if (g == nullptr) return fail(ctx, DT_HAL_ERR_NOMEM, "graph_begin: out of memory");
+  c->capture_error.clear();
+  c->capture_thread = std::this_thread::get_id();
+  c->capture.store(g, std::memory_order_release);
+  return DT_HAL_OK;
+}
+
+int cpu_graph_end(void* ctx, void** graph) {
+  DT_HAL_TRY(need_ctx(ctx, "graph_end"));
+  if (graph == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "graph_end: graph is null");
+  *graph = nullptr;
+  Context* c = capturing(ctx);
+  if (c == nullptr)
+    return fail(ctx, DT_HAL_ERR_INVALID, "graph_end: this thread is not capturing (no graph_begin)");
+  Graph* g = c->capture.exchange(nullptr);
+  if (!c->capture_error.empty()) {
+    delete g;
+    return fail(ctx, DT_HAL_ERR_UNSUPPORTED, "graph_end: the capture was invalidated: ",
+                c->capture_error);
+  }
+  *graph = g;
+  return DT_HAL_OK;
+}
+
+int cpu_graph_launch(void* ctx, void* graph) {
+  DT_HAL_TRY(need_ctx(ctx, "graph_launch"));
+  if (graph == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "graph_launch: null graph");
+  if (Context* c = capturing(ctx))
+    return refuse_in_capture(c, "graph_launch", "graphs are not launched inside a capture");
+  const auto& ops = static_cast<Graph*>(graph)->ops;
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const int st = ops[k](ctx);
+    if (st != DT_HAL_OK) {
+      const std::string why = static_cast<Context*>(ctx)->error;
+      return fail(ctx, st, "graph_launch: call ", k + 1, " of ", ops.size(), " failed: ", why);
+    }
+  }
+  return DT_HAL_OK;
+}
+
+void cpu_graph_destroy(void*, void* graph) { delete static_cast<Graph*>(graph); }
+
 // The version-1 entries after api_version and name, in table order.
-#define DT_CPU_V1_ENTRIES                                                                     \
-  cpu_open, cpu_close, cpu_last_error, cpu_device_count, cpu_alloc, cpu_release, cpu_copy,    \
-      cpu_fill_zero, cpu_synchronize, cpu_set_threads, cpu_gemm, cpu_bias_add, cpu_bias_grad, \
-      cpu_add, cpu_scale, cpu_sum_squares, cpu_embedding_fwd, cpu_embedding_bwd,              \
-      cpu_layernorm_fwd, cpu_layernorm_bwd, cpu_gelu_fwd, cpu_gelu_bwd, cpu_attention_fwd,    \
-      cpu_attention_bwd, cpu_softmax_xent_fwd, cpu_softmax_xent_bwd, cpu_adamw,               \
-      cpu_cast_f32_to_bf16, cpu_cast_bf16_to_f32
+// Work on device memory goes through Rec (recorded while capturing); the rest through rec_*.
+#define DT_CPU_V1_ENTRIES                                                                       \
+  cpu_open, cpu_close, cpu_last_error, cpu_device_count, rec_alloc, rec_release, rec_copy,      \
+      Rec<cpu_fill_zero>::entry, rec_synchronize, cpu_set_threads, Rec<cpu_gemm>::entry,        \
+      Rec<cpu_bias_add>::entry, Rec<cpu_bias_grad>::entry, Rec<cpu_add>::entry,                 \
+      Rec<cpu_scale>::entry, rec_sum_squares, Rec<cpu_embedding_fwd>::entry,                    \
+      Rec<cpu_embedding_bwd>::entry, Rec<cpu_layernorm_fwd>::entry,                             \
+      Rec<cpu_layernorm_bwd>::entry, Rec<cpu_gelu_fwd>::entry, Rec<cpu_gelu_bwd>::entry,        \
+      Rec<cpu_attention_fwd>::entry, Rec<cpu_attention_bwd>::entry,                             \
+      Rec<cpu_softmax_xent_fwd>::entry, Rec<cpu_softmax_xent_bwd>::entry, Rec<cpu_adamw>::entry, \
+      Rec<cpu_cast_f32_to_bf16>::entry, Rec<cpu_cast_bf16_to_f32>::entry
 
 // The version-1 table (exported as dt_hal_plugin_v1 by the shared build, for dt builds that only
 // know version 1) and the version-2 table; they share every version-1 entry.
@@ -1366,23 +1549,23 @@ const dt_hal_v1_t kCpuTable = {DT_HAL_API_VERSION_1, "cpu", DT_CPU_V1_ENTRIES};
 const dt_hal_v2_t kCpuTableV2 = {
     {DT_HAL_API_VERSION_2, "cpu", DT_CPU_V1_ENTRIES},
     cpu_describe,
-    cpu_gemm_ex,
-    cpu_cast,
-    cpu_scale_check_finite,
-    cpu_adamw_multi,
+    Rec<cpu_gemm_ex>::entry,
+    Rec<cpu_cast>::entry,
+    Rec<cpu_scale_check_finite>::entry,
+    rec_adamw_multi,
     cpu_stream_create,
     cpu_handle_destroy,
     cpu_set_stream,
     cpu_native_stream,
     cpu_event_create,
     cpu_handle_destroy,
-    cpu_event_op,
-    cpu_event_op,
-    cpu_event_op,
-    nullptr,  // graph_begin: nothing to capture on a synchronous device
-    nullptr,
-    nullptr,
-    nullptr,
+    cpu_event_op,  // event_record
+    cpu_event_op,  // stream_wait_event
+    rec_event_synchronize,
+    cpu_graph_begin,
+    cpu_graph_end,
+    cpu_graph_launch,
+    cpu_graph_destroy,
 };
 
 }  // namespace

@@ -120,13 +120,14 @@ dt_hal_dtype hal_dtype(DType t);
 /// Names of the table entries that training with parameters and gradients in fp32 and matrix
 /// products in `compute` (f32, bf16 or f16) needs and `dev` lacks, in table order; empty when
 /// everything is there. f32 needs the version-1 kernels; bf16 and f16 also need gemm_ex, cast
-/// and scale_check_finite.
-std::vector<std::string> missing_training_kernels(const Device& dev, DType compute = DType::f32);
+/// and scale_check_finite. graphs (engine.cuda_graphs): also the stream and graph entries.
+std::vector<std::string> missing_training_kernels(const Device& dev, DType compute = DType::f32,
+                                                  bool graphs = false);
 
 /// Throws dt::ConfigError "device 'NAME' (ORIGIN) cannot train in DTYPE: it lacks the kernels
 /// a, b, c" when missing_training_kernels() is not empty. Costs nothing on the device: call it once
 /// after Device::open, before any allocation, so a device that cannot train is refused up front.
-void require_training_kernels(const Device& dev, DType compute = DType::f32);
+void require_training_kernels(const Device& dev, DType compute = DType::f32, bool graphs = false);
 
 /// The default plugin path: $DT_PLUGIN_PATH (set by the dt module) if set, then DIR/../plugins
 /// and DIR/../lib/dt/plugins next to the executable.

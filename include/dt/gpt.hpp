@@ -102,6 +102,13 @@ class Gpt {
   /// arrays of B*T token ids. With targets, returns the SUM of the per-token losses; without
   /// (nullptr), only logits are computed and 0 is returned.
   double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T);
+  /// forward() in three parts, for capturing the device work into a graph: stage() copies the
+  /// tokens (and targets, may be null) to the device's fixed token buffers; run_forward() is
+  /// every kernel of the forward, with no host memory read or written; loss_sum() copies the
+  /// per-token losses back and returns their sum (0 without targets).
+  void stage(const std::int32_t* inputs, const std::int32_t* targets, int B, int T);
+  void run_forward();
+  double loss_sum() const;
   /// Backward of the last forward (which must have had targets). Adds into the gradient buffer
   /// d(loss_scale * sum of token losses)/d(params). The key third of attn.c_attn.bias gets an
   /// exact zero (the loss does not depend on it), not float rounding noise.

@@ -237,7 +237,7 @@ dt_hal_dtype hal_dtype(DType t) {
            " has no device kernels (the devices compute in f32, bf16 or f16)");
 }
 
-std::vector<std::string> missing_training_kernels(const Device& dev, DType compute) {
+std::vector<std::string> missing_training_kernels(const Device& dev, DType compute, bool graphs) {
   DT_CHECK(InvalidArgument,
            compute == DType::f32 || compute == DType::bf16 || compute == DType::f16,
            "training dtype ", dtype_name(compute), " is not one of f32, bf16, f16");
@@ -279,17 +279,30 @@ std::vector<std::string> missing_training_kernels(const Device& dev, DType compu
     for (const auto& [fn, what] : mixed)
       if (!fn) out.emplace_back(what);
   }
+  if (graphs) {
+    const std::pair<const void*, const char*> capture[] = {
+        {p(t.stream_create), "stream_create"}, {p(t.stream_destroy), "stream_destroy"},
+        {p(t.set_stream), "set_stream"},       {p(t.graph_begin), "graph_begin"},
+        {p(t.graph_end), "graph_end"},         {p(t.graph_launch), "graph_launch"},
+        {p(t.graph_destroy), "graph_destroy"},
+    };
+    for (const auto& [fn, what] : capture)
+      if (!fn) out.emplace_back(what);
+  }
   return out;
 }
 
-void require_training_kernels(const Device& dev, DType compute) {
-  const std::vector<std::string> missing = missing_training_kernels(dev, compute);
+void require_training_kernels(const Device& dev, DType compute, bool graphs) {
+  const std::vector<std::string> missing = missing_training_kernels(dev, compute, graphs);
   if (missing.empty()) return;
   std::string list;
   for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
   DT_THROW(ConfigError, "device '", dev.name(), "' (", dev.origin(), ", ABI version ",
-           dev.abi_version(), ") cannot train in ", dtype_name(compute), ": it lacks the kernel",
-           missing.size() == 1 ? " " : "s ", list);
+           dev.abi_version(), ") cannot train in ", dtype_name(compute),
+           graphs ? " with --engine.cuda_graphs" : "", ": it lacks the ",
+           graphs ? "entr" : "kernel", graphs ? (missing.size() == 1 ? "y " : "ies ")
+                                              : (missing.size() == 1 ? " " : "s "),
+           list);
 }
 
 }  // namespace dt

@@ -244,6 +244,12 @@ double Gpt::flops_per_token(int T) const { return gpt_flops_per_token(cfg_, T); 
 
 
 double Gpt::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T) {
+  stage(inputs, targets, B, T);
+  run_forward();
+  return loss_sum();
+}
+
+void Gpt::stage(const std::int32_t* inputs, const std::int32_t* targets, int B, int T) {
   DT_CHECK(InvalidArgument, B >= 1 && B <= max_batch_, "batch ", B, " outside [1, ", max_batch_,
            "]");
   DT_CHECK(InvalidArgument, T >= 1 && T <= cfg_.block, "sequence length ", T, " outside [1, ",
@@ -251,7 +257,7 @@ double Gpt::forward(const std::int32_t* inputs, const std::int32_t* targets, int
   B_ = B;
   T_ = T;
   have_targets_ = targets != nullptr;
-  const std::int64_t C = cfg_.embd, V = cfg_.vocab, NH = cfg_.heads, BT = std::int64_t{B} * T;
+  const std::int64_t BT = std::int64_t{B} * T;
   std::int32_t* tok = tokens_buf_.as<std::int32_t>();
   std::int32_t* tgt = tok + static_cast<std::size_t>(max_batch_) * cfg_.block;
   dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(tok), static_cast<const void*>(inputs),
@@ -259,6 +265,13 @@ double Gpt::forward(const std::int32_t* inputs, const std::int32_t* targets, int
   if (targets)
     dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(tgt),
               static_cast<const void*>(targets), BT * sizeof(std::int32_t), DT_HAL_HOST_TO_DEVICE);
+}
+
+void Gpt::run_forward() {
+  const std::int64_t B = B_, T = T_;
+  const std::int64_t C = cfg_.embd, V = cfg_.vocab, NH = cfg_.heads, BT = B * T;
+  const std::int32_t* tok = tokens_buf_.as<std::int32_t>();
+  const std::int32_t* tgt = tok + static_cast<std::size_t>(max_batch_) * cfg_.block;
 
   auto W = [&](int l, int k) { return pp_[static_cast<std::size_t>(2 + l * kPerLayer + k)]; };
   const int head = cfg_.layers + 1;  // unit of the final LayerNorm
@@ -296,9 +309,14 @@ double Gpt::forward(const std::int32_t* inputs, const std::int32_t* targets, int
             pp_[0], C, 0.0f, logits_, V);
   drop_params(head);
   drop_params(0);
-  if (!targets) return 0.0;
+  if (!have_targets_) return;
   dev_.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", losses_, probs_,
-            static_cast<const float*>(logits_), static_cast<const std::int32_t*>(tgt), BT, V);
+            static_cast<const float*>(logits_), tgt, BT, V);
+}
+
+double Gpt::loss_sum() const {
+  if (!have_targets_) return 0.0;
+  const std::int64_t BT = std::int64_t{B_} * T_;
   std::vector<float> host(static_cast<std::size_t>(BT));
   dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(host.data()),
             static_cast<const void*>(losses_), BT * sizeof(float), DT_HAL_DEVICE_TO_HOST);

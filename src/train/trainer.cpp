@@ -166,6 +166,11 @@ void add_train_options(Options& o, TrainConfig& c) {
            "auto: the fused model when tp = pp = 1, the graph engine otherwise; graph: always the "
            "graph engine",
            {"auto", "graph"})
+      .add("engine.cuda_graphs", &c.cuda_graphs, false,
+           "capture the device work of a micro-batch's forward and backward once (after one "
+           "eager micro-batch; again when the loss scale changes) and replay it for every later "
+           "one: a CUDA graph on a GPU, a recorded call list on the CPU device. Data-parallel "
+           "layouts only (tp = pp = 1, parallel.zero = 0); gradients are reduced after the replay")
       .add("parallel.zero", &c.par_zero, 0,
            "sharded data parallelism: 0 replicas; 1 shards the AdamW state over the data-parallel "
            "ranks; 2 also the gradients; 3 also the parameters (gathered per layer when used)",
@@ -256,6 +261,12 @@ TokenFile validate_and_load(TrainConfig& c) {
   DT_CHECK(ConfigError, c.model.embd % c.model.heads == 0, "option --model.heads: ", c.model.heads,
            " does not divide --model.embd=", c.model.embd);
   check_model_split(c.par_tp, c.par_pp, c.model);
+  if (c.cuda_graphs)
+    DT_CHECK(ConfigError,
+             c.par_tp == 1 && c.par_pp == 1 && c.par_zero == 0 && c.par_engine == "auto",
+             "option --engine.cuda_graphs needs the data-parallel model (parallel.tp = 1, "
+             "parallel.pp = 1, parallel.zero = 0, parallel.engine = auto); got tp = ", c.par_tp,
+             ", pp = ", c.par_pp, ", zero = ", c.par_zero, ", engine = ", c.par_engine);
   parse_bytes(c.mem_limit, "mem.limit");
   security::parse_tamper(c.test_tamper, "test.tamper");
   if (c.seal != "off" || c.ckpt_encrypt) {
@@ -339,6 +350,10 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   local_batch_ = plan_->local_batch;
   micro_ = plan_->micro;
   const bool graph_engine = L.tp > 1 || L.pp > 1 || c_.par_engine == "graph";
+  // parallel.auto may choose tensor or pipeline parallelism: refused before anything is allocated.
+  DT_CHECK(ConfigError, !c_.cuda_graphs || !graph_engine,
+           "option --engine.cuda_graphs needs the data-parallel model, but parallel.auto chose tp "
+           "= ", L.tp, ", pp = ", L.pp, " (set parallel.tp = parallel.pp = 1)");
   if (graph_engine || c_.print_plan) mesh_ = std::make_unique<DeviceMesh>(comm_, L, sites);
   if (c_.print_plan) return;  // nothing is allocated: print_plan() is all this trainer does
   if (c_.seal != "off" || c_.ckpt_encrypt)
@@ -362,6 +377,11 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
     eval_starts_ = eval_windows(split_.val.size(), c_.model.block, c_.eval_windows);
   if (dev_.table().set_threads)
     dev_.call(&dt_hal_v1_t::set_threads, "set_threads", static_cast<int>(c_.threads));
+  if (c_.cuda_graphs) {
+    // Capture needs a stream of its own; all the trainer's device work goes there, in order.
+    dev_.call(&dt_hal_v2_t::stream_create, "stream_create", &graph_stream_);
+    dev_.call(&dt_hal_v2_t::set_stream, "set_stream", graph_stream_);
+  }
   if (graph_engine) {
     setup_engine(sealed, tamper, tamper_collectives);
   } else if (c_.par_zero > 0) {
@@ -595,7 +615,50 @@ void Trainer::init_weights() {
   }
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  drop_graph();
+  if (graph_stream_) {
+    dev_.table2().set_stream(dev_.ctx(), nullptr);
+    dev_.table2().stream_destroy(dev_.ctx(), graph_stream_);
+  }
+}
+
+void Trainer::drop_graph() {
+  if (graph_) dev_.table2().graph_destroy(dev_.ctx(), graph_);
+  graph_ = nullptr;
+}
+
+// engine.cuda_graphs: the forward and backward of the micro-batch staged in the model. The first
+// runs eagerly (a device may allocate lazily, which a capture forbids); the next is captured and
+// launched; later ones replay. The loss scale is a kernel argument inside the graph, so a new
+// scale (fp16 after an overflow or a clean interval) is captured again.
+void Trainer::micro_batch_graph(float scale) {
+  if (!graph_warm_) {
+    model_->run_forward();
+    model_->backward(scale);
+    graph_warm_ = true;
+    return;
+  }
+  if (graph_ && graph_scale_ != scale) drop_graph();
+  if (!graph_) {
+    const trace::Scope capture_scope("graph capture", "train");
+    dev_.call(&dt_hal_v2_t::graph_begin, "graph_begin");
+    try {
+      model_->run_forward();
+      model_->backward(scale);
+    } catch (...) {
+      void* abandoned = nullptr;  // end the capture; the error above is the one to report
+      if (dev_.table2().graph_end(dev_.ctx(), &abandoned) == DT_HAL_OK && abandoned)
+        dev_.table2().graph_destroy(dev_.ctx(), abandoned);
+      throw;
+    }
+    dev_.call(&dt_hal_v2_t::graph_end, "graph_end", &graph_);
+    graph_scale_ = scale;
+    ++graph_captures_;
+  }
+  dev_.call(&dt_hal_v2_t::graph_launch, "graph_launch", graph_);
+  ++graph_replays_;
+}
 
 void Trainer::stall_for_test(const char* what) {
   if (std::strncmp(what, "test.", 5) != 0) watchdog::set_activity("test.stall-during-save", step_);
@@ -624,6 +687,14 @@ StepStats Trainer::step() {
       const trace::Scope micro_scope("micro-batch", "train", "index", m / micro_);
       sampler_->fill(static_cast<std::uint64_t>(step_), first + m, micro_, inputs_.data(),
                      targets_.data());
+      if (c_.cuda_graphs) {
+        // No host callbacks inside a graph: the buckets are handed over after the last one.
+        model_->stage(inputs_.data(), targets_.data(), static_cast<int>(micro_), T);
+        micro_batch_graph(scale);
+        loss_sum += model_->loss_sum();
+        if (buckets_ && m + micro_ >= local_batch_) buckets_->ready(0, model_->params().size());
+        continue;
+      }
       loss_sum += model_->forward(inputs_.data(), targets_.data(), static_cast<int>(micro_), T);
       // The last micro-batch's backward hands each finished bucket (ZeRO-1: merged unit) to the
       // progress thread; ZeRO-2/3 reduce every micro-batch's units through the model's hooks.
@@ -1259,6 +1330,9 @@ int Trainer::run() {
   if (step_ != last_saved_) save_checkpoint_now(false);
   finish_checkpoints();
   if (engine_ && plan_->layout.pp > 1) report_bubble();
+  if (c_.cuda_graphs && comm_.rank() == 0)
+    std::printf("engine.cuda_graphs: %lld capture(s), %lld micro-batch(es) replayed\n",
+                static_cast<long long>(graph_captures_), static_cast<long long>(graph_replays_));
   // Sampling runs the whole model on rank 0: the graph engine's shards are assembled first.
   if (engine_ && c_.sample_tokens > 0 && first_step < c_.steps) gather_state();
   if (zero_ && model_ && !model_->param_data() && c_.sample_tokens > 0 && first_step < c_.steps)

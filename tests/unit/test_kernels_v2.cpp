@@ -11,10 +11,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -406,6 +408,7 @@ TEST_CASE("v2 through dt::Device: the built-in CPU has every training kernel in 
   for (dt::DType t : {dt::DType::f32, dt::DType::bf16, dt::DType::f16}) {
     CHECK(dt::missing_training_kernels(dev, t).empty());
     CHECK_NOTHROW(dt::require_training_kernels(dev, t));
+    CHECK(dt::missing_training_kernels(dev, t, true).empty());  // graph capture too
   }
   CHECK_THROWS_AS(dt::require_training_kernels(dev, dt::DType::i32), dt::InvalidArgument);
   CHECK(dt::hal_dtype(dt::DType::bf16) == DT_HAL_BF16);
@@ -416,4 +419,126 @@ TEST_CASE("v2 through dt::Device: the built-in CPU has every training kernel in 
   CHECK(x[2] == 1.5f);
   CHECK(flag == 0);
   CHECK(dev.describe().find("CPU") != std::string::npos);
+}
+
+TEST_CASE("v2 graphs: a capture records instead of running; each launch replays it") {
+  Dev2 d;
+  const auto& v1 = d.t->v1;
+  std::vector<float> a = {1, 2, 3, 4}, b = {10, 20, 30, 40}, c(4, 0.0f);
+  void* s = nullptr;
+  REQUIRE(d.t->stream_create(d.ctx, &s) == DT_HAL_OK);
+  REQUIRE(d.t->set_stream(d.ctx, s) == DT_HAL_OK);
+  REQUIRE(d.t->graph_begin(d.ctx) == DT_HAL_OK);
+  CHECK(d.t->graph_begin(d.ctx) == DT_HAL_ERR_INVALID);  // one capture at a time
+  // c = 2 * (a + b), then a copied over b: nothing happens until the graph runs.
+  REQUIRE(v1.add(d.ctx, c.data(), a.data(), b.data(), 4) == DT_HAL_OK);
+  REQUIRE(v1.scale(d.ctx, c.data(), 2.0f, 4) == DT_HAL_OK);
+  REQUIRE(v1.copy(d.ctx, b.data(), a.data(), 4 * sizeof(float), DT_HAL_DEVICE_TO_DEVICE) ==
+          DT_HAL_OK);
+  // Arrays of pointers are host memory read by the call: the graph keeps its own copies.
+  std::vector<float> p = {1.0f}, g = {0.5f}, m = {0.0f}, v = {0.0f};
+  float* P[1] = {p.data()};
+  const float* G[1] = {g.data()};
+  float* M[1] = {m.data()};
+  float* V[1] = {v.data()};
+  int64_t S[1] = {1};
+  float W[1] = {0.0f};
+  REQUIRE(d.t->adamw_multi(d.ctx, 1, P, G, M, V, S, W, 0.1f, 0.9f, 0.999f, 1e-8f, 1) ==
+          DT_HAL_OK);
+  P[0] = nullptr;
+  S[0] = -1;
+  CHECK(c == std::vector<float>(4, 0.0f));
+  CHECK(b == std::vector<float>({10, 20, 30, 40}));
+  CHECK(p[0] == 1.0f);
+  void* graph = nullptr;
+  REQUIRE(d.t->graph_end(d.ctx, &graph) == DT_HAL_OK);
+  REQUIRE(graph != nullptr);
+  CHECK(c == std::vector<float>(4, 0.0f));
+  REQUIRE(d.t->graph_launch(d.ctx, graph) == DT_HAL_OK);
+  CHECK(c == std::vector<float>({22, 44, 66, 88}));
+  CHECK(b == a);
+  CHECK(p[0] < 1.0f);  // one AdamW step moved it against the gradient
+  const float p1 = p[0];
+  // The second launch reads the buffers as they are now: b holds a's values.
+  REQUIRE(d.t->graph_launch(d.ctx, graph) == DT_HAL_OK);
+  CHECK(c == std::vector<float>({4, 8, 12, 16}));
+  CHECK(p[0] < p1);
+  // Eager calls after the capture run at once again.
+  REQUIRE(v1.scale(d.ctx, c.data(), 0.5f, 4) == DT_HAL_OK);
+  CHECK(c == std::vector<float>({2, 4, 6, 8}));
+  d.t->graph_destroy(d.ctx, graph);
+  d.t->stream_destroy(d.ctx, s);
+}
+
+TEST_CASE("v2 graphs: host memory, waits and allocation invalidate the capture, naming the call") {
+  Dev2 d;
+  const auto& v1 = d.t->v1;
+  std::vector<float> x = {1, 2, 3}, y(3);
+  double ss = 0;
+  void* ptr = nullptr;
+  void* graph = nullptr;
+  struct Case {
+    const char* name;
+    std::function<int()> call;
+  };
+  const std::vector<Case> cases = {
+      {"copy cannot be captured into a graph: it reads host memory",
+       [&] { return v1.copy(d.ctx, y.data(), x.data(), 12, DT_HAL_HOST_TO_DEVICE); }},
+      {"copy cannot be captured into a graph: it writes host memory",
+       [&] { return v1.copy(d.ctx, y.data(), x.data(), 12, DT_HAL_DEVICE_TO_HOST); }},
+      {"sum_squares cannot be captured", [&] { return v1.sum_squares(d.ctx, x.data(), 3, &ss); }},
+      {"synchronize cannot be captured", [&] { return v1.synchronize(d.ctx); }},
+      {"alloc cannot be captured", [&] { return v1.alloc(d.ctx, 64, &ptr); }},
+      {"event_synchronize cannot be captured",
+       [&] {
+         void* ev = nullptr;
+         d.t->event_create(d.ctx, &ev);
+         return d.t->event_synchronize(d.ctx, ev);
+       }},
+  };
+  for (const Case& k : cases) {
+    CAPTURE(k.name);
+    REQUIRE(d.t->graph_begin(d.ctx) == DT_HAL_OK);
+    REQUIRE(v1.scale(d.ctx, x.data(), 2.0f, 3) == DT_HAL_OK);
+    CHECK(k.call() == DT_HAL_ERR_UNSUPPORTED);
+    CHECK(d.err().find(k.name) != std::string::npos);
+    CHECK(ss == 0.0);
+    CHECK(ptr == nullptr);
+    CHECK(d.t->graph_end(d.ctx, &graph) == DT_HAL_ERR_UNSUPPORTED);
+    CHECK(graph == nullptr);
+    CHECK(d.err().find("graph_end: the capture was invalidated") != std::string::npos);
+    CHECK(d.err().find(k.name) != std::string::npos);
+    CHECK(x == std::vector<float>({1, 2, 3}));  // the recorded scale never ran
+  }
+  // After a failed capture the device works eagerly and captures again.
+  CHECK(v1.sum_squares(d.ctx, x.data(), 3, &ss) == DT_HAL_OK);
+  CHECK(ss == 14.0);
+  CHECK(d.t->graph_end(d.ctx, &graph) == DT_HAL_ERR_INVALID);  // no capture in progress
+  REQUIRE(d.t->graph_begin(d.ctx) == DT_HAL_OK);
+  REQUIRE(v1.scale(d.ctx, x.data(), 2.0f, 3) == DT_HAL_OK);
+  REQUIRE(d.t->graph_end(d.ctx, &graph) == DT_HAL_OK);
+  REQUIRE(d.t->graph_launch(d.ctx, graph) == DT_HAL_OK);
+  CHECK(x == std::vector<float>({2, 4, 6}));
+  d.t->graph_destroy(d.ctx, graph);
+}
+
+TEST_CASE("v2 graphs: a bad argument fails the launch with the entry's message; other threads run") {
+  Dev2 d;
+  const auto& v1 = d.t->v1;
+  std::vector<float> x = {1, 2, 3};
+  REQUIRE(d.t->graph_begin(d.ctx) == DT_HAL_OK);
+  REQUIRE(v1.scale(d.ctx, x.data(), 2.0f, 3) == DT_HAL_OK);
+  REQUIRE(v1.scale(d.ctx, x.data(), 2.0f, -5) == DT_HAL_OK);  // checked when it runs
+  // Work from another thread is not captured (CUDA's thread-local capture mode).
+  std::vector<float> other = {5};
+  std::thread([&] { CHECK(v1.scale(d.ctx, other.data(), 3.0f, 1) == DT_HAL_OK); }).join();
+  CHECK(other[0] == 15.0f);
+  void* graph = nullptr;
+  REQUIRE(d.t->graph_end(d.ctx, &graph) == DT_HAL_OK);
+  CHECK(d.t->graph_launch(d.ctx, graph) == DT_HAL_ERR_INVALID);
+  CHECK(d.err().find("graph_launch: call 2 of 2 failed: scale: n = -5 is negative") !=
+        std::string::npos);
+  CHECK(x == std::vector<float>({2, 4, 6}));  // call 1 ran
+  CHECK(d.t->graph_launch(d.ctx, nullptr) == DT_HAL_ERR_INVALID);
+  d.t->graph_destroy(d.ctx, graph);
 }
