@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,8 @@
 #include "dt/tensor.hpp"
 
 namespace dt {
+
+struct GemmWorkspace;  // src/model/layers.hpp
 
 struct GptConfig {
   int vocab = 256;
@@ -82,6 +85,12 @@ class Gpt {
   /// for devices whose memory is host memory. It must outlive the model.
   Gpt(const Device& dev, GptConfig c, int max_batch, float* grad_storage = nullptr);
   Gpt(const Device& dev, GptConfig c, int max_batch, GptStorage storage);
+  ~Gpt();
+  /// Matrix products in `t`: f32, or bf16/f16 with both operands rounded to it and fp32
+  /// accumulation and results (tensor cores on a GPU; activations, norms and gradients stay
+  /// fp32). Allocates the 16-bit operand buffers for the largest product of a max_batch forward
+  /// and backward, so a captured graph never needs more.
+  void set_compute(DType t);
   /// Bytes of the activation and activation-gradient buffers.
   std::size_t activation_bytes() const noexcept { return act_buf_.bytes() + grad_act_buf_.bytes(); }
 
@@ -145,6 +154,7 @@ class Gpt {
   float* grad_ = nullptr;  // grad_buf_ or the caller's storage
   Device::Buffer act_buf_, grad_act_buf_;
   Device::Buffer tokens_buf_;  // inputs then targets, int32
+  std::unique_ptr<GemmWorkspace> ws_;
   int B_ = 0, T_ = 0;
   bool have_targets_ = false;
   // pointers into act_buf_ / grad_act_buf_ (set in the constructor)

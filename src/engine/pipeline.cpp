@@ -465,7 +465,7 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
                 width(n.in[0]));
     } else if (n.op == "linear") {
       const bool bias = n.attr_or("bias_rank0", 0) == 0 || comms_.tp_rank == 0;
-      linear_fwd(dev_, act(n.out[0]), act(n.in[0]), prm(n.in[1]), bias ? prm(n.in[2]) : nullptr,
+      linear_fwd(dev_, &ws_, act(n.out[0]), act(n.in[0]), prm(n.in[1]), bias ? prm(n.in[2]) : nullptr,
                  BT, width(n.in[0]), width(n.out[0]));
     } else if (n.op == "attention") {
       dev_.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", act(n.out[0]), aux,
@@ -479,9 +479,8 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
                 static_cast<const float*>(act(n.in[1])), BT * width(n.out[0]));
     } else if (n.op == "lm_head") {
       const std::int64_t C = width(n.in[0]), V = width(n.out[0]);
-      dev_.call(&dt_hal_v1_t::gemm, "gemm", 0, 1, BT, V, C, 1.0f,
-                static_cast<const float*>(act(n.in[0])), C, prm(n.in[1]), C, 0.0f, act(n.out[0]),
-                V);
+      matmul(dev_, &ws_, 0, 1, BT, V, C, 1.0f, act(n.in[0]), C, prm(n.in[1]), C, 0.0f,
+             act(n.out[0]), V);
     } else if (n.op == "xent") {
       if (!targets) continue;
       const std::int64_t V = width(n.in[0]);
@@ -570,10 +569,8 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
     } else if (n.op == "lm_head") {
       const std::int64_t C = width(n.in[0]), V = width(n.out[0]);
       const float* dl = grad(n.out[0]);
-      dev_.call(&dt_hal_v1_t::gemm, "gemm", 0, 0, BT, C, V, 1.0f, dl, V, prm(n.in[1]), C, 1.0f,
-                grad(n.in[0]), C);
-      dev_.call(&dt_hal_v1_t::gemm, "gemm", 1, 0, V, C, BT, 1.0f, dl, V, act(n.in[0]), C, 1.0f,
-                dprm(n.in[1]), C);
+      matmul(dev_, &ws_, 0, 0, BT, C, V, 1.0f, dl, V, prm(n.in[1]), C, 1.0f, grad(n.in[0]), C);
+      matmul(dev_, &ws_, 1, 0, V, C, BT, 1.0f, dl, V, act(n.in[0]), C, 1.0f, dprm(n.in[1]), C);
     } else if (n.op == "layernorm") {
       const trace::Scope s("backward", "model", "layer", n.layer);
       dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", grad(n.in[0]), dprm(n.in[1]),
@@ -581,7 +578,7 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
                 prm(n.in[1]), aux, aux + BT, BT, width(n.in[0]));
     } else if (n.op == "linear") {
       const std::int64_t in = width(n.in[0]), out = width(n.out[0]);
-      linear_bwd(dev_, grad(n.in[0]), 1.0f, dprm(n.in[1]), dprm(n.in[2]), grad(n.out[0]),
+      linear_bwd(dev_, &ws_, grad(n.in[0]), 1.0f, dprm(n.in[1]), dprm(n.in[2]), grad(n.out[0]),
                  act(n.in[0]), prm(n.in[1]), BT, in, out);
       if (n.attr_or("zero_key_bias", 0)) {
         // The key bias adds q_i . b_k to every score of row i, which softmax ignores: its

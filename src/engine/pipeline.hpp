@@ -15,6 +15,7 @@
 #include "dt/gpt.hpp"
 #include "dt/graph.hpp"
 #include "engine/zero.hpp"
+#include "model/layers.hpp"
 
 namespace dt {
 
@@ -80,6 +81,8 @@ class StageEngine {
   /// each backward takes a gradient buffer per unit and hands it back when the unit's gradients
   /// are complete.
   void set_unit_hooks(std::vector<ZeroUnit> units, UnitHooks hooks);
+  /// Matrix products in `t` (f32, bf16 or f16; see GemmWorkspace in model/layers.hpp).
+  void set_compute(DType t) { ws_.compute = t; }
   /// Bytes of the activation, activation-gradient and scratch buffers.
   std::size_t activation_bytes() const;
   const graph::Graph& graph() const noexcept { return g_; }
@@ -131,6 +134,7 @@ class StageEngine {
   Device::Buffer param_buf_, grad_buf_;
   float* grad_ = nullptr;
   UnitHooks hooks_;
+  GemmWorkspace ws_;  // matrix products in the compute dtype (set_compute)
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,7 +1,9 @@
 #include "dt/gpt.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "dt/trace.hpp"
 #include "model/layers.hpp"
@@ -68,7 +70,11 @@ Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, float* grad_storage)
     : Gpt(dev, c, max_batch, GptStorage{grad_storage, {}, 0, true, true}) {}
 
 Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, GptStorage storage)
-    : dev_(dev), cfg_(c), max_batch_(max_batch), params_(gpt_params(c)) {
+    : dev_(dev),
+      cfg_(c),
+      max_batch_(max_batch),
+      params_(gpt_params(c)),
+      ws_(std::make_unique<GemmWorkspace>()) {
   DT_CHECK(InvalidArgument, c.embd % c.heads == 0, "model.embd ", c.embd,
            " is not divisible by model.heads ", c.heads);
   DT_CHECK(InvalidArgument, max_batch >= 1 && c.block >= 1 && c.layers >= 1 && c.vocab >= 1,
@@ -214,6 +220,15 @@ void gpt_init_param(const GptConfig& c, std::uint64_t seed, std::size_t index, f
   for (std::size_t k = 0; k < pi.numel; ++k) out[k] = static_cast<float>(rng() * std);
 }
 
+Gpt::~Gpt() = default;
+
+void Gpt::set_compute(DType t) {
+  ws_->compute = t;
+  const std::size_t BT = static_cast<std::size_t>(max_batch_) * cfg_.block;
+  const std::size_t C = cfg_.embd, V = cfg_.vocab;
+  ws_->reserve(dev_, std::max({BT * std::max(4 * C, V), 4 * C * C, V * C}));
+}
+
 void Gpt::init(std::uint64_t seed) {
   DT_CHECK(InvalidArgument, param_data() != nullptr,
            "Gpt::init needs the model's own parameters (sharded ones are initialised by their owner)");
@@ -286,16 +301,16 @@ void Gpt::run_forward() {
     Layer& a = L_[static_cast<std::size_t>(l)];
     dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", a.ln1, a.ln1_mean, a.ln1_rstd, x,
               W(l, LN1W), W(l, LN1B), BT, C);
-    linear_fwd(dev_, a.qkv, a.ln1, W(l, QKVW), W(l, QKVB), BT, C, 3 * C);
+    linear_fwd(dev_, ws_.get(), a.qkv, a.ln1, W(l, QKVW), W(l, QKVB), BT, C, 3 * C);
     dev_.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", a.atty, a.att, a.qkv, std::int64_t{B},
               std::int64_t{T}, C, NH);
-    linear_fwd(dev_, a.res2, a.atty, W(l, PROJW), W(l, PROJB), BT, C, C);
+    linear_fwd(dev_, ws_.get(), a.res2, a.atty, W(l, PROJW), W(l, PROJB), BT, C, C);
     dev_.call(&dt_hal_v1_t::add, "add", a.res2, a.res2, x, BT * C);
     dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", a.ln2, a.ln2_mean, a.ln2_rstd, a.res2,
               W(l, LN2W), W(l, LN2B), BT, C);
-    linear_fwd(dev_, a.fch, a.ln2, W(l, FCW), W(l, FCB), BT, C, 4 * C);
+    linear_fwd(dev_, ws_.get(), a.fch, a.ln2, W(l, FCW), W(l, FCB), BT, C, 4 * C);
     dev_.call(&dt_hal_v1_t::gelu_fwd, "gelu_fwd", a.fch_gelu, a.fch, 4 * BT * C);
-    linear_fwd(dev_, a.res3, a.fch_gelu, W(l, FCPW), W(l, FCPB), BT, 4 * C, C);
+    linear_fwd(dev_, ws_.get(), a.res3, a.fch_gelu, W(l, FCPW), W(l, FCPB), BT, 4 * C, C);
     dev_.call(&dt_hal_v1_t::add, "add", a.res3, a.res3, a.res2, BT * C);
     drop_params(l + 1);
     x = a.res3;
@@ -305,8 +320,7 @@ void Gpt::run_forward() {
   use_params(0, -1);
   dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", lnf_, lnf_mean_, lnf_rstd_, x,
             pp_[lnf], pp_[lnf + 1], BT, C);
-  dev_.call(&dt_hal_v1_t::gemm, "gemm", 0, 1, BT, V, C, 1.0f, static_cast<const float*>(lnf_), C,
-            pp_[0], C, 0.0f, logits_, V);
+  matmul(dev_, ws_.get(), 0, 1, BT, V, C, 1.0f, lnf_, C, pp_[0], C, 0.0f, logits_, V);
   drop_params(head);
   drop_params(0);
   if (!have_targets_) return;
@@ -354,10 +368,8 @@ void Gpt::backward(float loss_scale, const GradReady& ready) {
   dev_.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dlogits_,
             static_cast<const float*>(probs_), tgt, loss_scale, BT, V);
   // logits = lnf @ wte^T
-  dev_.call(&dt_hal_v1_t::gemm, "gemm", 0, 0, BT, C, V, 1.0f, static_cast<const float*>(dlogits_),
-            V, pp_[0], C, 0.0f, dln_, C);
-  dev_.call(&dt_hal_v1_t::gemm, "gemm", 1, 0, V, C, BT, 1.0f, static_cast<const float*>(dlogits_),
-            V, static_cast<const float*>(lnf_), C, 1.0f, gp_[0], C);
+  matmul(dev_, ws_.get(), 0, 0, BT, C, V, 1.0f, dlogits_, V, pp_[0], C, 0.0f, dln_, C);
+  matmul(dev_, ws_.get(), 1, 0, V, C, BT, 1.0f, dlogits_, V, lnf_, C, 1.0f, gp_[0], C);
   drop_params(0);
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dres_),
             static_cast<std::size_t>(BT * C) * sizeof(float));
@@ -377,25 +389,25 @@ void Gpt::backward(float loss_scale, const GradReady& ready) {
     Layer& a = L_[static_cast<std::size_t>(l)];
     const float* x = l == 0 ? encoded_ : L_[static_cast<std::size_t>(l - 1)].res3;
     // res3 = res2 + fch_gelu @ Wfcp^T + b: dres flows to res2 unchanged.
-    linear_bwd(dev_, dfch_gelu_, 0.0f, dW(l, FCPW), dW(l, FCPB), dres_, a.fch_gelu, W(l, FCPW), BT,
+    linear_bwd(dev_, ws_.get(), dfch_gelu_, 0.0f, dW(l, FCPW), dW(l, FCPB), dres_, a.fch_gelu, W(l, FCPW), BT,
                4 * C, C);
     dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dfch_),
               static_cast<std::size_t>(4 * BT * C) * sizeof(float));
     dev_.call(&dt_hal_v1_t::gelu_bwd, "gelu_bwd", dfch_, static_cast<const float*>(a.fch),
               static_cast<const float*>(dfch_gelu_), 4 * BT * C);
-    linear_bwd(dev_, dln_, 0.0f, dW(l, FCW), dW(l, FCB), dfch_, a.ln2, W(l, FCW), BT, C, 4 * C);
+    linear_bwd(dev_, ws_.get(), dln_, 0.0f, dW(l, FCW), dW(l, FCB), dfch_, a.ln2, W(l, FCW), BT, C, 4 * C);
     dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", dres_, dW(l, LN2W), dW(l, LN2B),
               static_cast<const float*>(dln_), static_cast<const float*>(a.res2), W(l, LN2W),
               static_cast<const float*>(a.ln2_mean), static_cast<const float*>(a.ln2_rstd), BT, C);
     // res2 = x + atty @ Wproj^T + b
-    linear_bwd(dev_, datty_, 0.0f, dW(l, PROJW), dW(l, PROJB), dres_, a.atty, W(l, PROJW), BT, C,
+    linear_bwd(dev_, ws_.get(), datty_, 0.0f, dW(l, PROJW), dW(l, PROJB), dres_, a.atty, W(l, PROJW), BT, C,
                C);
     dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dqkv_),
               static_cast<std::size_t>(3 * BT * C) * sizeof(float));
     dev_.call(&dt_hal_v1_t::attention_bwd, "attention_bwd", dqkv_, datt_,
               static_cast<const float*>(datty_), static_cast<const float*>(a.qkv),
               static_cast<const float*>(a.att), B, T, C, NH);
-    linear_bwd(dev_, dln_, 0.0f, dW(l, QKVW), dW(l, QKVB), dqkv_, a.ln1, W(l, QKVW), BT, C, 3 * C);
+    linear_bwd(dev_, ws_.get(), dln_, 0.0f, dW(l, QKVW), dW(l, QKVB), dqkv_, a.ln1, W(l, QKVW), BT, C, 3 * C);
     // The key bias adds q_i . b_k to every score of row i, which softmax ignores: its gradient
     // is exactly zero, and what the float sums leave there is rounding noise that AdamW would
     // blow up to lr-sized steps. Keep it exactly zero.

@@ -2,23 +2,61 @@
 // so the two give the same bits for the same work).
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "dt/device.hpp"
 
 namespace dt {
+
+// The precision of matrix products. f32: the device's fp32 gemm. bf16/f16: both operands rounded
+// to the type (into the two 16-bit buffers here) and multiplied by gemm_ex with fp32
+// accumulation and an fp32 result, as tensor cores do; activations, norms and gradients stay
+// fp32. The buffers grow on demand (reserve() them up front where work is captured into a graph,
+// which may not allocate).
+struct GemmWorkspace {
+  DType compute = DType::f32;
+  Device::Buffer a, b;
+  void reserve(const Device& d, std::size_t elements) {
+    if (compute == DType::f32) return;
+    if (a.bytes() < 2 * elements) a = Device::Buffer(d, 2 * elements);
+    if (b.bytes() < 2 * elements) b = Device::Buffer(d, 2 * elements);
+  }
+};
+
+// C[M, N] = alpha * op(A) @ op(B) + beta * C, row-major with packed rows (lda, ldb: row lengths
+// of A and B as stored), in ws's precision (null: fp32).
+inline void matmul(const Device& d, GemmWorkspace* ws, int ta, int tb, std::int64_t M,
+                   std::int64_t N, std::int64_t K, float alpha, const float* A, std::int64_t lda,
+                   const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  if (ws == nullptr || ws->compute == DType::f32) {
+    d.call(&dt_hal_v1_t::gemm, "gemm", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  const dt_hal_dtype f32 = DT_HAL_F32, lp = hal_dtype(ws->compute);
+  const std::int64_t na = (ta ? K : M) * lda, nb = (tb ? N : K) * ldb;
+  ws->reserve(d, static_cast<std::size_t>(std::max(na, nb)));
+  d.call(&dt_hal_v2_t::cast, "cast", ws->a.get(), lp, static_cast<const void*>(A), f32, na);
+  d.call(&dt_hal_v2_t::cast, "cast", ws->b.get(), lp, static_cast<const void*>(B), f32, nb);
+  d.call(&dt_hal_v2_t::gemm_ex, "gemm_ex", ta, tb, M, N, K, alpha,
+         static_cast<const void*>(ws->a.get()), lda, static_cast<const void*>(ws->b.get()), ldb,
+         beta, static_cast<void*>(C), ldc, lp, f32);
+}
+
 // y[N, out] = x[N, in] @ W[out, in]^T + b (no bias when b is null)
-inline void linear_fwd(const Device& d, float* y, const float* x, const float* W, const float* b,
-                       std::int64_t N, std::int64_t in, std::int64_t out) {
-  d.call(&dt_hal_v1_t::gemm, "gemm", 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+inline void linear_fwd(const Device& d, GemmWorkspace* ws, float* y, const float* x,
+                       const float* W, const float* b, std::int64_t N, std::int64_t in,
+                       std::int64_t out) {
+  matmul(d, ws, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
   if (b) d.call(&dt_hal_v1_t::bias_add, "bias_add", y, b, N, out);
 }
 // dx[N, in] (= or +=, by beta) dy @ W; dW += dy^T @ x; db += sum dy
-inline void linear_bwd(const Device& d, float* dx, float beta, float* dW, float* db,
-                       const float* dy, const float* x, const float* W, std::int64_t N,
+inline void linear_bwd(const Device& d, GemmWorkspace* ws, float* dx, float beta, float* dW,
+                       float* db, const float* dy, const float* x, const float* W, std::int64_t N,
                        std::int64_t in, std::int64_t out) {
-  if (dx) d.call(&dt_hal_v1_t::gemm, "gemm", 0, 0, N, in, out, 1.0f, dy, out, W, in, beta, dx, in);
-  d.call(&dt_hal_v1_t::gemm, "gemm", 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
+  if (dx) matmul(d, ws, 0, 0, N, in, out, 1.0f, dy, out, W, in, beta, dx, in);
+  matmul(d, ws, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
   if (db) d.call(&dt_hal_v1_t::bias_grad, "bias_grad", db, dy, N, out);
 }
 

@@ -417,6 +417,9 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
     opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
   }
   if (low_precision()) {
+    const DType compute = c_.dtype == "bf16" ? DType::bf16 : DType::f16;
+    if (model_) model_->set_compute(compute);
+    if (engine_) engine_->set_compute(compute);
     LossScaleConfig lc;
     lc.dynamic = c_.dtype == "fp16";
     lc.initial = lc.dynamic ? c_.loss_scale_initial : 1.0;

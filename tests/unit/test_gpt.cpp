@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dt/gpt.hpp"
+#include "model/layers.hpp"
 
 namespace {
 
@@ -130,4 +131,56 @@ TEST_CASE("gpt gradient of every parameter tensor matches central finite differe
     CHECK(std::abs(fd - an) <= 0.02 * std::abs(an) + 1e-2);
     CHECK(std::abs(an) > 1e-3);  // the direction carries signal, so the check can fail
   }
+}
+
+// The model's matrix products in bf16/f16 (src/model/layers.hpp): both operands rounded to the
+// type, products accumulated in fp32. Reference: float64 products of the operands rounded with
+// dt::bf16 / dt::f16 (core/dtype.cpp, not the device's cast).
+TEST_CASE("matmul in bf16 and f16 rounds both operands once and accumulates in fp32") {
+  dt::Device dev = dt::Device::open("cpu", "");
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const std::int64_t M = 5, N = 7, K = 33;
+  for (dt::DType t : {dt::DType::f32, dt::DType::bf16, dt::DType::f16})
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        CAPTURE(dt::dtype_name(t));
+        CAPTURE(ta);
+        CAPTURE(tb);
+        std::vector<float> A(static_cast<std::size_t>(M * K)), B(static_cast<std::size_t>(K * N));
+        for (float& v : A) v = nd(rng);
+        for (float& v : B) v = nd(rng);
+        std::vector<float> C(static_cast<std::size_t>(M * N), 0.5f);
+        const std::int64_t lda = ta ? M : K, ldb = tb ? K : N;
+        dt::GemmWorkspace ws;
+        ws.compute = t;
+        dt::matmul(dev, &ws, ta, tb, M, N, K, 2.0f, A.data(), lda, B.data(), ldb, 1.0f, C.data(),
+                   N);
+        auto round = [t](float v) -> double {
+          if (t == dt::DType::bf16) return static_cast<float>(dt::bf16(v));
+          if (t == dt::DType::f16) return static_cast<float>(dt::f16(v));
+          return v;
+        };
+        double worst_rounded = 0, worst_exact = 0;
+        for (std::int64_t i = 0; i < M; ++i)
+          for (std::int64_t j = 0; j < N; ++j) {
+            double want = 0, exact = 0, mag = 0;
+            for (std::int64_t k = 0; k < K; ++k) {
+              const float a = A[static_cast<std::size_t>(ta ? k * lda + i : i * lda + k)];
+              const float b = B[static_cast<std::size_t>(tb ? j * ldb + k : k * ldb + j)];
+              want += round(a) * round(b);
+              exact += static_cast<double>(a) * b;
+              mag += std::fabs(round(a) * round(b));
+            }
+            const double got = C[static_cast<std::size_t>(i * N + j)];
+            // fp32 accumulation of K products, alpha and beta: within (K + 3) ulps of the sum of
+            // magnitudes.
+            const double bound = (K + 3) * 0x1p-24 * (2 * mag + 0.5);
+            worst_rounded = std::max(worst_rounded, std::fabs(got - (2 * want + 0.5)) / bound);
+            worst_exact = std::max(worst_exact, std::fabs(got - (2 * exact + 0.5)) / bound);
+          }
+        CHECK(worst_rounded <= 1.0);
+        // The rounding is really applied: unrounded operands give a different result.
+        if (t != dt::DType::f32) CHECK(worst_exact > 1.0);
+      }
 }
