@@ -3,8 +3,9 @@
 #   1. builds dt with DT_WITH_CUDA=ON in $DT_BUILD_DIR (default build-gpu/);
 #   2. runs the CUDA checks (ctest -R '^gpu\.': plugin load, kernel differential test, NCCL);
 #   3. measures the cuBLAS bf16 GEMM rate through the plugin (perf/bench_gpu_gemm.cpp);
-#   4. measures dt_train tokens/s on the CUDA device in bf16 when dt_train supports it
-#      (--runtime.device=cuda --train.dtype=bf16), else says it was not measured.
+#   4. measures dt_train on the CUDA device: tokens/s and model FLOP utilisation of gpt-small in
+#      bf16 against that GEMM rate, and the micro config with engine.cuda_graphs against eager
+#      launch (steady-state tokens/s of the same run length, one after the other).
 # Prints a RESULTS.md section on stdout (append it to perf/RESULTS.md by hand after reading it).
 # Usage: perf/bench_gpu.sh [steps]
 set -euo pipefail
@@ -29,18 +30,37 @@ gemm=$("$build/bench_gpu_gemm" "$build/plugins/libdt_hal_cuda.so" 8192 8192 8192
 device=$(sed -n 's/^device: //p' <<<"$gemm")
 rate=$(sed -n 's/.*, \([0-9.]*\) TFLOP\/s$/\1/p' <<<"$gemm")
 
-train="not measured: dt_train does not accept --runtime.device=cuda --train.dtype=bf16 yet"
-if "$build/apps/dt_train" --help 2>/dev/null | grep -q "train.dtype"; then
-  cfg="$root/configs/gpt-small.ini"
-  if [ -f "$cfg" ] && out=$(timeout 300 "$build/apps/dt_train" --config "$cfg" \
-      --runtime.device=cuda --runtime.plugin-path="$build/plugins" --train.dtype=bf16 \
-      --train.steps="$steps" --train.eval-every=0 --data.path=/usr/share/common-licenses/GPL-3 2>&1); then
-    tok=$(grep -oE "[0-9.]+ tok/s" <<<"$out" | tail -1 || true)
-    train="${tok:-ran, but printed no tok/s figure}"
-  else
-    tail -20 <<<"${out:-}" >&2
-    train="not measured: dt_train on cuda/bf16 failed (its last lines are on stderr)"
-  fi
+text=/usr/share/common-licenses/GPL-3
+run_train() {  # run_train LOG ARGS...: dt_train on the CUDA device; prints its "done" line
+  local out=$1; shift
+  timeout 300 "$build/apps/dt_train" --runtime.device=cuda --runtime.plugin-path="$build/plugins" \
+    --data.path="$text" --train.eval-every=0 "$@" >"$out" 2>&1 || { tail -20 "$out" >&2; return 1; }
+  grep -E "^dt_train: done:" "$out" | tail -1
+}
+# "... N tok/s (steady state), G GFLOP/s per rank ..." -> N or G
+tok_of() { sed -n 's/.*, \([0-9.]*\) tok\/s (steady state).*/\1/p' <<<"$1"; }
+gflops_of() { sed -n 's/.* \([0-9.]*\) GFLOP\/s per rank.*/\1/p' <<<"$1"; }
+
+# 1. GPT sized for one GPU (gpt-small: 12 x 768, seq 1024) in bf16: model FLOP utilisation against
+#    the cuBLAS bf16 rate measured above.
+train="not measured: dt_train on cuda/bf16 failed (its last lines are on stderr)"
+mfu="?"
+if done=$(run_train "$log/small" --config "$root/configs/gpt-small.ini" --train.dtype=bf16 \
+    --train.batch=8 --train.micro-batch=4 --train.steps="$steps"); then
+  tok=$(tok_of "$done"); gf=$(gflops_of "$done")
+  train="$tok tok/s, $gf GFLOP/s"
+  [ -n "$gf" ] && [ -n "$rate" ] && mfu=$(awk -v g="$gf" -v r="$rate" 'BEGIN{printf "%.1f%%", 100*g/1000/r}')
+fi
+
+# 2. CUDA graph replay against eager launch, micro config, same run length, side by side.
+graphs="not measured"
+ratio="?"
+if eager=$(run_train "$log/eager" --config "$root/configs/micro.ini" --train.steps=300) &&
+   graph=$(run_train "$log/graph" --config "$root/configs/micro.ini" --train.steps=300 \
+     --engine.cuda_graphs=true); then
+  te=$(tok_of "$eager"); tg=$(tok_of "$graph")
+  graphs="eager $te tok/s, graphs $tg tok/s ($(grep -m1 '^engine.cuda_graphs' "$log/graph"))"
+  ratio=$(awk -v a="$te" -v b="$tg" 'BEGIN{printf "%.2fx", b/a}')
 fi
 
 cat <<EOT
@@ -52,5 +72,10 @@ Command: \`perf/bench_gpu.sh $steps\`
 |---|---|
 | CUDA checks (ctest -R '^gpu\\.') | $checks |
 | cuBLAS bf16 GEMM 8192^3 through libdt_hal_cuda.so (fp32 accumulation) | ${rate:-?} TFLOP/s |
-| dt_train bf16, 12 layers x 768, seq 1024 | $train |
+| dt_train bf16, gpt-small (12 layers x 768, seq 1024), batch 8 in micro-batches of 4 | $train |
+| model FLOP utilisation against the cuBLAS bf16 rate (floor 50%) | $mfu |
+| micro config, 300 steps: CUDA graph replay against eager launch | $graphs |
+| graph replay speed-up per step (floor 1.3x) | $ratio |
+
+Driver and GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 EOT
