@@ -14,6 +14,10 @@
 #include <string>
 #include <vector>
 
+#ifdef DT_HAVE_NCCL
+#include "comm/mpi_comm.hpp"
+#include "comm/nccl_comm.hpp"
+#endif
 #include "dt/config.hpp"
 #include "dt/device.hpp"
 #include "dt/qos.hpp"
@@ -105,7 +109,8 @@ int main(int argc, char** argv) {
   };
   if (!phase([&] {
         dev = std::make_unique<dt::Device>(dt::Device::open(
-            cfg.device, cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path));
+            cfg.device, cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path,
+            static_cast<int>(cfg.device_index), cfg.local_rank));
         // A device without every kernel training needs is refused here, naming what it lacks.
         dt::require_training_kernels(*dev, cfg.dtype == "bf16"   ? dt::DType::bf16
                                            : cfg.dtype == "fp16" ? dt::DType::f16
@@ -113,7 +118,21 @@ int main(int argc, char** argv) {
                                      cfg.cuda_graphs);
       }))
     return 2;
-  if (!phase([&] { trainer = std::make_unique<dt::Trainer>(rt.world(), *dev, cfg, data); }))
+  // Gradients of CUDA tensors are reduced by NCCL, bootstrapped over MPI on the trainer's stream.
+  dt::Trainer::DeviceCommFactory device_comm;
+#ifdef DT_HAVE_NCCL
+  if (!dev->host_memory() && dev->name() == "cuda")
+    device_comm = [&](const std::string& name) -> std::unique_ptr<dt::Comm> {
+      auto* mpi = dynamic_cast<dt::MpiComm*>(&rt.world());
+      DT_CHECK(dt::ConfigError, mpi != nullptr, "NCCL needs an MPI world communicator");
+      void* stream = nullptr;
+      dev->call(&dt_hal_v2_t::native_stream, "native_stream", &stream);
+      return dt::NcclComm::create(*mpi, dev->index(), stream, name);
+    };
+#endif
+  if (!phase([&] {
+        trainer = std::make_unique<dt::Trainer>(rt.world(), *dev, cfg, data, device_comm);
+      }))
     return 2;
   if (cfg.print_plan) return phase([&] { trainer->print_plan(); }) ? 0 : 2;
   if (!phase([&] {

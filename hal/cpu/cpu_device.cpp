@@ -32,6 +32,12 @@
 // A recorded call's arguments are checked when the graph runs: a bad one fails graph_launch with
 // the entry's own message. Replaying saves no time on a CPU; it is there so that the trainer's
 // capture is tested on every machine.
+//
+// Built with DT_CPU_DEVICE_MEMORY (tests only: test-plugins/libdt_hal_devmem.so), the same kernels
+// behave like a device whose memory the host cannot touch: alloc hands out pointers with bit 55
+// set (non-canonical on x86-64, a kernel-half address on AArch64, so any host access faults at
+// once) and every entry clears the bit before use. The table is named "devmem", so dt treats it as
+// device memory (dt::Device::host_memory() is false) and must move data only through copy.
 #include "cpu_device.h"
 
 #include <cblas.h>
@@ -48,6 +54,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
@@ -1377,6 +1384,32 @@ int cpu_event_op(void* ctx, void* event) {
   return DT_HAL_OK;
 }
 
+// ---- device memory the host cannot touch (DT_CPU_DEVICE_MEMORY) ---------------------------------
+
+#ifdef DT_CPU_DEVICE_MEMORY
+constexpr uintptr_t kDeviceTag = uintptr_t{1} << 55;
+constexpr const char* kTableName = "devmem";
+#else
+constexpr uintptr_t kDeviceTag = 0;
+constexpr const char* kTableName = "cpu";
+#endif
+
+// A pointer argument as the kernels use it (the tag cleared; host pointers have no tag); any
+// other argument unchanged.
+template <class T>
+T untag(T v) {
+  if constexpr (std::is_pointer_v<T>) {
+    if constexpr (kDeviceTag != 0)
+      return reinterpret_cast<T>(reinterpret_cast<uintptr_t>(v) & ~kDeviceTag);
+  }
+  return v;
+}
+template <class T>
+T* tag(T* p) {
+  if (p == nullptr || kDeviceTag == 0) return p;
+  return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) | kDeviceTag);
+}
+
 // ---- graph capture ------------------------------------------------------------------------------
 
 // The context when the calling thread is capturing on it, else null.
@@ -1417,20 +1450,22 @@ template <class... A, int (*Fn)(void*, A...)>
 struct Rec<Fn> {
   static int entry(void* ctx, A... a) {
     Context* c = capturing(ctx);
-    if (c == nullptr) return Fn(ctx, a...);
-    return record(c, [a...](void* x) { return Fn(x, a...); });
+    if (c == nullptr) return Fn(ctx, untag(a)...);
+    return record(c, [a...](void* x) { return Fn(x, untag(a)...); });
   }
 };
 
 int rec_alloc(void* ctx, size_t bytes, void** ptr) {
   if (Context* c = capturing(ctx))
     return refuse_in_capture(c, "alloc", "memory cannot be allocated while capturing");
-  return cpu_alloc(ctx, bytes, ptr);
+  const int st = cpu_alloc(ctx, bytes, ptr);
+  if (st == DT_HAL_OK) *ptr = tag(*ptr);
+  return st;
 }
 void rec_release(void* ctx, void* ptr) {
   if (Context* c = capturing(ctx))
     refuse_in_capture(c, "release", "memory the graph may use was freed while capturing");
-  cpu_release(ctx, ptr);
+  cpu_release(ctx, untag(ptr));
 }
 int rec_copy(void* ctx, void* dst, const void* src, size_t bytes, dt_hal_copy_kind kind) {
   Context* c = capturing(ctx);
@@ -1448,7 +1483,7 @@ int rec_synchronize(void* ctx) {
 int rec_sum_squares(void* ctx, const float* x, int64_t n, double* out) {
   if (Context* c = capturing(ctx))
     return refuse_in_capture(c, "sum_squares", "its result is written to host memory");
-  return cpu_sum_squares(ctx, x, n, out);
+  return cpu_sum_squares(ctx, untag(x), n, out);
 }
 int rec_event_synchronize(void* ctx, void* event) {
   if (Context* c = capturing(ctx))
@@ -1461,17 +1496,29 @@ int rec_adamw_multi(void* ctx, int count, float* const* params, const float* con
                     const float* weight_decay, float lr, float beta1, float beta2, float eps,
                     int64_t t) {
   Context* c = capturing(ctx);
-  if (c == nullptr || count <= 0 || !params || !grads || !m || !v || !sizes || !weight_decay)
+  if (count <= 0 || !params || !grads || !m || !v || !sizes || !weight_decay)
     return c != nullptr && count == 0
                ? DT_HAL_OK
                : cpu_adamw_multi(ctx, count, params, grads, m, v, sizes, weight_decay, lr, beta1,
-                                 beta2, eps, t);  // runs, or reports the bad arrays unchanged
+                                 beta2, eps, t);  // nothing to do, or reports the bad arrays
+  if (c == nullptr && kDeviceTag == 0)
+    return cpu_adamw_multi(ctx, count, params, grads, m, v, sizes, weight_decay, lr, beta1, beta2,
+                           eps, t);
   try {
     const auto n = static_cast<size_t>(count);
-    std::vector<float*> P(params, params + n), M(m, m + n), Vv(v, v + n);
-    std::vector<const float*> G(grads, grads + n);
+    std::vector<float*> P(n), M(n), Vv(n);
+    std::vector<const float*> G(n);
+    for (size_t k = 0; k < n; ++k) {
+      P[k] = untag(params[k]);
+      M[k] = untag(m[k]);
+      Vv[k] = untag(v[k]);
+      G[k] = untag(grads[k]);
+    }
     std::vector<int64_t> S(sizes, sizes + n);
     std::vector<float> W(weight_decay, weight_decay + n);
+    if (c == nullptr)
+      return cpu_adamw_multi(ctx, count, P.data(), G.data(), M.data(), Vv.data(), S.data(),
+                             W.data(), lr, beta1, beta2, eps, t);
     return record(c, [=](void* x) {
       return cpu_adamw_multi(x, count, P.data(), G.data(), M.data(), Vv.data(), S.data(),
                              W.data(), lr, beta1, beta2, eps, t);
@@ -1544,10 +1591,10 @@ void cpu_graph_destroy(void*, void* graph) { delete static_cast<Graph*>(graph); 
 
 // The version-1 table (exported as dt_hal_plugin_v1 by the shared build, for dt builds that only
 // know version 1) and the version-2 table; they share every version-1 entry.
-const dt_hal_v1_t kCpuTable = {DT_HAL_API_VERSION_1, "cpu", DT_CPU_V1_ENTRIES};
+const dt_hal_v1_t kCpuTable = {DT_HAL_API_VERSION_1, kTableName, DT_CPU_V1_ENTRIES};
 
 const dt_hal_v2_t kCpuTableV2 = {
-    {DT_HAL_API_VERSION_2, "cpu", DT_CPU_V1_ENTRIES},
+    {DT_HAL_API_VERSION_2, kTableName, DT_CPU_V1_ENTRIES},
     cpu_describe,
     Rec<cpu_gemm_ex>::entry,
     Rec<cpu_cast>::entry,

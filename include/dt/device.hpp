@@ -27,11 +27,13 @@ class DeviceError : public Error {
 
 class Device {
  public:
-  /// Opens device `index` of plugin `name`. plugin_path: colon-separated directories searched in
-  /// order for libdt_hal_NAME.so. Throws dt::ConfigError when the plugin is missing or has a
-  /// different ABI version (naming both versions), dt::DeviceError when it fails to open (with
-  /// the plugin's own message, e.g. that no GPU is present).
-  static Device open(const std::string& name, const std::string& plugin_path, int index = 0);
+  /// Opens device `index` of plugin `name`; a negative index opens device local_rank modulo the
+  /// plugin's device_count (one GPU per rank of a node). plugin_path: colon-separated directories
+  /// searched in order for libdt_hal_NAME.so. Throws dt::ConfigError when the plugin is missing
+  /// or has a different ABI version (naming both versions), dt::DeviceError when it fails to open
+  /// (with the plugin's own message, e.g. that no GPU is present).
+  static Device open(const std::string& name, const std::string& plugin_path, int index = 0,
+                     int local_rank = 0);
   ~Device();
   Device(Device&& o) noexcept;
   Device& operator=(Device&&) = delete;
@@ -47,8 +49,14 @@ class Device {
   const dt_hal_v2_t& table2() const noexcept { return table_; }
   /// ABI version of the plugin as loaded (1 or 2).
   int abi_version() const noexcept { return abi_version_; }
+  /// The device index opened (the plugin's numbering: a CUDA device ordinal).
+  int index() const noexcept { return index_; }
   void* ctx() const noexcept { return ctx_; }
   bool has(const void* entry) const noexcept { return entry != nullptr; }
+  /// Whether the host may read and write this device's memory directly: true for the CPU device
+  /// (a table named "cpu", built in or loaded), false for every other device, whose tensors dt
+  /// moves only through copy (checkpoints, samples) and reduces through a device communicator.
+  bool host_memory() const noexcept;
   /// The plugin's describe() line, or "NAME (ORIGIN)" where it has none.
   std::string describe() const;
 
@@ -111,6 +119,7 @@ class Device {
   std::unique_ptr<Library> lib_;
   dt_hal_v2_t table_{};  // a copy: the plugin's own table, or the version-1 adapter
   int abi_version_ = 0;
+  int index_ = 0;
   void* ctx_ = nullptr;
 };
 

@@ -129,8 +129,10 @@ class Gpt {
   using GradReady = std::function<void(std::size_t first, std::size_t end)>;
   void backward(float loss_scale, const GradReady& ready = {});
   void zero_grad();
-  /// Logits of the last forward, row (b, t), length vocab (host-visible on the CPU device).
+  /// Logits of the last forward, row (b, t), length vocab: a device pointer (host-visible on the
+  /// CPU device); logits_row() copies the row to the host buffer `out` on any device.
   const float* logits(int b, int t) const;
+  void logits_row(int b, int t, float* out) const;
 
   /// FLOPs of one forward+backward per token at sequence length T (6N plus attention).
   double flops_per_token(int T) const;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,7 @@ struct TrainConfig {
   std::string sample_prompt = "\n";
   std::string device = "cpu";
   std::string plugin_path;
+  std::int64_t device_index = -1;  ///< -1: the local rank modulo the plugin's device count
   std::int64_t threads = 1;
   std::string bind = "auto";
   bool pmix = true;
@@ -155,7 +157,14 @@ class Trainer {
  public:
   /// Checks the split of the global batch over `comm` (dt::ConfigError), then allocates the model
   /// and optimiser on `dev` and initialises the weights from the seed.
-  Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const TokenFile& data);
+  ///
+  /// Devices whose memory the host cannot touch (Device::host_memory() false) keep gradients in
+  /// device memory and reduce them through `device_comm` (a collective over `comm`'s ranks that
+  /// makes a communicator for device tensors, e.g. NCCL, named by its argument); without one, or
+  /// when collectives are sealed, through a dt::StagedComm over the host communicator.
+  using DeviceCommFactory = std::function<std::unique_ptr<Comm>(const std::string& name)>;
+  Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const TokenFile& data,
+          DeviceCommFactory device_comm = {});
   ~Trainer();
 
   StepStats step();
@@ -244,6 +253,9 @@ class Trainer {
   Device::Buffer lp_buf_, lp_flag_;  // 16-bit copy for rounding; the device's overflow flag
   // engine.cuda_graphs: the stream everything runs on, the captured forward+backward of one
   // micro-batch and the loss scale inside it; how often it was captured and replayed.
+  DeviceCommFactory device_comm_;
+  std::vector<float> host_state_;  // device memory: checkpoints go through this host copy
+  void state_to_device();
   void* graph_stream_ = nullptr;
   void* graph_ = nullptr;
   float graph_scale_ = 0;

@@ -1,5 +1,6 @@
 #include "dt/device.hpp"
 
+#include <algorithm>
 #include <atomic>
 
 #include <dlfcn.h>
@@ -8,6 +9,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <vector>
 
@@ -70,7 +72,8 @@ dt_hal_v2_t adapt_v1(const dt_hal_v1_t& v1) {
 }
 }  // namespace
 
-Device Device::open(const std::string& name, const std::string& plugin_path, int index) {
+Device Device::open(const std::string& name, const std::string& plugin_path, int index,
+                    int local_rank) {
   Device d;
   d.name_ = name;
   if (name == "cpu") {
@@ -138,6 +141,20 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
         {reinterpret_cast<const void*>(t.last_error), "last_error"}})
     DT_CHECK(ConfigError, fn != nullptr, "device '", name, "': ", d.origin_,
              " lacks the required entry ", what);
+  if (index < 0) {  // one device per local rank, round robin
+    int count = 0;
+    DT_CHECK(ConfigError, t.device_count != nullptr, "device '", name, "': ", d.origin_,
+             " has no device_count entry, so the device index must be given");
+    const int cs = t.device_count(&count);
+    if (cs != DT_HAL_OK || count < 1) {
+      const char* msg = t.last_error(nullptr);
+      DT_THROW(DeviceError, "device '", name, "' (", d.origin_, "): no device to open (",
+               cs != DT_HAL_OK ? status_name(cs) : "device_count = 0", ")",
+               msg && *msg ? ": " : "", msg ? msg : "");
+    }
+    index = std::max(local_rank, 0) % count;
+  }
+  d.index_ = index;
   const int st = t.open(index, &d.ctx_);
   if (st != DT_HAL_OK) {
     // open() has no context to hold its message: the plugin keeps it for last_error(NULL).
@@ -163,6 +180,7 @@ Device::Device(Device&& o) noexcept
       lib_(std::move(o.lib_)),
       table_(o.table_),
       abi_version_(o.abi_version_),
+      index_(o.index_),
       ctx_(o.ctx_) {
   o.ctx_ = nullptr;
 }
@@ -235,6 +253,10 @@ dt_hal_dtype hal_dtype(DType t) {
   }
   DT_THROW(InvalidArgument, "dtype ", dtype_name(t),
            " has no device kernels (the devices compute in f32, bf16 or f16)");
+}
+
+bool Device::host_memory() const noexcept {
+  return table_.v1.name != nullptr && std::strcmp(table_.v1.name, "cpu") == 0;
 }
 
 std::vector<std::string> missing_training_kernels(const Device& dev, DType compute, bool graphs) {

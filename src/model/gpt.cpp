@@ -249,6 +249,12 @@ const float* Gpt::logits(int b, int t) const {
   return logits_ + (static_cast<std::size_t>(b) * T_ + t) * cfg_.vocab;
 }
 
+void Gpt::logits_row(int b, int t, float* out) const {
+  dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(out),
+            static_cast<const void*>(logits(b, t)), cfg_.vocab * sizeof(float),
+            DT_HAL_DEVICE_TO_HOST);
+}
+
 double gpt_flops_per_token(const GptConfig& c, int T) {
   const std::vector<ParamInfo> p = gpt_params(c);
   const double n = static_cast<double>(p.back().offset + p.back().numel - p[1].numel);

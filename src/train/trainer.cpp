@@ -12,6 +12,7 @@
 
 #include "comm/mpi_comm.hpp"
 #include "comm/shm_comm.hpp"
+#include "comm/staged_comm.hpp"
 #include "dt/loss_scale.hpp"
 #include "dt/p2p.hpp"
 #include "dt/security.hpp"
@@ -90,6 +91,10 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("sample.prompt", &c.sample_prompt, "\n", "text that starts the sample (byte vocab)")
       .add("runtime.device", &c.device, "cpu",
            "device plugin: cpu (built in) or NAME for libdt_hal_NAME.so")
+      .add("runtime.device-index", &c.device_index, -1,
+           "device of the plugin each rank opens (-1: the rank's local rank modulo the number of "
+           "devices, so the ranks of a node spread over its GPUs)",
+           -1L, 1L << 20)
       .add("runtime.plugin-path", &c.plugin_path, "",
            "colon-separated directories searched for device plugins (empty: next to the binary)")
       .add("runtime.threads", &c.threads, 1, "BLAS threads per rank", 1L, 1024L)
@@ -323,8 +328,14 @@ RankSite site_of(const TrainConfig& c, int rank, int size) {
 }
 }  // namespace
 
-Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const TokenFile& data)
-    : comm_(comm), dev_(dev), c_(c), data_(data), split_(split(data, c.val_fraction)) {
+Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const TokenFile& data,
+                 DeviceCommFactory device_comm)
+    : comm_(comm),
+      dev_(dev),
+      c_(c),
+      data_(data),
+      split_(split(data, c.val_fraction)),
+      device_comm_(std::move(device_comm)) {
   const std::int64_t n = comm.size();
   // The plan (layout, micro-batches, stages, memory estimate) is checked before any allocation.
   const std::vector<RankSite> sites =
@@ -354,6 +365,13 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   DT_CHECK(ConfigError, !c_.cuda_graphs || !graph_engine,
            "option --engine.cuda_graphs needs the data-parallel model, but parallel.auto chose tp "
            "= ", L.tp, ", pp = ", L.pp, " (set parallel.tp = parallel.pp = 1)");
+  // Device memory: the data-parallel model, its gradients reduced by a device communicator (or
+  // staged through the host); the sharded and partitioned paths still reach into memory directly.
+  DT_CHECK(ConfigError, dev_.host_memory() || (!graph_engine && c_.par_zero == 0),
+           "device '", dev_.name(), "' keeps tensors in device memory, where only the "
+           "data-parallel model trains so far (parallel.tp = parallel.pp = 1, parallel.zero = 0, "
+           "parallel.engine = auto); got tp = ", L.tp, ", pp = ", L.pp, ", zero = ", c_.par_zero,
+           ", engine = ", c_.par_engine);
   if (graph_engine || c_.print_plan) mesh_ = std::make_unique<DeviceMesh>(comm_, L, sites);
   if (c_.print_plan) return;  // nothing is allocated: print_plan() is all this trainer does
   if (c_.seal != "off" || c_.ckpt_encrypt)
@@ -388,8 +406,11 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
     setup_zero(sealed, tamper, tamper_collectives);
   } else {
     float* grad_storage = nullptr;
-    if (n > 1) {
-      // Gradients live in the shared-memory arena, so each bucket's all_reduce needs no copy.
+    if (n > 1 && !dev_.host_memory() && device_comm_ && c_.seal != "all") {
+      grad_comm_ = device_comm_(comm_.name() + "/grads");  // NCCL for CUDA tensors
+    } else if (n > 1) {
+      // Gradients live in the shared-memory arena, so each bucket's all_reduce needs no copy
+      // (host memory only).
       auto* mpi = dynamic_cast<MpiComm*>(&comm_);
       if (c_.seal == "all") {
         security::SealedCommOptions so = sealed;
@@ -401,12 +422,15 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
         sc.arena_bytes = (ps.back().offset + ps.back().numel) * sizeof(float);
         sc.min_bytes = static_cast<std::size_t>(c_.shm_min_bytes);
         sc.simulated_nodes = static_cast<int>(c_.test_sim_nodes);
+        if (!dev_.host_memory()) sc.arena_bytes = 0;
         auto shm = ShmComm::create(*mpi, comm_.name() + "/grads", sc);
-        grad_storage = static_cast<float*>(shm->arena());
+        if (dev_.host_memory()) grad_storage = static_cast<float*>(shm->arena());
         grad_comm_ = std::move(shm);
       } else {
         grad_comm_ = comm_.split(0, comm_.rank());
       }
+      // Device tensors reach the host communicator through copies.
+      if (!dev_.host_memory()) grad_comm_ = std::make_unique<StagedComm>(dev_, std::move(grad_comm_));
     }
     model_ = std::make_unique<Gpt>(dev_, c_.model, static_cast<int>(micro_), grad_storage);
     if (n > 1)
@@ -895,13 +919,15 @@ std::vector<std::int32_t> Trainer::sample(const std::vector<std::int32_t>& promp
   }
   const int V = c_.model.vocab;
   std::vector<double> p(static_cast<std::size_t>(V));
+  std::vector<float> row(static_cast<std::size_t>(V));
   std::vector<std::int32_t> out;
   for (std::int64_t k = 0; k < n; ++k) {
     const std::size_t len =
         std::min<std::size_t>(seq.size(), static_cast<std::size_t>(c_.model.block));
     const std::int32_t* ctx = seq.data() + (seq.size() - len);
     model->forward(ctx, nullptr, 1, static_cast<int>(len));
-    const float* lg = model->logits(0, static_cast<int>(len) - 1);
+    model->logits_row(0, static_cast<int>(len) - 1, row.data());
+    const float* lg = row.data();
     double mx = lg[0];
     for (int v = 1; v < V; ++v) mx = std::max<double>(mx, lg[v]);
     double z = 0;
@@ -973,6 +999,19 @@ std::vector<CkptTensor> Trainer::state_tensors(bool save) {
   const char* prefix[3] = {"/model/", "/optim/exp_avg/", "/optim/exp_avg_sq/"};
   float* base[3] = {master_ptr(), opt_->m(), opt_->v()};
   if (!zero_ && !engine_) {  // every rank holds every tensor whole
+    if (!dev_.host_memory()) {
+      // Device memory: through a host copy (a save copies the state down first; a load fills it
+      // and state_to_device() copies it up).
+      const std::size_t n = state_numel();
+      host_state_.resize(3 * n);
+      for (int g = 0; g < 3; ++g) {
+        float* h = host_state_.data() + g * n;
+        if (save)
+          dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(h),
+                    static_cast<const void*>(base[g]), n * sizeof(float), DT_HAL_DEVICE_TO_HOST);
+        base[g] = h;
+      }
+    }
     for (int g = 0; g < 3; ++g)
       for (const ParamInfo& p : global)
         out.push_back(CkptTensor{prefix[g] + p.name, p.shape, base[g] + p.offset});
@@ -1110,6 +1149,16 @@ void Trainer::gather_state() {
   coll().all_reduce(view_of(full_state_), ReduceOp::sum);
 }
 
+void Trainer::state_to_device() {
+  if (dev_.host_memory() || host_state_.empty()) return;
+  const std::size_t n = state_numel();
+  float* base[3] = {master_ptr(), opt_->m(), opt_->v()};
+  for (int g = 0; g < 3; ++g)
+    dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(base[g]),
+              static_cast<const void*>(host_state_.data() + g * n), n * sizeof(float),
+              DT_HAL_HOST_TO_DEVICE);
+}
+
 std::string Trainer::resume_from_checkpoint() {
   if (c_.ckpt_resume == "none" || (c_.ckpt_resume == "auto" && c_.ckpt_dir.empty())) return "";
   std::string used;
@@ -1118,10 +1167,12 @@ std::string Trainer::resume_from_checkpoint() {
                             c_.ckpt_encrypt ? keys_.get() : nullptr);
   if (used.empty()) {
     // Rejected candidates may have left their data in the buffers: start from clean weights.
+    host_state_.clear();
     init_weights();
     log("ckpt: no usable checkpoint in " + c_.ckpt_dir + ", starting from step 0");
     return "";
   }
+  state_to_device();
   if (zero_) refresh_working_weights();  // the loaded shards into the compute parameters
   if (low_precision()) {
     if (!zero_) refresh_working_weights();

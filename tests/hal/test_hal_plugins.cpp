@@ -4,6 +4,10 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -121,4 +125,35 @@ TEST_CASE("plugins of another ABI version are refused, naming both versions") {
           dt::Device::open("v1only", kTestPlugins, 3);
         }).find("open(3) failed (invalid argument): open: legacy test device has no index 3") !=
         std::string::npos);
+}
+
+TEST_CASE("devmem: device memory the host cannot touch; dt moves it only through copy") {
+  dt::Device d = dt::Device::open("devmem", kTestPlugins);
+  CHECK(!d.host_memory());
+  CHECK(dt::Device::open("cpu", "").host_memory());
+  CHECK(dt::Device::open("cpu_shared", kPlugins).host_memory());
+  CHECK(dt::missing_training_kernels(d, dt::DType::bf16, true).empty());
+  dt::Device::Buffer buf(d, 4 * sizeof(float));
+  CHECK((reinterpret_cast<std::uintptr_t>(buf.get()) & (std::uintptr_t{1} << 55)) != 0);
+  const float in[4] = {1, 2, 3, 4};
+  float out[4] = {};
+  d.call(&dt_hal_v1_t::copy, "copy", buf.get(), static_cast<const void*>(in), sizeof in,
+         DT_HAL_HOST_TO_DEVICE);
+  d.call(&dt_hal_v1_t::scale, "scale", buf.as<float>(), 2.0f, std::int64_t{4});
+  d.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(out), static_cast<const void*>(buf.get()),
+         sizeof out, DT_HAL_DEVICE_TO_HOST);
+  CHECK(out[3] == 8.0f);
+  // A host access faults at once.
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    std::signal(SIGSEGV, SIG_DFL);  // not a sanitizer's report: the plain fault
+    std::signal(SIGBUS, SIG_DFL);
+    *static_cast<volatile float*>(buf.get()) = 1.0f;
+    _exit(0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  CHECK((WTERMSIG(status) == SIGSEGV || WTERMSIG(status) == SIGBUS));
 }

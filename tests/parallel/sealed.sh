@@ -6,6 +6,8 @@
 #   flip|replay|reorder  one rank's sealed pipeline (or, with pp=1, gradient) messages are
 #             tampered with: the receiver names the peer and sequence number, the job aborts
 #             (exit 5) and no rank hangs (bounded time)
+#   device    seal=all on test-plugins/libdt_hal_devmem.so (device memory) equals the CPU run,
+#             and a flipped bit still aborts the job
 #   keys      a key file readable by others is refused (naming the file and 0644); an encrypted
 #             checkpoint does not load with another key, and the run does not start afresh
 set -u
@@ -45,6 +47,23 @@ case "$MODE" in
       b=$(sed -E 's/"seconds": [0-9.e+-]+//' $seal.jsonl)
       [ -n "$a" ] && [ "$a" = "$b" ] || FAIL "seal=$seal: the step log differs from the unsealed run"
     done
+    ;;
+  device)
+    # Sealed gradients of a device whose memory the host cannot touch: staged through host copies
+    # into the sealed communicator, the same bits as the CPU device unsealed; tampering is still
+    # caught.
+    dev=(--runtime.device=devmem --runtime.plugin-path="$(dirname "$BIN")/../test-plugins")
+    run plain 2 --train.micro-batch=2 --train.log-file=plain.jsonl
+    run sealed 2 --train.micro-batch=2 --security.seal=all --security.key_file=key.bin \
+      --train.log-file=sealed.jsonl "${dev[@]}"
+    [ "$RC" -eq 0 ] || FAIL "sealed run on devmem failed"
+    a=$(sed -E 's/"seconds": [0-9.e+-]+//' plain.jsonl)
+    b=$(sed -E 's/"seconds": [0-9.e+-]+//' sealed.jsonl)
+    [ -n "$a" ] && [ "$a" = "$b" ] || FAIL "devmem, seal=all: the step log differs from the CPU run"
+    run flip 2 --security.seal=all --security.key_file=key.bin --test.tamper=flip:2 \
+      --test.tamper-rank=0 "${dev[@]}"
+    [ "$RC" -eq 5 ] || FAIL "devmem flip: exit code $RC, not 5"
+    grep -q "aborting the job" flip.out || FAIL "devmem flip: the job was not aborted"
     ;;
   flip | replay | reorder)
     args=(--security.seal=all --security.key_file=key.bin --test.tamper=$MODE:2 --test.tamper-rank=0)

@@ -1,0 +1,177 @@
+#include "comm/staged_comm.hpp"
+
+#include "dt/error.hpp"
+
+namespace dt {
+
+namespace {
+
+// A Work that is complete when it is made: the operation ran inside the i* call.
+class DoneWork final : public WorkImpl {
+ public:
+  DoneWork(std::string what, int rank) : what_(std::move(what)), rank_(rank) {}
+  bool test() override { return true; }
+  bool wait_for(Millis) override { return true; }
+  std::string describe() const override { return what_; }
+  int rank() const override { return rank_; }
+
+ private:
+  std::string what_;
+  int rank_;
+};
+
+// A point-to-point operation on a host copy it owns; a receive copies into the device buffer when
+// it completes.
+class StagedP2pWork final : public WorkImpl {
+ public:
+  StagedP2pWork(const Device& dev, std::vector<unsigned char> host, void* dst, int rank)
+      : dev_(dev), host_(std::move(host)), dst_(dst), rank_(rank) {}
+  void start(Work inner, std::string what) {
+    inner_ = std::move(inner);
+    what_ = std::move(what);
+  }
+  unsigned char* host() { return host_.data(); }
+  bool test() override { return finish(inner_.test()); }
+  bool wait_for(Millis timeout) override {
+    inner_.wait(timeout);
+    return finish(true);
+  }
+  std::string describe() const override { return what_; }
+  int rank() const override { return rank_; }
+
+ private:
+  bool finish(bool done) {
+    if (done && dst_ != nullptr) {
+      dev_.call(&dt_hal_v1_t::copy, "copy", dst_, static_cast<const void*>(host_.data()),
+                host_.size(), DT_HAL_HOST_TO_DEVICE);
+      dst_ = nullptr;
+    }
+    return done;
+  }
+  const Device& dev_;
+  std::vector<unsigned char> host_;
+  void* dst_;
+  int rank_;
+  Work inner_;
+  std::string what_;
+};
+
+TensorView host_view(unsigned char* p, std::size_t numel, DType t) {
+  return TensorView{p, numel, t};
+}
+
+}  // namespace
+
+StagedComm::StagedComm(const Device& dev, std::unique_ptr<Comm> host)
+    : dev_(dev), host_(std::move(host)) {
+  DT_CHECK(InvalidArgument, host_ != nullptr, "StagedComm needs a host communicator");
+  name_ = host_->name() + "/staged(" + dev_.name() + ")";
+}
+
+void StagedComm::down(void* host, const void* dev, std::size_t bytes) const {
+  dev_.call(&dt_hal_v1_t::copy, "copy", host, dev, bytes, DT_HAL_DEVICE_TO_HOST);
+}
+void StagedComm::up(void* dev, const void* host, std::size_t bytes) const {
+  dev_.call(&dt_hal_v1_t::copy, "copy", dev, host, bytes, DT_HAL_HOST_TO_DEVICE);
+}
+unsigned char* StagedComm::staging(std::size_t bytes) {
+  if (buf_.size() < bytes) buf_.resize(bytes);
+  return buf_.data();
+}
+
+void StagedComm::all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts) {
+  std::lock_guard<std::mutex> lk(mu_);
+  unsigned char* h = staging(buf.nbytes());
+  down(h, buf.data, buf.nbytes());
+  host_->all_reduce(host_view(h, buf.numel, buf.dtype), op, opts);
+  up(buf.data, h, buf.nbytes());
+}
+
+void StagedComm::broadcast(TensorView buf, int root, const CommOptions& opts) {
+  std::lock_guard<std::mutex> lk(mu_);
+  unsigned char* h = staging(buf.nbytes());
+  if (rank() == root) down(h, buf.data, buf.nbytes());
+  host_->broadcast(host_view(h, buf.numel, buf.dtype), root, opts);
+  if (rank() != root) up(buf.data, h, buf.nbytes());
+}
+
+void StagedComm::all_gather(ConstTensorView in, TensorView out, const CommOptions& opts) {
+  std::lock_guard<std::mutex> lk(mu_);
+  unsigned char* h = staging(in.nbytes() + out.nbytes());
+  down(h, in.data, in.nbytes());
+  unsigned char* ho = h + in.nbytes();
+  host_->all_gather(ConstTensorView{h, in.numel, in.dtype}, host_view(ho, out.numel, out.dtype),
+                    opts);
+  up(out.data, ho, out.nbytes());
+}
+
+void StagedComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
+                                const CommOptions& opts) {
+  std::lock_guard<std::mutex> lk(mu_);
+  unsigned char* h = staging(in.nbytes() + out.nbytes());
+  down(h, in.data, in.nbytes());
+  unsigned char* ho = h + in.nbytes();
+  host_->reduce_scatter(ConstTensorView{h, in.numel, in.dtype},
+                        host_view(ho, out.numel, out.dtype), op, opts);
+  up(out.data, ho, out.nbytes());
+}
+
+void StagedComm::send(ConstTensorView buf, int dst, int tag, const CommOptions& opts) {
+  std::lock_guard<std::mutex> lk(mu_);
+  unsigned char* h = staging(buf.nbytes());
+  down(h, buf.data, buf.nbytes());
+  host_->send(ConstTensorView{h, buf.numel, buf.dtype}, dst, tag, opts);
+}
+
+void StagedComm::recv(TensorView buf, int src, int tag, const CommOptions& opts) {
+  std::lock_guard<std::mutex> lk(mu_);
+  unsigned char* h = staging(buf.nbytes());
+  host_->recv(host_view(h, buf.numel, buf.dtype), src, tag, opts);
+  up(buf.data, h, buf.nbytes());
+}
+
+void StagedComm::barrier(const CommOptions& opts) { host_->barrier(opts); }
+
+Work StagedComm::iall_reduce(TensorView buf, ReduceOp op) {
+  all_reduce(buf, op);
+  return Work(std::make_unique<DoneWork>("all_reduce on " + name_, rank()));
+}
+Work StagedComm::ibroadcast(TensorView buf, int root) {
+  broadcast(buf, root);
+  return Work(std::make_unique<DoneWork>("broadcast on " + name_, rank()));
+}
+Work StagedComm::iall_gather(ConstTensorView in, TensorView out) {
+  all_gather(in, out);
+  return Work(std::make_unique<DoneWork>("all_gather on " + name_, rank()));
+}
+Work StagedComm::ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) {
+  reduce_scatter(in, out, op);
+  return Work(std::make_unique<DoneWork>("reduce_scatter on " + name_, rank()));
+}
+Work StagedComm::isend(ConstTensorView buf, int dst, int tag) {
+  auto w = std::make_unique<StagedP2pWork>(dev_, std::vector<unsigned char>(buf.nbytes()),
+                                           nullptr, rank());
+  down(w->host(), buf.data, buf.nbytes());
+  w->start(host_->isend(ConstTensorView{w->host(), buf.numel, buf.dtype}, dst, tag),
+           "send to " + std::to_string(dst) + " on " + name_);
+  return Work(std::move(w));
+}
+Work StagedComm::irecv(TensorView buf, int src, int tag) {
+  auto w = std::make_unique<StagedP2pWork>(dev_, std::vector<unsigned char>(buf.nbytes()),
+                                           buf.data, rank());
+  w->start(host_->irecv(host_view(w->host(), buf.numel, buf.dtype), src, tag),
+           "recv from " + std::to_string(src) + " on " + name_);
+  return Work(std::move(w));
+}
+Work StagedComm::ibarrier() {
+  barrier();
+  return Work(std::make_unique<DoneWork>("barrier on " + name_, rank()));
+}
+
+std::unique_ptr<Comm> StagedComm::split(int color, int key) {
+  std::unique_ptr<Comm> h = host_->split(color, key);
+  if (!h) return nullptr;
+  return std::make_unique<StagedComm>(dev_, std::move(h));
+}
+
+}  // namespace dt

@@ -1,0 +1,64 @@
+// dt::StagedComm: collectives and point-to-point on device tensors, for devices whose memory the
+// host cannot touch and which have no communicator of their own (NCCL is the CUDA device's). Each
+// operation copies the device buffers into host memory through the device's copy entry, runs the
+// same operation on a host communicator (MPI, shared memory, sealed: whatever dt uses for host
+// tensors), and copies the result back. Results are the host communicator's, bit for bit.
+//
+// The non-blocking collectives run the whole operation before they return (their Work is
+// complete), so overlap comes from the caller's progress thread (dt::GradBuckets), not from here;
+// one host buffer, grown to the largest message, serves them, one at a time. isend and irecv are
+// truly non-blocking: each keeps its own host copy, and a receive lands in the device buffer when
+// its Work completes.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dt/comm.hpp"
+#include "dt/device.hpp"
+
+namespace dt {
+
+class StagedComm final : public Comm {
+ public:
+  /// `dev` must outlive the communicator; `host` is owned.
+  StagedComm(const Device& dev, std::unique_ptr<Comm> host);
+
+  int rank() const noexcept override { return host_->rank(); }
+  int size() const noexcept override { return host_->size(); }
+  const std::string& name() const noexcept override { return name_; }
+  Comm& host() const noexcept { return *host_; }
+
+  Work iall_reduce(TensorView buf, ReduceOp op) override;
+  Work ibroadcast(TensorView buf, int root) override;
+  Work iall_gather(ConstTensorView in, TensorView out) override;
+  Work ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) override;
+  Work isend(ConstTensorView buf, int dst, int tag) override;
+  Work irecv(TensorView buf, int src, int tag) override;
+  Work ibarrier() override;
+
+  void all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts = {}) override;
+  void broadcast(TensorView buf, int root, const CommOptions& opts = {}) override;
+  void all_gather(ConstTensorView in, TensorView out, const CommOptions& opts = {}) override;
+  void reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
+                      const CommOptions& opts = {}) override;
+  void send(ConstTensorView buf, int dst, int tag, const CommOptions& opts = {}) override;
+  void recv(TensorView buf, int src, int tag, const CommOptions& opts = {}) override;
+  void barrier(const CommOptions& opts = {}) override;
+
+  std::unique_ptr<Comm> split(int color, int key) override;
+
+ private:
+  void down(void* host, const void* dev, std::size_t bytes) const;
+  void up(void* dev, const void* host, std::size_t bytes) const;
+  unsigned char* staging(std::size_t bytes);
+  const Device& dev_;
+  std::unique_ptr<Comm> host_;
+  std::string name_;
+  std::mutex mu_;
+  std::vector<unsigned char> buf_;
+};
+
+}  // namespace dt
