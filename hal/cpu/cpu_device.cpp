@@ -28,7 +28,9 @@
 // here captures correctly on a GPU. During a capture, work that reads or writes host memory
 // (copies to or from the host, sum_squares' host result), waits for the device (synchronize,
 // event_synchronize) or allocates is refused with DT_HAL_ERR_UNSUPPORTED and invalidates the
-// capture, as CUDA does; calls from other threads run at once (CUDA's thread-local capture mode).
+// capture, as CUDA does. Only the capturing thread's calls are recorded; other threads' calls run
+// at once (on a GPU, work another thread puts on the capturing stream would join the graph, so
+// dt captures only where no other thread uses the device).
 // A recorded call's arguments are checked when the graph runs: a bad one fails graph_launch with
 // the entry's own message. Replaying saves no time on a CPU; it is there so that the trainer's
 // capture is tested on every machine.
@@ -87,7 +89,7 @@ struct Context {
   // Graph capture: the graph being recorded (null: none), the thread recording it, and the first
   // refused call's message once the capture is invalidated.
   std::atomic<Graph*> capture{nullptr};
-  std::thread::id capture_thread;
+  std::atomic<std::thread::id> capture_thread{};
   std::string capture_error;
   ~Context() {
     std::free(scratch);
@@ -1437,7 +1439,7 @@ int record(Context* c, std::function<int(void*)> op) {
   try {
     c->capture.load()->ops.push_back(std::move(op));
   } catch (...) {
-    return fail(c, DT_HAL_ERR_NOMEM, "out of memory while recording a graph");
+    return refuse_in_capture(c, "a call", "out of memory while recording it");
   }
   return DT_HAL_OK;
 }
@@ -1524,7 +1526,8 @@ int rec_adamw_multi(void* ctx, int count, float* const* params, const float* con
                              W.data(), lr, beta1, beta2, eps, t);
     });
   } catch (...) {
-    return fail(c, DT_HAL_ERR_NOMEM, "out of memory while recording a graph");
+    if (c != nullptr) return refuse_in_capture(c, "adamw_multi", "out of memory while recording it");
+    return fail(ctx, DT_HAL_ERR_NOMEM, "adamw_multi: out of memory");
   }
 }
 

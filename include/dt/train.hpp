@@ -209,6 +209,9 @@ class Trainer {
   std::unique_ptr<Sampler> sampler_;
   std::vector<std::size_t> eval_starts_;
   std::int64_t local_batch_ = 0, micro_ = 0;
+  // engine.cuda_graphs: the device stream all the trainer's work goes to; declared before what
+  // uses it (the communicators, the model), so it is destroyed after them.
+  std::unique_ptr<void, std::function<void(void*)>> graph_stream_;
   std::unique_ptr<Comm> grad_comm_;  // gradient all_reduce (shared memory or MPI); holds the
                                      // gradient buffer when it is a shared-memory arena
   std::unique_ptr<Gpt> model_;
@@ -256,7 +259,6 @@ class Trainer {
   DeviceCommFactory device_comm_;
   std::vector<float> host_state_;  // device memory: checkpoints go through this host copy
   void state_to_device();
-  void* graph_stream_ = nullptr;
   void* graph_ = nullptr;
   float graph_scale_ = 0;
   bool graph_warm_ = false;

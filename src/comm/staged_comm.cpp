@@ -1,5 +1,7 @@
 #include "comm/staged_comm.hpp"
 
+#include <cstdint>
+
 #include "dt/error.hpp"
 
 namespace dt {
@@ -26,6 +28,11 @@ class StagedP2pWork final : public WorkImpl {
  public:
   StagedP2pWork(const Device& dev, std::vector<unsigned char> host, void* dst, int rank)
       : dev_(dev), host_(std::move(host)), dst_(dst), rank_(rank) {}
+  // A Work may be dropped unfinished (after a timeout): the transport may still use the host copy,
+  // so it is left allocated rather than freed under it.
+  ~StagedP2pWork() override {
+    if (!done_) new std::vector<unsigned char>(std::move(host_));  // deliberately never freed
+  }
   void start(Work inner, std::string what) {
     inner_ = std::move(inner);
     what_ = std::move(what);
@@ -41,6 +48,7 @@ class StagedP2pWork final : public WorkImpl {
 
  private:
   bool finish(bool done) {
+    done_ = done_ || done;
     if (done && dst_ != nullptr) {
       dev_.call(&dt_hal_v1_t::copy, "copy", dst_, static_cast<const void*>(host_.data()),
                 host_.size(), DT_HAL_HOST_TO_DEVICE);
@@ -54,6 +62,7 @@ class StagedP2pWork final : public WorkImpl {
   int rank_;
   Work inner_;
   std::string what_;
+  bool done_ = false;
 };
 
 TensorView host_view(unsigned char* p, std::size_t numel, DType t) {
@@ -132,20 +141,25 @@ void StagedComm::recv(TensorView buf, int src, int tag, const CommOptions& opts)
 
 void StagedComm::barrier(const CommOptions& opts) { host_->barrier(opts); }
 
+// The i* collectives run the host operation to completion here. With a limit (one no call
+// reaches), the host communicator polls its non-blocking form and sleeps between polls instead of
+// spinning inside a blocking MPI call, which a progress thread must not do (dt::GradBuckets).
+const CommOptions kPolled{Millis(std::int64_t{1} << 40)};
+
 Work StagedComm::iall_reduce(TensorView buf, ReduceOp op) {
-  all_reduce(buf, op);
+  all_reduce(buf, op, kPolled);
   return Work(std::make_unique<DoneWork>("all_reduce on " + name_, rank()));
 }
 Work StagedComm::ibroadcast(TensorView buf, int root) {
-  broadcast(buf, root);
+  broadcast(buf, root, kPolled);
   return Work(std::make_unique<DoneWork>("broadcast on " + name_, rank()));
 }
 Work StagedComm::iall_gather(ConstTensorView in, TensorView out) {
-  all_gather(in, out);
+  all_gather(in, out, kPolled);
   return Work(std::make_unique<DoneWork>("all_gather on " + name_, rank()));
 }
 Work StagedComm::ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) {
-  reduce_scatter(in, out, op);
+  reduce_scatter(in, out, op, kPolled);
   return Work(std::make_unique<DoneWork>("reduce_scatter on " + name_, rank()));
 }
 Work StagedComm::isend(ConstTensorView buf, int dst, int tag) {
@@ -164,7 +178,7 @@ Work StagedComm::irecv(TensorView buf, int src, int tag) {
   return Work(std::move(w));
 }
 Work StagedComm::ibarrier() {
-  barrier();
+  barrier(kPolled);
   return Work(std::make_unique<DoneWork>("barrier on " + name_, rank()));
 }
 

@@ -5,7 +5,8 @@
 // tensors), and copies the result back. Results are the host communicator's, bit for bit.
 //
 // The non-blocking collectives run the whole operation before they return (their Work is
-// complete), so overlap comes from the caller's progress thread (dt::GradBuckets), not from here;
+// complete; the host communicator polls and sleeps rather than spinning in MPI), so overlap comes
+// from the caller's progress thread (dt::GradBuckets), not from here;
 // one host buffer, grown to the largest message, serves them, one at a time. isend and irecv are
 // truly non-blocking: each keeps its own host copy, and a receive lands in the device buffer when
 // its Work completes.

@@ -141,10 +141,9 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
         {reinterpret_cast<const void*>(t.last_error), "last_error"}})
     DT_CHECK(ConfigError, fn != nullptr, "device '", name, "': ", d.origin_,
              " lacks the required entry ", what);
+  if (index < 0 && t.device_count == nullptr) index = 0;  // a plugin that cannot count: its first
   if (index < 0) {  // one device per local rank, round robin
     int count = 0;
-    DT_CHECK(ConfigError, t.device_count != nullptr, "device '", name, "': ", d.origin_,
-             " has no device_count entry, so the device index must be given");
     const int cs = t.device_count(&count);
     if (cs != DT_HAL_OK || count < 1) {
       const char* msg = t.last_error(nullptr);

@@ -397,8 +397,14 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
     dev_.call(&dt_hal_v1_t::set_threads, "set_threads", static_cast<int>(c_.threads));
   if (c_.cuda_graphs) {
     // Capture needs a stream of its own; all the trainer's device work goes there, in order.
-    dev_.call(&dt_hal_v2_t::stream_create, "stream_create", &graph_stream_);
-    dev_.call(&dt_hal_v2_t::set_stream, "set_stream", graph_stream_);
+    void* stream = nullptr;
+    dev_.call(&dt_hal_v2_t::stream_create, "stream_create", &stream);
+    const Device* d = &dev_;
+    graph_stream_ = std::unique_ptr<void, std::function<void(void*)>>(stream, [d](void* st) {
+      d->table2().set_stream(d->ctx(), nullptr);
+      d->table2().stream_destroy(d->ctx(), st);
+    });
+    dev_.call(&dt_hal_v2_t::set_stream, "set_stream", stream);
   }
   if (graph_engine) {
     setup_engine(sealed, tamper, tamper_collectives);
@@ -642,13 +648,7 @@ void Trainer::init_weights() {
   }
 }
 
-Trainer::~Trainer() {
-  drop_graph();
-  if (graph_stream_) {
-    dev_.table2().set_stream(dev_.ctx(), nullptr);
-    dev_.table2().stream_destroy(dev_.ctx(), graph_stream_);
-  }
-}
+Trainer::~Trainer() { drop_graph(); }
 
 void Trainer::drop_graph() {
   if (graph_) dev_.table2().graph_destroy(dev_.ctx(), graph_);
@@ -1385,7 +1385,7 @@ int Trainer::run() {
   finish_checkpoints();
   if (engine_ && plan_->layout.pp > 1) report_bubble();
   if (c_.cuda_graphs && comm_.rank() == 0)
-    std::printf("engine.cuda_graphs: %lld capture(s), %lld micro-batch(es) replayed\n",
+    std::printf("engine.cuda_graphs: %lld capture(s), %lld micro-batch(es) run from a graph\n",
                 static_cast<long long>(graph_captures_), static_cast<long long>(graph_replays_));
   // Sampling runs the whole model on rank 0: the graph engine's shards are assembled first.
   if (engine_ && c_.sample_tokens > 0 && first_step < c_.steps) gather_state();
