@@ -122,9 +122,10 @@ int main(int argc, char** argv) {
   dt::Trainer::DeviceCommFactory device_comm;
 #ifdef DT_HAVE_NCCL
   if (!dev->host_memory() && dev->name() == "cuda")
-    device_comm = [&](const std::string& name) -> std::unique_ptr<dt::Comm> {
-      auto* mpi = dynamic_cast<dt::MpiComm*>(&rt.world());
-      DT_CHECK(dt::ConfigError, mpi != nullptr, "NCCL needs an MPI world communicator");
+    device_comm = [&](dt::Comm& group, const std::string& name) -> std::unique_ptr<dt::Comm> {
+      auto* mpi = dynamic_cast<dt::MpiComm*>(&group);
+      DT_CHECK(dt::ConfigError, mpi != nullptr, "NCCL over ", group.name(),
+               " needs an MPI communicator to bootstrap from");
       void* stream = nullptr;
       dev->call(&dt_hal_v2_t::native_stream, "native_stream", &stream);
       return dt::NcclComm::create(*mpi, dev->index(), stream, name);

@@ -158,11 +158,14 @@ class Trainer {
   /// Checks the split of the global batch over `comm` (dt::ConfigError), then allocates the model
   /// and optimiser on `dev` and initialises the weights from the seed.
   ///
-  /// Devices whose memory the host cannot touch (Device::host_memory() false) keep gradients in
-  /// device memory and reduce them through `device_comm` (a collective over `comm`'s ranks that
-  /// makes a communicator for device tensors, e.g. NCCL, named by its argument); without one, or
-  /// when collectives are sealed, through a dt::StagedComm over the host communicator.
-  using DeviceCommFactory = std::function<std::unique_ptr<Comm>(const std::string& name)>;
+  /// Devices whose memory the host cannot touch (Device::host_memory() false) keep gradients and
+  /// activations in device memory. Their collectives (data-parallel gradients, the tensor-parallel
+  /// group, the tied embedding) go through `device_comm`, called collectively over a host
+  /// communicator's ranks to make a communicator for device tensors over the same group (NCCL);
+  /// without one, or when collectives are sealed, through a dt::StagedComm over the host
+  /// communicator. Pipeline messages always go through a dt::StagedP2p over the host transport.
+  using DeviceCommFactory =
+      std::function<std::unique_ptr<Comm>(Comm& group, const std::string& name)>;
   Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const TokenFile& data,
           DeviceCommFactory device_comm = {});
   ~Trainer();
@@ -257,6 +260,12 @@ class Trainer {
   // engine.cuda_graphs: the stream everything runs on, the captured forward+backward of one
   // micro-batch and the loss scale inside it; how often it was captured and replayed.
   DeviceCommFactory device_comm_;
+  /// The communicator for device tensors over `group` (see DeviceCommFactory); `sealed`, when
+  /// given, is the sealed host communicator to stage through instead.
+  std::unique_ptr<Comm> device_comm(Comm& group, const std::string& name,
+                                    std::unique_ptr<Comm> sealed = nullptr);
+  std::unique_ptr<Comm> device_tp_, device_tied_;  // device memory: tp and tied collectives
+  Comm& tied_comm() const;
   std::vector<float> host_state_;  // device memory: checkpoints go through this host copy
   void state_to_device();
   void* graph_ = nullptr;

@@ -71,9 +71,42 @@ TensorView host_view(unsigned char* p, std::size_t numel, DType t) {
 
 }  // namespace
 
+namespace {
+std::unique_ptr<Comm> checked(std::unique_ptr<Comm> c) {
+  DT_CHECK(InvalidArgument, c != nullptr, "StagedComm needs a host communicator");
+  return c;
+}
+}  // namespace
+
+StagedP2p::StagedP2p(const Device& dev, std::unique_ptr<P2p> host)
+    : dev_(dev), owned_(std::move(host)), host_(*owned_) {
+  name_ = host_.name() + "/staged(" + dev_.name() + ")";
+}
+
+StagedP2p::StagedP2p(const Device& dev, P2p& host) : dev_(dev), host_(host) {
+  name_ = host_.name() + "/staged(" + dev_.name() + ")";
+}
+
+Work StagedP2p::isend(ConstTensorView buf, int dst, int tag) {
+  auto w = std::make_unique<StagedP2pWork>(dev_, std::vector<unsigned char>(buf.nbytes()),
+                                           nullptr, rank());
+  dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(w->host()), buf.data, buf.nbytes(),
+            DT_HAL_DEVICE_TO_HOST);
+  w->start(host_.isend(ConstTensorView{w->host(), buf.numel, buf.dtype}, dst, tag),
+           "send to " + std::to_string(dst) + " on " + name_);
+  return Work(std::move(w));
+}
+
+Work StagedP2p::irecv(TensorView buf, int src, int tag) {
+  auto w = std::make_unique<StagedP2pWork>(dev_, std::vector<unsigned char>(buf.nbytes()),
+                                           buf.data, rank());
+  w->start(host_.irecv(host_view(w->host(), buf.numel, buf.dtype), src, tag),
+           "recv from " + std::to_string(src) + " on " + name_);
+  return Work(std::move(w));
+}
+
 StagedComm::StagedComm(const Device& dev, std::unique_ptr<Comm> host)
-    : dev_(dev), host_(std::move(host)) {
-  DT_CHECK(InvalidArgument, host_ != nullptr, "StagedComm needs a host communicator");
+    : dev_(dev), host_(checked(std::move(host))), p2p_(dev, *host_) {
   name_ = host_->name() + "/staged(" + dev_.name() + ")";
 }
 
@@ -125,20 +158,6 @@ void StagedComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
   up(out.data, ho, out.nbytes());
 }
 
-void StagedComm::send(ConstTensorView buf, int dst, int tag, const CommOptions& opts) {
-  std::lock_guard<std::mutex> lk(mu_);
-  unsigned char* h = staging(buf.nbytes());
-  down(h, buf.data, buf.nbytes());
-  host_->send(ConstTensorView{h, buf.numel, buf.dtype}, dst, tag, opts);
-}
-
-void StagedComm::recv(TensorView buf, int src, int tag, const CommOptions& opts) {
-  std::lock_guard<std::mutex> lk(mu_);
-  unsigned char* h = staging(buf.nbytes());
-  host_->recv(host_view(h, buf.numel, buf.dtype), src, tag, opts);
-  up(buf.data, h, buf.nbytes());
-}
-
 void StagedComm::barrier(const CommOptions& opts) { host_->barrier(opts); }
 
 // The i* collectives run the host operation to completion here. With a limit (one no call
@@ -162,21 +181,8 @@ Work StagedComm::ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op
   reduce_scatter(in, out, op, kPolled);
   return Work(std::make_unique<DoneWork>("reduce_scatter on " + name_, rank()));
 }
-Work StagedComm::isend(ConstTensorView buf, int dst, int tag) {
-  auto w = std::make_unique<StagedP2pWork>(dev_, std::vector<unsigned char>(buf.nbytes()),
-                                           nullptr, rank());
-  down(w->host(), buf.data, buf.nbytes());
-  w->start(host_->isend(ConstTensorView{w->host(), buf.numel, buf.dtype}, dst, tag),
-           "send to " + std::to_string(dst) + " on " + name_);
-  return Work(std::move(w));
-}
-Work StagedComm::irecv(TensorView buf, int src, int tag) {
-  auto w = std::make_unique<StagedP2pWork>(dev_, std::vector<unsigned char>(buf.nbytes()),
-                                           buf.data, rank());
-  w->start(host_->irecv(host_view(w->host(), buf.numel, buf.dtype), src, tag),
-           "recv from " + std::to_string(src) + " on " + name_);
-  return Work(std::move(w));
-}
+Work StagedComm::isend(ConstTensorView buf, int dst, int tag) { return p2p_.isend(buf, dst, tag); }
+Work StagedComm::irecv(TensorView buf, int src, int tag) { return p2p_.irecv(buf, src, tag); }
 Work StagedComm::ibarrier() {
   barrier(kPolled);
   return Work(std::make_unique<DoneWork>("barrier on " + name_, rank()));

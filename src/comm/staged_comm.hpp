@@ -22,6 +22,29 @@
 
 namespace dt {
 
+/// Point-to-point messages of device tensors over a host transport (MPI, UCX, sealed): each send
+/// copies to a host buffer of its own and sends that; each receive lands in a host buffer and is
+/// copied into the device buffer when its Work completes. Both are non-blocking.
+class StagedP2p final : public P2p {
+ public:
+  /// Over `host`, owned.
+  StagedP2p(const Device& dev, std::unique_ptr<P2p> host);
+  /// Over `host`, which must outlive this.
+  StagedP2p(const Device& dev, P2p& host);
+
+  int rank() const noexcept override { return host_.rank(); }
+  int size() const noexcept override { return host_.size(); }
+  const std::string& name() const noexcept override { return name_; }
+  Work isend(ConstTensorView buf, int dst, int tag) override;
+  Work irecv(TensorView buf, int src, int tag) override;
+
+ private:
+  const Device& dev_;
+  std::unique_ptr<P2p> owned_;
+  P2p& host_;
+  std::string name_;
+};
+
 class StagedComm final : public Comm {
  public:
   /// `dev` must outlive the communicator; `host` is owned.
@@ -45,8 +68,6 @@ class StagedComm final : public Comm {
   void all_gather(ConstTensorView in, TensorView out, const CommOptions& opts = {}) override;
   void reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
                       const CommOptions& opts = {}) override;
-  void send(ConstTensorView buf, int dst, int tag, const CommOptions& opts = {}) override;
-  void recv(TensorView buf, int src, int tag, const CommOptions& opts = {}) override;
   void barrier(const CommOptions& opts = {}) override;
 
   std::unique_ptr<Comm> split(int color, int key) override;
@@ -57,6 +78,7 @@ class StagedComm final : public Comm {
   unsigned char* staging(std::size_t bytes);
   const Device& dev_;
   std::unique_ptr<Comm> host_;
+  StagedP2p p2p_;  // isend and irecv over host_
   std::string name_;
   std::mutex mu_;
   std::vector<unsigned char> buf_;

@@ -365,13 +365,11 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   DT_CHECK(ConfigError, !c_.cuda_graphs || !graph_engine,
            "option --engine.cuda_graphs needs the data-parallel model, but parallel.auto chose tp "
            "= ", L.tp, ", pp = ", L.pp, " (set parallel.tp = parallel.pp = 1)");
-  // Device memory: the data-parallel model, its gradients reduced by a device communicator (or
-  // staged through the host); the sharded and partitioned paths still reach into memory directly.
-  DT_CHECK(ConfigError, dev_.host_memory() || (!graph_engine && c_.par_zero == 0),
-           "device '", dev_.name(), "' keeps tensors in device memory, where only the "
-           "data-parallel model trains so far (parallel.tp = parallel.pp = 1, parallel.zero = 0, "
-           "parallel.engine = auto); got tp = ", L.tp, ", pp = ", L.pp, ", zero = ", c_.par_zero,
-           ", engine = ", c_.par_engine);
+  // Device memory: collectives through a device communicator or staged through the host; the
+  // ZeRO shards are still gathered into host buffers through the same communicators.
+  DT_CHECK(ConfigError, dev_.host_memory() || c_.par_zero == 0, "device '", dev_.name(),
+           "' keeps tensors in device memory, where sharded data parallelism does not run yet "
+           "(parallel.zero = ", c_.par_zero, "; use parallel.zero = 0)");
   if (graph_engine || c_.print_plan) mesh_ = std::make_unique<DeviceMesh>(comm_, L, sites);
   if (c_.print_plan) return;  // nothing is allocated: print_plan() is all this trainer does
   if (c_.seal != "off" || c_.ckpt_encrypt)
@@ -413,7 +411,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   } else {
     float* grad_storage = nullptr;
     if (n > 1 && !dev_.host_memory() && device_comm_ && c_.seal != "all") {
-      grad_comm_ = device_comm_(comm_.name() + "/grads");  // NCCL for CUDA tensors
+      grad_comm_ = device_comm_(comm_, comm_.name() + "/grads");  // NCCL for CUDA tensors
     } else if (n > 1) {
       // Gradients live in the shared-memory arena, so each bucket's all_reduce needs no copy
       // (host memory only).
@@ -489,6 +487,11 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
   if (c_.seal == "all" && mesh_->tied())
     sealed_tied_ = security::make_sealed_comm(*mesh_->tied(), *keys_, sealed);
   sc.tp = L.tp > 1 ? (sealed_tp_ ? sealed_tp_.get() : &mesh_->tp()) : nullptr;
+  if (!dev_.host_memory()) {  // activations and gradients in device memory
+    if (L.tp > 1) sc.tp = (device_tp_ = device_comm(mesh_->tp(), "tp", std::move(sealed_tp_))).get();
+    if (mesh_->tied())
+      device_tied_ = device_comm(*mesh_->tied(), "tied", std::move(sealed_tied_));
+  }
   sc.tp_rank = mc.tp;
   if (L.pp > 1) {
     p2p_ = make_p2p(c_.p2p, comm_);
@@ -504,6 +507,7 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
             so.plain_peers.push_back(static_cast<int>(r));
       p2p_ = security::seal_p2p(std::move(p2p_), *keys_, so);
     }
+    if (!dev_.host_memory()) p2p_ = std::make_unique<StagedP2p>(dev_, std::move(p2p_));
     sc.p2p = p2p_.get();
     for (int s = 0; s < L.pp; ++s) sc.stage_rank.push_back(mesh_->rank_of(mc.dp, s, mc.tp));
   }
@@ -534,7 +538,15 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
     storage.own_grads = c_.par_zero < 2;
   } else if (L.dp > 1) {
     auto* mpi = dynamic_cast<MpiComm*>(&mesh_->dp());
-    if (c_.seal == "all") {
+    if (!dev_.host_memory()) {
+      std::unique_ptr<Comm> sealed_dp;
+      if (c_.seal == "all") {
+        security::SealedCommOptions so = sealed;
+        if (tamper_collectives) so.tamper = tamper;
+        sealed_dp = security::make_sealed_comm(mesh_->dp(), *keys_, so);
+      }
+      grad_comm_ = device_comm(mesh_->dp(), "grads", std::move(sealed_dp));
+    } else if (c_.seal == "all") {
       security::SealedCommOptions so = sealed;
       if (tamper_collectives) so.tamper = tamper;
       grad_comm_ = security::make_sealed_comm(mesh_->dp(), *keys_, so);
@@ -650,6 +662,18 @@ void Trainer::init_weights() {
 
 Trainer::~Trainer() { drop_graph(); }
 
+std::unique_ptr<Comm> Trainer::device_comm(Comm& group, const std::string& name,
+                                           std::unique_ptr<Comm> sealed) {
+  if (!sealed && device_comm_) return device_comm_(group, group.name() + "/" + name);
+  return std::make_unique<StagedComm>(
+      dev_, sealed ? std::move(sealed) : group.split(0, group.rank()));
+}
+
+Comm& Trainer::tied_comm() const {
+  if (device_tied_) return *device_tied_;
+  return sealed_tied_ ? *sealed_tied_ : *mesh_->tied();
+}
+
 void Trainer::drop_graph() {
   if (graph_) dev_.table2().graph_destroy(dev_.ctx(), graph_);
   graph_ = nullptr;
@@ -758,8 +782,8 @@ StepStats Trainer::step() {
       for (std::size_t i = 0; i < engine_->params().size(); ++i)
         if (engine_->param_tensor(i).tied) {
           const ParamInfo& p = engine_->params()[i];
-          (sealed_tied_ ? *sealed_tied_ : *mesh_->tied()).all_reduce(view_of(engine_->grad_data() + p.offset, p.numel),
-                                    ReduceOp::sum);
+          tied_comm().all_reduce(view_of(engine_->grad_data() + p.offset, p.numel),
+                                 ReduceOp::sum);
         }
   }
   if (zero_ && engine_) {
@@ -773,8 +797,7 @@ StepStats Trainer::step() {
     if (zero_->stage() >= 2 && mesh_->tied())
       for (int u = 0; u < static_cast<int>(zero_->units().size()); ++u)
         if (engine_->param_tensor(zero_->units()[static_cast<std::size_t>(u)].first).tied)
-          (sealed_tied_ ? *sealed_tied_ : *mesh_->tied())
-              .all_reduce(view_of(zero_->grads() + zero_->unit_local(u), zero_->unit_slice(u)),
+          tied_comm().all_reduce(view_of(zero_->grads() + zero_->unit_local(u), zero_->unit_slice(u)),
                           ReduceOp::sum);
   }
   watchdog::set_activity("optimizer", step_);
@@ -998,20 +1021,20 @@ std::vector<CkptTensor> Trainer::state_tensors(bool save) {
   const std::vector<ParamInfo> global = gpt_params(c_.model);
   const char* prefix[3] = {"/model/", "/optim/exp_avg/", "/optim/exp_avg_sq/"};
   float* base[3] = {master_ptr(), opt_->m(), opt_->v()};
-  if (!zero_ && !engine_) {  // every rank holds every tensor whole
-    if (!dev_.host_memory()) {
-      // Device memory: through a host copy (a save copies the state down first; a load fills it
-      // and state_to_device() copies it up).
-      const std::size_t n = state_numel();
-      host_state_.resize(3 * n);
-      for (int g = 0; g < 3; ++g) {
-        float* h = host_state_.data() + g * n;
-        if (save)
-          dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(h),
-                    static_cast<const void*>(base[g]), n * sizeof(float), DT_HAL_DEVICE_TO_HOST);
-        base[g] = h;
-      }
+  if (!dev_.host_memory()) {
+    // Device memory: through a host copy (a save copies the state down first; a load fills it
+    // and state_to_device() copies it up).
+    const std::size_t n = state_numel();
+    host_state_.resize(3 * n);
+    for (int g = 0; g < 3; ++g) {
+      float* h = host_state_.data() + g * n;
+      if (save)
+        dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(h),
+                  static_cast<const void*>(base[g]), n * sizeof(float), DT_HAL_DEVICE_TO_HOST);
+      base[g] = h;
     }
+  }
+  if (!zero_ && !engine_) {  // every rank holds every tensor whole
     for (int g = 0; g < 3; ++g)
       for (const ParamInfo& p : global)
         out.push_back(CkptTensor{prefix[g] + p.name, p.shape, base[g] + p.offset});
