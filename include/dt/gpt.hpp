@@ -91,8 +91,8 @@ class Gpt {
   /// fp32). Allocates the 16-bit operand buffers for the largest product of a max_batch forward
   /// and backward, so a captured graph never needs more.
   void set_compute(DType t);
-  /// Bytes of the activation and activation-gradient buffers.
-  std::size_t activation_bytes() const noexcept { return act_buf_.bytes() + grad_act_buf_.bytes(); }
+  /// Bytes of the activation and activation-gradient buffers (and the 16-bit GEMM operands).
+  std::size_t activation_bytes() const noexcept;
 
   const GptConfig& config() const noexcept { return cfg_; }
   const std::vector<ParamInfo>& params() const noexcept { return params_; }

@@ -134,6 +134,9 @@ struct MemoryEstimate {
 /// alive at once (1F1B: min(stages - stage, micro-batches)), fp32 parameters, gradients and two
 /// AdamW moments.
 MemoryEstimate estimate_memory(const Graph& g, int in_flight);
+/// Elements of the largest operand of a matrix product in `g` (linear and lm_head nodes, forward
+/// and backward): what each of the two 16-bit operand buffers of bf16/fp16 training must hold.
+std::size_t gemm_operand_elements(const Graph& g);
 
 /// Where part `part` of parameter `t` lies in its global tensor: local elements
 /// [local, local + len * count) are the global row-major elements begin + j * stride + [0, len),

@@ -293,8 +293,13 @@ void StageEngine::init(std::uint64_t seed) {
             DT_HAL_HOST_TO_DEVICE);
 }
 
+void StageEngine::set_compute(DType t) {
+  ws_.compute = t;
+  ws_.reserve(dev_, graph::gemm_operand_elements(g_));
+}
+
 std::size_t StageEngine::activation_bytes() const {
-  std::size_t b = impl_->grad_buf.bytes() + impl_->scratch.bytes();
+  std::size_t b = impl_->grad_buf.bytes() + impl_->scratch.bytes() + ws_.a.bytes() + ws_.b.bytes();
   for (const Device::Buffer& s : impl_->slot_buf) b += s.bytes();
   for (const Device::Buffer& s : impl_->token_buf) b += s.bytes();
   return b;

@@ -81,8 +81,9 @@ class StageEngine {
   /// each backward takes a gradient buffer per unit and hands it back when the unit's gradients
   /// are complete.
   void set_unit_hooks(std::vector<ZeroUnit> units, UnitHooks hooks);
-  /// Matrix products in `t` (f32, bf16 or f16; see GemmWorkspace in model/layers.hpp).
-  void set_compute(DType t) { ws_.compute = t; }
+  /// Matrix products in `t` (f32, bf16 or f16; see GemmWorkspace in model/layers.hpp); the
+  /// 16-bit operand buffers are allocated here for the stage's largest product.
+  void set_compute(DType t);
   /// Bytes of the activation, activation-gradient and scratch buffers.
   std::size_t activation_bytes() const;
   const graph::Graph& graph() const noexcept { return g_; }

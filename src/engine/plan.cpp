@@ -105,12 +105,16 @@ Plan build(const PlanRequest& r, Layout l) {
           fused ? gpt_params(r.model) : StageEngine::param_table(sg);
       const std::vector<ZeroUnit> units = zero_units(
           r.zero, fused ? gpt_units(r.model) : layer_units(table), table, r.bucket_bytes);
-      const ZeroMemory z =
-          zero_memory(r.zero, table, units, l.dp, embedding_unit(units, table), false);
+      const ZeroMemory z = zero_memory(r.zero, table, units, l.dp, embedding_unit(units, table),
+                                       r.low_precision);
       m.params = static_cast<double>(z.params);
       m.grads = static_cast<double>(z.grads);
       m.optim = static_cast<double>(z.optimizer);
+    } else if (r.low_precision) {
+      m.optim += m.params;  // the fp32 master copy next to the 16-bit-rounded working weights
     }
+    if (r.low_precision)  // the two 16-bit operand buffers of the matrix products
+      m.activations += 2.0 * 2.0 * static_cast<double>(graph::gemm_operand_elements(sg));
     p.memory.push_back(m);
   }
   return p;

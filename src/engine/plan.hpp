@@ -21,6 +21,7 @@ struct PlanRequest {
   bool graph_engine = false;     ///< parallel.engine=graph (else the fused model at tp = pp = 1)
   std::size_t bucket_bytes = 0;  ///< train.bucket-mb (ZeRO-1's buckets)
   bool automatic = false;        ///< parallel.auto
+  bool low_precision = false;    ///< train.dtype bf16/fp16: fp32 master copy, 16-bit GEMM operands
   double mem_limit = 0;          ///< bytes per rank (0: none)
   int world = 1;
   int ranks_per_node = 1;        ///< smallest number of ranks on a node

@@ -330,6 +330,17 @@ MemoryEstimate estimate_memory(const Graph& g, int in_flight) {
   return m;
 }
 
+std::size_t gemm_operand_elements(const Graph& g) {
+  std::size_t most = 0;
+  for (const Node& n : g.nodes) {
+    if (n.op != "linear" && n.op != "lm_head") continue;
+    // Forward x @ W^T; backward dy @ W and dy^T @ x: the operands are x, dy and W.
+    for (int id : {n.in[0], n.in[1], n.out[0]})
+      most = std::max(most, shape_numel(g.tensors[static_cast<std::size_t>(id)].shape));
+  }
+  return most;
+}
+
 std::string to_text(const Graph& g) {
   std::ostringstream os;
   auto tdesc = [&](int id) {

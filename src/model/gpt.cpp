@@ -222,6 +222,10 @@ void gpt_init_param(const GptConfig& c, std::uint64_t seed, std::size_t index, f
 
 Gpt::~Gpt() = default;
 
+std::size_t Gpt::activation_bytes() const noexcept {
+  return act_buf_.bytes() + grad_act_buf_.bytes() + ws_->a.bytes() + ws_->b.bytes();
+}
+
 void Gpt::set_compute(DType t) {
   ws_->compute = t;
   const std::size_t BT = static_cast<std::size_t>(max_batch_) * cfg_.block;

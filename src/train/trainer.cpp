@@ -352,6 +352,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   pr.graph_engine = c_.par_engine == "graph";
   pr.bucket_bytes = bucket_bytes();
   pr.automatic = c_.par_auto;
+  pr.low_precision = c_.dtype != "fp32";
   pr.mem_limit = parse_bytes(c_.mem_limit, "mem.limit");
   pr.world = comm_.size();
   pr.ranks_per_node = comm_.size();

@@ -5,7 +5,8 @@
 # bytes per parameter, 6.4 M parameters) outweighs everything else. Each run also prints its
 # per-rank memory report at the start, which equals the plan's estimate (--print-plan), and
 # mem.limit judges a layout by that estimate: a limit between the zero=3 and the zero=0 estimates
-# refuses zero=0 before training and lets zero=3 run.
+# refuses zero=0 before training and lets zero=3 run. In bf16 the estimate counts the fp32 master
+# copy as the report does.
 set -u
 WORK=$1 BIN=$2 CONFIG=$3 TEXT=$4
 shift 4
@@ -47,6 +48,18 @@ for z in 0 1 2 3; do
     FAIL "zero=$z: peak $peak bytes is not below zero=$((z - 1))'s $prev bytes"
   fi
   prev=$peak
+done
+# bf16: the fp32 master copy is counted by the plan as by the report.
+for z in 0 2; do
+  run --parallel.zero=$z --train.dtype=bf16 --print-plan >"b$z.plan" 2>&1 ||
+    { cat "b$z.plan"; FAIL "bf16 zero=$z: --print-plan failed"; }
+  run --parallel.zero=$z --train.dtype=bf16 >"b$z.out" 2>&1 ||
+    { cat "b$z.out"; FAIL "bf16 zero=$z: the run failed"; }
+  est=$(state "estimated memory per rank" "b$z.plan") got=$(state "memory per rank .parallel.zero=$z, rank 0.:" "b$z.out")
+  echo "bf16 zero=$z: plan estimate $est, report $got"
+  [ -n "$est" ] && [ "$est" = "$got" ] || FAIL "bf16 zero=$z: the plan's estimate '$est' differs from the report '$got'"
+  [ "$est" != "$(state "estimated memory per rank" "p$z.out")" ] ||
+    FAIL "bf16 zero=$z: the estimate equals fp32's (no master copy counted)"
 done
 total() {
   read -r n u < <(sed -nE 's/.*estimated memory per rank ([0-9.]+) ([KMG]?i?B) .*/\1 \2/p' "$1" | head -1)
