@@ -1498,12 +1498,8 @@ int rec_adamw_multi(void* ctx, int count, float* const* params, const float* con
                     const float* weight_decay, float lr, float beta1, float beta2, float eps,
                     int64_t t) {
   Context* c = capturing(ctx);
-  if (count <= 0 || !params || !grads || !m || !v || !sizes || !weight_decay)
-    return c != nullptr && count == 0
-               ? DT_HAL_OK
-               : cpu_adamw_multi(ctx, count, params, grads, m, v, sizes, weight_decay, lr, beta1,
-                                 beta2, eps, t);  // nothing to do, or reports the bad arrays
-  if (c == nullptr && kDeviceTag == 0)
+  if (count <= 0 || !params || !grads || !m || !v || !sizes || !weight_decay ||
+      (c == nullptr && kDeviceTag == 0))  // nothing to record: run it (or report the bad arrays)
     return cpu_adamw_multi(ctx, count, params, grads, m, v, sizes, weight_decay, lr, beta1, beta2,
                            eps, t);
   try {

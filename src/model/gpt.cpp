@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 
+#include "dt/graph.hpp"
 #include "dt/trace.hpp"
 #include "model/layers.hpp"
 
@@ -228,9 +229,8 @@ std::size_t Gpt::activation_bytes() const noexcept {
 
 void Gpt::set_compute(DType t) {
   ws_->compute = t;
-  const std::size_t BT = static_cast<std::size_t>(max_batch_) * cfg_.block;
-  const std::size_t C = cfg_.embd, V = cfg_.vocab;
-  ws_->reserve(dev_, std::max({BT * std::max(4 * C, V), 4 * C * C, V * C}));
+  // The model's products are those of its graph (which the plan's estimate counts too).
+  ws_->reserve(dev_, graph::gemm_operand_elements(graph::build_gpt(cfg_, max_batch_, cfg_.block)));
 }
 
 void Gpt::init(std::uint64_t seed) {

@@ -266,12 +266,6 @@ TokenFile validate_and_load(TrainConfig& c) {
   DT_CHECK(ConfigError, c.model.embd % c.model.heads == 0, "option --model.heads: ", c.model.heads,
            " does not divide --model.embd=", c.model.embd);
   check_model_split(c.par_tp, c.par_pp, c.model);
-  if (c.cuda_graphs)
-    DT_CHECK(ConfigError,
-             c.par_tp == 1 && c.par_pp == 1 && c.par_zero == 0 && c.par_engine == "auto",
-             "option --engine.cuda_graphs needs the data-parallel model (parallel.tp = 1, "
-             "parallel.pp = 1, parallel.zero = 0, parallel.engine = auto); got tp = ", c.par_tp,
-             ", pp = ", c.par_pp, ", zero = ", c.par_zero, ", engine = ", c.par_engine);
   parse_bytes(c.mem_limit, "mem.limit");
   security::parse_tamper(c.test_tamper, "test.tamper");
   if (c.seal != "off" || c.ckpt_encrypt) {
@@ -362,10 +356,11 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   local_batch_ = plan_->local_batch;
   micro_ = plan_->micro;
   const bool graph_engine = L.tp > 1 || L.pp > 1 || c_.par_engine == "graph";
-  // parallel.auto may choose tensor or pipeline parallelism: refused before anything is allocated.
-  DT_CHECK(ConfigError, !c_.cuda_graphs || !graph_engine,
-           "option --engine.cuda_graphs needs the data-parallel model, but parallel.auto chose tp "
-           "= ", L.tp, ", pp = ", L.pp, " (set parallel.tp = parallel.pp = 1)");
+  // On the layout as planned (parallel.auto may choose it), before anything is allocated.
+  DT_CHECK(ConfigError, !c_.cuda_graphs || (!graph_engine && c_.par_zero == 0),
+           "option --engine.cuda_graphs needs the data-parallel model (parallel.tp = 1, "
+           "parallel.pp = 1, parallel.zero = 0, parallel.engine = auto); got tp = ", L.tp,
+           ", pp = ", L.pp, ", zero = ", c_.par_zero, ", engine = ", c_.par_engine);
   // Device memory: collectives through a device communicator or staged through the host; the
   // ZeRO shards are still gathered into host buffers through the same communicators.
   DT_CHECK(ConfigError, dev_.host_memory() || c_.par_zero == 0, "device '", dev_.name(),
@@ -424,10 +419,10 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
       } else if (c_.allreduce != "mpi" && mpi) {
         const auto ps = gpt_params(c_.model);
         ShmConfig sc;
-        sc.arena_bytes = (ps.back().offset + ps.back().numel) * sizeof(float);
+        sc.arena_bytes =
+            dev_.host_memory() ? (ps.back().offset + ps.back().numel) * sizeof(float) : 0;
         sc.min_bytes = static_cast<std::size_t>(c_.shm_min_bytes);
         sc.simulated_nodes = static_cast<int>(c_.test_sim_nodes);
-        if (!dev_.host_memory()) sc.arena_bytes = 0;
         auto shm = ShmComm::create(*mpi, comm_.name() + "/grads", sc);
         if (dev_.host_memory()) grad_storage = static_cast<float*>(shm->arena());
         grad_comm_ = std::move(shm);
