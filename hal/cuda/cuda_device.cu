@@ -14,8 +14,11 @@
 //  - casts and scale_check_finite are bit-exact with the CPU device (same bit-level rounding).
 //
 // Asynchrony: every entry enqueues on the context's current stream and returns; copies to the
-// host wait for their data (so a host buffer may be read on return) except while capturing a
-// graph. Token and target indices are checked on the device: a kernel that meets one out of
+// host wait for their data (so a host buffer may be read on return), and copies from the host
+// return once the host buffer may be reused. Graph capture follows the CPU device's rules: copies
+// to the host, sum_squares, synchronize and alloc are refused with DT_HAL_ERR_UNSUPPORTED while
+// the current stream is capturing. Any thread may call: each entry makes the context's GPU
+// current. Token and target indices are checked on the device: a kernel that meets one out of
 // range skips it and records it, and the next synchronize() returns DT_HAL_ERR_INVALID naming
 // the entry, the position and the value (the check cannot be synchronous without a host wait).
 #include <cublas_v2.h>
@@ -59,6 +62,7 @@ struct Context {
   double* partials = nullptr;   // sum_squares' per-block sums (kSumBlocks + 1)
   void* scratch = nullptr;      // gemm_ex's fp32 result for pairings cuBLAS lacks
   size_t scratch_bytes = 0;
+  int graphs = 0;  // instantiated graphs not yet destroyed (they may hold scratch's address)
   char error[kErrorLen] = "";
 };
 
@@ -97,15 +101,24 @@ int fail(void* ctx, int status, const A&... parts) noexcept {
     const cublasStatus_t s_ = (call);                                                             \
     if (s_ != CUBLAS_STATUS_SUCCESS)                                                              \
       return fail(ctx,                                                                            \
-                  s_ == CUBLAS_STATUS_NOT_SUPPORTED ? DT_HAL_ERR_UNSUPPORTED : DT_HAL_ERR_DEVICE, \
+                  s_ == CUBLAS_STATUS_NOT_SUPPORTED  ? DT_HAL_ERR_UNSUPPORTED                     \
+                  : s_ == CUBLAS_STATUS_ALLOC_FAILED ? DT_HAL_ERR_NOMEM                           \
+                                                     : DT_HAL_ERR_DEVICE,                         \
                   fn, ": ", #call, ": ", cublasGetStatusString(s_));                              \
   } while (0)
 
 // After a kernel launch.
 #define LAUNCHED(ctx, fn) CU(ctx, fn, cudaGetLastError())
 
+// Every entry with a context makes the context's GPU current first: the caller may be any thread
+// (a progress thread staging a collective, say), and CUDA's current device is per thread, so a
+// thread that never chose one would launch onto GPU 0's context.
 int need_ctx(void* ctx, const char* fn) {
   if (ctx == nullptr) return fail(nullptr, DT_HAL_ERR_INVALID, fn, ": null context");
+  const cudaError_t e = cudaSetDevice(static_cast<const Context*>(ctx)->device);
+  if (e != cudaSuccess)
+    return fail(ctx, DT_HAL_ERR_DEVICE, fn, ": cudaSetDevice(",
+                static_cast<const Context*>(ctx)->device, "): ", cudaGetErrorString(e));
   return DT_HAL_OK;
 }
 int need_nonneg(void* ctx, const char* fn, const char* name, int64_t v) {
@@ -120,6 +133,27 @@ int need_ptr(void* ctx, const char* fn, const char* name, const void* p, int64_t
 }
 
 Context* C(void* ctx) { return static_cast<Context*>(ctx); }
+
+bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(s, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone;
+}
+
+// What a graph may not contain, refused as the CPU device refuses it (DT_HAL_ERR_UNSUPPORTED)
+// before CUDA would invalidate the capture with an error of its own.
+int refuse_in_capture(void* ctx, const char* fn, const char* what) {
+  if (!capturing(C(ctx)->stream)) return DT_HAL_OK;
+  return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": ", what,
+              " is not allowed while the stream is being captured into a graph");
+}
+
+// cublasSetStream resets the handle to cuBLAS's default workspace pool, which allocates inside
+// captures: every change of stream binds the fixed workspace again.
+cublasStatus_t bind_blas(Context* c) {
+  cublasStatus_t s = cublasSetStream(c->blas, c->stream);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetWorkspace(c->blas, c->blas_ws, kBlasWorkspace);
+  return s;
+}
 
 unsigned blocks_for(int64_t n, int threads = kThreads) {
   const int64_t b = (n + threads - 1) / threads;
@@ -283,8 +317,7 @@ int cuda_open(int index, void** out) {
   cublasStatus_t bs;
   if ((bs = cublasCreate(&c->blas)) != CUBLAS_STATUS_SUCCESS)
     return bail("cublasCreate", cublasGetStatusString(bs));
-  if ((bs = cublasSetStream(c->blas, c->stream)) != CUBLAS_STATUS_SUCCESS ||
-      (bs = cublasSetWorkspace(c->blas, c->blas_ws, kBlasWorkspace)) != CUBLAS_STATUS_SUCCESS)
+  if ((bs = bind_blas(c)) != CUBLAS_STATUS_SUCCESS)
     return bail("cublasSetStream/Workspace", cublasGetStatusString(bs));
   *out = c;
   return DT_HAL_OK;
@@ -311,7 +344,7 @@ int cuda_alloc(void* ctx, size_t bytes, void** ptr) {
   DT_HAL_TRY(need_ctx(ctx, "alloc"));
   if (ptr == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "alloc: ptr out-pointer is null");
   *ptr = nullptr;
-  CU(ctx, "alloc", cudaSetDevice(C(ctx)->device));
+  DT_HAL_TRY(refuse_in_capture(ctx, "alloc", "allocating device memory"));
   const cudaError_t e = cudaMalloc(ptr, bytes == 0 ? 256 : bytes);  // 256-byte aligned
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
@@ -326,11 +359,8 @@ void cuda_release(void* ctx, void* ptr) {
   if (ptr == nullptr) return;
   if (ctx) cudaSetDevice(C(ctx)->device);
   cudaFree(ptr);  // waits for the work that may still use it
-}
-
-bool capturing(cudaStream_t s) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(s, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone;
+  // A failed free (a bad pointer, or inside a capture) must not be blamed on the next launch.
+  (void)cudaGetLastError();
 }
 
 int cuda_copy(void* ctx, void* dst, const void* src, size_t bytes, dt_hal_copy_kind kind) {
@@ -354,9 +384,21 @@ int cuda_copy(void* ctx, void* dst, const void* src, size_t bytes, dt_hal_copy_k
     return fail(ctx, DT_HAL_ERR_INVALID, "copy: ", dst == nullptr ? "dst" : "src",
                 " is null for a copy of ", bytes, " bytes");
   cudaStream_t s = C(ctx)->stream;
+  // The host reads or reuses its buffer on return (the version-1 contract, as on the CPU device):
+  // a copy to the host waits for its data, so it cannot be part of a graph.
+  if (kind == DT_HAL_DEVICE_TO_HOST)
+    DT_HAL_TRY(refuse_in_capture(ctx, "copy", "a copy to host memory"));
   CU(ctx, "copy", cudaMemcpyAsync(dst, src, bytes, k, s));
-  // The host may read its buffer on return (the version-1 contract for copies to the host).
-  if (kind == DT_HAL_DEVICE_TO_HOST && !capturing(s)) CU(ctx, "copy", cudaStreamSynchronize(s));
+  bool wait = kind == DT_HAL_DEVICE_TO_HOST;
+  if (kind == DT_HAL_HOST_TO_DEVICE && !capturing(s)) {
+    // From pageable memory the call returns once the source is staged; from page-locked memory
+    // (registered by MPI or UCX, say) only once the copy is queued: wait, so the caller may
+    // reuse the buffer at once.
+    cudaPointerAttributes a{};
+    wait = cudaPointerGetAttributes(&a, src) == cudaSuccess && a.type == cudaMemoryTypeHost;
+    (void)cudaGetLastError();
+  }
+  if (wait) CU(ctx, "copy", cudaStreamSynchronize(s));
   return DT_HAL_OK;
 }
 
@@ -386,7 +428,7 @@ const char* bad_entry(int32_t code) {
 int cuda_synchronize(void* ctx) {
   DT_HAL_TRY(need_ctx(ctx, "synchronize"));
   Context* c = C(ctx);
-  CU(ctx, "synchronize", cudaSetDevice(c->device));
+  DT_HAL_TRY(refuse_in_capture(ctx, "synchronize", "waiting for the device"));
   CU(ctx, "synchronize", cudaDeviceSynchronize());
   DeviceError e{};
   CU(ctx, "synchronize", cudaMemcpy(&e, c->derr, sizeof e, cudaMemcpyDeviceToHost));
@@ -520,6 +562,11 @@ int cuda_gemm_ex(void* ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, flo
                     static_cast<int>(c_type),
                     " product of this size needs scratch memory, which cannot be allocated "
                     "while capturing a graph: run one step before capturing");
+      if (c->graphs > 0)
+        return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": a ", static_cast<int>(ab_type), "/",
+                    static_cast<int>(c_type), " product of ", M, " x ", N,
+                    " needs more scratch memory than a live graph was captured with; growing it "
+                    "would free memory the graph uses: destroy the graphs first");
       cudaFree(c->scratch);
       c->scratch = nullptr;
       c->scratch_bytes = 0;
@@ -652,6 +699,7 @@ int cuda_sum_squares(void* ctx, const float* x, int64_t n, double* out) {
   DT_HAL_TRY(need_nonneg(ctx, fn, "n", n));
   DT_HAL_TRY(need_ptr(ctx, fn, "x", x, n));
   if (out == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "sum_squares: out is null");
+  DT_HAL_TRY(refuse_in_capture(ctx, fn, "returning a result to the host"));
   Context* c = C(ctx);
   sum_squares_kernel<<<kSumBlocks, kThreads, 0, c->stream>>>(c->partials, x, n);
   LAUNCHED(ctx, fn);
@@ -1286,8 +1334,9 @@ void cuda_stream_destroy(void* ctx, void* stream) {
   if (stream == nullptr) return;
   auto* c = C(ctx);
   if (c && c->stream == stream) {
+    cudaSetDevice(c->device);
     c->stream = c->own;
-    cublasSetStream(c->blas, c->own);
+    bind_blas(c);
   }
   cudaStreamDestroy(static_cast<cudaStream_t>(stream));
 }
@@ -1295,7 +1344,7 @@ int cuda_set_stream(void* ctx, void* stream) {
   DT_HAL_TRY(need_ctx(ctx, "set_stream"));
   Context* c = C(ctx);
   c->stream = stream ? static_cast<cudaStream_t>(stream) : c->own;
-  CUBLAS(ctx, "set_stream", cublasSetStream(c->blas, c->stream));
+  CUBLAS(ctx, "set_stream", bind_blas(c));
   return DT_HAL_OK;
 }
 int cuda_native_stream(void* ctx, void** handle) {
@@ -1353,6 +1402,7 @@ int cuda_graph_end(void* ctx, void** graph) {
   if (e != cudaSuccess)
     return fail(ctx, DT_HAL_ERR_DEVICE, "graph_end: cudaGraphInstantiate: ", cudaGetErrorString(e));
   *graph = exec;
+  ++C(ctx)->graphs;
   return DT_HAL_OK;
 }
 int cuda_graph_launch(void* ctx, void* graph) {
@@ -1361,8 +1411,10 @@ int cuda_graph_launch(void* ctx, void* graph) {
   CU(ctx, "graph_launch", cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), C(ctx)->stream));
   return DT_HAL_OK;
 }
-void cuda_graph_destroy(void*, void* graph) {
-  if (graph) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+void cuda_graph_destroy(void* ctx, void* graph) {
+  if (!graph) return;
+  cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+  if (ctx && C(ctx)->graphs > 0) --C(ctx)->graphs;
 }
 
 const dt_hal_v2_t kCudaTable = {

@@ -257,9 +257,16 @@ class Trainer {
   /// Divides n gradients by the loss scale; true when one of them is Inf or NaN (this rank).
   bool unscale_found_inf(float* grads, std::size_t n, float loss_scale);
   Device::Buffer lp_buf_, lp_flag_;  // 16-bit copy for rounding; the device's overflow flag
-  // engine.cuda_graphs: the stream everything runs on, the captured forward+backward of one
-  // micro-batch and the loss scale inside it; how often it was captured and replayed.
   DeviceCommFactory device_comm_;
+  /// The data-parallel gradient communicator over `group` (the fused model and the stage engine
+  /// alike): sealed with seal=all (where the test's tamper applies to collectives), the
+  /// device's (device memory, unsealed), else shared memory (allreduce != mpi; on host memory
+  /// with an arena of `numel` floats that *storage gets, for the gradients) or an MPI split;
+  /// device tensors reach a host communicator through StagedComm.
+  std::unique_ptr<Comm> make_grad_comm(Comm& group, std::size_t numel,
+                                       const security::SealedCommOptions& sealed,
+                                       const security::Tamper& tamper, bool tamper_collectives,
+                                       float** storage);
   /// The communicator for device tensors over `group` (see DeviceCommFactory); `sealed`, when
   /// given, is the sealed host communicator to stage through instead.
   std::unique_ptr<Comm> device_comm(Comm& group, const std::string& name,
@@ -268,6 +275,8 @@ class Trainer {
   Comm& tied_comm() const;
   std::vector<float> host_state_;  // device memory: checkpoints go through this host copy
   void state_to_device();
+  // engine.cuda_graphs: the captured forward+backward of one micro-batch and the loss scale
+  // inside it; how often it was captured and replayed.
   void* graph_ = nullptr;
   float graph_scale_ = 0;
   bool graph_warm_ = false;

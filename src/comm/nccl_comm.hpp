@@ -4,23 +4,35 @@
 // MPI_Bcast hands it to the others, every rank calls ncclCommInitRank on its CUDA device. One
 // NcclComm per mesh dimension: build each from that dimension's MpiComm (or split() one).
 //
-// Stream order: every operation is enqueued on the stream given at creation (the compute stream
-// of the CUDA device, Device::native_stream), after the kernels already on it and before those
-// enqueued later, so a kernel that consumes an all_reduce needs no host wait. The i* forms
-// return at once with a Work that completes when the stream has passed the operation (an event);
-// the blocking forms also wait for that, so on return the host may read or free the buffers.
+// Streams: each communicator (each split too) runs its operations on a stream of its own, after
+// the work the caller's stream (the one given at creation: the CUDA device's compute stream,
+// Device::native_stream) held when the operation was issued. So an operation reads its inputs only
+// once the kernels enqueued before it have written them, and communicators used from different
+// threads (tensor-parallel collectives from the training thread, gradient buckets from a progress
+// thread) never interleave on one stream, where their order could differ between ranks and hang
+// them. The i* forms return at once with a Work that completes when the operation has (an event);
+// the blocking forms wait for that, so on return the host, and any stream, may use the buffers.
+// Consumers of an i* result wait for its Work before enqueueing work that reads it.
 //
 // Contracts of dt::Comm hold, with NCCL's own limits stated here:
-//  - ReduceOp::avg is ncclAvg; bf16 and f16 reductions happen inside NCCL (fp32 accumulation is
-//    NCCL's choice per algorithm, not guaranteed).
+//  - ReduceOp::avg is ncclAvg: integers are summed and then divided as the contract says, but
+//    floating types are multiplied by 1/size() before the sum (NCCL's algorithm), so f32 results
+//    may differ in the last bits from sum-then-divide at sizes that are not powers of two; bf16
+//    and f16 reductions happen inside NCCL (fp32 accumulation is NCCL's choice per algorithm).
 //  - Point-to-point: NCCL has no tags and no message sizes; messages between one pair arrive in
 //    the order they were sent, tags are checked to be >= 0 and otherwise ignored, and a receive
 //    whose size differs from the send is not detected (both sides must agree, as in every dt
-//    pipeline schedule).
+//    pipeline schedule). isend and irecv are held back and handed to NCCL together, in one
+//    ncclGroupStart/ncclGroupEnd, when one of their Works is first tested or waited for, or
+//    before the next collective, split or destruction: a rank that sends and then receives (a
+//    ring) would otherwise wait in the send for a peer waiting in its own send.
 //  - Failures (a dead peer, a network error) are found by polling ncclCommGetAsyncError while a
 //    Work waits; they throw dt::CommError naming the operation, and the communicator is aborted
-//    (every later call throws). A Work that times out throws dt::CommError and stays pending.
-// Costs: one cudaEvent per non-blocking operation; a blocking one adds a host wait.
+//    at once (ncclCommAbort, so no kernel stays stuck on a stream; every later call throws). A
+//    Work that times out throws dt::CommError and stays pending; the communicator is then aborted,
+//    not destroyed, when it goes away (ncclCommDestroy would wait for the stuck kernel).
+// Costs: one cudaEvent per operation and an event record and stream wait to order it after the
+// caller's stream; a blocking one adds a host wait.
 #pragma once
 
 #include <functional>
@@ -46,7 +58,7 @@ class NcclComm final : public Comm {
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
   const std::string& name() const noexcept override { return name_; }
-  /// The stream operations are enqueued on (a cudaStream_t).
+  /// The caller's stream given at creation (a cudaStream_t): operations run after its work.
   void* stream() const noexcept { return stream_; }
 
   Work iall_reduce(TensorView buf, ReduceOp op) override;
@@ -65,7 +77,11 @@ class NcclComm final : public Comm {
  private:
   NcclComm(std::shared_ptr<State> s, int rank, int size, std::string name, void* stream,
            int device);
-  Work enqueue(const char* op, ConstTensorView v, const std::function<int()>& call);
+  static void init_state(State& st, int rank, const std::string& name, void* caller);
+  // A collective on the communicator's stream, after the caller's stream's work.
+  Work enqueue(const char* op, ConstTensorView v, const std::function<int(void*)>& call);
+  // A send or receive, held until the next flush (see the header comment).
+  Work enqueue_p2p(const char* op, ConstTensorView v, std::function<int(void*)> call);
 
   std::shared_ptr<State> state_;
   int rank_ = 0;

@@ -406,31 +406,10 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
     setup_zero(sealed, tamper, tamper_collectives);
   } else {
     float* grad_storage = nullptr;
-    if (n > 1 && !dev_.host_memory() && device_comm_ && c_.seal != "all") {
-      grad_comm_ = device_comm_(comm_, comm_.name() + "/grads");  // NCCL for CUDA tensors
-    } else if (n > 1) {
-      // Gradients live in the shared-memory arena, so each bucket's all_reduce needs no copy
-      // (host memory only).
-      auto* mpi = dynamic_cast<MpiComm*>(&comm_);
-      if (c_.seal == "all") {
-        security::SealedCommOptions so = sealed;
-        if (tamper_collectives) so.tamper = tamper;
-        grad_comm_ = security::make_sealed_comm(comm_, *keys_, so);
-      } else if (c_.allreduce != "mpi" && mpi) {
-        const auto ps = gpt_params(c_.model);
-        ShmConfig sc;
-        sc.arena_bytes =
-            dev_.host_memory() ? (ps.back().offset + ps.back().numel) * sizeof(float) : 0;
-        sc.min_bytes = static_cast<std::size_t>(c_.shm_min_bytes);
-        sc.simulated_nodes = static_cast<int>(c_.test_sim_nodes);
-        auto shm = ShmComm::create(*mpi, comm_.name() + "/grads", sc);
-        if (dev_.host_memory()) grad_storage = static_cast<float*>(shm->arena());
-        grad_comm_ = std::move(shm);
-      } else {
-        grad_comm_ = comm_.split(0, comm_.rank());
-      }
-      // Device tensors reach the host communicator through copies.
-      if (!dev_.host_memory()) grad_comm_ = std::make_unique<StagedComm>(dev_, std::move(grad_comm_));
+    if (n > 1) {
+      const auto ps = gpt_params(c_.model);
+      grad_comm_ = make_grad_comm(comm_, ps.back().offset + ps.back().numel, sealed, tamper,
+                                  tamper_collectives, &grad_storage);
     }
     model_ = std::make_unique<Gpt>(dev_, c_.model, static_cast<int>(micro_), grad_storage);
     if (n > 1)
@@ -533,30 +512,8 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
     storage.own_params = c_.par_zero < 3;
     storage.own_grads = c_.par_zero < 2;
   } else if (L.dp > 1) {
-    auto* mpi = dynamic_cast<MpiComm*>(&mesh_->dp());
-    if (!dev_.host_memory()) {
-      std::unique_ptr<Comm> sealed_dp;
-      if (c_.seal == "all") {
-        security::SealedCommOptions so = sealed;
-        if (tamper_collectives) so.tamper = tamper;
-        sealed_dp = security::make_sealed_comm(mesh_->dp(), *keys_, so);
-      }
-      grad_comm_ = device_comm(mesh_->dp(), "grads", std::move(sealed_dp));
-    } else if (c_.seal == "all") {
-      security::SealedCommOptions so = sealed;
-      if (tamper_collectives) so.tamper = tamper;
-      grad_comm_ = security::make_sealed_comm(mesh_->dp(), *keys_, so);
-    } else if (c_.allreduce != "mpi" && mpi) {
-      ShmConfig shc;
-      shc.arena_bytes = StageEngine::count_params(sg) * sizeof(float);
-      shc.min_bytes = static_cast<std::size_t>(c_.shm_min_bytes);
-      shc.simulated_nodes = static_cast<int>(c_.test_sim_nodes);
-      auto shm = ShmComm::create(*mpi, mesh_->dp().name() + "/grads", shc);
-      storage.grad_storage = static_cast<float*>(shm->arena());
-      grad_comm_ = std::move(shm);
-    } else {
-      grad_comm_ = mesh_->dp().split(0, mesh_->dp().rank());
-    }
+    grad_comm_ = make_grad_comm(mesh_->dp(), StageEngine::count_params(sg), sealed, tamper,
+                                tamper_collectives, &storage.grad_storage);
   }
   engine_ = std::make_unique<StageEngine>(dev_, std::move(sg), c_.model, mc.pp, L.pp,
                                           plan_->in_flight(mc.pp), sc, std::move(storage));
@@ -657,6 +614,37 @@ void Trainer::init_weights() {
 }
 
 Trainer::~Trainer() { drop_graph(); }
+
+std::unique_ptr<Comm> Trainer::make_grad_comm(Comm& group, std::size_t numel,
+                                              const security::SealedCommOptions& sealed,
+                                              const security::Tamper& tamper,
+                                              bool tamper_collectives, float** storage) {
+  std::unique_ptr<Comm> sealed_comm;
+  if (c_.seal == "all") {
+    security::SealedCommOptions so = sealed;
+    if (tamper_collectives) so.tamper = tamper;
+    sealed_comm = security::make_sealed_comm(group, *keys_, so);
+  }
+  const bool host = dev_.host_memory();
+  if (!host && device_comm_ && !sealed_comm) return device_comm_(group, group.name() + "/grads");
+  std::unique_ptr<Comm> c = std::move(sealed_comm);
+  auto* mpi = dynamic_cast<MpiComm*>(&group);
+  if (!c && c_.allreduce != "mpi" && mpi) {
+    // Host memory: the gradients live in the shared-memory arena, so each bucket's all_reduce
+    // needs no copy. Device memory: no arena; the staged copies go through shared memory.
+    ShmConfig sc;
+    sc.arena_bytes = host ? numel * sizeof(float) : 0;
+    sc.min_bytes = static_cast<std::size_t>(c_.shm_min_bytes);
+    sc.simulated_nodes = static_cast<int>(c_.test_sim_nodes);
+    auto shm = ShmComm::create(*mpi, group.name() + "/grads", sc);
+    if (host) *storage = static_cast<float*>(shm->arena());
+    c = std::move(shm);
+  }
+  if (!c) c = group.split(0, group.rank());
+  // Device tensors reach the host communicator through copies.
+  if (!host) c = std::make_unique<StagedComm>(dev_, std::move(c));
+  return c;
+}
 
 std::unique_ptr<Comm> Trainer::device_comm(Comm& group, const std::string& name,
                                            std::unique_ptr<Comm> sealed) {

@@ -377,6 +377,7 @@ void test_optim_and_mixed(Rig& r) {
     // Sizes that cross the 48-tensor launch groups, one empty.
     std::vector<int64_t> sizes;
     for (int k = 0; k < 50; ++k) sizes.push_back(k == 7 ? 0 : 1 + (k * 37) % 300);
+    sizes[11] = 300001;  // more elements than one launch's capped grid covers
     std::vector<std::vector<float>> P, G, M, Vv;
     std::vector<dt::Device::Buffer> dP, dG, dM, dV;
     std::vector<float*> cp, cm, cv, gp, gm, gv;
@@ -404,23 +405,36 @@ void test_optim_and_mixed(Rig& r) {
       gv.push_back(dV[k].as<float>());
     }
     const int count = static_cast<int>(sizes.size());
-    r.cpu.call(&dt_hal_v2_t::adamw_multi, "adamw_multi", count,
-               static_cast<float* const*>(cp.data()), static_cast<const float* const*>(cg.data()),
-               static_cast<float* const*>(cm.data()), static_cast<float* const*>(cv.data()),
-               static_cast<const int64_t*>(sizes.data()), static_cast<const float*>(wd.data()),
-               1e-2f, 0.9f, 0.95f, 1e-8f, int64_t{5});
-    r.gpu.call(&dt_hal_v2_t::adamw_multi, "adamw_multi", count,
-               static_cast<float* const*>(gp.data()), static_cast<const float* const*>(gg.data()),
-               static_cast<float* const*>(gm.data()), static_cast<float* const*>(gv.data()),
-               static_cast<const int64_t*>(sizes.data()), static_cast<const float*>(wd.data()),
-               1e-2f, 0.9f, 0.95f, 1e-8f, int64_t{5});
-    std::vector<float> all_c, all_g;
-    for (std::size_t k = 0; k < sizes.size(); ++k) {
-      auto got = r.down<float>(dP[k], sizes[k]);
-      all_g.insert(all_g.end(), got.begin(), got.end());
-      all_c.insert(all_c.end(), P[k].begin(), P[k].end());
+    // Two steps: the second reads the moments the first stored.
+    for (int64_t t = 5; t <= 6; ++t) {
+      r.cpu.call(&dt_hal_v2_t::adamw_multi, "adamw_multi", count,
+                 static_cast<float* const*>(cp.data()), static_cast<const float* const*>(cg.data()),
+                 static_cast<float* const*>(cm.data()), static_cast<float* const*>(cv.data()),
+                 static_cast<const int64_t*>(sizes.data()), static_cast<const float*>(wd.data()),
+                 1e-2f, 0.9f, 0.95f, 1e-8f, t);
+      r.gpu.call(&dt_hal_v2_t::adamw_multi, "adamw_multi", count,
+                 static_cast<float* const*>(gp.data()), static_cast<const float* const*>(gg.data()),
+                 static_cast<float* const*>(gm.data()), static_cast<float* const*>(gv.data()),
+                 static_cast<const int64_t*>(sizes.data()), static_cast<const float*>(wd.data()),
+                 1e-2f, 0.9f, 0.95f, 1e-8f, t);
     }
-    compare_rel("adamw_multi params (50 tensors)", all_g, all_c, 1e-7, 1e-6);
+    struct Part {
+      const char* name;
+      std::vector<std::vector<float>>* cpu;
+      std::vector<dt::Device::Buffer>* gpu;
+      double atol;
+    };
+    for (const Part& part : {Part{"params", &P, &dP, 1e-7}, Part{"m", &M, &dM, 1e-7},
+                             Part{"v", &Vv, &dV, 1e-9}}) {
+      std::vector<float> all_c, all_g;
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        auto got = r.down<float>((*part.gpu)[k], sizes[k]);
+        all_g.insert(all_g.end(), got.begin(), got.end());
+        all_c.insert(all_c.end(), (*part.cpu)[k].begin(), (*part.cpu)[k].end());
+      }
+      compare_rel(std::string("adamw_multi ") + part.name + " (50 tensors, 2 steps)", all_g, all_c,
+                  part.atol, 1e-6);
+    }
   }
   // Casts: bit-exact, every 16-bit pattern and random floats.
   {
@@ -469,6 +483,29 @@ void test_optim_and_mixed(Rig& r) {
     r.gpu.call(&dt_hal_v2_t::scale_check_finite, "scale_check_finite", dy.as<float>(), n, 2.0f,
                flag.as<std::int32_t>());
     report("scale_check_finite: no flag on finite values", r.down<std::int32_t>(flag, 1)[0] == 0);
+    // Each way a value can stop being finite, alone in an otherwise finite vector: NaN, -Inf,
+    // and a finite value that overflows only once scaled.
+    const float bad[] = {NAN, -INFINITY, 3e38f};
+    const char* bad_names[] = {"NaN", "-Inf", "3e38 x 4 (overflow after scaling)"};
+    for (int k = 0; k < 3; ++k) {
+      auto z = r.rand(n);
+      z[n / 2] = bad[k];
+      auto zc = z;
+      std::int32_t zf = 0;
+      r.cpu.call(&dt_hal_v2_t::scale_check_finite, "scale_check_finite", zc.data(), n, 4.0f, &zf);
+      auto dz = r.up(z);
+      r.gpu.call(&dt_hal_v1_t::fill_zero, "fill_zero", flag.get(), std::size_t{4});
+      r.gpu.call(&dt_hal_v2_t::scale_check_finite, "scale_check_finite", dz.as<float>(), n, 4.0f,
+                 flag.as<std::int32_t>());
+      const auto got = r.down<float>(dz, n);
+      bool same = true;
+      for (int64_t i = 0; i < n; ++i)
+        same = same && (std::memcmp(&got[i], &zc[i], 4) == 0 ||
+                        (std::isnan(got[i]) && std::isnan(zc[i])));
+      report(std::string("scale_check_finite values, ") + bad_names[k], same);
+      report(std::string("scale_check_finite flag, ") + bad_names[k],
+             r.down<std::int32_t>(flag, 1)[0] == 1 && zf == 1);
+    }
   }
 }
 
@@ -503,6 +540,214 @@ void test_streams_graphs(Rig& r) {
   t.graph_destroy(r.gpu.ctx(), graph);
   t.event_destroy(r.gpu.ctx(), ev);
   t.stream_destroy(r.gpu.ctx(), s);
+}
+
+// gemm_ex in the forms dt calls it: every transpose pairing, beta = 1 onto a random C, leading
+// dimensions wider than the rows (+3), with an fp32 C (direct) and a bf16 C (through the fp32
+// scratch, widened first because beta != 0).
+void test_gemm_ex_forms(Rig& r) {
+  const int64_t M = 37, N = 53, K = 71, pad = 3;
+  for (dt_hal_dtype ct : {DT_HAL_F32, DT_HAL_BF16})
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+        const int64_t lda = ac + pad, ldb = bc + pad, ldc = N + pad;
+        auto A = r.rand(ar * lda), B = r.rand(br * ldb), C0 = r.rand(M * ldc);
+        const std::size_t cs = ct == DT_HAL_F32 ? 4 : 2;
+        std::vector<std::uint16_t> a16(A.size()), b16(B.size());
+        std::vector<std::uint8_t> c0(C0.size() * cs);
+        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(a16.data()), DT_HAL_BF16,
+                   static_cast<const void*>(A.data()), DT_HAL_F32, static_cast<int64_t>(A.size()));
+        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(b16.data()), DT_HAL_BF16,
+                   static_cast<const void*>(B.data()), DT_HAL_F32, static_cast<int64_t>(B.size()));
+        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(c0.data()), ct,
+                   static_cast<const void*>(C0.data()), DT_HAL_F32,
+                   static_cast<int64_t>(C0.size()));
+        std::vector<float> Aw(A.size()), Bw(B.size()), Cw(C0.size());
+        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(Aw.data()), DT_HAL_F32,
+                   static_cast<const void*>(a16.data()), DT_HAL_BF16,
+                   static_cast<int64_t>(A.size()));
+        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(Bw.data()), DT_HAL_F32,
+                   static_cast<const void*>(b16.data()), DT_HAL_BF16,
+                   static_cast<int64_t>(B.size()));
+        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(Cw.data()), DT_HAL_F32,
+                   static_cast<const void*>(c0.data()), ct, static_cast<int64_t>(C0.size()));
+        auto cref = c0;
+        r.cpu.call(&dt_hal_v2_t::gemm_ex, "gemm_ex", ta, tb, M, N, K, 0.5f,
+                   static_cast<const void*>(a16.data()), lda, static_cast<const void*>(b16.data()),
+                   ldb, 1.0f, static_cast<void*>(cref.data()), ldc, DT_HAL_BF16, ct);
+        auto dA = r.up(a16), dB = r.up(b16), dC = r.up(c0);
+        r.gpu.call(&dt_hal_v2_t::gemm_ex, "gemm_ex", ta, tb, M, N, K, 0.5f,
+                   static_cast<const void*>(dA.get()), lda, static_cast<const void*>(dB.get()), ldb,
+                   1.0f, dC.get(), ldc, DT_HAL_BF16, ct);
+        auto got16 = r.down<std::uint8_t>(dC, c0.size());
+        std::vector<float> got(C0.size()), ref(C0.size());
+        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(got.data()), DT_HAL_F32,
+                   static_cast<const void*>(got16.data()), ct, static_cast<int64_t>(C0.size()));
+        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(ref.data()), DT_HAL_F32,
+                   static_cast<const void*>(cref.data()), ct, static_cast<int64_t>(C0.size()));
+        // The bound per element from the widened operands; the padding columns must stay as
+        // they were (bit for bit).
+        const double ulp = ct == DT_HAL_F32 ? 0x1p-23 : 0x1p-7;
+        compare(std::string("gemm_ex bf16 -> ") + (ct == DT_HAL_F32 ? "f32" : "bf16") +
+                    " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+                    " beta=1, ld +3",
+                got, ref, [&](std::size_t i) {
+                  const int64_t row = static_cast<int64_t>(i) / ldc, col = static_cast<int64_t>(i) % ldc;
+                  if (col >= N) return 0.0;
+                  double mag = std::fabs(Cw[i]);
+                  for (int64_t k = 0; k < K; ++k)
+                    mag += 0.5 * std::fabs(static_cast<double>(ta ? Aw[k * lda + row] : Aw[row * lda + k]) *
+                                           (tb ? Bw[col * ldb + k] : Bw[k * ldb + col]));
+                  return 2.0 * (K + 2) * kU * mag + ulp * std::fabs(ref[i]) + 1e-30;
+                });
+      }
+}
+
+// Sizes past one block's threads and one grid: a GPT-2 vocabulary in the softmax rows, a long
+// single-head sequence in attention.
+void test_large_shapes(Rig& r) {
+  {
+    const int64_t N = 3, V = 50257;
+    auto logits = r.rand(N * V, -8, 8);
+    std::vector<std::int32_t> tgt = {0, 25000, static_cast<std::int32_t>(V - 1)};
+    std::vector<float> loss(N), probs(N * V);
+    r.cpu.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", loss.data(), probs.data(),
+               static_cast<const float*>(logits.data()),
+               static_cast<const std::int32_t*>(tgt.data()), N, V);
+    auto dl = r.up(logits), dtg = r.up(tgt);
+    dt::Device::Buffer dloss(r.gpu, N * 4), dprobs(r.gpu, N * V * 4);
+    r.gpu.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", dloss.as<float>(),
+               dprobs.as<float>(), dl.as<const float>(), dtg.as<const std::int32_t>(), N, V);
+    compare_rel("softmax_xent_fwd losses, V = 50257", r.down<float>(dloss, N), loss, 1e-5, 1e-5);
+    compare_rel("softmax_xent_fwd probs, V = 50257", r.down<float>(dprobs, N * V), probs, 1e-12,
+                1e-4);
+    std::vector<float> dlog(N * V);
+    r.cpu.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dlog.data(),
+               static_cast<const float*>(probs.data()),
+               static_cast<const std::int32_t*>(tgt.data()), 0.5f, N, V);
+    auto dp = r.up(probs);
+    dt::Device::Buffer dd(r.gpu, N * V * 4);
+    r.gpu.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dd.as<float>(),
+               dp.as<const float>(), dtg.as<const std::int32_t>(), 0.5f, N, V);
+    compare_rel("softmax_xent_bwd, V = 50257", r.down<float>(dd, N * V), dlog, 0, 2 * kU);
+  }
+  {
+    const int64_t B = 1, T = 300, Cc = 16, NH = 1;
+    auto qkv = r.rand(B * T * 3 * Cc);
+    std::vector<float> out(B * T * Cc), att(B * NH * T * T);
+    r.cpu.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", out.data(), att.data(),
+               static_cast<const float*>(qkv.data()), B, T, Cc, NH);
+    auto dq = r.up(qkv);
+    dt::Device::Buffer dout(r.gpu, out.size() * 4), datt(r.gpu, att.size() * 4);
+    r.gpu.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", dout.as<float>(), datt.as<float>(),
+               dq.as<const float>(), B, T, Cc, NH);
+    compare_rel("attention_fwd att, T = 300", r.down<float>(datt, att.size()), att, 1e-6, 1e-5);
+    compare_rel("attention_fwd out, T = 300", r.down<float>(dout, out.size()), out, 1e-5, 1e-5);
+  }
+}
+
+// Capture on a stream of the caller's: cuBLAS (fp32 and bf16 tensor-core products) and the layer
+// kernels replayed twice equal eager launches, three captures in a row (a recapture must not
+// need memory of its own), and what a graph may not hold is refused as the CPU device refuses it.
+void test_capture_kernels(Rig& r) {
+  const auto& t = r.gpu.table2();
+  const int64_t N = 64, C = 96, T = 16, NH = 4, B = N / T, V = 80;
+  auto x = r.rand(N * C), W = r.rand(3 * C * C), lw = r.rand(C), lb = r.rand(C),
+       H = r.rand(V * C);
+  std::vector<std::int32_t> tgt(N);
+  for (auto& v : tgt) v = static_cast<std::int32_t>(r.rng() % V);
+  auto dx = r.up(x), dW = r.up(W), dlw = r.up(lw), dlb = r.up(lb), dH = r.up(H), dtg = r.up(tgt);
+  dt::Device::Buffer ln(r.gpu, N * C * 4), mean(r.gpu, N * 4), rstd(r.gpu, N * 4),
+      qkv(r.gpu, N * 3 * C * 4), att(r.gpu, B * NH * T * T * 4), y(r.gpu, N * C * 4),
+      logits(r.gpu, N * V * 4), probs(r.gpu, N * V * 4), losses(r.gpu, N * 4),
+      w16(r.gpu, 3 * C * C * 2), x16(r.gpu, N * C * 2), qkv2(r.gpu, N * 3 * C * 4);
+  // The work of a small block: LayerNorm, the qkv product in fp32 and in bf16, attention, the
+  // head and the loss.
+  auto work = [&] {
+    r.gpu.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", ln.as<float>(), mean.as<float>(),
+               rstd.as<float>(), dx.as<const float>(), dlw.as<const float>(),
+               dlb.as<const float>(), N, C);
+    r.gpu.call(&dt_hal_v1_t::gemm, "gemm", 0, 1, N, 3 * C, C, 1.0f, ln.as<const float>(), C,
+               dW.as<const float>(), C, 0.0f, qkv.as<float>(), 3 * C);
+    r.gpu.call(&dt_hal_v2_t::cast, "cast", w16.get(), DT_HAL_BF16,
+               static_cast<const void*>(dW.get()), DT_HAL_F32, 3 * C * C);
+    r.gpu.call(&dt_hal_v2_t::cast, "cast", x16.get(), DT_HAL_BF16,
+               static_cast<const void*>(ln.get()), DT_HAL_F32, N * C);
+    r.gpu.call(&dt_hal_v2_t::gemm_ex, "gemm_ex", 0, 1, N, 3 * C, C, 1.0f,
+               static_cast<const void*>(x16.get()), C, static_cast<const void*>(w16.get()), C,
+               0.0f, qkv2.get(), 3 * C, DT_HAL_BF16, DT_HAL_F32);
+    r.gpu.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", y.as<float>(), att.as<float>(),
+               qkv.as<const float>(), B, T, C, NH);
+    r.gpu.call(&dt_hal_v1_t::gemm, "gemm", 0, 1, N, V, C, 1.0f, y.as<const float>(), C,
+               dH.as<const float>(), C, 0.0f, logits.as<float>(), V);
+    r.gpu.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", losses.as<float>(),
+               probs.as<float>(), logits.as<const float>(), dtg.as<const std::int32_t>(), N, V);
+  };
+  auto results = [&] {
+    std::vector<float> all;
+    for (const dt::Device::Buffer* b : {&qkv2, &y, &losses}) {
+      auto v = r.down<float>(*b, b->bytes() / 4);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  work();
+  const auto eager = results();
+  void* s = nullptr;
+  r.gpu.call(&dt_hal_v2_t::stream_create, "stream_create", &s);
+  r.gpu.call(&dt_hal_v2_t::set_stream, "set_stream", s);
+  bool same = true;
+  for (int capture = 0; capture < 3; ++capture) {
+    r.gpu.call(&dt_hal_v1_t::fill_zero, "fill_zero", y.get(), y.bytes());
+    r.gpu.call(&dt_hal_v1_t::fill_zero, "fill_zero", qkv2.get(), qkv2.bytes());
+    r.gpu.call(&dt_hal_v2_t::graph_begin, "graph_begin");
+    work();
+    void* graph = nullptr;
+    r.gpu.call(&dt_hal_v2_t::graph_end, "graph_end", &graph);
+    for (int replay = 0; replay < 2; ++replay) {
+      r.gpu.call(&dt_hal_v2_t::graph_launch, "graph_launch", graph);
+      same = same && results() == eager;
+    }
+    t.graph_destroy(r.gpu.ctx(), graph);
+  }
+  report("layer kernels and cuBLAS captured on a caller's stream (3 captures x 2 replays) equal "
+         "eager launches",
+         same);
+  // Refused inside a capture, with DT_HAL_ERR_UNSUPPORTED, each in a capture of its own.
+  struct Refusal {
+    const char* what;
+    std::function<int()> call;
+  };
+  std::vector<float> host(16);
+  double ss = 0;
+  void* mem = nullptr;
+  const Refusal refusals[] = {
+      {"copy to the host",
+       [&] {
+         return t.v1.copy(r.gpu.ctx(), host.data(), y.get(), 64, DT_HAL_DEVICE_TO_HOST);
+       }},
+      {"sum_squares", [&] { return t.v1.sum_squares(r.gpu.ctx(), y.as<const float>(), 16, &ss); }},
+      {"alloc", [&] { return t.v1.alloc(r.gpu.ctx(), 1024, &mem); }},
+      {"synchronize", [&] { return t.v1.synchronize(r.gpu.ctx()); }},
+  };
+  for (const Refusal& f : refusals) {
+    r.gpu.call(&dt_hal_v2_t::graph_begin, "graph_begin");
+    const int rc = f.call();
+    const std::string msg = t.v1.last_error(r.gpu.ctx());
+    void* graph = nullptr;
+    t.graph_end(r.gpu.ctx(), &graph);  // may fail: the capture holds a refused call
+    if (graph) t.graph_destroy(r.gpu.ctx(), graph);
+    report(std::string("refused inside a capture: ") + f.what,
+           rc == DT_HAL_ERR_UNSUPPORTED && msg.find("captured") != std::string::npos,
+           "rc " + std::to_string(rc) + ": " + msg);
+  }
+  if (mem) t.v1.release(r.gpu.ctx(), mem);
+  r.gpu.call(&dt_hal_v2_t::set_stream, "set_stream", static_cast<void*>(nullptr));
+  t.stream_destroy(r.gpu.ctx(), s);
+  // The stream is gone and the default one is current: the work still runs and gives the same.
+  work();
+  report("work after the stream's destruction equals eager", results() == eager);
 }
 
 }  // namespace
@@ -548,6 +793,9 @@ int main(int argc, char** argv) {
     test_layers(*rig);
     test_optim_and_mixed(*rig);
     test_streams_graphs(*rig);
+    test_gemm_ex_forms(*rig);
+    test_large_shapes(*rig);
+    test_capture_kernels(*rig);
   } catch (const std::exception& e) {
     report("exception", false, e.what());
   }

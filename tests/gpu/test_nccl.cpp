@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../mpi/check_harness.hpp"
@@ -30,6 +31,9 @@ struct DevVec {
   DevVec& operator=(const DevVec&) = delete;
   void put(const std::vector<T>& v) {
     cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice);
+    // From pageable memory cudaMemcpy may return before the data lands, and NCCL's stream does
+    // not wait for the legacy one.
+    cudaDeviceSynchronize();
   }
   std::vector<T> get() const {
     std::vector<T> v(n);
@@ -113,15 +117,43 @@ int main(int argc, char** argv) {
       h.expect(static_cast<float>(db.get()[7]) == static_cast<float>(size), "all_reduce bf16 sum",
                "");
     }
-    // Stream order: a copy enqueued on the same stream after the non-blocking all_reduce sees it.
+    // Stream order: the all_reduce runs after the work its caller's stream held when it was
+    // issued (a copy still queued behind a slow kernel's worth of copies), with no host wait.
     {
-      DevVec<float> d(n), e(n);
-      d.put(std::vector<float>(n, 1.0f));
+      DevVec<float> d(n), e(n), big(n * 64), big2(n * 64);
+      d.put(std::vector<float>(n, 0.0f));
+      e.put(std::vector<float>(n, 1.0f));
+      for (int k = 0; k < 8; ++k)
+        cudaMemcpyAsync(big2.p, big.p, n * 64 * sizeof(float), cudaMemcpyDeviceToDevice, stream);
+      cudaMemcpyAsync(d.p, e.p, n * sizeof(float), cudaMemcpyDeviceToDevice, stream);
       dt::Work w = nc->iall_reduce(d.view(), dt::ReduceOp::sum);
-      cudaMemcpyAsync(e.p, d.p, n * sizeof(float), cudaMemcpyDeviceToDevice, stream);
       w.wait(dt::Millis(60000));
-      cudaStreamSynchronize(stream);
-      h.expect(e.get()[n / 2] == static_cast<float>(size), "stream order after iall_reduce", "");
+      h.expect(d.get()[n / 2] == static_cast<float>(size),
+               "iall_reduce runs after the caller's stream's earlier work", "");
+    }
+    // Two communicators issued from two threads in opposite orders on different ranks (as the
+    // tensor-parallel and the gradient communicators are) complete: each has its own stream.
+    {
+      auto other = nc->split(0, rank);
+      DevVec<float> a(n), b(n);
+      a.put(std::vector<float>(n, 1.0f));
+      b.put(std::vector<float>(n, 2.0f));
+      dt::Work wa, wb;
+      auto issue_a = [&] { wa = nc->iall_reduce(a.view(), dt::ReduceOp::sum); };
+      auto issue_b = [&] { wb = other->iall_reduce(b.view(), dt::ReduceOp::sum); };
+      if (rank % 2 == 0) {
+        issue_a();
+        std::thread t(issue_b);
+        t.join();
+      } else {
+        std::thread t(issue_b);
+        t.join();
+        issue_a();
+      }
+      wa.wait(dt::Millis(60000));
+      wb.wait(dt::Millis(60000));
+      h.expect(a.get()[1] == static_cast<float>(size) && b.get()[1] == 2.0f * size,
+               "two communicators issued in opposite orders on different ranks", "");
     }
     // broadcast, all_gather, reduce_scatter.
     {
@@ -156,11 +188,21 @@ int main(int argc, char** argv) {
       DevVec<float> s(256), r(256);
       s.put(std::vector<float>(256, static_cast<float>(rank)));
       const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+      // Each rank sends first, then receives: only works when both go to NCCL in one group.
       dt::Work ws = nc->isend(s.view(), next, 0);
       dt::Work wr = nc->irecv(r.view(), prev, 0);
       ws.wait(dt::Millis(60000));
       wr.wait(dt::Millis(60000));
       h.expect(r.get()[9] == static_cast<float>(prev), "ring send/recv", "");
+      // Blocking send then receive on a ring would deadlock in any transport; the non-blocking
+      // pair again after a collective, so the group is flushed by the collective's order.
+      DevVec<float> r2(256);
+      dt::Work ws2 = nc->isend(s.view(), next, 1);
+      dt::Work wr2 = nc->irecv(r2.view(), prev, 1);
+      nc->barrier();
+      ws2.wait(dt::Millis(60000));
+      wr2.wait(dt::Millis(60000));
+      h.expect(r2.get()[9] == static_cast<float>(prev), "send/recv flushed by a collective", "");
     }
     nc->barrier();
     // split by parity.
