@@ -96,15 +96,15 @@ int fail(void* ctx, int status, const A&... parts) noexcept {
                   ": ", #call, ": ", cudaGetErrorString(e_));                                      \
   } while (0)
 
-#define CUBLAS(ctx, fn, call)                                                                     \
-  do {                                                                                            \
-    const cublasStatus_t s_ = (call);                                                             \
-    if (s_ != CUBLAS_STATUS_SUCCESS)                                                              \
-      return fail(ctx,                                                                            \
-                  s_ == CUBLAS_STATUS_NOT_SUPPORTED  ? DT_HAL_ERR_UNSUPPORTED                     \
-                  : s_ == CUBLAS_STATUS_ALLOC_FAILED ? DT_HAL_ERR_NOMEM                           \
-                                                     : DT_HAL_ERR_DEVICE,                         \
-                  fn, ": ", #call, ": ", cublasGetStatusString(s_));                              \
+#define CUBLAS(ctx, fn, call)                                                 \
+  do {                                                                        \
+    const cublasStatus_t s_ = (call);                                         \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                          \
+      return fail(ctx,                                                        \
+                  s_ == CUBLAS_STATUS_NOT_SUPPORTED  ? DT_HAL_ERR_UNSUPPORTED \
+                  : s_ == CUBLAS_STATUS_ALLOC_FAILED ? DT_HAL_ERR_NOMEM       \
+                                                     : DT_HAL_ERR_DEVICE,     \
+                  fn, ": ", #call, ": ", cublasGetStatusString(s_));          \
   } while (0)
 
 // After a kernel launch.

@@ -202,8 +202,7 @@ class NcclWork final : public WorkImpl {
       fail(std::string("the CUDA stream failed: ") + cudaGetErrorString(e));
     }
     ncclResult_t async = ncclSuccess;
-    if (state_->aborted)
-      fail("the communicator was aborted after a failure of another operation");
+    if (state_->aborted) fail("the communicator was aborted after a failure of another operation");
     if (ncclCommGetAsyncError(state_->comm, &async) == ncclSuccess && async != ncclSuccess &&
         async != ncclInProgress) {
       state_->abort();
@@ -341,8 +340,8 @@ Work NcclComm::enqueue_p2p(const char* op, ConstTensorView v, std::function<int(
   // The Work owns the event; until the group is flushed the event is unrecorded, and the Work
   // flushes before its first query (the state, not this communicator: a Work may outlive it).
   State* st = state_.get();
-  return Work(std::make_unique<NcclWork>(state_, ev, what(op, v), rank_, name_,
-                                         [st] { st->flush_p2p(); }));
+  return Work(
+      std::make_unique<NcclWork>(state_, ev, what(op, v), rank_, name_, [st] { st->flush_p2p(); }));
 }
 
 Work NcclComm::iall_reduce(TensorView buf, ReduceOp op) {
@@ -394,7 +393,8 @@ Work NcclComm::isend(ConstTensorView buf, int dst, int tag) {
   DT_CHECK(InvalidArgument, tag >= 0, "send on ", name_, ": tag ", tag, " is negative");
   ncclComm_t comm = state_->comm;
   return enqueue_p2p("send", buf, [buf, dst, comm](void* sv) {
-    return ncclSend(buf.data, buf.numel, nccl_type(buf.dtype), dst, comm, static_cast<cudaStream_t>(sv));
+    return ncclSend(buf.data, buf.numel, nccl_type(buf.dtype), dst, comm,
+                    static_cast<cudaStream_t>(sv));
   });
 }
 
@@ -404,7 +404,8 @@ Work NcclComm::irecv(TensorView buf, int src, int tag) {
   DT_CHECK(InvalidArgument, tag >= 0, "recv on ", name_, ": tag ", tag, " is negative");
   ncclComm_t comm = state_->comm;
   return enqueue_p2p("recv", buf, [buf, src, comm](void* sv) {
-    return ncclRecv(buf.data, buf.numel, nccl_type(buf.dtype), src, comm, static_cast<cudaStream_t>(sv));
+    return ncclRecv(buf.data, buf.numel, nccl_type(buf.dtype), src, comm,
+                    static_cast<cudaStream_t>(sv));
   });
 }
 

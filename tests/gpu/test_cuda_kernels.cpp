@@ -226,6 +226,56 @@ void test_elementwise(Rig& r) {
   }
 }
 
+// softmax_xent_fwd and _bwd on N rows of V logits in [-8, 8] against the CPU device; `label`
+// is appended to the check names. The row sum's order differs between the devices: its relative
+// error is bounded by 2 V u to first order, which the probabilities carry relatively and the
+// losses (log of the sum) absolutely, on top of the exponentials' few ulp (1e-5).
+void check_xent(Rig& r, int64_t N, int64_t V, const std::vector<std::int32_t>& tgt,
+                const std::string& label, double probs_atol, float dloss_scale) {
+  auto logits = r.rand(N * V, -8, 8);
+  std::vector<float> loss(N), probs(N * V);
+  r.cpu.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", loss.data(), probs.data(),
+             static_cast<const float*>(logits.data()), static_cast<const std::int32_t*>(tgt.data()),
+             N, V);
+  auto dl = r.up(logits), dtg = r.up(tgt);
+  dt::Device::Buffer dloss(r.gpu, N * 4), dprobs(r.gpu, N * V * 4);
+  r.gpu.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", dloss.as<float>(),
+             dprobs.as<float>(), dl.as<const float>(), dtg.as<const std::int32_t>(), N, V);
+  const double sum_rel = 2.0 * static_cast<double>(V) * kU;
+  compare_rel("softmax_xent_fwd losses" + label, r.down<float>(dloss, N), loss, 1e-5 + sum_rel,
+              1e-5);
+  compare_rel("softmax_xent_fwd probs" + label, r.down<float>(dprobs, N * V), probs, probs_atol,
+              1e-5 + sum_rel);
+  std::vector<float> dlog(N * V);
+  r.cpu.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dlog.data(),
+             static_cast<const float*>(probs.data()), static_cast<const std::int32_t*>(tgt.data()),
+             dloss_scale, N, V);
+  auto dp = r.up(probs);
+  dt::Device::Buffer dd(r.gpu, N * V * 4);
+  r.gpu.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dd.as<float>(),
+             dp.as<const float>(), dtg.as<const std::int32_t>(), dloss_scale, N, V);
+  compare_rel("softmax_xent_bwd" + label, r.down<float>(dd, N * V), dlog, 0, 2 * kU);
+}
+
+// attention_fwd on `qkv` against the CPU device; leaves the CPU results in out/att and the
+// device's inputs and weights in dq/datt for a backward check.
+void check_attention_fwd(Rig& r, int64_t B, int64_t T, int64_t Cc, int64_t NH,
+                         const std::vector<float>& qkv, const std::string& label,
+                         std::vector<float>& out, std::vector<float>& att, dt::Device::Buffer& dq,
+                         dt::Device::Buffer& datt) {
+  out.assign(B * T * Cc, 0.0f);
+  att.assign(B * NH * T * T, 0.0f);
+  r.cpu.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", out.data(), att.data(),
+             static_cast<const float*>(qkv.data()), B, T, Cc, NH);
+  dq = r.up(qkv);
+  dt::Device::Buffer dout(r.gpu, out.size() * 4);
+  datt = dt::Device::Buffer(r.gpu, att.size() * 4);
+  r.gpu.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", dout.as<float>(), datt.as<float>(),
+             dq.as<const float>(), B, T, Cc, NH);
+  compare_rel("attention_fwd att" + label, r.down<float>(datt, att.size()), att, 1e-6, 1e-5);
+  compare_rel("attention_fwd out" + label, r.down<float>(dout, out.size()), out, 1e-5, 1e-5);
+}
+
 void test_layers(Rig& r) {
   const int64_t B = 2, T = 33, Cc = 48, NH = 4, V = 67, BT = B * T;
   // Embedding.
@@ -309,15 +359,9 @@ void test_layers(Rig& r) {
   // Attention.
   {
     auto qkv = r.rand(BT * 3 * Cc);
-    std::vector<float> out(BT * Cc), att(B * NH * T * T);
-    r.cpu.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", out.data(), att.data(),
-               static_cast<const float*>(qkv.data()), B, T, Cc, NH);
-    auto dq = r.up(qkv);
-    dt::Device::Buffer dout(r.gpu, out.size() * 4), datt(r.gpu, att.size() * 4);
-    r.gpu.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", dout.as<float>(), datt.as<float>(),
-               dq.as<const float>(), B, T, Cc, NH);
-    compare_rel("attention_fwd att", r.down<float>(datt, att.size()), att, 1e-6, 1e-5);
-    compare_rel("attention_fwd out", r.down<float>(dout, out.size()), out, 1e-5, 1e-5);
+    std::vector<float> out, att;
+    dt::Device::Buffer dq, datt;
+    check_attention_fwd(r, B, T, Cc, NH, qkv, "", out, att, dq, datt);
     auto go = r.rand(BT * Cc), gq0 = r.rand(BT * 3 * Cc), gq = gq0;
     std::vector<float> scratch(att.size());
     r.cpu.call(&dt_hal_v1_t::attention_bwd, "attention_bwd", gq.data(), scratch.data(),
@@ -331,29 +375,9 @@ void test_layers(Rig& r) {
   }
   // Softmax cross-entropy.
   {
-    const int64_t N = BT;
-    auto logits = r.rand(N * V, -8, 8);
-    std::vector<std::int32_t> tgt(N);
+    std::vector<std::int32_t> tgt(BT);
     for (auto& t : tgt) t = static_cast<std::int32_t>(r.rng() % V);
-    std::vector<float> loss(N), probs(N * V);
-    r.cpu.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", loss.data(), probs.data(),
-               static_cast<const float*>(logits.data()),
-               static_cast<const std::int32_t*>(tgt.data()), N, V);
-    auto dl = r.up(logits), dt_ = r.up(tgt);
-    dt::Device::Buffer dloss(r.gpu, N * 4), dprobs(r.gpu, N * V * 4);
-    r.gpu.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", dloss.as<float>(),
-               dprobs.as<float>(), dl.as<const float>(), dt_.as<const std::int32_t>(), N, V);
-    compare_rel("softmax_xent_fwd losses", r.down<float>(dloss, N), loss, 1e-5, 1e-5);
-    compare_rel("softmax_xent_fwd probs", r.down<float>(dprobs, N * V), probs, 1e-9, 1e-5);
-    std::vector<float> dlog(N * V);
-    r.cpu.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dlog.data(),
-               static_cast<const float*>(probs.data()),
-               static_cast<const std::int32_t*>(tgt.data()), 1.0f / N, N, V);
-    auto dp = r.up(probs);
-    dt::Device::Buffer dd(r.gpu, N * V * 4);
-    r.gpu.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dd.as<float>(),
-               dp.as<const float>(), dt_.as<const std::int32_t>(), 1.0f / N, N, V);
-    compare_rel("softmax_xent_bwd", r.down<float>(dd, N * V), dlog, 0, 2 * kU);
+    check_xent(r, BT, V, tgt, "", 1e-9, 1.0f / BT);
   }
 }
 
@@ -424,8 +448,8 @@ void test_optim_and_mixed(Rig& r) {
       std::vector<dt::Device::Buffer>* gpu;
       double atol;
     };
-    for (const Part& part : {Part{"params", &P, &dP, 1e-7}, Part{"m", &M, &dM, 1e-7},
-                             Part{"v", &Vv, &dV, 1e-9}}) {
+    for (const Part& part :
+         {Part{"params", &P, &dP, 1e-7}, Part{"m", &M, &dM, 1e-7}, Part{"v", &Vv, &dV, 1e-9}}) {
       std::vector<float> all_c, all_g;
       for (std::size_t k = 0; k < sizes.size(); ++k) {
         auto got = r.down<float>((*part.gpu)[k], sizes[k]);
@@ -500,8 +524,8 @@ void test_optim_and_mixed(Rig& r) {
       const auto got = r.down<float>(dz, n);
       bool same = true;
       for (int64_t i = 0; i < n; ++i)
-        same = same && (std::memcmp(&got[i], &zc[i], 4) == 0 ||
-                        (std::isnan(got[i]) && std::isnan(zc[i])));
+        same = same &&
+               (std::memcmp(&got[i], &zc[i], 4) == 0 || (std::isnan(got[i]) && std::isnan(zc[i])));
       report(std::string("scale_check_finite values, ") + bad_names[k], same);
       report(std::string("scale_check_finite flag, ") + bad_names[k],
              r.down<std::int32_t>(flag, 1)[0] == 1 && zf == 1);
@@ -590,14 +614,15 @@ void test_gemm_ex_forms(Rig& r) {
         // they were (bit for bit).
         const double ulp = ct == DT_HAL_F32 ? 0x1p-23 : 0x1p-7;
         compare(std::string("gemm_ex bf16 -> ") + (ct == DT_HAL_F32 ? "f32" : "bf16") +
-                    " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
-                    " beta=1, ld +3",
+                    " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " beta=1, ld +3",
                 got, ref, [&](std::size_t i) {
-                  const int64_t row = static_cast<int64_t>(i) / ldc, col = static_cast<int64_t>(i) % ldc;
+                  const int64_t row = static_cast<int64_t>(i) / ldc,
+                                col = static_cast<int64_t>(i) % ldc;
                   if (col >= N) return 0.0;
                   double mag = std::fabs(Cw[i]);
                   for (int64_t k = 0; k < K; ++k)
-                    mag += 0.5 * std::fabs(static_cast<double>(ta ? Aw[k * lda + row] : Aw[row * lda + k]) *
+                    mag += 0.5 * std::fabs(static_cast<double>(ta ? Aw[k * lda + row]
+                                                                  : Aw[row * lda + k]) *
                                            (tb ? Bw[col * ldb + k] : Bw[k * ldb + col]));
                   return 2.0 * (K + 2) * kU * mag + ulp * std::fabs(ref[i]) + 1e-30;
                 });
@@ -607,44 +632,10 @@ void test_gemm_ex_forms(Rig& r) {
 // Sizes past one block's threads and one grid: a GPT-2 vocabulary in the softmax rows, a long
 // single-head sequence in attention.
 void test_large_shapes(Rig& r) {
-  {
-    const int64_t N = 3, V = 50257;
-    auto logits = r.rand(N * V, -8, 8);
-    std::vector<std::int32_t> tgt = {0, 25000, static_cast<std::int32_t>(V - 1)};
-    std::vector<float> loss(N), probs(N * V);
-    r.cpu.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", loss.data(), probs.data(),
-               static_cast<const float*>(logits.data()),
-               static_cast<const std::int32_t*>(tgt.data()), N, V);
-    auto dl = r.up(logits), dtg = r.up(tgt);
-    dt::Device::Buffer dloss(r.gpu, N * 4), dprobs(r.gpu, N * V * 4);
-    r.gpu.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", dloss.as<float>(),
-               dprobs.as<float>(), dl.as<const float>(), dtg.as<const std::int32_t>(), N, V);
-    compare_rel("softmax_xent_fwd losses, V = 50257", r.down<float>(dloss, N), loss, 1e-5, 1e-5);
-    compare_rel("softmax_xent_fwd probs, V = 50257", r.down<float>(dprobs, N * V), probs, 1e-12,
-                1e-4);
-    std::vector<float> dlog(N * V);
-    r.cpu.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dlog.data(),
-               static_cast<const float*>(probs.data()),
-               static_cast<const std::int32_t*>(tgt.data()), 0.5f, N, V);
-    auto dp = r.up(probs);
-    dt::Device::Buffer dd(r.gpu, N * V * 4);
-    r.gpu.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dd.as<float>(),
-               dp.as<const float>(), dtg.as<const std::int32_t>(), 0.5f, N, V);
-    compare_rel("softmax_xent_bwd, V = 50257", r.down<float>(dd, N * V), dlog, 0, 2 * kU);
-  }
-  {
-    const int64_t B = 1, T = 300, Cc = 16, NH = 1;
-    auto qkv = r.rand(B * T * 3 * Cc);
-    std::vector<float> out(B * T * Cc), att(B * NH * T * T);
-    r.cpu.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", out.data(), att.data(),
-               static_cast<const float*>(qkv.data()), B, T, Cc, NH);
-    auto dq = r.up(qkv);
-    dt::Device::Buffer dout(r.gpu, out.size() * 4), datt(r.gpu, att.size() * 4);
-    r.gpu.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", dout.as<float>(), datt.as<float>(),
-               dq.as<const float>(), B, T, Cc, NH);
-    compare_rel("attention_fwd att, T = 300", r.down<float>(datt, att.size()), att, 1e-6, 1e-5);
-    compare_rel("attention_fwd out, T = 300", r.down<float>(dout, out.size()), out, 1e-5, 1e-5);
-  }
+  check_xent(r, 3, 50257, {0, 25000, 50256}, ", V = 50257", 1e-12, 0.5f);
+  std::vector<float> out, att;
+  dt::Device::Buffer dq, datt;
+  check_attention_fwd(r, 1, 300, 16, 1, r.rand(300 * 3 * 16), ", T = 300", out, att, dq, datt);
 }
 
 // Capture on a stream of the caller's: cuBLAS (fp32 and bf16 tensor-core products) and the layer
@@ -653,8 +644,7 @@ void test_large_shapes(Rig& r) {
 void test_capture_kernels(Rig& r) {
   const auto& t = r.gpu.table2();
   const int64_t N = 64, C = 96, T = 16, NH = 4, B = N / T, V = 80;
-  auto x = r.rand(N * C), W = r.rand(3 * C * C), lw = r.rand(C), lb = r.rand(C),
-       H = r.rand(V * C);
+  auto x = r.rand(N * C), W = r.rand(3 * C * C), lw = r.rand(C), lb = r.rand(C), H = r.rand(V * C);
   std::vector<std::int32_t> tgt(N);
   for (auto& v : tgt) v = static_cast<std::int32_t>(r.rng() % V);
   auto dx = r.up(x), dW = r.up(W), dlw = r.up(lw), dlb = r.up(lb), dH = r.up(H), dtg = r.up(tgt);
@@ -666,8 +656,8 @@ void test_capture_kernels(Rig& r) {
   // head and the loss.
   auto work = [&] {
     r.gpu.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", ln.as<float>(), mean.as<float>(),
-               rstd.as<float>(), dx.as<const float>(), dlw.as<const float>(),
-               dlb.as<const float>(), N, C);
+               rstd.as<float>(), dx.as<const float>(), dlw.as<const float>(), dlb.as<const float>(),
+               N, C);
     r.gpu.call(&dt_hal_v1_t::gemm, "gemm", 0, 1, N, 3 * C, C, 1.0f, ln.as<const float>(), C,
                dW.as<const float>(), C, 0.0f, qkv.as<float>(), 3 * C);
     r.gpu.call(&dt_hal_v2_t::cast, "cast", w16.get(), DT_HAL_BF16,
@@ -675,8 +665,8 @@ void test_capture_kernels(Rig& r) {
     r.gpu.call(&dt_hal_v2_t::cast, "cast", x16.get(), DT_HAL_BF16,
                static_cast<const void*>(ln.get()), DT_HAL_F32, N * C);
     r.gpu.call(&dt_hal_v2_t::gemm_ex, "gemm_ex", 0, 1, N, 3 * C, C, 1.0f,
-               static_cast<const void*>(x16.get()), C, static_cast<const void*>(w16.get()), C,
-               0.0f, qkv2.get(), 3 * C, DT_HAL_BF16, DT_HAL_F32);
+               static_cast<const void*>(x16.get()), C, static_cast<const void*>(w16.get()), C, 0.0f,
+               qkv2.get(), 3 * C, DT_HAL_BF16, DT_HAL_F32);
     r.gpu.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", y.as<float>(), att.as<float>(),
                qkv.as<const float>(), B, T, C, NH);
     r.gpu.call(&dt_hal_v1_t::gemm, "gemm", 0, 1, N, V, C, 1.0f, y.as<const float>(), C,
@@ -711,9 +701,10 @@ void test_capture_kernels(Rig& r) {
     }
     t.graph_destroy(r.gpu.ctx(), graph);
   }
-  report("layer kernels and cuBLAS captured on a caller's stream (3 captures x 2 replays) equal "
-         "eager launches",
-         same);
+  report(
+      "layer kernels and cuBLAS captured on a caller's stream (3 captures x 2 replays) equal "
+      "eager launches",
+      same);
   // Refused inside a capture, with DT_HAL_ERR_UNSUPPORTED, each in a capture of its own.
   struct Refusal {
     const char* what;
@@ -724,9 +715,7 @@ void test_capture_kernels(Rig& r) {
   void* mem = nullptr;
   const Refusal refusals[] = {
       {"copy to the host",
-       [&] {
-         return t.v1.copy(r.gpu.ctx(), host.data(), y.get(), 64, DT_HAL_DEVICE_TO_HOST);
-       }},
+       [&] { return t.v1.copy(r.gpu.ctx(), host.data(), y.get(), 64, DT_HAL_DEVICE_TO_HOST); }},
       {"sum_squares", [&] { return t.v1.sum_squares(r.gpu.ctx(), y.as<const float>(), 16, &ss); }},
       {"alloc", [&] { return t.v1.alloc(r.gpu.ctx(), 1024, &mem); }},
       {"synchronize", [&] { return t.v1.synchronize(r.gpu.ctx()); }},
