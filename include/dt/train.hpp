@@ -99,6 +99,7 @@ struct TrainConfig {
   RankSite site;  ///< where this rank runs (set by the app from the runtime)
   // mixed precision
   std::string dtype = "fp32";  ///< fp32 | bf16 | fp16: storage of the compute weights and gradients
+  std::string grad_reduce = "fp32";  ///< fp32 | bf16: what the data-parallel gradient all_reduce carries
   double loss_scale_initial = 65536;
   std::int64_t loss_scale_growth_interval = 2000;
   int loss_scale_hysteresis = 1;
@@ -143,6 +144,7 @@ struct StepStats {
 };
 
 class GradBuckets;
+struct GradWire;
 class LossScaler;
 namespace security {
 class Keys;
@@ -263,6 +265,7 @@ class Trainer {
   /// device's (device memory, unsealed), else shared memory (allreduce != mpi; on host memory
   /// with an arena of `numel` floats that *storage gets, for the gradients) or an MPI split;
   /// device tensors reach a host communicator through StagedComm.
+  GradWire grad_wire() const;  // train.grad-reduce for GradBuckets
   std::unique_ptr<Comm> make_grad_comm(Comm& group, std::size_t numel,
                                        const security::SealedCommOptions& sealed,
                                        const security::Tamper& tamper, bool tamper_collectives,

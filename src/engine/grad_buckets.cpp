@@ -31,13 +31,22 @@ std::vector<Bucket> plan_buckets(const std::vector<ParamInfo>& params, std::size
 }
 
 GradBuckets::GradBuckets(Comm& comm, float* grads, const std::vector<ParamInfo>& params,
-                         std::size_t bucket_bytes)
+                         std::size_t bucket_bytes, GradWire wire)
     : comm_(comm),
       grads_(grads),
       plan_(plan_buckets(params, bucket_bytes)),
       bucket_of_(params.size(), -1),
       missing_(plan_.size()),
-      final_(params.size(), 0) {
+      final_(params.size(), 0),
+      wire_(wire) {
+  DT_CHECK(InvalidArgument, wire_.type == DType::f32 || (wire_.type == DType::bf16 && wire_.dev),
+           "gradient buckets: the all_reduce carries f32, or bf16 with a device to cast on; got ",
+           dtype_name(wire_.type), wire_.dev ? "" : " without a device");
+  if (wire_.type != DType::f32) {
+    std::size_t end = 0;
+    for (const Bucket& b : plan_) end = std::max(end, b.end);
+    wire_buf_ = Device::Buffer(*wire_.dev, std::max<std::size_t>(end, 1) * dtype_size(wire_.type));
+  }
   for (std::size_t b = 0; b < plan_.size(); ++b) {
     for (std::size_t i = plan_[b].first_param; i < plan_[b].end_param; ++i)
       bucket_of_[i] = static_cast<int>(b);
@@ -63,12 +72,24 @@ void GradBuckets::ready(std::size_t first, std::size_t end) {
 void GradBuckets::launch_ready() {
   while (next_ < plan_.size() && missing_[next_] == 0) {
     const Bucket& b = plan_[next_];
-    TensorView v{grads_ + b.begin, b.end - b.begin, DType::f32};
-    std::string what = "gradient bucket " + std::to_string(next_) + " (" + std::to_string(v.numel) +
-                       " floats) all_reduce on " + comm_.name();
+    float* g = grads_ + b.begin;
+    const std::size_t n = b.end - b.begin;
+    const bool narrow = wire_.type != DType::f32;
+    TensorView v{narrow ? static_cast<void*>(wire_buf_.as<std::uint16_t>() + b.begin)
+                        : static_cast<void*>(g),
+                 n, wire_.type};
+    std::string what = "gradient bucket " + std::to_string(next_) + " (" + std::to_string(n) +
+                       " floats" + (narrow ? std::string(" as ") + dtype_name(wire_.type) : "") +
+                       ") all_reduce on " + comm_.name();
     Comm* c = &comm_;
     const bool shm = dynamic_cast<ShmComm*>(c) != nullptr;
-    works_.push_back(queue_->submit(std::move(what), [c, v, shm] {
+    const Device* dev = wire_.dev;
+    works_.push_back(queue_->submit(std::move(what), [c, v, g, n, narrow, shm, dev] {
+      const dt_hal_dtype lp = narrow ? hal_dtype(v.dtype) : DT_HAL_F32;
+      const auto count = static_cast<std::int64_t>(n);
+      if (narrow)
+        dev->call(&dt_hal_v2_t::cast, "cast", v.data, lp, static_cast<const void*>(g), DT_HAL_F32,
+                  count);
       if (shm) {
         c->all_reduce(v, ReduceOp::sum);  // waits by yielding or sleeping, never spins long
       } else {
@@ -77,6 +98,9 @@ void GradBuckets::launch_ready() {
         // polls (Work::wait with a limit does). The limit is only there to get that form.
         c->iall_reduce(v, ReduceOp::sum).wait(Millis(std::int64_t{1} << 40));
       }
+      if (narrow)
+        dev->call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(g), DT_HAL_F32,
+                  static_cast<const void*>(v.data), lp, count);
     }));
     ++next_;
   }

@@ -10,6 +10,11 @@
 // Results: each element is reduced by exactly one all_reduce whatever the bucket size; with
 // dt::ShmComm the reduction order per element is fixed, so any bucket size gives the same bits.
 //
+// GradWire (train.grad-reduce=bf16): each bucket is rounded to bf16 into a 16-bit copy on the
+// device (the device's cast, on the progress thread), all-reduced as bf16 (summed in float,
+// rounded once per reduction step, as dt::Comm defines bf16 sums), and widened back into the
+// fp32 gradients: half the bytes on the wire for 2 bytes per gradient of device memory.
+//
 // `comm` must be used by nothing else while buckets are in flight (it is driven from the progress
 // thread). Failures of an all_reduce are rethrown by finish().
 #pragma once
@@ -20,6 +25,7 @@
 
 #include "comm/progress.hpp"
 #include "dt/comm.hpp"
+#include "dt/device.hpp"
 #include "dt/gpt.hpp"
 
 namespace dt {
@@ -29,16 +35,25 @@ struct Bucket {
   std::size_t first_param = 0, end_param = 0;  ///< parameter indices [first, end)
 };
 
+/// What the all_reduce carries: f32 (the gradients themselves) or bf16 (a rounded copy, made and
+/// widened back by `dev`'s cast).
+struct GradWire {
+  DType type = DType::f32;
+  const Device* dev = nullptr;
+};
+
 /// The bucket plan (same on every rank): buckets in the order they are reduced.
 std::vector<Bucket> plan_buckets(const std::vector<ParamInfo>& params, std::size_t bucket_bytes);
 
 class GradBuckets {
  public:
   GradBuckets(Comm& comm, float* grads, const std::vector<ParamInfo>& params,
-              std::size_t bucket_bytes);
+              std::size_t bucket_bytes, GradWire wire = {});
   ~GradBuckets();
 
   const std::vector<Bucket>& plan() const noexcept { return plan_; }
+  /// Device memory of the 16-bit copy (0 for f32).
+  std::size_t wire_bytes() const noexcept { return wire_buf_.bytes(); }
   /// Parameters [first, end) are final for this step.
   void ready(std::size_t first, std::size_t end);
   /// Queues what is not queued yet, waits for every bucket (dt::CommError after `timeout`), and
@@ -55,6 +70,8 @@ class GradBuckets {
   std::vector<char> final_;           // per parameter
   std::size_t next_ = 0;              // first bucket not queued yet
   std::vector<Work> works_;
+  GradWire wire_;
+  Device::Buffer wire_buf_;  // bf16: the rounded copy of the whole gradient buffer
   std::unique_ptr<ProgressQueue> queue_;
 };
 

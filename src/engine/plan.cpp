@@ -110,8 +110,11 @@ Plan build(const PlanRequest& r, Layout l) {
       m.params = static_cast<double>(z.params);
       m.grads = static_cast<double>(z.grads);
       m.optim = static_cast<double>(z.optimizer);
-    } else if (r.low_precision) {
-      m.optim += m.params;  // the fp32 master copy next to the 16-bit-rounded working weights
+    } else {
+      if (r.low_precision)
+        m.optim += m.params;  // the fp32 master copy next to the 16-bit-rounded working weights
+      if (r.grad_wire16 && l.dp > 1)
+        m.grads += m.params / 2;  // the bf16 copy of the gradients the all_reduce carries
     }
     if (r.low_precision)  // the two 16-bit operand buffers of the matrix products
       m.activations += 2.0 * 2.0 * static_cast<double>(graph::gemm_operand_elements(sg));

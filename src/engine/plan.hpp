@@ -22,6 +22,7 @@ struct PlanRequest {
   std::size_t bucket_bytes = 0;  ///< train.bucket-mb (ZeRO-1's buckets)
   bool automatic = false;        ///< parallel.auto
   bool low_precision = false;    ///< train.dtype bf16/fp16: fp32 master copy, 16-bit GEMM operands
+  bool grad_wire16 = false;      ///< train.grad-reduce=bf16: a 16-bit copy of the gradients (dp > 1)
   double mem_limit = 0;          ///< bytes per rank (0: none)
   int world = 1;
   int ranks_per_node = 1;        ///< smallest number of ranks on a node

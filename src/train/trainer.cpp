@@ -193,8 +193,13 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("train.dtype", &c.dtype, "fp32",
            "precision of the compute copy of the weights and of the gradients: fp32, bf16 or "
            "fp16 (fp32 master weights and optimizer state; fp16 with dynamic loss scaling; "
-           "gradients are reduced in fp32)",
+           "gradients are reduced in fp32 unless train.grad-reduce says otherwise)",
            {"fp32", "bf16", "fp16"})
+      .add("train.grad-reduce", &c.grad_reduce, "fp32",
+           "precision the data-parallel gradient all_reduce carries: fp32, or bf16 (each bucket "
+           "rounded to bf16, summed in float and rounded at each step of the reduction, and "
+           "widened back: half the traffic; not with parallel.zero)",
+           {"fp32", "bf16"})
       .add("loss-scale.initial", &c.loss_scale_initial, 65536.0,
            "train.dtype=fp16: the first loss scale", 1e-30, 1e30)
       .add("loss-scale.growth-interval", &c.loss_scale_growth_interval, 2000,
@@ -273,6 +278,10 @@ TokenFile validate_and_load(TrainConfig& c) {
              c.seal != "off" ? "--security.seal=" + c.seal : std::string("--ckpt.encrypt"));
     security::load_key_file(c.key_file);  // refused here, naming the file and its mode
   }
+  DT_CHECK(ConfigError, c.grad_reduce == "fp32" || c.par_zero == 0,
+           "option --train.grad-reduce=", c.grad_reduce,
+           " applies to the all_reduce of unsharded data parallelism; parallel.zero = ", c.par_zero,
+           " reduce-scatters the gradients in fp32 (use train.grad-reduce=fp32)");
   DT_CHECK(ConfigError, c.optim.min_lr <= c.optim.lr, "option --optim.min-lr: ", c.optim.min_lr,
            " is above --optim.lr=", c.optim.lr);
   if (c.optim.decay_steps == 0) c.optim.decay_steps = c.steps;
@@ -347,6 +356,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   pr.bucket_bytes = bucket_bytes();
   pr.automatic = c_.par_auto;
   pr.low_precision = c_.dtype != "fp32";
+  pr.grad_wire16 = c_.grad_reduce != "fp32";
   pr.mem_limit = parse_bytes(c_.mem_limit, "mem.limit");
   pr.world = comm_.size();
   pr.ranks_per_node = comm_.size();
@@ -366,6 +376,10 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   DT_CHECK(ConfigError, dev_.host_memory() || c_.par_zero == 0, "device '", dev_.name(),
            "' keeps tensors in device memory, where sharded data parallelism does not run yet "
            "(parallel.zero = ", c_.par_zero, "; use parallel.zero = 0)");
+  DT_CHECK(ConfigError,
+           c_.grad_reduce == "fp32" || (dev_.abi_version() >= 2 && dev_.table2().cast != nullptr),
+           "option --train.grad-reduce=", c_.grad_reduce, ": device '", dev_.name(), "' (",
+           dev_.origin(), ") has no cast kernel to round the gradients with");
   if (graph_engine || c_.print_plan) mesh_ = std::make_unique<DeviceMesh>(comm_, L, sites);
   if (c_.print_plan) return;  // nothing is allocated: print_plan() is all this trainer does
   if (c_.seal != "off" || c_.ckpt_encrypt)
@@ -413,9 +427,8 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
     }
     model_ = std::make_unique<Gpt>(dev_, c_.model, static_cast<int>(micro_), grad_storage);
     if (n > 1)
-      buckets_ = std::make_unique<GradBuckets>(
-          *grad_comm_, model_->grad_data(), model_->params(),
-          bucket_bytes());
+      buckets_ = std::make_unique<GradBuckets>(*grad_comm_, model_->grad_data(), model_->params(),
+                                               bucket_bytes(), grad_wire());
     model_->init(static_cast<std::uint64_t>(c_.seed));
     opt_ = std::make_unique<AdamW>(dev_, model_->params(), model_->num_params());
   }
@@ -526,9 +539,8 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
     unique_.push_back((split || mc.tp == 0) && !(t.tied && mc.pp != 0));
   }
   if (L.dp > 1 && !zero_)
-    buckets_ = std::make_unique<GradBuckets>(
-        *grad_comm_, engine_->grad_data(), engine_->params(),
-        bucket_bytes());
+    buckets_ = std::make_unique<GradBuckets>(*grad_comm_, engine_->grad_data(), engine_->params(),
+                                             bucket_bytes(), grad_wire());
   if (zero_) {
     engine_->set_unit_hooks(zero_->units(), zero_->hooks());
     // Each data-parallel rank holds other pieces: count every piece of a tensor this rank's
@@ -614,6 +626,15 @@ void Trainer::init_weights() {
 }
 
 Trainer::~Trainer() { drop_graph(); }
+
+GradWire Trainer::grad_wire() const {
+  GradWire w;
+  if (c_.grad_reduce == "bf16") {
+    w.type = DType::bf16;
+    w.dev = &dev_;
+  }
+  return w;
+}
 
 std::unique_ptr<Comm> Trainer::make_grad_comm(Comm& group, std::size_t numel,
                                               const security::SealedCommOptions& sealed,
@@ -1443,7 +1464,7 @@ void Trainer::report_memory() {
   } else {
     const std::size_t n = engine_ ? engine_->num_params() : model_->num_params();
     m.params = n * f;
-    m.grads = n * f;
+    m.grads = n * f + (buckets_ ? buckets_->wire_bytes() : 0);
     m.optimizer = (2 + (low_precision() ? 1 : 0)) * n * f;
   }
   const std::size_t act = engine_ ? engine_->activation_bytes() : model_->activation_bytes();

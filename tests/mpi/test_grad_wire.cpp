@@ -1,0 +1,151 @@
+// dt::GradBuckets with a bf16 wire (train.grad-reduce=bf16), on every rank count, over MPI and
+// over shared memory with the gradients in the arena, on the CPU device and on a device whose
+// memory faults on host access (test-plugins/libdt_hal_devmem.so, staged through the host).
+//
+// Each rank's gradient element is k + d: k a small nonzero integer that depends on the rank and
+// the element, d a fraction far below half a bf16 ulp of k. Rounded to bf16 every value is k
+// exactly, and every partial sum of the k is an integer below 256, so bf16 arithmetic is exact:
+// after the reduction each element must be exactly the integer sum of the k over the ranks. An
+// fp32 reduction leaves the sum of the d on top (so a wire that was not applied fails), and an
+// element that was never widened back keeps its own k + d.
+//
+//   mpiexec -n N test_grad_wire TEST_PLUGIN_DIR
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "check_harness.hpp"
+#include "comm/mpi_comm.hpp"
+#include "comm/shm_comm.hpp"
+#include "comm/staged_comm.hpp"
+#include "dt/device.hpp"
+#include "dt/gpt.hpp"
+#include "engine/grad_buckets.hpp"
+
+namespace {
+
+using dt_test::H;
+using dt_test::str;
+
+int k_of(int rank, std::size_t i) {
+  const int k = 1 + static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 5) % 20);
+  return (i + static_cast<std::size_t>(rank)) % 3 == 0 ? -k : k;
+}
+float value_of(int rank, std::size_t i) {
+  // |d| < 0.002, under half the bf16 ulp of any |k| >= 1 (2^-8 at 1).
+  const float d = 0.0019f * static_cast<float>(static_cast<int>((i * 13 + 3) % 17) - 8) / 8.0f;
+  return static_cast<float>(k_of(rank, i)) + (d == 0.0f ? 0.0015f : d);
+}
+
+// A parameter table of mixed sizes (several buckets at 4 KiB, one larger than a bucket).
+std::vector<dt::ParamInfo> table() {
+  std::vector<dt::ParamInfo> t;
+  std::size_t off = 0;
+  for (std::size_t n : {std::size_t{300}, std::size_t{7}, std::size_t{2500}, std::size_t{1},
+                        std::size_t{1024}, std::size_t{999}}) {
+    dt::ParamInfo p;
+    p.name = "p" + std::to_string(t.size());
+    p.shape = {static_cast<std::int64_t>(n)};
+    p.offset = off;
+    p.numel = n;
+    t.push_back(p);
+    off += n;
+  }
+  return t;
+}
+
+// grads: host-visible when `dev` is host memory, else a device pointer reached through copies.
+void run(dt::Comm& comm, const dt::Device& dev, float* grads, const std::string& what) {
+  const auto params = table();
+  const std::size_t n = params.back().offset + params.back().numel;
+  const int r = comm.rank(), p = comm.size();
+  std::vector<float> host(n);
+  for (std::size_t i = 0; i < n; ++i) host[i] = value_of(r, i);
+  auto put = [&] {
+    dev.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(grads),
+             static_cast<const void*>(host.data()), n * sizeof(float), DT_HAL_HOST_TO_DEVICE);
+  };
+  auto get = [&] {
+    std::vector<float> out(n);
+    dev.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(out.data()),
+             static_cast<const void*>(grads), n * sizeof(float), DT_HAL_DEVICE_TO_HOST);
+    return out;
+  };
+  auto expect_sums = [&](const std::vector<float>& got, const std::string& label) {
+    std::size_t bad = 0, first = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      int want = 0;
+      for (int q = 0; q < p; ++q) want += k_of(q, i);
+      if (got[i] != static_cast<float>(want) && bad++ == 0) first = i;
+    }
+    H.expect(bad == 0, str(what, ": ", label),
+             str(bad, " of ", n, " elements differ; first [", first, "] = ", got[first]));
+  };
+  dt::GradWire wire;
+  wire.type = dt::DType::bf16;
+  wire.dev = &dev;
+  dt::GradBuckets buckets(comm, grads, params, 4096, wire);
+  H.expect(buckets.plan().size() > 2, str(what, ": several buckets"), "");
+  H.expect(buckets.wire_bytes() == n * 2, str(what, ": the 16-bit copy holds every gradient"),
+           str(buckets.wire_bytes(), " bytes"));
+  // Two steps: parameters reported in backward order in two halves, then all at once.
+  put();
+  buckets.ready(params.size() / 2, params.size());
+  buckets.ready(0, params.size() / 2);
+  buckets.finish(dt::Millis(120000));
+  expect_sums(get(), "bf16 sums of every bucket, parameters ready in two halves");
+  put();
+  buckets.finish(dt::Millis(120000));  // finish queues whatever was not reported ready
+  expect_sums(get(), "bf16 sums again in the next step, queued by finish");
+  // The same reduction in fp32 keeps the fractions: the wire above did round.
+  if (p > 1) {
+    dt::GradBuckets plain(comm, grads, params, 4096);
+    put();
+    plain.finish(dt::Millis(120000));
+    const std::vector<float> got = get();
+    int want0 = 0;
+    for (int q = 0; q < p; ++q) want0 += k_of(q, 0);
+    H.expect(got[0] != static_cast<float>(want0),
+             str(what, ": an fp32 reduction of the same values is not an integer"), str(got[0]));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return dt_test::mpi_test_main(argc, argv, "grad_wire", 1, "TEST_PLUGIN_DIR", [](char** args) {
+    const std::size_t n = table().back().offset + table().back().numel;
+    const dt::Device cpu = dt::Device::open("cpu", "");
+    {  // MPI, host memory
+      auto world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
+      std::vector<float> g(n);
+      run(*world, cpu, g.data(), "cpu, MPI");
+    }
+    {  // shared memory with the gradients in its arena (as dt_train places them)
+      auto world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
+      dt::ShmConfig sc;
+      sc.arena_bytes = n * sizeof(float);
+      auto shm = dt::ShmComm::create(*world, "grads", sc);
+      run(*shm, cpu, static_cast<float*>(shm->arena()), "cpu, shared memory arena");
+    }
+    {  // device memory: the cast runs on the device, the reduction is staged through the host
+      const dt::Device dev = dt::Device::open("devmem", args[1]);
+      dt::StagedComm staged(dev, dt::MpiComm::dup(MPI_COMM_WORLD, "staged-host"));
+      dt::Device::Buffer g(dev, n * sizeof(float));
+      run(staged, dev, g.as<float>(), "devmem, staged");
+    }
+    // A wire the buckets cannot carry is refused, naming it.
+    bool refused = false;
+    try {
+      auto world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
+      std::vector<float> g(n);
+      dt::GradWire w;
+      w.type = dt::DType::bf16;  // no device to cast on
+      dt::GradBuckets b(*world, g.data(), table(), 4096, w);
+    } catch (const dt::InvalidArgument& e) {
+      refused = dt_test::contains(e.what(), "without a device");
+    }
+    H.expect(refused, "a bf16 wire without a device is refused", "");
+  });
+}
