@@ -15,10 +15,10 @@
 //
 // Asynchrony: every entry enqueues on the context's current stream and returns; copies to the
 // host wait for their data (so a host buffer may be read on return), and copies from the host
-// return once the host buffer may be reused. Graph capture follows the CPU device's rules: copies
-// to the host, sum_squares, synchronize and alloc are refused with DT_HAL_ERR_UNSUPPORTED while
-// the current stream is capturing. Any thread may call: each entry makes the context's GPU
-// current. Token and target indices are checked on the device: a kernel that meets one out of
+// return once the host buffer may be reused. While the current stream is being captured (by any
+// thread: work on a capturing stream joins the graph), copies to the host, sum_squares,
+// synchronize and alloc are refused with DT_HAL_ERR_UNSUPPORTED, as the CPU device refuses them.
+// Any thread may call: each entry makes the context's GPU current. Token and target indices are checked on the device: a kernel that meets one out of
 // range skips it and records it, and the next synchronize() returns DT_HAL_ERR_INVALID naming
 // the entry, the position and the value (the check cannot be synchronous without a host wait).
 #include <cublas_v2.h>

@@ -92,9 +92,9 @@ struct NcclComm::State {
     cudaEvent_t done;
   };
   std::vector<PendingP2p> pending;
-  std::atomic<bool> aborted{false};    // an operation failed: every later call throws
-  std::atomic<bool> timed_out{false};  // a Work timed out: its kernel may never finish
-  bool comm_aborted = false;           // ncclCommAbort ran (under mu)
+  std::atomic<bool> aborted{false};       // an operation failed: every later call throws
+  std::atomic<bool> timed_out{false};     // a Work timed out: its kernel may never finish
+  std::atomic<bool> comm_aborted{false};  // ncclCommAbort ran: `comm` is gone
 
   // Under mu: this communicator's stream waits for what the caller's stream holds now.
   void order_after_caller() {
@@ -130,14 +130,14 @@ struct NcclComm::State {
     flush_p2p_locked();
   }
 
-  // Ends the communicator at once after a failure, so no NCCL kernel stays stuck on a stream.
+  // Ends the communicator after a failure, so no NCCL kernel stays stuck on a stream. Not under
+  // mu: an enqueue holding it may itself be stuck waiting for the dead peer, which this ends.
+  // Every use of `comm` checks `aborted` first (set before the abort).
   void abort() {
     aborted = true;
-    std::lock_guard<std::mutex> lock(mu);
-    if (comm && !comm_aborted) {
+    if (comm && !comm_aborted.exchange(true)) {
       cudaSetDevice(device);
       ncclCommAbort(comm);
-      comm_aborted = true;
     }
   }
   ~State() {
@@ -192,6 +192,12 @@ class NcclWork final : public WorkImpl {
       }
       flush_ = nullptr;
     }
+    // After a failure anywhere on the communicator (a group this operation was part of may never
+    // have been handed to NCCL, and an unrecorded event reads as complete) nothing completes.
+    if (state_->aborted) {
+      state_->abort();
+      fail("the communicator was aborted after a failure of another operation");
+    }
     cudaSetDevice(state_->device);
     const cudaError_t e = cudaEventQuery(ev_);
     if (e == cudaSuccess) {
@@ -202,9 +208,8 @@ class NcclWork final : public WorkImpl {
       fail(std::string("the CUDA stream failed: ") + cudaGetErrorString(e));
     }
     ncclResult_t async = ncclSuccess;
-    if (state_->aborted) fail("the communicator was aborted after a failure of another operation");
-    if (ncclCommGetAsyncError(state_->comm, &async) == ncclSuccess && async != ncclSuccess &&
-        async != ncclInProgress) {
+    if (!state_->aborted && ncclCommGetAsyncError(state_->comm, &async) == ncclSuccess &&
+        async != ncclSuccess && async != ncclInProgress) {
       state_->abort();
       fail(std::string("NCCL reported ") + ncclGetErrorString(async));
     }
@@ -318,7 +323,10 @@ Work NcclComm::enqueue(const char* op, ConstTensorView v, const std::function<in
   state_->flush_p2p_locked();  // sends and receives issued before this collective go first
   state_->order_after_caller();
   const auto r = static_cast<ncclResult_t>(call(state_->stream));
-  if (r != ncclSuccess) throw_nccl(r, state_->comm, op, rank_, name_, __FILE__, __LINE__);
+  if (r != ncclSuccess) {
+    state_->aborted = true;  // the peers may be inside this collective: nothing can follow
+    throw_nccl(r, state_->comm, op, rank_, name_, __FILE__, __LINE__);
+  }
   cudaEvent_t ev = nullptr;
   DT_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), rank_, name_);
   const cudaError_t e = cudaEventRecord(ev, state_->stream);
@@ -420,6 +428,8 @@ Work NcclComm::ibarrier() {
 
 std::unique_ptr<Comm> NcclComm::split(int color, int key) {
   state_->flush_p2p();
+  DT_CHECK(CommError, !state_->aborted, "split on rank ", rank_, " of ", name_,
+           ": the communicator was aborted after an earlier NCCL failure");
   DT_CUDA(cudaSetDevice(device_), rank_, name_);
   ncclComm_t sub = nullptr;
   DT_NCCL(ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr),

@@ -28,9 +28,11 @@
 //    ring) would otherwise wait in the send for a peer waiting in its own send.
 //  - Failures (a dead peer, a network error) are found by polling ncclCommGetAsyncError while a
 //    Work waits; they throw dt::CommError naming the operation, and the communicator is aborted
-//    at once (ncclCommAbort, so no kernel stays stuck on a stream; every later call throws). A
-//    Work that times out throws dt::CommError and stays pending; the communicator is then aborted,
-//    not destroyed, when it goes away (ncclCommDestroy would wait for the stuck kernel).
+//    there and then (ncclCommAbort, so no kernel stays stuck on a stream). A failed enqueue or
+//    send/receive group marks it aborted, and the next Work that is tested aborts it. Every later
+//    call, and every Work not complete before, throws. A Work that times out throws
+//    dt::CommError and stays pending; the communicator is then aborted, not destroyed, when it
+//    goes away (ncclCommDestroy would wait for the stuck kernel).
 // Costs: one cudaEvent per operation and an event record and stream wait to order it after the
 // caller's stream; a blocking one adds a host wait.
 #pragma once

@@ -278,10 +278,6 @@ TokenFile validate_and_load(TrainConfig& c) {
              c.seal != "off" ? "--security.seal=" + c.seal : std::string("--ckpt.encrypt"));
     security::load_key_file(c.key_file);  // refused here, naming the file and its mode
   }
-  DT_CHECK(ConfigError, c.grad_reduce == "fp32" || c.par_zero == 0,
-           "option --train.grad-reduce=", c.grad_reduce,
-           " applies to the all_reduce of unsharded data parallelism; parallel.zero = ", c.par_zero,
-           " reduce-scatters the gradients in fp32 (use train.grad-reduce=fp32)");
   DT_CHECK(ConfigError, c.optim.min_lr <= c.optim.lr, "option --optim.min-lr: ", c.optim.min_lr,
            " is above --optim.lr=", c.optim.lr);
   if (c.optim.decay_steps == 0) c.optim.decay_steps = c.steps;
@@ -356,7 +352,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   pr.bucket_bytes = bucket_bytes();
   pr.automatic = c_.par_auto;
   pr.low_precision = c_.dtype != "fp32";
-  pr.grad_wire16 = c_.grad_reduce != "fp32";
+  pr.grad_wire16 = c_.grad_reduce == "bf16";
   pr.mem_limit = parse_bytes(c_.mem_limit, "mem.limit");
   pr.world = comm_.size();
   pr.ranks_per_node = comm_.size();
@@ -376,6 +372,12 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   DT_CHECK(ConfigError, dev_.host_memory() || c_.par_zero == 0, "device '", dev_.name(),
            "' keeps tensors in device memory, where sharded data parallelism does not run yet "
            "(parallel.zero = ", c_.par_zero, "; use parallel.zero = 0)");
+  DT_CHECK(ConfigError, c_.grad_reduce == "fp32" || c_.grad_reduce == "bf16",
+           "option --train.grad-reduce: '", c_.grad_reduce, "' is not one of fp32|bf16");
+  DT_CHECK(ConfigError, c_.grad_reduce == "fp32" || c_.par_zero == 0,
+           "option --train.grad-reduce=", c_.grad_reduce,
+           " applies to the all_reduce of unsharded data parallelism; parallel.zero = ", c_.par_zero,
+           " reduce-scatters the gradients in fp32 (use train.grad-reduce=fp32)");
   DT_CHECK(ConfigError,
            c_.grad_reduce == "fp32" || (dev_.abi_version() >= 2 && dev_.table2().cast != nullptr),
            "option --train.grad-reduce=", c_.grad_reduce, ": device '", dev_.name(), "' (",

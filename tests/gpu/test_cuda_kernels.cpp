@@ -689,8 +689,8 @@ void test_capture_kernels(Rig& r) {
   r.gpu.call(&dt_hal_v2_t::set_stream, "set_stream", s);
   bool same = true;
   for (int capture = 0; capture < 3; ++capture) {
-    r.gpu.call(&dt_hal_v1_t::fill_zero, "fill_zero", y.get(), y.bytes());
-    r.gpu.call(&dt_hal_v1_t::fill_zero, "fill_zero", qkv2.get(), qkv2.bytes());
+    for (dt::Device::Buffer* b : {&y, &qkv2, &logits, &probs, &losses})
+      r.gpu.call(&dt_hal_v1_t::fill_zero, "fill_zero", b->get(), b->bytes());
     r.gpu.call(&dt_hal_v2_t::graph_begin, "graph_begin");
     work();
     void* graph = nullptr;

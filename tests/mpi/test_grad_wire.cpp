@@ -7,12 +7,16 @@
 // exactly, and every partial sum of the k is an integer below 256, so bf16 arithmetic is exact:
 // after the reduction each element must be exactly the integer sum of the k over the ranks. An
 // fp32 reduction leaves the sum of the d on top (so a wire that was not applied fails), and an
-// element that was never widened back keeps its own k + d.
+// element that was never widened back keeps its own k + d. Over MPI a recording communicator in
+// between checks what travels: every all_reduce carries bf16, and the buckets' elements add up
+// to the gradients' once per step (so rounding in place and reducing in fp32 fails too).
 //
 //   mpiexec -n N test_grad_wire TEST_PLUGIN_DIR
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "check_harness.hpp"
@@ -27,6 +31,49 @@ namespace {
 
 using dt_test::H;
 using dt_test::str;
+
+// Passes everything to `inner`, recording the dtype and size of each all_reduce.
+class Recording final : public dt::Comm {
+ public:
+  explicit Recording(dt::Comm& inner) : inner_(inner) {}
+  int rank() const noexcept override { return inner_.rank(); }
+  int size() const noexcept override { return inner_.size(); }
+  const std::string& name() const noexcept override { return inner_.name(); }
+  dt::Work iall_reduce(dt::TensorView buf, dt::ReduceOp op) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      seen_.push_back({buf.dtype, buf.numel});
+    }
+    return inner_.iall_reduce(buf, op);
+  }
+  dt::Work ibroadcast(dt::TensorView buf, int root) override {
+    return inner_.ibroadcast(buf, root);
+  }
+  dt::Work iall_gather(dt::ConstTensorView in, dt::TensorView out) override {
+    return inner_.iall_gather(in, out);
+  }
+  dt::Work ireduce_scatter(dt::ConstTensorView in, dt::TensorView out, dt::ReduceOp op) override {
+    return inner_.ireduce_scatter(in, out, op);
+  }
+  dt::Work ibarrier() override { return inner_.ibarrier(); }
+  dt::Work isend(dt::ConstTensorView buf, int dst, int tag) override {
+    return inner_.isend(buf, dst, tag);
+  }
+  dt::Work irecv(dt::TensorView buf, int src, int tag) override {
+    return inner_.irecv(buf, src, tag);
+  }
+  std::unique_ptr<dt::Comm> split(int color, int key) override { return inner_.split(color, key); }
+  /// What was all-reduced since the last call.
+  std::vector<std::pair<dt::DType, std::size_t>> take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(seen_, {});
+  }
+
+ private:
+  dt::Comm& inner_;
+  std::mutex mu_;
+  std::vector<std::pair<dt::DType, std::size_t>> seen_;
+};
 
 int k_of(int rank, std::size_t i) {
   const int k = 1 + static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 5) % 20);
@@ -56,7 +103,9 @@ std::vector<dt::ParamInfo> table() {
 }
 
 // grads: host-visible when `dev` is host memory, else a device pointer reached through copies.
-void run(dt::Comm& comm, const dt::Device& dev, float* grads, const std::string& what) {
+// rec: when given, the recording communicator `comm` is.
+void run(dt::Comm& comm, const dt::Device& dev, float* grads, const std::string& what,
+         Recording* rec = nullptr) {
   const auto params = table();
   const std::size_t n = params.back().offset + params.back().numel;
   const int r = comm.rank(), p = comm.size();
@@ -72,7 +121,18 @@ void run(dt::Comm& comm, const dt::Device& dev, float* grads, const std::string&
              static_cast<const void*>(grads), n * sizeof(float), DT_HAL_DEVICE_TO_HOST);
     return out;
   };
+  auto expect_wire = [&](const std::string& label) {
+    if (!rec) return;
+    std::size_t total = 0, other = 0;
+    for (const auto& [type, count] : rec->take()) {
+      total += count;
+      if (type != dt::DType::bf16) ++other;
+    }
+    H.expect(other == 0 && total == n, str(what, ": ", label, ": every all_reduce carries bf16"),
+             str(other, " of them another dtype; ", total, " of ", n, " elements"));
+  };
   auto expect_sums = [&](const std::vector<float>& got, const std::string& label) {
+    expect_wire(label);
     std::size_t bad = 0, first = 0;
     for (std::size_t i = 0; i < n; ++i) {
       int want = 0;
@@ -117,10 +177,11 @@ int main(int argc, char** argv) {
   return dt_test::mpi_test_main(argc, argv, "grad_wire", 1, "TEST_PLUGIN_DIR", [](char** args) {
     const std::size_t n = table().back().offset + table().back().numel;
     const dt::Device cpu = dt::Device::open("cpu", "");
-    {  // MPI, host memory
+    {  // MPI, host memory, recording what travels
       auto world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
+      Recording rec(*world);
       std::vector<float> g(n);
-      run(*world, cpu, g.data(), "cpu, MPI");
+      run(rec, cpu, g.data(), "cpu, MPI", &rec);
     }
     {  // shared memory with the gradients in its arena (as dt_train places them)
       auto world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
