@@ -882,7 +882,7 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
   meta.tokens = 0;
   meta.optimizer_step = 0;
   meta.data_position = a.step;
-  meta.rng_seed = dt::TrainConfig{}.seed;
+  meta.rng_seed = dt::kDefaultSeed;
   meta.loss_scale = 1.0;
   meta.config = "model.vocab = " + std::to_string(cfg.vocab) +
                 "\nmodel.seq-len = " + std::to_string(cfg.block) +

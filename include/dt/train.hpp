@@ -27,6 +27,9 @@ namespace obs {
 class TrainTelemetry;
 }
 
+/// train.seed's default.
+inline constexpr std::int64_t kDefaultSeed = 1337;
+
 struct TrainConfig {
   GptConfig model;  ///< model.vocab 0: taken from the data file
   std::string data_path;
@@ -35,7 +38,7 @@ struct TrainConfig {
   std::int64_t steps = 100;
   std::int64_t batch = 8;        ///< global sequences per step
   std::int64_t micro_batch = 0;  ///< sequences per forward on a rank; 0: the whole share
-  std::int64_t seed = 1337;
+  std::int64_t seed = kDefaultSeed;
   std::int64_t log_every = 10;
   std::string log_file;          ///< JSON lines per step (rank 0)
   std::int64_t eval_every = 50;  ///< 0: only at the start and the end

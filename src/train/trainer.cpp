@@ -64,7 +64,7 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("train.micro-batch", &c.micro_batch, 0,
            "sequences per forward on one rank (0: the rank's whole share); must divide the share",
            0L, 1L << 30)
-      .add("train.seed", &c.seed, 1337, "seed of the weights and the data order", 0L, (1L << 62))
+      .add("train.seed", &c.seed, kDefaultSeed, "seed of the weights and the data order", 0L, (1L << 62))
       .add("train.log-every", &c.log_every, 10, "steps between progress lines", 1L, 1L << 40)
       .add("train.log-file", &c.log_file, "",
            "append one JSON line per step (full-precision loss, lr, norm, val loss) to this file")
