@@ -8,6 +8,9 @@
 //                            below). Without a usable GPU it prints one "SKIP" line and exits 77,
 //                            which ctest reports as skipped.
 //
+// The plugin is looked for in the build's plugins/ folder, then in $DT_PLUGIN_PATH (where a copy
+// of the build that was moved to another machine keeps it, as perf/gpu_payload.sh packs it).
+//
 // Tolerances: |cuda - cpu| <= atol + rtol |cpu| per element, or bit-exact where both devices do
 // the same IEEE operations in the same order (add, scale, bias_add, embedding_fwd, casts,
 // scale_check_finite). Where the summation order differs (GEMMs, LayerNorm, softmax, column sums)
@@ -16,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -743,7 +747,8 @@ void test_capture_kernels(Rig& r) {
 
 int main(int argc, char** argv) {
   const bool load_only = argc > 1 && std::string(argv[1]) == "--load";
-  const std::string path = DT_PLUGIN_DIR;
+  const char* env = std::getenv("DT_PLUGIN_PATH");
+  const std::string path = std::string(DT_PLUGIN_DIR) + (env && *env ? ":" + std::string(env) : "");
   if (load_only) {
     try {
       dt::Device d = dt::Device::open("cuda", path);
