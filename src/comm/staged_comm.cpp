@@ -1,5 +1,6 @@
 #include "comm/staged_comm.hpp"
 
+#include <cstddef>
 #include <cstdint>
 
 #include "dt/error.hpp"
@@ -22,22 +23,31 @@ class DoneWork final : public WorkImpl {
   int rank_;
 };
 
-// A point-to-point operation on a host copy it owns; a receive copies into the device buffer when
+// A point-to-point operation on a host copy it holds; a receive copies into the device buffer when
 // it completes.
 class StagedP2pWork final : public WorkImpl {
  public:
-  StagedP2pWork(const Device& dev, std::vector<unsigned char> host, void* dst, int rank)
-      : dev_(dev), host_(std::move(host)), dst_(dst), rank_(rank) {}
+  StagedP2pWork(const Device& dev, std::shared_ptr<HostBufferPool> pool, std::size_t bytes,
+                void* dst, int rank)
+      : dev_(dev),
+        pool_(std::move(pool)),
+        host_(pool_->take(bytes)),
+        bytes_(bytes),
+        dst_(dst),
+        rank_(rank) {}
   // A Work may be dropped unfinished (after a timeout): the transport may still use the host copy,
-  // so it is left allocated rather than freed under it.
+  // so it is left allocated rather than freed or reused under it.
   ~StagedP2pWork() override {
-    if (!done_) new std::vector<unsigned char>(std::move(host_));  // deliberately never freed
+    if (done_)
+      pool_->give(std::move(host_));
+    else
+      static_cast<void>(host_.data.release());  // deliberately never freed
   }
   void start(Work inner, std::string what) {
     inner_ = std::move(inner);
     what_ = std::move(what);
   }
-  unsigned char* host() { return host_.data(); }
+  unsigned char* host() { return host_.data.get(); }
   bool test() override { return finish(inner_.test()); }
   bool wait_for(Millis timeout) override {
     inner_.wait(timeout);
@@ -50,14 +60,16 @@ class StagedP2pWork final : public WorkImpl {
   bool finish(bool done) {
     done_ = done_ || done;
     if (done && dst_ != nullptr) {
-      dev_.call(&dt_hal_v1_t::copy, "copy", dst_, static_cast<const void*>(host_.data()),
-                host_.size(), DT_HAL_HOST_TO_DEVICE);
+      dev_.call(&dt_hal_v1_t::copy, "copy", dst_, static_cast<const void*>(host()), bytes_,
+                DT_HAL_HOST_TO_DEVICE);
       dst_ = nullptr;
     }
     return done;
   }
   const Device& dev_;
-  std::vector<unsigned char> host_;
+  std::shared_ptr<HostBufferPool> pool_;
+  HostBufferPool::Buffer host_;
+  std::size_t bytes_;
   void* dst_;
   int rank_;
   Work inner_;
@@ -87,9 +99,41 @@ StagedP2p::StagedP2p(const Device& dev, P2p& host) : dev_(dev), host_(host) {
   name_ = host_.name() + "/staged(" + dev_.name() + ")";
 }
 
+HostBufferPool::Buffer HostBufferPool::take(std::size_t bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto best = free_.end();
+  for (auto it = free_.begin(); it != free_.end(); ++it)
+    if (it->capacity >= bytes && (best == free_.end() || it->capacity < best->capacity)) best = it;
+  if (best != free_.end()) {
+    Buffer b = std::move(*best);
+    free_.erase(best);
+    return b;
+  }
+  ++allocations_;
+  // At least one byte, so an empty message still has a buffer of its own.
+  const std::size_t cap = bytes > 0 ? bytes : 1;
+  return Buffer{std::unique_ptr<unsigned char[]>(new unsigned char[cap]), cap};
+}
+
+void HostBufferPool::give(Buffer b) {
+  if (!b.data) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  free_.push_back(std::move(b));
+  if (free_.size() > kMaxFree) {
+    auto smallest = free_.begin();
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if (it->capacity < smallest->capacity) smallest = it;
+    free_.erase(smallest);
+  }
+}
+
+std::size_t HostBufferPool::allocations() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return allocations_;
+}
+
 Work StagedP2p::isend(ConstTensorView buf, int dst, int tag) {
-  auto w = std::make_unique<StagedP2pWork>(dev_, std::vector<unsigned char>(buf.nbytes()),
-                                           nullptr, rank());
+  auto w = std::make_unique<StagedP2pWork>(dev_, pool_, buf.nbytes(), nullptr, rank());
   dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(w->host()), buf.data, buf.nbytes(),
             DT_HAL_DEVICE_TO_HOST);
   w->start(host_.isend(ConstTensorView{w->host(), buf.numel, buf.dtype}, dst, tag),
@@ -98,8 +142,7 @@ Work StagedP2p::isend(ConstTensorView buf, int dst, int tag) {
 }
 
 Work StagedP2p::irecv(TensorView buf, int src, int tag) {
-  auto w = std::make_unique<StagedP2pWork>(dev_, std::vector<unsigned char>(buf.nbytes()),
-                                           buf.data, rank());
+  auto w = std::make_unique<StagedP2pWork>(dev_, pool_, buf.nbytes(), buf.data, rank());
   w->start(host_.irecv(host_view(w->host(), buf.numel, buf.dtype), src, tag),
            "recv from " + std::to_string(src) + " on " + name_);
   return Work(std::move(w));
@@ -153,8 +196,8 @@ void StagedComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
   unsigned char* h = staging(in.nbytes() + out.nbytes());
   down(h, in.data, in.nbytes());
   unsigned char* ho = h + in.nbytes();
-  host_->reduce_scatter(ConstTensorView{h, in.numel, in.dtype},
-                        host_view(ho, out.numel, out.dtype), op, opts);
+  host_->reduce_scatter(ConstTensorView{h, in.numel, in.dtype}, host_view(ho, out.numel, out.dtype),
+                        op, opts);
   up(out.data, ho, out.nbytes());
 }
 

@@ -8,8 +8,8 @@
 // complete; the host communicator polls and sleeps rather than spinning in MPI), so overlap comes
 // from the caller's progress thread (dt::GradBuckets), not from here;
 // one host buffer, grown to the largest message, serves them, one at a time. isend and irecv are
-// truly non-blocking: each keeps its own host copy, and a receive lands in the device buffer when
-// its Work completes.
+// truly non-blocking: each holds a host copy of its own (from a pool, reused), and a receive lands
+// in the device buffer when its Work completes.
 #pragma once
 
 #include <memory>
@@ -22,9 +22,35 @@
 
 namespace dt {
 
+/// Host buffers of point-to-point messages, reused: a pipeline sends the same few shapes every
+/// micro-batch, so after the first ones no message allocates (or touches fresh pages). Shared by a
+/// StagedP2p and its Works, which may outlive it. Thread-safe.
+class HostBufferPool {
+ public:
+  struct Buffer {
+    std::unique_ptr<unsigned char[]> data;
+    std::size_t capacity = 0;
+  };
+  /// A buffer of at least `bytes` (contents unspecified): the smallest free one that fits, or a
+  /// new one.
+  Buffer take(std::size_t bytes);
+  /// Returns `b` for reuse (the largest kMaxFree are kept).
+  void give(Buffer b);
+  /// Buffers allocated so far.
+  std::size_t allocations() const;
+
+  static constexpr std::size_t kMaxFree = 16;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Buffer> free_;
+  std::size_t allocations_ = 0;
+};
+
 /// Point-to-point messages of device tensors over a host transport (MPI, UCX, sealed): each send
-/// copies to a host buffer of its own and sends that; each receive lands in a host buffer and is
-/// copied into the device buffer when its Work completes. Both are non-blocking.
+/// copies to a host buffer and sends that; each receive lands in a host buffer and is copied into
+/// the device buffer when its Work completes. Both are non-blocking. The host buffers come from a
+/// HostBufferPool and go back to it when their Work is complete and dropped.
 class StagedP2p final : public P2p {
  public:
   /// Over `host`, owned.
@@ -37,12 +63,15 @@ class StagedP2p final : public P2p {
   const std::string& name() const noexcept override { return name_; }
   Work isend(ConstTensorView buf, int dst, int tag) override;
   Work irecv(TensorView buf, int src, int tag) override;
+  /// Host buffers allocated so far (the rest were reused).
+  std::size_t host_allocations() const { return pool_->allocations(); }
 
  private:
   const Device& dev_;
   std::unique_ptr<P2p> owned_;
   P2p& host_;
   std::string name_;
+  std::shared_ptr<HostBufferPool> pool_ = std::make_shared<HostBufferPool>();
 };
 
 class StagedComm final : public Comm {
@@ -71,6 +100,8 @@ class StagedComm final : public Comm {
   void barrier(const CommOptions& opts = {}) override;
 
   std::unique_ptr<Comm> split(int color, int key) override;
+  /// What isend and irecv run on.
+  const StagedP2p& p2p() const noexcept { return p2p_; }
 
  private:
   void down(void* host, const void* dev, std::size_t bytes) const;

@@ -84,10 +84,11 @@ void run_all(dt::Comm& staged, dt::Comm& host, const Dev& dev, const std::string
       std::vector<T> part(n);
       auto bb = dev.up(big);
       dt::Device::Buffer bp(dev.d, n * sizeof(T));
-      host.reduce_scatter(dt::ConstTensorView{big.data(), n * p, t}, dt::TensorView{part.data(), n, t},
-                          dt::ReduceOp::sum);
-      staged.ireduce_scatter(dt::ConstTensorView{bb.get(), n * p, t},
-                             dt::TensorView{bp.get(), n, t}, dt::ReduceOp::sum)
+      host.reduce_scatter(dt::ConstTensorView{big.data(), n * p, t},
+                          dt::TensorView{part.data(), n, t}, dt::ReduceOp::sum);
+      staged
+          .ireduce_scatter(dt::ConstTensorView{bb.get(), n * p, t}, dt::TensorView{bp.get(), n, t},
+                           dt::ReduceOp::sum)
           .wait();
       H.expect(same(dev.down<T>(bp, n), part), what + " reduce_scatter", "differs");
     }
@@ -100,7 +101,8 @@ void run_all(dt::Comm& staged, dt::Comm& host, const Dev& dev, const std::string
       dt::Work sw = staged.isend(dt::ConstTensorView{bs.get(), n, t}, next, 9);
       sw.wait();
       rw.wait();
-      H.expect(same(dev.down<T>(br, n), values<T>(n, prev, 5)), what + " isend/irecv ring", "differs");
+      H.expect(same(dev.down<T>(br, n), values<T>(n, prev, 5)), what + " isend/irecv ring",
+               "differs");
       // Blocking, both directions with distinct tags.
       dt::Device::Buffer br2(dev.d, n * sizeof(T));
       if (r % 2 == 0) {
@@ -135,5 +137,36 @@ int main(int argc, char** argv) {
     H.expect(dynamic_cast<dt::StagedComm*>(sub.get()) != nullptr, "split of a StagedComm",
              "is not staged");
     run_all<float>(*sub, *hsub, dev, "split");
+    if (world->size() > 1) {
+      // Point-to-point host copies are reused: rounds of a ring (a receive and a send in flight
+      // at once) and of blocking exchanges allocate the first round's two buffers and no more.
+      dt::StagedComm fresh(d, dt::MpiComm::dup(MPI_COMM_WORLD, "fresh-host"));
+      const int r = world->rank(), p = world->size(), next = (r + 1) % p, prev = (r + p - 1) % p;
+      const std::size_t n = 70001;
+      bool all_same = true;
+      for (int round = 0; round < 10; ++round) {
+        auto bs = dev.up(values<float>(n, r, round));
+        dt::Device::Buffer br(d, n * sizeof(float));
+        {
+          dt::Work rw = fresh.irecv(dt::TensorView{br.get(), n, dt::DType::f32}, prev, 11);
+          dt::Work sw = fresh.isend(dt::ConstTensorView{bs.get(), n, dt::DType::f32}, next, 11);
+          sw.wait();
+          rw.wait();
+        }
+        all_same = all_same && same(dev.down<float>(br, n), values<float>(n, prev, round));
+        if (r % 2 == 0) {
+          fresh.send(dt::ConstTensorView{bs.get(), n, dt::DType::f32}, next, 12);
+          fresh.recv(dt::TensorView{br.get(), n, dt::DType::f32}, prev, 12);
+        } else {
+          fresh.recv(dt::TensorView{br.get(), n, dt::DType::f32}, prev, 12);
+          fresh.send(dt::ConstTensorView{bs.get(), n, dt::DType::f32}, next, 12);
+        }
+        all_same = all_same && same(dev.down<float>(br, n), values<float>(n, prev, round));
+      }
+      H.expect(all_same, "10 rounds of ring and blocking exchanges on reused host copies",
+               "a message differs");
+      H.expect(fresh.p2p().host_allocations() == 2, "host copies reused over 10 rounds",
+               str(fresh.p2p().host_allocations(), " allocated, not 2"));
+    }
   });
 }
