@@ -838,6 +838,9 @@ DT_INLINE void softmax_bwd_row(float* __restrict d, const float* __restrict a, i
 // no skipping); per-score vectorised loops (dot products and axpys) were 4-5x slower than GEMM.
 constexpr int64_t kAttnBlock = 32;
 
+// out[i] = in[i] rounded to type t and widened back (exact for F32; in == out allowed).
+void round_copy(float* out, const float* in, int64_t n, dt_hal_dtype t);
+
 void sgemm_rm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
@@ -848,8 +851,10 @@ void sgemm_rm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
 
 // Per (b, h), with Q, K, V the T x hs slices of qkv (row stride 3C) and A the T x T block of att:
 // A = softmax(scale Q K^T) on the causal part, zeros above; out slice (row stride C) = A V.
+// With `lp` (kAttnBlock x T floats; attention_fwd_ex in a 16-bit type, qkv already rounded), each
+// row block of A is rounded into lp for the product A V; A itself keeps the fp32 probabilities.
 DT_KERNEL void attention_fwd_kernel(float* out, float* att, const float* qkv, int64_t B, int64_t T,
-                                    int64_t C, int64_t NH) {
+                                    int64_t C, int64_t NH, dt_hal_dtype dtype, float* lp) {
   const int64_t hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (int64_t b = 0; b < B; ++b)
@@ -863,7 +868,12 @@ DT_KERNEL void attention_fwd_kernel(float* out, float* att, const float* qkv, in
         const int64_t r1 = T - r0 < kAttnBlock ? T : r0 + kAttnBlock;
         sgemm_rm(false, true, r1 - r0, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, A + r0 * T, T);
         for (int64_t t = r0; t < r1; ++t) softmax_causal_row(A + t * T, t + 1, T);
-        sgemm_rm(false, false, r1 - r0, hs, r1, 1.0f, A + r0 * T, T, v, C3, 0.0f, o + r0 * C, C);
+        const float* P = A + r0 * T;
+        if (lp != nullptr) {
+          for (int64_t t = r0; t < r1; ++t) round_copy(lp + (t - r0) * T, A + t * T, r1, dtype);
+          P = lp;
+        }
+        sgemm_rm(false, false, r1 - r0, hs, r1, 1.0f, P, T, v, C3, 0.0f, o + r0 * C, C);
       }
     }
 }
@@ -890,7 +900,7 @@ int cpu_attention_fwd(void* ctx, float* out, float* att, const float* qkv, int64
   DT_HAL_TRY(need_ptr(ctx, fn, "out", out, B * T * C));
   DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
   DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * C));
-  attention_fwd_kernel(out, att, qkv, B, T, C, NH);
+  attention_fwd_kernel(out, att, qkv, B, T, C, NH, DT_HAL_F32, nullptr);
   return DT_HAL_OK;
 }
 
@@ -899,9 +909,12 @@ int cpu_attention_fwd(void* ctx, float* out, float* att, const float* qkv, int64
 // zeros above the diagonal); dQ += S K; dK += S^T Q. Row block [r0, r1) of A and S has no
 // non-zero right of column r1, and column block [r0, r1) none above row r0, so every GEMM skips the
 // masked triangle outside its diagonal block.
+// With `lp` (T x T floats; attention_bwd_ex in a 16-bit type, dout and qkv already rounded), the
+// product A^T dO takes A rounded into lp, and S is rounded in place once the softmax backward,
+// which reads the fp32 A, has made it.
 DT_KERNEL void attention_bwd_kernel(float* dqkv, float* scratch, const float* dout,
                                     const float* qkv, const float* att, int64_t B, int64_t T,
-                                    int64_t C, int64_t NH) {
+                                    int64_t C, int64_t NH, dt_hal_dtype dtype, float* lp) {
   const int64_t hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (int64_t b = 0; b < B; ++b)
@@ -914,13 +927,19 @@ DT_KERNEL void attention_bwd_kernel(float* dqkv, float* scratch, const float* do
       float* dv = dq + 2 * C;
       const float* dO = dout + b * T * C + h * hs;
       const float* A = att + (b * NH + h) * T * T;
+      const float* Ap = A;  // A as the product A^T dO takes it
+      if (lp != nullptr) {
+        round_copy(lp, A, T * T, dtype);
+        Ap = lp;
+      }
       float* S = scratch + (b * NH + h) * T * T;
       for (int64_t r0 = 0; r0 < T; r0 += kAttnBlock) {
         const int64_t r1 = T - r0 < kAttnBlock ? T : r0 + kAttnBlock;
         sgemm_rm(false, true, r1 - r0, r1, hs, 1.0f, dO + r0 * C, C, v, C3, 0.0f, S + r0 * T, T);
-        sgemm_rm(true, false, r1 - r0, hs, T - r0, 1.0f, A + r0 * T + r0, T, dO + r0 * C, C, 1.0f,
+        sgemm_rm(true, false, r1 - r0, hs, T - r0, 1.0f, Ap + r0 * T + r0, T, dO + r0 * C, C, 1.0f,
                  dv + r0 * C3, C3);
         for (int64_t t = r0; t < r1; ++t) softmax_bwd_row(S + t * T, A + t * T, t + 1, T, scale);
+        if (lp != nullptr) round_copy(S + r0 * T, S + r0 * T, (r1 - r0) * T, dtype);
         sgemm_rm(false, false, r1 - r0, hs, r1, 1.0f, S + r0 * T, T, k, C3, 1.0f, dq + r0 * C3, C3);
       }
       for (int64_t r0 = 0; r0 < T; r0 += kAttnBlock) {
@@ -941,7 +960,7 @@ int cpu_attention_bwd(void* ctx, float* dqkv, float* scratch, const float* dout,
   DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, B * T * C));
   DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * C));
   DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
-  attention_bwd_kernel(dqkv, scratch, dout, qkv, att, B, T, C, NH);
+  attention_bwd_kernel(dqkv, scratch, dout, qkv, att, B, T, C, NH, DT_HAL_F32, nullptr);
   return DT_HAL_OK;
 }
 
@@ -1156,6 +1175,16 @@ DT_INLINE float f32_of_bf16(uint16_t b) { return float_of(static_cast<uint32_t>(
 
 bool known_dtype(dt_hal_dtype t) { return t == DT_HAL_F32 || t == DT_HAL_BF16 || t == DT_HAL_F16; }
 size_t dtype_bytes(dt_hal_dtype t) { return t == DT_HAL_F32 ? 4 : 2; }
+
+void round_copy(float* out, const float* in, int64_t n, dt_hal_dtype t) {
+  if (t == DT_HAL_BF16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f32_of_bf16(bf16_of(in[i]));
+  } else if (t == DT_HAL_F16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f32_of_f16(f16_of(in[i]));
+  } else if (out != in) {
+    std::memmove(out, in, static_cast<size_t>(n) * sizeof(float));
+  }
+}
 
 // Widens n elements of type t to fp32 (out must not overlap in unless t is f32 and out == in).
 DT_KERNEL void widen(float* out, const void* in, dt_hal_dtype t, int64_t n) {
@@ -1386,6 +1415,55 @@ int cpu_event_op(void* ctx, void* event) {
   return DT_HAL_OK;
 }
 
+// ---- version 3: attention in a given precision ------------------------------------------------
+
+// The 16-bit forms round qkv (and dout) into the context's scratch, then run the fp32 kernels on
+// the rounded copies with the probabilities rounded where a product takes them.
+int cpu_attention_fwd_ex(void* ctx, float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                         int64_t C, int64_t NH, dt_hal_dtype dtype) {
+  const char* fn = "attention_fwd_ex";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  if (!known_dtype(dtype))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
+  if (dtype == DT_HAL_F32) return cpu_attention_fwd(ctx, out, att, qkv, B, T, C, NH);
+  DT_HAL_TRY(check_attention(ctx, fn, B, T, C, NH));
+  if (B * T == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, B * T * C));
+  DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
+  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * C));
+  const int64_t nqkv = B * T * 3 * C;
+  float* s = nullptr;
+  DT_HAL_TRY(scratch(ctx, fn, static_cast<size_t>(nqkv + kAttnBlock * T), &s));
+  round_copy(s, qkv, nqkv, dtype);
+  attention_fwd_kernel(out, att, s, B, T, C, NH, dtype, s + nqkv);
+  return DT_HAL_OK;
+}
+
+int cpu_attention_bwd_ex(void* ctx, float* dqkv, float* scratch_tt, const float* dout,
+                         const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
+                         int64_t NH, dt_hal_dtype dtype) {
+  const char* fn = "attention_bwd_ex";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  if (!known_dtype(dtype))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
+  if (dtype == DT_HAL_F32)
+    return cpu_attention_bwd(ctx, dqkv, scratch_tt, dout, qkv, att, B, T, C, NH);
+  DT_HAL_TRY(check_attention(ctx, fn, B, T, C, NH));
+  if (B * T == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "dqkv", dqkv, B * T * 3 * C));
+  DT_HAL_TRY(need_ptr(ctx, fn, "scratch", scratch_tt, B * NH * T * T));
+  DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, B * T * C));
+  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * C));
+  DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
+  const int64_t nqkv = B * T * 3 * C, nout = B * T * C;
+  float* s = nullptr;
+  DT_HAL_TRY(scratch(ctx, fn, static_cast<size_t>(nqkv + nout + T * T), &s));
+  round_copy(s, qkv, nqkv, dtype);
+  round_copy(s + nqkv, dout, nout, dtype);
+  attention_bwd_kernel(dqkv, scratch_tt, s + nqkv, s, att, B, T, C, NH, dtype, s + nqkv + nout);
+  return DT_HAL_OK;
+}
+
 // ---- device memory the host cannot touch (DT_CPU_DEVICE_MEMORY) ---------------------------------
 
 #ifdef DT_CPU_DEVICE_MEMORY
@@ -1472,9 +1550,11 @@ void rec_release(void* ctx, void* ptr) {
 int rec_copy(void* ctx, void* dst, const void* src, size_t bytes, dt_hal_copy_kind kind) {
   Context* c = capturing(ctx);
   if (c != nullptr && kind == DT_HAL_HOST_TO_DEVICE)
-    return refuse_in_capture(c, "copy", "it reads host memory, which may change before the graph runs");
+    return refuse_in_capture(c, "copy",
+                             "it reads host memory, which may change before the graph runs");
   if (c != nullptr && kind == DT_HAL_DEVICE_TO_HOST)
-    return refuse_in_capture(c, "copy", "it writes host memory, which the host would read before the graph runs");
+    return refuse_in_capture(
+        c, "copy", "it writes host memory, which the host would read before the graph runs");
   return Rec<cpu_copy>::entry(ctx, dst, src, bytes, kind);
 }
 int rec_synchronize(void* ctx) {
@@ -1489,7 +1569,8 @@ int rec_sum_squares(void* ctx, const float* x, int64_t n, double* out) {
 }
 int rec_event_synchronize(void* ctx, void* event) {
   if (Context* c = capturing(ctx))
-    return refuse_in_capture(c, "event_synchronize", "the host cannot wait for work that has not run");
+    return refuse_in_capture(c, "event_synchronize",
+                             "the host cannot wait for work that has not run");
   return cpu_event_op(ctx, event);
 }
 // The pointer and size arrays are host arrays read during the call: the graph keeps copies.
@@ -1518,11 +1599,12 @@ int rec_adamw_multi(void* ctx, int count, float* const* params, const float* con
       return cpu_adamw_multi(ctx, count, P.data(), G.data(), M.data(), Vv.data(), S.data(),
                              W.data(), lr, beta1, beta2, eps, t);
     return record(c, [=](void* x) {
-      return cpu_adamw_multi(x, count, P.data(), G.data(), M.data(), Vv.data(), S.data(),
-                             W.data(), lr, beta1, beta2, eps, t);
+      return cpu_adamw_multi(x, count, P.data(), G.data(), M.data(), Vv.data(), S.data(), W.data(),
+                             lr, beta1, beta2, eps, t);
     });
   } catch (...) {
-    if (c != nullptr) return refuse_in_capture(c, "adamw_multi", "out of memory while recording it");
+    if (c != nullptr)
+      return refuse_in_capture(c, "adamw_multi", "out of memory while recording it");
     return fail(ctx, DT_HAL_ERR_NOMEM, "adamw_multi: out of memory");
   }
 }
@@ -1546,12 +1628,13 @@ int cpu_graph_end(void* ctx, void** graph) {
   *graph = nullptr;
   Context* c = capturing(ctx);
   if (c == nullptr)
-    return fail(ctx, DT_HAL_ERR_INVALID, "graph_end: this thread is not capturing (no graph_begin)");
+    return fail(ctx, DT_HAL_ERR_INVALID,
+                "graph_end: this thread is not capturing (no graph_begin)");
   Graph* g = c->capture.exchange(nullptr);
   if (!c->capture_error.empty()) {
     delete g;
-    return fail(ctx, DT_HAL_ERR_UNSUPPORTED, "graph_end: the capture was invalidated: ",
-                c->capture_error);
+    return fail(ctx, DT_HAL_ERR_UNSUPPORTED,
+                "graph_end: the capture was invalidated: ", c->capture_error);
   }
   *graph = g;
   return DT_HAL_OK;
@@ -1577,16 +1660,16 @@ void cpu_graph_destroy(void*, void* graph) { delete static_cast<Graph*>(graph); 
 
 // The version-1 entries after api_version and name, in table order.
 // Work on device memory goes through Rec (recorded while capturing); the rest through rec_*.
-#define DT_CPU_V1_ENTRIES                                                                       \
-  cpu_open, cpu_close, cpu_last_error, cpu_device_count, rec_alloc, rec_release, rec_copy,      \
-      Rec<cpu_fill_zero>::entry, rec_synchronize, cpu_set_threads, Rec<cpu_gemm>::entry,        \
-      Rec<cpu_bias_add>::entry, Rec<cpu_bias_grad>::entry, Rec<cpu_add>::entry,                 \
-      Rec<cpu_scale>::entry, rec_sum_squares, Rec<cpu_embedding_fwd>::entry,                    \
-      Rec<cpu_embedding_bwd>::entry, Rec<cpu_layernorm_fwd>::entry,                             \
-      Rec<cpu_layernorm_bwd>::entry, Rec<cpu_gelu_fwd>::entry, Rec<cpu_gelu_bwd>::entry,        \
-      Rec<cpu_attention_fwd>::entry, Rec<cpu_attention_bwd>::entry,                             \
-      Rec<cpu_softmax_xent_fwd>::entry, Rec<cpu_softmax_xent_bwd>::entry, Rec<cpu_adamw>::entry, \
-      Rec<cpu_cast_f32_to_bf16>::entry, Rec<cpu_cast_bf16_to_f32>::entry
+#define DT_CPU_V1_ENTRIES                                                                          \
+  cpu_open, cpu_close, cpu_last_error, cpu_device_count, rec_alloc, rec_release, rec_copy,         \
+      Rec<cpu_fill_zero>::entry, rec_synchronize, cpu_set_threads, Rec<cpu_gemm>::entry,           \
+      Rec<cpu_bias_add>::entry, Rec<cpu_bias_grad>::entry, Rec<cpu_add>::entry,                    \
+      Rec<cpu_scale>::entry, rec_sum_squares, Rec<cpu_embedding_fwd>::entry,                       \
+      Rec<cpu_embedding_bwd>::entry, Rec<cpu_layernorm_fwd>::entry, Rec<cpu_layernorm_bwd>::entry, \
+      Rec<cpu_gelu_fwd>::entry, Rec<cpu_gelu_bwd>::entry, Rec<cpu_attention_fwd>::entry,           \
+      Rec<cpu_attention_bwd>::entry, Rec<cpu_softmax_xent_fwd>::entry,                             \
+      Rec<cpu_softmax_xent_bwd>::entry, Rec<cpu_adamw>::entry, Rec<cpu_cast_f32_to_bf16>::entry,   \
+      Rec<cpu_cast_bf16_to_f32>::entry
 
 // The version-1 table (exported as dt_hal_plugin_v1 by the shared build, for dt builds that only
 // know version 1) and the version-2 table; they share every version-1 entry.
@@ -1614,8 +1697,18 @@ const dt_hal_v2_t kCpuTableV2 = {
     cpu_graph_destroy,
 };
 
+// The version-3 table: the version-2 one (its version field aside) and attention in a precision.
+const dt_hal_v3_t kCpuTableV3 = [] {
+  dt_hal_v3_t t{};
+  t.v2 = kCpuTableV2;
+  t.v2.v1.api_version = DT_HAL_API_VERSION_3;
+  t.attention_fwd_ex = Rec<cpu_attention_fwd_ex>::entry;
+  t.attention_bwd_ex = Rec<cpu_attention_bwd_ex>::entry;
+  return t;
+}();
+
 }  // namespace
 
 extern "C" const dt_hal_v1_t* dt_hal_cpu_v1(void) { return &kCpuTable; }
 extern "C" const dt_hal_v2_t* dt_hal_cpu_v2(void) { return &kCpuTableV2; }
-
+extern "C" const dt_hal_v3_t* dt_hal_cpu_v3(void) { return &kCpuTableV3; }

@@ -4,6 +4,7 @@
 
 #include "dt_hal.h"
 #include "dt_hal_v2.h"
+#include "dt_hal_v3.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -13,8 +14,11 @@ extern "C" {
  * dt_hal_plugin_v1. */
 const dt_hal_v1_t* dt_hal_cpu_v1(void);
 /* The version-2 table (the v1 entries plus 16-bit storage, loss scaling, fused AdamW and no-op
- * streams), exported as dt_hal_plugin_v2 by the shared build; dt uses this one. */
+ * streams), exported as dt_hal_plugin_v2 by the shared build. */
 const dt_hal_v2_t* dt_hal_cpu_v2(void);
+/* The version-3 table (the v2 entries plus attention in a given precision), exported as
+ * dt_hal_plugin_v3 by the shared build; dt uses this one. */
+const dt_hal_v3_t* dt_hal_cpu_v3(void);
 
 #ifdef __cplusplus
 }

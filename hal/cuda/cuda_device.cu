@@ -18,9 +18,10 @@
 // return once the host buffer may be reused. While the current stream is being captured (by any
 // thread: work on a capturing stream joins the graph), copies to the host, sum_squares,
 // synchronize and alloc are refused with DT_HAL_ERR_UNSUPPORTED, as the CPU device refuses them.
-// Any thread may call: each entry makes the context's GPU current. Token and target indices are checked on the device: a kernel that meets one out of
-// range skips it and records it, and the next synchronize() returns DT_HAL_ERR_INVALID naming
-// the entry, the position and the value (the check cannot be synchronous without a host wait).
+// Any thread may call: each entry makes the context's GPU current. Token and target indices are
+// checked on the device: a kernel that meets one out of range skips it and records it, and the next
+// synchronize() returns DT_HAL_ERR_INVALID naming the entry, the position and the value (the check
+// cannot be synchronous without a host wait).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -33,6 +34,7 @@
 #include <string>
 
 #include "dt_hal_v2.h"
+#include "dt_hal_v3.h"
 
 #define DT_CUDA_EXPORT __attribute__((visibility("default")))
 
@@ -62,6 +64,8 @@ struct Context {
   double* partials = nullptr;   // sum_squares' per-block sums (kSumBlocks + 1)
   void* scratch = nullptr;      // gemm_ex's fp32 result for pairings cuBLAS lacks
   size_t scratch_bytes = 0;
+  void* lp = nullptr;  // attention_*_ex's 16-bit operands (qkv, dout, probabilities)
+  size_t lp_bytes = 0;
   int graphs = 0;  // instantiated graphs not yet destroyed (they may hold scratch's address)
   char error[kErrorLen] = "";
 };
@@ -333,6 +337,7 @@ void cuda_close(void* ctx) {
   cudaFree(c->derr);
   cudaFree(c->partials);
   cudaFree(c->scratch);
+  cudaFree(c->lp);
   if (c->own) cudaStreamDestroy(c->own);
   (void)cudaGetLastError();
   delete c;
@@ -536,6 +541,27 @@ __global__ void narrow_matrix_kernel(void* out, const float* in, int type, int64
     store_from_f32(out, (i / cols) * ld + i % cols, type, in[i]);
 }
 
+// *buf (of *have bytes) grown to at least `need` bytes. Refused while capturing (a capture may not
+// allocate: run one step eagerly first) and while a graph exists (it may hold the old address).
+int grow_scratch(void* ctx, const char* fn, void** buf, size_t* have, size_t need) {
+  if (*have >= need) return DT_HAL_OK;
+  Context* c = C(ctx);
+  if (capturing(c->stream))
+    return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": the first call of this size needs ", need,
+                " bytes of scratch memory, which cannot be allocated while capturing a graph: run "
+                "one step before capturing");
+  if (c->graphs > 0)
+    return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": this call needs ", need,
+                " bytes of scratch memory, more than a live graph was captured with; growing it "
+                "would free memory the graph uses: destroy the graphs first");
+  cudaFree(*buf);
+  *buf = nullptr;
+  *have = 0;
+  CU(ctx, fn, cudaMalloc(buf, need));
+  *have = need;
+  return DT_HAL_OK;
+}
+
 int cuda_gemm_ex(void* ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                  const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* Cm,
                  int64_t ldc, dt_hal_dtype ab_type, dt_hal_dtype c_type) {
@@ -555,24 +581,8 @@ int cuda_gemm_ex(void* ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, flo
   int64_t ldo = ldc;
   dt_hal_dtype otype = c_type;
   if (!direct) {
-    const size_t need = static_cast<size_t>(M * N) * sizeof(float);
-    if (c->scratch_bytes < need) {
-      if (capturing(c->stream))
-        return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": the first ", static_cast<int>(ab_type), "/",
-                    static_cast<int>(c_type),
-                    " product of this size needs scratch memory, which cannot be allocated "
-                    "while capturing a graph: run one step before capturing");
-      if (c->graphs > 0)
-        return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": a ", static_cast<int>(ab_type), "/",
-                    static_cast<int>(c_type), " product of ", M, " x ", N,
-                    " needs more scratch memory than a live graph was captured with; growing it "
-                    "would free memory the graph uses: destroy the graphs first");
-      cudaFree(c->scratch);
-      c->scratch = nullptr;
-      c->scratch_bytes = 0;
-      CU(ctx, fn, cudaMalloc(&c->scratch, need));
-      c->scratch_bytes = need;
-    }
+    DT_HAL_TRY(grow_scratch(ctx, fn, &c->scratch, &c->scratch_bytes,
+                            static_cast<size_t>(M * N) * sizeof(float)));
     out = c->scratch;
     ldo = N;
     otype = DT_HAL_F32;
@@ -1291,6 +1301,125 @@ int cuda_cast(void* ctx, void* out, dt_hal_dtype out_type, const void* in, dt_ha
   return DT_HAL_OK;
 }
 
+// ---- version 3: attention with 16-bit products ---------------------------------------------
+
+// Strided-batched row-major GEMM with operands of type t (fp32 accumulation, fp32 C).
+int gemm_rm_ex(void* ctx, const char* fn, int ta, int tb, int64_t M, int64_t N, int64_t K,
+               float alpha, const uint16_t* A, int64_t lda, int64_t sA, const uint16_t* B,
+               int64_t ldb, int64_t sB, float beta, float* Cm, int64_t ldc, int64_t sC, int batch,
+               dt_hal_dtype t) {
+  CUBLAS(ctx, fn,
+         cublasGemmStridedBatchedEx(
+             C(ctx)->blas, op(tb), op(ta), static_cast<int>(N), static_cast<int>(M),
+             static_cast<int>(K), &alpha, B, cuda_type(t), static_cast<int>(ldb), sB, A,
+             cuda_type(t), static_cast<int>(lda), sA, &beta, Cm, CUDA_R_32F, static_cast<int>(ldc),
+             sC, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return DT_HAL_OK;
+}
+
+// n fp32 values rounded to t into out (16-bit), on the current stream.
+int narrow_into(void* ctx, const char* fn, uint16_t* out, const float* in, int64_t n,
+                dt_hal_dtype t) {
+  if (n == 0) return DT_HAL_OK;
+  cast_kernel<<<blocks_for(n), kThreads, 0, C(ctx)->stream>>>(out, t, in, DT_HAL_F32, n);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+// The same products as cuda_attention_fwd, on 16-bit copies of qkv and of the probabilities held
+// in the context's lp buffer.
+int cuda_attention_fwd_ex(void* ctx, float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                          int64_t Cc, int64_t NH, dt_hal_dtype dtype) {
+  const char* fn = "attention_fwd_ex";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  if (!known_dtype(dtype))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
+  if (dtype == DT_HAL_F32) return cuda_attention_fwd(ctx, out, att, qkv, B, T, Cc, NH);
+  DT_HAL_TRY(check_attention(ctx, fn, B, T, Cc, NH));
+  if (B * T == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, B * T * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
+  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * Cc));
+  const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T, nqkv = B * T * C3;
+  Context* c = C(ctx);
+  DT_HAL_TRY(grow_scratch(ctx, fn, &c->lp, &c->lp_bytes,
+                          static_cast<size_t>(nqkv + B * NH * TT) * sizeof(uint16_t)));
+  uint16_t* q16 = static_cast<uint16_t*>(c->lp);
+  uint16_t* a16 = q16 + nqkv;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
+  const int nh = static_cast<int>(NH);
+  DT_HAL_TRY(narrow_into(ctx, fn, q16, qkv, nqkv, dtype));
+  for (int64_t b = 0; b < B; ++b) {
+    const uint16_t* q = q16 + b * T * C3;
+    DT_HAL_TRY(gemm_rm_ex(ctx, fn, 0, 1, T, T, hs, scale, q, C3, hs, q + Cc, C3, hs, 0.0f,
+                          att + b * NH * TT, T, TT, nh, dtype));
+  }
+  causal_softmax_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, c->stream>>>(att, T);
+  LAUNCHED(ctx, fn);
+  DT_HAL_TRY(narrow_into(ctx, fn, a16, att, B * NH * TT, dtype));
+  for (int64_t b = 0; b < B; ++b)
+    DT_HAL_TRY(gemm_rm_ex(ctx, fn, 0, 0, T, hs, T, 1.0f, a16 + b * NH * TT, T, TT,
+                          q16 + b * T * C3 + 2 * Cc, C3, hs, 0.0f, out + b * T * Cc, Cc, hs, nh,
+                          dtype));
+  return DT_HAL_OK;
+}
+
+// The same products as cuda_attention_bwd on 16-bit copies: qkv, dout and the probabilities for
+// S = dO V^T and dV += A^T dO; then the fp32 softmax backward in scratch, rounded into the
+// probabilities' place for dQ += S K and dK += S^T Q.
+int cuda_attention_bwd_ex(void* ctx, float* dqkv, float* scratch, const float* dout,
+                          const float* qkv, const float* att, int64_t B, int64_t T, int64_t Cc,
+                          int64_t NH, dt_hal_dtype dtype) {
+  const char* fn = "attention_bwd_ex";
+  DT_HAL_TRY(need_ctx(ctx, fn));
+  if (!known_dtype(dtype))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
+  if (dtype == DT_HAL_F32)
+    return cuda_attention_bwd(ctx, dqkv, scratch, dout, qkv, att, B, T, Cc, NH);
+  DT_HAL_TRY(check_attention(ctx, fn, B, T, Cc, NH));
+  if (B * T == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "dqkv", dqkv, B * T * 3 * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "scratch", scratch, B * NH * T * T));
+  DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, B * T * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
+  const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T, nqkv = B * T * C3, nout = B * T * Cc;
+  Context* c = C(ctx);
+  DT_HAL_TRY(grow_scratch(ctx, fn, &c->lp, &c->lp_bytes,
+                          static_cast<size_t>(nqkv + nout + B * NH * TT) * sizeof(uint16_t)));
+  uint16_t* q16 = static_cast<uint16_t*>(c->lp);
+  uint16_t* o16 = q16 + nqkv;
+  uint16_t* a16 = o16 + nout;  // the probabilities, then S
+  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
+  const int nh = static_cast<int>(NH);
+  DT_HAL_TRY(narrow_into(ctx, fn, q16, qkv, nqkv, dtype));
+  DT_HAL_TRY(narrow_into(ctx, fn, o16, dout, nout, dtype));
+  DT_HAL_TRY(narrow_into(ctx, fn, a16, att, B * NH * TT, dtype));
+  for (int64_t b = 0; b < B; ++b) {
+    const uint16_t* q = q16 + b * T * C3;
+    const uint16_t* dO = o16 + b * T * Cc;
+    float* dq = dqkv + b * T * C3;
+    DT_HAL_TRY(gemm_rm_ex(ctx, fn, 0, 1, T, T, hs, 1.0f, dO, Cc, hs, q + 2 * Cc, C3, hs, 0.0f,
+                          scratch + b * NH * TT, T, TT, nh, dtype));
+    DT_HAL_TRY(gemm_rm_ex(ctx, fn, 1, 0, T, hs, T, 1.0f, a16 + b * NH * TT, T, TT, dO, Cc, hs, 1.0f,
+                          dq + 2 * Cc, C3, hs, nh, dtype));
+  }
+  causal_softmax_bwd_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, c->stream>>>(
+      scratch, att, T, scale);
+  LAUNCHED(ctx, fn);
+  DT_HAL_TRY(narrow_into(ctx, fn, a16, scratch, B * NH * TT, dtype));
+  for (int64_t b = 0; b < B; ++b) {
+    const uint16_t* q = q16 + b * T * C3;
+    const uint16_t* S = a16 + b * NH * TT;
+    float* dq = dqkv + b * T * C3;
+    DT_HAL_TRY(gemm_rm_ex(ctx, fn, 0, 0, T, hs, T, 1.0f, S, T, TT, q + Cc, C3, hs, 1.0f, dq, C3, hs,
+                          nh, dtype));
+    DT_HAL_TRY(gemm_rm_ex(ctx, fn, 1, 0, T, hs, T, 1.0f, S, T, TT, q, C3, hs, 1.0f, dq + Cc, C3, hs,
+                          nh, dtype));
+  }
+  return DT_HAL_OK;
+}
+
 int cuda_cast_f32_to_bf16(void* ctx, uint16_t* out, const float* in, int64_t n) {
   return cuda_cast(ctx, out, DT_HAL_BF16, in, DT_HAL_F32, n);
 }
@@ -1471,6 +1600,17 @@ const dt_hal_v2_t kCudaTable = {
     cuda_graph_destroy,
 };
 
+// The version-3 table: the version-2 one (its version field aside) and attention in a precision.
+const dt_hal_v3_t kCudaTableV3 = [] {
+  dt_hal_v3_t t{};
+  t.v2 = kCudaTable;
+  t.v2.v1.api_version = DT_HAL_API_VERSION_3;
+  t.attention_fwd_ex = cuda_attention_fwd_ex;
+  t.attention_bwd_ex = cuda_attention_bwd_ex;
+  return t;
+}();
+
 }  // namespace
 
 extern "C" DT_CUDA_EXPORT const dt_hal_v2_t* dt_hal_plugin_v2(void) { return &kCudaTable; }
+extern "C" DT_CUDA_EXPORT const dt_hal_v3_t* dt_hal_plugin_v3(void) { return &kCudaTableV3; }

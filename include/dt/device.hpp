@@ -1,12 +1,12 @@
-// dt::Device: one opened device plugin (hal/dt_hal_v2.h, ABI version 2, or hal/dt_hal.h, ABI
-// version 1, through an adapter) and its context.
+// dt::Device: one opened device plugin (hal/dt_hal_v3.h, ABI version 3, or an older version
+// through an adapter: hal/dt_hal_v2.h, hal/dt_hal.h) and its context.
 //
 // "cpu" is the built-in CPU device; any other NAME is loaded from libdt_hal_NAME.so found in the
 // plugin path. The built-in device goes through the same table as a loaded one. Every kernel call
 // goes through call(), which reports a missing (optional) entry or a failed status as a
-// dt::DeviceError naming the device, the entry and the plugin's own message. A version-1 plugin
-// is seen through a version-2 table whose version-2 entries are NULL, so call() on one of them
-// reports it missing like any optional entry.
+// dt::DeviceError naming the device, the entry and the plugin's own message. An older plugin is
+// seen through a version-3 table whose newer entries are NULL, so call() on one of them reports it
+// missing like any optional entry.
 #pragma once
 
 #include <memory>
@@ -18,6 +18,7 @@
 #include "dt/error.hpp"
 #include "dt_hal.h"
 #include "dt_hal_v2.h"
+#include "dt_hal_v3.h"
 
 namespace dt {
 
@@ -44,10 +45,12 @@ class Device {
   /// Where the table came from: "built-in" or the plugin file.
   const std::string& origin() const noexcept { return origin_; }
   /// The version-1 part of the table (every plugin has it).
-  const dt_hal_v1_t& table() const noexcept { return table_.v1; }
-  /// The whole table; version-2 entries are NULL for a version-1 plugin.
-  const dt_hal_v2_t& table2() const noexcept { return table_; }
-  /// ABI version of the plugin as loaded (1 or 2).
+  const dt_hal_v1_t& table() const noexcept { return table_.v2.v1; }
+  /// The version-2 part; its own entries are NULL for a version-1 plugin.
+  const dt_hal_v2_t& table2() const noexcept { return table_.v2; }
+  /// The whole table; version-3 entries are NULL for an older plugin.
+  const dt_hal_v3_t& table3() const noexcept { return table_; }
+  /// ABI version of the plugin as loaded (1, 2 or 3).
   int abi_version() const noexcept { return abi_version_; }
   /// The device index opened (the plugin's numbering: a CUDA device ordinal).
   int index() const noexcept { return index_; }
@@ -63,7 +66,7 @@ class Device {
   /// Calls table entry `entry` (named `what` in errors) with the context and `args`.
   template <class... Fn, class... Args>
   void call(int (*dt_hal_v1_t::*entry)(void*, Fn...), const char* what, Args&&... args) const {
-    auto fn = table_.v1.*entry;
+    auto fn = table_.v2.v1.*entry;
     if (!fn) missing(what);
     const int st = fn(ctx_, std::forward<Args>(args)...);
     if (st != DT_HAL_OK) failed(what, st);
@@ -71,6 +74,14 @@ class Device {
   /// The same for a version-2 entry.
   template <class... Fn, class... Args>
   void call(int (*dt_hal_v2_t::*entry)(void*, Fn...), const char* what, Args&&... args) const {
+    auto fn = table_.v2.*entry;
+    if (!fn) missing(what);
+    const int st = fn(ctx_, std::forward<Args>(args)...);
+    if (st != DT_HAL_OK) failed(what, st);
+  }
+  /// The same for a version-3 entry.
+  template <class... Fn, class... Args>
+  void call(int (*dt_hal_v3_t::*entry)(void*, Fn...), const char* what, Args&&... args) const {
     auto fn = table_.*entry;
     if (!fn) missing(what);
     const int st = fn(ctx_, std::forward<Args>(args)...);
@@ -117,7 +128,7 @@ class Device {
   std::string name_;
   std::string origin_;
   std::unique_ptr<Library> lib_;
-  dt_hal_v2_t table_{};  // a copy: the plugin's own table, or the version-1 adapter
+  dt_hal_v3_t table_{};  // a copy: the plugin's own table, or an adapter of an older one
   int abi_version_ = 0;
   int index_ = 0;
   void* ctx_ = nullptr;

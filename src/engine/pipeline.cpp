@@ -93,23 +93,23 @@ struct StageEngine::Impl {
   std::vector<Device::Buffer> slot_buf;   // per slot: activations + kernel state
   std::vector<Device::Buffer> token_buf;  // per slot: inputs then targets (int32)
   Device::Buffer grad_buf, scratch;
-  std::vector<Work> fwd_sends;            // per slot
+  std::vector<Work> fwd_sends;  // per slot
   std::vector<Work> bwd_sends;
-  std::vector<int> uses;                  // per parameter: nodes still to run backward
-  int B = 0, T = 0;                       // the graph's (largest) micro-batch
-  std::vector<int> slot_B;                // B of the micro-batch in each slot
+  std::vector<int> uses;    // per parameter: nodes still to run backward
+  int B = 0, T = 0;         // the graph's (largest) micro-batch
+  std::vector<int> slot_B;  // B of the micro-batch in each slot
   std::vector<float> host_losses;
   double wait_s = 0;  // blocked on pipeline messages
   // Unit hooks (sharded parameters or gradients).
   std::vector<ZeroUnit> units;
-  std::vector<int> unit_of;               // per parameter
-  std::vector<std::size_t> unit_off;      // per unit: layout offset of its first parameter
+  std::vector<int> unit_of;           // per parameter
+  std::vector<std::size_t> unit_off;  // per unit: layout offset of its first parameter
   std::vector<std::vector<int>> fwd_units, bwd_units;  // per node: units its kernels read
-  std::vector<int> fwd_next, bwd_next;    // per node: the next other unit the pass reads
-  std::vector<int> held;                  // units acquired and not released
-  std::vector<const float*> pbase;        // per unit: acquired parameters
-  std::vector<float*> gbase;              // per unit: this backward's gradient buffer
-  std::vector<int> unit_left;             // per unit: parameters whose gradients are not final
+  std::vector<int> fwd_next, bwd_next;  // per node: the next other unit the pass reads
+  std::vector<int> held;                // units acquired and not released
+  std::vector<const float*> pbase;      // per unit: acquired parameters
+  std::vector<float*> gbase;            // per unit: this backward's gradient buffer
+  std::vector<int> unit_left;           // per unit: parameters whose gradients are not final
 };
 
 namespace {
@@ -179,16 +179,15 @@ StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& mod
   nparams_ = count_params(g_);
   std::size_t end = nparams_;
   if (!storage.layout.empty()) {
-    DT_CHECK(InvalidArgument, storage.layout.size() == params_.size(),
-             "a stage layout has ", storage.layout.size(), " parameters, the stage ",
-             params_.size());
+    DT_CHECK(InvalidArgument, storage.layout.size() == params_.size(), "a stage layout has ",
+             storage.layout.size(), " parameters, the stage ", params_.size());
     end = 0;
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      DT_CHECK(InvalidArgument,
-               storage.layout[i].name == params_[i].name &&
-                   storage.layout[i].numel == params_[i].numel,
-               "a stage layout's parameter ", i, " is ", storage.layout[i].name, ", not ",
-               params_[i].name);
+      DT_CHECK(
+          InvalidArgument,
+          storage.layout[i].name == params_[i].name && storage.layout[i].numel == params_[i].numel,
+          "a stage layout's parameter ", i, " is ", storage.layout[i].name, ", not ",
+          params_[i].name);
       params_[i].offset = storage.layout[i].offset;
       end = std::max(end, params_[i].offset + params_[i].numel);
     }
@@ -254,7 +253,8 @@ StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& mod
     } else if (n.op == "xent") {
       m.slot_floats += numel_of(g_.tensors[static_cast<std::size_t>(n.in[0])]) + BT;
     } else if (n.op == "send") {
-      m.scratch_floats = std::max(m.scratch_floats, numel_of(g_.tensors[static_cast<std::size_t>(n.in[0])]));
+      m.scratch_floats =
+          std::max(m.scratch_floats, numel_of(g_.tensors[static_cast<std::size_t>(n.in[0])]));
     }
   }
   for (int s = 0; s < slots_; ++s) {
@@ -287,7 +287,8 @@ void StageEngine::init(std::uint64_t seed) {
   DT_CHECK(InvalidArgument, param_data() != nullptr,
            "StageEngine::init: the parameters come from the unit hooks (use init_param)");
   std::vector<float> host(capacity_, 0.0f);
-  for (std::size_t i = 0; i < params_.size(); ++i) init_param(seed, i, host.data() + params_[i].offset);
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    init_param(seed, i, host.data() + params_[i].offset);
   dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(param_data()),
             static_cast<const void*>(host.data()), capacity_ * sizeof(float),
             DT_HAL_HOST_TO_DEVICE);
@@ -315,9 +316,10 @@ void StageEngine::set_unit_hooks(std::vector<ZeroUnit> units, UnitHooks hooks) {
   m.unit_off.clear();
   std::size_t expect = 0;
   for (std::size_t u = 0; u < units.size(); ++u) {
-    DT_CHECK(InvalidArgument, units[u].first == expect && units[u].end > units[u].first &&
-                                  units[u].end <= params_.size(),
-             "stage units must cover the parameters in order");
+    DT_CHECK(
+        InvalidArgument,
+        units[u].first == expect && units[u].end > units[u].first && units[u].end <= params_.size(),
+        "stage units must cover the parameters in order");
     expect = units[u].end;
     for (std::size_t i = units[u].first; i < units[u].end; ++i) m.unit_of[i] = static_cast<int>(u);
     m.unit_off.push_back(params_[units[u].first].offset);
@@ -461,8 +463,8 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
       dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(tok),
                 static_cast<const void*>(inputs), BT * sizeof(std::int32_t), DT_HAL_HOST_TO_DEVICE);
       dev_.call(&dt_hal_v1_t::embedding_fwd, "embedding_fwd", act(n.out[0]),
-                static_cast<const std::int32_t*>(tok), prm(n.in[1]), prm(n.in[2]),
-                std::int64_t{B}, T, width(n.out[0]), g_.tensors[static_cast<std::size_t>(n.in[1])].shape[0]);
+                static_cast<const std::int32_t*>(tok), prm(n.in[1]), prm(n.in[2]), std::int64_t{B},
+                T, width(n.out[0]), g_.tensors[static_cast<std::size_t>(n.in[1])].shape[0]);
     } else if (n.op == "layernorm") {
       const trace::Scope s("forward", "model", "layer", n.layer);
       dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", act(n.out[0]), aux, aux + BT,
@@ -470,12 +472,11 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
                 width(n.in[0]));
     } else if (n.op == "linear") {
       const bool bias = n.attr_or("bias_rank0", 0) == 0 || comms_.tp_rank == 0;
-      linear_fwd(dev_, &ws_, act(n.out[0]), act(n.in[0]), prm(n.in[1]), bias ? prm(n.in[2]) : nullptr,
-                 BT, width(n.in[0]), width(n.out[0]));
+      linear_fwd(dev_, &ws_, act(n.out[0]), act(n.in[0]), prm(n.in[1]),
+                 bias ? prm(n.in[2]) : nullptr, BT, width(n.in[0]), width(n.out[0]));
     } else if (n.op == "attention") {
-      dev_.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", act(n.out[0]), aux,
-                static_cast<const float*>(act(n.in[0])), std::int64_t{B}, T, width(n.out[0]),
-                n.attr("heads"));
+      attention_forward(dev_, &ws_, act(n.out[0]), aux, act(n.in[0]), B, T, width(n.out[0]),
+                        n.attr("heads"));
     } else if (n.op == "gelu") {
       dev_.call(&dt_hal_v1_t::gelu_fwd, "gelu_fwd", act(n.out[0]),
                 static_cast<const float*>(act(n.in[0])), BT * width(n.out[0]));
@@ -543,15 +544,16 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
     for (Work& w : m.bwd_sends) w.wait();
     m.bwd_sends.clear();
   }
-  dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", m.grad_buf.get(),
-            m.grad_floats * sizeof(float));
+  dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", m.grad_buf.get(), m.grad_floats * sizeof(float));
   const int B = m.slot_B[us];
   const std::int64_t T = m.T, BT = std::int64_t{B} * T;
   float* A = m.slot_buf[us].as<float>();
   float* D = m.grad_buf.as<float>();
   const std::int32_t* tok = m.token_buf[us].as<std::int32_t>();
   const std::int32_t* tgt = tok + static_cast<std::size_t>(m.B) * static_cast<std::size_t>(m.T);
-  auto act = [&](int t) { return static_cast<const float*>(A + m.act_off[static_cast<std::size_t>(t)]); };
+  auto act = [&](int t) {
+    return static_cast<const float*>(A + m.act_off[static_cast<std::size_t>(t)]);
+  };
   auto grad = [&](int t) { return D + m.grad_off[static_cast<std::size_t>(t)]; };
   auto pidx = [&](int t) { return param_index_[static_cast<std::size_t>(t)]; };
   auto prm = [&](int t) { return param_ptr(static_cast<std::size_t>(pidx(t))); };
@@ -593,9 +595,8 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
                   static_cast<std::size_t>(seg) * sizeof(float));
       }
     } else if (n.op == "attention") {
-      dev_.call(&dt_hal_v1_t::attention_bwd, "attention_bwd", grad(n.in[0]), m.scratch.as<float>(),
-                static_cast<const float*>(grad(n.out[0])), act(n.in[0]), aux, std::int64_t{B}, T,
-                width(n.out[0]), n.attr("heads"));
+      attention_backward(dev_, &ws_, grad(n.in[0]), m.scratch.as<float>(), grad(n.out[0]),
+                         act(n.in[0]), aux, B, T, width(n.out[0]), n.attr("heads"));
     } else if (n.op == "gelu") {
       dev_.call(&dt_hal_v1_t::gelu_bwd, "gelu_bwd", grad(n.in[0]), act(n.in[0]),
                 static_cast<const float*>(grad(n.out[0])), BT * width(n.out[0]));

@@ -64,11 +64,16 @@ std::string default_plugin_path() {
 }
 
 namespace {
-// The version-1 adapter: a version-2 table whose version-2 entries are NULL.
-dt_hal_v2_t adapt_v1(const dt_hal_v1_t& v1) {
+// The adapters: a version-3 table whose newer entries are NULL.
+dt_hal_v3_t adapt_v2(const dt_hal_v2_t& v2) {
+  dt_hal_v3_t t{};
+  t.v2 = v2;
+  return t;
+}
+dt_hal_v3_t adapt_v1(const dt_hal_v1_t& v1) {
   dt_hal_v2_t t{};
   t.v1 = v1;
-  return t;
+  return adapt_v2(t);
 }
 }  // namespace
 
@@ -77,8 +82,8 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
   Device d;
   d.name_ = name;
   if (name == "cpu") {
-    d.table_ = *dt_hal_cpu_v2();
-    d.abi_version_ = DT_HAL_API_VERSION_2;
+    d.table_ = *dt_hal_cpu_v3();
+    d.abi_version_ = DT_HAL_API_VERSION_3;
     d.origin_ = "built-in";
   } else {
     DT_CHECK(ConfigError, !name.empty() && name.find('/') == std::string::npos, "device name '",
@@ -100,15 +105,26 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
              ": ", dlerror());
     d.origin_ = found;
     // The newest version this dt knows first: a plugin may export several.
-    if (auto e2 =
-            reinterpret_cast<dt_hal_plugin_v2_fn>(dlsym(d.lib_->handle, DT_HAL_PLUGIN_V2_SYMBOL))) {
+    if (auto e3 =
+            reinterpret_cast<dt_hal_plugin_v3_fn>(dlsym(d.lib_->handle, DT_HAL_PLUGIN_V3_SYMBOL))) {
+      const dt_hal_v3_t* t = e3();
+      DT_CHECK(ConfigError, t != nullptr, "device '", name, "': plugin ", found,
+               " returned no table from ", DT_HAL_PLUGIN_V3_SYMBOL);
+      DT_CHECK(ConfigError, t->v2.v1.api_version == DT_HAL_API_VERSION_3, "device '", name,
+               "': ", found, " has ABI version ", t->v2.v1.api_version,
+               ", this dt needs ABI version ", DT_HAL_API_VERSION_3, " behind ",
+               DT_HAL_PLUGIN_V3_SYMBOL);
+      d.table_ = *t;
+      d.abi_version_ = DT_HAL_API_VERSION_3;
+    } else if (auto e2 = reinterpret_cast<dt_hal_plugin_v2_fn>(
+                   dlsym(d.lib_->handle, DT_HAL_PLUGIN_V2_SYMBOL))) {
       const dt_hal_v2_t* t = e2();
       DT_CHECK(ConfigError, t != nullptr, "device '", name, "': plugin ", found,
                " returned no table from ", DT_HAL_PLUGIN_V2_SYMBOL);
       DT_CHECK(ConfigError, t->v1.api_version == DT_HAL_API_VERSION_2, "device '", name,
                "': ", found, " has ABI version ", t->v1.api_version, ", this dt needs ABI version ",
                DT_HAL_API_VERSION_2, " behind ", DT_HAL_PLUGIN_V2_SYMBOL);
-      d.table_ = *t;
+      d.table_ = adapt_v2(*t);
       d.abi_version_ = DT_HAL_API_VERSION_2;
     } else if (auto e1 = reinterpret_cast<dt_hal_plugin_v1_fn>(
                    dlsym(d.lib_->handle, DT_HAL_PLUGIN_V1_SYMBOL))) {
@@ -121,18 +137,19 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
       d.table_ = adapt_v1(*t);
       d.abi_version_ = DT_HAL_API_VERSION_1;
     } else {
-      for (int v = 3; v < 16; ++v) {
+      for (int v = DT_HAL_API_VERSION_3 + 1; v < 16; ++v) {
         const std::string sym = "dt_hal_plugin_v" + std::to_string(v);
         if (dlsym(d.lib_->handle, sym.c_str()))
           DT_THROW(ConfigError, "device '", name, "': plugin ", found, " provides ABI version ", v,
-                   " (", sym, "), this dt supports ABI versions ", DT_HAL_API_VERSION_1, " and ",
-                   DT_HAL_API_VERSION_2);
+                   " (", sym, "), this dt supports ABI versions ", DT_HAL_API_VERSION_1, ", ",
+                   DT_HAL_API_VERSION_2, " and ", DT_HAL_API_VERSION_3);
       }
       DT_THROW(ConfigError, "device '", name, "': ", found, " is not a dt device plugin (no ",
-               DT_HAL_PLUGIN_V2_SYMBOL, " or ", DT_HAL_PLUGIN_V1_SYMBOL, " symbol)");
+               DT_HAL_PLUGIN_V3_SYMBOL, ", ", DT_HAL_PLUGIN_V2_SYMBOL, " or ",
+               DT_HAL_PLUGIN_V1_SYMBOL, " symbol)");
     }
   }
-  const dt_hal_v1_t& t = d.table_.v1;
+  const dt_hal_v1_t& t = d.table_.v2.v1;
   for (auto [fn, what] :
        {std::pair<const void*, const char*>{reinterpret_cast<const void*>(t.open), "open"},
         {reinterpret_cast<const void*>(t.close), "close"},
@@ -142,14 +159,14 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
     DT_CHECK(ConfigError, fn != nullptr, "device '", name, "': ", d.origin_,
              " lacks the required entry ", what);
   if (index < 0 && t.device_count == nullptr) index = 0;  // a plugin that cannot count: its first
-  if (index < 0) {  // one device per local rank, round robin
+  if (index < 0) {                                        // one device per local rank, round robin
     int count = 0;
     const int cs = t.device_count(&count);
     if (cs != DT_HAL_OK || count < 1) {
       const char* msg = t.last_error(nullptr);
       DT_THROW(DeviceError, "device '", name, "' (", d.origin_, "): no device to open (",
-               cs != DT_HAL_OK ? status_name(cs) : "device_count = 0", ")",
-               msg && *msg ? ": " : "", msg ? msg : "");
+               cs != DT_HAL_OK ? status_name(cs) : "device_count = 0", ")", msg && *msg ? ": " : "",
+               msg ? msg : "");
     }
     index = std::max(local_rank, 0) % count;
   }
@@ -166,9 +183,9 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
 }
 
 std::string Device::describe() const {
-  if (table_.describe) {
+  if (table_.v2.describe) {
     char buf[256] = {0};
-    if (table_.describe(ctx_, buf, sizeof buf) == DT_HAL_OK && buf[0]) return buf;
+    if (table_.v2.describe(ctx_, buf, sizeof buf) == DT_HAL_OK && buf[0]) return buf;
   }
   return name_ + " (" + origin_ + ")";
 }
@@ -185,7 +202,7 @@ Device::Device(Device&& o) noexcept
 }
 
 Device::~Device() {
-  if (ctx_ && table_.v1.close) table_.v1.close(ctx_);
+  if (ctx_ && table_.v2.v1.close) table_.v2.v1.close(ctx_);
 }
 
 void Device::missing(const char* what) const {
@@ -193,7 +210,7 @@ void Device::missing(const char* what) const {
 }
 
 void Device::failed(const char* what, int status) const {
-  const char* msg = table_.v1.last_error ? table_.v1.last_error(ctx_) : "";
+  const char* msg = table_.v2.v1.last_error ? table_.v2.v1.last_error(ctx_) : "";
   DT_THROW(DeviceError, "device '", name_, "': ", what, " failed (", status_name(status),
            "): ", msg ? msg : "");
 }
@@ -212,14 +229,14 @@ std::size_t Device::allocated_bytes() noexcept { return g_allocated.load(); }
 std::size_t Device::max_allocated_bytes() noexcept { return g_max_allocated.load(); }
 
 Device::Buffer::Buffer(const Device& d, std::size_t bytes) : dev_(&d), bytes_(bytes) {
-  const int st = d.table_.v1.alloc(d.ctx_, bytes, &ptr_);
+  const int st = d.table_.v2.v1.alloc(d.ctx_, bytes, &ptr_);
   if (st != DT_HAL_OK) d.failed("alloc", st);
   count_alloc(bytes_);
 }
 
 Device::Buffer::~Buffer() {
   if (ptr_ && dev_) {
-    dev_->table_.v1.release(dev_->ctx_, ptr_);
+    dev_->table_.v2.v1.release(dev_->ctx_, ptr_);
     g_allocated.fetch_sub(bytes_);
   }
 }
@@ -227,7 +244,7 @@ Device::Buffer::~Buffer() {
 Device::Buffer& Device::Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
     if (ptr_ && dev_) {
-      dev_->table_.v1.release(dev_->ctx_, ptr_);
+      dev_->table_.v2.v1.release(dev_->ctx_, ptr_);
       g_allocated.fetch_sub(bytes_);
     }
     dev_ = o.dev_;
@@ -255,7 +272,7 @@ dt_hal_dtype hal_dtype(DType t) {
 }
 
 bool Device::host_memory() const noexcept {
-  return table_.v1.name != nullptr && std::strcmp(table_.v1.name, "cpu") == 0;
+  return table_.v2.v1.name != nullptr && std::strcmp(table_.v2.v1.name, "cpu") == 0;
 }
 
 std::vector<std::string> missing_training_kernels(const Device& dev, DType compute, bool graphs) {
@@ -318,12 +335,11 @@ void require_training_kernels(const Device& dev, DType compute, bool graphs) {
   if (missing.empty()) return;
   std::string list;
   for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
-  DT_THROW(ConfigError, "device '", dev.name(), "' (", dev.origin(), ", ABI version ",
-           dev.abi_version(), ") cannot train in ", dtype_name(compute),
-           graphs ? " with --engine.cuda_graphs" : "", ": it lacks the ",
-           graphs ? "entr" : "kernel", graphs ? (missing.size() == 1 ? "y " : "ies ")
-                                              : (missing.size() == 1 ? " " : "s "),
-           list);
+  DT_THROW(
+      ConfigError, "device '", dev.name(), "' (", dev.origin(), ", ABI version ", dev.abi_version(),
+      ") cannot train in ", dtype_name(compute), graphs ? " with --engine.cuda_graphs" : "",
+      ": it lacks the ", graphs ? "entr" : "kernel",
+      graphs ? (missing.size() == 1 ? "y " : "ies ") : (missing.size() == 1 ? " " : "s "), list);
 }
 
 }  // namespace dt

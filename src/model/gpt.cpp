@@ -234,8 +234,9 @@ void Gpt::set_compute(DType t) {
 }
 
 void Gpt::init(std::uint64_t seed) {
-  DT_CHECK(InvalidArgument, param_data() != nullptr,
-           "Gpt::init needs the model's own parameters (sharded ones are initialised by their owner)");
+  DT_CHECK(
+      InvalidArgument, param_data() != nullptr,
+      "Gpt::init needs the model's own parameters (sharded ones are initialised by their owner)");
   std::vector<float> host(nparams_, 0.0f);
   for (std::size_t i = 0; i < params_.size(); ++i)
     gpt_init_param(cfg_, seed, i, host.data() + params_[i].offset);
@@ -266,7 +267,6 @@ double gpt_flops_per_token(const GptConfig& c, int T) {
 }
 
 double Gpt::flops_per_token(int T) const { return gpt_flops_per_token(cfg_, T); }
-
 
 double Gpt::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T) {
   stage(inputs, targets, B, T);
@@ -312,8 +312,7 @@ void Gpt::run_forward() {
     dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", a.ln1, a.ln1_mean, a.ln1_rstd, x,
               W(l, LN1W), W(l, LN1B), BT, C);
     linear_fwd(dev_, ws_.get(), a.qkv, a.ln1, W(l, QKVW), W(l, QKVB), BT, C, 3 * C);
-    dev_.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", a.atty, a.att, a.qkv, std::int64_t{B},
-              std::int64_t{T}, C, NH);
+    attention_forward(dev_, ws_.get(), a.atty, a.att, a.qkv, B, T, C, NH);
     linear_fwd(dev_, ws_.get(), a.res2, a.atty, W(l, PROJW), W(l, PROJB), BT, C, C);
     dev_.call(&dt_hal_v1_t::add, "add", a.res2, a.res2, x, BT * C);
     dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", a.ln2, a.ln2_mean, a.ln2_rstd, a.res2,
@@ -328,8 +327,8 @@ void Gpt::run_forward() {
   const std::size_t lnf = params_.size() - 2;
   use_params(head, 0);
   use_params(0, -1);
-  dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", lnf_, lnf_mean_, lnf_rstd_, x,
-            pp_[lnf], pp_[lnf + 1], BT, C);
+  dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", lnf_, lnf_mean_, lnf_rstd_, x, pp_[lnf],
+            pp_[lnf + 1], BT, C);
   matmul(dev_, ws_.get(), 0, 1, BT, V, C, 1.0f, lnf_, C, pp_[0], C, 0.0f, logits_, V);
   drop_params(head);
   drop_params(0);
@@ -387,8 +386,8 @@ void Gpt::backward(float loss_scale, const GradReady& ready) {
   use_params(head, cfg_.layers);
   use_grads(head);
   dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", dres_, gp_[lnf], gp_[lnf + 1],
-            static_cast<const float*>(dln_), last, pp_[lnf],
-            static_cast<const float*>(lnf_mean_), static_cast<const float*>(lnf_rstd_), BT, C);
+            static_cast<const float*>(dln_), last, pp_[lnf], static_cast<const float*>(lnf_mean_),
+            static_cast<const float*>(lnf_rstd_), BT, C);
   drop_params(head);
   notify(head);
 
@@ -399,25 +398,25 @@ void Gpt::backward(float loss_scale, const GradReady& ready) {
     Layer& a = L_[static_cast<std::size_t>(l)];
     const float* x = l == 0 ? encoded_ : L_[static_cast<std::size_t>(l - 1)].res3;
     // res3 = res2 + fch_gelu @ Wfcp^T + b: dres flows to res2 unchanged.
-    linear_bwd(dev_, ws_.get(), dfch_gelu_, 0.0f, dW(l, FCPW), dW(l, FCPB), dres_, a.fch_gelu, W(l, FCPW), BT,
-               4 * C, C);
+    linear_bwd(dev_, ws_.get(), dfch_gelu_, 0.0f, dW(l, FCPW), dW(l, FCPB), dres_, a.fch_gelu,
+               W(l, FCPW), BT, 4 * C, C);
     dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dfch_),
               static_cast<std::size_t>(4 * BT * C) * sizeof(float));
     dev_.call(&dt_hal_v1_t::gelu_bwd, "gelu_bwd", dfch_, static_cast<const float*>(a.fch),
               static_cast<const float*>(dfch_gelu_), 4 * BT * C);
-    linear_bwd(dev_, ws_.get(), dln_, 0.0f, dW(l, FCW), dW(l, FCB), dfch_, a.ln2, W(l, FCW), BT, C, 4 * C);
+    linear_bwd(dev_, ws_.get(), dln_, 0.0f, dW(l, FCW), dW(l, FCB), dfch_, a.ln2, W(l, FCW), BT, C,
+               4 * C);
     dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", dres_, dW(l, LN2W), dW(l, LN2B),
               static_cast<const float*>(dln_), static_cast<const float*>(a.res2), W(l, LN2W),
               static_cast<const float*>(a.ln2_mean), static_cast<const float*>(a.ln2_rstd), BT, C);
     // res2 = x + atty @ Wproj^T + b
-    linear_bwd(dev_, ws_.get(), datty_, 0.0f, dW(l, PROJW), dW(l, PROJB), dres_, a.atty, W(l, PROJW), BT, C,
-               C);
+    linear_bwd(dev_, ws_.get(), datty_, 0.0f, dW(l, PROJW), dW(l, PROJB), dres_, a.atty,
+               W(l, PROJW), BT, C, C);
     dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dqkv_),
               static_cast<std::size_t>(3 * BT * C) * sizeof(float));
-    dev_.call(&dt_hal_v1_t::attention_bwd, "attention_bwd", dqkv_, datt_,
-              static_cast<const float*>(datty_), static_cast<const float*>(a.qkv),
-              static_cast<const float*>(a.att), B, T, C, NH);
-    linear_bwd(dev_, ws_.get(), dln_, 0.0f, dW(l, QKVW), dW(l, QKVB), dqkv_, a.ln1, W(l, QKVW), BT, C, 3 * C);
+    attention_backward(dev_, ws_.get(), dqkv_, datt_, datty_, a.qkv, a.att, B, T, C, NH);
+    linear_bwd(dev_, ws_.get(), dln_, 0.0f, dW(l, QKVW), dW(l, QKVB), dqkv_, a.ln1, W(l, QKVW), BT,
+               C, 3 * C);
     // The key bias adds q_i . b_k to every score of row i, which softmax ignores: its gradient
     // is exactly zero, and what the float sums leave there is rounding noise that AdamW would
     // blow up to lr-sized steps. Keep it exactly zero.

@@ -45,9 +45,8 @@ inline void matmul(const Device& d, GemmWorkspace* ws, int ta, int tb, std::int6
 }
 
 // y[N, out] = x[N, in] @ W[out, in]^T + b (no bias when b is null)
-inline void linear_fwd(const Device& d, GemmWorkspace* ws, float* y, const float* x,
-                       const float* W, const float* b, std::int64_t N, std::int64_t in,
-                       std::int64_t out) {
+inline void linear_fwd(const Device& d, GemmWorkspace* ws, float* y, const float* x, const float* W,
+                       const float* b, std::int64_t N, std::int64_t in, std::int64_t out) {
   matmul(d, ws, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
   if (b) d.call(&dt_hal_v1_t::bias_add, "bias_add", y, b, N, out);
 }
@@ -58,6 +57,34 @@ inline void linear_bwd(const Device& d, GemmWorkspace* ws, float* dx, float beta
   if (dx) matmul(d, ws, 0, 0, N, in, out, 1.0f, dy, out, W, in, beta, dx, in);
   matmul(d, ws, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
   if (db) d.call(&dt_hal_v1_t::bias_grad, "bias_grad", db, dy, N, out);
+}
+
+// Causal self-attention (the layout of the version-1 entries) with its matrix products in ws's
+// precision (null: fp32), as the device's version-3 attention_*_ex run them; a device without
+// them (an older plugin) runs the version-1 entries, all in fp32.
+inline void attention_forward(const Device& d, const GemmWorkspace* ws, float* out, float* att,
+                              const float* qkv, std::int64_t B, std::int64_t T, std::int64_t C,
+                              std::int64_t NH) {
+  const DType t = ws != nullptr ? ws->compute : DType::f32;
+  if (t != DType::f32 && d.table3().attention_fwd_ex != nullptr) {
+    d.call(&dt_hal_v3_t::attention_fwd_ex, "attention_fwd_ex", out, att, qkv, B, T, C, NH,
+           hal_dtype(t));
+    return;
+  }
+  d.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", out, att, qkv, B, T, C, NH);
+}
+// dqkv += the gradient of attention_forward (scratch: B NH T T floats, overwritten).
+inline void attention_backward(const Device& d, const GemmWorkspace* ws, float* dqkv,
+                               float* scratch, const float* dout, const float* qkv,
+                               const float* att, std::int64_t B, std::int64_t T, std::int64_t C,
+                               std::int64_t NH) {
+  const DType t = ws != nullptr ? ws->compute : DType::f32;
+  if (t != DType::f32 && d.table3().attention_bwd_ex != nullptr) {
+    d.call(&dt_hal_v3_t::attention_bwd_ex, "attention_bwd_ex", dqkv, scratch, dout, qkv, att, B, T,
+           C, NH, hal_dtype(t));
+    return;
+  }
+  d.call(&dt_hal_v1_t::attention_bwd, "attention_bwd", dqkv, scratch, dout, qkv, att, B, T, C, NH);
 }
 
 }  // namespace dt

@@ -1,12 +1,12 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <cerrno>
 #include <chrono>
-#include <thread>
 #include <cmath>
 #include <cstdio>
-#include <cerrno>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include <csignal>
 
@@ -16,8 +16,8 @@
 #include "dt/loss_scale.hpp"
 #include "dt/p2p.hpp"
 #include "dt/security.hpp"
-#include "dt/train.hpp"
 #include "dt/trace.hpp"
+#include "dt/train.hpp"
 #include "dt/watchdog.hpp"
 #include "engine/grad_buckets.hpp"
 #include "engine/pipeline.hpp"
@@ -64,7 +64,8 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("train.micro-batch", &c.micro_batch, 0,
            "sequences per forward on one rank (0: the rank's whole share); must divide the share",
            0L, 1L << 30)
-      .add("train.seed", &c.seed, kDefaultSeed, "seed of the weights and the data order", 0L, (1L << 62))
+      .add("train.seed", &c.seed, kDefaultSeed, "seed of the weights and the data order", 0L,
+           (1L << 62))
       .add("train.log-every", &c.log_every, 10, "steps between progress lines", 1L, 1L << 40)
       .add("train.log-file", &c.log_file, "",
            "append one JSON line per step (full-precision loss, lr, norm, val loss) to this file")
@@ -150,8 +151,7 @@ void add_train_options(Options& o, TrainConfig& c) {
            "testing only: this rank kills itself (SIGKILL) in the middle of a synchronous save",
            -1L, 1L << 30)
       .add("parallel.dp", &c.par_dp, 0,
-           "data-parallel ranks (0: the ranks left by tp and pp); dp x tp x pp = ranks", 0,
-           1 << 20)
+           "data-parallel ranks (0: the ranks left by tp and pp); dp x tp x pp = ranks", 0, 1 << 20)
       .add("parallel.tp", &c.par_tp, 1,
            "tensor-parallel ranks: attention heads and MLP columns split over a group inside a "
            "node (must divide model.heads)",
@@ -188,8 +188,7 @@ void add_train_options(Options& o, TrainConfig& c) {
            "estimate), write it as Graphviz DOT to plan.dot, and stop")
       .add("plan.dot", &c.plan_dot, "dt-plan.dot", "file --print-plan writes the DOT graph to")
       .add("comm.p2p", &c.p2p, "mpi",
-           "point-to-point transport of pipeline activations and their gradients",
-           {"mpi", "ucx"})
+           "point-to-point transport of pipeline activations and their gradients", {"mpi", "ucx"})
       .add("train.dtype", &c.dtype, "fp32",
            "precision of the compute copy of the weights and of the gradients: fp32, bf16 or "
            "fp16 (fp32 master weights and optimizer state; fp16 with dynamic loss scaling; "
@@ -254,7 +253,8 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("metrics.push-url", &c.metrics_push_url, "",
            "Pushgateway (http://HOST:PORT): each rank pushes every metrics.every steps and at the "
            "end, as job metrics.job, instance = rank; a failed push is a warning")
-      .add("metrics.job", &c.metrics_job, "", "job label of pushes (empty: $SLURM_JOB_ID, else dt_train)")
+      .add("metrics.job", &c.metrics_job, "",
+           "job label of pushes (empty: $SLURM_JOB_ID, else dt_train)")
       .add("metrics.every", &c.metrics_every, 10, "steps between textfile writes and pushes", 1L,
            1L << 40)
       .add("metrics.peak-flops", &c.peak_flops, 1e11,
@@ -262,7 +262,8 @@ void add_train_options(Options& o, TrainConfig& c) {
            "one AVX2+FMA core at 3 GHz in fp32; an H100 SXM is 989e12 in bf16)",
            1.0, 1e18)
       .add("trace.dir", &c.trace_dir, "",
-           "write a Chrome trace-event timeline of each rank to DIR/trace-rank<R>.json (empty: off)");
+           "write a Chrome trace-event timeline of each rank to DIR/trace-rank<R>.json (empty: "
+           "off)");
 }
 
 TokenFile validate_and_load(TrainConfig& c) {
@@ -337,8 +338,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
       device_comm_(std::move(device_comm)) {
   const std::int64_t n = comm.size();
   // The plan (layout, micro-batches, stages, memory estimate) is checked before any allocation.
-  const std::vector<RankSite> sites =
-      gather_sites(comm_, site_of(c_, comm_.rank(), comm_.size()));
+  const std::vector<RankSite> sites = gather_sites(comm_, site_of(c_, comm_.rank(), comm_.size()));
   std::map<int, int> per_node;
   for (const RankSite& s : sites) ++per_node[s.node];
   PlanRequest pr;
@@ -365,25 +365,29 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   // On the layout as planned (parallel.auto may choose it), before anything is allocated.
   DT_CHECK(ConfigError, !c_.cuda_graphs || (!graph_engine && c_.par_zero == 0),
            "option --engine.cuda_graphs needs the data-parallel model (parallel.tp = 1, "
-           "parallel.pp = 1, parallel.zero = 0, parallel.engine = auto); got tp = ", L.tp,
-           ", pp = ", L.pp, ", zero = ", c_.par_zero, ", engine = ", c_.par_engine);
+           "parallel.pp = 1, parallel.zero = 0, parallel.engine = auto); got tp = ",
+           L.tp, ", pp = ", L.pp, ", zero = ", c_.par_zero, ", engine = ", c_.par_engine);
   // Device memory: collectives through a device communicator or staged through the host; the
   // ZeRO shards are still gathered into host buffers through the same communicators.
   DT_CHECK(ConfigError, dev_.host_memory() || c_.par_zero == 0, "device '", dev_.name(),
            "' keeps tensors in device memory, where sharded data parallelism does not run yet "
-           "(parallel.zero = ", c_.par_zero, "; use parallel.zero = 0)");
+           "(parallel.zero = ",
+           c_.par_zero, "; use parallel.zero = 0)");
   DT_CHECK(ConfigError, c_.grad_reduce == "fp32" || c_.grad_reduce == "bf16",
            "option --train.grad-reduce: '", c_.grad_reduce, "' is not one of fp32|bf16");
   DT_CHECK(ConfigError, c_.grad_reduce == "fp32" || c_.par_zero == 0,
            "option --train.grad-reduce=", c_.grad_reduce,
-           " applies to the all_reduce of unsharded data parallelism; parallel.zero = ", c_.par_zero,
-           " reduce-scatters the gradients in fp32 (use train.grad-reduce=fp32)");
+           " applies to the all_reduce of unsharded data parallelism; parallel.zero = ",
+           c_.par_zero, " reduce-scatters the gradients in fp32 (use train.grad-reduce=fp32)");
   DT_CHECK(ConfigError,
            c_.grad_reduce == "fp32" || (dev_.abi_version() >= 2 && dev_.table2().cast != nullptr),
            "option --train.grad-reduce=", c_.grad_reduce, ": device '", dev_.name(), "' (",
            dev_.origin(), ") has no cast kernel to round the gradients with");
   if (graph_engine || c_.print_plan) mesh_ = std::make_unique<DeviceMesh>(comm_, L, sites);
   if (c_.print_plan) return;  // nothing is allocated: print_plan() is all this trainer does
+  if (c_.dtype != "fp32" && dev_.table3().attention_fwd_ex == nullptr)
+    log("dt_train: device '" + dev_.name() + "' (ABI version " +
+        std::to_string(dev_.abi_version()) + ") has no attention_fwd_ex: attention runs in fp32");
   if (c_.seal != "off" || c_.ckpt_encrypt)
     keys_ = std::make_unique<security::Keys>(security::load_key_file(c_.key_file),
                                              security::slurm_job_id());
@@ -455,8 +459,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
     refresh_working_weights();
   }
   if (c_.ckpt_async && !c_.ckpt_dir.empty()) {
-    async_ = std::make_unique<AsyncCheckpointer>(comm_, c_.ckpt_dir,
-                                                 static_cast<int>(c_.ckpt_keep),
+    async_ = std::make_unique<AsyncCheckpointer>(comm_, c_.ckpt_dir, static_cast<int>(c_.ckpt_keep),
                                                  c_.ckpt_encrypt ? keys_.get() : nullptr);
     async_->reserve(state_tensors());
   }
@@ -473,14 +476,15 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
   const MeshCoord& mc = mesh_->coord();
   graph::Graph sg = plan_->stage(mc.pp);
   StageComms sc;
-  if (c_.seal == "all" && L.tp > 1) sealed_tp_ = security::make_sealed_comm(mesh_->tp(), *keys_, sealed);
+  if (c_.seal == "all" && L.tp > 1)
+    sealed_tp_ = security::make_sealed_comm(mesh_->tp(), *keys_, sealed);
   if (c_.seal == "all" && mesh_->tied())
     sealed_tied_ = security::make_sealed_comm(*mesh_->tied(), *keys_, sealed);
   sc.tp = L.tp > 1 ? (sealed_tp_ ? sealed_tp_.get() : &mesh_->tp()) : nullptr;
   if (!dev_.host_memory()) {  // activations and gradients in device memory
-    if (L.tp > 1) sc.tp = (device_tp_ = device_comm(mesh_->tp(), "tp", std::move(sealed_tp_))).get();
-    if (mesh_->tied())
-      device_tied_ = device_comm(*mesh_->tied(), "tied", std::move(sealed_tied_));
+    if (L.tp > 1)
+      sc.tp = (device_tp_ = device_comm(mesh_->tp(), "tp", std::move(sealed_tp_))).get();
+    if (mesh_->tied()) device_tied_ = device_comm(*mesh_->tied(), "tied", std::move(sealed_tied_));
   }
   sc.tp_rank = mc.tp;
   if (L.pp > 1) {
@@ -492,7 +496,8 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
       so.tamper = tamper;
       if (c_.seal_exempt_node_local)
         for (std::size_t r = 0; r < mesh_->sites().size(); ++r)
-          if (mesh_->sites()[r].node == mesh_->sites()[static_cast<std::size_t>(comm_.rank())].node &&
+          if (mesh_->sites()[r].node ==
+                  mesh_->sites()[static_cast<std::size_t>(comm_.rank())].node &&
               static_cast<int>(r) != comm_.rank())
             so.plain_peers.push_back(static_cast<int>(r));
       p2p_ = security::seal_p2p(std::move(p2p_), *keys_, so);
@@ -560,8 +565,8 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
   full_state_.assign(ps.back().offset + ps.back().numel, 0.0f);
 }
 
-void Trainer::setup_zero(const security::SealedCommOptions& sealed,
-                         const security::Tamper& tamper, bool tamper_collectives) {
+void Trainer::setup_zero(const security::SealedCommOptions& sealed, const security::Tamper& tamper,
+                         bool tamper_collectives) {
   // Two communicators over the data-parallel ranks (all of them here), one per progress thread.
   auto make_comm = [&](bool tampered) -> std::unique_ptr<Comm> {
     if (c_.seal != "all") return comm_.split(0, comm_.rank());
@@ -573,11 +578,11 @@ void Trainer::setup_zero(const security::SealedCommOptions& sealed,
   if (low_precision()) round = [this](float* d, std::size_t n) { round_to_dtype(d, n); };
   auto gather = make_comm(false);
   auto reduce = make_comm(true);
-  zero_ = std::make_unique<ZeroShards>(dev_, c_.par_zero, gpt_params(c_.model),
-                                       zero_units(static_cast<int>(c_.par_zero), gpt_units(c_.model),
-                                                  gpt_params(c_.model), bucket_bytes()),
-                                       std::move(gather), std::move(reduce),
-                                       std::move(round));
+  zero_ =
+      std::make_unique<ZeroShards>(dev_, c_.par_zero, gpt_params(c_.model),
+                                   zero_units(static_cast<int>(c_.par_zero), gpt_units(c_.model),
+                                              gpt_params(c_.model), bucket_bytes()),
+                                   std::move(gather), std::move(reduce), std::move(round));
   GptStorage st;
   st.layout = zero_->padded();
   st.numel = zero_->padded_numel();
@@ -596,7 +601,8 @@ void Trainer::init_weights() {
       engine_->init(seed);
       zero_->take_shard(engine_->param_data());
     } else {
-      zero_->init_shard([this, seed](std::size_t i, float* out) { engine_->init_param(seed, i, out); });
+      zero_->init_shard(
+          [this, seed](std::size_t i, float* out) { engine_->init_param(seed, i, out); });
     }
     opt_ = std::make_unique<AdamW>(dev_, zero_->shard_params(), zero_->shard_numel());
     zero_->publish(engine_->param_data());
@@ -609,9 +615,8 @@ void Trainer::init_weights() {
       model_->init(seed);
       zero_->take_shard(model_->param_data());
     } else {
-      zero_->init_shard([this, seed](std::size_t i, float* out) {
-        gpt_init_param(c_.model, seed, i, out);
-      });
+      zero_->init_shard(
+          [this, seed](std::size_t i, float* out) { gpt_init_param(c_.model, seed, i, out); });
     }
     opt_ = std::make_unique<AdamW>(dev_, zero_->shard_params(), zero_->shard_numel());
     zero_->publish(model_->param_data());
@@ -672,8 +677,8 @@ std::unique_ptr<Comm> Trainer::make_grad_comm(Comm& group, std::size_t numel,
 std::unique_ptr<Comm> Trainer::device_comm(Comm& group, const std::string& name,
                                            std::unique_ptr<Comm> sealed) {
   if (!sealed && device_comm_) return device_comm_(group, group.name() + "/" + name);
-  return std::make_unique<StagedComm>(
-      dev_, sealed ? std::move(sealed) : group.split(0, group.rank()));
+  return std::make_unique<StagedComm>(dev_,
+                                      sealed ? std::move(sealed) : group.split(0, group.rank()));
 }
 
 Comm& Trainer::tied_comm() const {
@@ -789,8 +794,7 @@ StepStats Trainer::step() {
       for (std::size_t i = 0; i < engine_->params().size(); ++i)
         if (engine_->param_tensor(i).tied) {
           const ParamInfo& p = engine_->params()[i];
-          tied_comm().all_reduce(view_of(engine_->grad_data() + p.offset, p.numel),
-                                 ReduceOp::sum);
+          tied_comm().all_reduce(view_of(engine_->grad_data() + p.offset, p.numel), ReduceOp::sum);
         }
   }
   if (zero_ && engine_) {
@@ -804,8 +808,8 @@ StepStats Trainer::step() {
     if (zero_->stage() >= 2 && mesh_->tied())
       for (int u = 0; u < static_cast<int>(zero_->units().size()); ++u)
         if (engine_->param_tensor(zero_->units()[static_cast<std::size_t>(u)].first).tied)
-          tied_comm().all_reduce(view_of(zero_->grads() + zero_->unit_local(u), zero_->unit_slice(u)),
-                          ReduceOp::sum);
+          tied_comm().all_reduce(
+              view_of(zero_->grads() + zero_->unit_local(u), zero_->unit_slice(u)), ReduceOp::sum);
   }
   watchdog::set_activity("optimizer", step_);
   StepStats s;
@@ -835,10 +839,9 @@ StepStats Trainer::step() {
       return s;
     }
   }
-  s.grad_norm =
-      zero_     ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, zero_counted_, coll())
-      : engine_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, owner_, coll())
-                : opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip);
+  s.grad_norm = zero_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, zero_counted_, coll())
+                : engine_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, owner_, coll())
+                          : opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip);
   s.lr = lr_at(c_.optim, step_);
   opt_->step(master_ptr(), grads_ptr(), s.lr, c_.optim);
   if (scaler_ || zero_) refresh_working_weights();
@@ -1192,9 +1195,10 @@ void Trainer::state_to_device() {
 std::string Trainer::resume_from_checkpoint() {
   if (c_.ckpt_resume == "none" || (c_.ckpt_resume == "auto" && c_.ckpt_dir.empty())) return "";
   std::string used;
-  const CkptMeta m = resume(comm_, c_.ckpt_resume, c_.ckpt_dir, state_tensors(false), &used,
-                            [this](const std::string& line) { log("ckpt: " + line); },
-                            c_.ckpt_encrypt ? keys_.get() : nullptr);
+  const CkptMeta m = resume(
+      comm_, c_.ckpt_resume, c_.ckpt_dir, state_tensors(false), &used,
+      [this](const std::string& line) { log("ckpt: " + line); },
+      c_.ckpt_encrypt ? keys_.get() : nullptr);
   if (used.empty()) {
     // Rejected candidates may have left their data in the buffers: start from clean weights.
     host_state_.clear();
@@ -1270,12 +1274,13 @@ void Trainer::save_checkpoint_now(bool sync) {
   // hangs inside HDF5 (an I/O error on some ranks only) ends the job instead of hanging it.
   watchdog::set_activity("checkpoint save", step_);
   const watchdog::OpRecord save_record("checkpoint", ++saves_, "save", "hdf5", DType::u8, 0);
-  const SaveStats st = save_checkpoint(comm_, c_.ckpt_dir, state_tensors(), meta,
-                                       static_cast<int>(c_.ckpt_keep), [die, stall, this] {
-                                         if (die) std::raise(SIGKILL);
-                                         if (stall) stall_for_test("in the checkpoint save");
-                                       },
-                                       c_.ckpt_encrypt ? keys_.get() : nullptr);
+  const SaveStats st = save_checkpoint(
+      comm_, c_.ckpt_dir, state_tensors(), meta, static_cast<int>(c_.ckpt_keep),
+      [die, stall, this] {
+        if (die) std::raise(SIGKILL);
+        if (stall) stall_for_test("in the checkpoint save");
+      },
+      c_.ckpt_encrypt ? keys_.get() : nullptr);
   obs_->on_checkpoint_blocked(st.write_seconds);
   obs_->on_checkpoint_written(st.write_seconds, st.bytes);
   std::snprintf(line, sizeof line, "ckpt: saved %s (%.1f MB) in %.3f s, blocking (%.0f MB/s)",
@@ -1297,8 +1302,8 @@ int Trainer::run() {
   if (lead) {
     const std::vector<ParamInfo> ps = gpt_params(c_.model);
     std::printf("dt_train: %zu parameters, %d layers, %d heads, embd %d, seq %d, vocab %d\n",
-                ps.back().offset + ps.back().numel, c_.model.layers, c_.model.heads, c_.model.embd, T,
-                c_.model.vocab);
+                ps.back().offset + ps.back().numel, c_.model.layers, c_.model.heads, c_.model.embd,
+                T, c_.model.vocab);
     std::printf(
         "dt_train: %d ranks, global batch %ld x %d tokens, micro-batch %ld, %ld steps, "
         "device %s (%s), layout %s\n",
@@ -1492,8 +1497,7 @@ void Trainer::report_peak_memory() {
   std::string line = "dt_train: peak resident memory per rank:";
   double top = 0;
   for (std::size_t r = 0; r < all.size(); ++r) {
-    line += (r ? ", " : " ") + format_bytes(all[r]) + " (rank " +
-            std::to_string(r) + ")";
+    line += (r ? ", " : " ") + format_bytes(all[r]) + " (rank " + std::to_string(r) + ")";
     top = std::max(top, all[r]);
   }
   log(line + "; max " + format_bytes(top));
@@ -1501,7 +1505,8 @@ void Trainer::report_peak_memory() {
 
 void Trainer::report_bubble() {
   const int p = plan_->layout.pp, m = plan_->microbatches;
-  std::vector<double> mine{pipe_idle_s_, pipe_total_s_}, all(2 * static_cast<std::size_t>(comm_.size()));
+  std::vector<double> mine{pipe_idle_s_, pipe_total_s_},
+      all(2 * static_cast<std::size_t>(comm_.size()));
   comm_.all_gather(view_of(mine), view_of(all));
   if (comm_.rank() != 0 || all[1] <= 0) return;
   std::vector<double> idle(static_cast<std::size_t>(p), 0), total(static_cast<std::size_t>(p), 0);
@@ -1519,31 +1524,33 @@ void Trainer::report_bubble() {
     std::snprintf(b, sizeof b, "%s stage %d %.1f%%", s ? "," : "", s, 100 * f);
     per += b;
   }
-  std::printf("dt_train: pipeline bubble: %.1f%% of the 1F1B schedule idle, mean of %d stages "
-              "(theory (p-1)/(m+p-1) = %.1f%% for p=%d, m=%d);%s\n",
-              100 * sum / p, p, 100.0 * (p - 1) / (m + p - 1), p, m, per.c_str());
+  std::printf(
+      "dt_train: pipeline bubble: %.1f%% of the 1F1B schedule idle, mean of %d stages "
+      "(theory (p-1)/(m+p-1) = %.1f%% for p=%d, m=%d);%s\n",
+      100 * sum / p, p, 100.0 * (p - 1) / (m + p - 1), p, m, per.c_str());
   std::fflush(stdout);
 }
 
 void Trainer::print_plan() {
   const Layout& L = plan_->layout;
   if (comm_.rank() == 0) {
-    std::printf("dt_train: plan: %s on %d ranks; %d micro-batches of %ld sequences per step and "
-                "data-parallel rank\n",
-                L.str().c_str(), comm_.size(), plan_->microbatches, static_cast<long>(micro_));
+    std::printf(
+        "dt_train: plan: %s on %d ranks; %d micro-batches of %ld sequences per step and "
+        "data-parallel rank\n",
+        L.str().c_str(), comm_.size(), plan_->microbatches, static_cast<long>(micro_));
     if (!plan_->why.empty()) std::printf("dt_train: %s\n", plan_->why.c_str());
     std::printf("dt_train: placement (tensor-parallel groups):\n%s",
                 describe_placement(L, mesh_->coords(), mesh_->sites()).c_str());
     for (int s = 0; s < L.pp; ++s) {
       const int last = s + 1 < L.pp ? plan_->first_layer[static_cast<std::size_t>(s) + 1] - 1
-                                     : c_.model.layers - 1;
+                                    : c_.model.layers - 1;
       const graph::MemoryEstimate& m = plan_->memory[static_cast<std::size_t>(s)];
-      std::printf("dt_train: stage %d: layers %d-%d; estimated memory per rank %s (parameters %s, "
-                  "gradients %s, optimizer state %s, activations of %d micro-batches %s)\n",
-                  s, plan_->first_layer[static_cast<std::size_t>(s)], last,
-                  format_bytes(m.total()).c_str(), format_bytes(m.params).c_str(),
-                  format_bytes(m.grads).c_str(), format_bytes(m.optim).c_str(),
-                  plan_->in_flight(s), format_bytes(m.activations).c_str());
+      std::printf(
+          "dt_train: stage %d: layers %d-%d; estimated memory per rank %s (parameters %s, "
+          "gradients %s, optimizer state %s, activations of %d micro-batches %s)\n",
+          s, plan_->first_layer[static_cast<std::size_t>(s)], last, format_bytes(m.total()).c_str(),
+          format_bytes(m.params).c_str(), format_bytes(m.grads).c_str(),
+          format_bytes(m.optim).c_str(), plan_->in_flight(s), format_bytes(m.activations).c_str());
       for (std::size_t r = 0; r < mesh_->coords().size(); ++r) {
         const MeshCoord& mc = mesh_->coords()[r];
         if (mc.pp != s) continue;

@@ -280,6 +280,118 @@ void check_attention_fwd(Rig& r, int64_t B, int64_t T, int64_t Cc, int64_t NH,
   compare_rel("attention_fwd out" + label, r.down<float>(dout, out.size()), out, 1e-5, 1e-5);
 }
 
+// x rounded to `t` and back, by the CPU device's cast (checked bit-exact in tests/unit).
+std::vector<float> round16(Rig& r, const std::vector<float>& x, dt_hal_dtype t) {
+  std::vector<std::uint16_t> h(x.size());
+  std::vector<float> out(x.size());
+  r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(h.data()), t,
+             static_cast<const void*>(x.data()), DT_HAL_F32, static_cast<int64_t>(x.size()));
+  r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(out.data()), DT_HAL_F32,
+             static_cast<const void*>(h.data()), t, static_cast<int64_t>(x.size()));
+  return out;
+}
+
+// attention_*_ex (ABI version 3) in bf16 and f16. The scores take the same rounded q and k on both
+// devices, so att matches the CPU's as in fp32. out and dqkv are checked against float64 sums of
+// the operands the GPU must have used: qkv and dout rounded, and its own probabilities (att) and
+// softmax gradient (scratch, fp32 there) rounded; what is left is fp32 accumulation, a float sum
+// of n terms being within n u sum|terms|. The softmax gradient itself matches the CPU's rounded
+// one within an ulp of the format. F32 is the version-1 entry, bit for bit.
+void test_attention_ex(Rig& r) {
+  const int64_t B = 2, T = 33, Cc = 48, NH = 4, hs = Cc / NH, C3 = 3 * Cc, TT = T * T;
+  for (dt_hal_dtype type : {DT_HAL_BF16, DT_HAL_F16}) {
+    const std::string tn = type == DT_HAL_BF16 ? " bf16" : " f16";
+    const double ulp1 = type == DT_HAL_BF16 ? 0x1p-7 : 0x1p-10;  // an ulp at 1
+    const auto qkv = r.rand(B * T * C3);
+    const auto q16 = round16(r, qkv, type);
+    std::vector<float> out(B * T * Cc), att(B * NH * TT);
+    r.cpu.call(&dt_hal_v3_t::attention_fwd_ex, "attention_fwd_ex", out.data(), att.data(),
+               static_cast<const float*>(qkv.data()), B, T, Cc, NH, type);
+    auto dq = r.up(qkv);
+    dt::Device::Buffer dout(r.gpu, out.size() * 4), datt(r.gpu, att.size() * 4);
+    r.gpu.call(&dt_hal_v3_t::attention_fwd_ex, "attention_fwd_ex", dout.as<float>(),
+               datt.as<float>(), dq.as<const float>(), B, T, Cc, NH, type);
+    const auto att_g = r.down<float>(datt, att.size());
+    compare_rel("attention_fwd_ex att" + tn, att_g, att, 1e-6, 1e-5);
+    const auto a16 = round16(r, att_g, type);
+    std::vector<float> ref(out.size());
+    std::vector<double> tol(out.size());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < NH; ++h)
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t i = 0; i < hs; ++i) {
+            double s = 0, mag = 0;
+            for (int64_t j = 0; j <= t; ++j) {
+              const double term = double(a16[((b * NH + h) * T + t) * T + j]) *
+                                  q16[(b * T + j) * C3 + 2 * Cc + h * hs + i];
+              s += term;
+              mag += std::fabs(term);
+            }
+            const int64_t o = (b * T + t) * Cc + h * hs + i;
+            ref[o] = static_cast<float>(s);
+            tol[o] = 2 * (T + 3) * kU * mag + kU * std::fabs(s);
+          }
+    compare("attention_fwd_ex out" + tn, r.down<float>(dout, out.size()), ref,
+            [&](std::size_t i) { return tol[i]; });
+
+    // Backward from the GPU's own att, on both devices.
+    const auto go = r.rand(B * T * Cc), g0 = r.rand(B * T * C3);
+    const auto o16 = round16(r, go, type);
+    auto gq = g0;
+    std::vector<float> scr(att.size());
+    r.cpu.call(&dt_hal_v3_t::attention_bwd_ex, "attention_bwd_ex", gq.data(), scr.data(),
+               static_cast<const float*>(go.data()), static_cast<const float*>(qkv.data()),
+               static_cast<const float*>(att_g.data()), B, T, Cc, NH, type);
+    auto dgo = r.up(go), dgq = r.up(g0);
+    dt::Device::Buffer dscr(r.gpu, att.size() * 4);
+    r.gpu.call(&dt_hal_v3_t::attention_bwd_ex, "attention_bwd_ex", dgq.as<float>(),
+               dscr.as<float>(), dgo.as<const float>(), dq.as<const float>(),
+               datt.as<const float>(), B, T, Cc, NH, type);
+    const auto s16 = round16(r, r.down<float>(dscr, scr.size()), type);
+    compare("attention_bwd_ex softmax gradient" + tn, s16, scr, [&](std::size_t i) {
+      return ulp1 * std::fabs(scr[i]) + 1e-5 * std::fabs(scr[i]) + 1e-9;
+    });
+    std::vector<float> gref(g0.size());
+    std::vector<double> gtol(g0.size());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < NH; ++h)
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t i = 0; i < hs; ++i) {
+            double sums[3] = {0, 0, 0}, mags[3] = {0, 0, 0};
+            for (int64_t j = 0; j < T; ++j) {
+              const double terms[3] = {
+                  double(s16[((b * NH + h) * T + t) * T + j]) *
+                      q16[(b * T + j) * C3 + Cc + h * hs + i],
+                  double(s16[((b * NH + h) * T + j) * T + t]) * q16[(b * T + j) * C3 + h * hs + i],
+                  double(a16[((b * NH + h) * T + j) * T + t]) * o16[(b * T + j) * Cc + h * hs + i]};
+              for (int p = 0; p < 3; ++p) {
+                sums[p] += terms[p];
+                mags[p] += std::fabs(terms[p]);
+              }
+            }
+            for (int p = 0; p < 3; ++p) {
+              const int64_t k = (b * T + t) * C3 + p * Cc + h * hs + i;
+              const double v = g0[k] + sums[p];
+              gref[k] = static_cast<float>(v);
+              gtol[k] = 2 * ((T + 2) * kU * mags[p] + kU * (std::fabs(g0[k]) + std::fabs(v)));
+            }
+          }
+    compare("attention_bwd_ex dqkv" + tn, r.down<float>(dgq, g0.size()), gref,
+            [&](std::size_t i) { return gtol[i]; });
+  }
+  // F32: the version-1 entries, bit for bit.
+  const auto qkv = r.rand(B * T * C3), go = r.rand(B * T * Cc);
+  auto dq = r.up(qkv), dgo = r.up(go);
+  dt::Device::Buffer o1(r.gpu, B * T * Cc * 4), o2(r.gpu, B * T * Cc * 4);
+  dt::Device::Buffer a1(r.gpu, B * NH * TT * 4), a2(r.gpu, B * NH * TT * 4);
+  r.gpu.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", o1.as<float>(), a1.as<float>(),
+             dq.as<const float>(), B, T, Cc, NH);
+  r.gpu.call(&dt_hal_v3_t::attention_fwd_ex, "attention_fwd_ex", o2.as<float>(), a2.as<float>(),
+             dq.as<const float>(), B, T, Cc, NH, DT_HAL_F32);
+  compare_rel("attention_fwd_ex f32 = attention_fwd", r.down<float>(o2, B * T * Cc),
+              r.down<float>(o1, B * T * Cc), 0, 0);
+}
+
 void test_layers(Rig& r) {
   const int64_t B = 2, T = 33, Cc = 48, NH = 4, V = 67, BT = B * T;
   // Embedding.
@@ -752,7 +864,7 @@ int main(int argc, char** argv) {
   if (load_only) {
     try {
       dt::Device d = dt::Device::open("cuda", path);
-      if (d.abi_version() != 2) {
+      if (d.abi_version() != 3) {
         std::printf("FAIL: libdt_hal_cuda.so has ABI version %d\n", d.abi_version());
         return 1;
       }
@@ -785,6 +897,7 @@ int main(int argc, char** argv) {
     test_gemm(*rig);
     test_elementwise(*rig);
     test_layers(*rig);
+    test_attention_ex(*rig);
     test_optim_and_mixed(*rig);
     test_streams_graphs(*rig);
     test_gemm_ex_forms(*rig);

@@ -31,10 +31,14 @@ std::string error_of(F&& f) {
 
 }  // namespace
 
-TEST_CASE("a version-2 plugin: the CPU device as a shared library matches the built-in one") {
+TEST_CASE("a version-3 plugin: the CPU device as a shared library matches the built-in one") {
   dt::Device shared = dt::Device::open("cpu_shared", kPlugins);
   dt::Device builtin = dt::Device::open("cpu", "");
-  CHECK(shared.abi_version() == 2);
+  CHECK(shared.abi_version() == 3);
+  CHECK(builtin.abi_version() == 3);
+  CHECK(shared.table().api_version == DT_HAL_API_VERSION_3);
+  CHECK(shared.has(reinterpret_cast<const void*>(shared.table3().attention_fwd_ex)));
+  CHECK(shared.has(reinterpret_cast<const void*>(shared.table3().attention_bwd_ex)));
   CHECK(shared.origin().find("libdt_hal_cpu_shared.so") != std::string::npos);
   CHECK(dt::missing_training_kernels(shared, dt::DType::bf16).empty());
   // bf16 x bf16 -> f16 through each: the same bits.
@@ -50,6 +54,22 @@ TEST_CASE("a version-2 plugin: the CPU device as a shared library matches the bu
             std::int64_t{4}, DT_HAL_BF16, DT_HAL_F16);
   }
   CHECK(c1 == c2);
+}
+
+TEST_CASE("a version-2 plugin loads through the adapter and lacks the version-3 entries") {
+  dt::Device d = dt::Device::open("nocast", kTestPlugins);  // the CPU device's v2 table, no cast
+  CHECK(d.abi_version() == 2);
+  CHECK(d.table().api_version == DT_HAL_API_VERSION_2);
+  CHECK(d.has(reinterpret_cast<const void*>(d.table2().gemm_ex)));
+  CHECK(!d.has(reinterpret_cast<const void*>(d.table3().attention_fwd_ex)));
+  CHECK(!d.has(reinterpret_cast<const void*>(d.table3().attention_bwd_ex)));
+  const std::string msg = error_of<dt::DeviceError>([&] {
+    float x = 0.0f;
+    d.call(&dt_hal_v3_t::attention_fwd_ex, "attention_fwd_ex", &x, &x,
+           static_cast<const float*>(&x), std::int64_t{1}, std::int64_t{1}, std::int64_t{1},
+           std::int64_t{1}, DT_HAL_BF16);
+  });
+  CHECK(msg.find("does not provide attention_fwd_ex") != std::string::npos);
 }
 
 TEST_CASE("a version-1 plugin loads through the adapter and lacks every version-2 entry") {
@@ -98,7 +118,7 @@ TEST_CASE("the template NPU plugin loads, describes itself and is refused for tr
   const std::string msg =
       error_of<dt::ConfigError>([&] { dt::require_training_kernels(d, dt::DType::f32); });
   CHECK(msg.find("device 'template' (" + kPlugins +
-                 "/libdt_hal_template.so, ABI version 2) "
+                 "/libdt_hal_template.so, ABI version 3) "
                  "cannot train in f32: it lacks the kernels gemm, bias_add, bias_grad, "
                  "sum_squares, embedding_fwd, embedding_bwd, layernorm_fwd, layernorm_bwd, "
                  "gelu_fwd, gelu_bwd, attention_fwd, attention_bwd, softmax_xent_fwd, "
@@ -114,9 +134,9 @@ TEST_CASE("plugins of another ABI version are refused, naming both versions") {
           dt::Device::open("wrongver", kTestPlugins);
         }).find("has ABI version 2, this dt needs ABI version 1 behind dt_hal_plugin_v1") !=
         std::string::npos);
-  CHECK(error_of<dt::ConfigError>([] { dt::Device::open("v3only", kTestPlugins); })
-            .find("provides ABI version 3 (dt_hal_plugin_v3), this dt supports ABI versions 1 "
-                  "and 2") != std::string::npos);
+  CHECK(error_of<dt::ConfigError>([] { dt::Device::open("v4only", kTestPlugins); })
+            .find("provides ABI version 4 (dt_hal_plugin_v4), this dt supports ABI versions 1, 2 "
+                  "and 3") != std::string::npos);
   CHECK(error_of<dt::ConfigError>([] {
           dt::Device::open("nosuch", kTestPlugins);
         }).find("plugin libdt_hal_nosuch.so not found") != std::string::npos);

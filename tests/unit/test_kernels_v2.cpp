@@ -1,10 +1,11 @@
-// Differential tests of the CPU device's version-2 entries (hal/dt_hal_v2.h) against float64
-// references written here: casts between f32, bf16 and f16 (bit-exact against a rounding done in
-// double with nearbyint), gemm_ex for every pairing of operand and result types (first-order
-// bound as in test_kernels.cpp: a float sum of K terms is within K u sum|terms|, doubled for
-// second-order terms; a 16-bit result adds half an ulp of its format), scale_check_finite
-// (bit-exact, plus the flag) and adamw_multi (bit-exact against the version-1 adamw, which
-// test_kernels.cpp checks against float64).
+// Differential tests of the CPU device's version-2 and version-3 entries (hal/dt_hal_v2.h,
+// hal/dt_hal_v3.h) against float64 references written here: casts between f32, bf16 and f16
+// (bit-exact against a rounding done in double with nearbyint), gemm_ex for every pairing of
+// operand and result types (first-order bound as in test_kernels.cpp: a float sum of K terms is
+// within K u sum|terms|, doubled for second-order terms; a 16-bit result adds half an ulp of its
+// format), scale_check_finite (bit-exact, plus the flag), adamw_multi (bit-exact against the
+// version-1 adamw, which test_kernels.cpp checks against float64), and attention with its
+// products in bf16 and f16 (at the end).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -404,7 +405,7 @@ TEST_CASE("v2 adamw_multi: the same bits as the version-1 adamw per tensor") {
 
 TEST_CASE("v2 through dt::Device: the built-in CPU has every training kernel in every dtype") {
   dt::Device dev = dt::Device::open("cpu", "");
-  CHECK(dev.abi_version() == 2);
+  CHECK(dev.abi_version() == 3);
   for (dt::DType t : {dt::DType::f32, dt::DType::bf16, dt::DType::f16}) {
     CHECK(dt::missing_training_kernels(dev, t).empty());
     CHECK_NOTHROW(dt::require_training_kernels(dev, t));
@@ -443,8 +444,7 @@ TEST_CASE("v2 graphs: a capture records instead of running; each launch replays 
   float* V[1] = {v.data()};
   int64_t S[1] = {1};
   float W[1] = {0.0f};
-  REQUIRE(d.t->adamw_multi(d.ctx, 1, P, G, M, V, S, W, 0.1f, 0.9f, 0.999f, 1e-8f, 1) ==
-          DT_HAL_OK);
+  REQUIRE(d.t->adamw_multi(d.ctx, 1, P, G, M, V, S, W, 0.1f, 0.9f, 0.999f, 1e-8f, 1) == DT_HAL_OK);
   P[0] = nullptr;
   S[0] = -1;
   CHECK(c == std::vector<float>(4, 0.0f));
@@ -522,7 +522,8 @@ TEST_CASE("v2 graphs: host memory, waits and allocation invalidate the capture, 
   d.t->graph_destroy(d.ctx, graph);
 }
 
-TEST_CASE("v2 graphs: a bad argument fails the launch with the entry's message; other threads run") {
+TEST_CASE(
+    "v2 graphs: a bad argument fails the launch with the entry's message; other threads run") {
   Dev2 d;
   const auto& v1 = d.t->v1;
   std::vector<float> x = {1, 2, 3};
@@ -541,4 +542,209 @@ TEST_CASE("v2 graphs: a bad argument fails the launch with the entry's message; 
   CHECK(x == std::vector<float>({2, 4, 6}));  // call 1 ran
   CHECK(d.t->graph_launch(d.ctx, nullptr) == DT_HAL_ERR_INVALID);
   d.t->graph_destroy(d.ctx, graph);
+}
+
+// ---- version 3: attention with its products in a 16-bit type ----------------------------------
+
+namespace {
+
+struct Dev3 {
+  const dt_hal_v3_t* t = dt_hal_cpu_v3();
+  void* ctx = nullptr;
+  Dev3() {
+    REQUIRE(t != nullptr);
+    REQUIRE(t->v2.v1.api_version == DT_HAL_API_VERSION_3);
+    REQUIRE(t->v2.v1.open(0, &ctx) == DT_HAL_OK);
+  }
+  ~Dev3() { t->v2.v1.close(ctx); }
+  Dev3(const Dev3&) = delete;
+  Dev3& operator=(const Dev3&) = delete;
+};
+
+std::vector<float> rand_f(std::mt19937& rng, std::size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+std::vector<float> rounded(const std::vector<float>& v, const Format& f) {
+  std::vector<float> r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = static_cast<float>(round_to(v[i], f));
+  return r;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Elements of got outside ref +- tol; names the first few (unless quiet).
+std::size_t outside(const std::string& what, const std::vector<float>& got,
+                    const std::vector<double>& ref, const std::vector<double>& tol,
+                    bool quiet = false) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(got[i] - ref[i]) <= tol[i]) && bad++ < 5 && !quiet)
+      MESSAGE(what << "[" << i << "] = " << got[i] << ", reference " << ref[i] << " +- " << tol[i]);
+  return bad;
+}
+
+}  // namespace
+
+// The 16-bit forms against references built from the operands the kernel must have used: the
+// probabilities (forward) and the softmax gradient (backward) the kernel itself returns in att and
+// scratch, rounded here, and qkv and dout rounded here. What is then left is fp32 accumulation:
+// a float sum of n terms is within n u sum|terms| of the exact one (doubled, plus u of the value
+// accumulated onto). The scores take rounded q and k, so att equals the fp32 kernel's att on a
+// rounded qkv, bit for bit; the F32 form is the version-1 entry, bit for bit.
+TEST_CASE("v3 attention_fwd_ex / attention_bwd_ex: products on rounded operands, fp32 elsewhere") {
+  Dev3 d;
+  std::mt19937 rng(31);
+  const dt_hal_v1_t& v1 = d.t->v2.v1;
+  struct Shape {
+    int64_t B, T, C, NH;
+  };
+  for (Shape sh : {Shape{2, 7, 12, 3}, Shape{1, 37, 8, 2}}) {
+    for (auto [type, fmt] :
+         {std::pair<dt_hal_dtype, Format>{DT_HAL_BF16, kBf16}, {DT_HAL_F16, kF16}}) {
+      const int64_t B = sh.B, T = sh.T, C = sh.C, NH = sh.NH, hs = C / NH, C3 = 3 * C;
+      CAPTURE(T);
+      CAPTURE(static_cast<int>(type));
+      const auto qkv = rand_f(rng, B * T * C3, -1.5f, 1.5f);
+      const auto q16 = rounded(qkv, fmt);
+      std::vector<float> out(B * T * C), att(B * NH * T * T);
+      REQUIRE(d.t->attention_fwd_ex(d.ctx, out.data(), att.data(), qkv.data(), B, T, C, NH, type) ==
+              DT_HAL_OK);
+      // att: the fp32 kernel's on the rounded qkv.
+      std::vector<float> out32(B * T * C), att32(B * NH * T * T);
+      REQUIRE(v1.attention_fwd(d.ctx, out32.data(), att32.data(), q16.data(), B, T, C, NH) ==
+              DT_HAL_OK);
+      CHECK(same_bits(att, att32));
+      // out = rounded(att) rounded(v), accumulated in fp32.
+      const auto a16 = rounded(att, fmt);
+      std::vector<double> ref(out.size()), tol(out.size());
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < NH; ++h)
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t i = 0; i < hs; ++i) {
+              double s = 0, mag = 0;
+              for (int64_t j = 0; j <= t; ++j) {
+                const double term = double(a16[((b * NH + h) * T + t) * T + j]) *
+                                    q16[(b * T + j) * C3 + 2 * C + h * hs + i];
+                s += term;
+                mag += std::fabs(term);
+              }
+              const int64_t o = (b * T + t) * C + h * hs + i;
+              ref[o] = s;
+              tol[o] = 2 * (t + 3) * kU * mag;
+            }
+      CHECK(outside("attention_fwd_ex out", out, ref, tol) == 0);
+      // The rounding is real: the fp32 products on the same rounded qkv give another out.
+      CHECK(outside("fp32 out", out32, ref, tol, true) > 0);
+
+      // Backward.
+      const auto dout = rand_f(rng, B * T * C, -1.0f, 1.0f);
+      const auto o16 = rounded(dout, fmt);
+      const auto dqkv0 = rand_f(rng, B * T * C3, -1.0f, 1.0f);
+      auto dqkv = dqkv0;
+      std::vector<float> scr(B * NH * T * T, std::nanf(""));
+      REQUIRE(d.t->attention_bwd_ex(d.ctx, dqkv.data(), scr.data(), dout.data(), qkv.data(),
+                                    att.data(), B, T, C, NH, type) == DT_HAL_OK);
+      // The softmax gradient the kernel used: S' = scale att (S - rowsum(att S)), S = dout v^T on
+      // rounded operands, from the fp32 att; rounded once (within half an ulp of the fp32 value,
+      // which is within a few u of the exact one relative to its terms).
+      const double scale = 1.0 / std::sqrt(double(hs));
+      std::vector<double> sref(scr.size(), 0.0), stol(scr.size(), 0.0);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < NH; ++h)
+          for (int64_t t = 0; t < T; ++t) {
+            std::vector<double> s(t + 1), smag(t + 1);
+            double rho = 0, rmag = 0;
+            for (int64_t j = 0; j <= t; ++j) {
+              for (int64_t i = 0; i < hs; ++i) {
+                const double term = double(o16[(b * T + t) * C + h * hs + i]) *
+                                    q16[(b * T + j) * C3 + 2 * C + h * hs + i];
+                s[j] += term;
+                smag[j] += std::fabs(term);
+              }
+              const double p = att[((b * NH + h) * T + t) * T + j];
+              rho += p * s[j];
+              rmag += p * (std::fabs(s[j]) + (hs + 1) * kU * smag[j]);
+            }
+            for (int64_t j = 0; j <= t; ++j) {
+              const int64_t k = ((b * NH + h) * T + t) * T + j;
+              const double p = att[k], v = scale * p * (s[j] - rho);
+              const double e32 = scale * p *
+                                 ((hs + 1) * kU * smag[j] + (t + 3) * kU * rmag +
+                                  3 * kU * (std::fabs(s[j]) + std::fabs(rho)));
+              sref[k] = v;
+              // Half an ulp of the format at the value (or of its smallest normal), plus e32.
+              int e = 0;
+              std::frexp(std::max(std::fabs(v) + e32, std::ldexp(1.0, fmt.emin)), &e);
+              stol[k] = 2 * e32 + std::ldexp(1.0, e - fmt.p);
+            }
+          }
+      CHECK(outside("attention_bwd_ex softmax gradient", scr, sref, stol) == 0);
+      for (std::size_t k = 0; k < scr.size(); ++k)  // it is rounded
+        if (round_to(scr[k], fmt) != double(scr[k])) {
+          FAIL_CHECK("scratch[" << k << "] = " << scr[k] << " is not a 16-bit value");
+          break;
+        }
+      // dq += S' k, dk += S'^T q, dv += rounded(att)^T dout, on rounded operands.
+      const auto s16 = rounded(scr, fmt);  // the same values (checked just above)
+      std::vector<double> gref(dqkv.size()), gtol(dqkv.size());
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < NH; ++h)
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t i = 0; i < hs; ++i) {
+              double dq = 0, aq = 0, dk = 0, ak = 0, dv = 0, av = 0;
+              for (int64_t j = 0; j < T; ++j) {
+                const double sq = s16[((b * NH + h) * T + t) * T + j];  // row t: keys j <= t
+                const double sk = s16[((b * NH + h) * T + j) * T + t];  // column t: queries j >= t
+                const double pv = a16[((b * NH + h) * T + j) * T + t];
+                const double kj = q16[(b * T + j) * C3 + C + h * hs + i];
+                const double qj = q16[(b * T + j) * C3 + h * hs + i];
+                const double oj = o16[(b * T + j) * C + h * hs + i];
+                dq += sq * kj;
+                aq += std::fabs(sq * kj);
+                dk += sk * qj;
+                ak += std::fabs(sk * qj);
+                dv += pv * oj;
+                av += std::fabs(pv * oj);
+              }
+              const int64_t base = (b * T + t) * C3 + h * hs + i;
+              const double sums[3] = {dq, dk, dv}, mags[3] = {aq, ak, av};
+              for (int part = 0; part < 3; ++part) {
+                const int64_t k = base + part * C;
+                gref[k] = dqkv0[k] + sums[part];
+                gtol[k] = 2 * ((T + 2) * kU * mags[part] +
+                               kU * (std::fabs(dqkv0[k]) + std::fabs(gref[k])));
+              }
+            }
+      CHECK(outside("attention_bwd_ex dqkv", dqkv, gref, gtol) == 0);
+    }
+  }
+  // F32 is the version-1 entry, bit for bit.
+  const int64_t B = 2, T = 9, C = 8, NH = 2;
+  const auto qkv = rand_f(rng, B * T * 3 * C, -1.0f, 1.0f);
+  std::vector<float> o1(B * T * C), a1(B * NH * T * T), o2(o1.size()), a2(a1.size());
+  REQUIRE(v1.attention_fwd(d.ctx, o1.data(), a1.data(), qkv.data(), B, T, C, NH) == DT_HAL_OK);
+  REQUIRE(d.t->attention_fwd_ex(d.ctx, o2.data(), a2.data(), qkv.data(), B, T, C, NH, DT_HAL_F32) ==
+          DT_HAL_OK);
+  CHECK(same_bits(o1, o2));
+  CHECK(same_bits(a1, a2));
+  const auto dout = rand_f(rng, B * T * C, -1.0f, 1.0f);
+  std::vector<float> g1(qkv.size(), 0.0f), g2(qkv.size(), 0.0f), s1(a1.size()), s2(a1.size());
+  REQUIRE(v1.attention_bwd(d.ctx, g1.data(), s1.data(), dout.data(), qkv.data(), a1.data(), B, T, C,
+                           NH) == DT_HAL_OK);
+  REQUIRE(d.t->attention_bwd_ex(d.ctx, g2.data(), s2.data(), dout.data(), qkv.data(), a1.data(), B,
+                                T, C, NH, DT_HAL_F32) == DT_HAL_OK);
+  CHECK(same_bits(g1, g2));
+  // A bad dtype and bad shapes are refused with the entry's name.
+  CHECK(d.t->attention_fwd_ex(d.ctx, o2.data(), a2.data(), qkv.data(), B, T, C, NH,
+                              static_cast<dt_hal_dtype>(7)) == DT_HAL_ERR_INVALID);
+  CHECK(std::string(v1.last_error(d.ctx)).find("attention_fwd_ex: unknown dtype 7") !=
+        std::string::npos);
+  CHECK(d.t->attention_bwd_ex(d.ctx, g2.data(), s2.data(), dout.data(), qkv.data(), a1.data(), B, T,
+                              C, 3, DT_HAL_BF16) == DT_HAL_ERR_INVALID);
 }
