@@ -103,7 +103,8 @@ TEST_CASE("a version-1 plugin loads through the adapter and lacks every version-
 
 TEST_CASE("the template NPU plugin loads, describes itself and is refused for training") {
   dt::Device d = dt::Device::open("template", kPlugins);
-  CHECK(d.abi_version() == 2);
+  CHECK(d.abi_version() == 3);
+  CHECK(!d.has(reinterpret_cast<const void*>(d.table3().attention_fwd_ex)));
   CHECK(d.describe().find("template NPU skeleton") != std::string::npos);
   // Its example kernels run.
   float x[3] = {1, 2, 3};
