@@ -27,7 +27,7 @@ typedef struct dt_hal_v3 {
   /* Every version-2 entry, same meaning; v2.v1.api_version == DT_HAL_API_VERSION_3. */
   dt_hal_v2_t v2;
 
-  /* ---- attention in a given precision (optional as a pair) ------------------------------ */
+  /* ---- attention in a given precision (optional as a pair: dt refuses a table with one) -- */
   /* attention_fwd of version 1 (same arguments, layout and outputs) with its two products,
    * scale q k^T and att v, taking their operands rounded to `dtype` (round to nearest even) and
    * accumulating in fp32. The softmax runs in fp32 on the fp32 scores, and `att` keeps the fp32

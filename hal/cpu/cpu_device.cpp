@@ -1675,37 +1675,24 @@ void cpu_graph_destroy(void*, void* graph) { delete static_cast<Graph*>(graph); 
 // know version 1) and the version-2 table; they share every version-1 entry.
 const dt_hal_v1_t kCpuTable = {DT_HAL_API_VERSION_1, kTableName, DT_CPU_V1_ENTRIES};
 
-const dt_hal_v2_t kCpuTableV2 = {
-    {DT_HAL_API_VERSION_2, kTableName, DT_CPU_V1_ENTRIES},
-    cpu_describe,
-    Rec<cpu_gemm_ex>::entry,
-    Rec<cpu_cast>::entry,
-    Rec<cpu_scale_check_finite>::entry,
-    rec_adamw_multi,
-    cpu_stream_create,
-    cpu_handle_destroy,
-    cpu_set_stream,
-    cpu_native_stream,
-    cpu_event_create,
-    cpu_handle_destroy,
-    cpu_event_op,  // event_record
-    cpu_event_op,  // stream_wait_event
-    rec_event_synchronize,
-    cpu_graph_begin,
-    cpu_graph_end,
-    cpu_graph_launch,
-    cpu_graph_destroy,
-};
+// The version-2 entries after the version-1 table, in table order.
+#define DT_CPU_V2_ENTRIES                                                                          \
+  cpu_describe, Rec<cpu_gemm_ex>::entry, Rec<cpu_cast>::entry, Rec<cpu_scale_check_finite>::entry, \
+      rec_adamw_multi, cpu_stream_create, cpu_handle_destroy, cpu_set_stream, cpu_native_stream,   \
+      cpu_event_create, cpu_handle_destroy, cpu_event_op,                                          \
+      /* event_record */ cpu_event_op, /* stream_wait_event */                                     \
+      rec_event_synchronize, cpu_graph_begin, cpu_graph_end, cpu_graph_launch, cpu_graph_destroy
 
-// The version-3 table: the version-2 one (its version field aside) and attention in a precision.
-const dt_hal_v3_t kCpuTableV3 = [] {
-  dt_hal_v3_t t{};
-  t.v2 = kCpuTableV2;
-  t.v2.v1.api_version = DT_HAL_API_VERSION_3;
-  t.attention_fwd_ex = Rec<cpu_attention_fwd_ex>::entry;
-  t.attention_bwd_ex = Rec<cpu_attention_bwd_ex>::entry;
-  return t;
-}();
+const dt_hal_v2_t kCpuTableV2 = {{DT_HAL_API_VERSION_2, kTableName, DT_CPU_V1_ENTRIES},
+                                 DT_CPU_V2_ENTRIES};
+
+// The version-3 table: the same entries and attention in a precision (constant-initialised, like
+// the others, so it is complete before any static initialiser may ask for it).
+const dt_hal_v3_t kCpuTableV3 = {
+    {{DT_HAL_API_VERSION_3, kTableName, DT_CPU_V1_ENTRIES}, DT_CPU_V2_ENTRIES},
+    Rec<cpu_attention_fwd_ex>::entry,
+    Rec<cpu_attention_bwd_ex>::entry,
+};
 
 }  // namespace
 

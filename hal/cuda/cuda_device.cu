@@ -1317,6 +1317,10 @@ int gemm_rm_ex(void* ctx, const char* fn, int ta, int tb, int64_t M, int64_t N, 
   return DT_HAL_OK;
 }
 
+// n rounded up to a multiple of 8: 16-bit sub-buffers start 16-byte aligned, as tensor-core
+// GEMMs want.
+inline int64_t aligned8(int64_t n) { return (n + 7) / 8 * 8; }
+
 // n fp32 values rounded to t into out (16-bit), on the current stream.
 int narrow_into(void* ctx, const char* fn, uint16_t* out, const float* in, int64_t n,
                 dt_hal_dtype t) {
@@ -1343,9 +1347,9 @@ int cuda_attention_fwd_ex(void* ctx, float* out, float* att, const float* qkv, i
   const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T, nqkv = B * T * C3;
   Context* c = C(ctx);
   DT_HAL_TRY(grow_scratch(ctx, fn, &c->lp, &c->lp_bytes,
-                          static_cast<size_t>(nqkv + B * NH * TT) * sizeof(uint16_t)));
+                          static_cast<size_t>(aligned8(nqkv) + B * NH * TT) * sizeof(uint16_t)));
   uint16_t* q16 = static_cast<uint16_t*>(c->lp);
-  uint16_t* a16 = q16 + nqkv;
+  uint16_t* a16 = q16 + aligned8(nqkv);
   const float scale = 1.0f / sqrtf(static_cast<float>(hs));
   const int nh = static_cast<int>(NH);
   DT_HAL_TRY(narrow_into(ctx, fn, q16, qkv, nqkv, dtype));
@@ -1385,11 +1389,12 @@ int cuda_attention_bwd_ex(void* ctx, float* dqkv, float* scratch, const float* d
   DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
   const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T, nqkv = B * T * C3, nout = B * T * Cc;
   Context* c = C(ctx);
-  DT_HAL_TRY(grow_scratch(ctx, fn, &c->lp, &c->lp_bytes,
-                          static_cast<size_t>(nqkv + nout + B * NH * TT) * sizeof(uint16_t)));
+  DT_HAL_TRY(grow_scratch(
+      ctx, fn, &c->lp, &c->lp_bytes,
+      static_cast<size_t>(aligned8(nqkv) + aligned8(nout) + B * NH * TT) * sizeof(uint16_t)));
   uint16_t* q16 = static_cast<uint16_t*>(c->lp);
-  uint16_t* o16 = q16 + nqkv;
-  uint16_t* a16 = o16 + nout;  // the probabilities, then S
+  uint16_t* o16 = q16 + aligned8(nqkv);
+  uint16_t* a16 = o16 + aligned8(nout);  // the probabilities, then S
   const float scale = 1.0f / sqrtf(static_cast<float>(hs));
   const int nh = static_cast<int>(NH);
   DT_HAL_TRY(narrow_into(ctx, fn, q16, qkv, nqkv, dtype));

@@ -149,6 +149,10 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
                DT_HAL_PLUGIN_V1_SYMBOL, " symbol)");
     }
   }
+  DT_CHECK(ConfigError,
+           (d.table_.attention_fwd_ex == nullptr) == (d.table_.attention_bwd_ex == nullptr),
+           "device '", name, "': ", d.origin_,
+           " provides only one of attention_fwd_ex and attention_bwd_ex (they go in pairs)");
   const dt_hal_v1_t& t = d.table_.v2.v1;
   for (auto [fn, what] :
        {std::pair<const void*, const char*>{reinterpret_cast<const void*>(t.open), "open"},

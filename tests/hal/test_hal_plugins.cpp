@@ -135,6 +135,9 @@ TEST_CASE("plugins of another ABI version are refused, naming both versions") {
           dt::Device::open("wrongver", kTestPlugins);
         }).find("has ABI version 2, this dt needs ABI version 1 behind dt_hal_plugin_v1") !=
         std::string::npos);
+  CHECK(error_of<dt::ConfigError>([] {
+          dt::Device::open("halfattn", kTestPlugins);
+        }).find("provides only one of attention_fwd_ex and attention_bwd_ex") != std::string::npos);
   CHECK(error_of<dt::ConfigError>([] { dt::Device::open("v4only", kTestPlugins); })
             .find("provides ABI version 4 (dt_hal_plugin_v4), this dt supports ABI versions 1, 2 "
                   "and 3") != std::string::npos);
