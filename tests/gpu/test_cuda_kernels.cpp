@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "attention16_ref.hpp"
 #include "dt/device.hpp"
 
 namespace {
@@ -299,7 +300,7 @@ std::vector<float> round16(Rig& r, const std::vector<float>& x, dt_hal_dtype t) 
 // within both devices' fp32 error bound plus one rounding each. F32 is the version-1 entry, bit
 // for bit.
 void test_attention_ex(Rig& r) {
-  const int64_t B = 2, T = 33, Cc = 48, NH = 4, hs = Cc / NH, C3 = 3 * Cc, TT = T * T;
+  const int64_t B = 2, T = 33, Cc = 48, NH = 4, C3 = 3 * Cc, TT = T * T;
   for (dt_hal_dtype type : {DT_HAL_BF16, DT_HAL_F16}) {
     const std::string tn = type == DT_HAL_BF16 ? " bf16" : " f16";
     const int prec = type == DT_HAL_BF16 ? 8 : 11;      // significand bits
@@ -316,23 +317,11 @@ void test_attention_ex(Rig& r) {
     const auto att_g = r.down<float>(datt, att.size());
     compare_rel("attention_fwd_ex att" + tn, att_g, att, 1e-6, 1e-5);
     const auto a16 = round16(r, att_g, type);
-    std::vector<float> ref(out.size());
-    std::vector<double> tol(out.size());
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < NH; ++h)
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t i = 0; i < hs; ++i) {
-            double s = 0, mag = 0;
-            for (int64_t j = 0; j <= t; ++j) {
-              const double term = double(a16[((b * NH + h) * T + t) * T + j]) *
-                                  q16[(b * T + j) * C3 + 2 * Cc + h * hs + i];
-              s += term;
-              mag += std::fabs(term);
-            }
-            const int64_t o = (b * T + t) * Cc + h * hs + i;
-            ref[o] = static_cast<float>(s);
-            tol[o] = 2 * (T + 3) * kU * mag + kU * std::fabs(s);
-          }
+    const dt_test::AttnShape shape{B, T, Cc, NH};
+    std::vector<double> oref, otol;
+    dt_test::attn16_out_ref(shape, q16, a16, oref, otol);
+    const std::vector<float> ref(oref.begin(), oref.end());
+    const std::vector<double>& tol = otol;
     compare("attention_fwd_ex out" + tn, r.down<float>(dout, out.size()), ref,
             [&](std::size_t i) { return tol[i]; });
 
@@ -350,64 +339,18 @@ void test_attention_ex(Rig& r) {
                dscr.as<float>(), dgo.as<const float>(), dq.as<const float>(),
                datt.as<const float>(), B, T, Cc, NH, type);
     const auto s16 = round16(r, r.down<float>(dscr, scr.size()), type);
-    // Each device's fp32 S' is within e32 of the exact value v (its terms' rounding errors), and
-    // each rounding adds half an ulp at |v| + e32 (at least the format's smallest normal).
-    std::vector<double> stol(scr.size(), 0.0);
-    const double scale = 1.0 / std::sqrt(double(hs));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < NH; ++h)
-        for (int64_t t = 0; t < T; ++t) {
-          std::vector<double> sv(t + 1, 0.0), smag(t + 1, 0.0);
-          double rho = 0, rmag = 0;
-          for (int64_t j = 0; j <= t; ++j) {
-            for (int64_t i = 0; i < hs; ++i) {
-              const double term = double(o16[(b * T + t) * Cc + h * hs + i]) *
-                                  q16[(b * T + j) * C3 + 2 * Cc + h * hs + i];
-              sv[j] += term;
-              smag[j] += std::fabs(term);
-            }
-            const double p = att_g[((b * NH + h) * T + t) * T + j];
-            rho += p * sv[j];
-            rmag += p * (std::fabs(sv[j]) + (hs + 1) * kU * smag[j]);
-          }
-          for (int64_t j = 0; j <= t; ++j) {
-            const int64_t k = ((b * NH + h) * T + t) * T + j;
-            const double p = att_g[k], v = scale * p * (sv[j] - rho);
-            const double e32 = scale * p *
-                               ((hs + 1) * kU * smag[j] + (t + 3) * kU * rmag +
-                                3 * kU * (std::fabs(sv[j]) + std::fabs(rho)));
-            int e = 0;
-            std::frexp(std::max(std::fabs(v) + e32, std::ldexp(1.0, emin)), &e);
-            stol[k] = 2 * e32 + std::ldexp(1.0, e - prec);
-          }
-        }
+    // Each device's fp32 S' is within e32 of the exact value (its terms' rounding errors), and
+    // each rounding adds half an ulp at |value| + e32.
+    std::vector<double> sref, stol;
+    dt_test::attn16_sgrad_ref(shape, q16, o16, att_g, sref, stol);
+    for (std::size_t k = 0; k < stol.size(); ++k)
+      stol[k] = 2 * stol[k] + dt_test::format_ulp(std::fabs(sref[k]) + stol[k], prec, emin);
     compare("attention_bwd_ex softmax gradient" + tn, s16, scr,
             [&](std::size_t i) { return stol[i]; });
-    std::vector<float> gref(g0.size());
-    std::vector<double> gtol(g0.size());
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < NH; ++h)
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t i = 0; i < hs; ++i) {
-            double sums[3] = {0, 0, 0}, mags[3] = {0, 0, 0};
-            for (int64_t j = 0; j < T; ++j) {
-              const double terms[3] = {
-                  double(s16[((b * NH + h) * T + t) * T + j]) *
-                      q16[(b * T + j) * C3 + Cc + h * hs + i],
-                  double(s16[((b * NH + h) * T + j) * T + t]) * q16[(b * T + j) * C3 + h * hs + i],
-                  double(a16[((b * NH + h) * T + j) * T + t]) * o16[(b * T + j) * Cc + h * hs + i]};
-              for (int p = 0; p < 3; ++p) {
-                sums[p] += terms[p];
-                mags[p] += std::fabs(terms[p]);
-              }
-            }
-            for (int p = 0; p < 3; ++p) {
-              const int64_t k = (b * T + t) * C3 + p * Cc + h * hs + i;
-              const double v = g0[k] + sums[p];
-              gref[k] = static_cast<float>(v);
-              gtol[k] = 2 * ((T + 2) * kU * mags[p] + kU * (std::fabs(g0[k]) + std::fabs(v)));
-            }
-          }
+    std::vector<double> gref_d, gtol;
+    dt_test::attn16_dqkv_ref(shape, q16, o16, a16, s16, g0, gref_d, gtol);
+    const std::vector<float> gref(gref_d.begin(), gref_d.end());
+    for (std::size_t k = 0; k < gtol.size(); ++k) gtol[k] += kU * std::fabs(gref_d[k]);
     compare("attention_bwd_ex dqkv" + tn, r.down<float>(dgq, g0.size()), gref,
             [&](std::size_t i) { return gtol[i]; });
   }

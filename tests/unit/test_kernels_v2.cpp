@@ -21,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attention16_ref.hpp"
 #include "cpu_device.h"
 #include "dt/device.hpp"
 
@@ -607,7 +608,7 @@ TEST_CASE("v3 attention_fwd_ex / attention_bwd_ex: products on rounded operands,
   for (Shape sh : {Shape{2, 7, 12, 3}, Shape{1, 37, 8, 2}}) {
     for (auto [type, fmt] :
          {std::pair<dt_hal_dtype, Format>{DT_HAL_BF16, kBf16}, {DT_HAL_F16, kF16}}) {
-      const int64_t B = sh.B, T = sh.T, C = sh.C, NH = sh.NH, hs = C / NH, C3 = 3 * C;
+      const int64_t B = sh.B, T = sh.T, C = sh.C, NH = sh.NH, C3 = 3 * C;
       CAPTURE(T);
       CAPTURE(static_cast<int>(type));
       const auto qkv = rand_f(rng, B * T * C3, -1.5f, 1.5f);
@@ -622,22 +623,9 @@ TEST_CASE("v3 attention_fwd_ex / attention_bwd_ex: products on rounded operands,
       CHECK(same_bits(att, att32));
       // out = rounded(att) rounded(v), accumulated in fp32.
       const auto a16 = rounded(att, fmt);
-      std::vector<double> ref(out.size()), tol(out.size());
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < NH; ++h)
-          for (int64_t t = 0; t < T; ++t)
-            for (int64_t i = 0; i < hs; ++i) {
-              double s = 0, mag = 0;
-              for (int64_t j = 0; j <= t; ++j) {
-                const double term = double(a16[((b * NH + h) * T + t) * T + j]) *
-                                    q16[(b * T + j) * C3 + 2 * C + h * hs + i];
-                s += term;
-                mag += std::fabs(term);
-              }
-              const int64_t o = (b * T + t) * C + h * hs + i;
-              ref[o] = s;
-              tol[o] = 2 * (t + 3) * kU * mag;
-            }
+      const dt_test::AttnShape shape{B, T, C, NH};
+      std::vector<double> ref, tol;
+      dt_test::attn16_out_ref(shape, q16, a16, ref, tol);
       CHECK(outside("attention_fwd_ex out", out, ref, tol) == 0);
       // The rounding is real: the fp32 products on the same rounded qkv give another out.
       CHECK(outside("fp32 out", out32, ref, tol, true) > 0);
@@ -650,40 +638,12 @@ TEST_CASE("v3 attention_fwd_ex / attention_bwd_ex: products on rounded operands,
       std::vector<float> scr(B * NH * T * T, std::nanf(""));
       REQUIRE(d.t->attention_bwd_ex(d.ctx, dqkv.data(), scr.data(), dout.data(), qkv.data(),
                                     att.data(), B, T, C, NH, type) == DT_HAL_OK);
-      // The softmax gradient the kernel used: S' = scale att (S - rowsum(att S)), S = dout v^T on
-      // rounded operands, from the fp32 att; rounded once (within half an ulp of the fp32 value,
-      // which is within a few u of the exact one relative to its terms).
-      const double scale = 1.0 / std::sqrt(double(hs));
-      std::vector<double> sref(scr.size(), 0.0), stol(scr.size(), 0.0);
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < NH; ++h)
-          for (int64_t t = 0; t < T; ++t) {
-            std::vector<double> s(t + 1), smag(t + 1);
-            double rho = 0, rmag = 0;
-            for (int64_t j = 0; j <= t; ++j) {
-              for (int64_t i = 0; i < hs; ++i) {
-                const double term = double(o16[(b * T + t) * C + h * hs + i]) *
-                                    q16[(b * T + j) * C3 + 2 * C + h * hs + i];
-                s[j] += term;
-                smag[j] += std::fabs(term);
-              }
-              const double p = att[((b * NH + h) * T + t) * T + j];
-              rho += p * s[j];
-              rmag += p * (std::fabs(s[j]) + (hs + 1) * kU * smag[j]);
-            }
-            for (int64_t j = 0; j <= t; ++j) {
-              const int64_t k = ((b * NH + h) * T + t) * T + j;
-              const double p = att[k], v = scale * p * (s[j] - rho);
-              const double e32 = scale * p *
-                                 ((hs + 1) * kU * smag[j] + (t + 3) * kU * rmag +
-                                  3 * kU * (std::fabs(s[j]) + std::fabs(rho)));
-              sref[k] = v;
-              // Half an ulp of the format at the value (or of its smallest normal), plus e32.
-              int e = 0;
-              std::frexp(std::max(std::fabs(v) + e32, std::ldexp(1.0, fmt.emin)), &e);
-              stol[k] = 2 * e32 + std::ldexp(1.0, e - fmt.p);
-            }
-          }
+      // The softmax gradient the kernel used, from the fp32 att: its fp32 value is within e32 of
+      // the exact one, and rounding it adds half an ulp at |value| + e32.
+      std::vector<double> sref, stol;
+      dt_test::attn16_sgrad_ref(shape, q16, o16, att, sref, stol);
+      for (std::size_t k = 0; k < stol.size(); ++k)
+        stol[k] += dt_test::format_ulp(std::fabs(sref[k]) + stol[k], fmt.p, fmt.emin) / 2;
       CHECK(outside("attention_bwd_ex softmax gradient", scr, sref, stol) == 0);
       for (std::size_t k = 0; k < scr.size(); ++k)  // it is rounded
         if (round_to(scr[k], fmt) != double(scr[k])) {
@@ -692,35 +652,8 @@ TEST_CASE("v3 attention_fwd_ex / attention_bwd_ex: products on rounded operands,
         }
       // dq += S' k, dk += S'^T q, dv += rounded(att)^T dout, on rounded operands.
       const auto s16 = rounded(scr, fmt);  // the same values (checked just above)
-      std::vector<double> gref(dqkv.size()), gtol(dqkv.size());
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < NH; ++h)
-          for (int64_t t = 0; t < T; ++t)
-            for (int64_t i = 0; i < hs; ++i) {
-              double dq = 0, aq = 0, dk = 0, ak = 0, dv = 0, av = 0;
-              for (int64_t j = 0; j < T; ++j) {
-                const double sq = s16[((b * NH + h) * T + t) * T + j];  // row t: keys j <= t
-                const double sk = s16[((b * NH + h) * T + j) * T + t];  // column t: queries j >= t
-                const double pv = a16[((b * NH + h) * T + j) * T + t];
-                const double kj = q16[(b * T + j) * C3 + C + h * hs + i];
-                const double qj = q16[(b * T + j) * C3 + h * hs + i];
-                const double oj = o16[(b * T + j) * C + h * hs + i];
-                dq += sq * kj;
-                aq += std::fabs(sq * kj);
-                dk += sk * qj;
-                ak += std::fabs(sk * qj);
-                dv += pv * oj;
-                av += std::fabs(pv * oj);
-              }
-              const int64_t base = (b * T + t) * C3 + h * hs + i;
-              const double sums[3] = {dq, dk, dv}, mags[3] = {aq, ak, av};
-              for (int part = 0; part < 3; ++part) {
-                const int64_t k = base + part * C;
-                gref[k] = dqkv0[k] + sums[part];
-                gtol[k] = 2 * ((T + 2) * kU * mags[part] +
-                               kU * (std::fabs(dqkv0[k]) + std::fabs(gref[k])));
-              }
-            }
+      std::vector<double> gref, gtol;
+      dt_test::attn16_dqkv_ref(shape, q16, o16, a16, s16, dqkv0, gref, gtol);
       CHECK(outside("attention_bwd_ex dqkv", dqkv, gref, gtol) == 0);
     }
   }
