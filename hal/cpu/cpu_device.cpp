@@ -840,6 +840,9 @@ constexpr int64_t kAttnBlock = 32;
 
 // out[i] = in[i] rounded to type t and widened back (exact for F32; in == out allowed).
 void round_copy(float* out, const float* in, int64_t n, dt_hal_dtype t);
+bool known_dtype(dt_hal_dtype t);
+// The context's fp32 scratch, at least `floats` long.
+int scratch(void* ctx, const char* fn, size_t floats, float** out);
 
 void sgemm_rm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
@@ -892,16 +895,37 @@ int check_attention(void* ctx, const char* fn, int64_t B, int64_t T, int64_t C, 
   return DT_HAL_OK;
 }
 
-int cpu_attention_fwd(void* ctx, float* out, float* att, const float* qkv, int64_t B, int64_t T,
-                      int64_t C, int64_t NH) {
-  const char* fn = "attention_fwd";
+// attention_fwd, and attention_fwd_ex (ABI version 3) with its products in `dtype`: the 16-bit
+// forms round qkv into the context's scratch and run the same kernel on the rounded copy, with the
+// probabilities rounded where the product att v takes them. fn names the entry in errors.
+int attention_fwd_entry(void* ctx, const char* fn, float* out, float* att, const float* qkv,
+                        int64_t B, int64_t T, int64_t C, int64_t NH, dt_hal_dtype dtype) {
   DT_HAL_TRY(check_attention(ctx, fn, B, T, C, NH));
+  if (!known_dtype(dtype))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
   if (B * T == 0) return DT_HAL_OK;
   DT_HAL_TRY(need_ptr(ctx, fn, "out", out, B * T * C));
   DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
   DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * C));
-  attention_fwd_kernel(out, att, qkv, B, T, C, NH, DT_HAL_F32, nullptr);
+  if (dtype == DT_HAL_F32) {
+    attention_fwd_kernel(out, att, qkv, B, T, C, NH, dtype, nullptr);
+    return DT_HAL_OK;
+  }
+  const int64_t nqkv = B * T * 3 * C;
+  float* s = nullptr;
+  DT_HAL_TRY(scratch(ctx, fn, static_cast<size_t>(nqkv + kAttnBlock * T), &s));
+  round_copy(s, qkv, nqkv, dtype);
+  attention_fwd_kernel(out, att, s, B, T, C, NH, dtype, s + nqkv);
   return DT_HAL_OK;
+}
+
+int cpu_attention_fwd(void* ctx, float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                      int64_t C, int64_t NH) {
+  return attention_fwd_entry(ctx, "attention_fwd", out, att, qkv, B, T, C, NH, DT_HAL_F32);
+}
+int cpu_attention_fwd_ex(void* ctx, float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                         int64_t C, int64_t NH, dt_hal_dtype dtype) {
+  return attention_fwd_entry(ctx, "attention_fwd_ex", out, att, qkv, B, T, C, NH, dtype);
 }
 
 // Per (b, h), with dO the T x hs slice of dout and S the T x T block of scratch:
@@ -950,18 +974,44 @@ DT_KERNEL void attention_bwd_kernel(float* dqkv, float* scratch, const float* do
     }
 }
 
-int cpu_attention_bwd(void* ctx, float* dqkv, float* scratch, const float* dout, const float* qkv,
-                      const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const char* fn = "attention_bwd";
+// attention_bwd, and attention_bwd_ex with its products in `dtype` (qkv and dout rounded into the
+// context's scratch, with room for the rounded probabilities).
+int attention_bwd_entry(void* ctx, const char* fn, float* dqkv, float* scratch_tt,
+                        const float* dout, const float* qkv, const float* att, int64_t B, int64_t T,
+                        int64_t C, int64_t NH, dt_hal_dtype dtype) {
   DT_HAL_TRY(check_attention(ctx, fn, B, T, C, NH));
+  if (!known_dtype(dtype))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
   if (B * T == 0) return DT_HAL_OK;
   DT_HAL_TRY(need_ptr(ctx, fn, "dqkv", dqkv, B * T * 3 * C));
-  DT_HAL_TRY(need_ptr(ctx, fn, "scratch", scratch, B * NH * T * T));
+  DT_HAL_TRY(need_ptr(ctx, fn, "scratch", scratch_tt, B * NH * T * T));
   DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, B * T * C));
   DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * C));
   DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
-  attention_bwd_kernel(dqkv, scratch, dout, qkv, att, B, T, C, NH, DT_HAL_F32, nullptr);
+  if (dtype == DT_HAL_F32) {
+    attention_bwd_kernel(dqkv, scratch_tt, dout, qkv, att, B, T, C, NH, dtype, nullptr);
+    return DT_HAL_OK;
+  }
+  const int64_t nqkv = B * T * 3 * C, nout = B * T * C;
+  float* s = nullptr;
+  DT_HAL_TRY(scratch(ctx, fn, static_cast<size_t>(nqkv + nout + T * T), &s));
+  round_copy(s, qkv, nqkv, dtype);
+  round_copy(s + nqkv, dout, nout, dtype);
+  attention_bwd_kernel(dqkv, scratch_tt, s + nqkv, s, att, B, T, C, NH, dtype, s + nqkv + nout);
   return DT_HAL_OK;
+}
+
+int cpu_attention_bwd(void* ctx, float* dqkv, float* scratch_tt, const float* dout,
+                      const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
+                      int64_t NH) {
+  return attention_bwd_entry(ctx, "attention_bwd", dqkv, scratch_tt, dout, qkv, att, B, T, C, NH,
+                             DT_HAL_F32);
+}
+int cpu_attention_bwd_ex(void* ctx, float* dqkv, float* scratch_tt, const float* dout,
+                         const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
+                         int64_t NH, dt_hal_dtype dtype) {
+  return attention_bwd_entry(ctx, "attention_bwd_ex", dqkv, scratch_tt, dout, qkv, att, B, T, C, NH,
+                             dtype);
 }
 
 // ---- softmax cross-entropy ----------------------------------------------------------------------
@@ -1412,55 +1462,6 @@ int cpu_event_create(void* ctx, void** event) {
 int cpu_event_op(void* ctx, void* event) {
   DT_HAL_TRY(need_ctx(ctx, "event"));
   if (event == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "event: null event");
-  return DT_HAL_OK;
-}
-
-// ---- version 3: attention in a given precision ------------------------------------------------
-
-// The 16-bit forms round qkv (and dout) into the context's scratch, then run the fp32 kernels on
-// the rounded copies with the probabilities rounded where a product takes them.
-int cpu_attention_fwd_ex(void* ctx, float* out, float* att, const float* qkv, int64_t B, int64_t T,
-                         int64_t C, int64_t NH, dt_hal_dtype dtype) {
-  const char* fn = "attention_fwd_ex";
-  DT_HAL_TRY(need_ctx(ctx, fn));
-  if (!known_dtype(dtype))
-    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
-  if (dtype == DT_HAL_F32) return cpu_attention_fwd(ctx, out, att, qkv, B, T, C, NH);
-  DT_HAL_TRY(check_attention(ctx, fn, B, T, C, NH));
-  if (B * T == 0) return DT_HAL_OK;
-  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, B * T * C));
-  DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
-  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * C));
-  const int64_t nqkv = B * T * 3 * C;
-  float* s = nullptr;
-  DT_HAL_TRY(scratch(ctx, fn, static_cast<size_t>(nqkv + kAttnBlock * T), &s));
-  round_copy(s, qkv, nqkv, dtype);
-  attention_fwd_kernel(out, att, s, B, T, C, NH, dtype, s + nqkv);
-  return DT_HAL_OK;
-}
-
-int cpu_attention_bwd_ex(void* ctx, float* dqkv, float* scratch_tt, const float* dout,
-                         const float* qkv, const float* att, int64_t B, int64_t T, int64_t C,
-                         int64_t NH, dt_hal_dtype dtype) {
-  const char* fn = "attention_bwd_ex";
-  DT_HAL_TRY(need_ctx(ctx, fn));
-  if (!known_dtype(dtype))
-    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
-  if (dtype == DT_HAL_F32)
-    return cpu_attention_bwd(ctx, dqkv, scratch_tt, dout, qkv, att, B, T, C, NH);
-  DT_HAL_TRY(check_attention(ctx, fn, B, T, C, NH));
-  if (B * T == 0) return DT_HAL_OK;
-  DT_HAL_TRY(need_ptr(ctx, fn, "dqkv", dqkv, B * T * 3 * C));
-  DT_HAL_TRY(need_ptr(ctx, fn, "scratch", scratch_tt, B * NH * T * T));
-  DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, B * T * C));
-  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * C));
-  DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
-  const int64_t nqkv = B * T * 3 * C, nout = B * T * C;
-  float* s = nullptr;
-  DT_HAL_TRY(scratch(ctx, fn, static_cast<size_t>(nqkv + nout + T * T), &s));
-  round_copy(s, qkv, nqkv, dtype);
-  round_copy(s + nqkv, dout, nout, dtype);
-  attention_bwd_kernel(dqkv, scratch_tt, s + nqkv, s, att, B, T, C, NH, dtype, s + nqkv + nout);
   return DT_HAL_OK;
 }
 

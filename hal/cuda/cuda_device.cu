@@ -1016,14 +1016,45 @@ int check_attention(void* ctx, const char* fn, int64_t B, int64_t T, int64_t Cc,
 
 // Per batch entry b, one strided-batched GEMM over the NH heads (head h of q, k, v starts at
 // column h*hs of the row; att blocks are T x T apart).
-int cuda_attention_fwd(void* ctx, float* out, float* att, const float* qkv, int64_t B, int64_t T,
-                       int64_t Cc, int64_t NH) {
-  const char* fn = "attention_fwd";
+// The arguments of attention_fwd and attention_fwd_ex (fn names the entry); *empty when there is
+// nothing to do.
+int attention_fwd_args(void* ctx, const char* fn, const float* out, const float* att,
+                       const float* qkv, int64_t B, int64_t T, int64_t Cc, int64_t NH,
+                       dt_hal_dtype dtype, bool* empty) {
   DT_HAL_TRY(check_attention(ctx, fn, B, T, Cc, NH));
-  if (B * T == 0) return DT_HAL_OK;
+  if (!known_dtype(dtype))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
+  *empty = B * T == 0;
+  if (*empty) return DT_HAL_OK;
   DT_HAL_TRY(need_ptr(ctx, fn, "out", out, B * T * Cc));
   DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
   DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * Cc));
+  return DT_HAL_OK;
+}
+
+// The same for attention_bwd and attention_bwd_ex.
+int attention_bwd_args(void* ctx, const char* fn, const float* dqkv, const float* scratch,
+                       const float* dout, const float* qkv, const float* att, int64_t B, int64_t T,
+                       int64_t Cc, int64_t NH, dt_hal_dtype dtype, bool* empty) {
+  DT_HAL_TRY(check_attention(ctx, fn, B, T, Cc, NH));
+  if (!known_dtype(dtype))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
+  *empty = B * T == 0;
+  if (*empty) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "dqkv", dqkv, B * T * 3 * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "scratch", scratch, B * NH * T * T));
+  DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, B * T * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
+  return DT_HAL_OK;
+}
+
+int cuda_attention_fwd(void* ctx, float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                       int64_t Cc, int64_t NH) {
+  const char* fn = "attention_fwd";
+  bool empty = false;
+  DT_HAL_TRY(attention_fwd_args(ctx, fn, out, att, qkv, B, T, Cc, NH, DT_HAL_F32, &empty));
+  if (empty) return DT_HAL_OK;
   const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T;
   const float scale = 1.0f / sqrtf(static_cast<float>(hs));
   const int nh = static_cast<int>(NH);
@@ -1047,13 +1078,10 @@ int cuda_attention_fwd(void* ctx, float* out, float* att, const float* qkv, int6
 int cuda_attention_bwd(void* ctx, float* dqkv, float* scratch, const float* dout, const float* qkv,
                        const float* att, int64_t B, int64_t T, int64_t Cc, int64_t NH) {
   const char* fn = "attention_bwd";
-  DT_HAL_TRY(check_attention(ctx, fn, B, T, Cc, NH));
-  if (B * T == 0) return DT_HAL_OK;
-  DT_HAL_TRY(need_ptr(ctx, fn, "dqkv", dqkv, B * T * 3 * Cc));
-  DT_HAL_TRY(need_ptr(ctx, fn, "scratch", scratch, B * NH * T * T));
-  DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, B * T * Cc));
-  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * Cc));
-  DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
+  bool empty = false;
+  DT_HAL_TRY(
+      attention_bwd_args(ctx, fn, dqkv, scratch, dout, qkv, att, B, T, Cc, NH, DT_HAL_F32, &empty));
+  if (empty) return DT_HAL_OK;
   const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T;
   const float scale = 1.0f / sqrtf(static_cast<float>(hs));
   const int nh = static_cast<int>(NH);
@@ -1335,15 +1363,10 @@ int narrow_into(void* ctx, const char* fn, uint16_t* out, const float* in, int64
 int cuda_attention_fwd_ex(void* ctx, float* out, float* att, const float* qkv, int64_t B, int64_t T,
                           int64_t Cc, int64_t NH, dt_hal_dtype dtype) {
   const char* fn = "attention_fwd_ex";
-  DT_HAL_TRY(need_ctx(ctx, fn));
-  if (!known_dtype(dtype))
-    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
+  bool empty = false;
+  DT_HAL_TRY(attention_fwd_args(ctx, fn, out, att, qkv, B, T, Cc, NH, dtype, &empty));
+  if (empty) return DT_HAL_OK;
   if (dtype == DT_HAL_F32) return cuda_attention_fwd(ctx, out, att, qkv, B, T, Cc, NH);
-  DT_HAL_TRY(check_attention(ctx, fn, B, T, Cc, NH));
-  if (B * T == 0) return DT_HAL_OK;
-  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, B * T * Cc));
-  DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
-  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * Cc));
   const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T, nqkv = B * T * C3;
   Context* c = C(ctx);
   DT_HAL_TRY(grow_scratch(ctx, fn, &c->lp, &c->lp_bytes,
@@ -1375,18 +1398,12 @@ int cuda_attention_bwd_ex(void* ctx, float* dqkv, float* scratch, const float* d
                           const float* qkv, const float* att, int64_t B, int64_t T, int64_t Cc,
                           int64_t NH, dt_hal_dtype dtype) {
   const char* fn = "attention_bwd_ex";
-  DT_HAL_TRY(need_ctx(ctx, fn));
-  if (!known_dtype(dtype))
-    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
+  bool empty = false;
+  DT_HAL_TRY(
+      attention_bwd_args(ctx, fn, dqkv, scratch, dout, qkv, att, B, T, Cc, NH, dtype, &empty));
+  if (empty) return DT_HAL_OK;
   if (dtype == DT_HAL_F32)
     return cuda_attention_bwd(ctx, dqkv, scratch, dout, qkv, att, B, T, Cc, NH);
-  DT_HAL_TRY(check_attention(ctx, fn, B, T, Cc, NH));
-  if (B * T == 0) return DT_HAL_OK;
-  DT_HAL_TRY(need_ptr(ctx, fn, "dqkv", dqkv, B * T * 3 * Cc));
-  DT_HAL_TRY(need_ptr(ctx, fn, "scratch", scratch, B * NH * T * T));
-  DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, B * T * Cc));
-  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * Cc));
-  DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
   const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T, nqkv = B * T * C3, nout = B * T * Cc;
   Context* c = C(ctx);
   DT_HAL_TRY(grow_scratch(
