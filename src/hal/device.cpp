@@ -75,6 +75,23 @@ dt_hal_v3_t adapt_v1(const dt_hal_v1_t& v1) {
   t.v1 = v1;
   return adapt_v2(t);
 }
+
+// The table a loaded plugin exports behind `symbol` (null when it exports no such symbol), which
+// must carry `version` in its first int (every dt table starts with its version).
+template <class Table>
+const Table* exported_table(void* handle, const char* symbol, int version, const std::string& name,
+                            const std::string& file) {
+  using Entry = const Table* (*)(void);
+  const auto entry = reinterpret_cast<Entry>(dlsym(handle, symbol));
+  if (entry == nullptr) return nullptr;
+  const Table* t = entry();
+  DT_CHECK(ConfigError, t != nullptr, "device '", name, "': plugin ", file,
+           " returned no table from ", symbol);
+  const int has = *reinterpret_cast<const int*>(t);
+  DT_CHECK(ConfigError, has == version, "device '", name, "': ", file, " has ABI version ", has,
+           ", this dt needs ABI version ", version, " behind ", symbol);
+  return t;
+}
 }  // namespace
 
 Device Device::open(const std::string& name, const std::string& plugin_path, int index,
@@ -105,36 +122,17 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
              ": ", dlerror());
     d.origin_ = found;
     // The newest version this dt knows first: a plugin may export several.
-    if (auto e3 =
-            reinterpret_cast<dt_hal_plugin_v3_fn>(dlsym(d.lib_->handle, DT_HAL_PLUGIN_V3_SYMBOL))) {
-      const dt_hal_v3_t* t = e3();
-      DT_CHECK(ConfigError, t != nullptr, "device '", name, "': plugin ", found,
-               " returned no table from ", DT_HAL_PLUGIN_V3_SYMBOL);
-      DT_CHECK(ConfigError, t->v2.v1.api_version == DT_HAL_API_VERSION_3, "device '", name,
-               "': ", found, " has ABI version ", t->v2.v1.api_version,
-               ", this dt needs ABI version ", DT_HAL_API_VERSION_3, " behind ",
-               DT_HAL_PLUGIN_V3_SYMBOL);
-      d.table_ = *t;
+    if (auto t3 = exported_table<dt_hal_v3_t>(d.lib_->handle, DT_HAL_PLUGIN_V3_SYMBOL,
+                                              DT_HAL_API_VERSION_3, name, found)) {
+      d.table_ = *t3;
       d.abi_version_ = DT_HAL_API_VERSION_3;
-    } else if (auto e2 = reinterpret_cast<dt_hal_plugin_v2_fn>(
-                   dlsym(d.lib_->handle, DT_HAL_PLUGIN_V2_SYMBOL))) {
-      const dt_hal_v2_t* t = e2();
-      DT_CHECK(ConfigError, t != nullptr, "device '", name, "': plugin ", found,
-               " returned no table from ", DT_HAL_PLUGIN_V2_SYMBOL);
-      DT_CHECK(ConfigError, t->v1.api_version == DT_HAL_API_VERSION_2, "device '", name,
-               "': ", found, " has ABI version ", t->v1.api_version, ", this dt needs ABI version ",
-               DT_HAL_API_VERSION_2, " behind ", DT_HAL_PLUGIN_V2_SYMBOL);
-      d.table_ = adapt_v2(*t);
+    } else if (auto t2 = exported_table<dt_hal_v2_t>(d.lib_->handle, DT_HAL_PLUGIN_V2_SYMBOL,
+                                                     DT_HAL_API_VERSION_2, name, found)) {
+      d.table_ = adapt_v2(*t2);
       d.abi_version_ = DT_HAL_API_VERSION_2;
-    } else if (auto e1 = reinterpret_cast<dt_hal_plugin_v1_fn>(
-                   dlsym(d.lib_->handle, DT_HAL_PLUGIN_V1_SYMBOL))) {
-      const dt_hal_v1_t* t = e1();
-      DT_CHECK(ConfigError, t != nullptr, "device '", name, "': plugin ", found,
-               " returned no table from ", DT_HAL_PLUGIN_V1_SYMBOL);
-      DT_CHECK(ConfigError, t->api_version == DT_HAL_API_VERSION_1, "device '", name, "': ", found,
-               " has ABI version ", t->api_version, ", this dt needs ABI version ",
-               DT_HAL_API_VERSION_1, " behind ", DT_HAL_PLUGIN_V1_SYMBOL);
-      d.table_ = adapt_v1(*t);
+    } else if (auto t1 = exported_table<dt_hal_v1_t>(d.lib_->handle, DT_HAL_PLUGIN_V1_SYMBOL,
+                                                     DT_HAL_API_VERSION_1, name, found)) {
+      d.table_ = adapt_v1(*t1);
       d.abi_version_ = DT_HAL_API_VERSION_1;
     } else {
       for (int v = DT_HAL_API_VERSION_3 + 1; v < 16; ++v) {
