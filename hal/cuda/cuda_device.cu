@@ -1014,8 +1014,6 @@ int check_attention(void* ctx, const char* fn, int64_t B, int64_t T, int64_t Cc,
   return DT_HAL_OK;
 }
 
-// Per batch entry b, one strided-batched GEMM over the NH heads (head h of q, k, v starts at
-// column h*hs of the row; att blocks are T x T apart).
 // The arguments of attention_fwd and attention_fwd_ex (fn names the entry); *empty when there is
 // nothing to do.
 int attention_fwd_args(void* ctx, const char* fn, const float* out, const float* att,
@@ -1046,68 +1044,6 @@ int attention_bwd_args(void* ctx, const char* fn, const float* dqkv, const float
   DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, B * T * Cc));
   DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * Cc));
   DT_HAL_TRY(need_ptr(ctx, fn, "att", att, B * NH * T * T));
-  return DT_HAL_OK;
-}
-
-int cuda_attention_fwd(void* ctx, float* out, float* att, const float* qkv, int64_t B, int64_t T,
-                       int64_t Cc, int64_t NH) {
-  const char* fn = "attention_fwd";
-  bool empty = false;
-  DT_HAL_TRY(attention_fwd_args(ctx, fn, out, att, qkv, B, T, Cc, NH, DT_HAL_F32, &empty));
-  if (empty) return DT_HAL_OK;
-  const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T;
-  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
-  const int nh = static_cast<int>(NH);
-  for (int64_t b = 0; b < B; ++b) {
-    const float* q = qkv + b * T * C3;
-    float* A = att + b * NH * TT;
-    DT_HAL_TRY(
-        sgemm_rm(ctx, fn, 0, 1, T, T, hs, scale, q, C3, hs, q + Cc, C3, hs, 0.0f, A, T, TT, nh));
-  }
-  causal_softmax_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, C(ctx)->stream>>>(att, T);
-  LAUNCHED(ctx, fn);
-  for (int64_t b = 0; b < B; ++b) {
-    const float* v = qkv + b * T * C3 + 2 * Cc;
-    DT_HAL_TRY(sgemm_rm(ctx, fn, 0, 0, T, hs, T, 1.0f, att + b * NH * TT, T, TT, v, C3, hs, 0.0f,
-                        out + b * T * Cc, Cc, hs, nh));
-  }
-  return DT_HAL_OK;
-}
-
-// S = dO V^T; dV += A^T dO; S = scale A (S - rowsum(A S)); dQ += S K; dK += S^T Q.
-int cuda_attention_bwd(void* ctx, float* dqkv, float* scratch, const float* dout, const float* qkv,
-                       const float* att, int64_t B, int64_t T, int64_t Cc, int64_t NH) {
-  const char* fn = "attention_bwd";
-  bool empty = false;
-  DT_HAL_TRY(
-      attention_bwd_args(ctx, fn, dqkv, scratch, dout, qkv, att, B, T, Cc, NH, DT_HAL_F32, &empty));
-  if (empty) return DT_HAL_OK;
-  const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T;
-  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
-  const int nh = static_cast<int>(NH);
-  for (int64_t b = 0; b < B; ++b) {
-    const float* q = qkv + b * T * C3;
-    const float* dO = dout + b * T * Cc;
-    const float* A = att + b * NH * TT;
-    float* S = scratch + b * NH * TT;
-    float* dq = dqkv + b * T * C3;
-    DT_HAL_TRY(sgemm_rm(ctx, fn, 0, 1, T, T, hs, 1.0f, dO, Cc, hs, q + 2 * Cc, C3, hs, 0.0f, S, T,
-                        TT, nh));
-    DT_HAL_TRY(sgemm_rm(ctx, fn, 1, 0, T, hs, T, 1.0f, A, T, TT, dO, Cc, hs, 1.0f, dq + 2 * Cc, C3,
-                        hs, nh));
-  }
-  causal_softmax_bwd_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, C(ctx)->stream>>>(
-      scratch, att, T, scale);
-  LAUNCHED(ctx, fn);
-  for (int64_t b = 0; b < B; ++b) {
-    const float* q = qkv + b * T * C3;
-    const float* S = scratch + b * NH * TT;
-    float* dq = dqkv + b * T * C3;
-    DT_HAL_TRY(
-        sgemm_rm(ctx, fn, 0, 0, T, hs, T, 1.0f, S, T, TT, q + Cc, C3, hs, 1.0f, dq, C3, hs, nh));
-    DT_HAL_TRY(
-        sgemm_rm(ctx, fn, 1, 0, T, hs, T, 1.0f, S, T, TT, q, C3, hs, 1.0f, dq + Cc, C3, hs, nh));
-  }
   return DT_HAL_OK;
 }
 
@@ -1329,13 +1265,17 @@ int cuda_cast(void* ctx, void* out, dt_hal_dtype out_type, const void* in, dt_ha
   return DT_HAL_OK;
 }
 
-// ---- version 3: attention with 16-bit products ---------------------------------------------
+// ---- attention: the version-1 entries in fp32, the version-3 ones with 16-bit products ------
 
-// Strided-batched row-major GEMM with operands of type t (fp32 accumulation, fp32 C).
-int gemm_rm_ex(void* ctx, const char* fn, int ta, int tb, int64_t M, int64_t N, int64_t K,
-               float alpha, const uint16_t* A, int64_t lda, int64_t sA, const uint16_t* B,
-               int64_t ldb, int64_t sB, float beta, float* Cm, int64_t ldc, int64_t sC, int batch,
-               dt_hal_dtype t) {
+// A strided-batched row-major product on operands of type t with an fp32 C: fp32 operands through
+// sgemm_rm, 16-bit ones through cublasGemmStridedBatchedEx with fp32 accumulation.
+int gemm_rm_t(void* ctx, const char* fn, int ta, int tb, int64_t M, int64_t N, int64_t K,
+              float alpha, const void* A, int64_t lda, int64_t sA, const void* B, int64_t ldb,
+              int64_t sB, float beta, float* Cm, int64_t ldc, int64_t sC, int batch,
+              dt_hal_dtype t) {
+  if (t == DT_HAL_F32)
+    return sgemm_rm(ctx, fn, ta, tb, M, N, K, alpha, static_cast<const float*>(A), lda, sA,
+                    static_cast<const float*>(B), ldb, sB, beta, Cm, ldc, sC, batch);
   CUBLAS(ctx, fn,
          cublasGemmStridedBatchedEx(
              C(ctx)->blas, op(tb), op(ta), static_cast<int>(N), static_cast<int>(M),
@@ -1343,6 +1283,11 @@ int gemm_rm_ex(void* ctx, const char* fn, int ta, int tb, int64_t M, int64_t N, 
              cuda_type(t), static_cast<int>(lda), sA, &beta, Cm, CUDA_R_32F, static_cast<int>(ldc),
              sC, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return DT_HAL_OK;
+}
+
+// p advanced by i elements of type t.
+const void* at(const void* p, int64_t i, dt_hal_dtype t) {
+  return static_cast<const char*>(p) + i * (t == DT_HAL_F32 ? 4 : 2);
 }
 
 // n rounded up to a multiple of 8: 16-bit sub-buffers start 16-byte aligned, as tensor-core
@@ -1358,42 +1303,118 @@ int narrow_into(void* ctx, const char* fn, uint16_t* out, const float* in, int64
   return DT_HAL_OK;
 }
 
-// The same products as cuda_attention_fwd, on 16-bit copies of qkv and of the probabilities held
-// in the context's lp buffer.
+// Per batch entry b, one strided-batched GEMM over the NH heads (head h of q, k, v starts at
+// column h*hs of the row; att blocks are T x T apart): att = softmax(scale Q K^T), out = att V.
+// With a 16-bit dtype the products take 16-bit copies of qkv and of the probabilities, made in
+// the context's lp buffer; att keeps the fp32 probabilities.
+int attention_fwd_run(void* ctx, const char* fn, float* out, float* att, const float* qkv,
+                      int64_t B, int64_t T, int64_t Cc, int64_t NH, dt_hal_dtype dtype) {
+  const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T, nqkv = B * T * C3;
+  Context* c = C(ctx);
+  const void* q = qkv;  // the operands as the products take them
+  const void* p = att;
+  uint16_t* p16 = nullptr;
+  if (dtype != DT_HAL_F32) {
+    DT_HAL_TRY(grow_scratch(ctx, fn, &c->lp, &c->lp_bytes,
+                            static_cast<size_t>(aligned8(nqkv) + B * NH * TT) * sizeof(uint16_t)));
+    uint16_t* q16 = static_cast<uint16_t*>(c->lp);
+    p16 = q16 + aligned8(nqkv);
+    DT_HAL_TRY(narrow_into(ctx, fn, q16, qkv, nqkv, dtype));
+    q = q16;
+    p = p16;
+  }
+  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
+  const int nh = static_cast<int>(NH);
+  for (int64_t b = 0; b < B; ++b)
+    DT_HAL_TRY(gemm_rm_t(ctx, fn, 0, 1, T, T, hs, scale, at(q, b * T * C3, dtype), C3, hs,
+                         at(q, b * T * C3 + Cc, dtype), C3, hs, 0.0f, att + b * NH * TT, T, TT, nh,
+                         dtype));
+  causal_softmax_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, c->stream>>>(att, T);
+  LAUNCHED(ctx, fn);
+  if (p16 != nullptr) DT_HAL_TRY(narrow_into(ctx, fn, p16, att, B * NH * TT, dtype));
+  for (int64_t b = 0; b < B; ++b)
+    DT_HAL_TRY(gemm_rm_t(ctx, fn, 0, 0, T, hs, T, 1.0f, at(p, b * NH * TT, dtype), T, TT,
+                         at(q, b * T * C3 + 2 * Cc, dtype), C3, hs, 0.0f, out + b * T * Cc, Cc, hs,
+                         nh, dtype));
+  return DT_HAL_OK;
+}
+
+// S = dO V^T; dV += A^T dO; S = scale A (S - rowsum(A S)); dQ += S K; dK += S^T Q. With a 16-bit
+// dtype the products take 16-bit copies of qkv, dout and the probabilities; the softmax backward
+// runs in fp32 in scratch, and S is rounded into the probabilities' place for dQ and dK.
+int attention_bwd_run(void* ctx, const char* fn, float* dqkv, float* scratch, const float* dout,
+                      const float* qkv, const float* att, int64_t B, int64_t T, int64_t Cc,
+                      int64_t NH, dt_hal_dtype dtype) {
+  const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T, nqkv = B * T * C3, nout = B * T * Cc;
+  Context* c = C(ctx);
+  const void* q = qkv;  // the operands as the products take them
+  const void* o = dout;
+  const void* a = att;
+  const void* s = scratch;
+  uint16_t* a16 = nullptr;
+  if (dtype != DT_HAL_F32) {
+    DT_HAL_TRY(grow_scratch(
+        ctx, fn, &c->lp, &c->lp_bytes,
+        static_cast<size_t>(aligned8(nqkv) + aligned8(nout) + B * NH * TT) * sizeof(uint16_t)));
+    uint16_t* q16 = static_cast<uint16_t*>(c->lp);
+    uint16_t* o16 = q16 + aligned8(nqkv);
+    a16 = o16 + aligned8(nout);  // the probabilities, then S
+    DT_HAL_TRY(narrow_into(ctx, fn, q16, qkv, nqkv, dtype));
+    DT_HAL_TRY(narrow_into(ctx, fn, o16, dout, nout, dtype));
+    DT_HAL_TRY(narrow_into(ctx, fn, a16, att, B * NH * TT, dtype));
+    q = q16;
+    o = o16;
+    a = a16;
+    s = a16;
+  }
+  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
+  const int nh = static_cast<int>(NH);
+  for (int64_t b = 0; b < B; ++b) {
+    float* dq = dqkv + b * T * C3;
+    DT_HAL_TRY(gemm_rm_t(ctx, fn, 0, 1, T, T, hs, 1.0f, at(o, b * T * Cc, dtype), Cc, hs,
+                         at(q, b * T * C3 + 2 * Cc, dtype), C3, hs, 0.0f, scratch + b * NH * TT, T,
+                         TT, nh, dtype));
+    DT_HAL_TRY(gemm_rm_t(ctx, fn, 1, 0, T, hs, T, 1.0f, at(a, b * NH * TT, dtype), T, TT,
+                         at(o, b * T * Cc, dtype), Cc, hs, 1.0f, dq + 2 * Cc, C3, hs, nh, dtype));
+  }
+  causal_softmax_bwd_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, c->stream>>>(
+      scratch, att, T, scale);
+  LAUNCHED(ctx, fn);
+  if (a16 != nullptr) DT_HAL_TRY(narrow_into(ctx, fn, a16, scratch, B * NH * TT, dtype));
+  for (int64_t b = 0; b < B; ++b) {
+    float* dq = dqkv + b * T * C3;
+    DT_HAL_TRY(gemm_rm_t(ctx, fn, 0, 0, T, hs, T, 1.0f, at(s, b * NH * TT, dtype), T, TT,
+                         at(q, b * T * C3 + Cc, dtype), C3, hs, 1.0f, dq, C3, hs, nh, dtype));
+    DT_HAL_TRY(gemm_rm_t(ctx, fn, 1, 0, T, hs, T, 1.0f, at(s, b * NH * TT, dtype), T, TT,
+                         at(q, b * T * C3, dtype), C3, hs, 1.0f, dq + Cc, C3, hs, nh, dtype));
+  }
+  return DT_HAL_OK;
+}
+
+int cuda_attention_fwd(void* ctx, float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                       int64_t Cc, int64_t NH) {
+  const char* fn = "attention_fwd";
+  bool empty = false;
+  DT_HAL_TRY(attention_fwd_args(ctx, fn, out, att, qkv, B, T, Cc, NH, DT_HAL_F32, &empty));
+  return empty ? DT_HAL_OK : attention_fwd_run(ctx, fn, out, att, qkv, B, T, Cc, NH, DT_HAL_F32);
+}
 int cuda_attention_fwd_ex(void* ctx, float* out, float* att, const float* qkv, int64_t B, int64_t T,
                           int64_t Cc, int64_t NH, dt_hal_dtype dtype) {
   const char* fn = "attention_fwd_ex";
   bool empty = false;
   DT_HAL_TRY(attention_fwd_args(ctx, fn, out, att, qkv, B, T, Cc, NH, dtype, &empty));
-  if (empty) return DT_HAL_OK;
-  if (dtype == DT_HAL_F32) return cuda_attention_fwd(ctx, out, att, qkv, B, T, Cc, NH);
-  const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T, nqkv = B * T * C3;
-  Context* c = C(ctx);
-  DT_HAL_TRY(grow_scratch(ctx, fn, &c->lp, &c->lp_bytes,
-                          static_cast<size_t>(aligned8(nqkv) + B * NH * TT) * sizeof(uint16_t)));
-  uint16_t* q16 = static_cast<uint16_t*>(c->lp);
-  uint16_t* a16 = q16 + aligned8(nqkv);
-  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
-  const int nh = static_cast<int>(NH);
-  DT_HAL_TRY(narrow_into(ctx, fn, q16, qkv, nqkv, dtype));
-  for (int64_t b = 0; b < B; ++b) {
-    const uint16_t* q = q16 + b * T * C3;
-    DT_HAL_TRY(gemm_rm_ex(ctx, fn, 0, 1, T, T, hs, scale, q, C3, hs, q + Cc, C3, hs, 0.0f,
-                          att + b * NH * TT, T, TT, nh, dtype));
-  }
-  causal_softmax_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, c->stream>>>(att, T);
-  LAUNCHED(ctx, fn);
-  DT_HAL_TRY(narrow_into(ctx, fn, a16, att, B * NH * TT, dtype));
-  for (int64_t b = 0; b < B; ++b)
-    DT_HAL_TRY(gemm_rm_ex(ctx, fn, 0, 0, T, hs, T, 1.0f, a16 + b * NH * TT, T, TT,
-                          q16 + b * T * C3 + 2 * Cc, C3, hs, 0.0f, out + b * T * Cc, Cc, hs, nh,
-                          dtype));
-  return DT_HAL_OK;
+  return empty ? DT_HAL_OK : attention_fwd_run(ctx, fn, out, att, qkv, B, T, Cc, NH, dtype);
 }
-
-// The same products as cuda_attention_bwd on 16-bit copies: qkv, dout and the probabilities for
-// S = dO V^T and dV += A^T dO; then the fp32 softmax backward in scratch, rounded into the
-// probabilities' place for dQ += S K and dK += S^T Q.
+int cuda_attention_bwd(void* ctx, float* dqkv, float* scratch, const float* dout, const float* qkv,
+                       const float* att, int64_t B, int64_t T, int64_t Cc, int64_t NH) {
+  const char* fn = "attention_bwd";
+  bool empty = false;
+  DT_HAL_TRY(
+      attention_bwd_args(ctx, fn, dqkv, scratch, dout, qkv, att, B, T, Cc, NH, DT_HAL_F32, &empty));
+  return empty
+             ? DT_HAL_OK
+             : attention_bwd_run(ctx, fn, dqkv, scratch, dout, qkv, att, B, T, Cc, NH, DT_HAL_F32);
+}
 int cuda_attention_bwd_ex(void* ctx, float* dqkv, float* scratch, const float* dout,
                           const float* qkv, const float* att, int64_t B, int64_t T, int64_t Cc,
                           int64_t NH, dt_hal_dtype dtype) {
@@ -1401,45 +1422,8 @@ int cuda_attention_bwd_ex(void* ctx, float* dqkv, float* scratch, const float* d
   bool empty = false;
   DT_HAL_TRY(
       attention_bwd_args(ctx, fn, dqkv, scratch, dout, qkv, att, B, T, Cc, NH, dtype, &empty));
-  if (empty) return DT_HAL_OK;
-  if (dtype == DT_HAL_F32)
-    return cuda_attention_bwd(ctx, dqkv, scratch, dout, qkv, att, B, T, Cc, NH);
-  const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T, nqkv = B * T * C3, nout = B * T * Cc;
-  Context* c = C(ctx);
-  DT_HAL_TRY(grow_scratch(
-      ctx, fn, &c->lp, &c->lp_bytes,
-      static_cast<size_t>(aligned8(nqkv) + aligned8(nout) + B * NH * TT) * sizeof(uint16_t)));
-  uint16_t* q16 = static_cast<uint16_t*>(c->lp);
-  uint16_t* o16 = q16 + aligned8(nqkv);
-  uint16_t* a16 = o16 + aligned8(nout);  // the probabilities, then S
-  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
-  const int nh = static_cast<int>(NH);
-  DT_HAL_TRY(narrow_into(ctx, fn, q16, qkv, nqkv, dtype));
-  DT_HAL_TRY(narrow_into(ctx, fn, o16, dout, nout, dtype));
-  DT_HAL_TRY(narrow_into(ctx, fn, a16, att, B * NH * TT, dtype));
-  for (int64_t b = 0; b < B; ++b) {
-    const uint16_t* q = q16 + b * T * C3;
-    const uint16_t* dO = o16 + b * T * Cc;
-    float* dq = dqkv + b * T * C3;
-    DT_HAL_TRY(gemm_rm_ex(ctx, fn, 0, 1, T, T, hs, 1.0f, dO, Cc, hs, q + 2 * Cc, C3, hs, 0.0f,
-                          scratch + b * NH * TT, T, TT, nh, dtype));
-    DT_HAL_TRY(gemm_rm_ex(ctx, fn, 1, 0, T, hs, T, 1.0f, a16 + b * NH * TT, T, TT, dO, Cc, hs, 1.0f,
-                          dq + 2 * Cc, C3, hs, nh, dtype));
-  }
-  causal_softmax_bwd_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, c->stream>>>(
-      scratch, att, T, scale);
-  LAUNCHED(ctx, fn);
-  DT_HAL_TRY(narrow_into(ctx, fn, a16, scratch, B * NH * TT, dtype));
-  for (int64_t b = 0; b < B; ++b) {
-    const uint16_t* q = q16 + b * T * C3;
-    const uint16_t* S = a16 + b * NH * TT;
-    float* dq = dqkv + b * T * C3;
-    DT_HAL_TRY(gemm_rm_ex(ctx, fn, 0, 0, T, hs, T, 1.0f, S, T, TT, q + Cc, C3, hs, 1.0f, dq, C3, hs,
-                          nh, dtype));
-    DT_HAL_TRY(gemm_rm_ex(ctx, fn, 1, 0, T, hs, T, 1.0f, S, T, TT, q, C3, hs, 1.0f, dq + Cc, C3, hs,
-                          nh, dtype));
-  }
-  return DT_HAL_OK;
+  return empty ? DT_HAL_OK
+               : attention_bwd_run(ctx, fn, dqkv, scratch, dout, qkv, att, B, T, Cc, NH, dtype);
 }
 
 int cuda_cast_f32_to_bf16(void* ctx, uint16_t* out, const float* in, int64_t n) {
