@@ -16,6 +16,7 @@
 # and NCCL.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/perf/gpu_lib.sh"
 steps=${1:-30}
 log=$(mktemp -d)
 trap 'if [ -n "${DT_GPU_LOGS:-}" ]; then mkdir -p "$DT_GPU_LOGS"; cp -r "$log"/*.log "$DT_GPU_LOGS"/ 2>/dev/null || true; fi; rm -rf "$log"' EXIT
@@ -32,41 +33,18 @@ if [ -n "${DT_GPU_PAYLOAD:-}" ]; then
   built="payload $(basename "$DT_GPU_PAYLOAD")"
 else
   build=${DT_BUILD_DIR:-$root/build-gpu}
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDT_WITH_CUDA=ON >"$log/cmake.log" 2>&1 ||
-    { cat "$log/cmake.log"; exit 1; }
-  cmake --build "$build" -j"$(nproc)" --target dt_hal_cuda dt_cuda_test dt_nccl_test dt_train \
-    >"$log/build.log" 2>&1 || { tail -50 "$log/build.log"; exit 1; }
-  g++ -O2 -std=c++17 -I"$root/hal" "$root/perf/bench_gpu_gemm.cpp" -o "$build/bench_gpu_gemm" -ldl
+  dt_gpu_build "$build" "$log"
   run=(env)
   bin=$build/bin
-  mkdir -p "$bin"
-  ln -sf "$build/apps/dt_train" "$build/tests/gpu/dt_cuda_test" "$build/tests/gpu/dt_nccl_test" \
-    "$build/bench_gpu_gemm" "$bin/"
   plugins=$build/plugins
   text=/usr/share/common-licenses/GPL-3
   mpiexec=$(sed -n 's/^MPIEXEC_EXECUTABLE:FILEPATH=//p' "$build/CMakeCache.txt")
   built="built in $build"
 fi
 
-passed=""
-failed=""
-skipped=""
-check() {  # check NAME CMD...: passes (exit 0) or skips (exit 77 with a SKIP line) within 300 s
-  local name=$1 rc=0; shift
-  timeout 300 "${run[@]}" "$@" >"$log/check-$name.log" 2>&1 || rc=$?
-  if [ $rc = 0 ]; then echo "$name: passed" >&2; passed="$passed $name"
-  elif [ $rc = 77 ] && grep -q SKIP "$log/check-$name.log"; then
-    echo "$name: $(grep -m1 SKIP "$log/check-$name.log")" >&2; skipped="$skipped $name"
-  else
-    tail -40 "$log/check-$name.log" >&2; echo "$name: FAILED (exit $rc)" >&2; failed="$failed $name"
-  fi
-}
-check cuda_plugin_load "$bin/dt_cuda_test" --load
-check cuda_kernels "$bin/dt_cuda_test"
-check nccl.n1 "$mpiexec" -n 1 "$bin/dt_nccl_test"
-check nccl.n2 "$mpiexec" -n 2 "$bin/dt_nccl_test"
-if [ -n "$failed" ]; then checks="FAILED:$failed"
-elif [ -n "$skipped" ]; then checks="passed; skipped (SKIP lines on stderr):$skipped"
+dt_gpu_checks "$log" "$mpiexec" "$bin" "${run[@]}"
+if [ -n "$DT_GPU_FAILED" ]; then checks="FAILED:$DT_GPU_FAILED"
+elif [ -n "$DT_GPU_SKIPPED" ]; then checks="passed; skipped (SKIP lines on stderr):$DT_GPU_SKIPPED"
 else checks="passed"; fi
 
 gemm=$("${run[@]}" "$bin/bench_gpu_gemm" "$plugins/libdt_hal_cuda.so" 8192 8192 8192 bf16 40) || gemm=""
@@ -110,7 +88,7 @@ fi
 
 # Figures go into RESULTS.md only from a machine whose GPU passed the kernel test.
 results=$root/perf/RESULTS.md
-[[ " $passed " == *" cuda_kernels "* ]] || results=/dev/null
+[[ " $DT_GPU_PASSED " == *" cuda_kernels "* ]] || results=/dev/null
 cat <<EOT | tee -a "$results"
 
 ## GPU: cuBLAS bf16 GEMM and training throughput, $(date -u +%F), ${device:-unknown GPU}
@@ -130,4 +108,4 @@ Driver and GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,nohead
 EOT
 [ "$results" != /dev/null ] ||
   echo "bench_gpu: the kernel test did not pass on a GPU: perf/RESULTS.md left as it was" >&2
-[ -z "$failed" ] || { echo "bench_gpu: failed:$failed" >&2; exit 1; }
+[ -z "$DT_GPU_FAILED" ] || { echo "bench_gpu: failed:$DT_GPU_FAILED" >&2; exit 1; }

@@ -28,18 +28,14 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 stage=$work/dt
 die() { echo "gpu_payload: $*" >&2; exit 1; }
+source "$root/perf/gpu_lib.sh"
 
 command -v dpkg-query >/dev/null || die "dpkg-query not found: the payload is taken from Debian packages"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDT_WITH_CUDA=ON >"$work/cmake.log" 2>&1 ||
-  { cat "$work/cmake.log"; die "configuring $build failed"; }
-cmake --build "$build" -j"$(nproc)" --target dt_hal_cuda dt_cuda_test dt_nccl_test dt_train \
-  >"$work/build.log" 2>&1 || { tail -50 "$work/build.log"; die "building in $build failed"; }
-g++ -O2 -std=c++17 -I"$root/hal" "$root/perf/bench_gpu_gemm.cpp" -o "$build/bench_gpu_gemm" -ldl
+dt_gpu_build "$build" "$work" || die "the build failed (above)"
 
 # 2. Stage.
 mkdir -p "$stage/bin" "$stage/plugins" "$stage/lib" "$stage/share" "$stage/root"
-cp "$build/apps/dt_train" "$build/tests/gpu/dt_cuda_test" "$build/tests/gpu/dt_nccl_test" \
-  "$build/bench_gpu_gemm" "$stage/bin/"
+cp "$build"/bin/* "$stage/bin/"
 cp "$build/plugins/libdt_hal_cuda.so" "$stage/plugins/"
 cp /usr/share/common-licenses/GPL-3 "$stage/share/train.txt"
 
@@ -107,7 +103,7 @@ set -euo pipefail
 P=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 R=$P/root
 L=$R/usr/lib/x86_64-linux-gnu
-path=$P/lib:$L:$L/openmpi/lib:$L/pmix2/lib:$L/openblas-pthread:$L/blas:$L/lapack:$L/hdf5/openmpi
+path=$P/lib:$L:$L/openmpi/lib:$L/pmix2/lib:$L/openblas-pthread
 cache=$(ldconfig -p 2>/dev/null || true)
 while read -r lib; do
   [ -n "$lib" ] || continue

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# perf/gpu_payload_check.sh STAGE [DIR...]: checks a payload staged by perf/gpu_payload.sh (STAGE is its
-# dt/ folder) on this machine as a GPU machine would see it. In a mount namespace of its own it
+# perf/gpu_payload_check.sh STAGE [DIR...]: checks a payload staged by perf/gpu_payload.sh (STAGE
+# is its dt/ folder) on this machine as a GPU machine would see it. In a mount namespace of its own it
 # hides every library in /usr/lib/x86_64-linux-gnu but glibc's, libstdc++'s and the shell tools',
 # Open MPI's programs, /etc/openmpi, the Open MPI, PMIx, UCX and hwloc data folders, and each DIR
 # (the build the payload came from); then
 #   - shows that dt_train no longer starts without the payload (the hiding works);
-#   - runs through STAGE/dtenv: the CUDA plugin's load test, the kernel test and the NCCL test on
-#     1 and 2 ranks (each passes, or skips with exit 77 where there is no GPU), and dt_train on 2
-#     MPI ranks for 20 steps with a checkpoint at step 10, then resumed from it for 10 more.
+#   - runs through STAGE/dtenv the GPU checks of perf/gpu_lib.sh (the CUDA plugin's load test must
+#     pass; the kernel test and the NCCL test on 1 and 2 ranks pass, or skip without a GPU), and
+#     dt_train on 2 MPI ranks for 20 steps with a checkpoint at step 10, then resumed from it for
+#     10 more.
 # Needs root (unshare -m). Exits non-zero, naming the step, on the first failure.
 set -euo pipefail
 stage=$(cd "${1:?usage: gpu_payload_check.sh STAGE}" && pwd)
@@ -44,6 +45,7 @@ for p in mpirun mpiexec orterun orted ompi_info; do
 done
 mount --bind "$shadow/lib" "$lib"  # last: mount itself needs what this hides
 
+source "$root/perf/gpu_lib.sh"
 fail() { echo "gpu_payload_check: FAIL: $*" >&2; exit 1; }
 step() { echo "gpu_payload_check: $*"; }
 run=$stage/dtenv
@@ -59,18 +61,9 @@ if LD_LIBRARY_PATH=$stage/lib "$stage/bin/dt_train" --help >"$out/bare" 2>&1 ||
 fi
 step "without dtenv dt_train does not start, as it must: $(head -1 "$out/bare")"
 
-"$run" dt_cuda_test --load >"$out/load" 2>&1 || { cat "$out/load"; fail "dt_cuda_test --load"; }
-step "$(tail -1 "$out/load")"
-passes_or_skips() {  # passes_or_skips NAME CMD...: exit 0, or 77 with a SKIP line
-  local name=$1 rc=0; shift
-  "$@" >"$out/$name" 2>&1 || rc=$?
-  if [ $rc = 77 ] && grep -q SKIP "$out/$name"; then step "$name: $(grep -m1 SKIP "$out/$name")"
-  elif [ $rc = 0 ]; then step "$name: passed"
-  else cat "$out/$name"; fail "$name exited $rc"; fi
-}
-passes_or_skips cuda_kernels "$run" dt_cuda_test
-passes_or_skips nccl.n1 "$run" mpirun -n 1 dt_nccl_test
-passes_or_skips nccl.n2 "$run" mpirun -n 2 dt_nccl_test
+dt_gpu_checks "$out" mpirun "$stage/bin" "$run"
+[ -z "$DT_GPU_FAILED" ] || fail "the GPU checks failed:$DT_GPU_FAILED"
+[[ " $DT_GPU_PASSED " == *" cuda_plugin_load "* ]] || fail "the CUDA plugin's load test did not pass"
 
 train() {  # train LOG ARGS...
   local log=$1; shift
