@@ -23,6 +23,8 @@ trap 'if [ -n "${DT_GPU_LOGS:-}" ]; then mkdir -p "$DT_GPU_LOGS"; cp -r "$log"/*
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 if [ -n "${DT_GPU_PAYLOAD:-}" ]; then
+  [ -f "$DT_GPU_PAYLOAD" ] ||
+    { echo "bench_gpu: DT_GPU_PAYLOAD=$DT_GPU_PAYLOAD is not a file (perf/gpu_payload.sh makes it)" >&2; exit 2; }
   payload=$(realpath "$DT_GPU_PAYLOAD")
   tar -C "$log" -xJf "$payload"
   run=("$log/dt/dtenv")
