@@ -8,7 +8,8 @@
 #   3. measures the cuBLAS bf16 GEMM rate through the plugin (perf/bench_gpu_gemm.cpp);
 #   4. measures dt_train on the CUDA device: tokens/s and model FLOP utilisation of gpt-small in
 #      bf16 against that GEMM rate, and the micro config with engine.cuda_graphs against eager
-#      launch (steady-state tokens/s of the same run length, one after the other).
+#      launch (steady-state tokens/s of the same run length, one after the other), on the fused
+#      model and through the stage engine.
 # Prints a RESULTS.md section and appends it to perf/RESULTS.md; the full logs of the checks and
 # runs go to $DT_GPU_LOGS when set.
 # Usage: perf/bench_gpu.sh [steps]
@@ -88,6 +89,19 @@ if eager=$(run_train eager --config "$root/configs/micro.ini" --train.steps=300)
   ratio=$(awk -v a="$te" -v b="$tg" 'BEGIN{printf "%.2fx", b/a}')
 fi
 
+# 3. The same through the stage engine (parallel.engine=graph, one rank): a graph per stretch of
+#    device work between the pass's host points.
+egraphs="not measured"
+eratio="?"
+if eager=$(run_train engine_eager --config "$root/configs/micro.ini" --train.steps=300 \
+     --parallel.engine=graph) &&
+   graph=$(run_train engine_graph --config "$root/configs/micro.ini" --train.steps=300 \
+     --parallel.engine=graph --engine.cuda_graphs=true); then
+  te=$(tok_of "$eager"); tg=$(tok_of "$graph")
+  egraphs="eager $te tok/s, graphs $tg tok/s ($(grep -m1 '^engine.cuda_graphs' "$log/engine_graph.log"))"
+  eratio=$(awk -v a="$te" -v b="$tg" 'BEGIN{printf "%.2fx", b/a}')
+fi
+
 # Figures go into RESULTS.md only from a machine whose GPU passed the kernel test.
 results=$root/perf/RESULTS.md
 [[ " $DT_GPU_PASSED " == *" cuda_kernels "* ]] || results=/dev/null
@@ -105,6 +119,8 @@ Command: \`${DT_GPU_PAYLOAD:+DT_GPU_PAYLOAD=$DT_GPU_PAYLOAD }perf/bench_gpu.sh $
 | model FLOP utilisation against the cuBLAS bf16 rate (floor 50%) | $mfu |
 | micro config, 300 steps: CUDA graph replay against eager launch | $graphs |
 | graph replay speed-up per step (floor 1.3x) | $ratio |
+| the same through the stage engine (parallel.engine=graph) | $egraphs |
+| stage-engine graph replay speed-up per step | $eratio |
 
 Driver and GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 EOT

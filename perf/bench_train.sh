@@ -12,6 +12,7 @@ corpus=$DT_ROOT/run/corpus.txt
 "$DT_ROOT/scripts/corpus" "$corpus" >/dev/null
 py=/usr/bin/python3
 $py -c "import torch" 2>/dev/null || { echo "bench_train: PyTorch missing: scripts/bootstrap --all" >&2; exit 1; }
+cores=$(nproc)  # before OMP_NUM_THREADS=1, which nproc reports instead
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
 dt_tps() {  # ranks config steps batch [options]
@@ -56,7 +57,7 @@ echo "$table"
 echo "sgemm 1 thread: $sgemm GFLOP/s"
 {
   echo
-  echo "## dt_train vs PyTorch $($py -c 'import torch; print(torch.__version__)'), $(date -u +%Y-%m-%d), $(nproc) cores ($(uname -n))"
+  echo "## dt_train vs PyTorch $($py -c 'import torch; print(torch.__version__)'), $(date -u +%Y-%m-%d), $cores cores ($(uname -n))"
   echo
   echo "Command: \`perf/bench_train.sh $reps\` (median of $reps alternating runs; one thread per rank; same model, batch, AdamW and clipping)"
   echo

@@ -9,6 +9,7 @@
 // missing like any optional entry.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -118,6 +119,29 @@ class Device {
     void* ptr_ = nullptr;
     std::size_t bytes_ = 0;
   };
+
+  /// A captured graph of device work (RAII; the version-2 graph entries), from capture().
+  class Graph {
+   public:
+    Graph() = default;
+    ~Graph();
+    Graph(Graph&& o) noexcept : dev_(o.dev_), graph_(o.graph_) { o.graph_ = nullptr; }
+    Graph& operator=(Graph&& o) noexcept;
+    Graph(const Graph&) = delete;
+    Graph& operator=(const Graph&) = delete;
+    explicit operator bool() const noexcept { return graph_ != nullptr; }
+    /// Runs the recorded work again, on the device's current stream.
+    void launch() const;
+
+   private:
+    friend class Device;
+    const Device* dev_ = nullptr;
+    void* graph_ = nullptr;
+  };
+  /// Captures the device work `work` issues on the current stream (graph_begin .. graph_end)
+  /// without running it. If `work` throws, the capture is ended and dropped and the exception
+  /// goes on; a call the device refused inside the capture fails graph_end with its reason.
+  Graph capture(const std::function<void()>& work) const;
 
  private:
   Device() = default;

@@ -93,7 +93,7 @@ struct TrainConfig {
   int par_zero = 0;                   ///< ZeRO stage: 0 replicas, 1 optimizer, 2 + gradients, 3 + parameters
   bool par_auto = false;              ///< choose the layout from world, topology and memory
   std::string par_engine = "auto";    ///< auto: fused model when tp = pp = 1; graph: always graph
-  bool cuda_graphs = false;           ///< capture a micro-batch's forward+backward once, replay it
+  bool cuda_graphs = false;           ///< replay a micro-batch's device work from graphs
   std::string mem_limit = "0";        ///< per-rank memory limit of a plan ("8G"; 0: none)
   bool print_plan = false;            ///< print the per-rank plan, write plan_dot, and stop
   std::string plan_dot = "dt-plan.dot";
@@ -281,14 +281,16 @@ class Trainer {
   Comm& tied_comm() const;
   std::vector<float> host_state_;  // device memory: checkpoints go through this host copy
   void state_to_device();
-  // engine.cuda_graphs: the captured forward+backward of one micro-batch and the loss scale
-  // inside it; how often it was captured and replayed.
-  void* graph_ = nullptr;
+  // engine.cuda_graphs on the fused model: the captured forward+backward of one micro-batch and
+  // the loss scale inside it; how often it was captured and replayed.
+  Device::Graph graph_;
   float graph_scale_ = 0;
   bool graph_warm_ = false;
   std::int64_t graph_captures_ = 0, graph_replays_ = 0;
   void micro_batch_graph(float scale);
-  void drop_graph();
+  /// Rank 0 prints what engine.cuda_graphs captured and replayed (the stage engine: for each
+  /// stage). Collective.
+  void report_graphs();
   double pipe_idle_s_ = 0, pipe_total_s_ = 0;  // 1F1B schedule time and its blocked part
   std::int64_t pipe_steps_ = 0;
   /// Rank 0 prints the measured pipeline bubble against 1F1B theory. Collective.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <string>
 
 #include "dt/trace.hpp"
 #include "model/layers.hpp"
@@ -83,6 +85,89 @@ int tag_of(const Node& n, bool backward) {
 }
 }  // namespace
 
+// engine.cuda_graphs. A pass (the forward or the backward of a micro-batch) is cut into runs of
+// nodes: runs of device work alone, which a graph can hold, and runs with host points (token
+// copies, the loss read-back, tensor-parallel collectives, pipeline messages), which always run
+// eagerly.
+struct Run {
+  std::vector<std::size_t> nodes;  // in the pass's order
+  bool graph = false;              // device work alone
+};
+
+// A host point of the forward (backward) pass: the node copies to or from host memory, waits
+// for the device, or communicates.
+bool host_point(const std::string& op, bool backward) {
+  if (backward) return op == "tp_copy" || op == "send" || op == "recv";
+  return op == "embedding" || op == "xent" || op == "tp_reduce" || op == "send" || op == "recv";
+}
+
+std::vector<Run> cut_runs(const graph::Graph& g, bool backward) {
+  std::vector<Run> runs;
+  const std::size_t n = g.nodes.size();
+  for (std::size_t j = 0; j < n; ++j) {
+    const std::size_t i = backward ? n - 1 - j : j;
+    const bool graph = !host_point(g.nodes[i].op, backward);
+    if (runs.empty() || runs.back().graph != graph) runs.push_back(Run{{}, graph});
+    runs.back().nodes.push_back(i);
+  }
+  return runs;
+}
+
+// The graphs of one slot's passes in one direction at one batch size: one per device-work run,
+// for the loss scale they were captured with. `warm`: a pass ran eagerly at this batch (a device
+// may allocate on first use, which a capture forbids).
+struct PassGraphs {
+  int B = 0;
+  bool warm = false;
+  float scale = 0;
+  std::vector<Device::Graph> graphs;
+};
+
+// The graphs for a pass of `B` sequences at `scale` in a slot whose graphs are `set` (null:
+// graphs are off). A new batch size (a shorter last validation batch) gets graphs of its own
+// after an eager pass; a new scale (a kernel argument) captures them again.
+PassGraphs* pass_graphs(bool on, std::vector<PassGraphs>& set, int B, float scale) {
+  if (!on) return nullptr;
+  auto it = std::find_if(set.begin(), set.end(), [B](const PassGraphs& p) { return p.B == B; });
+  if (it == set.end()) {
+    set.emplace_back();
+    set.back().B = B;
+    it = set.end() - 1;
+  }
+  if (it->scale != scale) {
+    for (Device::Graph& g : it->graphs) g = Device::Graph();
+    it->scale = scale;
+  }
+  return &*it;
+}
+
+// Runs the nodes of `runs` through `node`: eagerly without graphs (pg null or not warm yet);
+// else each device-work run from its graph, captured first where there is none.
+void run_pass(const Device& dev, const std::vector<Run>& runs, PassGraphs* pg,
+              StageEngine::GraphCounts& counts, const std::function<void(std::size_t)>& node) {
+  const bool graphs = pg != nullptr && pg->warm;
+  std::size_t k = 0;
+  for (const Run& r : runs) {
+    if (!graphs || !r.graph) {
+      for (std::size_t i : r.nodes) node(i);
+      continue;
+    }
+    if (pg->graphs.size() <= k) pg->graphs.resize(k + 1);
+    Device::Graph& g = pg->graphs[k++];
+    if (!g) {
+      const trace::Scope s("graph capture", "train");
+      g = dev.capture([&] {
+        for (std::size_t i : r.nodes) node(i);
+      });
+      ++counts.captured;
+    }
+    g.launch();
+    ++counts.launched;
+  }
+  if (graphs) ++counts.passes;
+  if (pg) pg->warm = true;
+}
+
 struct StageEngine::Impl {
   // Per activation tensor: offset (floats) in a slot's activation area and in the gradient area.
   std::vector<std::size_t> act_off, grad_off;
@@ -110,6 +195,11 @@ struct StageEngine::Impl {
   std::vector<const float*> pbase;      // per unit: acquired parameters
   std::vector<float*> gbase;            // per unit: this backward's gradient buffer
   std::vector<int> unit_left;           // per unit: parameters whose gradients are not final
+  // engine.cuda_graphs (set_graphs): the passes' runs, each slot's graphs, what they did.
+  bool graphs = false;
+  std::vector<Run> fwd_runs, bwd_runs;
+  std::vector<std::vector<PassGraphs>> fwd_graphs, bwd_graphs;  // per slot, per batch size
+  GraphCounts counts;
 };
 
 namespace {
@@ -266,6 +356,8 @@ StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& mod
   m.scratch = Device::Buffer(dev_, std::max<std::size_t>(1, m.scratch_floats) * sizeof(float));
   m.fwd_sends.resize(static_cast<std::size_t>(slots_));
   m.host_losses.resize(BT);
+  m.fwd_runs = cut_runs(g_, false);
+  m.bwd_runs = cut_runs(g_, true);
   zero_grad();
 }
 
@@ -294,6 +386,25 @@ void StageEngine::init(std::uint64_t seed) {
             DT_HAL_HOST_TO_DEVICE);
 }
 
+void StageEngine::set_graphs(bool on) {
+  Impl& m = *impl_;
+  if (on) {
+    DT_CHECK(InvalidArgument, !hooks_.acquire && !hooks_.grads,
+             "StageEngine::set_graphs: the parameters or gradients come from unit hooks, whose "
+             "calls a graph cannot hold");
+    const dt_hal_v2_t& t = dev_.table2();
+    DT_CHECK(ConfigError, t.graph_begin && t.graph_end && t.graph_launch && t.graph_destroy,
+             "device '", dev_.name(), "' (", dev_.origin(), ") has no graph entries");
+  }
+  m.graphs = on;
+  for (auto* set : {&m.fwd_graphs, &m.bwd_graphs}) {
+    set->clear();
+    set->resize(static_cast<std::size_t>(slots_));
+  }
+}
+
+StageEngine::GraphCounts StageEngine::graph_counts() const { return impl_->counts; }
+
 void StageEngine::set_compute(DType t) {
   ws_.compute = t;
   ws_.reserve(dev_, graph::gemm_operand_elements(g_));
@@ -312,6 +423,9 @@ void StageEngine::set_unit_hooks(std::vector<ZeroUnit> units, UnitHooks hooks) {
   DT_CHECK(InvalidArgument, grad_ || (hooks.grads && hooks.grads_done),
            "a StageEngine without its own gradients needs UnitHooks::grads and grads_done");
   Impl& m = *impl_;
+  DT_CHECK(InvalidArgument, !m.graphs,
+           "StageEngine::set_unit_hooks: the passes run from graphs, which cannot hold the hooks' "
+           "calls");
   m.unit_of.assign(params_.size(), -1);
   m.unit_off.clear();
   std::size_t expect = 0;
@@ -455,7 +569,7 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
   };
   auto width = [&](int t) { return g_.tensors[static_cast<std::size_t>(t)].shape.back(); };
   double loss = 0;
-  for (std::size_t i = 0; i < g_.nodes.size(); ++i) {
+  auto node = [&](std::size_t i) {
     const Node& n = g_.nodes[i];
     float* aux = A + m.aux_off[i];
     use_units(i, false);
@@ -488,7 +602,7 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
       matmul(dev_, &ws_, 0, 1, BT, V, C, 1.0f, act(n.in[0]), C, prm(n.in[1]), C, 0.0f,
              act(n.out[0]), V);
     } else if (n.op == "xent") {
-      if (!targets) continue;
+      if (!targets) return;
       const std::int64_t V = width(n.in[0]);
       dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(tgt),
                 static_cast<const void*>(targets), BT * sizeof(std::int32_t),
@@ -528,7 +642,8 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
     } else {
       DT_THROW(InvalidArgument, "node ", n.name, ": the engine cannot run op '", n.op, "'");
     }
-  }
+  };
+  run_pass(dev_, m.fwd_runs, pass_graphs(m.graphs, m.fwd_graphs[us], B, 0.0f), m.counts, node);
   release_units();
   return loss;
 }
@@ -565,7 +680,10 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
     m.unit_left.clear();
     for (const ZeroUnit& u : m.units) m.unit_left.push_back(static_cast<int>(u.end - u.first));
   }
-  for (std::size_t k = g_.nodes.size(); k-- > 0;) {
+  DT_CHECK(InvalidArgument, !m.graphs || !count,
+           "StageEngine::backward: a pass run from graphs cannot hand gradients over node by "
+           "node (no ready callback or unit hooks with set_graphs)");
+  auto node = [&](std::size_t k) {
     const Node& n = g_.nodes[k];
     use_units(k, true);
     const float* aux = A + m.aux_off[k];
@@ -643,7 +761,7 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
     } else {
       DT_THROW(InvalidArgument, "node ", n.name, ": the engine cannot run op '", n.op, "'");
     }
-    if (!count) continue;
+    if (!count) return;
     for (int t : n.in) {
       const int p = pidx(t);
       if (p < 0 || --m.uses[static_cast<std::size_t>(p)] > 0) continue;
@@ -655,7 +773,9 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
       hooks_.grads_done(static_cast<int>(u));  // the unit's gradients of this backward
       m.gbase[u] = nullptr;
     }
-  }
+  };
+  run_pass(dev_, m.bwd_runs, pass_graphs(m.graphs, m.bwd_graphs[us], B, loss_scale), m.counts,
+           node);
   release_units();
 }
 

@@ -81,6 +81,19 @@ class StageEngine {
   /// each backward takes a gradient buffer per unit and hands it back when the unit's gradients
   /// are complete.
   void set_unit_hooks(std::vector<ZeroUnit> units, UnitHooks hooks);
+  /// engine.cuda_graphs: each forward and backward runs the device work between its host points
+  /// (token copies, the loss read-back, tensor-parallel collectives, pipeline messages) from
+  /// graphs, one per stretch of device work: a slot's first pass in each direction at a batch
+  /// size runs eagerly, the next is captured and launched, later ones replay (captured again for
+  /// a new loss scale). Needs the device's graph entries and no unit hooks; a backward then takes
+  /// no GradReady. Work goes to the device's current stream.
+  void set_graphs(bool on);
+  struct GraphCounts {
+    std::int64_t captured = 0;  ///< graphs captured
+    std::int64_t launched = 0;  ///< graph launches
+    std::int64_t passes = 0;    ///< forward or backward passes run from graphs
+  };
+  GraphCounts graph_counts() const;
   /// Matrix products in `t` (f32, bf16 or f16; see GemmWorkspace in model/layers.hpp); the
   /// 16-bit operand buffers are allocated here for the stage's largest product.
   void set_compute(DType t);
@@ -126,10 +139,10 @@ class StageEngine {
   int stage_, stages_, slots_;
   StageComms comms_;
   std::vector<ParamInfo> params_;
-  std::vector<int> param_index_;  // tensor id -> index into params_ (-1: not a parameter)
-  std::vector<int> param_tensor_id_;        // index into params_ -> tensor id
-  std::vector<std::size_t> global_index_;   // index into params_ -> index in gpt_params()
-  std::vector<int> param_uses_;             // index into params_ -> nodes that read it
+  std::vector<int> param_index_;           // tensor id -> index into params_ (-1: not a parameter)
+  std::vector<int> param_tensor_id_;       // index into params_ -> tensor id
+  std::vector<std::size_t> global_index_;  // index into params_ -> index in gpt_params()
+  std::vector<int> param_uses_;            // index into params_ -> nodes that read it
   std::size_t nparams_ = 0;
   std::size_t capacity_ = 0;  // floats in the parameter and gradient buffers (>= nparams_)
   Device::Buffer param_buf_, grad_buf_;

@@ -258,6 +258,43 @@ Device::Buffer& Device::Buffer::operator=(Buffer&& o) noexcept {
   return *this;
 }
 
+Device::Graph::~Graph() {
+  if (graph_ && dev_ && dev_->table_.v2.graph_destroy)
+    dev_->table_.v2.graph_destroy(dev_->ctx_, graph_);
+}
+
+Device::Graph& Device::Graph::operator=(Graph&& o) noexcept {
+  if (this != &o) {
+    if (graph_ && dev_ && dev_->table_.v2.graph_destroy)
+      dev_->table_.v2.graph_destroy(dev_->ctx_, graph_);
+    dev_ = o.dev_;
+    graph_ = o.graph_;
+    o.graph_ = nullptr;
+  }
+  return *this;
+}
+
+void Device::Graph::launch() const {
+  DT_CHECK(InvalidArgument, graph_ != nullptr && dev_ != nullptr, "launch of an empty graph");
+  dev_->call(&dt_hal_v2_t::graph_launch, "graph_launch", graph_);
+}
+
+Device::Graph Device::capture(const std::function<void()>& work) const {
+  call(&dt_hal_v2_t::graph_begin, "graph_begin");
+  try {
+    work();
+  } catch (...) {
+    void* abandoned = nullptr;  // end the capture; the error above is the one to report
+    if (table_.v2.graph_end(ctx_, &abandoned) == DT_HAL_OK && abandoned)
+      table_.v2.graph_destroy(ctx_, abandoned);
+    throw;
+  }
+  Graph g;
+  g.dev_ = this;
+  call(&dt_hal_v2_t::graph_end, "graph_end", &g.graph_);
+  return g;
+}
+
 dt_hal_dtype hal_dtype(DType t) {
   switch (t) {
     case DType::f32:

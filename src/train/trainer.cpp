@@ -174,8 +174,10 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("engine.cuda_graphs", &c.cuda_graphs, false,
            "capture the device work of a micro-batch's forward and backward once (after one "
            "eager micro-batch; again when the loss scale changes) and replay it for every later "
-           "one: a CUDA graph on a GPU, a recorded call list on the CPU device. Data-parallel "
-           "layouts only (tp = pp = 1, parallel.zero = 0); gradients are reduced after the replay")
+           "one: a CUDA graph on a GPU, a recorded call list on the CPU device. With tensor or "
+           "pipeline parallelism (the graph engine) each stretch of device work between "
+           "collectives and pipeline messages is a graph of its own. Not with parallel.zero > 0; "
+           "gradients are reduced after the replay")
       .add("parallel.zero", &c.par_zero, 0,
            "sharded data parallelism: 0 replicas; 1 shards the AdamW state over the data-parallel "
            "ranks; 2 also the gradients; 3 also the parameters (gathered per layer when used)",
@@ -363,10 +365,11 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   micro_ = plan_->micro;
   const bool graph_engine = L.tp > 1 || L.pp > 1 || c_.par_engine == "graph";
   // On the layout as planned (parallel.auto may choose it), before anything is allocated.
-  DT_CHECK(ConfigError, !c_.cuda_graphs || (!graph_engine && c_.par_zero == 0),
-           "option --engine.cuda_graphs needs the data-parallel model (parallel.tp = 1, "
-           "parallel.pp = 1, parallel.zero = 0, parallel.engine = auto); got tp = ",
-           L.tp, ", pp = ", L.pp, ", zero = ", c_.par_zero, ", engine = ", c_.par_engine);
+  DT_CHECK(ConfigError, !c_.cuda_graphs || c_.par_zero == 0,
+           "option --engine.cuda_graphs needs unsharded parameters and gradients (parallel.zero "
+           "= 0): ZeRO gathers and reduces them layer by layer from the host, which a graph "
+           "cannot hold; got zero = ",
+           c_.par_zero);
   // Device memory: collectives through a device communicator or staged through the host; the
   // ZeRO shards are still gathered into host buffers through the same communicators.
   DT_CHECK(ConfigError, dev_.host_memory() || c_.par_zero == 0, "device '", dev_.name(),
@@ -537,6 +540,7 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
   }
   engine_ = std::make_unique<StageEngine>(dev_, std::move(sg), c_.model, mc.pp, L.pp,
                                           plan_->in_flight(mc.pp), sc, std::move(storage));
+  if (c_.cuda_graphs) engine_->set_graphs(true);
   // One copy of each element per data-parallel rank counts: tensor-parallel rank 0's of a
   // replicated tensor, the first stage's of a tensor tied across stages.
   unique_.clear();
@@ -632,7 +636,7 @@ void Trainer::init_weights() {
   }
 }
 
-Trainer::~Trainer() { drop_graph(); }
+Trainer::~Trainer() = default;
 
 GradWire Trainer::grad_wire() const {
   GradWire w;
@@ -686,11 +690,6 @@ Comm& Trainer::tied_comm() const {
   return sealed_tied_ ? *sealed_tied_ : *mesh_->tied();
 }
 
-void Trainer::drop_graph() {
-  if (graph_) dev_.table2().graph_destroy(dev_.ctx(), graph_);
-  graph_ = nullptr;
-}
-
 // engine.cuda_graphs: the forward and backward of the micro-batch staged in the model. The first
 // runs eagerly (a device may allocate lazily, which a capture forbids); the next is captured and
 // launched; later ones replay. The loss scale is a kernel argument inside the graph, so a new
@@ -702,24 +701,17 @@ void Trainer::micro_batch_graph(float scale) {
     graph_warm_ = true;
     return;
   }
-  if (graph_ && graph_scale_ != scale) drop_graph();
-  if (!graph_) {
+  if (!graph_ || graph_scale_ != scale) {
+    graph_ = Device::Graph();
     const trace::Scope capture_scope("graph capture", "train");
-    dev_.call(&dt_hal_v2_t::graph_begin, "graph_begin");
-    try {
+    graph_ = dev_.capture([&] {
       model_->run_forward();
       model_->backward(scale);
-    } catch (...) {
-      void* abandoned = nullptr;  // end the capture; the error above is the one to report
-      if (dev_.table2().graph_end(dev_.ctx(), &abandoned) == DT_HAL_OK && abandoned)
-        dev_.table2().graph_destroy(dev_.ctx(), abandoned);
-      throw;
-    }
-    dev_.call(&dt_hal_v2_t::graph_end, "graph_end", &graph_);
+    });
     graph_scale_ = scale;
     ++graph_captures_;
   }
-  dev_.call(&dt_hal_v2_t::graph_launch, "graph_launch", graph_);
+  graph_.launch();
   ++graph_replays_;
 }
 
@@ -850,6 +842,36 @@ StepStats Trainer::step() {
   return s;
 }
 
+void Trainer::report_graphs() {
+  if (!engine_) {
+    if (comm_.rank() == 0)
+      std::printf("engine.cuda_graphs: %lld capture(s), %lld micro-batch(es) run from a graph\n",
+                  static_cast<long long>(graph_captures_), static_cast<long long>(graph_replays_));
+    return;
+  }
+  // The stage engine: the first rank of every stage (data- and tensor-parallel rank 0) reports.
+  const int stages = plan_->layout.pp;
+  const MeshCoord& mc = mesh_->coord();
+  std::vector<std::int64_t> n(3 * static_cast<std::size_t>(stages), 0);
+  if (mc.dp == 0 && mc.tp == 0) {
+    const StageEngine::GraphCounts g = engine_->graph_counts();
+    const std::size_t at = 3 * static_cast<std::size_t>(mc.pp);
+    n[at] = g.captured;
+    n[at + 1] = g.launched;
+    n[at + 2] = g.passes;
+  }
+  if (comm_.size() > 1) coll().all_reduce(view_of(n.data(), n.size()), ReduceOp::sum);
+  if (comm_.rank() != 0) return;
+  for (int s = 0; s < stages; ++s) {
+    const std::size_t at = 3 * static_cast<std::size_t>(s);
+    std::printf(
+        "engine.cuda_graphs: stage %d: %lld graph(s) captured, %lld launch(es), %lld "
+        "pass(es) run from graphs\n",
+        s, static_cast<long long>(n[at]), static_cast<long long>(n[at + 1]),
+        static_cast<long long>(n[at + 2]));
+  }
+}
+
 double Trainer::pipeline_step(float scale) {
   const MeshCoord& mc = mesh_->coord();
   const int m = plan_->microbatches, slots = plan_->in_flight(mc.pp);
@@ -867,13 +889,18 @@ double Trainer::pipeline_step(float scale) {
                                static_cast<int>(micro_));
     } else {
       const trace::Scope b("backward", "pipeline", "micro-batch", a.micro);
-      // The last micro-batch's backward hands each finished bucket to the progress thread.
-      if (buckets_ && a.micro == m - 1)
+      // The last micro-batch's backward hands each finished bucket to the progress thread
+      // (from graphs: all of them after it, below).
+      if (buckets_ && a.micro == m - 1 && !c_.cuda_graphs)
         engine_->backward(slot, a.micro, scale,
                           [&](std::size_t x, std::size_t y) { buckets_->ready(x, y); });
       else
         engine_->backward(slot, a.micro, scale);
     }
+  }
+  if (buckets_ && c_.cuda_graphs) {
+    dev_.call(&dt_hal_v1_t::synchronize, "synchronize");
+    buckets_->ready(0, engine_->params().size());
   }
   engine_->wait_sends();
   // The first step also pays for first-touch page faults: the bubble figures leave it out.
@@ -1419,9 +1446,7 @@ int Trainer::run() {
   if (step_ != last_saved_) save_checkpoint_now(false);
   finish_checkpoints();
   if (engine_ && plan_->layout.pp > 1) report_bubble();
-  if (c_.cuda_graphs && comm_.rank() == 0)
-    std::printf("engine.cuda_graphs: %lld capture(s), %lld micro-batch(es) run from a graph\n",
-                static_cast<long long>(graph_captures_), static_cast<long long>(graph_replays_));
+  if (c_.cuda_graphs) report_graphs();
   // Sampling runs the whole model on rank 0: the graph engine's shards are assembled first.
   if (engine_ && c_.sample_tokens > 0 && first_step < c_.steps) gather_state();
   if (zero_ && model_ && !model_->param_data() && c_.sample_tokens > 0 && first_step < c_.steps)
