@@ -423,7 +423,7 @@ void StageEngine::set_unit_hooks(std::vector<ZeroUnit> units, UnitHooks hooks) {
   DT_CHECK(InvalidArgument, grad_ || (hooks.grads && hooks.grads_done),
            "a StageEngine without its own gradients needs UnitHooks::grads and grads_done");
   Impl& m = *impl_;
-  DT_CHECK(InvalidArgument, !m.graphs,
+  DT_CHECK(InvalidArgument, !m.graphs || (!hooks.acquire && !hooks.grads),
            "StageEngine::set_unit_hooks: the passes run from graphs, which cannot hold the hooks' "
            "calls");
   m.unit_of.assign(params_.size(), -1);

@@ -176,8 +176,8 @@ void add_train_options(Options& o, TrainConfig& c) {
            "eager micro-batch; again when the loss scale changes) and replay it for every later "
            "one: a CUDA graph on a GPU, a recorded call list on the CPU device. With tensor or "
            "pipeline parallelism (the graph engine) each stretch of device work between "
-           "collectives and pipeline messages is a graph of its own. Not with parallel.zero > 0; "
-           "gradients are reduced after the replay")
+           "collectives and pipeline messages is a graph of its own. Not with parallel.zero = 2 "
+           "or 3; gradients are reduced after the replay")
       .add("parallel.zero", &c.par_zero, 0,
            "sharded data parallelism: 0 replicas; 1 shards the AdamW state over the data-parallel "
            "ranks; 2 also the gradients; 3 also the parameters (gathered per layer when used)",
@@ -365,10 +365,10 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   micro_ = plan_->micro;
   const bool graph_engine = L.tp > 1 || L.pp > 1 || c_.par_engine == "graph";
   // On the layout as planned (parallel.auto may choose it), before anything is allocated.
-  DT_CHECK(ConfigError, !c_.cuda_graphs || c_.par_zero == 0,
-           "option --engine.cuda_graphs needs unsharded parameters and gradients (parallel.zero "
-           "= 0): ZeRO gathers and reduces them layer by layer from the host, which a graph "
-           "cannot hold; got zero = ",
+  DT_CHECK(ConfigError, !c_.cuda_graphs || c_.par_zero <= 1,
+           "option --engine.cuda_graphs needs whole parameters and gradients during the passes "
+           "(parallel.zero = 0 or 1): ZeRO-2 and 3 gather and reduce them layer by layer from "
+           "the host, which a graph cannot hold; got zero = ",
            c_.par_zero);
   // Device memory: collectives through a device communicator or staged through the host; the
   // ZeRO shards are still gathered into host buffers through the same communicators.
@@ -747,7 +747,11 @@ StepStats Trainer::step() {
         model_->stage(inputs_.data(), targets_.data(), static_cast<int>(micro_), T);
         micro_batch_graph(scale);
         loss_sum += model_->loss_sum();
-        if (buckets_ && m + micro_ >= local_batch_) buckets_->ready(0, model_->params().size());
+        if (m + micro_ < local_batch_) continue;
+        if (buckets_) buckets_->ready(0, model_->params().size());
+        if (zero_)  // stage 1: every unit's gradients are final, last unit first as in backward
+          for (int u = static_cast<int>(zero_->units().size()); u-- > 0;)
+            zero_->grads_final(u, model_->grad_data() + zero_->unit_offset(u));
         continue;
       }
       loss_sum += model_->forward(inputs_.data(), targets_.data(), static_cast<int>(micro_), T);
