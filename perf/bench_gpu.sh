@@ -89,14 +89,15 @@ if eager=$(run_train eager --config "$root/configs/micro.ini" --train.steps=300)
   ratio=$(awk -v a="$te" -v b="$tg" 'BEGIN{printf "%.2fx", b/a}')
 fi
 
-# 3. The same through the stage engine (parallel.engine=graph, one rank): a graph per stretch of
-#    device work between the pass's host points.
+# 3. The same through the stage engine (parallel.engine=graph, one rank) in bf16: a graph per
+#    stretch of device work between the pass's host points, with the 16-bit attention and GEMM
+#    scratch of the CUDA device.
 egraphs="not measured"
 eratio="?"
 if eager=$(run_train engine_eager --config "$root/configs/micro.ini" --train.steps=300 \
-     --parallel.engine=graph) &&
+     --parallel.engine=graph --train.dtype=bf16) &&
    graph=$(run_train engine_graph --config "$root/configs/micro.ini" --train.steps=300 \
-     --parallel.engine=graph --engine.cuda_graphs=true); then
+     --parallel.engine=graph --train.dtype=bf16 --engine.cuda_graphs=true); then
   te=$(tok_of "$eager"); tg=$(tok_of "$graph")
   egraphs="eager $te tok/s, graphs $tg tok/s ($(grep -m1 '^engine.cuda_graphs' "$log/engine_graph.log"))"
   eratio=$(awk -v a="$te" -v b="$tg" 'BEGIN{printf "%.2fx", b/a}')
@@ -119,7 +120,7 @@ Command: \`${DT_GPU_PAYLOAD:+DT_GPU_PAYLOAD=$DT_GPU_PAYLOAD }perf/bench_gpu.sh $
 | model FLOP utilisation against the cuBLAS bf16 rate (floor 50%) | $mfu |
 | micro config, 300 steps: CUDA graph replay against eager launch | $graphs |
 | graph replay speed-up per step (floor 1.3x) | $ratio |
-| the same through the stage engine (parallel.engine=graph) | $egraphs |
+| the same through the stage engine (parallel.engine=graph), bf16 | $egraphs |
 | stage-engine graph replay speed-up per step | $eratio |
 
 Driver and GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)

@@ -91,6 +91,9 @@ struct Context {
   std::atomic<Graph*> capture{nullptr};
   std::atomic<std::thread::id> capture_thread{};
   std::string capture_error;
+  // Graphs captured and not destroyed. A CUDA graph holds the scratch pointers it was captured
+  // with, so the scratch may not grow while one lives; the CPU device keeps that rule too.
+  std::atomic<int> live_graphs{0};
   ~Context() {
     std::free(scratch);
     delete capture;
@@ -1294,6 +1297,10 @@ int cpu_cast(void* ctx, void* out, dt_hal_dtype out_type, const void* in, dt_hal
 int scratch(void* ctx, const char* fn, size_t floats, float** out) {
   auto* c = static_cast<Context*>(ctx);
   if (c->scratch_floats < floats) {
+    if (c->live_graphs.load() > 0)
+      return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": this call needs ", floats * sizeof(float),
+                  " bytes of scratch memory, more than a live graph was captured with; growing "
+                  "it would free memory the graph uses: destroy the graphs first");
     std::free(c->scratch);
     c->scratch_floats = 0;
     c->scratch = static_cast<float*>(std::malloc(floats * sizeof(float)));
@@ -1638,6 +1645,7 @@ int cpu_graph_end(void* ctx, void** graph) {
                 "graph_end: the capture was invalidated: ", c->capture_error);
   }
   *graph = g;
+  ++c->live_graphs;
   return DT_HAL_OK;
 }
 
@@ -1657,7 +1665,11 @@ int cpu_graph_launch(void* ctx, void* graph) {
   return DT_HAL_OK;
 }
 
-void cpu_graph_destroy(void*, void* graph) { delete static_cast<Graph*>(graph); }
+void cpu_graph_destroy(void* ctx, void* graph) {
+  if (graph == nullptr) return;
+  delete static_cast<Graph*>(graph);
+  if (ctx != nullptr) --static_cast<Context*>(ctx)->live_graphs;
+}
 
 // The version-1 entries after api_version and name, in table order.
 // Work on device memory goes through Rec (recorded while capturing); the rest through rec_*.

@@ -358,6 +358,8 @@ StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& mod
   m.host_losses.resize(BT);
   m.fwd_runs = cut_runs(g_, false);
   m.bwd_runs = cut_runs(g_, true);
+  m.fwd_graphs.resize(static_cast<std::size_t>(slots_));
+  m.bwd_graphs.resize(static_cast<std::size_t>(slots_));
   zero_grad();
 }
 
@@ -403,9 +405,12 @@ void StageEngine::set_graphs(bool on) {
   }
 }
 
+bool StageEngine::graphs() const noexcept { return impl_->graphs; }
+
 StageEngine::GraphCounts StageEngine::graph_counts() const { return impl_->counts; }
 
 void StageEngine::set_compute(DType t) {
+  set_graphs(impl_->graphs);  // the graphs hold the operand buffers reserved below: drop them
   ws_.compute = t;
   ws_.reserve(dev_, graph::gemm_operand_elements(g_));
 }

@@ -86,8 +86,11 @@ class StageEngine {
   /// graphs, one per stretch of device work: a slot's first pass in each direction at a batch
   /// size runs eagerly, the next is captured and launched, later ones replay (captured again for
   /// a new loss scale). Needs the device's graph entries and no unit hooks; a backward then takes
-  /// no GradReady. Work goes to the device's current stream.
+  /// no GradReady. Work goes to the device's current stream. Turn it on once every pass at the
+  /// largest batch ran eagerly (a device may not grow its scratch memory while graphs live);
+  /// off destroys the graphs.
   void set_graphs(bool on);
+  bool graphs() const noexcept;
   struct GraphCounts {
     std::int64_t captured = 0;  ///< graphs captured
     std::int64_t launched = 0;  ///< graph launches

@@ -540,7 +540,6 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
   }
   engine_ = std::make_unique<StageEngine>(dev_, std::move(sg), c_.model, mc.pp, L.pp,
                                           plan_->in_flight(mc.pp), sc, std::move(storage));
-  if (c_.cuda_graphs) engine_->set_graphs(true);
   // One copy of each element per data-parallel rank counts: tensor-parallel rank 0's of a
   // replicated tensor, the first stage's of a tensor tied across stages.
   unique_.clear();
@@ -906,6 +905,10 @@ double Trainer::pipeline_step(float scale) {
     dev_.call(&dt_hal_v1_t::synchronize, "synchronize");
     buckets_->ready(0, engine_->params().size());
   }
+  // engine.cuda_graphs: nothing is captured before a whole step ran eagerly. Its passes at the
+  // full micro-batch grow the device's scratch memory, which a live graph fixes in place (a CUDA
+  // graph holds the pointers it was captured with).
+  if (c_.cuda_graphs && !engine_->graphs()) engine_->set_graphs(true);
   engine_->wait_sends();
   // The first step also pays for first-touch page faults: the bubble figures leave it out.
   const double idle = engine_->take_wait_seconds();
@@ -1450,7 +1453,12 @@ int Trainer::run() {
   if (step_ != last_saved_) save_checkpoint_now(false);
   finish_checkpoints();
   if (engine_ && plan_->layout.pp > 1) report_bubble();
-  if (c_.cuda_graphs) report_graphs();
+  if (c_.cuda_graphs) {
+    report_graphs();
+    // Sampling and the device memory the run gives back need no graphs holding scratch memory.
+    graph_ = Device::Graph();
+    if (engine_) engine_->set_graphs(false);
+  }
   // Sampling runs the whole model on rank 0: the graph engine's shards are assembled first.
   if (engine_ && c_.sample_tokens > 0 && first_step < c_.steps) gather_state();
   if (zero_ && model_ && !model_->param_data() && c_.sample_tokens > 0 && first_step < c_.steps)

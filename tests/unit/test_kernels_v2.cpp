@@ -545,6 +545,32 @@ TEST_CASE(
   d.t->graph_destroy(d.ctx, graph);
 }
 
+TEST_CASE("v2 graphs: the scratch memory does not grow while a graph lives, as on a GPU") {
+  // gemm_ex widens 16-bit operands into the context's scratch. A CUDA graph holds the scratch
+  // pointer it was captured with, so growing (freeing) it while a graph lives is refused; the CPU
+  // device keeps the rule, so a capture order that would fail on a GPU fails here too.
+  Dev2 d;
+  auto gemm16 = [&](int64_t n) {  // C[n, n] = A B, bf16 operands of ones: a sum of n ones
+    std::vector<std::uint16_t> a(static_cast<std::size_t>(n * n), 0x3f80);
+    std::vector<float> c(static_cast<std::size_t>(n * n), -1.0f);
+    const int st = d.t->gemm_ex(d.ctx, 0, 0, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f,
+                                c.data(), n, DT_HAL_BF16, DT_HAL_F32);
+    if (st == DT_HAL_OK) CHECK(c[0] == static_cast<float>(n));
+    return st;
+  };
+  REQUIRE(gemm16(8) == DT_HAL_OK);  // grows the scratch to 8 x 8 operands
+  void* graph = nullptr;
+  REQUIRE(d.t->graph_begin(d.ctx) == DT_HAL_OK);
+  REQUIRE(d.t->graph_end(d.ctx, &graph) == DT_HAL_OK);
+  CHECK(gemm16(8) == DT_HAL_OK);  // the size it has
+  CHECK(gemm16(4) == DT_HAL_OK);
+  CHECK(gemm16(16) == DT_HAL_ERR_UNSUPPORTED);
+  CHECK(d.err().find("gemm_ex: this call needs") != std::string::npos);
+  CHECK(d.err().find("more than a live graph was captured with") != std::string::npos);
+  d.t->graph_destroy(d.ctx, graph);
+  CHECK(gemm16(16) == DT_HAL_OK);  // no graph lives: it grows
+}
+
 // ---- version 3: attention with its products in a 16-bit type ----------------------------------
 
 namespace {
