@@ -109,6 +109,7 @@ struct TrainConfig {
   double loss_scale_min = 1;
   std::int64_t test_inject_inf_rank = -1;  ///< testing only: this rank's gradient gets an Inf
   std::int64_t test_inject_inf_step = 2;   ///< ... at this step
+  bool test_cast_weights = false;  ///< testing only: no 16-bit weight copy for the products
   // security (include/dt/security.hpp)
   std::string seal = "off";         ///< off | p2p (pipeline messages) | all (and collectives)
   std::string key_file;             ///< 32-byte job key, owner-only permissions
@@ -262,6 +263,7 @@ class Trainer {
   /// Divides n gradients by the loss scale; true when one of them is Inf or NaN (this rank).
   bool unscale_found_inf(float* grads, std::size_t n, float loss_scale);
   Device::Buffer lp_buf_, lp_flag_;  // 16-bit copy for rounding; the device's overflow flag
+  Device::Buffer weights16_;         // unsharded bf16/fp16: the weights as the products read them
   DeviceCommFactory device_comm_;
   /// The data-parallel gradient communicator over `group` (the fused model and the stage engine
   /// alike): sealed with seal=all (where the test's tamper applies to collectives), the

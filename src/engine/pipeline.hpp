@@ -100,6 +100,8 @@ class StageEngine {
   /// Matrix products in `t` (f32, bf16 or f16; see GemmWorkspace in model/layers.hpp); the
   /// 16-bit operand buffers are allocated here for the stage's largest product.
   void set_compute(DType t);
+  /// The stage's parameters in the compute type, as for dt::Gpt::set_weights16.
+  void set_weights16(const void* w16);
   /// Bytes of the activation, activation-gradient and scratch buffers.
   std::size_t activation_bytes() const;
   const graph::Graph& graph() const noexcept { return g_; }

@@ -111,8 +111,10 @@ Plan build(const PlanRequest& r, Layout l) {
       m.grads = static_cast<double>(z.grads);
       m.optim = static_cast<double>(z.optimizer);
     } else {
-      if (r.low_precision)
-        m.optim += m.params;  // the fp32 master copy next to the 16-bit-rounded working weights
+      if (r.low_precision) {
+        m.optim += m.params;       // the fp32 master copy next to the rounded working weights
+        m.params += m.params / 2;  // and the working weights' 16-bit copy the products read
+      }
       if (r.grad_wire16 && l.dp > 1)
         m.grads += m.params / 2;  // the bf16 copy of the gradients the all_reduce carries
     }

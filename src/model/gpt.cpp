@@ -233,6 +233,12 @@ void Gpt::set_compute(DType t) {
   ws_->reserve(dev_, graph::gemm_operand_elements(graph::build_gpt(cfg_, max_batch_, cfg_.block)));
 }
 
+void Gpt::set_weights16(const void* w16) {
+  ws_->w32 = param_data();
+  ws_->w16 = param_data() ? w16 : nullptr;
+  ws_->wn = param_buf_.bytes() / sizeof(float);
+}
+
 void Gpt::init(std::uint64_t seed) {
   DT_CHECK(
       InvalidArgument, param_data() != nullptr,

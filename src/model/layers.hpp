@@ -18,10 +18,23 @@ namespace dt {
 struct GemmWorkspace {
   DType compute = DType::f32;
   Device::Buffer a, b;
+  // The weights [w32, w32 + wn) in the compute type at w16 (null: none), which their owner keeps
+  // equal to the weights' rounding (dt::Trainer: after every optimizer step): an operand inside
+  // that range is read from there instead of cast for every product.
+  const float* w32 = nullptr;
+  const void* w16 = nullptr;
+  std::size_t wn = 0;
   void reserve(const Device& d, std::size_t elements) {
     if (compute == DType::f32) return;
     if (a.bytes() < 2 * elements) a = Device::Buffer(d, 2 * elements);
     if (b.bytes() < 2 * elements) b = Device::Buffer(d, 2 * elements);
+  }
+  // The 16-bit copy of the n elements at p, or null where they are not all weights.
+  const void* weights16(const float* p, std::int64_t n) const {
+    if (w16 == nullptr || n < 0) return nullptr;
+    const auto at = reinterpret_cast<std::uintptr_t>(p), lo = reinterpret_cast<std::uintptr_t>(w32);
+    if (at < lo || (at - lo) / sizeof(float) + static_cast<std::size_t>(n) > wn) return nullptr;
+    return static_cast<const std::uint16_t*>(w16) + (at - lo) / sizeof(float);
   }
 };
 
@@ -37,11 +50,18 @@ inline void matmul(const Device& d, GemmWorkspace* ws, int ta, int tb, std::int6
   const dt_hal_dtype f32 = DT_HAL_F32, lp = hal_dtype(ws->compute);
   const std::int64_t na = (ta ? K : M) * lda, nb = (tb ? N : K) * ldb;
   ws->reserve(d, static_cast<std::size_t>(std::max(na, nb)));
-  d.call(&dt_hal_v2_t::cast, "cast", ws->a.get(), lp, static_cast<const void*>(A), f32, na);
-  d.call(&dt_hal_v2_t::cast, "cast", ws->b.get(), lp, static_cast<const void*>(B), f32, nb);
-  d.call(&dt_hal_v2_t::gemm_ex, "gemm_ex", ta, tb, M, N, K, alpha,
-         static_cast<const void*>(ws->a.get()), lda, static_cast<const void*>(ws->b.get()), ldb,
-         beta, static_cast<void*>(C), ldc, lp, f32);
+  const void* a16 = ws->weights16(A, na);
+  const void* b16 = ws->weights16(B, nb);
+  if (a16 == nullptr) {
+    d.call(&dt_hal_v2_t::cast, "cast", ws->a.get(), lp, static_cast<const void*>(A), f32, na);
+    a16 = ws->a.get();
+  }
+  if (b16 == nullptr) {
+    d.call(&dt_hal_v2_t::cast, "cast", ws->b.get(), lp, static_cast<const void*>(B), f32, nb);
+    b16 = ws->b.get();
+  }
+  d.call(&dt_hal_v2_t::gemm_ex, "gemm_ex", ta, tb, M, N, K, alpha, a16, lda, b16, ldb, beta,
+         static_cast<void*>(C), ldc, lp, f32);
 }
 
 // y[N, out] = x[N, in] @ W[out, in]^T + b (no bias when b is null)

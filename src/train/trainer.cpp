@@ -217,6 +217,9 @@ void add_train_options(Options& o, TrainConfig& c) {
            -1L, 1L << 30)
       .add("test.inject-inf-step", &c.test_inject_inf_step, 2,
            "testing only: see test.inject-inf-rank", 0L, 1L << 40)
+      .add("test.cast-weights", &c.test_cast_weights, false,
+           "testing and benchmarks only: bf16/fp16 matrix products cast the weights for every "
+           "product instead of reading the 16-bit copy kept after each optimizer step")
       .add("security.seal", &c.seal, "off",
            "AES-256-GCM sealing of tensor traffic: off; p2p (pipeline activations and their "
            "gradients); all (also every collective: dt's own algorithms decrypt, reduce and "
@@ -1137,14 +1140,19 @@ std::size_t Trainer::state_numel() const {
 
 void Trainer::round_to_dtype(float* data, std::size_t n) {
   // A round trip through 16 bits with the device's cast (ABI version 2; dt_train refuses a device
-  // without it for bf16/fp16 before anything is allocated).
+  // without it for bf16/fp16 before anything is allocated), in pieces of at most kRoundChunk.
+  constexpr std::size_t kRoundChunk = std::size_t{1} << 24;  // 32 MiB of 16-bit values
   const dt_hal_dtype lp = hal_dtype(c_.dtype == "bf16" ? DType::bf16 : DType::f16);
   const dt_hal_dtype f32 = hal_dtype(DType::f32);
-  if (lp_buf_.bytes() < 2 * n) lp_buf_ = Device::Buffer(dev_, 2 * n);
-  dev_.call(&dt_hal_v2_t::cast, "cast", lp_buf_.get(), lp, static_cast<const void*>(data), f32,
-            static_cast<std::int64_t>(n));
-  dev_.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(data), f32,
-            static_cast<const void*>(lp_buf_.get()), lp, static_cast<std::int64_t>(n));
+  const std::size_t chunk = std::min(n, kRoundChunk);
+  if (lp_buf_.bytes() < 2 * chunk) lp_buf_ = Device::Buffer(dev_, 2 * chunk);
+  for (std::size_t at = 0; at < n; at += chunk) {
+    const auto k = static_cast<std::int64_t>(std::min(chunk, n - at));
+    dev_.call(&dt_hal_v2_t::cast, "cast", lp_buf_.get(), lp, static_cast<const void*>(data + at),
+              f32, k);
+    dev_.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(data + at), f32,
+              static_cast<const void*>(lp_buf_.get()), lp, k);
+  }
 }
 
 bool Trainer::unscale_found_inf(float* grads, std::size_t n, float loss_scale) {
@@ -1163,10 +1171,24 @@ void Trainer::refresh_working_weights() {
     zero_->publish(params_ptr());
     return;
   }
+  // The master weights rounded into their 16-bit copy, which the matrix products read, and
+  // widened from there into the working weights the other kernels read.
   const std::size_t n = param_list().back().offset + param_list().back().numel;
-  dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(params_ptr()),
-            static_cast<const void*>(master_ptr()), n * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
-  round_to_dtype(params_ptr(), n);
+  const dt_hal_dtype lp = hal_dtype(c_.dtype == "bf16" ? DType::bf16 : DType::f16);
+  if (weights16_.bytes() < 2 * n) {
+    weights16_ = Device::Buffer(dev_, 2 * n);
+    const void* w16 = c_.test_cast_weights ? nullptr : weights16_.get();
+    if (model_) model_->set_weights16(w16);
+    if (engine_) engine_->set_weights16(w16);
+    if (w16)
+      log("dt_train: the matrix products read a " + c_.dtype + " copy of the weights (" +
+          format_bytes(static_cast<double>(weights16_.bytes())) +
+          ", rounded from the master weights after every optimizer step)");
+  }
+  dev_.call(&dt_hal_v2_t::cast, "cast", weights16_.get(), lp,
+            static_cast<const void*>(master_ptr()), DT_HAL_F32, static_cast<std::int64_t>(n));
+  dev_.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(params_ptr()), DT_HAL_F32,
+            static_cast<const void*>(weights16_.get()), lp, static_cast<std::int64_t>(n));
 }
 
 float* Trainer::grads_ptr() const {
@@ -1507,7 +1529,7 @@ void Trainer::report_memory() {
     m = zero_->memory();
   } else {
     const std::size_t n = engine_ ? engine_->num_params() : model_->num_params();
-    m.params = n * f;
+    m.params = n * f + (low_precision() ? 2 * n : 0);  // and their 16-bit copy
     m.grads = n * f + (buckets_ ? buckets_->wire_bytes() : 0);
     m.optimizer = (2 + (low_precision() ? 1 : 0)) * n * f;
   }

@@ -184,3 +184,52 @@ TEST_CASE("matmul in bf16 and f16 rounds both operands once and accumulates in f
         if (t != dt::DType::f32) CHECK(worst_exact > 1.0);
       }
 }
+
+// GemmWorkspace::w16: an operand lying wholly inside the weights is read from their 16-bit copy
+// (not cast); any other operand, one that only starts inside or runs past the range included,
+// is cast. The copy here is deliberately not the weights' rounding, so the result shows which
+// one a product read.
+TEST_CASE("matmul reads an operand inside the weights from their 16-bit copy, casts the rest") {
+  dt::Device dev = dt::Device::open("cpu", "");
+  const std::int64_t M = 2, N = 3, K = 4;
+  std::vector<float> weights(40, 1.0f);  // rounds to bf16 1.0
+  std::vector<std::uint16_t> copy(40);
+  for (std::size_t i = 0; i < copy.size(); ++i) copy[i] = dt::bf16(2.0f + static_cast<float>(i)).bits;
+  std::vector<float> x(static_cast<std::size_t>(M * K), 1.0f);
+  dt::GemmWorkspace ws;
+  ws.compute = dt::DType::bf16;
+  ws.w32 = weights.data();
+  ws.w16 = copy.data();
+  ws.wn = weights.size();
+  // C[M, N] = x[M, K] @ B[K, N] with B at weights + off: the sum over k of B[k, j].
+  auto product = [&](const float* B) {
+    std::vector<float> C(static_cast<std::size_t>(M * N), -1.0f);
+    dt::matmul(dev, &ws, 0, 0, M, N, K, 1.0f, x.data(), K, B, N, 0.0f, C.data(), N);
+    return C;
+  };
+  for (std::int64_t off : {0, 10, 28}) {  // B = elements [off, off + 12): inside the range
+    CAPTURE(off);
+    const std::vector<float> C = product(weights.data() + off);
+    for (std::int64_t j = 0; j < N; ++j) {
+      double want = 0;
+      for (std::int64_t k = 0; k < K; ++k)
+        want += static_cast<float>(dt::bf16(2.0f + static_cast<float>(off + k * N + j)));
+      CHECK(C[static_cast<std::size_t>(j)] == want);
+      CHECK(C[static_cast<std::size_t>(N + j)] == want);
+    }
+  }
+  // Past the end (elements 30..41 of a 40-element range), and an operand outside: cast.
+  std::vector<float> outside(12, 1.0f);
+  std::vector<float> tail(44, 1.0f);
+  ws.w32 = tail.data();
+  ws.wn = 40;
+  for (const float* B : {static_cast<const float*>(tail.data() + 30),
+                         static_cast<const float*>(outside.data())}) {
+    const std::vector<float> C = product(B);
+    for (float c : C) CHECK(c == static_cast<float>(K));  // ones, cast: K per entry
+  }
+  // No copy: cast.
+  ws.w16 = nullptr;
+  const std::vector<float> C = product(tail.data());
+  for (float c : C) CHECK(c == static_cast<float>(K));
+}
