@@ -91,10 +91,12 @@ class Gpt {
   /// fp32). Allocates the 16-bit operand buffers for the largest product of a max_batch forward
   /// and backward, so a captured graph never needs more.
   void set_compute(DType t);
-  /// `w16`: the model's parameters in the compute type, in the layout of param_data(), which the
-  /// caller keeps equal to their rounding; the matrix products read the weights from there
-  /// instead of casting them for every product (null: cast them).
-  void set_weights16(const void* w16);
+  /// `w16`: the first `n` parameters of param_data() in the compute type, which the caller keeps
+  /// equal to their rounding; the matrix products read the weights from there instead of casting
+  /// them for every product (null: cast them).
+  void set_weights16(const void* w16, std::size_t n);
+  /// Operands the matrix products have read from the weights' 16-bit copy (not cast).
+  std::int64_t weight_copy_reads() const noexcept;
   /// Bytes of the activation and activation-gradient buffers (and the 16-bit GEMM operands).
   std::size_t activation_bytes() const noexcept;
 

@@ -409,11 +409,11 @@ bool StageEngine::graphs() const noexcept { return impl_->graphs; }
 
 StageEngine::GraphCounts StageEngine::graph_counts() const { return impl_->counts; }
 
-void StageEngine::set_weights16(const void* w16) {
+void StageEngine::set_weights16(const void* w16, std::size_t n) {
   if (w16 != ws_.w16) set_graphs(impl_->graphs);  // captured products read the old operands
   ws_.w32 = param_data();
   ws_.w16 = param_data() ? w16 : nullptr;
-  ws_.wn = param_buf_.bytes() / sizeof(float);
+  ws_.wn = std::min(n, param_buf_.bytes() / sizeof(float));
 }
 
 void StageEngine::set_compute(DType t) {

@@ -101,7 +101,8 @@ class StageEngine {
   /// 16-bit operand buffers are allocated here for the stage's largest product.
   void set_compute(DType t);
   /// The stage's parameters in the compute type, as for dt::Gpt::set_weights16.
-  void set_weights16(const void* w16);
+  void set_weights16(const void* w16, std::size_t n);
+  std::int64_t weight_copy_reads() const noexcept { return ws_.copy_reads; }
   /// Bytes of the activation, activation-gradient and scratch buffers.
   std::size_t activation_bytes() const;
   const graph::Graph& graph() const noexcept { return g_; }

@@ -111,12 +111,13 @@ Plan build(const PlanRequest& r, Layout l) {
       m.grads = static_cast<double>(z.grads);
       m.optim = static_cast<double>(z.optimizer);
     } else {
+      const double p32 = m.params;  // 4 bytes per parameter
       if (r.low_precision) {
-        m.optim += m.params;       // the fp32 master copy next to the rounded working weights
-        m.params += m.params / 2;  // and the working weights' 16-bit copy the products read
+        m.optim += p32;       // the fp32 master copy next to the rounded working weights
+        m.params += p32 / 2;  // and the working weights' 16-bit copy the products read
       }
       if (r.grad_wire16 && l.dp > 1)
-        m.grads += m.params / 2;  // the bf16 copy of the gradients the all_reduce carries
+        m.grads += p32 / 2;  // the bf16 copy of the gradients the all_reduce carries
     }
     if (r.low_precision)  // the two 16-bit operand buffers of the matrix products
       m.activations += 2.0 * 2.0 * static_cast<double>(graph::gemm_operand_elements(sg));

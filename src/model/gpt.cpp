@@ -233,11 +233,13 @@ void Gpt::set_compute(DType t) {
   ws_->reserve(dev_, graph::gemm_operand_elements(graph::build_gpt(cfg_, max_batch_, cfg_.block)));
 }
 
-void Gpt::set_weights16(const void* w16) {
+void Gpt::set_weights16(const void* w16, std::size_t n) {
   ws_->w32 = param_data();
   ws_->w16 = param_data() ? w16 : nullptr;
-  ws_->wn = param_buf_.bytes() / sizeof(float);
+  ws_->wn = std::min(n, param_buf_.bytes() / sizeof(float));
 }
+
+std::int64_t Gpt::weight_copy_reads() const noexcept { return ws_->copy_reads; }
 
 void Gpt::init(std::uint64_t seed) {
   DT_CHECK(

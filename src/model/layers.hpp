@@ -24,6 +24,7 @@ struct GemmWorkspace {
   const float* w32 = nullptr;
   const void* w16 = nullptr;
   std::size_t wn = 0;
+  std::int64_t copy_reads = 0;  // operands matmul read from w16
   void reserve(const Device& d, std::size_t elements) {
     if (compute == DType::f32) return;
     if (a.bytes() < 2 * elements) a = Device::Buffer(d, 2 * elements);
@@ -52,6 +53,7 @@ inline void matmul(const Device& d, GemmWorkspace* ws, int ta, int tb, std::int6
   ws->reserve(d, static_cast<std::size_t>(std::max(na, nb)));
   const void* a16 = ws->weights16(A, na);
   const void* b16 = ws->weights16(B, nb);
+  ws->copy_reads += (a16 != nullptr) + (b16 != nullptr);
   if (a16 == nullptr) {
     d.call(&dt_hal_v2_t::cast, "cast", ws->a.get(), lp, static_cast<const void*>(A), f32, na);
     a16 = ws->a.get();

@@ -1178,8 +1178,8 @@ void Trainer::refresh_working_weights() {
   if (weights16_.bytes() < 2 * n) {
     weights16_ = Device::Buffer(dev_, 2 * n);
     const void* w16 = c_.test_cast_weights ? nullptr : weights16_.get();
-    if (model_) model_->set_weights16(w16);
-    if (engine_) engine_->set_weights16(w16);
+    if (model_) model_->set_weights16(w16, n);
+    if (engine_) engine_->set_weights16(w16, n);
     if (w16)
       log("dt_train: the matrix products read a " + c_.dtype + " copy of the weights (" +
           format_bytes(static_cast<double>(weights16_.bytes())) +
@@ -1475,6 +1475,13 @@ int Trainer::run() {
   if (step_ != last_saved_) save_checkpoint_now(false);
   finish_checkpoints();
   if (engine_ && plan_->layout.pp > 1) report_bubble();
+  if (weights16_.bytes() > 0 && !c_.test_cast_weights) {
+    const std::int64_t reads = engine_  ? engine_->weight_copy_reads()
+                               : model_ ? model_->weight_copy_reads()
+                                        : 0;
+    log("dt_train: " + std::to_string(reads) + " matrix product operands read from the " +
+        c_.dtype + " copy of the weights (rank 0, from the host; graph replays not counted)");
+  }
   if (c_.cuda_graphs) {
     report_graphs();
     // Sampling and the device memory the run gives back need no graphs holding scratch memory.

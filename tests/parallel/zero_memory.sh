@@ -6,7 +6,8 @@
 # per-rank memory report at the start, which equals the plan's estimate (--print-plan), and
 # mem.limit judges a layout by that estimate: a limit between the zero=3 and the zero=0 estimates
 # refuses zero=0 before training and lets zero=3 run. In bf16 the estimate counts the fp32 master
-# copy as the report does.
+# copy, the weights' 16-bit copy (zero=0) and the bf16 gradient wire (train.grad-reduce=bf16) as
+# the report does.
 set -u
 WORK=$1 BIN=$2 CONFIG=$3 TEXT=$4
 shift 4
@@ -49,18 +50,24 @@ for z in 0 1 2 3; do
   fi
   prev=$peak
 done
-# bf16: the fp32 master copy is counted by the plan as by the report.
-for z in 0 2; do
-  run --parallel.zero=$z --train.dtype=bf16 --print-plan >"b$z.plan" 2>&1 ||
-    { cat "b$z.plan"; FAIL "bf16 zero=$z: --print-plan failed"; }
-  run --parallel.zero=$z --train.dtype=bf16 >"b$z.out" 2>&1 ||
-    { cat "b$z.out"; FAIL "bf16 zero=$z: the run failed"; }
-  est=$(state "estimated memory per rank" "b$z.plan") got=$(state "memory per rank .parallel.zero=$z, rank 0.:" "b$z.out")
-  echo "bf16 zero=$z: plan estimate $est, report $got"
-  [ -n "$est" ] && [ "$est" = "$got" ] || FAIL "bf16 zero=$z: the plan's estimate '$est' differs from the report '$got'"
+# bf16: the fp32 master copy, the weights' 16-bit copy and the gradient wire are counted by the
+# plan as by the report.
+for c in 0 2 0w; do
+  z=${c%w} wire=
+  [ "$c" = 0w ] && wire=--train.grad-reduce=bf16
+  run --parallel.zero=$z --train.dtype=bf16 $wire --print-plan >"b$c.plan" 2>&1 ||
+    { cat "b$c.plan"; FAIL "bf16 zero=$z $wire: --print-plan failed"; }
+  run --parallel.zero=$z --train.dtype=bf16 $wire >"b$c.out" 2>&1 ||
+    { cat "b$c.out"; FAIL "bf16 zero=$z $wire: the run failed"; }
+  est=$(state "estimated memory per rank" "b$c.plan") got=$(state "memory per rank .parallel.zero=$z, rank 0.:" "b$c.out")
+  echo "bf16 zero=$z $wire: plan estimate $est, report $got"
+  [ -n "$est" ] && [ "$est" = "$got" ] ||
+    FAIL "bf16 zero=$z $wire: the plan's estimate '$est' differs from the report '$got'"
   [ "$est" != "$(state "estimated memory per rank" "p$z.out")" ] ||
-    FAIL "bf16 zero=$z: the estimate equals fp32's (no master copy counted)"
+    FAIL "bf16 zero=$z $wire: the estimate equals fp32's (no master copy counted)"
 done
+[ "$(state "estimated memory per rank" b0w.plan)" != "$(state "estimated memory per rank" b0.plan)" ] ||
+  FAIL "bf16 zero=0: the estimate with the bf16 gradient wire equals the one without"
 total() {
   read -r n u < <(sed -nE 's/.*estimated memory per rank ([0-9.]+) ([KMG]?i?B) .*/\1 \2/p' "$1" | head -1)
   bytes "$n" "$u"
