@@ -394,7 +394,10 @@ ZeroMemory zero_memory(int stage, const std::vector<ParamInfo>& params,
   const std::size_t slices = buffers / N;
   ZeroMemory m;
   m.optimizer = 3 * local * f;  // master, exp_avg, exp_avg_sq
-  m.params = (stage < 3 ? local * N : buffers) * f + (low_precision ? local * f : 0);
+  // Low precision: the rounded shard to gather from, and (stages 1-2) the gathered weights'
+  // 16-bit copy the matrix products read.
+  m.params = (stage < 3 ? local * N : buffers) * f +
+             (low_precision ? local * f + (stage < 3 ? local * N * 2 : 0) : 0);
   m.grads = local * f + (stage < 2 ? local * N : buffers + slices) * f;
   return m;
 }

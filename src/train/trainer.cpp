@@ -1167,13 +1167,15 @@ bool Trainer::unscale_found_inf(float* grads, std::size_t n, float loss_scale) {
 }
 
 void Trainer::refresh_working_weights() {
+  std::size_t n = param_list().back().offset + param_list().back().numel;
   if (zero_) {
-    zero_->publish(params_ptr());
-    return;
+    zero_->publish(params_ptr());     // the rounded shards, gathered (stages 1-2)
+    if (zero_->stage() >= 3) return;  // the weights are gathered unit by unit: cast per product
+    n = zero_->padded_numel();
   }
   // The master weights rounded into their 16-bit copy, which the matrix products read, and
-  // widened from there into the working weights the other kernels read.
-  const std::size_t n = param_list().back().offset + param_list().back().numel;
+  // widened from there into the working weights the other kernels read (ZeRO-1/2: the gathered
+  // working weights, rounded already, into the copy).
   const dt_hal_dtype lp = hal_dtype(c_.dtype == "bf16" ? DType::bf16 : DType::f16);
   if (weights16_.bytes() < 2 * n) {
     weights16_ = Device::Buffer(dev_, 2 * n);
@@ -1184,6 +1186,11 @@ void Trainer::refresh_working_weights() {
       log("dt_train: the matrix products read a " + c_.dtype + " copy of the weights (" +
           format_bytes(static_cast<double>(weights16_.bytes())) +
           ", rounded from the master weights after every optimizer step)");
+  }
+  if (zero_) {
+    dev_.call(&dt_hal_v2_t::cast, "cast", weights16_.get(), lp,
+              static_cast<const void*>(params_ptr()), DT_HAL_F32, static_cast<std::int64_t>(n));
+    return;
   }
   dev_.call(&dt_hal_v2_t::cast, "cast", weights16_.get(), lp,
             static_cast<const void*>(master_ptr()), DT_HAL_F32, static_cast<std::int64_t>(n));
