@@ -9,7 +9,8 @@
 #   4. measures dt_train on the CUDA device: tokens/s and model FLOP utilisation of gpt-small in
 #      bf16 against that GEMM rate, and the micro config with engine.cuda_graphs against eager
 #      launch (steady-state tokens/s of the same run length, one after the other), on the fused
-#      model and through the stage engine.
+#      model and through the stage engine, and gpt-tiny in bf16 with the weights' 16-bit copy
+#      against casting them for every product.
 # Prints a RESULTS.md section and appends it to perf/RESULTS.md; the full logs of the checks and
 # runs go to $DT_GPU_LOGS when set.
 # Usage: perf/bench_gpu.sh [steps]
@@ -103,6 +104,19 @@ if eager=$(run_train engine_eager --config "$root/configs/micro.ini" --train.ste
   eratio=$(awk -v a="$te" -v b="$tg" 'BEGIN{printf "%.2fx", b/a}')
 fi
 
+# 4. bf16 matrix products reading the weights' 16-bit copy against casting the weights for every
+#    product (test.cast-weights), gpt-tiny, same run length, one after the other.
+w16="not measured"
+w16ratio="?"
+if cast=$(run_train w16_cast --config "$root/configs/gpt-tiny.ini" --train.steps=100 \
+     --train.dtype=bf16 --test.cast-weights=true) &&
+   copy=$(run_train w16_copy --config "$root/configs/gpt-tiny.ini" --train.steps=100 \
+     --train.dtype=bf16); then
+  tc=$(tok_of "$cast"); tw=$(tok_of "$copy")
+  w16="cast per product $tc tok/s, 16-bit copy $tw tok/s"
+  w16ratio=$(awk -v a="$tc" -v b="$tw" 'BEGIN{printf "%.2fx", b/a}')
+fi
+
 # Figures go into RESULTS.md only from a machine whose GPU passed the kernel test.
 results=$root/perf/RESULTS.md
 [[ " $DT_GPU_PASSED " == *" cuda_kernels "* ]] || results=/dev/null
@@ -122,6 +136,8 @@ Command: \`${DT_GPU_PAYLOAD:+DT_GPU_PAYLOAD=$DT_GPU_PAYLOAD }perf/bench_gpu.sh $
 | graph replay speed-up per step (floor 1.3x) | $ratio |
 | the same through the stage engine (parallel.engine=graph), bf16 | $egraphs |
 | stage-engine graph replay speed-up per step | $eratio |
+| gpt-tiny bf16, 100 steps: weights cast per product against their 16-bit copy | $w16 |
+| 16-bit weight copy speed-up per step | $w16ratio |
 
 Driver and GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 EOT
