@@ -1668,7 +1668,8 @@ int cpu_graph_launch(void* ctx, void* graph) {
 void cpu_graph_destroy(void* ctx, void* graph) {
   if (graph == nullptr) return;
   delete static_cast<Graph*>(graph);
-  if (ctx != nullptr) --static_cast<Context*>(ctx)->live_graphs;
+  if (ctx != nullptr && static_cast<Context*>(ctx)->live_graphs.load() > 0)
+    --static_cast<Context*>(ctx)->live_graphs;
 }
 
 // The version-1 entries after api_version and name, in table order.

@@ -1169,8 +1169,9 @@ bool Trainer::unscale_found_inf(float* grads, std::size_t n, float loss_scale) {
 void Trainer::refresh_working_weights() {
   std::size_t n = param_list().back().offset + param_list().back().numel;
   if (zero_) {
-    zero_->publish(params_ptr());     // the rounded shards, gathered (stages 1-2)
-    if (zero_->stage() >= 3) return;  // the weights are gathered unit by unit: cast per product
+    zero_->publish(params_ptr());  // the (rounded) shards, gathered (stages 1-2)
+    // fp32 needs no copy; stage 3 gathers the weights unit by unit, and the products cast them.
+    if (!low_precision() || zero_->stage() >= 3) return;
     n = zero_->padded_numel();
   }
   // The master weights rounded into their 16-bit copy, which the matrix products read, and
@@ -1178,6 +1179,7 @@ void Trainer::refresh_working_weights() {
   // working weights, rounded already, into the copy).
   const dt_hal_dtype lp = hal_dtype(c_.dtype == "bf16" ? DType::bf16 : DType::f16);
   if (weights16_.bytes() < 2 * n) {
+    graph_ = Device::Graph();  // a captured micro-batch reads the copy's address
     weights16_ = Device::Buffer(dev_, 2 * n);
     const void* w16 = c_.test_cast_weights ? nullptr : weights16_.get();
     if (model_) model_->set_weights16(w16, n);
@@ -1266,6 +1268,7 @@ std::string Trainer::resume_from_checkpoint() {
     // Rejected candidates may have left their data in the buffers: start from clean weights.
     host_state_.clear();
     init_weights();
+    if (zero_) refresh_working_weights();  // the published weights into their 16-bit copy
     log("ckpt: no usable checkpoint in " + c_.ckpt_dir + ", starting from step 0");
     return "";
   }

@@ -6,8 +6,8 @@
 # per-rank memory report at the start, which equals the plan's estimate (--print-plan), and
 # mem.limit judges a layout by that estimate: a limit between the zero=3 and the zero=0 estimates
 # refuses zero=0 before training and lets zero=3 run. In bf16 the estimate counts the fp32 master
-# copy, the weights' 16-bit copy (zero=0) and the bf16 gradient wire (train.grad-reduce=bf16) as
-# the report does.
+# copy, the weights' 16-bit copy (zero 0-2) and the bf16 gradient wire (train.grad-reduce=bf16) as
+# the report does, and at zero=0 the parameters grow over fp32's by the copy's logged size.
 set -u
 WORK=$1 BIN=$2 CONFIG=$3 TEXT=$4
 shift 4
@@ -52,7 +52,7 @@ for z in 0 1 2 3; do
 done
 # bf16: the fp32 master copy, the weights' 16-bit copy and the gradient wire are counted by the
 # plan as by the report.
-for c in 0 2 0w; do
+for c in 0 1 2 0w; do
   z=${c%w} wire=
   [ "$c" = 0w ] && wire=--train.grad-reduce=bf16
   run --parallel.zero=$z --train.dtype=bf16 $wire --print-plan >"b$c.plan" 2>&1 ||
@@ -68,6 +68,19 @@ for c in 0 2 0w; do
 done
 [ "$(state "estimated memory per rank" b0w.plan)" != "$(state "estimated memory per rank" b0.plan)" ] ||
   FAIL "bf16 zero=0: the estimate with the bf16 gradient wire equals the one without"
+# The copy the run allocated ("... copy of the weights (12.2 MiB, ...") is what the report adds to
+# fp32's parameters (figures to 0.1 of their unit).
+read -r cn cu < <(sed -nE 's/.*copy of the weights \(([0-9.]+) ([KMG]?i?B),.*/\1 \2/p' b0.out)
+read -r pn pu < <(state "memory per rank .parallel.zero=0, rank 0.:" z0.out | cut -d'|' -f1 | tr ' ' '\n' | paste -sd' ')
+read -r bn bu < <(state "memory per rank .parallel.zero=0, rank 0.:" b0.out | cut -d'|' -f1 | tr ' ' '\n' | paste -sd' ')
+if [ -z "$cn" ] || [ -z "$pn" ] || [ -z "$bn" ]; then
+  FAIL "bf16 zero=0: no copy size ('$cn $cu') or parameter figures ('$pn $pu', '$bn $bu')"
+else
+  awk -v c="$(bytes "$cn" "$cu")" -v d="$(($(bytes "$bn" "$bu") - $(bytes "$pn" "$pu")))" \
+    'BEGIN { exit !(c - d <= 0.15 * 1048576 && d - c <= 0.15 * 1048576) }' ||
+    FAIL "bf16 zero=0: the copy ($cn $cu) is not what the report adds to fp32's parameters ($pn $pu -> $bn $bu)"
+  echo "bf16 zero=0: copy $cn $cu; parameters $pn $pu (fp32) -> $bn $bu (bf16)"
+fi
 total() {
   read -r n u < <(sed -nE 's/.*estimated memory per rank ([0-9.]+) ([KMG]?i?B) .*/\1 \2/p' "$1" | head -1)
   bytes "$n" "$u"
