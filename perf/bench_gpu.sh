@@ -79,15 +79,23 @@ if done=$(run_train small --config "$root/configs/gpt-small.ini" --train.dtype=b
   [ -n "$gf" ] && [ -n "$rate" ] && mfu=$(awk -v g="$gf" -v r="$rate" 'BEGIN{printf "%.1f%%", 100*g/1000/r}')
 fi
 
-# 2. CUDA graph replay against eager launch, micro config, same run length, side by side.
+# compare LOG_A OPTION_A LOG_B OPTION_B OPTIONS...: dt_train with OPTIONS and OPTION_A, then with
+# OPTIONS and OPTION_B (same run length, one after the other): "A tok/s|B tok/s|B/A".
+compare() {
+  local la=$1 oa=$2 lb=$3 ob=$4 a b ta tb
+  shift 4
+  a=$(run_train "$la" "$@" "$oa") && b=$(run_train "$lb" "$@" "$ob") || return 1
+  ta=$(tok_of "$a"); tb=$(tok_of "$b")
+  printf '%s|%s|%s\n' "$ta" "$tb" "$(awk -v x="$ta" -v y="$tb" 'BEGIN{printf "%.2fx", y/x}')"
+}
+micro=(--config "$root/configs/micro.ini" --train.steps=300)
+
+# 2. CUDA graph replay against eager launch, micro config.
 graphs="not measured"
 ratio="?"
-if eager=$(run_train eager --config "$root/configs/micro.ini" --train.steps=300) &&
-   graph=$(run_train graph --config "$root/configs/micro.ini" --train.steps=300 \
-     --engine.cuda_graphs=true); then
-  te=$(tok_of "$eager"); tg=$(tok_of "$graph")
+if r=$(compare eager --engine.cuda_graphs=false graph --engine.cuda_graphs=true "${micro[@]}"); then
+  IFS='|' read -r te tg ratio <<<"$r"
   graphs="eager $te tok/s, graphs $tg tok/s ($(grep -m1 '^engine.cuda_graphs' "$log/graph.log"))"
-  ratio=$(awk -v a="$te" -v b="$tg" 'BEGIN{printf "%.2fx", b/a}')
 fi
 
 # 3. The same through the stage engine (parallel.engine=graph, one rank) in bf16: a graph per
@@ -95,26 +103,20 @@ fi
 #    scratch of the CUDA device.
 egraphs="not measured"
 eratio="?"
-if eager=$(run_train engine_eager --config "$root/configs/micro.ini" --train.steps=300 \
-     --parallel.engine=graph --train.dtype=bf16) &&
-   graph=$(run_train engine_graph --config "$root/configs/micro.ini" --train.steps=300 \
-     --parallel.engine=graph --train.dtype=bf16 --engine.cuda_graphs=true); then
-  te=$(tok_of "$eager"); tg=$(tok_of "$graph")
+if r=$(compare engine_eager --engine.cuda_graphs=false engine_graph --engine.cuda_graphs=true \
+    "${micro[@]}" --parallel.engine=graph --train.dtype=bf16); then
+  IFS='|' read -r te tg eratio <<<"$r"
   egraphs="eager $te tok/s, graphs $tg tok/s ($(grep -m1 '^engine.cuda_graphs' "$log/engine_graph.log"))"
-  eratio=$(awk -v a="$te" -v b="$tg" 'BEGIN{printf "%.2fx", b/a}')
 fi
 
 # 4. bf16 matrix products reading the weights' 16-bit copy against casting the weights for every
-#    product (test.cast-weights), gpt-tiny, same run length, one after the other.
+#    product (test.cast-weights), gpt-tiny.
 w16="not measured"
 w16ratio="?"
-if cast=$(run_train w16_cast --config "$root/configs/gpt-tiny.ini" --train.steps=100 \
-     --train.dtype=bf16 --test.cast-weights=true) &&
-   copy=$(run_train w16_copy --config "$root/configs/gpt-tiny.ini" --train.steps=100 \
-     --train.dtype=bf16); then
-  tc=$(tok_of "$cast"); tw=$(tok_of "$copy")
+if r=$(compare w16_cast --test.cast-weights=true w16_copy --test.cast-weights=false \
+    --config "$root/configs/gpt-tiny.ini" --train.steps=100 --train.dtype=bf16); then
+  IFS='|' read -r tc tw w16ratio <<<"$r"
   w16="cast per product $tc tok/s, 16-bit copy $tw tok/s"
-  w16ratio=$(awk -v a="$tc" -v b="$tw" 'BEGIN{printf "%.2fx", b/a}')
 fi
 
 # Figures go into RESULTS.md only from a machine whose GPU passed the kernel test.
