@@ -399,6 +399,11 @@ void StageEngine::set_graphs(bool on) {
              "device '", dev_.name(), "' (", dev_.origin(), ") has no graph entries");
   }
   m.graphs = on;
+  drop_graphs();
+}
+
+void StageEngine::drop_graphs() {
+  Impl& m = *impl_;
   for (auto* set : {&m.fwd_graphs, &m.bwd_graphs}) {
     set->clear();
     set->resize(static_cast<std::size_t>(slots_));
@@ -410,14 +415,14 @@ bool StageEngine::graphs() const noexcept { return impl_->graphs; }
 StageEngine::GraphCounts StageEngine::graph_counts() const { return impl_->counts; }
 
 void StageEngine::set_weights16(const void* w16, std::size_t n) {
-  if (w16 != ws_.w16) set_graphs(impl_->graphs);  // captured products read the old operands
+  if (w16 != ws_.w16) drop_graphs();  // captured products read the old operands
   ws_.w32 = param_data();
   ws_.w16 = param_data() ? w16 : nullptr;
   ws_.wn = std::min(n, param_buf_.bytes() / sizeof(float));
 }
 
 void StageEngine::set_compute(DType t) {
-  set_graphs(impl_->graphs);  // the graphs hold the operand buffers reserved below: drop them
+  drop_graphs();  // the graphs hold the operand buffers reserved below
   ws_.compute = t;
   ws_.reserve(dev_, graph::gemm_operand_elements(g_));
 }

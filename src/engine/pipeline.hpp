@@ -137,6 +137,8 @@ class StageEngine {
   /// Node k's parameters (its kernels read them) and gradients, through the unit hooks.
   void use_units(std::size_t k, bool backward);
   void release_units();
+  /// Destroys every captured graph (the next passes run eagerly first, then capture again).
+  void drop_graphs();
   const float* param_ptr(std::size_t p) const;
   float* grad_ptr(std::size_t p);
   const Device& dev_;

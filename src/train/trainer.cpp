@@ -172,12 +172,13 @@ void add_train_options(Options& o, TrainConfig& c) {
            "graph engine",
            {"auto", "graph"})
       .add("engine.cuda_graphs", &c.cuda_graphs, false,
-           "capture the device work of a micro-batch's forward and backward once (after one "
-           "eager micro-batch; again when the loss scale changes) and replay it for every later "
-           "one: a CUDA graph on a GPU, a recorded call list on the CPU device. With tensor or "
-           "pipeline parallelism (the graph engine) each stretch of device work between "
-           "collectives and pipeline messages is a graph of its own. Not with parallel.zero = 2 "
-           "or 3; gradients are reduced after the replay")
+           "capture the device work of a micro-batch's forward and backward once (the fused "
+           "model: after one eager micro-batch; the graph engine: after one eager step; again "
+           "when the loss scale changes) and replay it for every later one: a CUDA graph on a "
+           "GPU, a recorded call list on the CPU device. With tensor or pipeline parallelism (the "
+           "graph engine) each stretch of device work between collectives and pipeline messages "
+           "is a graph of its own. Not with parallel.zero = 2 or 3; gradients are reduced after "
+           "the replay")
       .add("parallel.zero", &c.par_zero, 0,
            "sharded data parallelism: 0 replicas; 1 shards the AdamW state over the data-parallel "
            "ranks; 2 also the gradients; 3 also the parameters (gathered per layer when used)",
