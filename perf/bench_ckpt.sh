@@ -8,9 +8,7 @@ set -euo pipefail
 source "$(dirname "$0")/../scripts/common.sh"
 reps=${1:-2}
 mib=${2:-1024}
-build=${DT_BUILD_DIR:-$DT_ROOT/build-release}
-dt_build "$build" -DCMAKE_BUILD_TYPE=Release -DDT_BUILD_TESTS=OFF >/dev/null
-dt_local_mpi_env
+dt_bench_build
 dir=${DT_BENCH_DIR:-$DT_ROOT/run/bench-ckpt}
 mkdir -p "$dir"
 drop=""

@@ -14,9 +14,7 @@ set -euo pipefail
 source "$(dirname "$0")/../scripts/common.sh"
 reps=${1:-3}
 steps=${2:-300}
-build=${DT_BUILD_DIR:-$DT_ROOT/build-release}
-dt_build "$build" -DCMAKE_BUILD_TYPE=Release -DDT_BUILD_TESTS=OFF >/dev/null
-dt_local_mpi_env
+dt_bench_build
 cores=$(nproc)  # before OMP_NUM_THREADS=1, which nproc reports instead
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 text=/usr/share/common-licenses/GPL-3

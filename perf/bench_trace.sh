@@ -7,9 +7,7 @@
 set -euo pipefail
 source "$(dirname "$0")/../scripts/common.sh"
 reps=${1:-5}
-build=${DT_BUILD_DIR:-$DT_ROOT/build-release}
-dt_build "$build" -DCMAKE_BUILD_TYPE=Release -DDT_BUILD_TESTS=OFF >/dev/null
-dt_local_mpi_env
+dt_bench_build
 corpus=$DT_ROOT/run/corpus.txt
 "$DT_ROOT/scripts/corpus" "$corpus" >/dev/null
 tdir=$(mktemp -d)

@@ -15,6 +15,14 @@ dt_build() {
   cmake --build "$dir" -j "$(nproc)"
 }
 
+# For perf/ benchmarks: builds a Release dt without tests in $DT_BUILD_DIR (default
+# build-release/), leaves its path in `build`, and sets the local MPI environment.
+dt_bench_build() {
+  build=${DT_BUILD_DIR:-$DT_ROOT/build-release}
+  dt_build "$build" -DCMAKE_BUILD_TYPE=Release -DDT_BUILD_TESTS=OFF >/dev/null
+  dt_local_mpi_env
+}
+
 # mpiexec flags for local runs: more ranks than cores is allowed, and root may run ranks.
 dt_local_mpi_env() {
   if [ "$(id -u)" -eq 0 ]; then
