@@ -13,13 +13,13 @@ BENCH="$BIN_DIR/dt_bench --check --step-factor=7 --iters=2 --warmup=1 --min-byte
 cmds=""
 for dop in $DTYPES; do
   d=${dop%:*} op=${dop#*:}
-  cmds+="srun --mpi=pmix $BENCH --max-bytes=16K --dtype=$d --op=$op --ops=all_reduce --backends=shm,shm-copy | sed 's/^/$d: /'
+  cmds+="$SRUN $BENCH --max-bytes=16K --dtype=$d --op=$op --ops=all_reduce --backends=shm,shm-copy | sed 's/^/$d: /'
 echo \"$d rc=\${PIPESTATUS[0]}\"
 "
 done
 # Every collective once on f32 and MPI as well (the collectives other than all_reduce take MPI
 # across the nodes), sizes up to 1 MiB.
-cmds+="srun --mpi=pmix $BENCH --max-bytes=1M --backends=mpi,shm,shm-copy | sed 's/^/all: /'
+cmds+="$SRUN $BENCH --max-bytes=1M --backends=mpi,shm,shm-copy | sed 's/^/all: /'
 echo \"all rc=\${PIPESTATUS[0]}\""
 job B -N 2 --ntasks-per-node=2 -- "$cmds"
 [ "$JOB_END" = COMPLETED ] || fail "B: job $JOB ended $JOB_END, expected COMPLETED"

@@ -10,7 +10,10 @@ export UCX_HANDLE_ERRORS=none
 # Known here: Open MPI 4.1.4 (Debian 12) now and then crashes in MPI_Init on these nodes (about
 # 1 in 20 launches across the two nodes, rank 0 of the first node each time): a NULL function
 # called from mca_btl_tcp's event handler inside opal_progress in ompi_mpi_init. The backtrace
-# then names it; mpi_add_procs_cutoff=1024 did not prevent it.
+# then names it; mpi_add_procs_cutoff=1024 did not prevent it. It waits there for PMIx's modex
+# fence while a fragment of a peer already arrives, so that peer got past the fence. Jobs launch
+# their ranks through $SRUN (srun_mpi.sh), which launches again after that crash alone.
+SRUN=$DT_ROOT/tests/slurm/srun_mpi.sh
 
 # show_cores: the backtrace of every core file in WORK (renamed so it is shown once), by gdb.
 show_cores() {

@@ -15,11 +15,11 @@ TRAIN="$BIN_DIR/dt_train --config $CONFIG --data.path=$TEXT --qos.file=none"
 # 9.2 MiB a rank, dp=2 tp=2 8.3 MiB.
 WIDE="--model.embd=128 --model.heads=4"
 job P -N 2 --ntasks-per-node=2 -- "
-srun --mpi=pmix $TRAIN --parallel.tp=2 --print-plan --plan.dot=$WORK/block.dot
+$SRUN $TRAIN --parallel.tp=2 --print-plan --plan.dot=$WORK/block.dot
 echo \"block rc=\$?\"
-srun --mpi=pmix -m cyclic $TRAIN --parallel.tp=2 --print-plan --plan.dot=$WORK/cyclic.dot | sed 's/^/cyclic: /'
+$SRUN -m cyclic $TRAIN --parallel.tp=2 --print-plan --plan.dot=$WORK/cyclic.dot | sed 's/^/cyclic: /'
 echo \"cyclic rc=\${PIPESTATUS[0]}\"
-srun --mpi=pmix $TRAIN $WIDE --parallel.auto=true --mem.limit=8.7M --print-plan --plan.dot=$WORK/auto.dot | sed 's/^/auto: /'
+$SRUN $TRAIN $WIDE --parallel.auto=true --mem.limit=8.7M --print-plan --plan.dot=$WORK/auto.dot | sed 's/^/auto: /'
 echo \"auto rc=\${PIPESTATUS[0]}\""
 [ "$JOB_END" = COMPLETED ] || fail "P: job $JOB ended $JOB_END, expected COMPLETED"
 for v in block cyclic auto; do expect_line P "^$v rc=0$"; done
@@ -38,7 +38,7 @@ bad=$(grep -E "^(cyclic: |auto: )?  dp [0-9]+ stage [0-9]+: ranks .* on " P.out 
 [ -z "$bad" ] || fail "tensor-parallel groups across nodes: $bad"
 
 STEPS=20
-job T -N 2 --ntasks-per-node=2 -- "srun --mpi=pmix $TRAIN --parallel.tp=2 --train.steps=$STEPS" \
+job T -N 2 --ntasks-per-node=2 -- "$SRUN $TRAIN --parallel.tp=2 --train.steps=$STEPS" \
   "--train.log-file=$WORK/T.jsonl"
 [ "$JOB_END" = COMPLETED ] || fail "T: job $JOB ended $JOB_END, expected COMPLETED"
 expect_line T "^dt_train: done: $STEPS steps"
