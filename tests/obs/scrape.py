@@ -24,13 +24,16 @@ cmd = a.train_cmd(2, "--train.steps=1000000", "--train.log-every=1000000", "--tr
 # "workqueue lockup"), and the scrapes timed out.
 env = dict(os.environ)
 cpus = sorted(os.sched_getaffinity(0))
+job_cpus = set(cpus)
 if len(cpus) >= 2:
-    cmd = ["taskset", "-c", str(cpus[0])] + a.mpiexec + ["--bind-to", "none"] + cmd[len(a.mpiexec):]
+    job_cpus = {cpus[0]}
+    cmd = a.mpiexec + ["--bind-to", "none"] + cmd[len(a.mpiexec):]
     env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     os.sched_setaffinity(0, cpus[1:])
-print("=== in the background: " + " ".join(cmd), flush=True)
+print("=== in the background, on CPU(s) %s: %s" % (sorted(job_cpus), " ".join(cmd)), flush=True)
 out = open("train.out", "w")
-job = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+job = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                       preexec_fn=lambda: os.sched_setaffinity(0, job_cpus))
 urls = {}
 rc = None
 try:

@@ -26,7 +26,7 @@ show_cores() {
       timeout 120 gdb -batch -ex "thread apply all bt 30" "$exe" "$c" 2>&1 |
         grep -E '^(#|Thread|Program terminated)' | head -n 80 | sed 's/^/    /'
     fi
-    mv "$c" "$c.shown.$RANDOM"
+    mv "$c" "$WORK/shown.${c##*/}.$RANDOM"
   done
 }
 
