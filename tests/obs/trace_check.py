@@ -9,6 +9,7 @@ trace, or two files of the same rank it exits 2 naming the file and leaves OUT u
 import collections
 import json
 import os
+import re
 import sys
 
 import obslib
@@ -126,8 +127,23 @@ if len(docs) == 2:
     check({e["pid"] for e in mev} == {0, 1}, "merge processes: %s" % {e["pid"] for e in mev})
     check(sum(1 for e in mev if e.get("name") == "process_name") == 2, "merge: not one process_name per rank")
     check_events(mev, "merged.json")
-rc, out = obslib.run([a.trace, "summary", "merged.json", "--top", "5"])
-check(rc == 0 and "step" in out and "2 processes" in out, "dt_trace summary: exit code %s" % rc)
+# Summary rows: total ms, calls, mean ms, max ms, ranks, category, name; by total, largest first.
+ROW = re.compile(r"^\s*([\d.]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\S+)\s+(.+?)\s*$")
+def summary_rows(out):
+    return [(float(m.group(1)), int(m.group(2)), int(m.group(5)), m.group(7))
+            for m in map(ROW.match, out.splitlines()) if m]
+rc, out = obslib.run([a.trace, "summary", "merged.json", "--top", "100"])
+rows = summary_rows(out)
+check(rc == 0 and "2 processes" in out, "dt_trace summary: exit code %s, expected 0 and 2 processes" % rc)
+step = [r for r in rows if r[3] == "step"]
+check(len(step) == 1 and step[0][1:3] == (8, 2),
+      "dt_trace summary: expected one row 'step' of 8 calls on 2 ranks (4 steps a rank), got %s" % step)
+check([r[0] for r in rows] == sorted((r[0] for r in rows), reverse=True),
+      "dt_trace summary: rows not by total time, largest first")
+# The time a region takes depends on the load of the machine; --top keeps the largest N.
+rc, out5 = obslib.run([a.trace, "summary", "merged.json", "--top", "5"])
+check(rc == 0 and summary_rows(out5) == rows[:5],
+      "dt_trace summary --top 5: expected the first 5 rows of the full summary, got %s" % summary_rows(out5))
 
 # Bad inputs: exit 2, the file named, OUT untouched.
 open("notjson.json", "w").write("{ this is not json")
