@@ -80,6 +80,7 @@ struct TrainConfig {
   std::string metrics_host = "0.0.0.0";
   std::string metrics_textfile;  ///< node_exporter textfile; {rank} becomes the rank
   std::string metrics_push_url;  ///< Pushgateway base URL
+  double metrics_push_timeout_s = 2.0;  ///< connect / read / write timeout of one push
   std::string metrics_job;       ///< push job label ("": $SLURM_JOB_ID, else dt_train)
   std::int64_t metrics_every = 10;
   double peak_flops = 1e11;  ///< per rank, for model FLOP utilisation

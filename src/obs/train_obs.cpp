@@ -126,6 +126,7 @@ TrainTelemetry::TrainTelemetry(const TrainConfig& c, int rank, int world, double
   DT_CHECK(ConfigError, eo.port <= 65535, "option --metrics.port: ", c.metrics_port,
            " plus local rank ", c.local_rank, " is above 65535");
   eo.push_url = c.metrics_push_url;
+  eo.push_timeout_s = c.metrics_push_timeout_s;
   eo.job = job;
   eo.instance = std::to_string(rank);
   exporter_ = std::make_unique<metrics::Exporter>(reg, eo, [rank](const std::string& w) {

@@ -259,6 +259,10 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("metrics.push-url", &c.metrics_push_url, "",
            "Pushgateway (http://HOST:PORT): each rank pushes every metrics.every steps and at the "
            "end, as job metrics.job, instance = rank; a failed push is a warning")
+      .add("metrics.push-timeout-s", &c.metrics_push_timeout_s, 2.0,
+           "seconds one push may take to connect, send and be answered before it counts as "
+           "failed",
+           0.001, 3600.0)
       .add("metrics.job", &c.metrics_job, "",
            "job label of pushes (empty: $SLURM_JOB_ID, else dt_train)")
       .add("metrics.every", &c.metrics_every, 10, "steps between textfile writes and pushes", 1L,

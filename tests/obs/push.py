@@ -8,8 +8,10 @@ exactly once. The gateway is stopped at the end."""
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import obslib
@@ -43,8 +45,10 @@ try:
     else:
         job = "4242%d" % os.getpid()
         env = dict(os.environ, SLURM_JOB_ID=job)
+        # No push may fail: on a loaded machine a push may take longer than the default 2 s.
         rc, out = obslib.run(a.train_cmd(2, "--train.steps=6", "--train.log-every=1",
                                          "--metrics.every=2", "--metrics.push-url=" + base,
+                                         "--metrics.push-timeout-s=60",
                                          "--train.log-file=steps.jsonl"), env=env)
         check(rc == 0, "dt_train exit code %s, expected 0" % rc)
         check("warning" not in out, "a push failed: " + out)
@@ -97,4 +101,48 @@ warnings = [l for l in out.splitlines() if "warning: metrics push to" in l]
 check(len(warnings) == 1, "expected one push warning, got %d" % len(warnings))
 check(any("127.0.0.1:%d" % dead in l for l in warnings), "the warning does not name the gateway")
 check("done: 4 steps" in out, "the run did not finish its 4 steps")
+
+# A gateway that takes connections but never answers: the push (the final one; --metrics.every
+# is above the run's steps) gives up after --metrics.push-timeout-s and closes its connection, so
+# the gateway sees it open for at least that long (5 s, more than the default 2 s); training goes
+# on, one warning, exit 0.
+silent = socket.socket()
+silent.bind(("127.0.0.1", 0))
+silent.listen(8)
+silent.settimeout(0.2)
+url = "http://127.0.0.1:%d" % silent.getsockname()[1]
+held, stop = [], threading.Event()
+
+
+def hold_connections():
+    while not stop.is_set():
+        try:
+            conn, _ = silent.accept()
+        except socket.timeout:
+            continue
+        t0 = time.monotonic()
+        conn.settimeout(None)
+        try:
+            while conn.recv(4096):
+                pass
+        except OSError:
+            pass
+        held.append(time.monotonic() - t0)
+        conn.close()
+
+
+holder = threading.Thread(target=hold_connections, daemon=True)
+holder.start()
+rc, out = obslib.run(a.train_cmd(1, "--train.steps=1", "--metrics.every=1000",
+                                 "--metrics.push-url=" + url, "--metrics.push-timeout-s=5"))
+stop.set()
+holder.join(timeout=10)
+silent.close()
+check(rc == 0, "exit code %s with a gateway that never answers, expected 0" % rc)
+warnings = [l for l in out.splitlines() if "warning: metrics push to" in l]
+check(len(warnings) == 1 and url in warnings[0],
+      "expected one push warning naming %s, got %s" % (url, warnings))
+check(len(held) == 1 and held[0] >= 4.9,
+      "expected one push that waited 5 s for an answer, the gateway held connections for %s s" % held)
+check("done: 1 steps" in out, "the run did not finish its step")
 obslib.finish(a)
