@@ -75,6 +75,7 @@ struct TrainConfig {
   std::int64_t test_skip_collective = -1;  ///< testing only: this rank never joins a collective
   std::int64_t test_skip_step = 2;         ///< ... the loss all_reduce of this step
   std::int64_t test_stall_during_save = -1;  ///< testing only: this rank stops mid-save
+  std::int64_t test_hold_at_step = 0;  ///< testing only: wait for a drain signal after this step
   // metrics and timeline (include/dt/metrics.hpp, include/dt/trace.hpp)
   int metrics_port = 0;  ///< HTTP /metrics at port + local_rank; 0 off; -1 a free port
   std::string metrics_host = "0.0.0.0";

@@ -143,6 +143,10 @@ void add_train_options(Options& o, TrainConfig& c) {
            "testing only: this rank stops in the middle of a synchronous save (inside HDF5's "
            "collective writes), so the others hang there and the watchdog must end the job",
            -1L, 1L << 30)
+      .add("test.hold-at-step", &c.test_hold_at_step, 0,
+           "testing only: after step N every rank waits for a drain signal (at most 300 s) "
+           "before it goes on, so that a test's signal drains the job at step N (0: off)",
+           0L, 1L << 40)
       .add("test.simulated-nodes", &c.test_sim_nodes, 0,
            "testing only: treat blocks of consecutive ranks as this many nodes for the "
            "hierarchical all_reduce (0: the real nodes)",
@@ -1469,6 +1473,13 @@ int Trainer::run() {
       std::fflush(stdout);
       window_secs = 0;
       window_steps = 0;
+    }
+    if (step_ == c_.test_hold_at_step) {
+      log("dt_train: test.hold-at-step: step " + std::to_string(step_) +
+          " done, waiting for a drain signal");
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+      while (!drain_requested() && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     // Preemption: a signal on any rank drains all of them at this step boundary.
     int drain = drain_requested() ? 1 : 0;

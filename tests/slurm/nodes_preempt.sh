@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # slurm.nodes.preempt: preemption of a two-node job, and its checkpoint read back on one node.
 # `sbatch -N 2 --ntasks-per-node=2 slurm/train.sbatch` (4 ranks on two namespaced nodes) gets
-# `scancel --signal=USR1` mid-training: the ranks on both nodes drain (checkpoint, exit 75), the
+# `scancel --signal=USR1` mid-training (at step 15, where the ranks wait for it:
+# test.hold-at-step): the ranks on both nodes drain (checkpoint, exit 75), the
 # script requeues the job held (DT_REQUEUE=hold); it is resized to one node with 2 tasks
 # (scontrol update NumNodes=1-1 NumCPUs=2 NumTasks=2) and released, and the requeued run resumes on one node
 # from the checkpoint the two nodes wrote and finishes. Every step is logged once over both runs
@@ -12,15 +13,16 @@ source "$(dirname "$0")/lib.sh"
 source "$DT_ROOT/tests/slurm/nodes_lib.sh"
 need_nodes 2
 
-# A global batch of 32 sequences: the signal lands mid-run.
+# A global batch of 32 sequences.
 STEPS=100
 ARGS=(--train.steps="$STEPS" --train.batch=32 --train.log-every=20 --train.eval-every=50)
 local_run A 4 "${ARGS[@]}"
 
 export DT_REQUEUE=hold
 submit P -N 2 --ntasks-per-node=2 -- "$CONFIG" --data.path="$TEXT" "${ARGS[@]}" \
-  --ckpt.dir="$WORK/ck" --train.log-file="$WORK/P.jsonl"
+  --ckpt.dir="$WORK/ck" --train.log-file="$WORK/P.jsonl" --test.hold-at-step=15
 [ -n "$JOB" ] || finish
+# Step 15 logged: the ranks wait there (test.hold-at-step) until the signal drains them.
 wait_lines P.jsonl 15 || finish
 echo "=== scancel --signal=USR1 $JOB after $(wc -l <P.jsonl) logged steps"
 scancel --signal=USR1 "$JOB" || fail "scancel --signal=USR1 $JOB failed"
@@ -43,7 +45,8 @@ if [ -z "$N" ]; then
   finish
 fi
 echo "drained at step $N"
-if [ "$N" -lt 15 ] || [ "$N" -ge "$STEPS" ]; then fail "drained at step $N, not in the middle"; fi
+[ "$N" = 15 ] || fail "drained at step $N, expected 15 (the run waits there for the signal)"
+expect_line P "^dt_train: test.hold-at-step: step 15 done, waiting for a drain signal"
 # The first run on both nodes, the resumed one on one of them.
 expect_line P "^dt-train: job $JOB: 4 tasks on ${N1%1}\\[1-2\\],"
 expect_line P "^dt-train: drained; requeueing job $JOB held"

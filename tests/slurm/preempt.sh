@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # slurm.preempt_requeue (MODE batch) / slurm.preempt_resize (MODE resize): preemption end to end.
-# A 2-task job of slurm/train.sbatch gets SIGUSR1 in the middle of training:
+# A 2-task job of slurm/train.sbatch gets SIGUSR1 in the middle of training, at step 15, where its
+# ranks wait for it (test.hold-at-step):
 #   batch:  scancel --batch --signal=USR1: to the batch shell, the path of --signal=B:USR1@T; the
 #           script passes it on to the ranks;
 #   resize: scancel --signal=USR1: to the ranks directly; the job is requeued held
@@ -13,7 +14,7 @@
 source "$(dirname "$0")/lib.sh"
 need_cluster
 
-# A global batch of 32 sequences: about 20 ms a step here, so the signal lands mid-run.
+# A global batch of 32 sequences: about 20 ms a step here.
 STEPS=100
 ARGS=(--train.steps="$STEPS" --train.batch=32 --train.log-every=20 --train.eval-every=50)
 reference A "$STEPS" "${ARGS[@]:1}"
@@ -25,9 +26,10 @@ case "$MODE" in
 esac
 [ ${#env[@]} -eq 0 ] || export "${env[@]}"
 submit P -n 2 -- "$CONFIG" --data.path="$TEXT" "${ARGS[@]}" --ckpt.dir="$WORK/ck" \
-  --train.log-file="$WORK/P.jsonl"
+  --train.log-file="$WORK/P.jsonl" --test.hold-at-step=15
 [ -n "$JOB" ] || finish
-# Mid-training: 15 steps logged, most still to come.
+# Mid-training: 15 steps logged, most still to come; the ranks wait there (test.hold-at-step)
+# until the signal drains them, however long it takes to reach them.
 wait_lines P.jsonl 15 || finish
 echo "=== scancel ${scancel_args[*]} $JOB after $(wc -l <P.jsonl) logged steps"
 scancel "${scancel_args[@]}" "$JOB" || fail "scancel ${scancel_args[*]} $JOB failed"
@@ -50,7 +52,8 @@ if [ -z "$N" ]; then
   finish
 fi
 echo "drained at step $N"
-if [ "$N" -lt 15 ] || [ "$N" -ge "$STEPS" ]; then fail "drained at step $N, not in the middle"; fi
+[ "$N" = 15 ] || fail "drained at step $N, expected 15 (the run waits there for the signal)"
+expect_line P "^dt_train: test.hold-at-step: step 15 done, waiting for a drain signal"
 [ "$MODE" != batch ] || expect_line P "^dt-train: SIGUSR1: asking the ranks to drain"
 expect_line P "^dt-train: drained; requeueing job $JOB"
 expect_line P "^dt-train: job $JOB restart 1: resuming"
