@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <initializer_list>
@@ -106,6 +107,29 @@ std::string expect_throw(const std::string& what, F&& f,
     H.fail(what, str("wrong exception type: ", e.what()));
   }
   return {};
+}
+
+/// Now on the machine's monotonic clock, in nanoseconds. Every rank of these test runs is on one
+/// machine (the multi-node runs too: network namespaces on one host), so ranks compare these.
+inline std::int64_t monotonic_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+/// A barrier that rank 0 enters late: no rank may leave it before rank 0 entered. Rank 0 passes
+/// the time it entered, every rank the time it left; `max_over_ranks(t)` is the largest t of the
+/// barrier's communicator. Causal, so it holds however late any rank gets the CPU.
+template <class MaxOverRanks>
+void expect_left_after_rank0(int rank, std::int64_t entered, std::int64_t left,
+                             MaxOverRanks&& max_over_ranks, const std::string& what) {
+  const std::int64_t rank0_entered = max_over_ranks(rank == 0 ? entered : 0);
+  if (rank != 0) {
+    ++H.checks;
+    if (left < rank0_entered)
+      H.fail(what, str("left ", static_cast<double>(rank0_entered - left) / 1e6,
+                       " ms before rank 0 entered"));
+  }
 }
 
 /// The main() of an MPI test: MPI_Init_thread (multiple), `usage` (exit 2) when fewer than
