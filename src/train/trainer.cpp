@@ -144,8 +144,8 @@ void add_train_options(Options& o, TrainConfig& c) {
            "collective writes), so the others hang there and the watchdog must end the job",
            -1L, 1L << 30)
       .add("test.hold-at-step", &c.test_hold_at_step, 0,
-           "testing only: after step N every rank waits for a drain signal (at most 300 s) "
-           "before it goes on, so that a test's signal drains the job at step N (0: off)",
+           "testing only: after step N the ranks wait until any of them gets a drain signal "
+           "(at most 300 s), so that a test's signal drains the job at step N (0: off)",
            0L, 1L << 40)
       .add("test.simulated-nodes", &c.test_sim_nodes, 0,
            "testing only: treat blocks of consecutive ranks as this many nodes for the "
@@ -296,6 +296,9 @@ TokenFile validate_and_load(TrainConfig& c) {
   DT_CHECK(ConfigError, c.optim.min_lr <= c.optim.lr, "option --optim.min-lr: ", c.optim.min_lr,
            " is above --optim.lr=", c.optim.lr);
   if (c.optim.decay_steps == 0) c.optim.decay_steps = c.steps;
+  DT_CHECK(ConfigError, c.test_hold_at_step < c.steps, "option --test.hold-at-step: ",
+           c.test_hold_at_step, " is not below --train.steps=", c.steps,
+           " (the run must go on after the step it waits at)");
   TokenFile data = load_tokens(c.data_path, c.data_format);
   if (c.model.vocab == 0) c.model.vocab = data.vocab;
   DT_CHECK(ConfigError, data.max_token_plus_one <= c.model.vocab,
@@ -1475,11 +1478,17 @@ int Trainer::run() {
       window_steps = 0;
     }
     if (step_ == c_.test_hold_at_step) {
+      // Every rank polls together, so a signal to any one rank releases all of them; the same
+      // count of polls on every rank ends the wait after about 300 s without one.
       log("dt_train: test.hold-at-step: step " + std::to_string(step_) +
           " done, waiting for a drain signal");
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(300);
-      while (!drain_requested() && std::chrono::steady_clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      watchdog::set_activity("test.hold-at-step", step_);
+      for (int poll = 0; poll < 15000; ++poll) {
+        int signalled = drain_requested() ? 1 : 0;
+        if (comm_.size() > 1) coll().all_reduce(view_of(&signalled, 1), ReduceOp::max);
+        if (signalled) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
     }
     // Preemption: a signal on any rank drains all of them at this step boundary.
     int drain = drain_requested() ? 1 : 0;

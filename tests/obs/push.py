@@ -142,7 +142,9 @@ check(rc == 0, "exit code %s with a gateway that never answers, expected 0" % rc
 warnings = [l for l in out.splitlines() if "warning: metrics push to" in l]
 check(len(warnings) == 1 and url in warnings[0],
       "expected one push warning naming %s, got %s" % (url, warnings))
-check(len(held) == 1 and held[0] >= 4.9,
+# (the time from accept() on: a late accept shortens it, so the bound leaves a second of slack
+# and still tells 5 s from the default 2 s)
+check(len(held) == 1 and held[0] >= 4.0,
       "expected one push that waited 5 s for an answer, the gateway held connections for %s s" % held)
 check("done: 1 steps" in out, "the run did not finish its step")
 obslib.finish(a)
