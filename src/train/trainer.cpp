@@ -296,8 +296,9 @@ TokenFile validate_and_load(TrainConfig& c) {
   DT_CHECK(ConfigError, c.optim.min_lr <= c.optim.lr, "option --optim.min-lr: ", c.optim.min_lr,
            " is above --optim.lr=", c.optim.lr);
   if (c.optim.decay_steps == 0) c.optim.decay_steps = c.steps;
-  DT_CHECK(ConfigError, c.test_hold_at_step < c.steps, "option --test.hold-at-step: ",
-           c.test_hold_at_step, " is not below --train.steps=", c.steps,
+  DT_CHECK(ConfigError, c.test_hold_at_step < c.steps,
+           "option --test.hold-at-step: ", c.test_hold_at_step,
+           " is not below --train.steps=", c.steps,
            " (the run must go on after the step it waits at)");
   TokenFile data = load_tokens(c.data_path, c.data_format);
   if (c.model.vocab == 0) c.model.vocab = data.vocab;
