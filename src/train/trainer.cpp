@@ -1180,13 +1180,12 @@ bool Trainer::unscale_found_inf(float* grads, std::size_t n, float loss_scale) {
 }
 
 void Trainer::refresh_working_weights() {
-  std::size_t n = param_list().back().offset + param_list().back().numel;
   if (zero_) {
     zero_->publish(params_ptr());  // the (rounded) shards, gathered (stages 1-2)
     // fp32 needs no copy; stage 3 gathers the weights unit by unit, and the products cast them.
     if (!low_precision() || zero_->stage() >= 3) return;
-    n = zero_->padded_numel();
   }
+  const std::size_t n = zero_ ? zero_->padded_numel() : state_numel();
   // The master weights rounded into their 16-bit copy, which the matrix products read, and
   // widened from there into the working weights the other kernels read (ZeRO-1/2: the gathered
   // working weights, rounded already, into the copy).
@@ -1478,22 +1477,22 @@ int Trainer::run() {
       window_secs = 0;
       window_steps = 0;
     }
-    if (step_ == c_.test_hold_at_step) {
-      // Every rank polls together, so a signal to any one rank releases all of them; the same
-      // count of polls on every rank ends the wait after about 300 s without one.
+    // Preemption: a signal on any rank drains all of them at this step boundary. With
+    // test.hold-at-step the ranks ask again every 20 ms after that step until one has it (the
+    // same count of polls everywhere ends the wait after about 300 s).
+    const bool hold = step_ == c_.test_hold_at_step;
+    if (hold) {
       log("dt_train: test.hold-at-step: step " + std::to_string(step_) +
           " done, waiting for a drain signal");
       watchdog::set_activity("test.hold-at-step", step_);
-      for (int poll = 0; poll < 15000; ++poll) {
-        int signalled = drain_requested() ? 1 : 0;
-        if (comm_.size() > 1) coll().all_reduce(view_of(&signalled, 1), ReduceOp::max);
-        if (signalled) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
     }
-    // Preemption: a signal on any rank drains all of them at this step boundary.
-    int drain = drain_requested() ? 1 : 0;
-    if (comm_.size() > 1) coll().all_reduce(view_of(&drain, 1), ReduceOp::max);
+    int drain = 0;
+    for (int poll = 0;; ++poll) {
+      drain = drain_requested() ? 1 : 0;
+      if (comm_.size() > 1) coll().all_reduce(view_of(&drain, 1), ReduceOp::max);
+      if (drain || !hold || poll == 15000) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     if (drain) {
       if (step_ != last_saved_) save_checkpoint_now(true);
       finish_checkpoints();
