@@ -15,6 +15,9 @@
 #include <string>
 #include <utility>
 
+#include "dt/comm.hpp"
+#include "dt/tensor.hpp"
+
 namespace dt_test {
 
 struct Harness {
@@ -117,14 +120,14 @@ inline std::int64_t monotonic_ns() {
       .count();
 }
 
-/// A barrier that rank 0 enters late: no rank may leave it before rank 0 entered. Rank 0 passes
-/// the time it entered, every rank the time it left; `max_over_ranks(t)` is the largest t of the
-/// barrier's communicator. Causal, so it holds however late any rank gets the CPU.
-template <class MaxOverRanks>
-void expect_left_after_rank0(int rank, std::int64_t entered, std::int64_t left,
-                             MaxOverRanks&& max_over_ranks, const std::string& what) {
-  const std::int64_t rank0_entered = max_over_ranks(rank == 0 ? entered : 0);
-  if (rank != 0) {
+/// A barrier of `c` that rank 0 entered late: no rank may leave it before rank 0 entered. Every
+/// rank passes when it entered and when it left; one all_reduce (max) on `c` tells every rank when
+/// rank 0 entered. Causal, so it holds however late any rank gets the CPU.
+inline void expect_left_after_rank0(dt::Comm& c, std::int64_t entered, std::int64_t left,
+                                    const std::string& what) {
+  std::int64_t rank0_entered = c.rank() == 0 ? entered : 0;
+  c.all_reduce(dt::view_of(&rank0_entered, 1), dt::ReduceOp::max);
+  if (c.rank() != 0) {
     ++H.checks;
     if (left < rank0_entered)
       H.fail(what, str("left ", static_cast<double>(rank0_entered - left) / 1e6,
