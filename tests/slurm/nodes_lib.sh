@@ -14,13 +14,14 @@ export UCX_HANDLE_ERRORS=none
 # fence while a fragment of a peer already arrives, so that peer got past the fence. Jobs launch
 # their ranks through $SRUN (srun_mpi.sh), which launches again after that crash alone.
 SRUN=$DT_ROOT/tests/slurm/srun_mpi.sh
+source "$DT_ROOT/tests/slurm/cores.sh"
 
 # show_cores: the backtrace of every core file in WORK (renamed so it is shown once), by gdb.
 show_cores() {
   local c exe
   for c in "$WORK"/core "$WORK"/core.[0-9]*; do
     [ -f "$c" ] || continue
-    exe=$(file "$c" | sed -n "s/.*execfn: '\([^']*\)'.*/\1/p")
+    exe=$(core_exe "$c")
     echo "=== a process crashed: $(file -b "$c" | cut -c1-200)"
     if command -v gdb >/dev/null && [ -n "$exe" ]; then
       timeout 120 gdb -batch -ex "thread apply all bt 30" "$exe" "$c" 2>&1 |
