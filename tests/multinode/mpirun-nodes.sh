@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # mpirun-nodes.sh NODES RANKS_PER_NODE PROGRAM [ARGS...]
 # Creates NODES namespace nodes (nodes.sh), runs PROGRAM on NODES x RANKS_PER_NODE ranks across
-# them with mpirun over TCP, removes the nodes, and returns PROGRAM's exit code.
+# them with mpirun over TCP, removes the nodes, and returns PROGRAM's exit code. Each node runs on
+# its own share of the machine's CPUs (rsh-agent.sh), so mpirun binds nothing itself: it would put
+# every node's first rank on the same core.
 # Exits 77 (skipped) when not root or when network namespaces are unavailable.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,8 +21,8 @@ if ! "$here/nodes.sh" up "$nodes"; then
 fi
 hosts=""
 for i in $(seq 1 "$nodes"); do hosts+="${hosts:+,}dtn$i:$per"; done
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DT_NODES=$nodes
 timeout 240 mpirun --oversubscribe --host "$hosts" -n $((nodes * per)) \
   --mca plm_rsh_agent "$here/rsh-agent.sh" \
   --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 \
-  --mca btl self,vader,tcp "$@"
+  --mca btl self,vader,tcp --bind-to none "$@"

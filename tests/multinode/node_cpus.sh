@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# node_cpus.sh DT_TOPO
+# multinode.node_cpus: namespaced nodes run on CPUs of their own, as separate machines do. On 2
+# nodes x 2 ranks, dt_topo's table must show every rank kept in its launcher's binding, the ranks
+# of one node on the same CPUs, and the two nodes on disjoint CPUs that together are every CPU
+# this test may use (when it may use at least 2; with 1, both nodes share it).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=$("$here/mpirun-nodes.sh" 2 2 "$1" --check.bandwidth-iters=1 --check.latency-iters=10 2>&1)
+rc=$?
+echo "$out"
+[ "$rc" -eq 77 ] && exit 77
+[ "$rc" -eq 0 ] || { echo "FAIL: dt_topo exited $rc"; exit 1; }
+allowed=$(python3 -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0)))))')
+TOPO=$out python3 - "$allowed" <<'PY'
+import os, re, sys
+allowed = set(int(c) for c in sys.argv[1].split(","))
+def cpus(text):  # "0-1,3" -> {0, 1, 3}
+    s = set()
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        s.update(range(int(a), int(b or a) + 1))
+    return s
+nodes = {}
+for line in os.environ["TOPO"].splitlines():
+    m = re.match(r"^(\d+)\s+(dtn\d+)\s+\S+\s.*?((?:\d+:[0-9,-]+(?:\(\w+\))?\s*)+)$", line.rstrip())
+    if not m:
+        continue
+    for rank, cs, mode in re.findall(r"(\d+):([0-9,-]+)(?:\((\w+)\))?", m.group(3)):
+        mode = mode or "cores"  # dt_topo marks every mode but its own binding
+        if mode != "launcher":
+            sys.exit(f"FAIL: rank {rank} on {m.group(2)}: binding '{mode}', expected the launcher's")
+        nodes.setdefault(m.group(2), []).append(cpus(cs))
+if sorted(nodes) != ["dtn1", "dtn2"] or any(len(v) != 2 for v in nodes.values()):
+    sys.exit(f"FAIL: expected 2 ranks on each of dtn1 and dtn2, got {nodes}")
+sets = {}
+for host, v in nodes.items():
+    if v[0] != v[1]:
+        sys.exit(f"FAIL: the ranks of {host} are on different CPUs {v}")
+    sets[host] = v[0]
+a, b = sets["dtn1"], sets["dtn2"]
+if len(allowed) >= 2:
+    if a & b:
+        sys.exit(f"FAIL: dtn1 (CPUs {sorted(a)}) and dtn2 (CPUs {sorted(b)}) share CPUs")
+    if a | b != allowed:
+        sys.exit(f"FAIL: dtn1 {sorted(a)} and dtn2 {sorted(b)} are not the allowed CPUs {sorted(allowed)}")
+elif a != b:
+    sys.exit(f"FAIL: one CPU, yet the nodes differ: {sorted(a)} {sorted(b)}")
+print(f"node_cpus: dtn1 on CPUs {sorted(a)}, dtn2 on CPUs {sorted(b)} of {sorted(allowed)}: ok")
+PY
