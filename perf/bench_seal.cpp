@@ -12,6 +12,10 @@
 //               memcpy, seal, open and reduce run on rank 0 while rank 1 waits in a barrier
 //               (spinning, as MPI's waits do), so on a shared machine they get the share one of
 //               two ranks gets
+//   streamed    both ranks at once sealing W buffers of 16 MiB record by record into a ring of
+//               the mailboxes' size, and opening a ring's records into them: what each side of a
+//               16 MiB stream through the mailboxes can do while both cores stream memory (the
+//               slower rank's figure)
 //   p2p         rank 0 streams messages of 1/4/16 MiB to rank 1 (W in flight, W distinct buffers
 //               on each side), over plain MPI point-to-point and over seal_p2p(MPI), the latter
 //               twice: with same-node peers in shared-memory mailboxes ("shared memory"; on two
@@ -108,6 +112,37 @@ double seal_rate(std::size_t bytes, int iters, bool open) {
   });
 }
 
+// GB/s of the slower of the two ranks, both at once sealing `window` buffers of `bytes` each
+// record by record (256 KiB, as the mailboxes do) into a ring of `ring` bytes, or opening the
+// ring's records into the buffers: what one side of a stream of such messages through the
+// mailboxes can do when both cores stream memory, as they do then.
+double streamed_rate(dt::Comm& world, std::size_t bytes, int window, std::size_t ring, int iters,
+                     bool open) {
+  constexpr std::size_t kRecord = std::size_t{256} << 10;
+  sec::Key k{};
+  k.fill(7);
+  sec::Aead enc(sec::SecretKey(k), true), dec(sec::SecretKey(k), false);
+  std::vector<std::vector<std::uint8_t>> bufs(static_cast<std::size_t>(window),
+                                              std::vector<std::uint8_t>(bytes, 1));
+  ring = std::max(ring, kRecord) / kRecord * kRecord;
+  std::vector<std::uint8_t> slots(ring, 0);
+  std::uint8_t nonce[12] = {0}, aad[56] = {0}, tag[16] = {0};
+  const double t = timed(iters, world, [&] {
+    std::size_t at = 0;
+    for (auto& b : bufs)
+      for (std::size_t off = 0; off < bytes; off += kRecord, at = (at + kRecord) % ring) {
+        const std::size_t len = std::min(kRecord, bytes - off);
+        if (open)  // fails authentication (never sealed under this nonce): the same work
+          (void)dec.open(nonce, aad, sizeof aad, slots.data() + at, len, b.data() + off, tag);
+        else
+          enc.seal(nonce, aad, sizeof aad, b.data() + off, len, slots.data() + at, tag);
+      }
+  });
+  double rate = static_cast<double>(bytes) * static_cast<double>(window) / t / 1e9;
+  world.all_reduce(dt::view_of(&rate, 1), dt::ReduceOp::min);
+  return rate;
+}
+
 // Rank 0 sends `msgs` messages to rank 1 with `window` in flight, from and into `bufs` in turn.
 void stream(dt::P2p& p, std::vector<std::vector<float>>& bufs, int msgs) {
   const std::size_t window = bufs.size();
@@ -196,6 +231,15 @@ int main(int argc, char** argv) {
       }
       std::printf("reduce 8 MiB f32, two inputs (one core)        %8.2f\n",
                   reduce_rate(std::size_t{8} << 20, iters));
+    }
+    if (want("local")) {  // both ranks at once
+      const std::size_t ring = ring_bytes > 0 ? ring_bytes : sec::SealOptions{}.shm_ring_bytes;
+      const double s = streamed_rate(*world, std::size_t{16} << 20, window, ring, iters, false);
+      const double o = streamed_rate(*world, std::size_t{16} << 20, window, ring, iters, true);
+      if (lead) {
+        std::printf("seal 16 MiB x %d streamed, both ranks (each)     %8.2f\n", window, s);
+        std::printf("open 16 MiB x %d streamed, both ranks (each)     %8.2f\n", window, o);
+      }
     }
     world->barrier();
     const std::size_t sizes[] = {std::size_t{1} << 20, std::size_t{4} << 20, std::size_t{16} << 20};

@@ -19,7 +19,9 @@
 # AES-GCM pass on their own core: min(seal, open)), and sealed all_reduce (2 ranks) against its
 # bound (through the transport: dt's algorithm unsealed plus the AES-GCM work of each rank, which
 # seals and opens n bytes each for n, 1 / (1/unsealed + 2/seal); through the mailboxes: that
-# AES-GCM work and the reduction of the rank's half alone, 1 / (1/seal + 1/open + 0.5/reduce)). Across two nodes there are no same-node peers: both paths of this
+# AES-GCM work and the reduction of the rank's half alone, 1 / (1/seal + 1/open + 0.5/reduce)), and
+# the 16 MiB stream through the mailboxes against min(seal, open) of both ranks streaming 16 MiB
+# buffers from memory at once ("bound streamed"). Across two nodes there are no same-node peers: both paths of this
 # build take the transport. On an idle machine each rank has a core and the two openssl figures agree; on a
 # shared one (Linux autogroups: every session gets an equal share of the cores) the two ranks of
 # bench_seal share one session's share, as the two openssl processes of -multi 2 do, while a
@@ -77,9 +79,10 @@ for r in $(seq "$rounds"); do
     echo "round $r load-after $(cut -d' ' -f1-3 /proc/loadavg)"
   } | tee -a "$out"
 done
-python3 - "$out" "$nodes" <<'PY'
+python3 - "$out" "$nodes" "${args[*]}" <<'PY'
 import re, statistics, sys
 two_nodes = len(sys.argv) > 2 and sys.argv[2] == "2"
+window = (re.findall(r"--window[ =](\d+)", sys.argv[3]) or ["4"])[-1]  # bench_seal's default
 rows = {}  # (round, which) -> {case: GB/s}
 ssl, ssl2, load = {}, {}, {}
 for line in open(sys.argv[1]):
@@ -132,6 +135,10 @@ def ratios(r, which):
                 out[(f"p2p {mib:2d} MiB sealed / bound", col)] = s * (1 / opn + 1 / p)
             if s and seal and opn and path == "shared memory":
                 out[(f"p2p {mib:2d} MiB sealed / bound", col)] = s / min(seal, opn)
+            # The same with the rates of both ranks streaming 16 MiB buffers from memory at once.
+            ss, so = (c.get(f"{w} 16 MiB x {window} streamed, both ranks (each)") for w in ("seal", "open"))
+            if mib == 16 and s and ss and so and path == "shared memory" and not two_nodes:
+                out[(f"p2p {mib:2d} MiB sealed / bound streamed", col)] = s / min(ss, so)
         s = c.get(sealed_key(None, path))
         m, u = c.get("all_reduce 16 MiB f32 MPI_Allreduce"), c.get("all_reduce 16 MiB f32 dt, unsealed")
         if s and m:
