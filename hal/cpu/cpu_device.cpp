@@ -1668,8 +1668,12 @@ int cpu_graph_launch(void* ctx, void* graph) {
 void cpu_graph_destroy(void* ctx, void* graph) {
   if (graph == nullptr) return;
   delete static_cast<Graph*>(graph);
-  if (ctx != nullptr && static_cast<Context*>(ctx)->live_graphs.load() > 0)
-    --static_cast<Context*>(ctx)->live_graphs;
+  if (ctx == nullptr) return;
+  // One decrement, never below zero, even when two threads destroy a context's last graphs.
+  std::atomic<int>& live = static_cast<Context*>(ctx)->live_graphs;
+  int n = live.load();
+  while (n > 0 && !live.compare_exchange_weak(n, n - 1)) {
+  }
 }
 
 // The version-1 entries after api_version and name, in table order.

@@ -25,6 +25,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -66,7 +67,7 @@ struct Context {
   size_t scratch_bytes = 0;
   void* lp = nullptr;  // attention_*_ex's 16-bit operands (qkv, dout, probabilities)
   size_t lp_bytes = 0;
-  int graphs = 0;  // instantiated graphs not yet destroyed (they may hold scratch's address)
+  std::atomic<int> graphs{0};  // graphs not yet destroyed (they may hold scratch's address)
   char error[kErrorLen] = "";
 };
 
@@ -1549,7 +1550,12 @@ int cuda_graph_launch(void* ctx, void* graph) {
 void cuda_graph_destroy(void* ctx, void* graph) {
   if (!graph) return;
   cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
-  if (ctx && C(ctx)->graphs > 0) --C(ctx)->graphs;
+  if (!ctx) return;
+  // One decrement, never below zero, even when two threads destroy a context's last graphs.
+  std::atomic<int>& live = C(ctx)->graphs;
+  int n = live.load();
+  while (n > 0 && !live.compare_exchange_weak(n, n - 1)) {
+  }
 }
 
 const dt_hal_v2_t kCudaTable = {
