@@ -13,7 +13,9 @@
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "dt/comm.hpp"
 #include "dt/tensor.hpp"
@@ -132,6 +134,60 @@ inline void expect_left_after_rank0(dt::Comm& c, std::int64_t entered, std::int6
     if (left < rank0_entered)
       H.fail(what, str("left ", static_cast<double>(rank0_entered - left) / 1e6,
                        " ms before rank 0 entered"));
+  }
+}
+
+/// The forms every call of a communicator is checked in: blocking, blocking with a timeout, and
+/// non-blocking completed by wait() or by polling test().
+enum class Form { blocking, timeout, iwait, itest };
+constexpr Form kForms[] = {Form::blocking, Form::timeout, Form::iwait, Form::itest};
+inline const char* form_name(Form f) {
+  switch (f) {
+    case Form::blocking:
+      return "blocking";
+    case Form::timeout:
+      return "blocking+timeout";
+    case Form::iwait:
+      return "i*+wait";
+    case Form::itest:
+      return "i*+test";
+  }
+  return "?";
+}
+inline bool nonblocking(Form f) { return f == Form::iwait || f == Form::itest; }
+inline dt::CommOptions opts_for(Form f) {
+  dt::CommOptions o;
+  if (f == Form::timeout) o.timeout = dt::Millis(120000);
+  return o;
+}
+
+/// Completes every Work in `ws` by wait() or by polling test(); each must then test() true.
+inline void complete(Form f, std::vector<dt::Work*> ws) {
+  if (f == Form::itest) {
+    std::vector<bool> done(ws.size(), false);
+    for (bool all = false; !all;) {
+      all = true;
+      for (std::size_t k = 0; k < ws.size(); ++k) {
+        if (!done[k]) done[k] = ws[k]->test();
+        all = all && done[k];
+      }
+      if (!all) std::this_thread::yield();
+    }
+  } else {
+    for (dt::Work* w : ws) w->wait();
+  }
+  for (dt::Work* w : ws) H.expect(w->test(), "Work::test after completion", "returned false");
+}
+
+/// Runs the blocking call (blocking/timeout forms) or the non-blocking one plus completion.
+template <class B, class NB>
+void run_form(Form f, B&& blocking, NB&& start) {
+  if (nonblocking(f)) {
+    dt::Work w = start();
+    H.expect(w.valid(), "Work::valid", "non-blocking call returned an empty Work");
+    complete(f, {&w});
+  } else {
+    blocking(opts_for(f));
   }
 }
 

@@ -184,60 +184,6 @@ std::vector<T> filled(std::size_t n, int r, std::uint32_t salt, std::size_t base
   return v;
 }
 
-// ---- forms ----------------------------------------------------------------------------------
-
-enum class Form { blocking, timeout, iwait, itest };
-constexpr Form kForms[] = {Form::blocking, Form::timeout, Form::iwait, Form::itest};
-const char* form_name(Form f) {
-  switch (f) {
-    case Form::blocking:
-      return "blocking";
-    case Form::timeout:
-      return "blocking+timeout";
-    case Form::iwait:
-      return "i*+wait";
-    case Form::itest:
-      return "i*+test";
-  }
-  return "?";
-}
-bool nonblocking(Form f) { return f == Form::iwait || f == Form::itest; }
-CommOptions opts_for(Form f) {
-  CommOptions o;
-  if (f == Form::timeout) o.timeout = Millis(120000);
-  return o;
-}
-
-// Completes every Work in `ws` by wait() or by polling test().
-void complete(Form f, std::vector<Work*> ws) {
-  if (f == Form::itest) {
-    std::vector<bool> done(ws.size(), false);
-    for (bool all = false; !all;) {
-      all = true;
-      for (std::size_t k = 0; k < ws.size(); ++k) {
-        if (!done[k]) done[k] = ws[k]->test();
-        all = all && done[k];
-      }
-      if (!all) std::this_thread::yield();
-    }
-  } else {
-    for (Work* w : ws) w->wait();
-  }
-  for (Work* w : ws) H.expect(w->test(), "Work::test after completion", "returned false");
-}
-
-// Runs the blocking call (blocking/timeout forms) or the non-blocking one plus completion.
-template <class B, class NB>
-void run_form(Form f, B&& blocking, NB&& start) {
-  if (nonblocking(f)) {
-    Work w = start();
-    H.expect(w.valid(), "Work::valid", "non-blocking call returned an empty Work");
-    complete(f, {&w});
-  } else {
-    blocking(opts_for(f));
-  }
-}
-
 constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
 constexpr std::size_t kBig = std::size_t{1} << 20;
 constexpr std::size_t kSizes[] = {0, 1, 7, kBig};

@@ -163,40 +163,6 @@ void for_each_dtype(F&& f) {
   }
 }
 
-enum class Form { blocking, timeout, iwait, itest };
-constexpr Form kForms[] = {Form::blocking, Form::timeout, Form::iwait, Form::itest};
-const char* form_name(Form f) {
-  switch (f) {
-    case Form::blocking:
-      return "blocking";
-    case Form::timeout:
-      return "blocking+timeout";
-    case Form::iwait:
-      return "i*+wait";
-    case Form::itest:
-      return "i*+test";
-  }
-  return "?";
-}
-void finish(Form f, Work& w) {
-  if (f == Form::itest) {
-    while (!w.test()) std::this_thread::yield();
-  } else {
-    w.wait();
-  }
-}
-template <class B, class NB>
-void run_form(Form f, B&& blocking, NB&& start) {
-  if (f == Form::iwait || f == Form::itest) {
-    Work w = start();
-    finish(f, w);
-  } else {
-    CommOptions o;
-    if (f == Form::timeout) o.timeout = Millis(120000);
-    blocking(o);
-  }
-}
-
 constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
 // Odd sizes: fewer elements than ranks, not divisible by any rank count, several segments.
 constexpr std::size_t kSizes[] = {0, 1, 7, 65537, (std::size_t{1} << 20) + 3};
@@ -364,14 +330,12 @@ void suite_p2p(dt::P2p& p, int id) {
         guarded(w, [&] {
           const std::vector<T> out = filled<T>(n, me, salt);
           std::vector<T> in(n, enc<T>(77));
-          if (f == Form::iwait || f == Form::itest || s == 1) {
+          if (nonblocking(f) || s == 1) {
             Work r = p.irecv(dt::view_of(in), prev, tag);
             Work sw = p.isend(dt::view_of(out), next, tag);
-            finish(f, r);
-            finish(f, sw);
+            complete(f, {&r, &sw});
           } else {
-            CommOptions o;
-            if (f == Form::timeout) o.timeout = Millis(120000);
+            const CommOptions o = opts_for(f);
             if (me % 2 == 0) {
               p.send(dt::view_of(out), next, tag, o);
               p.recv(dt::view_of(in), prev, tag, o);
