@@ -18,6 +18,13 @@ import obslib
 from obslib import check, fail
 
 a = obslib.Args(sys.argv)
+
+
+def push_warnings(out):
+    """The lines of dt_train's output that warn of a failed push."""
+    return [l for l in out.splitlines() if "warning: metrics push to" in l]
+
+
 gw_bin = shutil.which("prometheus-pushgateway") or "/usr/bin/prometheus-pushgateway"
 if not os.path.exists(gw_bin):
     fail("prometheus-pushgateway is not installed (Debian package prometheus-pushgateway; "
@@ -97,7 +104,7 @@ dead = obslib.free_port()
 rc, out = obslib.run(a.train_cmd(1, "--train.steps=4", "--metrics.every=1",
                                  "--metrics.push-url=http://127.0.0.1:%d" % dead))
 check(rc == 0, "exit code %s with an unreachable gateway, expected 0" % rc)
-warnings = [l for l in out.splitlines() if "warning: metrics push to" in l]
+warnings = push_warnings(out)
 check(len(warnings) == 1, "expected one push warning, got %d" % len(warnings))
 check(any("127.0.0.1:%d" % dead in l for l in warnings), "the warning does not name the gateway")
 check("done: 4 steps" in out, "the run did not finish its 4 steps")
@@ -139,7 +146,7 @@ stop.set()
 holder.join(timeout=10)
 silent.close()
 check(rc == 0, "exit code %s with a gateway that never answers, expected 0" % rc)
-warnings = [l for l in out.splitlines() if "warning: metrics push to" in l]
+warnings = push_warnings(out)
 check(len(warnings) == 1 and url in warnings[0],
       "expected one push warning naming %s, got %s" % (url, warnings))
 # (the time from accept() on: a late accept shortens it, so the bound leaves a second of slack
