@@ -25,14 +25,17 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "dt_hal_v2.h"
 #include "dt_hal_v3.h"
@@ -61,13 +64,19 @@ struct Context {
   cudaStream_t stream = nullptr;  // current
   cublasHandle_t blas = nullptr;
   void* blas_ws = nullptr;
-  DeviceError* derr = nullptr;  // device memory
+  DeviceError* derr = nullptr;       // device memory
+  DeviceError* derr_host = nullptr;  // page-locked: derr fetched behind a stream's work
   double* partials = nullptr;   // sum_squares' per-block sums (kSumBlocks + 1)
   void* scratch = nullptr;      // gemm_ex's fp32 result for pairings cuBLAS lacks
   size_t scratch_bytes = 0;
   void* lp = nullptr;  // attention_*_ex's 16-bit operands (qkv, dout, probabilities)
   size_t lp_bytes = 0;
   std::atomic<int> graphs{0};  // graphs not yet destroyed (they may hold scratch's address)
+  std::mutex streams_mu;
+  std::vector<cudaStream_t> streams;  // made by stream_create, not yet destroyed
+  // A call refused while capturing (as on the CPU device, graph_end then fails naming it).
+  bool capture_broken = false;
+  char capture_error[kErrorLen] = "";
   char error[kErrorLen] = "";
 };
 
@@ -96,9 +105,11 @@ int fail(void* ctx, int status, const A&... parts) noexcept {
 #define CU(ctx, fn, call)                                                                          \
   do {                                                                                             \
     const cudaError_t e_ = (call);                                                                 \
-    if (e_ != cudaSuccess)                                                                         \
+    if (e_ != cudaSuccess) {                                                                       \
+      (void)cudaGetLastError(); /* not the next launch's error */                                  \
       return fail(ctx, e_ == cudaErrorMemoryAllocation ? DT_HAL_ERR_NOMEM : DT_HAL_ERR_DEVICE, fn, \
                   ": ", #call, ": ", cudaGetErrorString(e_));                                      \
+    }                                                                                              \
   } while (0)
 
 #define CUBLAS(ctx, fn, call)                                                 \
@@ -144,12 +155,25 @@ bool capturing(cudaStream_t s) {
   return cudaStreamIsCapturing(s, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone;
 }
 
+// A call refused while capturing: DT_HAL_ERR_UNSUPPORTED, and the capture is marked broken, so
+// that graph_end fails naming it, as on the CPU device, instead of returning a graph without it.
+template <class... A>
+int refuse_capturing(void* ctx, const A&... parts) {
+  const int st = fail(ctx, DT_HAL_ERR_UNSUPPORTED, parts...);
+  Context* c = C(ctx);
+  if (!c->capture_broken) {
+    c->capture_broken = true;
+    std::snprintf(c->capture_error, kErrorLen, "%s", c->error);
+  }
+  return st;
+}
+
 // What a graph may not contain, refused as the CPU device refuses it (DT_HAL_ERR_UNSUPPORTED)
 // before CUDA would invalidate the capture with an error of its own.
 int refuse_in_capture(void* ctx, const char* fn, const char* what) {
   if (!capturing(C(ctx)->stream)) return DT_HAL_OK;
-  return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": ", what,
-              " is not allowed while the stream is being captured into a graph");
+  return refuse_capturing(ctx, fn, ": ", what,
+                          " is not allowed while the stream is being captured into a graph");
 }
 
 // cublasSetStream resets the handle to cuBLAS's default workspace pool, which allocates inside
@@ -315,7 +339,9 @@ int cuda_open(int index, void** out) {
     return bail("cudaStreamCreate", cudaGetErrorString(ce));
   c->stream = c->own;
   if ((ce = cudaMalloc(&c->derr, sizeof(DeviceError))) != cudaSuccess ||
-      (ce = cudaMemset(c->derr, 0, sizeof(DeviceError))) != cudaSuccess ||
+      (ce = cudaMemsetAsync(c->derr, 0, sizeof(DeviceError), c->own)) != cudaSuccess ||
+      (ce = cudaStreamSynchronize(c->own)) != cudaSuccess ||
+      (ce = cudaMallocHost(&c->derr_host, sizeof(DeviceError))) != cudaSuccess ||
       (ce = cudaMalloc(&c->partials, sizeof(double) * 1025)) != cudaSuccess ||
       (ce = cudaMalloc(&c->blas_ws, kBlasWorkspace)) != cudaSuccess)
     return bail("cudaMalloc", cudaGetErrorString(ce));
@@ -336,6 +362,7 @@ void cuda_close(void* ctx) {
   if (c->blas) cublasDestroy(c->blas);
   cudaFree(c->blas_ws);
   cudaFree(c->derr);
+  cudaFreeHost(c->derr_host);
   cudaFree(c->partials);
   cudaFree(c->scratch);
   cudaFree(c->lp);
@@ -363,10 +390,48 @@ int cuda_alloc(void* ctx, size_t bytes, void** ptr) {
 
 void cuda_release(void* ctx, void* ptr) {
   if (ptr == nullptr) return;
-  if (ctx) cudaSetDevice(C(ctx)->device);
+  if (ctx) {
+    cudaSetDevice(C(ctx)->device);
+    (void)refuse_in_capture(ctx, "release", "freeing memory the graph may use");
+  }
   cudaFree(ptr);  // waits for the work that may still use it
   // A failed free (a bad pointer, or inside a capture) must not be blamed on the next launch.
   (void)cudaGetLastError();
+}
+
+const char* bad_entry(int32_t code) {
+  switch (code) {
+    case kBadToken:
+      return "embedding_fwd: token";
+    case kBadTokenBwd:
+      return "embedding_bwd: token";
+    case kBadTarget:
+      return "softmax_xent_fwd: target";
+    case kBadTargetBwd:
+      return "softmax_xent_bwd: target";
+  }
+  return "kernel: index";
+}
+
+// Waits for the current stream, after queueing derr's copy to the host behind its work, and
+// reports (and clears) a bad index a kernel recorded there: every entry that waits for the device
+// on the host (synchronize, a copy to the host, sum_squares) reports it, as the CPU device
+// refuses such an index in the entry itself.
+int finish_on_host(void* ctx, const char* fn) {
+  Context* c = C(ctx);
+  CU(ctx, fn,
+     cudaMemcpyAsync(c->derr_host, c->derr, sizeof(DeviceError), cudaMemcpyDeviceToHost,
+                     c->stream));
+  CU(ctx, fn, cudaStreamSynchronize(c->stream));
+  const DeviceError e = *c->derr_host;
+  if (e.code == 0) return DT_HAL_OK;
+  CU(ctx, fn, cudaMemsetAsync(c->derr, 0, sizeof e, c->stream));
+  CU(ctx, fn, cudaStreamSynchronize(c->stream));
+  if (e.limit <= 0)  // embedding_bwd knows no vocabulary size
+    return fail(ctx, DT_HAL_ERR_INVALID, bad_entry(e.code), " ", e.value, " at position ",
+                e.position, " is negative (found on the device; that row was skipped)");
+  return fail(ctx, DT_HAL_ERR_INVALID, bad_entry(e.code), " ", e.value, " at position ", e.position,
+              " is outside [0, ", e.limit, ") (found on the device; that row was skipped)");
 }
 
 int cuda_copy(void* ctx, void* dst, const void* src, size_t bytes, dt_hal_copy_kind kind) {
@@ -391,12 +456,16 @@ int cuda_copy(void* ctx, void* dst, const void* src, size_t bytes, dt_hal_copy_k
                 " is null for a copy of ", bytes, " bytes");
   cudaStream_t s = C(ctx)->stream;
   // The host reads or reuses its buffer on return (the version-1 contract, as on the CPU device):
-  // a copy to the host waits for its data, so it cannot be part of a graph.
+  // a copy to the host waits for its data, and one from the host would read it when the graph
+  // runs, so neither can be part of a graph.
   if (kind == DT_HAL_DEVICE_TO_HOST)
     DT_HAL_TRY(refuse_in_capture(ctx, "copy", "a copy to host memory"));
+  if (kind == DT_HAL_HOST_TO_DEVICE)
+    DT_HAL_TRY(refuse_in_capture(ctx, "copy", "a copy from host memory"));
   CU(ctx, "copy", cudaMemcpyAsync(dst, src, bytes, k, s));
-  bool wait = kind == DT_HAL_DEVICE_TO_HOST;
-  if (kind == DT_HAL_HOST_TO_DEVICE && !capturing(s)) {
+  if (kind == DT_HAL_DEVICE_TO_HOST) return finish_on_host(ctx, "copy");
+  bool wait = false;
+  if (kind == DT_HAL_HOST_TO_DEVICE) {
     // From pageable memory the call returns once the source is staged; from page-locked memory
     // (registered by MPI or UCX, say) only once the copy is queued: wait, so the caller may
     // reuse the buffer at once.
@@ -417,34 +486,21 @@ int cuda_fill_zero(void* ctx, void* dst, size_t bytes) {
   return DT_HAL_OK;
 }
 
-const char* bad_entry(int32_t code) {
-  switch (code) {
-    case kBadToken:
-      return "embedding_fwd: token";
-    case kBadTokenBwd:
-      return "embedding_bwd: token";
-    case kBadTarget:
-      return "softmax_xent_fwd: target";
-    case kBadTargetBwd:
-      return "softmax_xent_bwd: target";
-  }
-  return "kernel: index";
-}
-
+// Waits for the work of every stream of this context (its own, those made by stream_create),
+// not for the whole device: NCCL's streams run collectives that their Works complete.
 int cuda_synchronize(void* ctx) {
   DT_HAL_TRY(need_ctx(ctx, "synchronize"));
   Context* c = C(ctx);
   DT_HAL_TRY(refuse_in_capture(ctx, "synchronize", "waiting for the device"));
-  CU(ctx, "synchronize", cudaDeviceSynchronize());
-  DeviceError e{};
-  CU(ctx, "synchronize", cudaMemcpy(&e, c->derr, sizeof e, cudaMemcpyDeviceToHost));
-  if (e.code != 0) {
-    CU(ctx, "synchronize", cudaMemset(c->derr, 0, sizeof e));
-    return fail(ctx, DT_HAL_ERR_INVALID, bad_entry(e.code), " ", e.value, " at position ",
-                e.position, " is outside [0, ", e.limit,
-                ") (found on the device; that row was skipped)");
+  std::vector<cudaStream_t> all;
+  {
+    std::lock_guard<std::mutex> lk(c->streams_mu);
+    all = c->streams;
   }
-  return DT_HAL_OK;
+  all.push_back(c->own);
+  for (cudaStream_t st : all)
+    if (st != c->stream) CU(ctx, "synchronize", cudaStreamSynchronize(st));
+  return finish_on_host(ctx, "synchronize");
 }
 
 int cuda_describe(void* ctx, char* buf, size_t len) {
@@ -548,9 +604,9 @@ int grow_scratch(void* ctx, const char* fn, void** buf, size_t* have, size_t nee
   if (*have >= need) return DT_HAL_OK;
   Context* c = C(ctx);
   if (capturing(c->stream))
-    return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": the first call of this size needs ", need,
-                " bytes of scratch memory, which cannot be allocated while capturing a graph: run "
-                "one step before capturing");
+    return refuse_capturing(ctx, fn, ": the first call of this size needs ", need,
+                            " bytes of scratch memory, which cannot be allocated while capturing "
+                            "a graph: run one step before capturing");
   if (c->graphs > 0)
     return fail(ctx, DT_HAL_ERR_UNSUPPORTED, fn, ": this call needs ", need,
                 " bytes of scratch memory, more than a live graph was captured with; growing it "
@@ -720,8 +776,7 @@ int cuda_sum_squares(void* ctx, const float* x, int64_t n, double* out) {
   CU(ctx, fn,
      cudaMemcpyAsync(out, c->partials + kSumBlocks, sizeof(double), cudaMemcpyDeviceToHost,
                      c->stream));
-  CU(ctx, fn, cudaStreamSynchronize(c->stream));
-  return DT_HAL_OK;
+  return finish_on_host(ctx, fn);
 }
 
 // ---- transformer layers ---------------------------------------------------------------------
@@ -1082,8 +1137,9 @@ __global__ void softmax_xent_bwd_kernel(float* dlogits, const float* probs, cons
   GRID_STRIDE(i, N * V) {
     const int64_t n = i / V, j = i % V;
     const int32_t t = targets[n];
-    if (t < 0 || t >= V) {
+    if (t < 0 || t >= V) {  // reported by the next wait on the host; the row is still written
       if (j == 0) record_bad(err, kBadTargetBwd, n, t, V);
+      dlogits[i] = 0.0f;
       continue;
     }
     dlogits[i] = (probs[i] - (j == t ? 1.0f : 0.0f)) * dloss;
@@ -1463,16 +1519,29 @@ int cuda_stream_create(void* ctx, void** stream) {
   if (stream == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "stream_create: stream is null");
   cudaStream_t s = nullptr;
   CU(ctx, "stream_create", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  try {
+    std::lock_guard<std::mutex> lk(C(ctx)->streams_mu);
+    C(ctx)->streams.push_back(s);
+  } catch (...) {
+    cudaStreamDestroy(s);
+    return fail(ctx, DT_HAL_ERR_NOMEM, "stream_create: out of memory");
+  }
   *stream = s;
   return DT_HAL_OK;
 }
 void cuda_stream_destroy(void* ctx, void* stream) {
   if (stream == nullptr) return;
   auto* c = C(ctx);
-  if (c && c->stream == stream) {
+  if (c) {
     cudaSetDevice(c->device);
-    c->stream = c->own;
-    bind_blas(c);
+    if (c->stream == stream) {
+      c->stream = c->own;
+      bind_blas(c);
+    }
+    std::lock_guard<std::mutex> lk(c->streams_mu);
+    c->streams.erase(
+        std::remove(c->streams.begin(), c->streams.end(), static_cast<cudaStream_t>(stream)),
+        c->streams.end());
   }
   cudaStreamDestroy(static_cast<cudaStream_t>(stream));
 }
@@ -1516,6 +1585,7 @@ int cuda_stream_wait_event(void* ctx, void* event) {
 int cuda_event_synchronize(void* ctx, void* event) {
   DT_HAL_TRY(need_ctx(ctx, "event_synchronize"));
   if (!event) return fail(ctx, DT_HAL_ERR_INVALID, "event_synchronize: null event");
+  DT_HAL_TRY(refuse_in_capture(ctx, "event_synchronize", "the host waiting for work"));
   CU(ctx, "event_synchronize", cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
   return DT_HAL_OK;
 }
@@ -1524,14 +1594,25 @@ int cuda_graph_begin(void* ctx) {
   DT_HAL_TRY(need_ctx(ctx, "graph_begin"));
   Context* c = C(ctx);
   CU(ctx, "graph_begin", cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+  c->capture_broken = false;
+  c->capture_error[0] = '\0';
   return DT_HAL_OK;
 }
 int cuda_graph_end(void* ctx, void** graph) {
   DT_HAL_TRY(need_ctx(ctx, "graph_end"));
   if (graph == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, "graph_end: graph is null");
   *graph = nullptr;
+  Context* c = C(ctx);
   cudaGraph_t g = nullptr;
-  CU(ctx, "graph_end", cudaStreamEndCapture(C(ctx)->stream, &g));
+  const cudaError_t ended = cudaStreamEndCapture(c->stream, &g);
+  if (c->capture_broken) {  // a call was refused: the graph would lack it
+    if (g) cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+    c->capture_broken = false;
+    return fail(ctx, DT_HAL_ERR_UNSUPPORTED,
+                "graph_end: the capture was invalidated: ", c->capture_error);
+  }
+  CU(ctx, "graph_end", ended);
   cudaGraphExec_t exec = nullptr;
   const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
   cudaGraphDestroy(g);

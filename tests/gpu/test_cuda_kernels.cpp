@@ -425,6 +425,32 @@ void test_layers(Rig& r) {
         msg.find("embedding_fwd: token 999 at position 5 is outside [0, 67)") != std::string::npos,
         msg);
   }
+  // A copy to the host waits for the device too, and reports it the same way (the copy is done);
+  // once reported it is cleared.
+  {
+    const auto& v1 = r.gpu.table2().v1;
+    auto bad = tok;
+    bad[3] = -7;
+    auto dbad = r.up(bad);
+    r.gpu.call(&dt_hal_v1_t::embedding_fwd, "embedding_fwd", demb.as<float>(),
+               dbad.as<const std::int32_t>(), dwte.as<const float>(), dwpe.as<const float>(), B, T,
+               Cc, V);
+    std::vector<float> host(static_cast<std::size_t>(BT * Cc), -1.0f);
+    const int rc = v1.copy(r.gpu.ctx(), host.data(), demb.get(), host.size() * sizeof(float),
+                           DT_HAL_DEVICE_TO_HOST);
+    const std::string msg = v1.last_error(r.gpu.ctx());
+    report("a copy to the host reports a bad token",
+           rc == DT_HAL_ERR_INVALID &&
+               msg.find("embedding_fwd: token -7 at position 3 is outside [0, 67)") !=
+                   std::string::npos,
+           "rc " + std::to_string(rc) + ": " + msg);
+    bool zeroed = true;
+    for (int64_t c = 0; c < Cc; ++c)
+      zeroed = zeroed && host[static_cast<std::size_t>(3 * Cc + c)] == 0.0f;
+    report("the bad token's row is zero and the copy was made", zeroed);
+    report("the error is reported once", v1.synchronize(r.gpu.ctx()) == DT_HAL_OK,
+           v1.last_error(r.gpu.ctx()));
+  }
   // LayerNorm.
   {
     auto x = r.rand(BT * Cc, -3, 3), w = r.rand(Cc), bb = r.rand(Cc);
@@ -479,6 +505,33 @@ void test_layers(Rig& r) {
     std::vector<std::int32_t> tgt(BT);
     for (auto& t : tgt) t = static_cast<std::int32_t>(r.rng() % V);
     check_xent(r, BT, V, tgt, "", 1e-9, 1.0f / BT);
+  }
+  // A bad target: softmax_xent_bwd still overwrites its row (zeros, where the CPU device refuses
+  // the call before writing), and sum_squares, which waits for the device, reports it.
+  {
+    const auto& v1 = r.gpu.table2().v1;
+    std::vector<std::int32_t> tgt(BT, 1);
+    tgt[4] = V;
+    auto probs = r.rand(BT * V, 0, 1);
+    auto dp = r.up(probs), dtg = r.up(tgt), dd = r.up(std::vector<float>(BT * V, 5.0f));
+    r.gpu.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dd.as<float>(),
+               dp.as<const float>(), dtg.as<const std::int32_t>(), 1.0f, BT, V);
+    double ss = 0;
+    const int rc = v1.sum_squares(r.gpu.ctx(), dd.as<const float>(), V, &ss);
+    const std::string msg = v1.last_error(r.gpu.ctx());
+    report("sum_squares reports a bad target of softmax_xent_bwd",
+           rc == DT_HAL_ERR_INVALID &&
+               msg.find("softmax_xent_bwd: target 67 at position 4 is outside [0, 67)") !=
+                   std::string::npos,
+           "rc " + std::to_string(rc) + ": " + msg);
+    const std::vector<float> got = r.down<float>(dd, BT * V);
+    bool zero = true, written = true;
+    for (int64_t j = 0; j < V; ++j) {
+      zero = zero && got[static_cast<std::size_t>(4 * V + j)] == 0.0f;
+      written = written && got[static_cast<std::size_t>(3 * V + j)] != 5.0f;
+    }
+    report("softmax_xent_bwd overwrites a bad target's row with zeros, and the others",
+           zero && written);
   }
 }
 
@@ -806,7 +859,10 @@ void test_capture_kernels(Rig& r) {
       "layer kernels and cuBLAS captured on a caller's stream (3 captures x 2 replays) equal "
       "eager launches",
       same);
-  // Refused inside a capture, with DT_HAL_ERR_UNSUPPORTED, each in a capture of its own.
+  // Refused inside a capture, with DT_HAL_ERR_UNSUPPORTED, each in a capture of its own, which
+  // graph_end then refuses too, naming the call (as the CPU device does).
+  void* ev = nullptr;
+  r.gpu.call(&dt_hal_v2_t::event_create, "event_create", &ev);
   struct Refusal {
     const char* what;
     std::function<int()> call;
@@ -817,6 +873,9 @@ void test_capture_kernels(Rig& r) {
   const Refusal refusals[] = {
       {"copy to the host",
        [&] { return t.v1.copy(r.gpu.ctx(), host.data(), y.get(), 64, DT_HAL_DEVICE_TO_HOST); }},
+      {"copy from the host",
+       [&] { return t.v1.copy(r.gpu.ctx(), y.get(), host.data(), 64, DT_HAL_HOST_TO_DEVICE); }},
+      {"event_synchronize", [&] { return t.event_synchronize(r.gpu.ctx(), ev); }},
       {"sum_squares", [&] { return t.v1.sum_squares(r.gpu.ctx(), y.as<const float>(), 16, &ss); }},
       {"alloc", [&] { return t.v1.alloc(r.gpu.ctx(), 1024, &mem); }},
       {"synchronize", [&] { return t.v1.synchronize(r.gpu.ctx()); }},
@@ -826,12 +885,18 @@ void test_capture_kernels(Rig& r) {
     const int rc = f.call();
     const std::string msg = t.v1.last_error(r.gpu.ctx());
     void* graph = nullptr;
-    t.graph_end(r.gpu.ctx(), &graph);  // may fail: the capture holds a refused call
+    const int end = t.graph_end(r.gpu.ctx(), &graph);
+    const std::string end_msg = t.v1.last_error(r.gpu.ctx());
     if (graph) t.graph_destroy(r.gpu.ctx(), graph);
     report(std::string("refused inside a capture: ") + f.what,
            rc == DT_HAL_ERR_UNSUPPORTED && msg.find("captured") != std::string::npos,
            "rc " + std::to_string(rc) + ": " + msg);
+    report(std::string("graph_end refuses a capture that refused ") + f.what,
+           end == DT_HAL_ERR_UNSUPPORTED && graph == nullptr &&
+               end_msg.find("graph_end: the capture was invalidated: " + msg) != std::string::npos,
+           "rc " + std::to_string(end) + ": " + end_msg);
   }
+  t.event_destroy(r.gpu.ctx(), ev);
   if (mem) t.v1.release(r.gpu.ctx(), mem);
   r.gpu.call(&dt_hal_v2_t::set_stream, "set_stream", static_cast<void*>(nullptr));
   t.stream_destroy(r.gpu.ctx(), s);
