@@ -35,6 +35,7 @@
 #include <new>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dt_hal_v2.h"
@@ -74,7 +75,9 @@ struct Context {
   std::atomic<int> graphs{0};  // graphs not yet destroyed (they may hold scratch's address)
   std::mutex streams_mu;
   std::vector<cudaStream_t> streams;  // made by stream_create, not yet destroyed
-  // A call refused while capturing (as on the CPU device, graph_end then fails naming it).
+  // A call of the capturing thread refused while capturing (as on the CPU device, graph_end then
+  // fails naming it).
+  std::thread::id capture_thread;
   bool capture_broken = false;
   char capture_error[kErrorLen] = "";
   char error[kErrorLen] = "";
@@ -161,7 +164,7 @@ template <class... A>
 int refuse_capturing(void* ctx, const A&... parts) {
   const int st = fail(ctx, DT_HAL_ERR_UNSUPPORTED, parts...);
   Context* c = C(ctx);
-  if (!c->capture_broken) {
+  if (!c->capture_broken && c->capture_thread == std::this_thread::get_id()) {
     c->capture_broken = true;
     std::snprintf(c->capture_error, kErrorLen, "%s", c->error);
   }
@@ -1594,6 +1597,7 @@ int cuda_graph_begin(void* ctx) {
   DT_HAL_TRY(need_ctx(ctx, "graph_begin"));
   Context* c = C(ctx);
   CU(ctx, "graph_begin", cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+  c->capture_thread = std::this_thread::get_id();
   c->capture_broken = false;
   c->capture_error[0] = '\0';
   return DT_HAL_OK;
