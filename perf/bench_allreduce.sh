@@ -142,7 +142,7 @@ report=$(
   echo
   echo "$big_table"
   echo
-  echo "Crossover (sets ShmConfig::min_bytes): $cross_shm."
+  echo "Crossover (what \`--comm.shm-min-bytes\` / ShmConfig::min_bytes could be set to): $cross_shm."
   echo
   echo "With user buffers: $cross_copy."
   echo
