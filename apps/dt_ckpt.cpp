@@ -898,6 +898,8 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
     DT_THROW(ConfigError, "option --output: ", e.message());
   }
   if (lead) {
+    for (const std::string& moved : stats.set_aside)
+      std::printf("set aside %s: its step is not below that of the import\n", moved.c_str());
     std::printf("imported %zu tensors (%s) from %s into %s\n", params.size(), model_text.c_str(),
                 a.input.c_str(), stats.path.c_str());
     std::printf(

@@ -108,14 +108,18 @@ struct SaveStats {
   std::string path;
   double write_seconds = 0;  ///< create, write, hash, fsync, commit
   std::uint64_t bytes = 0;   ///< tensor bytes in the file
+  /// Rank 0: checkpoints of a step not below this one ("OLD -> NEW" names), which the save set
+  /// aside instead of deleting (a run that resumed from an older step, or started afresh).
+  std::vector<std::string> set_aside;
 };
 
 /// Writes, commits and prunes a checkpoint of `tensors` at meta.step into `dir` (created if
 /// missing). Collective over `comm` (an MPI communicator). Keeps the `keep` newest checkpoints
-/// (>= 1) and removes stale *.partial files. Throws dt::CheckpointError naming the file and the
-/// failing call; then nothing is committed and the previous checkpoint stays the latest.
-/// `after_write` (a fault-injection seam for tests) runs on every rank once its data is in the
-/// .partial file, before anything is made durable or committed. Every chunk is written and
+/// (>= 1) below its step and removes stale *.partial files; checkpoints of its step or later are
+/// renamed to *.superseded (SaveStats::set_aside), never deleted. Throws dt::CheckpointError naming
+/// the file and the failing call; then nothing is committed and the previous checkpoint stays the
+/// latest. `after_write` (a fault-injection seam for tests) runs on every rank once its data is in
+/// the .partial file, before anything is made durable or committed. Every chunk is written and
 /// digested by one rank. Replicated (whole) tensors: each rank writes a share of the chunks from
 /// its own copy. Sharded tensors (ranges, pieces): the ranks' parts must cover each tensor exactly
 /// once, else, before anything is written, a CheckpointError names the tensor and the first gap
@@ -162,10 +166,13 @@ std::vector<std::string> list_partials(const std::string& dir);
 std::string read_latest(const std::string& dir);
 
 /// Resolves --ckpt.resume: "none" -> "", a path -> that path, "auto" -> the newest checkpoint of
-/// `dir` that loads and verifies. Checkpoints that fail are reported through `log` by name and
-/// skipped; a model mismatch is not skipped but thrown, and so is a key error ("checkpoint key:",
-/// see load_checkpoint), so that a wrong key never starts the run afresh. Loads into `tensors` and
-/// returns the file used in *used (empty when starting fresh). Collective.
+/// `dir` that loads and verifies (the one `latest` names first), from the list rank 0 reads.
+/// Checkpoints that fail are reported through `log` by name and skipped; a model mismatch is not
+/// skipped but thrown. A key error ("checkpoint key:", see load_checkpoint) may be one file's
+/// damage: older files are tried, and the first key error is thrown if none loads, so that a
+/// wrong key never starts the run afresh. When `dir` holds checkpoints and none loads, throws
+/// dt::CheckpointError (nothing is changed). Loads into `tensors` and returns the file used in
+/// *used (empty when `dir` holds no checkpoint: starting fresh). Collective.
 CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
                 const std::vector<CkptTensor>& tensors, std::string* used,
                 const std::function<void(const std::string&)>& log,
@@ -198,7 +205,9 @@ class AsyncCheckpointer {
   /// save() only copies.
   void reserve(const std::vector<CkptTensor>& tensors);
   /// Returns the seconds the caller was blocked (waiting for the previous write + snapshot).
-  double save(const std::vector<CkptTensor>& tensors, const CkptMeta& meta);
+  /// `after_write`: save_checkpoint's fault-injection seam, run on the writer thread.
+  double save(const std::vector<CkptTensor>& tensors, const CkptMeta& meta,
+              std::function<void()> after_write = {});
   /// Waits for the write in flight; returns its stats (path empty if none ran).
   SaveStats wait();
 

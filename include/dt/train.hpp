@@ -64,6 +64,7 @@ struct TrainConfig {
   std::int64_t eval_sequences = 64;         ///< --eval-only: first K validation sequences, in order
   std::string config_text;                  ///< effective config, stored in checkpoints
   std::int64_t test_kill_during_save = -1;  ///< testing only: this rank SIGKILLs itself mid-save
+  std::int64_t test_fail_save_at_step = 0;  ///< testing only: the save of this step fails
   // gradient reduction (data parallelism)
   double bucket_mb = 25;             ///< bucket size; 0: one all_reduce per parameter tensor
   std::string allreduce = "auto";    ///< auto | shm | mpi
@@ -237,6 +238,7 @@ class Trainer {
   /// Mean loss over the validation windows starting at `starts`, shared out over the ranks.
   double loss_over(const std::vector<std::size_t>& starts);
   void finish_checkpoints();
+  void log_set_aside(const SaveStats& st);
   /// Testing only: prints `what` and never returns (the watchdog ends the job).
   [[noreturn]] void stall_for_test(const char* what);
   std::unique_ptr<obs::TrainTelemetry> obs_;

@@ -67,6 +67,18 @@ bool all_ok(Comm& c, bool ok) {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// Renames checkpoint `path` out of its folder's checkpoints, to path.superseded (or
+// .superseded.N when that is taken), and returns the new name; where the rename fails the file
+// stays as it is, and the text says so.
+std::string move_aside(const std::string& path) {
+  std::string to = path + ".superseded";
+  for (int n = 2; ::access(to.c_str(), F_OK) == 0 && n < 1000; ++n)
+    to = path + ".superseded." + std::to_string(n);
+  if (::rename(path.c_str(), to.c_str()) != 0)
+    return path + " (kept as it is: rename failed: " + errno_text() + ")";
+  return to;
+}
+
 void fsync_path(const std::string& p, bool dir) {
   const int fd = ::open(p.c_str(), (dir ? O_DIRECTORY : 0) | O_RDONLY);
   DT_CHECK(CheckpointError, fd >= 0, "cannot open ", p, " to fsync: ", errno_text());
@@ -1141,6 +1153,9 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
   if (comm.rank() == 0) {
     try {
       const trace::Scope commit_scope("ckpt.commit", "ckpt");
+      // A checkpoint of this step already here is of another line of training: set aside too.
+      if (::access(final_path.c_str(), F_OK) == 0)
+        stats.set_aside.push_back(final_path + " -> " + move_aside(final_path));
       DT_CHECK(CheckpointError, ::rename(partial.c_str(), final_path.c_str()) == 0, "rename ",
                partial, " -> ", final_path, ": ", errno_text());
       fsync_path(dir, true);
@@ -1155,17 +1170,23 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       DT_CHECK(CheckpointError, ::rename(tmp.c_str(), (dir + "/latest").c_str()) == 0, "rename ",
                tmp, ": ", errno_text());
       fsync_path(dir, true);
-      // Retention: the file just written is the newest (also when a run resumed from an older
-      // step and branched off), then the other newest by step, `keep` in all; partials go.
+      // Retention: the file just written is the newest, then the other newest by step, `keep`
+      // in all; partials go. Files of a step not below the new one belong to another line of
+      // training (a run that resumed from an older step, or started afresh, in this folder): they
+      // are set aside (renamed, no longer checkpoints of the folder), never deleted.
       std::size_t kept = 1;
       for (const auto& e : list_checkpoints(dir)) {
         if (e.path == final_path) continue;
-        if (kept < static_cast<std::size_t>(keep) && e.step < meta.step)
+        if (e.step >= meta.step) {
+          stats.set_aside.push_back(e.path + " -> " + move_aside(e.path));
+        } else if (kept < static_cast<std::size_t>(keep)) {
           ++kept;
-        else
+        } else {
           ::unlink(e.path.c_str());
+        }
       }
       for (const auto& p : list_partials(dir)) ::unlink(p.c_str());
+      if (!stats.set_aside.empty()) fsync_path(dir, true);
     } catch (const std::exception& e) {
       ok = false;
       err = e.what();
@@ -1645,30 +1666,55 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
     *used = mode;
     return m;
   }
-  for (const auto& p : list_partials(dir)) log("ignoring interrupted save " + p);
-  const auto all = list_checkpoints(dir);
-  const std::string latest = read_latest(dir);
-  if (!all.empty() && latest.empty())
-    log("the pointer " + dir + "/latest is missing; using the newest checkpoint that verifies");
-  std::vector<CkptEntry> order;
-  for (const auto& e : all)
-    if (e.path == latest) order.push_back(e);  // what the last save committed comes first
-  for (const auto& e : all)
-    if (e.path != latest) order.push_back(e);
-  for (const auto& e : order) {
+  // Rank 0 reads the folder and every rank tries the same files in the same order (ranks that
+  // each list a shared folder may see it differently, and the loads are collective).
+  std::string listing;
+  if (comm.rank() == 0) {
+    for (const auto& p : list_partials(dir)) log("ignoring interrupted save " + p);
+    const std::string latest = read_latest(dir);
+    std::vector<CkptEntry> all = list_checkpoints(dir);
+    if (!all.empty() && latest.empty())
+      log("the pointer " + dir + "/latest is missing; using the newest checkpoint that verifies");
+    listing = latest + "\n";
+    for (const auto& e : all)
+      if (e.path == latest) listing += e.path + "\n";  // what the last save committed comes first
+    for (const auto& e : all)
+      if (e.path != latest) listing += e.path + "\n";
+  }
+  std::int64_t len = static_cast<std::int64_t>(listing.size());
+  comm.broadcast(view_of(&len, 1), 0);
+  listing.resize(static_cast<std::size_t>(len));
+  if (len > 0) comm.broadcast(TensorView{listing.data(), listing.size(), DType::u8}, 0);
+  std::vector<std::string> order;
+  std::string latest;
+  {
+    std::istringstream in(listing);
+    std::getline(in, latest);
+    for (std::string line; std::getline(in, line);) order.push_back(line);
+  }
+  // A key error may be one file's damage: older files are tried, and it is thrown if none loads.
+  std::string key_error;
+  for (const auto& path : order) {
     try {
-      CkptMeta m = load_checkpoint(comm, e.path, tensors, keys);
-      if (!latest.empty() && latest != e.path)
+      CkptMeta m = load_checkpoint(comm, path, tensors, keys);
+      if (!latest.empty() && latest != path)
         log("the pointer " + dir + "/latest names " + latest + ", which is not usable; using " +
-            e.path);
-      *used = e.path;
+            path);
+      *used = path;
       return m;
     } catch (const CheckpointError& err) {
       if (err.message().rfind("checkpoint does not match the model", 0) == 0) throw;
-      if (err.message().rfind("checkpoint key:", 0) == 0) throw;
-      log("skipping " + e.path + ": " + err.message());
+      if (err.message().rfind("checkpoint key:", 0) == 0 && key_error.empty())
+        key_error = err.message();
+      log("skipping " + path + ": " + err.message());
     }
   }
+  if (!key_error.empty()) DT_THROW(CheckpointError, key_error);
+  DT_CHECK(CheckpointError, order.empty(), "--ckpt.resume=auto: none of the ", order.size(),
+           " checkpoints in ", dir,
+           " could be loaded (each is named above with the reason); nothing was changed. To "
+           "start afresh, run with --ckpt.resume=none or another --ckpt.dir (checkpoints of "
+           "later steps are then set aside as *.superseded, not deleted)");
   return {};
 }
 
@@ -1767,7 +1813,8 @@ void AsyncCheckpointer::reserve(const std::vector<CkptTensor>& tensors) {
   }
 }
 
-double AsyncCheckpointer::save(const std::vector<CkptTensor>& tensors, const CkptMeta& meta) {
+double AsyncCheckpointer::save(const std::vector<CkptTensor>& tensors, const CkptMeta& meta,
+                               std::function<void()> after_write) {
   const auto t0 = Clock::now();
   impl_->join();
   impl_->snapshot.resize(tensors.size());
@@ -1802,12 +1849,12 @@ double AsyncCheckpointer::save(const std::vector<CkptTensor>& tensors, const Ckp
   }
   impl_->meta = meta;
   Impl* s = impl_.get();
-  s->thread = std::thread([s] {
+  s->thread = std::thread([s, after_write = std::move(after_write)] {
     trace::set_thread_name("ckpt-writer");
     pthread_setname_np(pthread_self(), "dt-ckpt");
     qos::apply_to_current_thread(qos::Role::io);
     try {
-      s->stats = save_checkpoint(*s->comm, s->dir, s->tensors, s->meta, s->keep, {},
+      s->stats = save_checkpoint(*s->comm, s->dir, s->tensors, s->meta, s->keep, after_write,
                                  s->keys ? &*s->keys : nullptr);
     } catch (...) {
       s->error = std::current_exception();

@@ -151,6 +151,10 @@ void add_train_options(Options& o, TrainConfig& c) {
            "testing only: treat blocks of consecutive ranks as this many nodes for the "
            "hierarchical all_reduce (0: the real nodes)",
            0L, 1L << 20)
+      .add("test.fail-save-at-step", &c.test_fail_save_at_step, 0,
+           "testing only: the checkpoint save of this step fails on every rank once its data is "
+           "written, before anything is committed (0: none), in the background with ckpt.async",
+           0L, 1L << 62)
       .add("test.kill-during-save", &c.test_kill_during_save, -1,
            "testing only: this rank kills itself (SIGKILL) in the middle of a synchronous save",
            -1L, 1L << 30)
@@ -1281,7 +1285,7 @@ std::string Trainer::resume_from_checkpoint() {
     host_state_.clear();
     init_weights();
     if (zero_) refresh_working_weights();  // the published weights into their 16-bit copy
-    log("ckpt: no usable checkpoint in " + c_.ckpt_dir + ", starting from step 0");
+    log("ckpt: no checkpoint in " + c_.ckpt_dir + ", starting from step 0");
     return "";
   }
   state_to_device();
@@ -1306,9 +1310,16 @@ std::string Trainer::resume_from_checkpoint() {
   return used;
 }
 
+void Trainer::log_set_aside(const SaveStats& st) {
+  for (const std::string& moved : st.set_aside)
+    log("ckpt: set aside " + moved + ": its step is not below that of " + st.path +
+        " (another line of training in this folder)");
+}
+
 void Trainer::finish_checkpoints() {
   if (!async_) return;
   const SaveStats prev = async_->wait();
+  log_set_aside(prev);
   if (!prev.path.empty()) {
     obs_->on_checkpoint_written(prev.write_seconds, prev.bytes);
     char line[256];
@@ -1332,13 +1343,30 @@ void Trainer::save_checkpoint_now(bool sync) {
   meta.config = c_.config_text;
   meta.layout = plan_->layout.str();
   char line[256];
+  // test.fail-save-at-step: every rank fails this save the same way, before the commit.
+  auto fail_here = [step = step_, fail = c_.test_fail_save_at_step] {
+    if (fail > 0 && step == fail)
+      DT_THROW(CheckpointError, "test.fail-save-at-step: the save of step ", step,
+               " fails here (testing only)");
+  };
   if (async_) {
     const auto t0 = std::chrono::steady_clock::now();
-    finish_checkpoints();
+    if (sync) {
+      // Draining (the job is about to end): a background save that failed earlier must not cost
+      // the checkpoint of this step as well.
+      try {
+        finish_checkpoints();
+      } catch (const CheckpointError& e) {
+        log("ckpt: warning: an earlier background save failed: " + e.message() + "; saving step " +
+            std::to_string(step_) + " now");
+      }
+    } else {
+      finish_checkpoints();
+    }
     if (!sync) {
       const double blocked =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
-          async_->save(state_tensors(), meta);
+          async_->save(state_tensors(), meta, fail_here);
       obs_->on_checkpoint_blocked(blocked);
       std::snprintf(line, sizeof line, "ckpt: step %ld: snapshot taken, blocked %.1f ms",
                     static_cast<long>(step_), blocked * 1e3);
@@ -1354,11 +1382,13 @@ void Trainer::save_checkpoint_now(bool sync) {
   const watchdog::OpRecord save_record("checkpoint", ++saves_, "save", "hdf5", DType::u8, 0);
   const SaveStats st = save_checkpoint(
       comm_, c_.ckpt_dir, state_tensors(), meta, static_cast<int>(c_.ckpt_keep),
-      [die, stall, this] {
+      [die, stall, this, &fail_here] {
         if (die) std::raise(SIGKILL);
         if (stall) stall_for_test("in the checkpoint save");
+        fail_here();
       },
       c_.ckpt_encrypt ? keys_.get() : nullptr);
+  log_set_aside(st);
   obs_->on_checkpoint_blocked(st.write_seconds);
   obs_->on_checkpoint_written(st.write_seconds, st.bytes);
   std::snprintf(line, sizeof line, "ckpt: saved %s (%.1f MB) in %.3f s, blocking (%.0f MB/s)",

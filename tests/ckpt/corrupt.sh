@@ -5,8 +5,11 @@
 #                   is reported by name with "checksum mismatch" and the dataset; resumes at step 3
 #   truncated       step-6.h5 cut to half its size: reported by name; resumes at step 3
 #   latest_deleted  DIR/latest removed: reported; resumes from the newest valid file (step 6)
-#   all_corrupt     both files damaged: both reported; the run either refuses (exit 2) or starts
-#                   from step 0 exactly like a fresh run (initial weights, empty optimiser state)
+#   all_corrupt     both files damaged: both reported; the run refuses to start (exit 2) and
+#                   changes nothing; --ckpt.resume=none then starts from step 0 exactly like a
+#                   fresh run (initial weights, empty optimiser state) and sets the damaged files
+#                   aside (*.superseded) as it saves its own
+#   corrupt_byte also: the resumed run's step-6.h5 replaces the damaged one, which is set aside
 # A resumed run continues the original run's losses (within 1e-5 relative).
 source "$(dirname "$0")/lib.sh"
 
@@ -33,10 +36,14 @@ corrupt_wte() {  # corrupt_wte FILE: flips a byte 1000 bytes into the data of $W
 case "$MODE" in
   corrupt_byte)
     corrupt_wte D/step-6.h5
+    sum6=$(sha256sum <D/step-6.h5)
     train R 2 "${RUN[@]}" --train.log-file=R.jsonl
     expect_rc R 0
     expect_report R "step-6\.h5" "checksum mismatch" "transformer.wte.weight"
     expect_line R "resumed from .*D/step-3\.h5 at step 3 "
+    expect_line R "set aside .*D/step-6\.h5 -> .*D/step-6\.h5\.superseded"
+    [ "$(sha256sum <D/step-6.h5.superseded)" = "$sum6" ] ||
+      fail "the damaged step-6.h5 was not set aside unchanged"
     steplog steps R.jsonl 4 6
     steplog same B.jsonl R.jsonl 4 6 1e-5
     # The run wrote a good step-6.h5 over the damaged one.
@@ -69,19 +76,32 @@ case "$MODE" in
   all_corrupt)
     corrupt_wte D/step-3.h5
     corrupt_wte D/step-6.h5
+    before=$(cd D && sha256sum step-3.h5 step-6.h5 latest)
+    sum6=$(sha256sum <D/step-6.h5)
     train R 2 "${RUN[@]}" --train.log-file=R.jsonl
     expect_report R "step-6\.h5" "checksum mismatch" "transformer.wte.weight"
     expect_report R "step-3\.h5" "checksum mismatch" "transformer.wte.weight"
-    if [ "$RC" -eq 2 ]; then
-      echo "the run refused to start: accepted"
-    else
-      expect_rc R 0
-      expect_line R "starting from step 0"
-      expect_no_line R "resumed from"
-      # Starting over means the initial state: the run is the fresh run B, step for step.
-      steplog steps R.jsonl 1 6
-      steplog same B.jsonl R.jsonl 1 6 1e-5
-    fi
+    # Checkpoints are there and none loads: the run refuses to start (a fresh start would go on
+    # as if there had been none), names the way out, and changes nothing.
+    expect_rc R 2
+    expect_line R "none of the 2 checkpoints in .*D could be loaded"
+    expect_line R "--ckpt.resume=none"
+    expect_no_line R "starting from step 0|resumed from"
+    [ "$(cd D && sha256sum step-3.h5 step-6.h5 latest)" = "$before" ] ||
+      fail "the refused run changed the checkpoint folder: $(files_in D)"
+    # Starting afresh on purpose: the initial state, the fresh run B step for step; the damaged
+    # files are set aside as the new run saves its own steps 3 and 6, not deleted.
+    train F 2 "${RUN[@]}" --ckpt.resume=none --train.log-file=F.jsonl
+    expect_rc F 0
+    steplog steps F.jsonl 1 6
+    steplog same B.jsonl F.jsonl 1 6 1e-5
+    expect_line F "set aside .*D/step-3\.h5 -> .*D/step-3\.h5\.superseded"
+    expect_line F "set aside .*D/step-6\.h5 -> .*D/step-6\.h5\.superseded"
+    [ "$(files_in D)" = "latest step-3.h5 step-3.h5.superseded step-6.h5 step-6.h5.superseded" ] ||
+      fail "after the fresh run: $(files_in D)"
+    [ "$(sha256sum <D/step-6.h5.superseded)" = "$sum6" ] ||
+      fail "the set-aside step-6 is not the damaged file"
+    expect_latest D step-6.h5
     ;;
   *)
     echo "unknown mode '$MODE'"

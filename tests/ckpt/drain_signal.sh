@@ -7,11 +7,19 @@
 # log_complete (SIGUSR1 to rank 1) also wants the step log of the drained run and the resumed
 # run together to hold every step 1..N+3 once: the step the job drained at was trained and saved,
 # so it is logged too.
+# after_failed_async (SIGUSR1 to rank 1): background saves every 2 steps, the one of step 4 fails
+# (test.fail-save-at-step), and the job holds after step 5 for the signal: the drain still saves
+# step 5, after a warning naming the failed save, and exits 75; step-2.h5 stays.
 source "$(dirname "$0")/lib.sh"
 
+EXTRA=() WAIT_STEPS=3
 case "$MODE" in
   usr1 | log_complete) SIG=USR1 RANK=1 ;;
   term) SIG=TERM RANK=0 ;;
+  after_failed_async)
+    SIG=USR1 RANK=1 WAIT_STEPS=5
+    EXTRA=(--ckpt.async=true --ckpt.every=2 --test.fail-save-at-step=4 --test.hold-at-step=5)
+    ;;
   *) echo "unknown mode '$MODE'"; exit 2 ;;
 esac
 
@@ -19,16 +27,17 @@ D=$WORK/D
 echo "=== L: 2 ranks in the background: dt_train --train.steps=100000 --ckpt.dir=$D"
 timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
   --train.steps=100000 --train.log-every=1000 --ckpt.dir="$D" --train.log-file="$WORK/L.jsonl" \
-  >L.out 2>&1 &
+  "${EXTRA[@]}" >L.out 2>&1 &
 job=$!
 
-# Wait for 3 logged steps (the job is training) or for the job to end early.
+# Wait for WAIT_STEPS logged steps (the job is training) or for the job to end early.
 for _ in $(seq 600); do
-  [ -f L.jsonl ] && [ "$(wc -l <L.jsonl)" -ge 3 ] && break
+  [ -f L.jsonl ] && [ "$(wc -l <L.jsonl)" -ge "$WAIT_STEPS" ] && break
   kill -0 "$job" 2>/dev/null || break
   sleep 0.1
 done
-[ -f L.jsonl ] && [ "$(wc -l <L.jsonl)" -ge 3 ] || fail "the run logged fewer than 3 steps"
+[ -f L.jsonl ] && [ "$(wc -l <L.jsonl)" -ge "$WAIT_STEPS" ] ||
+  fail "the run logged fewer than $WAIT_STEPS steps"
 
 # The rank processes: command lines that start with the dt_train binary and name this test's
 # checkpoint directory (not mpiexec, not other tests' runs).
@@ -65,7 +74,15 @@ echo "drained at step $N"
 [ "$(grep -c 'drained at step' L.out)" -eq 1 ] || fail "more than one 'drained' line"
 expect_file "$D/step-$N.h5"
 expect_latest "$D" "step-$N.h5"
-[ "$(files_in "$D")" = "latest step-$N.h5" ] || fail "files in the checkpoint directory: $(files_in "$D")"
+if [ "$MODE" = after_failed_async ]; then
+  [ "$N" -eq 5 ] || fail "drained at step $N, expected the held step 5"
+  expect_line L "ckpt: warning: an earlier background save failed: .*test\.fail-save-at-step: the save of step 4 .*; saving step 5 now"
+  [ "$(files_in "$D")" = "latest step-2.h5 step-5.h5" ] ||
+    fail "files in the checkpoint directory: $(files_in "$D")"
+else
+  [ "$(files_in "$D")" = "latest step-$N.h5" ] ||
+    fail "files in the checkpoint directory: $(files_in "$D")"
+fi
 
 # Requeued: resumes from the drained checkpoint (which thereby verifies) and finishes.
 train R 2 --train.steps=$((N + 3)) --ckpt.dir="$D" --train.log-file="$WORK/R.jsonl"

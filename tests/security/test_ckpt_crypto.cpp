@@ -4,7 +4,8 @@
 // plaintext chunk; a load with the key gives the saved values bit for bit, also on smaller
 // sub-communicators (resharding); verify passes with and without the key; a load without the key,
 // with a wrong key, or with a key on a plain file fails with "checkpoint key:" and leaves the
-// tensors untouched; resume("auto") rethrows a wrong key instead of starting afresh; chunks swapped
+// tensors untouched; resume("auto") rethrows a wrong key instead of starting afresh, after trying
+// older files (a key error may be one file's damage); chunks swapped
 // together with their digests (an attacker who rewrites the checksums) and an altered step
 // attribute fail authentication; the asynchronous checkpointer encrypts too.
 // Leaves DIR/enc/step-3.h5 and the key files DIR/good.key, DIR/wrong.key (0600) and
@@ -227,6 +228,43 @@ int run(const std::string& dir, int world_rank) {
       dt::resume(*world, "auto", enc_dir, got.tensors, &used, [](const std::string&) {}, &good);
       H.expect(same_bits(got, saved) && used == file, "resume auto with the key", used);
     });
+  }
+  // A key error may be one file's damage: resume("auto") then loads an older file that
+  // authenticates, and throws the first key error only when none does. Here the newest file,
+  // step-6.h5, was encrypted under another key: to this job its key check fails as a damaged one
+  // would.
+  {
+    const std::string fall = bad_dir + "/fall";
+    guarded("saves under two keys", [&] {
+      dt::save_checkpoint(*world, fall, saved.tensors, meta, 2, {}, &good);
+      dt::CkptMeta m6 = meta;
+      m6.step = 6;
+      dt::save_checkpoint(*world, fall, make_state(0.25f).tensors, m6, 2, {}, &wrong);
+    });
+    State got = make_state(9.0f);
+    std::string used;
+    std::vector<std::string> lines;
+    guarded("resume auto past a file that fails its key check", [&] {
+      const dt::CkptMeta m = dt::resume(
+          *world, "auto", fall, got.tensors, &used,
+          [&](const std::string& l) { lines.push_back(l); }, &good);
+      H.expect(used == fall + "/step-3.h5" && m.step == 3 && same_bits(got, saved),
+               "resume auto past a key error", "used '" + used + "'");
+      bool named = false;
+      for (const auto& l : lines)
+        named = named || (contains(l, "skipping " + fall + "/step-6.h5") &&
+                          contains(l, "checkpoint key: wrong key"));
+      H.expect(named, "the skipped file is named with its key error",
+               lines.empty() ? "no line" : lines[0]);
+    });
+    const sec::Keys third = keys_from('t', "job-1");
+    expect_throw<dt::CheckpointError>(
+        "resume auto when no file takes the key: the newest file's key error",
+        [&] {
+          dt::resume(
+              *world, "auto", fall, got.tensors, &used, [](const std::string&) {}, &third);
+        },
+        {"checkpoint key: wrong key", "step-6.h5"});
   }
   // A plain checkpoint: loads without a key, refused with one (ckpt.encrypt is on).
   guarded("plain checkpoint", [&] {
