@@ -9,7 +9,9 @@
 // large contiguous runs). Every chunk has a SHA-256 digest in
 // /checksums/<dataset path> ([chunks, 32] uint8), so any reader, with any layout, can verify any
 // part. Root attributes: format ("dt-checkpoint"), format_version, step, tokens, optimizer_step,
-// data_position, rng_seed, loss_scale, config, layout, dt_version, chunk_elements.
+// data_position, rng_seed, loss_scale, config, layout, dt_version, chunk_elements, and (format
+// version 2) meta_sha256: the hex SHA-256 of step to layout, checked on every read, so that a
+// damaged step or config is refused as a damaged chunk is (version-1 files have none).
 //
 // Encryption at rest (ckpt.encrypt, with the job key of dt/security.hpp): every chunk of every
 // dataset is sealed with AES-256-GCM under a per-file key (HKDF of the job key and a random
@@ -43,7 +45,7 @@ class Keys;
 }
 
 inline constexpr const char* kCheckpointFormat = "dt-checkpoint";
-inline constexpr int kCheckpointVersion = 1;
+inline constexpr int kCheckpointVersion = 2;
 /// Elements per checksum chunk (1 MiB of float32).
 inline constexpr std::size_t kChunkElements = std::size_t{1} << 18;
 

@@ -829,6 +829,13 @@ std::string to_hex(const std::uint8_t* p, std::size_t n) {
   return s;
 }
 
+// The hex SHA-256 of the meta data (root attribute meta_sha256).
+std::string meta_digest(const CkptMeta& m) {
+  const std::string a = meta_aad(m);
+  const Digest d = sha256(a.data(), a.size());
+  return to_hex(d.data(), d.size());
+}
+
 // Parses exactly n bytes of hex; false for anything else.
 bool from_hex(const std::string& s, std::uint8_t* out, std::size_t n) {
   if (s.size() != 2 * n) return false;
@@ -1124,6 +1131,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     write_attr(root, "layout", meta.layout, partial);
     write_attr(root, "dt_version", std::string(DT_VERSION), partial);
     write_attr(root, "chunk_elements", static_cast<std::int64_t>(kChunkElements), partial);
+    write_attr(root, "meta_sha256", meta_digest(meta), partial);
     if (keys) {
       write_attr(root, "encryption", std::string(kEncryption), partial);
       write_attr(root, "key_salt", salt_hex, partial);
@@ -1302,6 +1310,15 @@ CkptMeta read_meta(hid_t file, const std::string& path) {
   const auto ce = read_int_attr(root, "chunk_elements", path);
   DT_CHECK(CheckpointError, ce == static_cast<std::int64_t>(kChunkElements), path, ": chunk size ",
            ce, " differs from this dt's ", kChunkElements);
+  // Version 2 digests the meta data (version 1 wrote no digest).
+  if (read_int_attr(root, "format_version", path) >= 2 || has_attr(root, "meta_sha256")) {
+    const std::string want =
+        has_attr(root, "meta_sha256") ? read_string_attr(root, "meta_sha256", path) : "";
+    DT_CHECK(CheckpointError, want == meta_digest(m), path,
+             ": checksum mismatch in the root attributes (step, tokens, config, ...): they do not "
+             "match meta_sha256",
+             want.empty() ? " (missing)" : "", ": damaged");
+  }
   return m;
 }
 

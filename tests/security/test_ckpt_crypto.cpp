@@ -7,7 +7,8 @@
 // tensors untouched; resume("auto") rethrows a wrong key instead of starting afresh, after trying
 // older files (a key error may be one file's damage); chunks swapped
 // together with their digests (an attacker who rewrites the checksums) and an altered step
-// attribute fail authentication; the asynchronous checkpointer encrypts too.
+// attribute fail authentication (and in a plain file, its digest); the asynchronous checkpointer
+// encrypts too.
 // Leaves DIR/enc/step-3.h5 and the key files DIR/good.key, DIR/wrong.key (0600) and
 // DIR/open.key (0644) for the dt_ckpt tests.
 #include <hdf5.h>
@@ -131,6 +132,28 @@ void set_step_attr(const std::string& file, std::int64_t step) {
   H5Awrite(a, H5T_NATIVE_INT64, &step);
   H5Aclose(a);
   H5Fclose(f);
+}
+
+// Root attribute `name` of file `from` written over that of `to` (fixed-size types only).
+void copy_root_attr(const std::string& from, const std::string& to, const char* name) {
+  hid_t f = H5Fopen(from.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t a = H5Aopen_by_name(f, "/", name, H5P_DEFAULT, H5P_DEFAULT);
+  hid_t type = H5Aget_type(a);
+  std::vector<unsigned char> raw(H5Aget_storage_size(a));
+  H5Aread(a, type, raw.data());
+  H5Aclose(a);
+  H5Fclose(f);
+  hid_t g = H5Fopen(to.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  hid_t root = H5Gopen2(g, "/", H5P_DEFAULT);
+  H5Adelete(root, name);
+  hid_t sp = H5Screate(H5S_SCALAR);
+  hid_t b = H5Acreate2(root, name, type, sp, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(b, type, raw.data());
+  H5Aclose(b);
+  H5Sclose(sp);
+  H5Tclose(type);
+  H5Gclose(root);
+  H5Fclose(g);
 }
 
 void copy_file(const std::string& from, const std::string& to) {
@@ -278,14 +301,45 @@ int run(const std::string& dir, int world_rank) {
         [&] { dt::load_checkpoint(*world, plain_dir + "/step-3.h5", got.tensors, &good); },
         {"checkpoint key:", "not encrypted"});
   });
+  // A plain checkpoint's root attributes carry a digest (meta_sha256): an altered step is refused
+  // by a load and reported by verify, as a damaged chunk is.
+  {
+    const std::string altered = bad_dir + "/plain-step.h5";
+    if (me == 0) {
+      copy_file(plain_dir + "/step-3.h5", altered);
+      set_step_attr(altered, 4);
+    }
+    world->barrier();
+    State got = make_state(9.0f);
+    expect_throw<dt::CheckpointError>(
+        "plain checkpoint with an altered step",
+        [&] { dt::load_checkpoint(*world, altered, got.tensors); },
+        {"plain-step.h5", "checksum mismatch in the root attributes", "meta_sha256"});
+    std::vector<std::string> p;
+    try {
+      p = dt::verify_file(*world, altered);
+    } catch (const dt::CheckpointError& e) {
+      p.push_back(e.message());
+    }
+    H.expect(p.size() == 1 && contains(p[0], "checksum mismatch in the root attributes"),
+             "verify reports an altered step", p.empty() ? "no problem reported" : p[0]);
+  }
   // Tampering by someone who can rewrite the digests: two chunks swapped with their digests and
-  // nonces; the step attribute changed.
+  // nonces; the step attribute changed together with its digest (meta_sha256 taken from a file
+  // whose meta data is the same but for step 4).
   const std::string swapped = bad_dir + "/swapped.h5", stepped = bad_dir + "/stepped.h5";
+  {
+    dt::CkptMeta m4 = meta;
+    m4.step = 4;
+    guarded("a plain file of step 4",
+            [&] { dt::save_checkpoint(*world, bad_dir + "/four", saved.tensors, m4, 1); });
+  }
   if (me == 0) {
     copy_file(file, swapped);
     swap_chunks(swapped, "/optim/exp_avg/a.weight", 2 * kC + 1);
     copy_file(file, stepped);
     set_step_attr(stepped, 4);
+    copy_root_attr(bad_dir + "/four/step-4.h5", stepped, "meta_sha256");
   }
   world->barrier();
   {
@@ -299,6 +353,9 @@ int run(const std::string& dir, int world_rank) {
     expect_throw<dt::CheckpointError>("load of swapped chunks",
                                       [&] { dt::load_checkpoint(*world, swapped, got.tensors, &good); },
                                       {"authentication failed"});
+    const auto p_step = dt::verify_file(*world, stepped);
+    H.expect(p_step.empty(), "an altered step with its digest passes the digests",
+             p_step.empty() ? "" : p_step[0]);
     expect_throw<dt::CheckpointError>("load with an altered step",
                                       [&] { dt::load_checkpoint(*world, stepped, got.tensors, &good); },
                                       {"fail authentication"});
