@@ -126,13 +126,14 @@ void swap_chunks(const std::string& file, const std::string& data_ds, std::size_
   H5Fclose(f);
 }
 
-void set_step_attr(const std::string& file, std::int64_t step) {
+void set_int_attr(const std::string& file, const char* name, std::int64_t v) {
   hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-  hid_t a = H5Aopen_by_name(f, "/", "step", H5P_DEFAULT, H5P_DEFAULT);
-  H5Awrite(a, H5T_NATIVE_INT64, &step);
+  hid_t a = H5Aopen_by_name(f, "/", name, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, H5T_NATIVE_INT64, &v);
   H5Aclose(a);
   H5Fclose(f);
 }
+void set_step_attr(const std::string& file, std::int64_t step) { set_int_attr(file, "step", step); }
 
 // Root attribute `name` of file `from` written over that of `to` (fixed-size types only).
 void copy_root_attr(const std::string& from, const std::string& to, const char* name) {
@@ -154,6 +155,14 @@ void copy_root_attr(const std::string& from, const std::string& to, const char* 
   H5Tclose(type);
   H5Gclose(root);
   H5Fclose(g);
+}
+
+// `file` as a format-version-1 writer left it: version 1, no meta_sha256.
+void make_version1(const std::string& file) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  H5Adelete_by_name(f, "/", "meta_sha256", H5P_DEFAULT);
+  H5Fclose(f);
+  set_int_attr(file, "format_version", 1);
 }
 
 void copy_file(const std::string& from, const std::string& to) {
@@ -323,6 +332,24 @@ int run(const std::string& dir, int world_rank) {
     }
     H.expect(p.size() == 1 && contains(p[0], "checksum mismatch in the root attributes"),
              "verify reports an altered step", p.empty() ? "no problem reported" : p[0]);
+    // A version-1 file has no digest of its root attributes and still loads; a version-2 file
+    // without one is refused.
+    const std::string v1 = bad_dir + "/plain-v1.h5", v2 = bad_dir + "/plain-v2-nodigest.h5";
+    if (me == 0) {
+      copy_file(plain_dir + "/step-3.h5", v1);
+      make_version1(v1);
+      copy_file(plain_dir + "/step-3.h5", v2);
+      make_version1(v2);
+      set_int_attr(v2, "format_version", 2);
+    }
+    world->barrier();
+    guarded("a version-1 file loads", [&] {
+      const dt::CkptMeta m = dt::load_checkpoint(*world, v1, got.tensors);
+      H.expect(m.step == 3 && same_bits(got, saved), "version-1 load", "values differ");
+    });
+    expect_throw<dt::CheckpointError>(
+        "a version-2 file without meta_sha256",
+        [&] { dt::load_checkpoint(*world, v2, got.tensors); }, {"meta_sha256 (missing)"});
   }
   // Tampering by someone who can rewrite the digests: two chunks swapped with their digests and
   // nonces; the step attribute changed together with its digest (meta_sha256 taken from a file
