@@ -95,8 +95,11 @@ void mkdirs(const std::string& dir) {
   if (!dir.empty() && dir[0] == '/') cur = "/";
   while (std::getline(is, part, '/')) {
     if (part.empty()) continue;
+    const std::string parent = cur.empty() ? "." : cur;
     cur += part + "/";
-    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
+    if (::mkdir(cur.c_str(), 0755) == 0)
+      fsync_path(parent, true);  // the new directory's entry is durable before anything in it
+    else if (errno != EEXIST)
       DT_THROW(CheckpointError, "cannot create checkpoint directory ", cur, ": ", errno_text());
   }
 }
@@ -953,6 +956,9 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     } catch (const Error& e) {
       ok = false;
       err = e.message();
+    } catch (const std::exception& e) {  // out of memory on this rank: the others must hear
+      ok = false;
+      err = e.what();
     }
     if (!all_ok(comm, ok))
       DT_THROW(CheckpointError, "encrypting ", partial, " failed",
@@ -1714,6 +1720,9 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
   for (const auto& path : order) {
     try {
       CkptMeta m = load_checkpoint(comm, path, tensors, keys);
+      const std::string base = path.substr(path.find_last_of('/') + 1);
+      DT_CHECK(CheckpointError, base == step_name(m.step), path, ": its step attribute is ", m.step,
+               ", not the step its name says (a file renamed or copied over another)");
       if (!latest.empty() && latest != path)
         log("the pointer " + dir + "/latest names " + latest + ", which is not usable; using " +
             path);

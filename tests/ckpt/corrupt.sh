@@ -5,6 +5,8 @@
 #                   is reported by name with "checksum mismatch" and the dataset; resumes at step 3
 #   truncated       step-6.h5 cut to half its size: reported by name; resumes at step 3
 #   latest_deleted  DIR/latest removed: reported; resumes from the newest valid file (step 6)
+#   renamed         step-3.h5 copied to step-9.h5, which latest names: skipped, its step attribute
+#                   named; resumes at step 6
 #   all_corrupt     both files damaged: both reported; the run refuses to start (exit 2) and
 #                   changes nothing; --ckpt.resume=none then starts from step 0 exactly like a
 #                   fresh run (initial weights, empty optimiser state) and sets the damaged files
@@ -72,6 +74,16 @@ case "$MODE" in
     expect_no_line R "skipping"
     steplog steps R.jsonl 7 8
     expect_latest D step-8.h5
+    ;;
+  renamed)
+    # A complete older file under a newer name, named by latest: its step attribute gives it away.
+    cp D/step-3.h5 D/step-9.h5
+    echo step-9.h5 >D/latest
+    train R 2 --train.steps=8 --ckpt.dir=D --train.log-file=R.jsonl
+    expect_rc R 0
+    expect_line R "skipping .*D/step-9\.h5: .*its step attribute is 3, not the step its name says"
+    expect_line R "resumed from .*D/step-6\.h5 at step 6 "
+    steplog steps R.jsonl 7 8
     ;;
   all_corrupt)
     corrupt_wte D/step-3.h5
