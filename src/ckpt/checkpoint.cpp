@@ -833,10 +833,25 @@ std::string to_hex(const std::uint8_t* p, std::size_t n) {
 }
 
 // The hex SHA-256 of the meta data (root attribute meta_sha256).
+// The hex SHA-256 of the meta data (root attribute meta_sha256).
 std::string meta_digest(const CkptMeta& m) {
   const std::string a = meta_aad(m);
   const Digest d = sha256(a.data(), a.size());
   return to_hex(d.data(), d.size());
+}
+
+// "PATH D0xD1...\n" for every dataset, in path order; its SHA-256 is the root attribute
+// manifest_sha256 (the list itself could outgrow an attribute).
+std::string manifest_text(const std::vector<std::pair<std::string, Shape>>& sets) {
+  std::vector<std::pair<std::string, Shape>> v = sets;
+  std::sort(v.begin(), v.end());
+  std::string out;
+  for (const auto& [name, shape] : v) {
+    out += name + " ";
+    for (std::size_t k = 0; k < shape.size(); ++k) out += (k ? "x" : "") + std::to_string(shape[k]);
+    out += "\n";
+  }
+  return out;
 }
 
 // Parses exactly n bytes of hex; false for anything else.
@@ -1137,7 +1152,15 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     write_attr(root, "layout", meta.layout, partial);
     write_attr(root, "dt_version", std::string(DT_VERSION), partial);
     write_attr(root, "chunk_elements", static_cast<std::int64_t>(kChunkElements), partial);
-    write_attr(root, "meta_sha256", meta_digest(meta), partial);
+    {
+      std::vector<std::pair<std::string, Shape>> sets;
+      for (const auto& t : tensors) sets.emplace_back(t.path, t.shape);
+      const std::string manifest = manifest_text(sets);
+      const Digest md = sha256(manifest.data(), manifest.size());
+      write_attr(root, "datasets", static_cast<std::int64_t>(sets.size()), partial);
+      write_attr(root, "manifest_sha256", to_hex(md.data(), md.size()), partial);
+      write_attr(root, "meta_sha256", meta_digest(meta), partial);
+    }
     if (keys) {
       write_attr(root, "encryption", std::string(kEncryption), partial);
       write_attr(root, "key_salt", salt_hex, partial);
@@ -1655,15 +1678,34 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path,
     std::optional<security::Aead> dec = open_crypto(o.file, path, keys, false, meta);
     std::vector<CkptTensor> ts;
     std::vector<std::vector<float>> bufs;
+    std::vector<std::pair<std::string, Shape>> present;
     for (const auto& name : all_datasets(o.file, path)) {
       H5 d(h5(H5Dopen2(o.file, name.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
       CkptTensor t;
       t.path = name;
       t.shape = dataset_shape(d, path);
+      present.emplace_back(name, t.shape);
       check_stored(d, name, t.shape, path);  // before allocating what the file declares
       bufs.emplace_back(t.numel());
       t.data = bufs.back().data();
       ts.push_back(t);
+    }
+    // Version 2: the datasets present (names and shapes) are the ones the save wrote.
+    {
+      H5 root(h5(H5Gopen2(o.file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
+      if (has_attr(root, "manifest_sha256") || read_int_attr(root, "format_version", path) >= 2) {
+        const std::string want = has_attr(root, "manifest_sha256")
+                                     ? read_string_attr(root, "manifest_sha256", path)
+                                     : "";
+        const std::int64_t saved =
+            has_attr(root, "datasets") ? read_int_attr(root, "datasets", path) : -1;
+        const std::string got = manifest_text(present);
+        const Digest gd = sha256(got.data(), got.size());
+        DT_CHECK(CheckpointError, want == to_hex(gd.data(), gd.size()), path, ": the ",
+                 present.size(), " datasets present (names and shapes) are not the ", saved,
+                 " the save wrote (manifest_sha256", want.empty() ? " missing" : "",
+                 "): a tensor was lost, added or reshaped");
+      }
     }
     return read_and_check(comm, o, path, ts, dec ? &*dec : nullptr);
   } catch (const CheckpointError& e) {

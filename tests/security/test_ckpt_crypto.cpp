@@ -157,10 +157,12 @@ void copy_root_attr(const std::string& from, const std::string& to, const char* 
   H5Fclose(g);
 }
 
-// `file` as a format-version-1 writer left it: version 1, no meta_sha256.
+// `file` as a format-version-1 writer left it: version 1, no meta_sha256, manifest_sha256 or
+// datasets.
 void make_version1(const std::string& file) {
   hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-  H5Adelete_by_name(f, "/", "meta_sha256", H5P_DEFAULT);
+  for (const char* a : {"meta_sha256", "manifest_sha256", "datasets"})
+    H5Adelete_by_name(f, "/", a, H5P_DEFAULT);
   H5Fclose(f);
   set_int_attr(file, "format_version", 1);
 }
@@ -346,10 +348,27 @@ int run(const std::string& dir, int world_rank) {
     guarded("a version-1 file loads", [&] {
       const dt::CkptMeta m = dt::load_checkpoint(*world, v1, got.tensors);
       H.expect(m.step == 3 && same_bits(got, saved), "version-1 load", "values differ");
+      const auto pv = dt::verify_file(*world, v1);
+      H.expect(pv.empty(), "a version-1 file verifies", pv.empty() ? "" : pv[0]);
     });
     expect_throw<dt::CheckpointError>(
         "a version-2 file without meta_sha256",
         [&] { dt::load_checkpoint(*world, v2, got.tensors); }, {"meta_sha256 (missing)"});
+    // A tensor lost with its digests: verify compares the datasets present with the digest of
+    // those the save wrote (manifest_sha256).
+    const std::string lost = bad_dir + "/plain-lost.h5";
+    if (me == 0) {
+      copy_file(plain_dir + "/step-3.h5", lost);
+      hid_t f = H5Fopen(lost.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+      H5Ldelete(f, "/optim/exp_avg/a.weight", H5P_DEFAULT);
+      H5Ldelete(f, "/checksums/optim/exp_avg/a.weight", H5P_DEFAULT);
+      H5Fclose(f);
+    }
+    world->barrier();
+    const auto pl = dt::verify_file(*world, lost);
+    H.expect(pl.size() == 1 && contains(pl[0], "datasets present (names and shapes) are not the") &&
+                 contains(pl[0], "a tensor was lost, added or reshaped"),
+             "verify reports a tensor lost with its digests", pl.empty() ? "no problem" : pl[0]);
   }
   // Tampering by someone who can rewrite the digests: two chunks swapped with their digests and
   // nonces; the step attribute changed together with its digest (meta_sha256 taken from a file
