@@ -432,9 +432,10 @@ int finish_on_host(void* ctx, const char* fn) {
   CU(ctx, fn, cudaStreamSynchronize(c->stream));
   if (e.limit <= 0)  // embedding_bwd knows no vocabulary size
     return fail(ctx, DT_HAL_ERR_INVALID, bad_entry(e.code), " ", e.value, " at position ",
-                e.position, " is negative (found on the device; that row was skipped)");
+                e.position, " is negative (found on the device; that row was not accumulated)");
   return fail(ctx, DT_HAL_ERR_INVALID, bad_entry(e.code), " ", e.value, " at position ", e.position,
-              " is outside [0, ", e.limit, ") (found on the device; that row was skipped)");
+              " is outside [0, ", e.limit,
+              ") (found on the device after the kernel ran: that row holds no result)");
 }
 
 int cuda_copy(void* ctx, void* dst, const void* src, size_t bytes, dt_hal_copy_kind kind) {

@@ -72,8 +72,10 @@ std::string errno_text() { return std::strerror(errno); }
 // stays as it is, and the text says so.
 std::string move_aside(const std::string& path) {
   std::string to = path + ".superseded";
-  for (int n = 2; ::access(to.c_str(), F_OK) == 0 && n < 1000; ++n)
+  for (int n = 2; ::access(to.c_str(), F_OK) == 0; ++n) {
+    if (n == 1000) return path + " (kept as it is: no free name " + path + ".superseded.N)";
     to = path + ".superseded." + std::to_string(n);
+  }
   if (::rename(path.c_str(), to.c_str()) != 0)
     return path + " (kept as it is: rename failed: " + errno_text() + ")";
   return to;
@@ -97,10 +99,14 @@ void mkdirs(const std::string& dir) {
     if (part.empty()) continue;
     const std::string parent = cur.empty() ? "." : cur;
     cur += part + "/";
-    if (::mkdir(cur.c_str(), 0755) == 0)
-      fsync_path(parent, true);  // the new directory's entry is durable before anything in it
-    else if (errno != EEXIST)
+    if (::mkdir(cur.c_str(), 0755) == 0) {
+      try {  // the new directory's entry made durable before anything in it, where it can be
+        fsync_path(parent, true);
+      } catch (const CheckpointError&) {  // a parent this process may not open: as before
+      }
+    } else if (errno != EEXIST) {
       DT_THROW(CheckpointError, "cannot create checkpoint directory ", cur, ": ", errno_text());
+    }
   }
 }
 
@@ -1172,7 +1178,14 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     ok = false;
     err = e.what();
   }
-  if (ok && after_write) after_write();
+  if (ok && after_write) {
+    try {
+      after_write();
+    } catch (const Error& e) {  // a test's injected failure: the ranks agree on it below
+      ok = false;
+      err = e.message();
+    }
+  }
   // Each rank makes what it wrote durable on its node before anything is committed.
   if (ok) {
     try {
@@ -1191,8 +1204,12 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     try {
       const trace::Scope commit_scope("ckpt.commit", "ckpt");
       // A checkpoint of this step already here is of another line of training: set aside too.
-      if (::access(final_path.c_str(), F_OK) == 0)
-        stats.set_aside.push_back(final_path + " -> " + move_aside(final_path));
+      if (::access(final_path.c_str(), F_OK) == 0) {
+        const std::string to = move_aside(final_path);
+        DT_CHECK(CheckpointError, ::access(final_path.c_str(), F_OK) != 0, "cannot set aside ",
+                 final_path, " (another line of training) before committing over it: ", to);
+        stats.set_aside.push_back(final_path + " -> " + to);
+      }
       DT_CHECK(CheckpointError, ::rename(partial.c_str(), final_path.c_str()) == 0, "rename ",
                partial, " -> ", final_path, ": ", errno_text());
       fsync_path(dir, true);
@@ -1762,9 +1779,12 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
   for (const auto& path : order) {
     try {
       CkptMeta m = load_checkpoint(comm, path, tensors, keys);
-      const std::string base = path.substr(path.find_last_of('/') + 1);
-      DT_CHECK(CheckpointError, base == step_name(m.step), path, ": its step attribute is ", m.step,
-               ", not the step its name says (a file renamed or copied over another)");
+      std::int64_t named = -1;
+      DT_CHECK(
+          CheckpointError,
+          parse_step(path.substr(path.find_last_of('/') + 1), ".h5", &named) && named == m.step,
+          path, ": its step attribute is ", m.step,
+          ", not the step its name says (a file renamed or copied over another)");
       if (!latest.empty() && latest != path)
         log("the pointer " + dir + "/latest names " + latest + ", which is not usable; using " +
             path);

@@ -1281,7 +1281,8 @@ std::string Trainer::resume_from_checkpoint() {
       [this](const std::string& line) { log("ckpt: " + line); },
       c_.ckpt_encrypt ? keys_.get() : nullptr);
   if (used.empty()) {
-    // Rejected candidates may have left their data in the buffers: start from clean weights.
+    // No checkpoint in the folder (resume refuses when some exist and none loads): start from
+    // clean weights all the same.
     host_state_.clear();
     init_weights();
     if (zero_) refresh_working_weights();  // the published weights into their 16-bit copy
@@ -1356,8 +1357,10 @@ void Trainer::save_checkpoint_now(bool sync) {
       // the checkpoint of this step as well.
       try {
         finish_checkpoints();
-      } catch (const CheckpointError& e) {
-        log("ckpt: warning: an earlier background save failed: " + e.message() + "; saving step " +
+      } catch (const std::exception& e) {
+        const auto* de = dynamic_cast<const Error*>(&e);
+        log("ckpt: warning: an earlier background save failed: " +
+            (de ? de->message() : std::string(e.what())) + "; saving step " +
             std::to_string(step_) + " now");
       }
     } else {
