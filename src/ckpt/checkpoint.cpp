@@ -332,16 +332,21 @@ std::vector<Share> replicated_shares(const std::vector<CkptTensor>& tensors, int
   return out;
 }
 
+// `text` of rank `root`, on every rank of `comm`.
+std::string broadcast_text(Comm& comm, std::string text, int root) {
+  std::int64_t len = static_cast<std::int64_t>(text.size());
+  comm.broadcast(view_of(&len, 1), root);
+  text.resize(static_cast<std::size_t>(len));
+  if (len > 0) comm.broadcast(TensorView{text.data(), text.size(), DType::u8}, root);
+  return text;
+}
+
 // Every rank learns the lowest rank whose `problem` is not empty, and its problem ("" if none).
 std::pair<int, std::string> first_problem(Comm& comm, const std::string& problem) {
   int who = problem.empty() ? comm.size() : comm.rank();
   comm.all_reduce(view_of(&who, 1), ReduceOp::min);
   if (who == comm.size()) return {who, ""};
-  std::int64_t len = static_cast<std::int64_t>(problem.size());
-  comm.broadcast(view_of(&len, 1), who);
-  std::string msg = who == comm.rank() ? problem : std::string(static_cast<std::size_t>(len), '\0');
-  if (len) comm.broadcast(TensorView{msg.data(), msg.size(), DType::u8}, who);
-  return {who, msg};
+  return {who, broadcast_text(comm, problem, who)};
 }
 
 // Move-only owner of an MPI datatype.
@@ -754,6 +759,10 @@ std::string read_string_attr(hid_t obj, const char* name, const std::string& fil
   v.resize(std::strlen(v.c_str()));
   return v;
 }
+/// Attribute `name` of `obj`, "" when it has none.
+std::string string_attr_or_empty(hid_t obj, const char* name, const std::string& file) {
+  return has_attr(obj, name) ? read_string_attr(obj, name, file) : "";
+}
 
 std::string checksum_path(const std::string& p) { return "/checksums" + p; }
 
@@ -838,25 +847,25 @@ std::string to_hex(const std::uint8_t* p, std::size_t n) {
   return s;
 }
 
-// The hex SHA-256 of the meta data (root attribute meta_sha256).
-// The hex SHA-256 of the meta data (root attribute meta_sha256).
-std::string meta_digest(const CkptMeta& m) {
-  const std::string a = meta_aad(m);
-  const Digest d = sha256(a.data(), a.size());
+// The hex SHA-256 of `s` (root attributes meta_sha256, of meta_aad, and manifest_sha256).
+std::string hex_sha256(const std::string& s) {
+  const Digest d = sha256(s.data(), s.size());
   return to_hex(d.data(), d.size());
 }
 
-// "PATH D0xD1...\n" for every dataset, in path order; its SHA-256 is the root attribute
-// manifest_sha256 (the list itself could outgrow an attribute).
-std::string manifest_text(const std::vector<std::pair<std::string, Shape>>& sets) {
-  std::vector<std::pair<std::string, Shape>> v = sets;
-  std::sort(v.begin(), v.end());
-  std::string out;
-  for (const auto& [name, shape] : v) {
-    out += name + " ";
-    for (std::size_t k = 0; k < shape.size(); ++k) out += (k ? "x" : "") + std::to_string(shape[k]);
-    out += "\n";
+// "PATH D0xD1...\n" for every tensor, in path order: what manifest_sha256 digests (the list
+// itself could outgrow an attribute).
+std::string manifest_text(const std::vector<CkptTensor>& tensors) {
+  std::vector<std::string> lines;
+  for (const auto& t : tensors) {
+    std::string l = t.path + " ";
+    for (std::size_t k = 0; k < t.shape.size(); ++k)
+      l += (k ? "x" : "") + std::to_string(t.shape[k]);
+    lines.push_back(l + "\n");
   }
+  std::sort(lines.begin(), lines.end());
+  std::string out;
+  for (const auto& l : lines) out += l;
   return out;
 }
 
@@ -1158,15 +1167,9 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     write_attr(root, "layout", meta.layout, partial);
     write_attr(root, "dt_version", std::string(DT_VERSION), partial);
     write_attr(root, "chunk_elements", static_cast<std::int64_t>(kChunkElements), partial);
-    {
-      std::vector<std::pair<std::string, Shape>> sets;
-      for (const auto& t : tensors) sets.emplace_back(t.path, t.shape);
-      const std::string manifest = manifest_text(sets);
-      const Digest md = sha256(manifest.data(), manifest.size());
-      write_attr(root, "datasets", static_cast<std::int64_t>(sets.size()), partial);
-      write_attr(root, "manifest_sha256", to_hex(md.data(), md.size()), partial);
-      write_attr(root, "meta_sha256", meta_digest(meta), partial);
-    }
+    write_attr(root, "datasets", static_cast<std::int64_t>(tensors.size()), partial);
+    write_attr(root, "manifest_sha256", hex_sha256(manifest_text(tensors)), partial);
+    write_attr(root, "meta_sha256", hex_sha256(meta_aad(meta)), partial);
     if (keys) {
       write_attr(root, "encryption", std::string(kEncryption), partial);
       write_attr(root, "key_salt", salt_hex, partial);
@@ -1315,6 +1318,7 @@ namespace {
 
 struct Opened {
   H5 fapl, file, dxpl;
+  std::int64_t version = 0;  ///< format_version
 };
 
 Opened open_read(MpiComm& mc, const std::string& path) {
@@ -1333,17 +1337,18 @@ Opened open_read(MpiComm& mc, const std::string& path) {
              ": not a readable HDF5 file (truncated or damaged): ", h5_message());
   o.dxpl = data_xfer(path);
   H5 root(h5(H5Gopen2(o.file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
-  const std::string fmt = has_attr(root, "format") ? read_string_attr(root, "format", path) : "";
+  const std::string fmt = string_attr_or_empty(root, "format", path);
   DT_CHECK(CheckpointError, fmt == kCheckpointFormat, path, ": not a dt checkpoint (format '", fmt,
            "')");
-  const auto v = read_int_attr(root, "format_version", path);
-  DT_CHECK(CheckpointError, v >= 1 && v <= kCheckpointVersion, path, ": format version ", v,
-           " is not supported (this dt reads up to ", kCheckpointVersion, ")");
+  o.version = read_int_attr(root, "format_version", path);
+  DT_CHECK(CheckpointError, o.version >= 1 && o.version <= kCheckpointVersion, path,
+           ": format version ", o.version, " is not supported (this dt reads up to ",
+           kCheckpointVersion, ")");
   return o;
 }
 
-CkptMeta read_meta(hid_t file, const std::string& path) {
-  H5 root(h5(H5Gopen2(file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
+CkptMeta read_meta(const Opened& o, const std::string& path) {
+  H5 root(h5(H5Gopen2(o.file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
   CkptMeta m;
   m.step = read_int_attr(root, "step", path);
   m.tokens = read_int_attr(root, "tokens", path);
@@ -1357,10 +1362,9 @@ CkptMeta read_meta(hid_t file, const std::string& path) {
   DT_CHECK(CheckpointError, ce == static_cast<std::int64_t>(kChunkElements), path, ": chunk size ",
            ce, " differs from this dt's ", kChunkElements);
   // Version 2 digests the meta data (version 1 wrote no digest).
-  if (read_int_attr(root, "format_version", path) >= 2 || has_attr(root, "meta_sha256")) {
-    const std::string want =
-        has_attr(root, "meta_sha256") ? read_string_attr(root, "meta_sha256", path) : "";
-    DT_CHECK(CheckpointError, want == meta_digest(m), path,
+  if (o.version >= 2) {
+    const std::string want = string_attr_or_empty(root, "meta_sha256", path);
+    DT_CHECK(CheckpointError, want == hex_sha256(meta_aad(m)), path,
              ": checksum mismatch in the root attributes (step, tokens, config, ...): they do not "
              "match meta_sha256",
              want.empty() ? " (missing)" : "", ": damaged");
@@ -1651,7 +1655,7 @@ CkptMeta load_checkpoint(Comm& comm, const std::string& path,
   if (bad_rank < comm.size())
     DT_THROW(CheckpointError, "loading ", path, ": rank ", bad_rank, ": ", bad);
   Opened o = open_read(mc, path);
-  CkptMeta meta = read_meta(o.file, path);
+  CkptMeta meta = read_meta(o, path);
   std::optional<security::Aead> dec = open_crypto(o.file, path, keys, true, meta);
   // The model must match: name every tensor that is missing, extra or shaped differently.
   std::vector<std::string> diff;
@@ -1691,38 +1695,30 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path,
   MpiComm& mc = mpi_of(comm);
   try {
     Opened o = open_read(mc, path);
-    const CkptMeta meta = read_meta(o.file, path);
+    const CkptMeta meta = read_meta(o, path);
     std::optional<security::Aead> dec = open_crypto(o.file, path, keys, false, meta);
     std::vector<CkptTensor> ts;
     std::vector<std::vector<float>> bufs;
-    std::vector<std::pair<std::string, Shape>> present;
     for (const auto& name : all_datasets(o.file, path)) {
       H5 d(h5(H5Dopen2(o.file, name.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
       CkptTensor t;
       t.path = name;
       t.shape = dataset_shape(d, path);
-      present.emplace_back(name, t.shape);
       check_stored(d, name, t.shape, path);  // before allocating what the file declares
       bufs.emplace_back(t.numel());
       t.data = bufs.back().data();
       ts.push_back(t);
     }
     // Version 2: the datasets present (names and shapes) are the ones the save wrote.
-    {
+    if (o.version >= 2) {
       H5 root(h5(H5Gopen2(o.file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
-      if (has_attr(root, "manifest_sha256") || read_int_attr(root, "format_version", path) >= 2) {
-        const std::string want = has_attr(root, "manifest_sha256")
-                                     ? read_string_attr(root, "manifest_sha256", path)
-                                     : "";
-        const std::int64_t saved =
-            has_attr(root, "datasets") ? read_int_attr(root, "datasets", path) : -1;
-        const std::string got = manifest_text(present);
-        const Digest gd = sha256(got.data(), got.size());
-        DT_CHECK(CheckpointError, want == to_hex(gd.data(), gd.size()), path, ": the ",
-                 present.size(), " datasets present (names and shapes) are not the ", saved,
-                 " the save wrote (manifest_sha256", want.empty() ? " missing" : "",
-                 "): a tensor was lost, added or reshaped");
-      }
+      const std::string want = string_attr_or_empty(root, "manifest_sha256", path);
+      const std::int64_t saved =
+          has_attr(root, "datasets") ? read_int_attr(root, "datasets", path) : -1;
+      DT_CHECK(CheckpointError, want == hex_sha256(manifest_text(ts)), path, ": the ", ts.size(),
+               " datasets present (names and shapes) are not the ", saved,
+               " the save wrote (manifest_sha256", want.empty() ? " missing" : "",
+               "): a tensor was lost, added or reshaped");
     }
     return read_and_check(comm, o, path, ts, dec ? &*dec : nullptr);
   } catch (const CheckpointError& e) {
@@ -1735,7 +1731,7 @@ std::string checkpoint_encryption(const std::string& path) {
   H5 f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (f.get() < 0) DT_THROW(CheckpointError, path, ": not a readable HDF5 file: ", h5_message());
   H5 root(h5(H5Gopen2(f, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
-  return has_attr(root, "encryption") ? read_string_attr(root, "encryption", path) : "";
+  return string_attr_or_empty(root, "encryption", path);
 }
 
 CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
@@ -1763,17 +1759,11 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
     for (const auto& e : all)
       if (e.path != latest) listing += e.path + "\n";
   }
-  std::int64_t len = static_cast<std::int64_t>(listing.size());
-  comm.broadcast(view_of(&len, 1), 0);
-  listing.resize(static_cast<std::size_t>(len));
-  if (len > 0) comm.broadcast(TensorView{listing.data(), listing.size(), DType::u8}, 0);
-  std::vector<std::string> order;
+  std::istringstream in(broadcast_text(comm, listing, 0));
   std::string latest;
-  {
-    std::istringstream in(listing);
-    std::getline(in, latest);
-    for (std::string line; std::getline(in, line);) order.push_back(line);
-  }
+  std::getline(in, latest);
+  std::vector<std::string> order;
+  for (std::string line; std::getline(in, line);) order.push_back(line);
   // A key error may be one file's damage: older files are tried, and it is thrown if none loads.
   std::string key_error;
   for (const auto& path : order) {
