@@ -82,8 +82,7 @@ int main(int argc, char** argv) {
     try {
       body();
     } catch (const std::exception& e) {
-      failed = e.what();
-      if (auto* de = dynamic_cast<const dt::Error*>(&e)) failed = de->message();
+      failed = dt::message_of(e);
     }
     int ok = failed.empty() ? 1 : 0;
     int all_ok = ok;

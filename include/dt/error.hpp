@@ -49,6 +49,12 @@ class InvalidArgument : public Error {
   using Error::Error;
 };
 
+/// The message of any exception: a dt::Error's without its source location, else what().
+inline std::string message_of(const std::exception& e) {
+  if (const auto* de = dynamic_cast<const Error*>(&e)) return de->message();
+  return e.what();
+}
+
 namespace detail {
 template <class... Parts>
 std::string concat(Parts&&... parts) {

@@ -1350,31 +1350,26 @@ void Trainer::save_checkpoint_now(bool sync) {
       DT_THROW(CheckpointError, "test.fail-save-at-step: the save of step ", step,
                " fails here (testing only)");
   };
-  if (async_) {
+  if (async_ && !sync) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (sync) {
-      // Draining (the job is about to end): a background save that failed earlier must not cost
-      // the checkpoint of this step as well.
-      try {
-        finish_checkpoints();
-      } catch (const std::exception& e) {
-        const auto* de = dynamic_cast<const Error*>(&e);
-        log("ckpt: warning: an earlier background save failed: " +
-            (de ? de->message() : std::string(e.what())) + "; saving step " +
-            std::to_string(step_) + " now");
-      }
-    } else {
+    finish_checkpoints();
+    const double blocked =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
+        async_->save(state_tensors(), meta, fail_here);
+    obs_->on_checkpoint_blocked(blocked);
+    std::snprintf(line, sizeof line, "ckpt: step %ld: snapshot taken, blocked %.1f ms",
+                  static_cast<long>(step_), blocked * 1e3);
+    log(line);
+    return;
+  }
+  if (async_) {
+    // Draining (sync: the job is about to end): a background save that failed earlier must not
+    // cost the checkpoint of this step as well.
+    try {
       finish_checkpoints();
-    }
-    if (!sync) {
-      const double blocked =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
-          async_->save(state_tensors(), meta, fail_here);
-      obs_->on_checkpoint_blocked(blocked);
-      std::snprintf(line, sizeof line, "ckpt: step %ld: snapshot taken, blocked %.1f ms",
-                    static_cast<long>(step_), blocked * 1e3);
-      log(line);
-      return;
+    } catch (const std::exception& e) {
+      log("ckpt: warning: an earlier background save failed: " + message_of(e) + "; saving step " +
+          std::to_string(step_) + " now");
     }
   }
   const bool die = c_.test_kill_during_save == comm_.rank();
