@@ -462,22 +462,22 @@ int cuda_copy(void* ctx, void* dst, const void* src, size_t bytes, dt_hal_copy_k
   // The host reads or reuses its buffer on return (the version-1 contract, as on the CPU device):
   // a copy to the host waits for its data, and one from the host would read it when the graph
   // runs, so neither can be part of a graph.
-  if (kind == DT_HAL_DEVICE_TO_HOST)
-    DT_HAL_TRY(refuse_in_capture(ctx, "copy", "a copy to host memory"));
-  if (kind == DT_HAL_HOST_TO_DEVICE)
-    DT_HAL_TRY(refuse_in_capture(ctx, "copy", "a copy from host memory"));
+  if (kind != DT_HAL_DEVICE_TO_DEVICE)
+    DT_HAL_TRY(refuse_in_capture(
+        ctx, "copy",
+        kind == DT_HAL_DEVICE_TO_HOST ? "a copy to host memory" : "a copy from host memory"));
   CU(ctx, "copy", cudaMemcpyAsync(dst, src, bytes, k, s));
   if (kind == DT_HAL_DEVICE_TO_HOST) return finish_on_host(ctx, "copy");
-  bool wait = false;
   if (kind == DT_HAL_HOST_TO_DEVICE) {
     // From pageable memory the call returns once the source is staged; from page-locked memory
     // (registered by MPI or UCX, say) only once the copy is queued: wait, so the caller may
     // reuse the buffer at once.
     cudaPointerAttributes a{};
-    wait = cudaPointerGetAttributes(&a, src) == cudaSuccess && a.type == cudaMemoryTypeHost;
+    const bool locked =
+        cudaPointerGetAttributes(&a, src) == cudaSuccess && a.type == cudaMemoryTypeHost;
     (void)cudaGetLastError();
+    if (locked) CU(ctx, "copy", cudaStreamSynchronize(s));
   }
-  if (wait) CU(ctx, "copy", cudaStreamSynchronize(s));
   return DT_HAL_OK;
 }
 

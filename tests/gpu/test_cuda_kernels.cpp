@@ -96,6 +96,14 @@ struct Rig {
   }
 };
 
+// Reports `what`: an entry returned `rc`, which must be DT_HAL_ERR_INVALID with a last error
+// that holds `needle`.
+void report_invalid(Rig& r, const std::string& what, int rc, const std::string& needle) {
+  const std::string msg = r.gpu.table2().v1.last_error(r.gpu.ctx());
+  report(what, rc == DT_HAL_ERR_INVALID && msg.find(needle) != std::string::npos,
+         "rc " + std::to_string(rc) + ": " + msg);
+}
+
 // Per-element first-order bound of a row-major product op(A) op(B), from the inputs.
 std::vector<double> gemm_mag(int ta, int tb, int64_t M, int64_t N, int64_t K,
                              const std::vector<float>& A, const std::vector<float>& B) {
@@ -414,16 +422,9 @@ void test_layers(Rig& r) {
     r.gpu.call(&dt_hal_v1_t::embedding_fwd, "embedding_fwd", demb.as<float>(),
                dbad.as<const std::int32_t>(), dwte.as<const float>(), dwpe.as<const float>(), B, T,
                Cc, V);
-    std::string msg;
-    try {
-      r.gpu.call(&dt_hal_v1_t::synchronize, "synchronize");
-    } catch (const dt::DeviceError& e) {
-      msg = e.message();
-    }
-    report(
-        "embedding_fwd reports a bad token at synchronize",
-        msg.find("embedding_fwd: token 999 at position 5 is outside [0, 67)") != std::string::npos,
-        msg);
+    report_invalid(r, "embedding_fwd reports a bad token at synchronize",
+                   r.gpu.table2().v1.synchronize(r.gpu.ctx()),
+                   "embedding_fwd: token 999 at position 5 is outside [0, 67)");
   }
   // A copy to the host waits for the device too, and reports it the same way (the copy is done);
   // once reported it is cleared.
@@ -436,14 +437,10 @@ void test_layers(Rig& r) {
                dbad.as<const std::int32_t>(), dwte.as<const float>(), dwpe.as<const float>(), B, T,
                Cc, V);
     std::vector<float> host(static_cast<std::size_t>(BT * Cc), -1.0f);
-    const int rc = v1.copy(r.gpu.ctx(), host.data(), demb.get(), host.size() * sizeof(float),
-                           DT_HAL_DEVICE_TO_HOST);
-    const std::string msg = v1.last_error(r.gpu.ctx());
-    report("a copy to the host reports a bad token",
-           rc == DT_HAL_ERR_INVALID &&
-               msg.find("embedding_fwd: token -7 at position 3 is outside [0, 67)") !=
-                   std::string::npos,
-           "rc " + std::to_string(rc) + ": " + msg);
+    report_invalid(r, "a copy to the host reports a bad token",
+                   v1.copy(r.gpu.ctx(), host.data(), demb.get(), host.size() * sizeof(float),
+                           DT_HAL_DEVICE_TO_HOST),
+                   "embedding_fwd: token -7 at position 3 is outside [0, 67)");
     bool zeroed = true;
     for (int64_t c = 0; c < Cc; ++c)
       zeroed = zeroed && host[static_cast<std::size_t>(3 * Cc + c)] == 0.0f;
@@ -517,13 +514,9 @@ void test_layers(Rig& r) {
     r.gpu.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dd.as<float>(),
                dp.as<const float>(), dtg.as<const std::int32_t>(), 1.0f, BT, V);
     double ss = 0;
-    const int rc = v1.sum_squares(r.gpu.ctx(), dd.as<const float>(), V, &ss);
-    const std::string msg = v1.last_error(r.gpu.ctx());
-    report("sum_squares reports a bad target of softmax_xent_bwd",
-           rc == DT_HAL_ERR_INVALID &&
-               msg.find("softmax_xent_bwd: target 67 at position 4 is outside [0, 67)") !=
-                   std::string::npos,
-           "rc " + std::to_string(rc) + ": " + msg);
+    report_invalid(r, "sum_squares reports a bad target of softmax_xent_bwd",
+                   v1.sum_squares(r.gpu.ctx(), dd.as<const float>(), V, &ss),
+                   "softmax_xent_bwd: target 67 at position 4 is outside [0, 67)");
     const std::vector<float> got = r.down<float>(dd, BT * V);
     bool zero = true, written = true;
     for (int64_t j = 0; j < V; ++j) {
