@@ -2,7 +2,8 @@
 # ckpt.corrupt_byte / ckpt.truncated / ckpt.latest_deleted / ckpt.all_corrupt (MODE): auto-resume
 # from a checkpoint directory holding step-3.h5 and step-6.h5 after damage:
 #   corrupt_byte    one byte of /model/transformer.wte.weight's data in step-6.h5 flipped: step-6.h5
-#                   is reported by name with "checksum mismatch" and the dataset; resumes at step 3
+#                   is reported by name with "checksum mismatch" and the dataset; resumes at step 3,
+#                   and its own step-6.h5 replaces the damaged one, which is set aside unchanged
 #   truncated       step-6.h5 cut to half its size: reported by name; resumes at step 3
 #   latest_deleted  DIR/latest removed: reported; resumes from the newest valid file (step 6)
 #   renamed         step-3.h5 copied to step-9.h5, which latest names: skipped, its step attribute
@@ -11,7 +12,6 @@
 #                   changes nothing; --ckpt.resume=none then starts from step 0 exactly like a
 #                   fresh run (initial weights, empty optimiser state) and sets the damaged files
 #                   aside (*.superseded) as it saves its own
-#   corrupt_byte also: the resumed run's step-6.h5 replaces the damaged one, which is set aside
 # A resumed run continues the original run's losses (within 1e-5 relative).
 source "$(dirname "$0")/lib.sh"
 

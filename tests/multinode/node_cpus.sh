@@ -17,8 +17,9 @@ if [ "$(tr ',' '\n' <<<"$allowed" | wc -l)" -lt 2 ]; then
   echo "node_cpus: one CPU allowed, nothing to share out; skipped"
   exit 77
 fi
-TOPO=$out python3 - "$allowed" <<'PY'
+TOPO=$out PYTHONPATH=$here python3 - "$allowed" <<'PY'
 import os, re, sys
+from cpus import core
 allowed = set(int(c) for c in sys.argv[1].split(","))
 def cpus(text):  # "0-1,3" -> {0, 1, 3}
     s = set()
@@ -49,15 +50,7 @@ if a & b:
 if a | b != allowed:
     sys.exit(f"FAIL: dtn1 {sorted(a)} and dtn2 {sorted(b)} are not the allowed CPUs {sorted(allowed)}")
 def cores(cpus):  # the physical cores (package, core) of a set of CPUs
-    out = set()
-    for c in cpus:
-        base = f"/sys/devices/system/cpu/cpu{c}/topology/"
-        try:
-            out.add((open(base + "physical_package_id").read().strip(),
-                     open(base + "core_id").read().strip()))
-        except OSError:
-            out.add(("?", str(c)))
-    return out
+    return {core(c) for c in cpus}
 if len(cores(allowed)) >= 2 and cores(a) & cores(b):
     sys.exit(f"FAIL: dtn1 (CPUs {sorted(a)}) and dtn2 (CPUs {sorted(b)}) share physical cores")
 print(f"node_cpus: dtn1 on CPUs {sorted(a)}, dtn2 on CPUs {sorted(b)} of {sorted(allowed)}: ok")
