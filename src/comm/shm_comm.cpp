@@ -24,7 +24,44 @@ namespace {
 constexpr std::size_t kCtlBytes = 4096;
 constexpr std::size_t kAlign = 4096;
 
-std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+constexpr std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+// A rank's segment: [control | two small slots | staging | arena]; a small slot is a header
+// (SlotHead, in its own cache line) and kSmallBytes of data.
+constexpr std::size_t kSlotHead = 64;
+constexpr std::size_t kSlotStride = kSlotHead + ShmComm::kSmallBytes;
+constexpr std::size_t kStagingOff = round_up(kCtlBytes + 2 * kSlotStride, kAlign);
+// ctl.off of a rank on the small path (no region offset is this large), so that a peer on the
+// other path sees the disagreement.
+constexpr std::uint64_t kSmallMark = ~std::uint64_t{0};
+
+// Which call a rank made on the small path, written before its `arrive` (release) and read by the
+// peers after theirs (acquire). A slot is rewritten two collectives later, which no rank reaches
+// before every peer has arrived at the next one.
+struct SlotHead {
+  std::uint64_t seq, kind, n;
+};
+
+enum SmallOp : std::uint64_t { kAllReduce, kBroadcast, kAllGather, kReduceScatter };
+
+// kind: the collective, its dtype, and its reduce op or root.
+std::uint64_t small_kind(SmallOp c, DType t, std::uint64_t arg) {
+  return (static_cast<std::uint64_t>(c) << 48) | (static_cast<std::uint64_t>(t) << 40) | arg;
+}
+
+std::string small_call(std::uint64_t kind, std::uint64_t n) {
+  static const char* const names[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter"};
+  const std::uint64_t c = kind >> 48, t = (kind >> 40) & 0xFF, arg = kind & 0xFFFFFFFFFFu;
+  std::ostringstream s;
+  s << (c < 4 ? names[c] : "?") << "("
+    << (t < std::size(kAllDTypes) ? dtype_name(static_cast<DType>(t)) : "?") << " x " << n;
+  if (c == kBroadcast)
+    s << ", root " << arg;
+  else if (c != kAllGather && arg < 4)
+    s << ", " << reduce_op_name(static_cast<ReduceOp>(arg));
+  s << ")";
+  return s.str();
+}
 
 std::uint64_t pack(std::uint64_t seq, std::uint64_t chunks) { return (seq << 32) | chunks; }
 
@@ -61,6 +98,7 @@ std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name
     c->local_ = c->local_->split_mpi(sim, rank);
   }
   const int L = c->local_->size(), me = c->local_->rank();
+  c->ins_.resize(static_cast<std::size_t>(L));
   DT_CHECK(InvalidArgument, cfg.staging_bytes >= 8 * static_cast<std::size_t>(L),
            "shared-memory communicator ", c->name_, ": a staging area of ", cfg.staging_bytes,
            " bytes cannot hold one 8-byte element per local rank (", L, ")");
@@ -75,7 +113,7 @@ std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name
 
   // One POSIX shared-memory object per node: L segments of [control | staging | arena].
   c->seg_bytes_ =
-      kCtlBytes + round_up(cfg.staging_bytes, kAlign) + round_up(cfg.arena_bytes, kAlign);
+      kStagingOff + round_up(cfg.staging_bytes, kAlign) + round_up(cfg.arena_bytes, kAlign);
   std::string err;
   c->shm_ =
       ShmSegment::create(*c->local_, c->seg_bytes_ * static_cast<std::size_t>(L), "dt-shm", &err);
@@ -83,7 +121,7 @@ std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name
     for (int q = 0; q < L; ++q)
       c->bases_.push_back(c->shm_.data() + c->seg_bytes_ * static_cast<std::size_t>(q));
     new (c->seg(me)) Control();
-    c->arena_ = c->seg(me) + kCtlBytes + round_up(cfg.staging_bytes, kAlign);
+    c->arena_ = c->seg(me) + kStagingOff + round_up(cfg.staging_bytes, kAlign);
   }
   // Every rank learns whether every rank of the job has its segment before anyone uses it.
   int ok = err.empty() ? 1 : 0;
@@ -105,7 +143,7 @@ ShmComm::Control& ShmComm::ctl(int q) const noexcept {
   return *std::launder(reinterpret_cast<Control*>(seg(q)));
 }
 
-std::size_t ShmComm::staging_off() const noexcept { return kCtlBytes; }
+std::size_t ShmComm::staging_off() const noexcept { return kStagingOff; }
 
 std::size_t ShmComm::region_off(const void* p, std::size_t bytes) const noexcept {
   const char* c = static_cast<const char*>(p);
@@ -115,9 +153,19 @@ std::size_t ShmComm::region_off(const void* p, std::size_t bytes) const noexcept
 
 bool ShmComm::use_shm(std::size_t bytes) const noexcept { return bytes >= cfg_.min_bytes; }
 
+bool ShmComm::small(std::size_t contribution) const noexcept {
+  return nodes_ == 1 && contribution <= kSmallBytes &&
+         contribution * static_cast<std::size_t>(local_->size()) <= kSmallTotal;
+}
+
 const char* ShmComm::path(const char* op, std::size_t bytes) const noexcept {
   if (!use_shm(bytes)) return "mpi";
-  if (nodes_ == 1) return "shm";
+  if (nodes_ == 1) {
+    const bool scatter = std::strcmp(op, "reduce_scatter") == 0;
+    const std::size_t L = static_cast<std::size_t>(local_->size());
+    if (scatter && bytes > kSmallBytes) return "shm";  // (the product below could overflow)
+    return small(scatter ? bytes * L : bytes) ? "shm-small" : "shm";
+  }
   return std::strcmp(op, "all_reduce") == 0 && cross_ ? "hier" : "mpi";
 }
 
@@ -149,7 +197,8 @@ void ShmComm::arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n) {
       broken_ = true;
       DT_THROW(CommError, "collective #", seq, " on ", name_, ": local rank ", local_->rank(),
                " passed ", n, " elements at segment offset ", off, ", local rank ", q, " passed ",
-               qn, " at ", qo, " (all ranks must call the same collectives with the same sizes, ",
+               qn, qo == kSmallMark ? " on the small-message path" : " at " + std::to_string(qo),
+               " (all ranks must call the same collectives with the same sizes, ",
                "with buffers either all in the arena at the same offset or all outside it)");
     }
   }
@@ -158,6 +207,31 @@ void ShmComm::arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n) {
 void ShmComm::depart(std::uint64_t seq) {
   ctl(local_->rank()).done.store(seq, std::memory_order_release);
   for (int q = 0; q < local_->size(); ++q) wait_ge(ctl(q).done, seq);
+}
+
+char* ShmComm::small_slot(int q, std::uint64_t seq) const noexcept {
+  return seg(q) + kCtlBytes + (seq & 1) * kSlotStride + kSlotHead;
+}
+
+void ShmComm::arrive_small(std::uint64_t seq, std::uint64_t kind, std::uint64_t n) {
+  const int me = local_->rank();
+  auto* head = reinterpret_cast<SlotHead*>(small_slot(me, seq) - kSlotHead);
+  *head = SlotHead{seq, kind, n};
+  Control& mine = ctl(me);
+  mine.off.store(kSmallMark, std::memory_order_relaxed);
+  mine.n.store(n, std::memory_order_relaxed);
+  mine.arrive.store(seq, std::memory_order_release);
+  for (int q = 0; q < local_->size(); ++q) {
+    wait_ge(ctl(q).arrive, seq);
+    const auto* h = reinterpret_cast<const SlotHead*>(small_slot(q, seq) - kSlotHead);
+    if (h->seq == seq && h->kind == kind && h->n == n) continue;
+    broken_ = true;
+    DT_THROW(CommError, "collective #", seq, " on ", name_, ": local rank ", me, " called ",
+             small_call(kind, n), ", local rank ", q, " ",
+             h->seq == seq ? "called " + small_call(h->kind, h->n)
+                           : std::string("called a collective of another size or kind"),
+             " (all ranks must call the same collectives with the same sizes)");
+  }
 }
 
 // --- all_reduce ----------------------------------------------------------------------------------
@@ -173,7 +247,7 @@ void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op
   const bool hier = cross_ != nullptr;
   const ReduceOp local_op = op == ReduceOp::avg ? ReduceOp::sum : op;
   const int divisor = op == ReduceOp::avg && !hier ? L : 1;
-  std::vector<const void*> ins(static_cast<std::size_t>(L));
+  std::vector<const void*>& ins = ins_;
 
   // All-gather state: per local rank, the next element of its slice to copy out to `dest`.
   char* d = static_cast<char*>(dest);
@@ -237,13 +311,23 @@ void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op
 void ShmComm::do_all_reduce(TensorView buf, ReduceOp op, const Form& dl) {
   check_usable("all_reduce");
   const std::size_t bytes = buf.nbytes();
-  const watchdog::OpRecord rec(name_, ++calls_, "all_reduce", path("all_reduce", bytes), buf.dtype,
-                               buf.numel);
-  if (std::strcmp(path("all_reduce", bytes), "mpi") == 0) {
+  const char* how = path("all_reduce", bytes);
+  const watchdog::OpRecord rec(name_, ++calls_, "all_reduce", how, buf.dtype, buf.numel);
+  if (std::strcmp(how, "mpi") == 0) {
     if (!dl.nonblocking)
       mpi_->all_reduce(buf, op);
     else
       mpi_->iall_reduce(buf, op).wait();
+    return;
+  }
+  if (std::strcmp(how, "shm-small") == 0) {
+    const std::uint64_t seq = ++seq_;
+    const int L = local_->size();
+    copy_bytes(small_slot(local_->rank(), seq), buf.data, bytes);
+    arrive_small(seq, small_kind(kAllReduce, buf.dtype, static_cast<std::uint64_t>(op)), buf.numel);
+    for (int q = 0; q < L; ++q) ins_[static_cast<std::size_t>(q)] = small_slot(q, seq);
+    reduce_elements(buf.dtype, op, buf.data, ins_.data(), L, buf.numel,
+                    op == ReduceOp::avg ? L : 1);
     return;
   }
   const std::size_t off = region_off(buf.data, bytes);
@@ -290,9 +374,9 @@ void ShmComm::check_scatter(ConstTensorView in, ConstTensorView out) const {
 void ShmComm::do_broadcast(TensorView buf, int root, const Form& dl) {
   check_usable("broadcast");
   check_root(root);
-  const watchdog::OpRecord rec(name_, ++calls_, "broadcast", path("broadcast", buf.nbytes()),
-                               buf.dtype, buf.numel);
-  if (std::strcmp(path("broadcast", buf.nbytes()), "mpi") == 0) {
+  const char* how = path("broadcast", buf.nbytes());
+  const watchdog::OpRecord rec(name_, ++calls_, "broadcast", how, buf.dtype, buf.numel);
+  if (std::strcmp(how, "mpi") == 0) {
     if (!dl.nonblocking)
       mpi_->broadcast(buf, root);
     else
@@ -300,10 +384,18 @@ void ShmComm::do_broadcast(TensorView buf, int root, const Form& dl) {
     return;
   }
   // One node: local rank == rank.
+  const int me = local_->rank();
+  if (std::strcmp(how, "shm-small") == 0) {
+    const std::uint64_t seq = ++seq_;
+    if (me == root) copy_bytes(small_slot(me, seq), buf.data, buf.nbytes());
+    arrive_small(seq, small_kind(kBroadcast, buf.dtype, static_cast<std::uint64_t>(root)),
+                 buf.numel);
+    if (me != root) copy_bytes(buf.data, small_slot(root, seq), buf.nbytes());
+    return;
+  }
   const std::size_t es = dtype_size(buf.dtype);
   const std::size_t piece = std::max<std::size_t>(1, cfg_.staging_bytes / es);
   char* p = static_cast<char*>(buf.data);
-  const int me = local_->rank();
   std::size_t b = 0;
   do {
     const std::size_t cnt = std::min(piece, buf.numel - b);
@@ -319,9 +411,9 @@ void ShmComm::do_broadcast(TensorView buf, int root, const Form& dl) {
 void ShmComm::do_all_gather(ConstTensorView in, TensorView out, const Form& dl) {
   check_usable("all_gather");
   check_gather(in, out);
-  const watchdog::OpRecord rec(name_, ++calls_, "all_gather", path("all_gather", in.nbytes()),
-                               in.dtype, in.numel);
-  if (std::strcmp(path("all_gather", in.nbytes()), "mpi") == 0) {
+  const char* how = path("all_gather", in.nbytes());
+  const watchdog::OpRecord rec(name_, ++calls_, "all_gather", how, in.dtype, in.numel);
+  if (std::strcmp(how, "mpi") == 0) {
     if (!dl.nonblocking)
       mpi_->all_gather(in, out);
     else
@@ -329,10 +421,18 @@ void ShmComm::do_all_gather(ConstTensorView in, TensorView out, const Form& dl) 
     return;
   }
   const std::size_t es = dtype_size(in.dtype), m = in.numel;
-  const std::size_t piece = std::max<std::size_t>(1, cfg_.staging_bytes / es);
   const char* src = static_cast<const char*>(in.data);
   char* o = static_cast<char*>(out.data);
   const int L = local_->size(), me = local_->rank();
+  if (std::strcmp(how, "shm-small") == 0) {
+    const std::uint64_t seq = ++seq_;
+    copy_bytes(small_slot(me, seq), src, m * es);
+    arrive_small(seq, small_kind(kAllGather, in.dtype, 0), m);
+    for (int q = 0; q < L; ++q)
+      copy_bytes(o + static_cast<std::size_t>(q) * m * es, small_slot(q, seq), m * es);
+    return;
+  }
+  const std::size_t piece = std::max<std::size_t>(1, cfg_.staging_bytes / es);
   std::size_t b = 0;
   do {
     const std::size_t cnt = std::min(piece, m - b);
@@ -349,12 +449,12 @@ void ShmComm::do_all_gather(ConstTensorView in, TensorView out, const Form& dl) 
 void ShmComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op, const Form& dl) {
   check_usable("reduce_scatter");
   check_scatter(in, out);
-  const watchdog::OpRecord rec(name_, ++calls_, "reduce_scatter",
-                               path("reduce_scatter", out.nbytes()), in.dtype, in.numel);
+  const char* how = path("reduce_scatter", out.nbytes());
+  const watchdog::OpRecord rec(name_, ++calls_, "reduce_scatter", how, in.dtype, in.numel);
   const std::size_t es = dtype_size(in.dtype), m = out.numel;
   const int L = local_->size(), me = local_->rank();
   const std::size_t piece = cfg_.staging_bytes / (es * static_cast<std::size_t>(L));  // >= 1
-  if (std::strcmp(path("reduce_scatter", out.nbytes()), "mpi") == 0) {
+  if (std::strcmp(how, "mpi") == 0) {
     if (!dl.nonblocking)
       mpi_->reduce_scatter(in, out, op);
     else
@@ -363,8 +463,17 @@ void ShmComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
   }
   const char* src = static_cast<const char*>(in.data);
   char* o = static_cast<char*>(out.data);
+  std::vector<const void*>& ins = ins_;
+  if (std::strcmp(how, "shm-small") == 0) {
+    const std::uint64_t seq = ++seq_;
+    copy_bytes(small_slot(me, seq), src, in.nbytes());
+    arrive_small(seq, small_kind(kReduceScatter, in.dtype, static_cast<std::uint64_t>(op)), m);
+    for (int q = 0; q < L; ++q)
+      ins[static_cast<std::size_t>(q)] = small_slot(q, seq) + static_cast<std::size_t>(me) * m * es;
+    reduce_elements(in.dtype, op, o, ins.data(), L, m, op == ReduceOp::avg ? L : 1);
+    return;
+  }
   char* stage = seg(me) + staging_off();
-  std::vector<const void*> ins(static_cast<std::size_t>(L));
   std::size_t b = 0;
   do {
     const std::size_t cnt = std::min(piece, m - b);

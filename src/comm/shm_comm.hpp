@@ -11,8 +11,16 @@
 // is published (every local rank leads the inter-node traffic of its slice). Synchronisation is by
 // sequence numbers in the segment: no MPI call on the fast path.
 //
+// Small collectives on one node (at most kSmallBytes from each rank, and kSmallTotal from all)
+// take one synchronisation instead of three: each rank copies its part into one of two small
+// slots beside its control block, arrives, and reads what it needs straight from the peers' slots
+// (every rank reduces the whole buffer itself). The slots alternate by sequence number, so no rank
+// waits for the others to leave: a rank that runs ahead into the next collective writes the other
+// slot, and cannot reach the one after (which reuses this slot) before every peer has arrived
+// there, that is, finished reading this one.
+//
 // Results: the reduction order per element is fixed (local ranks in order, then MPI's order across
-// nodes), so a buffer gives the same bits whether reduced whole or cut into pieces.
+// nodes), so a buffer gives the same bits whether reduced whole or cut into pieces, small or not.
 //
 // Used for all_reduce, all_gather, reduce_scatter and broadcast when the communicator is one node
 // (all_reduce also across nodes when every node has the same number of ranks) and the message is
@@ -57,6 +65,12 @@ struct ShmConfig {
 
 class ShmComm final : public Comm {
  public:
+  /// Largest contribution of one rank (bytes) that takes the small path.
+  static constexpr std::size_t kSmallBytes = 4096;
+  /// Largest sum of all local ranks' contributions that takes the small path: every rank reads
+  /// all of them, so the bound shrinks with the ranks of a node (1 KiB each with 64).
+  static constexpr std::size_t kSmallTotal = 64 << 10;
+
   /// Collective over `parent` (which it duplicates). Throws dt::CommError when the segment cannot
   /// be created or mapped (naming the size and the system error).
   static std::unique_ptr<ShmComm> create(const MpiComm& parent, std::string name,
@@ -75,7 +89,8 @@ class ShmComm final : public Comm {
   int num_nodes() const noexcept { return nodes_; }
   /// True when all_reduce runs hierarchically across nodes (else MPI when num_nodes() > 1).
   bool hierarchical() const noexcept { return cross_ != nullptr; }
-  /// Which path a collective of `bytes` takes: "shm", "hier" or "mpi".
+  /// Which path a collective of `bytes` takes: "shm-small", "shm", "hier" or "mpi". `bytes` is
+  /// the buffer of all_reduce and broadcast, the input of all_gather, the output of reduce_scatter.
   const char* path(const char* op, std::size_t bytes) const noexcept;
 
   Work iall_reduce(TensorView buf, ReduceOp op) override;
@@ -120,6 +135,11 @@ class ShmComm final : public Comm {
   // Publish "arrived at op seq with (off, n)" and wait until every local rank has.
   void arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n);
   void depart(std::uint64_t seq);
+  // The small path: this rank's slot of collective `seq`, any rank's; `arrive_small` publishes
+  // this rank's call (`kind`, n elements) and waits until every local rank has made the same one.
+  char* small_slot(int q, std::uint64_t seq) const noexcept;
+  void arrive_small(std::uint64_t seq, std::uint64_t kind, std::uint64_t n);
+  bool small(std::size_t contribution) const noexcept;
   char* seg(int q) const noexcept { return bases_[static_cast<std::size_t>(q)]; }
   Control& ctl(int q) const noexcept;
   std::size_t staging_off() const noexcept;
@@ -138,6 +158,7 @@ class ShmComm final : public Comm {
   ShmSegment shm_;
   std::size_t seg_bytes_ = 0;
   std::vector<char*> bases_;
+  std::vector<const void*> ins_;  // the inputs of one reduction, one per local rank
   char* arena_ = nullptr;
   std::uint64_t seq_ = 0;    // synchronisation rounds through the segment
   std::uint64_t calls_ = 0;  // collectives called (the flight recorder's sequence numbers)

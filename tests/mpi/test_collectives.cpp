@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <initializer_list>
@@ -899,20 +900,170 @@ void check_arena(dt::ShmComm& c) {
 
 // Ranks that disagree about the buffer (arena on some, not on others) get an error, not a hang
 // or wrong data; the communicator is unusable afterwards, so this runs last. Only meaningful
-// with two or more ranks on a node.
+// with two or more ranks on a node. (A small message ignores the arena: it is copied anyway.)
 void check_arena_mismatch(dt::ShmComm& c) {
-  if (c.local_size() > 1 && c.path("all_reduce", 4096) != std::string("mpi")) {
-    std::vector<float> outside(1024, 1.0f);
+  constexpr std::size_t n = 2 * dt::ShmComm::kSmallBytes / sizeof(float);
+  if (c.local_size() > 1 && c.path("all_reduce", n * sizeof(float)) != std::string("mpi")) {
+    std::vector<float> outside(n, 1.0f);
     float* inside = static_cast<float*>(c.arena());
     const bool use_inside = c.local_rank() == 0;
     expect_throw<dt::CommError>(
         str("arena/outside mismatch on ", c.name()),
         [&] {
-          c.all_reduce(use_inside ? dt::TensorView{inside, 1024, DType::f32}
-                                  : dt::view_of(outside),
+          c.all_reduce(use_inside ? dt::TensorView{inside, n, DType::f32} : dt::view_of(outside),
                        ReduceOp::sum, CommOptions{Millis(20000)});
         },
         {"segment offset"});
+  }
+}
+
+// The largest contribution of one rank that takes the small path on this node.
+std::size_t small_limit(const dt::ShmComm& c) {
+  return std::min(dt::ShmComm::kSmallBytes,
+                  dt::ShmComm::kSmallTotal / static_cast<std::size_t>(c.local_size()));
+}
+
+// A float of rank r at element i of case `salt`, with a spread of exponents and mantissas, so that
+// sums round and their order shows in the bits.
+float spread(int r, std::size_t i, std::uint32_t salt) {
+  const int a = gen(r, i, salt, false), b = gen(r, i, salt + 1, false);
+  return std::ldexp(static_cast<float>(a) + 0.3183099f * static_cast<float>(b + 21), b / 2);
+}
+
+// The small-message path of one node: the path each size takes; a buffer reduced whole (the
+// other path) and in small pieces gives the same bits, those of a float sum in rank order made
+// here; and thousands of consecutive small collectives of changing sizes, with ranks delayed in
+// turn so that some run ahead into the next call while others still read this one (each rank's
+// two slots, used in turn), interleaved with larger ones, all checked.
+void check_small(dt::ShmComm& c) {
+  if (c.num_nodes() != 1 || c.path("all_reduce", 8) == std::string("mpi")) return;
+  const int s = c.size(), me = c.rank();
+  const std::size_t limit = small_limit(c), L = static_cast<std::size_t>(s);
+  const std::string on = " on " + c.name();
+  auto expect_path = [&](const char* op, std::size_t bytes, const char* want) {
+    H.expect(c.path(op, bytes) == std::string(want), str("path of ", op, " of ", bytes, " B", on),
+             str(c.path(op, bytes), " instead of ", want));
+  };
+  expect_path("all_reduce", 0, "shm-small");
+  expect_path("all_reduce", limit, "shm-small");
+  expect_path("all_reduce", limit + 1, "shm");
+  expect_path("broadcast", limit, "shm-small");
+  expect_path("all_gather", limit + 1, "shm");
+  expect_path("reduce_scatter", limit / L, "shm-small");  // its output: L times that goes in
+  expect_path("reduce_scatter", limit / L + 1, "shm");
+
+  guarded("small pieces against the whole" + on, [&] {
+    const std::size_t piece = limit / sizeof(float), n = 5 * piece + 3;
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      std::vector<float> whole(n), pieces(n), want(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        whole[i] = pieces[i] = spread(me, i, 77);
+        float acc = spread(0, i, 77);
+        for (int r = 1; r < s; ++r) acc += spread(r, i, 77);
+        want[i] = op == ReduceOp::avg ? acc / static_cast<float>(s) : acc;
+      }
+      c.all_reduce(dt::view_of(whole), op);
+      for (std::size_t b = 0; b < n; b += piece)
+        c.all_reduce(dt::TensorView{pieces.data() + b, std::min(piece, n - b), DType::f32}, op);
+      const std::string what = str("f32 ", dt::reduce_op_name(op), " of ", n, " elements", on);
+      ++H.checks;
+      if (std::memcmp(whole.data(), want.data(), n * sizeof(float)) != 0)
+        H.fail(what, "whole buffer (path " + std::string(c.path("all_reduce", n * 4)) +
+                         ") differs from the float sum in rank order");
+      ++H.checks;
+      if (std::memcmp(pieces.data(), want.data(), n * sizeof(float)) != 0)
+        H.fail(what, str("in pieces of ", piece, " (path ", c.path("all_reduce", piece * 4),
+                         ") differs from the float sum in rank order"));
+    }
+  });
+
+  guarded("consecutive small collectives" + on, [&] {
+    const std::size_t most = limit / sizeof(std::int32_t);
+    int bad = 0;
+    for (int round = 0; round < 4000 && bad < 3; ++round) {
+      // A rank delayed now and then (a different one each time) lets the others run ahead.
+      if ((round + me) % 3 == 0) {
+        const auto until = Clock::now() + std::chrono::microseconds(5 + (round * 7 + me) % 40);
+        while (Clock::now() < until) {
+        }
+      }
+      const auto salt = static_cast<std::uint32_t>(round);
+      const bool large = round % 50 == 49;  // the other path, now and then
+      const std::size_t n = large ? 3 * most + 1 : static_cast<std::size_t>(round * 37) % most;
+      const int kind = round % 4;
+      std::string what;
+      bool ok = true;
+      if (kind == 0) {
+        std::vector<std::int32_t> buf = filled<std::int32_t>(n, me, salt);
+        c.all_reduce(dt::view_of(buf), ReduceOp::sum);
+        for (std::size_t i = 0; i < n && ok; ++i) {
+          std::int64_t want = 0;
+          for (int r = 0; r < s; ++r) want += genv<std::int32_t>(r, i, salt);
+          ok = buf[i] == want;
+        }
+        what = "all_reduce";
+      } else if (kind == 1) {
+        const int root = round % s;
+        std::vector<std::int32_t> buf = filled<std::int32_t>(n, me == root ? root : 100 + me, salt);
+        c.broadcast(dt::view_of(buf), root);
+        for (std::size_t i = 0; i < n && ok; ++i) ok = buf[i] == genv<std::int32_t>(root, i, salt);
+        what = "broadcast";
+      } else if (kind == 2) {
+        const std::size_t m = n / L;
+        const std::vector<std::int32_t> in = filled<std::int32_t>(m, me, salt);
+        std::vector<std::int32_t> out(m * L, -99);
+        c.all_gather(dt::view_of(in), dt::view_of(out));
+        for (std::size_t j = 0; j < m * L && ok; ++j)
+          ok = out[j] == genv<std::int32_t>(static_cast<int>(j / m), j % m, salt);
+        what = "all_gather";
+      } else {
+        const std::size_t m = n / L;
+        const std::vector<std::int32_t> in = filled<std::int32_t>(m * L, me, salt);
+        std::vector<std::int32_t> out(m, -99);
+        c.reduce_scatter(dt::view_of(in), dt::view_of(out), ReduceOp::max);
+        for (std::size_t i = 0; i < m && ok; ++i) {
+          int want = INT_MIN;
+          for (int r = 0; r < s; ++r)
+            want =
+                std::max(want, genv<std::int32_t>(r, static_cast<std::size_t>(me) * m + i, salt));
+          ok = out[i] == want;
+        }
+        what = "reduce_scatter";
+      }
+      ++H.checks;
+      if (!ok) {
+        ++bad;
+        H.fail(str(what, " #", round, " of ", n, " elements", on), "wrong values");
+      }
+    }
+  });
+}
+
+// Ranks whose calls disagree on the small path get an error on every rank, not a hang or wrong
+// data: one rank with a small message and the others with a large one (each path sees the other),
+// and the same size with another reduce op. Each case breaks its communicator.
+void check_small_mismatch(Comm& world, const dt::ShmConfig& cfg) {
+  for (int variant = 0; variant < 2; ++variant) {
+    auto c = dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), "small-mismatch", cfg);
+    if (c->local_size() < 2 || c->num_nodes() != 1) return;
+    const bool odd = c->local_rank() == 0;
+    const std::size_t n = variant == 0 && !odd ? 2 * dt::ShmComm::kSmallBytes : 8;
+    const ReduceOp op = variant == 1 && odd ? ReduceOp::max : ReduceOp::sum;
+    std::vector<float> buf(n, 1.0f);
+    const std::string msg = expect_throw<dt::CommError>(
+        str(variant == 0 ? "small and large" : "sum and max", " all_reduce on ", c->name()),
+        [&] { c->all_reduce(dt::view_of(buf), op, CommOptions{Millis(20000)}); },
+        {"collective #1"});
+    if (variant == 1)
+      H.expect(
+          contains(msg, "all_reduce(f32 x 8, max)") && contains(msg, "all_reduce(f32 x 8, sum)"),
+          "sum and max all_reduce: the message names both calls", msg);
+    else
+      H.expect(contains(msg, odd ? "another size or kind" : "small-message path"),
+               "small and large all_reduce: the message says which path the other rank took", msg);
+    // The communicator refuses what follows, on the small path too.
+    expect_throw<dt::CommError>(str("all_reduce after the mismatch on ", c->name()),
+                                [&] { c->all_reduce(dt::view_of(buf), op); }, {"failed earlier"});
   }
 }
 
@@ -957,7 +1108,9 @@ int main(int argc, char** argv) {
         step("shm arena", [&] { check_arena(*shm); });
         step("shm work semantics", [&] { check_work_semantics(*shm); });
         step("shm argument validation", [&] { check_arguments(*shm); });
+        step("shm small messages", [&] { check_small(*shm); });
         step("shm arena mismatch", [&] { check_arena_mismatch(*shm); });
+        step("shm small mismatch", [&] { check_small_mismatch(world, cfg); });
       }
     } else {
     step("reference rounding", [&] { check_reference_rounding(); });
