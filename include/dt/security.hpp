@@ -10,11 +10,12 @@
 //     # epilog or end of script: srun rm -f /tmp/dt-$SLURM_JOB_ID.key
 //
 // From the job key, HKDF-SHA-256 (OpenSSL EVP_KDF) derives one key per job, channel and direction:
-// salt = "dt/job/" + Slurm job id, info = channel name, a 16-byte session salt that rank 0 draws
-// afresh each time a channel is created, sender rank and receiver rank. So a message from another
-// job, another channel, another run of the same job (a requeue) or the other direction never
-// verifies. Checkpoint keys are derived from the job key and a random per-file salt only (a
-// checkpoint outlives the job that wrote it).
+// salt = "dt/job/" + Slurm job id, info = the 16-byte salts that sender and receiver each draw
+// afresh each time a channel is created, channel name, sender rank and receiver rank. So a message
+// from another job, another channel, another run of the same job (a requeue) or the other
+// direction never verifies, and a sender's key depends on randomness it drew itself: no salt
+// altered or replayed on the way makes it reuse a key and nonce. Checkpoint keys are derived from
+// the job key and a random per-file salt only (a checkpoint outlives the job that wrote it).
 //
 // Sealed messages (wire format version 2, "dtS2"; all integers little-endian). A message of n
 // plaintext bytes is cut into records of at most R bytes (SealOptions::record_bytes, the same on
@@ -128,9 +129,10 @@ class Keys {
   /// `job_id` is mixed into every traffic key (use slurm_job_id()).
   Keys(SecretKey job_key, std::string job_id);
   const std::string& job_id() const noexcept { return job_id_; }
-  /// The key of messages from `sender` to `receiver` on `channel` in the session `session`.
-  SecretKey traffic_key(const std::string& channel, const Salt& session, int sender,
-                        int receiver) const;
+  /// The key of messages from `sender` to `receiver` on `channel`, with the salts the two drew
+  /// for this channel instance.
+  SecretKey traffic_key(const std::string& channel, const Salt& sender_salt,
+                        const Salt& receiver_salt, int sender, int receiver) const;
   /// The key of a checkpoint file with this file salt (independent of the job id).
   SecretKey checkpoint_key(const Salt& file_salt) const;
 
@@ -294,9 +296,10 @@ struct SealOptions {
 };
 
 /// Wraps `inner` so that every message is sealed with AES-256-GCM. Collective over `inner` (every
-/// rank calls it with the same channel and record size): rank 0 draws the session salt and sends
-/// it with its record size to every rank on tag kReservedTagBase (in the clear: it is no secret,
-/// and an altered salt only makes every message fail authentication). Tags must lie in
+/// rank calls it with the same channel and record size): every rank draws a salt and sends it with
+/// its record size to every rank (MPI_Allgather over the transport's MPI communicator, else one
+/// message each way on tag kReservedTagBase), in the clear: it is no secret, and an altered salt
+/// only makes messages fail authentication. Tags must lie in
 /// [0, kReservedTagBase) (dt::InvalidArgument).
 /// isend seals record by record on the calling thread and hands each record to the transport as
 /// soon as it is sealed, so the peer receives and opens record k while record k+1 is sealed; it

@@ -139,16 +139,18 @@ SecretKey derive(const SecretKey& ikm, const std::string& salt, const std::strin
 }
 }  // namespace
 
-SecretKey Keys::traffic_key(const std::string& channel, const Salt& session, int sender,
-                            int receiver) const {
+SecretKey Keys::traffic_key(const std::string& channel, const Salt& sender_salt,
+                            const Salt& receiver_salt, int sender, int receiver) const {
   DT_CHECK(InvalidArgument, sender >= 0 && sender <= kMaxRank && receiver >= 0 &&
                                 receiver <= kMaxRank,
            "sealed traffic between ranks ", sender, " and ", receiver, ": ranks above ", kMaxRank,
            " are not supported");
-  // info = "dt/seal/v1" 0 session-salt channel-length channel sender receiver: unambiguous.
-  std::string info = "dt/seal/v1";
+  // info = "dt/seal/v2" 0 sender-salt receiver-salt channel-length channel sender receiver:
+  // unambiguous.
+  std::string info = "dt/seal/v2";
   info.push_back('\0');
-  info.append(reinterpret_cast<const char*>(session.data()), session.size());
+  info.append(reinterpret_cast<const char*>(sender_salt.data()), sender_salt.size());
+  info.append(reinterpret_cast<const char*>(receiver_salt.data()), receiver_salt.size());
   put_u32(info, static_cast<std::uint32_t>(channel.size()));
   info += channel;
   put_u32(info, static_cast<std::uint32_t>(sender));

@@ -364,40 +364,63 @@ std::unique_ptr<SealedP2p> SealedP2p::create(std::unique_ptr<P2p> inner, const K
   s->pool_ = std::make_shared<BufferPool>();
   s->tamper_ = std::make_unique<TamperState>();
   s->tamper_->plan = opts.tamper;
-  // Session salt and record size: drawn resp. chosen by rank 0, sent to every rank (a fresh key
-  // set per channel instance; every rank must cut messages into the same records).
-  std::array<std::uint8_t, kSaltBytes + 8> setup{};
-  Salt session{};
-  if (me == 0) {
-    session = random_salt();
-    std::memcpy(setup.data(), session.data(), kSaltBytes);
-    for (int i = 0; i < 8; ++i)
-      setup[kSaltBytes + static_cast<std::size_t>(i)] =
-          static_cast<std::uint8_t>(static_cast<std::uint64_t>(opts.record_bytes) >> (8 * i));
-    std::vector<Work> ws;
-    for (int r = 1; r < n; ++r)
-      ws.push_back(inner->isend(ConstTensorView{setup.data(), setup.size(), DType::u8}, r,
-                                kReservedTagBase));
-    for (Work& w : ws) w.wait();
-  } else {
-    inner->recv(TensorView{setup.data(), setup.size(), DType::u8}, 0, kReservedTagBase);
-    std::memcpy(session.data(), setup.data(), kSaltBytes);
-  }
-  std::uint64_t rb0 = 0;
+  // Salts and record sizes: every rank draws a salt of its own and learns every rank's, with its
+  // record size. The key of messages from s to r derives from both salts, so a sender's keys
+  // always depend on randomness it drew itself: a salt altered or replayed on the way (one of an
+  // earlier run of a requeued job, which keeps its job id, say) can only make messages fail
+  // authentication, never make a sender reuse a key and nonce.
+  constexpr std::size_t kSetup = kSaltBytes + 8;
+  std::vector<std::uint8_t> setup(kSetup * static_cast<std::size_t>(n));
+  std::uint8_t* mine = setup.data() + kSetup * static_cast<std::size_t>(me);
+  const Salt own = random_salt();
+  std::memcpy(mine, own.data(), kSaltBytes);
   for (int i = 0; i < 8; ++i)
-    rb0 |= static_cast<std::uint64_t>(setup[kSaltBytes + static_cast<std::size_t>(i)]) << (8 * i);
+    mine[kSaltBytes + static_cast<std::size_t>(i)] =
+        static_cast<std::uint8_t>(static_cast<std::uint64_t>(opts.record_bytes) >> (8 * i));
+  const MPI_Comm comm = mpi_of(*inner);
+  if (comm != MPI_COMM_NULL) {
+    DT_CHECK(CommError,
+             MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, setup.data(),
+                           static_cast<int>(kSetup), MPI_BYTE, comm) == MPI_SUCCESS,
+             "seal_p2p on ", inner->name(), ": MPI_Allgather of the salts failed");
+  } else {  // a transport without MPI: one message to and from every peer
+    std::vector<Work> ws;
+    for (int r = 0; r < n; ++r)
+      if (r != me)
+        ws.push_back(inner->isend(ConstTensorView{mine, kSetup, DType::u8}, r, kReservedTagBase));
+    for (int r = 0; r < n; ++r)
+      if (r != me)
+        inner->recv(
+            TensorView{setup.data() + kSetup * static_cast<std::size_t>(r), kSetup, DType::u8}, r,
+            kReservedTagBase);
+    for (Work& w : ws) w.wait();
+  }
+  auto salt_of = [&](int r) {
+    Salt x{};
+    std::memcpy(x.data(), setup.data() + kSetup * static_cast<std::size_t>(r), kSaltBytes);
+    return x;
+  };
+  auto record_of = [&](int r) {
+    std::uint64_t v = 0;
+    for (int i = 0; i < 8; ++i)
+      v |= static_cast<std::uint64_t>(setup[kSetup * static_cast<std::size_t>(r) + kSaltBytes +
+                                            static_cast<std::size_t>(i)])
+           << (8 * i);
+    return v;
+  };
+  const std::uint64_t rb0 = record_of(0);
   s->peers_.resize(static_cast<std::size_t>(n));
   for (int p = 0; p < n; ++p) {
     auto st = std::make_shared<Peer>();
     if (!s->plain_[static_cast<std::size_t>(p)]) {
-      st->enc.emplace(keys.traffic_key(opts.channel, session, me, p), true);
-      st->dec.emplace(keys.traffic_key(opts.channel, session, p, me), false);
+      const Salt theirs = salt_of(p);
+      st->enc.emplace(keys.traffic_key(opts.channel, own, theirs, me, p), true);
+      st->dec.emplace(keys.traffic_key(opts.channel, theirs, own, p, me), false);
     }
     s->peers_[static_cast<std::size_t>(p)] = std::move(st);
   }
   // Same-node peers: shared-memory mailboxes (collective over the transport's communicator, so
   // before a rank may refuse the record size below; the layout follows rank 0's record size).
-  const MPI_Comm comm = mpi_of(*inner);
   if (comm != MPI_COMM_NULL) {
     ShmMailboxes::Config mc;
     mc.name = s->name_;

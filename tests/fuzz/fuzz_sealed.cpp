@@ -36,11 +36,11 @@ const sec::Keys& keys() {
 const sec::Salt kSession{};
 
 sec::Aead& enc() {
-  static sec::Aead a(keys().traffic_key("fuzz", kSession, 1, 2), true);
+  static sec::Aead a(keys().traffic_key("fuzz", kSession, kSession, 1, 2), true);
   return a;
 }
 sec::Aead& dec() {
-  static sec::Aead a(keys().traffic_key("fuzz", kSession, 1, 2), false);
+  static sec::Aead a(keys().traffic_key("fuzz", kSession, kSession, 1, 2), false);
   return a;
 }
 
@@ -85,7 +85,7 @@ std::vector<std::vector<std::uint8_t>> seal(const std::string& payload, std::siz
 int raw(dt_fuzz::Reader& in) {
   // Opens under a key nothing here seals with: the messages the other modes seal (which the
   // fuzzer sees in its comparisons) are valid, but not under this key.
-  static sec::Aead dec_raw(keys().traffic_key("fuzz-raw", kSession, 1, 2), false);
+  static sec::Aead dec_raw(keys().traffic_key("fuzz-raw", kSession, kSession, 1, 2), false);
   const std::string wire = in.rest();
   const std::size_t n = wire.size() >= sec::kSealOverhead ? wire.size() - sec::kSealOverhead : 0;
   sec::Expect e = expect(3, n, n == 0 ? 1 : n, 0);

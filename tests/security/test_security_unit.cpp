@@ -4,11 +4,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -42,7 +46,7 @@ double failures(const char* reason) {
 std::vector<std::uint8_t> make_msg(const Keys& keys, const Salt& session, int from, int to, int tag,
                                    std::uint64_t seq, std::uint64_t counter,
                                    const std::string& text) {
-  Aead enc(keys.traffic_key("test", session, from, to), true);
+  Aead enc(keys.traffic_key("test", session, session, from, to), true);
   Header h;
   h.sender = static_cast<std::uint32_t>(from);
   h.receiver = static_cast<std::uint32_t>(to);
@@ -72,7 +76,7 @@ Expect expect_of(int from, int to, int tag, std::uint64_t seq, std::size_t len) 
 // "" and the plaintext in *out.
 std::string try_open(const Keys& keys, const Salt& session, const std::vector<std::uint8_t>& wire,
                      const Expect& e, std::string* out = nullptr, Reject* why = nullptr) {
-  Aead dec(keys.traffic_key("test", session, e.sender, e.receiver), false);
+  Aead dec(keys.traffic_key("test", session, session, e.sender, e.receiver), false);
   std::string buf(e.length, '\0');
   try {
     open_message(dec, wire.data(), wire.size(), e, buf.data(), why);
@@ -142,16 +146,19 @@ TEST_CASE("HKDF-SHA-256 matches RFC 5869 test case 1") {
   CHECK(std::memcmp(okm.data(), want, 32) == 0);
 }
 
-TEST_CASE("traffic keys differ per job, direction, channel and session") {
+TEST_CASE("traffic keys differ per job, direction, channel and either rank's salt") {
   const Keys a = test_keys("100"), b = test_keys("101");
-  const Salt s1 = random_salt(), s2 = random_salt();
+  const Salt s1 = random_salt(), s2 = random_salt(), s3 = random_salt();
   CHECK(s1 != s2);
-  const Key k01 = a.traffic_key("c", s1, 0, 1).bytes();
-  CHECK(k01 == a.traffic_key("c", s1, 0, 1).bytes());
-  CHECK(k01 != a.traffic_key("c", s1, 1, 0).bytes());
-  CHECK(k01 != b.traffic_key("c", s1, 0, 1).bytes());
-  CHECK(k01 != a.traffic_key("d", s1, 0, 1).bytes());
-  CHECK(k01 != a.traffic_key("c", s2, 0, 1).bytes());
+  const Key k01 = a.traffic_key("c", s1, s2, 0, 1).bytes();
+  CHECK(k01 == a.traffic_key("c", s1, s2, 0, 1).bytes());
+  CHECK(k01 != a.traffic_key("c", s1, s2, 1, 0).bytes());
+  CHECK(k01 != a.traffic_key("c", s2, s1, 1, 0).bytes());
+  CHECK(k01 != b.traffic_key("c", s1, s2, 0, 1).bytes());
+  CHECK(k01 != a.traffic_key("d", s1, s2, 0, 1).bytes());
+  CHECK(k01 != a.traffic_key("c", s3, s2, 0, 1).bytes());               // the sender's salt
+  CHECK(k01 != a.traffic_key("c", s1, s3, 0, 1).bytes());               // the receiver's
+  CHECK(k01 != a.traffic_key("c", s2, s1, 0, 1).bytes());               // which is whose
   CHECK(a.checkpoint_key(s1).bytes() == b.checkpoint_key(s1).bytes());  // job-independent
   CHECK(a.checkpoint_key(s1).bytes() != a.checkpoint_key(s2).bytes());
   CHECK(a.checkpoint_key(s1).bytes() != test_keys("100", 'x').checkpoint_key(s1).bytes());
@@ -246,7 +253,7 @@ std::vector<std::vector<std::uint8_t>> make_records(const Keys& keys, const Salt
                                                     int to, int tag, std::uint64_t seq,
                                                     std::uint64_t counter0, const std::string& text,
                                                     std::size_t rb) {
-  Aead enc(keys.traffic_key("test", session, from, to), true);
+  Aead enc(keys.traffic_key("test", session, session, from, to), true);
   const std::uint64_t n = record_count(text.size(), rb);
   std::vector<std::vector<std::uint8_t>> out;
   for (std::uint64_t i = 0; i < n; ++i) {
@@ -326,7 +333,7 @@ TEST_CASE(
   for (std::size_t i = 0; i < text.size(); ++i) text[i] = static_cast<char>(i * 31 + 7);
   const auto recs = make_records(keys, s, 1, 3, 7, 4, 100, text, rb);
   REQUIRE(recs.size() == 3);
-  Aead dec(keys.traffic_key("test", s, 1, 3), false);
+  Aead dec(keys.traffic_key("test", s, s, 1, 3), false);
   auto open_as = [&](const std::vector<std::uint8_t>& wire, std::uint32_t i, std::uint64_t seq,
                      std::size_t len, std::string* got, Reject* why) {
     const Expect e = expect_record(1, 3, 7, seq, len, rb, i);
@@ -397,8 +404,11 @@ struct Wire {
     int src, dst, tag;
     std::vector<std::uint8_t> bytes;
   };
+  std::mutex mu;  // the two ends are created at once, on two threads (they exchange salts)
   std::map<std::tuple<int, int, int>, std::deque<std::vector<std::uint8_t>>> queues;
   std::vector<Msg> log;  // everything sent, in order
+  // An attacker on the wire: a message sent from src to dst on tag arrives as these bytes.
+  std::map<std::tuple<int, int, int>, std::vector<std::uint8_t>> replace;
 };
 
 class DoneWork final : public dt::WorkImpl {
@@ -415,6 +425,7 @@ class LoopRecv final : public dt::WorkImpl {
       : w_(w), src_(src), dst_(dst), tag_(tag), buf_(buf) {}
   bool test() override {
     if (done_) return true;
+    std::lock_guard<std::mutex> lk(w_.mu);
     auto& q = w_.queues[{src_, dst_, tag_}];
     if (q.empty()) return false;
     std::vector<std::uint8_t> m = std::move(q.front());
@@ -424,7 +435,13 @@ class LoopRecv final : public dt::WorkImpl {
     if (!m.empty()) std::memcpy(buf_.data, m.data(), m.size());
     return done_ = true;
   }
+  // Waits up to 10 s for the message only while the two ends are being created (the salts);
+  // later, a message not sent yet is a test failure at once.
   bool wait_for(dt::Millis) override {
+    const bool setup = tag_ == dt::security::kReservedTagBase;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!test() && setup && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     DT_CHECK(dt::CommError, test(), "loop recv from ", src_, " tag ", tag_, ": nothing was sent");
     return true;
   }
@@ -447,6 +464,8 @@ class LoopP2p final : public dt::P2p {
   dt::Work isend(dt::ConstTensorView buf, int dst, int tag) override {
     const auto* p = static_cast<const std::uint8_t*>(buf.data);
     std::vector<std::uint8_t> m(p, p + buf.nbytes());
+    std::lock_guard<std::mutex> lk(w_.mu);
+    if (auto r = w_.replace.find({rank_, dst, tag}); r != w_.replace.end()) m = r->second;
     w_.log.push_back({rank_, dst, tag, m});
     w_.queues[{rank_, dst, tag}].push_back(std::move(m));
     return dt::Work(std::make_unique<DoneWork>());
@@ -464,15 +483,32 @@ class LoopP2p final : public dt::P2p {
 struct LoopPair {
   Wire wire;
   std::unique_ptr<dt::P2p> a, b;  // ranks 0 and 1
-  LoopPair(std::size_t record_bytes, Tamper tamper = {}) {
+  std::vector<Wire::Msg> setup;   // what the two sent each other while being created
+  // `replay`: the setup messages of another pair, delivered instead of this pair's.
+  explicit LoopPair(std::size_t record_bytes, Tamper tamper = {},
+                    const std::vector<Wire::Msg>* replay = nullptr) {
+    if (replay)
+      for (const Wire::Msg& m : *replay) wire.replace[{m.src, m.dst, m.tag}] = m.bytes;
     const Keys keys = test_keys();
     SealOptions so;
     so.record_bytes = record_bytes;
     so.tamper = tamper;
-    a = seal_p2p(std::make_unique<LoopP2p>(wire, 0), keys, so);  // sends the session salt
-    so.tamper = {};
-    b = seal_p2p(std::make_unique<LoopP2p>(wire, 1), keys, so);
+    SealOptions plain_so = so;
+    plain_so.tamper = {};
+    std::exception_ptr failed;
+    std::thread tb([&] {  // the two ends exchange their salts
+      try {
+        b = seal_p2p(std::make_unique<LoopP2p>(wire, 1), keys, plain_so);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    });
+    a = seal_p2p(std::make_unique<LoopP2p>(wire, 0), keys, so);
+    tb.join();
+    if (failed) std::rethrow_exception(failed);
+    setup = wire.log;
     wire.log.clear();
+    wire.replace.clear();
   }
 };
 
@@ -515,6 +551,28 @@ TEST_CASE(
   w2.wait();
   CHECK(r0 == m0);
   CHECK(r1 == m1);
+}
+
+TEST_CASE("seal_p2p: salts replayed from an earlier channel make no sender reuse a key") {
+  // A requeued job keeps its job id; an attacker who replays the salts of an earlier run's
+  // channel to both ends must not get the same ciphertext (the same key and nonce) again.
+  const std::vector<float> m = ramp(1024, 3);
+  auto first_ciphertext = [&](LoopPair& lp, dt::P2p& from, int to) {
+    lp.wire.log.clear();
+    from.isend(dt::view_of(m), to, 9).wait();
+    REQUIRE(lp.wire.log.size() == 2);
+    return lp.wire.log[0].bytes;
+  };
+  LoopPair one(4096);
+  REQUIRE(one.setup.size() == 2);  // one salt message each way
+  const auto a1 = first_ciphertext(one, *one.a, 1), b1 = first_ciphertext(one, *one.b, 0);
+  LoopPair two(4096, {}, &one.setup);
+  const auto a2 = first_ciphertext(two, *two.a, 1), b2 = first_ciphertext(two, *two.b, 0);
+  CHECK(a2 != a1);
+  CHECK(b2 != b1);
+  // The receivers derived their keys from the replayed salts: nothing verifies.
+  std::vector<float> r(1024);
+  CHECK_THROWS_AS(two.b->irecv(dt::view_of(r), 0, 9).wait(), dt::SecurityError);
 }
 
 TEST_CASE(
@@ -563,7 +621,7 @@ TEST_CASE(
 
 TEST_CASE("counter exhaustion is refused") {
   const Keys keys = test_keys();
-  Aead enc(keys.traffic_key("c", random_salt(), 0, 1), true);
+  Aead enc(keys.traffic_key("c", random_salt(), random_salt(), 0, 1), true);
   Header h;
   h.counter = kMaxCounter + 1;
   std::vector<std::uint8_t> wire(kSealOverhead);
