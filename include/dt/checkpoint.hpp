@@ -47,7 +47,7 @@ class Keys;
 }
 
 inline constexpr const char* kCheckpointFormat = "dt-checkpoint";
-inline constexpr int kCheckpointVersion = 2;
+inline constexpr int kCheckpointVersion = 3;
 /// Elements per checksum chunk (1 MiB of float32).
 inline constexpr std::size_t kChunkElements = std::size_t{1} << 18;
 
@@ -103,6 +103,12 @@ struct CkptMeta {
   std::int64_t data_position = 0;   ///< sampler position (the step counter)
   std::int64_t rng_seed = 0;
   double loss_scale = 1.0;
+  /// The loss scaler's schedule, so that a resumed run scales as an uninterrupted one: clean steps
+  /// in a row, overflows still tolerated before a back-off, steps skipped. -1: not recorded (files
+  /// of format version 2 and older, imported checkpoints).
+  std::int64_t loss_scale_growth_tracker = -1;
+  std::int64_t loss_scale_hysteresis_left = -1;
+  std::int64_t steps_skipped = -1;
   std::string config;  ///< effective config, "name = value" lines
   std::string layout;  ///< parallel layout that wrote it, e.g. "dp=2"
 };

@@ -112,6 +112,7 @@ struct TrainConfig {
   double loss_scale_min = 1;
   std::int64_t test_inject_inf_rank = -1;  ///< testing only: this rank's gradient gets an Inf
   std::int64_t test_inject_inf_step = 2;   ///< ... at this step
+  std::int64_t test_inject_inf_every = 0;  ///< ... and every this many steps after it (0: once)
   bool test_cast_weights = false;  ///< testing only: no 16-bit weight copy for the products
   // security (include/dt/security.hpp)
   std::string seal = "off";         ///< off | p2p (pipeline messages) | all (and collectives)

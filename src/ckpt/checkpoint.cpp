@@ -801,9 +801,10 @@ std::string chunk_aad(const std::string& path, const Shape& shape, std::uint64_t
 
 constexpr const char* kKeyCheckAad = "dt-ckpt-key-check";
 
-// The root attributes a checkpoint's meta data is read from, serialised for authentication.
-std::string meta_aad(const CkptMeta& m) {
-  std::string a = "dt-ckpt-meta-v1";
+// The root attributes a checkpoint's meta data is read from, serialised for authentication, as
+// format `version` has them (version 3 added the loss scaler's schedule).
+std::string meta_aad(const CkptMeta& m, std::int64_t version) {
+  std::string a = version >= 3 ? "dt-ckpt-meta-v3" : "dt-ckpt-meta-v1";
   a.push_back('\0');
   for (std::int64_t v : {m.step, m.tokens, m.optimizer_step, m.data_position, m.rng_seed})
     put_u64(a, static_cast<std::uint64_t>(v));
@@ -811,6 +812,10 @@ std::string meta_aad(const CkptMeta& m) {
   static_assert(sizeof ls == sizeof m.loss_scale, "double is 64 bits");
   std::memcpy(&ls, &m.loss_scale, sizeof ls);
   put_u64(a, ls);
+  if (version >= 3)
+    for (std::int64_t v :
+         {m.loss_scale_growth_tracker, m.loss_scale_hysteresis_left, m.steps_skipped})
+      put_u64(a, static_cast<std::uint64_t>(v));
   put_u64(a, m.config.size());
   a += m.config;
   put_u64(a, m.layout.size());
@@ -819,10 +824,11 @@ std::string meta_aad(const CkptMeta& m) {
 }
 
 // The tag that authenticates the meta data under the file key.
-std::array<std::uint8_t, security::kTagBytes> meta_tag(security::Aead& enc, const CkptMeta& m) {
+std::array<std::uint8_t, security::kTagBytes> meta_tag(security::Aead& enc, const CkptMeta& m,
+                                                       std::int64_t version) {
   std::array<std::uint8_t, security::kTagBytes> tag{};
   const auto nonce = chunk_nonce(0xFFFFFFFEu, ~std::uint64_t{0});
-  const std::string aad = meta_aad(m);
+  const std::string aad = meta_aad(m, version);
   enc.seal(nonce.data(), reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(), nullptr,
            0, nullptr, tag.data());
   return tag;
@@ -979,7 +985,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
         });
       }
       const auto check = key_check(enc);
-      const auto mtag = meta_tag(enc, meta);
+      const auto mtag = meta_tag(enc, meta, kCheckpointVersion);
       salt_hex = to_hex(salt.data(), salt.size());
       check_hex = to_hex(check.data(), check.size());
       meta_hex = to_hex(mtag.data(), mtag.size());
@@ -1163,13 +1169,16 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     write_attr(root, "data_position", meta.data_position, partial);
     write_attr(root, "rng_seed", meta.rng_seed, partial);
     write_attr(root, "loss_scale", meta.loss_scale, partial);
+    write_attr(root, "loss_scale_growth_tracker", meta.loss_scale_growth_tracker, partial);
+    write_attr(root, "loss_scale_hysteresis_left", meta.loss_scale_hysteresis_left, partial);
+    write_attr(root, "steps_skipped", meta.steps_skipped, partial);
     write_attr(root, "config", meta.config, partial);
     write_attr(root, "layout", meta.layout, partial);
     write_attr(root, "dt_version", std::string(DT_VERSION), partial);
     write_attr(root, "chunk_elements", static_cast<std::int64_t>(kChunkElements), partial);
     write_attr(root, "datasets", static_cast<std::int64_t>(tensors.size()), partial);
     write_attr(root, "manifest_sha256", hex_sha256(manifest_text(tensors)), partial);
-    write_attr(root, "meta_sha256", hex_sha256(meta_aad(meta)), partial);
+    write_attr(root, "meta_sha256", hex_sha256(meta_aad(meta, kCheckpointVersion)), partial);
     if (keys) {
       write_attr(root, "encryption", std::string(kEncryption), partial);
       write_attr(root, "key_salt", salt_hex, partial);
@@ -1356,6 +1365,11 @@ CkptMeta read_meta(const Opened& o, const std::string& path) {
   m.data_position = read_int_attr(root, "data_position", path);
   m.rng_seed = read_int_attr(root, "rng_seed", path);
   m.loss_scale = read_double_attr(root, "loss_scale", path);
+  if (o.version >= 3) {
+    m.loss_scale_growth_tracker = read_int_attr(root, "loss_scale_growth_tracker", path);
+    m.loss_scale_hysteresis_left = read_int_attr(root, "loss_scale_hysteresis_left", path);
+    m.steps_skipped = read_int_attr(root, "steps_skipped", path);
+  }
   m.config = read_string_attr(root, "config", path);
   m.layout = read_string_attr(root, "layout", path);
   const auto ce = read_int_attr(root, "chunk_elements", path);
@@ -1364,7 +1378,7 @@ CkptMeta read_meta(const Opened& o, const std::string& path) {
   // Version 2 digests the meta data (version 1 wrote no digest).
   if (o.version >= 2) {
     const std::string want = string_attr_or_empty(root, "meta_sha256", path);
-    DT_CHECK(CheckpointError, want == hex_sha256(meta_aad(m)), path,
+    DT_CHECK(CheckpointError, want == hex_sha256(meta_aad(m, o.version)), path,
              ": checksum mismatch in the root attributes (step, tokens, config, ...): they do not "
              "match meta_sha256",
              want.empty() ? " (missing)" : "", ": damaged");
@@ -1386,7 +1400,7 @@ Shape dataset_shape(hid_t d, const std::string& path) {
 // malformed key attribute and a wrong key.
 std::optional<security::Aead> open_crypto(hid_t file, const std::string& path,
                                           const security::Keys* keys, bool require,
-                                          const CkptMeta& meta) {
+                                          const CkptMeta& meta, std::int64_t version) {
   H5 root(h5(H5Gopen2(file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
   const bool encrypted = has_attr(root, "encryption");
   if (!encrypted) {
@@ -1418,7 +1432,7 @@ std::optional<security::Aead> open_crypto(hid_t file, const std::string& path,
   std::array<std::uint8_t, security::kTagBytes> mwant{};
   DT_CHECK(CheckpointError,
            from_hex(read_string_attr(root, "meta_tag", path), mwant.data(), mwant.size()) &&
-               meta_tag(enc, meta) == mwant,
+               meta_tag(enc, meta, version) == mwant,
            path, ": the root attributes (step, tokens, config, ...) fail authentication: altered");
   return security::Aead(k, false);
 }
@@ -1656,7 +1670,7 @@ CkptMeta load_checkpoint(Comm& comm, const std::string& path,
     DT_THROW(CheckpointError, "loading ", path, ": rank ", bad_rank, ": ", bad);
   Opened o = open_read(mc, path);
   CkptMeta meta = read_meta(o, path);
-  std::optional<security::Aead> dec = open_crypto(o.file, path, keys, true, meta);
+  std::optional<security::Aead> dec = open_crypto(o.file, path, keys, true, meta, o.version);
   // The model must match: name every tensor that is missing, extra or shaped differently.
   std::vector<std::string> diff;
   const auto present = all_datasets(o.file, path);
@@ -1696,7 +1710,7 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path,
   try {
     Opened o = open_read(mc, path);
     const CkptMeta meta = read_meta(o, path);
-    std::optional<security::Aead> dec = open_crypto(o.file, path, keys, false, meta);
+    std::optional<security::Aead> dec = open_crypto(o.file, path, keys, false, meta, o.version);
     std::vector<CkptTensor> ts;
     std::vector<std::vector<float>> bufs;
     for (const auto& name : all_datasets(o.file, path)) {

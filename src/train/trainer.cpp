@@ -226,6 +226,10 @@ void add_train_options(Options& o, TrainConfig& c) {
            -1L, 1L << 30)
       .add("test.inject-inf-step", &c.test_inject_inf_step, 2,
            "testing only: see test.inject-inf-rank", 0L, 1L << 40)
+      .add("test.inject-inf-every", &c.test_inject_inf_every, 0,
+           "testing only: with test.inject-inf-rank, also every this many steps after "
+           "test.inject-inf-step (0: once)",
+           0L, 1L << 40)
       .add("test.cast-weights", &c.test_cast_weights, false,
            "testing and benchmarks only: bf16/fp16 matrix products cast the weights for every "
            "product instead of reading the 16-bit copy kept after each optimizer step")
@@ -839,7 +843,9 @@ StepStats Trainer::step() {
     // ranks: any non-finite gradient anywhere skips the step everywhere.
     const std::size_t n = state_numel();
     round_to_dtype(grads_ptr(), n);
-    if (c_.test_inject_inf_rank == comm_.rank() && step_ == c_.test_inject_inf_step) {
+    const std::int64_t since = step_ - c_.test_inject_inf_step, every = c_.test_inject_inf_every;
+    if (c_.test_inject_inf_rank == comm_.rank() &&
+        (since == 0 || (every > 0 && since > 0 && since % every == 0))) {
       const float inf = INFINITY;
       dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(grads_ptr()),
                 static_cast<const void*>(&inf), sizeof inf, DT_HAL_HOST_TO_DEVICE);
@@ -1293,12 +1299,22 @@ std::string Trainer::resume_from_checkpoint() {
   if (zero_) refresh_working_weights();  // the loaded shards into the compute parameters
   if (low_precision()) {
     if (!zero_) refresh_working_weights();
+    // The scaler's schedule as it was (files before format version 3, and imported ones, lack
+    // it: then the count of clean steps starts afresh, with the full tolerance), within this
+    // run's settings.
+    LossScaler::State st = scaler_->state();
+    const LossScaleConfig& sc = scaler_->config();
     if (c_.dtype == "fp16" && m.loss_scale > 0) {
-      LossScaler::State st = scaler_->state();
-      st.scale = std::clamp(m.loss_scale, scaler_->config().min_scale, scaler_->config().max_scale);
-      st.growth_tracker = 0;
-      scaler_->restore(st);
+      st.scale = std::clamp(m.loss_scale, sc.min_scale, sc.max_scale);
+      st.growth_tracker =
+          std::clamp<std::int64_t>(m.loss_scale_growth_tracker, 0, sc.growth_interval - 1);
+      st.hysteresis_left = m.loss_scale_hysteresis_left < 0
+                               ? sc.hysteresis
+                               : static_cast<int>(std::min<std::int64_t>(
+                                     m.loss_scale_hysteresis_left, sc.hysteresis));
     }
+    if (m.steps_skipped >= 0) st.skipped = m.steps_skipped;
+    scaler_->restore(st);
   }
   step_ = m.step;
   last_saved_ = m.step;
@@ -1341,6 +1357,12 @@ void Trainer::save_checkpoint_now(bool sync) {
   meta.data_position = step_;
   meta.rng_seed = c_.seed;
   meta.loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  if (scaler_) {
+    const LossScaler::State st = scaler_->state();
+    meta.loss_scale_growth_tracker = st.growth_tracker;
+    meta.loss_scale_hysteresis_left = st.hysteresis_left;
+    meta.steps_skipped = st.skipped;
+  }
   meta.config = c_.config_text;
   meta.layout = plan_->layout.str();
   char line[256];

@@ -5,7 +5,8 @@
       FILE holds exactly the steps FIRST..LAST, once each, in order.
   steplog.py same A B FIRST LAST [RTOL]
       for every step FIRST..LAST: A and B both have it, "loss" and "lr" agree within RTOL
-      (relative, default 1e-5), and "val_loss" is in both or in neither and agrees too.
+      (relative, default 1e-5), and "val_loss" is in both or in neither and agrees too;
+      "loss_scale" and "skipped" (mixed precision), where both have them, are equal.
   steplog.py value FILE STEP KEY
       prints the KEY of STEP.
   steplog.py close X Y RTOL
@@ -73,6 +74,9 @@ def main(argv):
                     bad.append(f"step {s}: '{k}' in {a}: {k in ra[s]}, in {b}: {k in rb[s]}")
                 elif k in ra[s] and not close(float(ra[s][k]), float(rb[s][k]), rtol):
                     bad.append(f"step {s}: {k} {ra[s][k]!r} vs {rb[s][k]!r} (rtol {rtol})")
+            for k in ("loss_scale", "skipped"):
+                if k in ra[s] and k in rb[s] and ra[s][k] != rb[s][k]:
+                    bad.append(f"step {s}: {k} {ra[s][k]!r} vs {rb[s][k]!r}")
         if bad:
             sys.exit("steplog.py: " + a + " and " + b + " differ:\n  " + "\n  ".join(bad))
         print(f"steplog.py: {a} and {b} agree on steps {first}..{last} (rtol {rtol})")

@@ -157,11 +157,12 @@ void copy_root_attr(const std::string& from, const std::string& to, const char* 
   H5Fclose(g);
 }
 
-// `file` as a format-version-1 writer left it: version 1, no meta_sha256, manifest_sha256 or
-// datasets.
+// `file` as a format-version-1 writer left it: version 1, no meta_sha256, manifest_sha256,
+// datasets or loss scaler schedule.
 void make_version1(const std::string& file) {
   hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-  for (const char* a : {"meta_sha256", "manifest_sha256", "datasets"})
+  for (const char* a : {"meta_sha256", "manifest_sha256", "datasets", "loss_scale_growth_tracker",
+                        "loss_scale_hysteresis_left", "steps_skipped"})
     H5Adelete_by_name(f, "/", a, H5P_DEFAULT);
   H5Fclose(f);
   set_int_attr(file, "format_version", 1);
@@ -343,6 +344,9 @@ int run(const std::string& dir, int world_rank) {
     guarded("a version-1 file loads", [&] {
       const dt::CkptMeta m = dt::load_checkpoint(*world, v1, got.tensors);
       H.expect(m.step == 3 && same_bits(got, saved), "version-1 load", "values differ");
+      H.expect(m.loss_scale_growth_tracker == -1 && m.loss_scale_hysteresis_left == -1 &&
+                   m.steps_skipped == -1,
+               "version-1 load", "a loss scaler schedule read from a file without one");
       const auto pv = dt::verify_file(*world, v1);
       H.expect(pv.empty(), "a version-1 file verifies", pv.empty() ? "" : pv[0]);
     });
