@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <iterator>
 #include <thread>
 
@@ -171,8 +172,12 @@ class SendWork final : public WorkImpl {
     }
     return true;
   }
-  bool test() override { return done_ || (done_ = reap()); }
+  bool test() override {
+    if (error_) std::rethrow_exception(error_);
+    return done_ || (done_ = reap());
+  }
   bool wait_for(Millis timeout) override {
+    if (error_) std::rethrow_exception(error_);
     if (done_) return true;
     if (timeout == kNoTimeout) {
       try {
@@ -206,17 +211,20 @@ class SendWork final : public WorkImpl {
     BufferPool::Handle buf;
     bool has_body = false, body_done = false, done = false;
   };
-  // A failed operation is finished; buffers of records the transport may still read are given up.
+  // A failed operation is finished, its error stored (and rethrown by every later call); buffers
+  // of records the transport may still read are given up. Called in a catch block.
   void failed() noexcept {
     for (Part& p : parts_)
       if (!p.done && p.buf) p.buf.leak();
     done_ = true;
+    error_ = std::current_exception();
   }
   std::string what_;
   int rank_;
   std::vector<Part> parts_;
   std::size_t first_ = 0;  // the first record not known to be done
   bool done_ = false;
+  std::exception_ptr error_;
 };
 
 }  // namespace

@@ -409,6 +409,26 @@ struct Wire {
   std::vector<Msg> log;  // everything sent, in order
   // An attacker on the wire: a message sent from src to dst on tag arrives as these bytes.
   std::map<std::tuple<int, int, int>, std::vector<std::uint8_t>> replace;
+  // Sends made while `hold` is set stay pending, and fail once `down` is set.
+  bool hold = false, down = false;
+};
+
+class HeldWork final : public dt::WorkImpl {
+ public:
+  explicit HeldWork(const Wire& w) : w_(w) {}
+  bool test() override {
+    DT_CHECK(dt::CommError, !w_.down, "loop send: the link is down");
+    return false;
+  }
+  bool wait_for(dt::Millis) override {
+    DT_CHECK(dt::CommError, test(), "loop send: held forever");
+    return true;
+  }
+  std::string describe() const override { return "held loop send"; }
+  int rank() const override { return 0; }
+
+ private:
+  const Wire& w_;
 };
 
 class DoneWork final : public dt::WorkImpl {
@@ -467,6 +487,7 @@ class LoopP2p final : public dt::P2p {
     std::lock_guard<std::mutex> lk(w_.mu);
     if (auto r = w_.replace.find({rank_, dst, tag}); r != w_.replace.end()) m = r->second;
     w_.log.push_back({rank_, dst, tag, m});
+    if (w_.hold) return dt::Work(std::make_unique<HeldWork>(w_));
     w_.queues[{rank_, dst, tag}].push_back(std::move(m));
     return dt::Work(std::make_unique<DoneWork>());
   }
@@ -551,6 +572,19 @@ TEST_CASE(
   w2.wait();
   CHECK(r0 == m0);
   CHECK(r1 == m1);
+}
+
+TEST_CASE("seal_p2p: a failed send reports its error on every later call") {
+  LoopPair lp(4096);
+  lp.wire.hold = true;
+  const std::vector<float> m = ramp(3000, 1);  // 3 records
+  dt::Work w = lp.a->isend(dt::view_of(m), 1, 4);
+  CHECK_FALSE(w.test());
+  lp.wire.down = true;
+  for (int i = 0; i < 3; ++i) {
+    CHECK_THROWS_WITH_AS(w.test(), doctest::Contains("the link is down"), dt::CommError);
+    CHECK_THROWS_WITH_AS(w.wait(), doctest::Contains("the link is down"), dt::CommError);
+  }
 }
 
 TEST_CASE("seal_p2p: salts replayed from an earlier channel make no sender reuse a key") {
