@@ -3,6 +3,7 @@
 #include <ucp/api/ucp.h>
 
 #include <chrono>
+#include <climits>
 #include <exception>
 #include <mutex>
 #include <sstream>
@@ -41,6 +42,26 @@ void mpi_boot_check(int rc, const char* call, int rank, const std::string& name)
   if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
     std::snprintf(text, sizeof text, "code %d", rc);
   DT_THROW(CommError, call, " failed on rank ", rank, " while bootstrapping ", name, ": ", text);
+}
+
+// Runs `f` (this rank's part of a step of the start-up), then tells every rank whether every rank
+// got through it: a rank that failed rethrows its error, the others throw one naming the first
+// rank that failed, all at the same point, so that none waits in a later collective for a rank
+// that gave up.
+template <class F>
+void on_every_rank(MPI_Comm comm, int rank, const std::string& name, const char* step, F&& f) {
+  std::exception_ptr err;
+  try {
+    f();
+  } catch (...) {
+    err = std::current_exception();
+  }
+  int first = err ? rank : INT_MAX;
+  mpi_boot_check(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce",
+                 rank, name);
+  if (err) std::rethrow_exception(err);
+  DT_CHECK(CommError, first == INT_MAX, name, " on rank ", rank, ": rank ", first, " could not ",
+           step, " (see its message)");
 }
 
 struct ConfigFree {
@@ -261,40 +282,42 @@ std::unique_ptr<UcxP2p> UcxP2p::create(MPI_Comm bootstrap, std::string name) {
   MPI_Comm_set_errhandler(st->comm, MPI_ERRORS_RETURN);
 
   // UCX_* environment variables apply as usual; nothing is overridden (see the header).
-  ucp_config_t* raw_cfg = nullptr;
-  DT_UCS(ucp_config_read(nullptr, nullptr, &raw_cfg), rank, nm);
-  std::unique_ptr<ucp_config_t, ConfigFree> cfg(raw_cfg);
+  std::vector<char> mine;  // this rank's worker address
+  on_every_rank(st->comm, rank, nm, "start UCX", [&] {
+    ucp_config_t* raw_cfg = nullptr;
+    DT_UCS(ucp_config_read(nullptr, nullptr, &raw_cfg), rank, nm);
+    std::unique_ptr<ucp_config_t, ConfigFree> cfg(raw_cfg);
 
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS |
-                      UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
-  params.features = UCP_FEATURE_TAG;
-  params.estimated_num_eps = static_cast<std::size_t>(st->size);
-  params.mt_workers_shared = 0;
-  params.name = "dt";
-  ucp_context_h ctx = nullptr;
-  DT_UCS(ucp_init(&params, cfg.get(), &ctx), rank, nm);
-  st->ctx.reset(ctx);
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS |
+                        UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_TAG;
+    params.estimated_num_eps = static_cast<std::size_t>(st->size);
+    params.mt_workers_shared = 0;
+    params.name = "dt";
+    ucp_context_h ctx = nullptr;
+    DT_UCS(ucp_init(&params, cfg.get(), &ctx), rank, nm);
+    st->ctx.reset(ctx);
 
-  ucp_worker_params_t wp{};
-  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
-  ucp_worker_h worker = nullptr;
-  DT_UCS(ucp_worker_create(st->ctx.get(), &wp, &worker), rank, nm);
-  st->worker.reset(worker);
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+    ucp_worker_h worker = nullptr;
+    DT_UCS(ucp_worker_create(st->ctx.get(), &wp, &worker), rank, nm);
+    st->worker.reset(worker);
 
-  // Worker addresses of all ranks.
-  std::vector<char> mine;
-  {
     ucp_address_t* addr = nullptr;
     std::size_t len = 0;
     DT_UCS(ucp_worker_get_address(worker, &addr, &len), rank, nm);
     const char* p = reinterpret_cast<const char*>(addr);
     mine.assign(p, p + len);
     ucp_worker_release_address(worker, addr);
-  }
-  DT_CHECK(CommError, mine.size() <= static_cast<std::size_t>(INT32_MAX),
-           "UCX worker address too long: ", mine.size(), " bytes");
+    DT_CHECK(CommError, mine.size() <= static_cast<std::size_t>(INT32_MAX),
+             "UCX worker address too long: ", mine.size(), " bytes");
+  });
+  ucp_worker_h worker = st->worker.get();
+
+  // Worker addresses of all ranks.
   const int my_len = static_cast<int>(mine.size());
   std::vector<int> lens(static_cast<std::size_t>(st->size)), offs(lens.size());
   mpi_boot_check(MPI_Allgather(&my_len, 1, MPI_INT, lens.data(), 1, MPI_INT, st->comm),
@@ -312,12 +335,14 @@ std::unique_ptr<UcxP2p> UcxP2p::create(MPI_Comm bootstrap, std::string name) {
                  "MPI_Allgatherv", rank, nm);
 
   st->eps.assign(lens.size(), nullptr);
-  for (std::size_t r = 0; r < lens.size(); ++r) {
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    ep.address = reinterpret_cast<const ucp_address_t*>(all.data() + offs[r]);
-    DT_UCS(ucp_ep_create(worker, &ep, &st->eps[r]), rank, nm);
-  }
+  on_every_rank(st->comm, rank, nm, "connect to its peers over UCX", [&] {
+    for (std::size_t r = 0; r < lens.size(); ++r) {
+      ucp_ep_params_t ep{};
+      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+      ep.address = reinterpret_cast<const ucp_address_t*>(all.data() + offs[r]);
+      DT_UCS(ucp_ep_create(worker, &ep, &st->eps[r]), rank, nm);
+    }
+  });
   return std::unique_ptr<UcxP2p>(new UcxP2p(std::move(st)));
 }
 

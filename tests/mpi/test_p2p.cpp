@@ -433,6 +433,31 @@ double ms_since(Clock::time_point t0) {
 
 }  // namespace
 
+// UCX that cannot start on one rank (no transport it is allowed to use: a real ucp_init failure)
+// fails make_p2p on every rank, with that rank's error there and its number on the others, and
+// leaves no rank waiting in the start-up's collectives (which would end in the alarm).
+void check_ucx_start_fails_on_one(Comm& world) {
+  if (world.size() < 2) return;
+  const int bad = world.size() - 1;
+  const char* old = std::getenv("UCX_TLS");
+  const std::string saved = old ? old : "";
+  if (world.rank() == bad) setenv("UCX_TLS", "no-such-transport", 1);
+  if (world.rank() == bad)
+    expect_throw<dt::CommError>("UCX start-up failing here", [&] { dt::make_p2p("ucx", world); },
+                                {"ucp_init failed on rank " + std::to_string(bad)});
+  else
+    expect_throw<dt::CommError>("UCX start-up failing on another rank",
+                                [&] { dt::make_p2p("ucx", world); },
+                                {"rank " + std::to_string(bad) + " could not start UCX"});
+  if (world.rank() == bad) {
+    if (old)
+      setenv("UCX_TLS", saved.c_str(), 1);
+    else
+      unsetenv("UCX_TLS");
+  }
+  world.barrier();
+}
+
 int main(int argc, char** argv) {
   alarm(240);  // a hang must not outlive the test: SIGALRM ends this rank, mpiexec the others
   const auto t_start = Clock::now();
@@ -482,6 +507,7 @@ int main(int argc, char** argv) {
       p.reset();  // collective for ucx: closes endpoints, fences
       if (verbose && H.rank == 0)
         std::printf("%s %-24s %8.0f ms\n", kind.c_str(), "close", ms_since(t0));
+      if (kind == "ucx") check_ucx_start_fails_on_one(world);
     }
 
     rc = H.finish("test_p2p", ms_since(t_start) / 1000);
