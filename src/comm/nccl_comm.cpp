@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -273,25 +274,23 @@ void NcclComm::init_state(State& st, int rank, const std::string& name, void* ca
 std::unique_ptr<NcclComm> NcclComm::create(MpiComm& bootstrap, int cuda_device, void* stream,
                                            std::string name) {
   const int rank = bootstrap.rank(), size = bootstrap.size();
-  DT_CUDA(cudaSetDevice(cuda_device), rank, name);
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
-  // Rank 0's failure must not leave the others waiting in the broadcast: it sends an all-zero id
-  // with a flag, and every rank then throws.
-  int ok = 1;
+  // A rank that cannot take its GPU, or rank 0 without an id, must not leave the others waiting in
+  // the broadcast: every rank learns the first rank that failed, and all throw.
   std::string why;
-  if (rank == 0) {
+  if (const cudaError_t e = cudaSetDevice(cuda_device); e != cudaSuccess)
+    why = "cudaSetDevice(" + std::to_string(cuda_device) + ") failed: " + cudaGetErrorString(e);
+  if (why.empty() && rank == 0) {
     const ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess) {
-      ok = 0;
-      why = ncclGetErrorString(r);
-    }
+    if (r != ncclSuccess) why = std::string("ncclGetUniqueId failed: ") + ncclGetErrorString(r);
   }
-  DT_MPI(MPI_Bcast(&ok, 1, MPI_INT, 0, bootstrap.handle()), rank, bootstrap.name());
-  if (!ok)
-    throw CommError(
-        "ncclGetUniqueId failed on rank 0 of " + name + (why.empty() ? std::string() : ": " + why),
-        __FILE__, __LINE__);
+  int first = why.empty() ? INT_MAX : rank;
+  DT_MPI(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, bootstrap.handle()), rank,
+         bootstrap.name());
+  DT_CHECK(CommError, why.empty(), name, " on rank ", rank, ": ", why);
+  DT_CHECK(CommError, first == INT_MAX, name, " on rank ", rank, ": rank ", first,
+           " could not set up NCCL (see its message)");
   DT_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, bootstrap.handle()), rank, bootstrap.name());
   auto state = std::make_shared<State>();
   state->device = cuda_device;
