@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "comm/abandon.hpp"
 #include "dt/error.hpp"
 
 namespace dt {
@@ -41,7 +42,7 @@ class StagedP2pWork final : public WorkImpl {
     if (done_)
       pool_->give(std::move(host_));
     else
-      static_cast<void>(host_.data.release());  // deliberately never freed
+      abandon(std::move(host_.data));
   }
   void start(Work inner, std::string what) {
     inner_ = std::move(inner);
@@ -160,15 +161,32 @@ void StagedComm::up(void* dev, const void* host, std::size_t bytes) const {
   dev_.call(&dt_hal_v1_t::copy, "copy", dev, host, bytes, DT_HAL_HOST_TO_DEVICE);
 }
 unsigned char* StagedComm::staging(std::size_t bytes) {
-  if (buf_.size() < bytes) buf_.resize(bytes);
-  return buf_.data();
+  if (buf_.capacity < bytes) {
+    buf_.data.reset();  // (no copy: nothing in it is kept)
+    buf_.data = std::make_unique<unsigned char[]>(bytes);
+    buf_.capacity = bytes;
+  }
+  return buf_.data.get();
+}
+
+template <class F>
+void StagedComm::on_host(F&& f) {
+  try {
+    f();
+  } catch (...) {
+    // A timeout leaves the operation pending in the host communicator, which may still write into
+    // the staging buffer: it is given up, and the next operation stages in a fresh one.
+    abandon(std::move(buf_.data));
+    buf_.capacity = 0;
+    throw;
+  }
 }
 
 void StagedComm::all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts) {
   std::lock_guard<std::mutex> lk(mu_);
   unsigned char* h = staging(buf.nbytes());
   down(h, buf.data, buf.nbytes());
-  host_->all_reduce(host_view(h, buf.numel, buf.dtype), op, opts);
+  on_host([&] { host_->all_reduce(host_view(h, buf.numel, buf.dtype), op, opts); });
   up(buf.data, h, buf.nbytes());
 }
 
@@ -176,7 +194,7 @@ void StagedComm::broadcast(TensorView buf, int root, const CommOptions& opts) {
   std::lock_guard<std::mutex> lk(mu_);
   unsigned char* h = staging(buf.nbytes());
   if (rank() == root) down(h, buf.data, buf.nbytes());
-  host_->broadcast(host_view(h, buf.numel, buf.dtype), root, opts);
+  on_host([&] { host_->broadcast(host_view(h, buf.numel, buf.dtype), root, opts); });
   if (rank() != root) up(buf.data, h, buf.nbytes());
 }
 
@@ -185,8 +203,10 @@ void StagedComm::all_gather(ConstTensorView in, TensorView out, const CommOption
   unsigned char* h = staging(in.nbytes() + out.nbytes());
   down(h, in.data, in.nbytes());
   unsigned char* ho = h + in.nbytes();
-  host_->all_gather(ConstTensorView{h, in.numel, in.dtype}, host_view(ho, out.numel, out.dtype),
-                    opts);
+  on_host([&] {
+    host_->all_gather(ConstTensorView{h, in.numel, in.dtype}, host_view(ho, out.numel, out.dtype),
+                      opts);
+  });
   up(out.data, ho, out.nbytes());
 }
 
@@ -196,8 +216,10 @@ void StagedComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
   unsigned char* h = staging(in.nbytes() + out.nbytes());
   down(h, in.data, in.nbytes());
   unsigned char* ho = h + in.nbytes();
-  host_->reduce_scatter(ConstTensorView{h, in.numel, in.dtype}, host_view(ho, out.numel, out.dtype),
-                        op, opts);
+  on_host([&] {
+    host_->reduce_scatter(ConstTensorView{h, in.numel, in.dtype},
+                          host_view(ho, out.numel, out.dtype), op, opts);
+  });
   up(out.data, ho, out.nbytes());
 }
 

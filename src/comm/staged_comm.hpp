@@ -107,12 +107,15 @@ class StagedComm final : public Comm {
   void down(void* host, const void* dev, std::size_t bytes) const;
   void up(void* dev, const void* host, std::size_t bytes) const;
   unsigned char* staging(std::size_t bytes);
+  // Runs the host communicator's part of an operation on the staging buffer.
+  template <class F>
+  void on_host(F&& f);
   const Device& dev_;
   std::unique_ptr<Comm> host_;
   StagedP2p p2p_;  // isend and irecv over host_
   std::string name_;
   std::mutex mu_;
-  std::vector<unsigned char> buf_;
+  HostBufferPool::Buffer buf_;  // the staging buffer of the collectives
 };
 
 }  // namespace dt

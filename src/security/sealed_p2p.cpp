@@ -8,6 +8,7 @@
 #include <iterator>
 #include <thread>
 
+#include "comm/abandon.hpp"
 #include "comm/mpi_comm.hpp"
 #include "comm/ucx_p2p.hpp"
 #include "dt/error.hpp"
@@ -41,35 +42,9 @@ void BufferPool::Handle::leak() noexcept {
   pool_.reset();
 }
 
-namespace {
-struct Abandoned {
-  std::mutex mu;
-  std::vector<std::unique_ptr<BufferPool::Buf>> bufs;
-  std::vector<std::unique_ptr<std::uint8_t[]>> raw;
-};
-// Never destroyed: a transport may write into what it holds while the process exits.
-Abandoned& abandoned() {
-  static Abandoned* a = new Abandoned();
-  return *a;
+void abandon(std::unique_ptr<BufferPool::Buf> b) noexcept {
+  if (b) dt::abandon(std::move(b->p));
 }
-}  // namespace
-
-namespace {
-// Keeps `p` reachable in `list` for the rest of the process.
-template <class P>
-void keep(std::vector<P>& list, P p) noexcept {
-  if (!p) return;
-  std::lock_guard<std::mutex> lk(abandoned().mu);
-  try {
-    list.push_back(std::move(p));
-  } catch (...) {
-    (void)p.release();  // no room to keep it reachable: never freed all the same
-  }
-}
-}  // namespace
-
-void abandon(std::unique_ptr<BufferPool::Buf> b) noexcept { keep(abandoned().bufs, std::move(b)); }
-void abandon(std::unique_ptr<std::uint8_t[]> p) noexcept { keep(abandoned().raw, std::move(p)); }
 
 BufferPool::Handle BufferPool::get(std::size_t bytes) {
   std::unique_ptr<Buf> b;

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/abandon.hpp"
 #include "dt/security.hpp"
 
 namespace dt::security {
@@ -52,11 +53,9 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   std::size_t free_bytes_ = 0;
 };
 
-/// Keeps memory that a transport may still read or write after its operation was given up (an
-/// unfinished operation of a failing job) until the process ends: never freed, never reused, and
-/// still reachable (no leak report). Costs nothing unless a job is failing.
+/// dt::abandon (comm/abandon.hpp) of a pool buffer's memory.
 void abandon(std::unique_ptr<BufferPool::Buf> b) noexcept;
-void abandon(std::unique_ptr<std::uint8_t[]> p) noexcept;
+using dt::abandon;
 
 class ShmMailboxes;
 

@@ -2,9 +2,11 @@
 // every collective and point-to-point operation, blocking and non-blocking, gives exactly what the
 // host communicator gives on host copies of the same data, and never touches device memory from
 // the host (that would kill the rank).
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check_harness.hpp"
@@ -118,6 +120,41 @@ void run_all(dt::Comm& staged, dt::Comm& host, const Dev& dev, const std::string
   }
 }
 
+// A collective that timed out on one rank stays pending in the host communicator and completes
+// when the others arrive, into the staging buffer it was given: later collectives must not stage
+// there. Rank 0 gives up on an all_reduce that the others join 0.5 s late; the all_reduces after it
+// (the same size, then a larger one, which would free a reused buffer) give the right results.
+void check_timed_out_staging(dt::StagedComm& c, dt::Comm& world, const Dev& dev) {
+  const int r = world.rank(), p = world.size();
+  const std::size_t n = 100000;
+  const dt::CommOptions patient{dt::Millis(60000)};  // the same call form on every rank
+  auto late = dev.up(values<float>(n, r, 100));
+  world.barrier();
+  if (r == 0) {
+    dt_test::expect_throw<dt::CommError>("a staged all_reduce that times out on rank 0",
+                                         [&] {
+                                           c.all_reduce(
+                                               dt::TensorView{late.get(), n, dt::DType::f32},
+                                               dt::ReduceOp::sum, dt::CommOptions{dt::Millis(100)});
+                                         },
+                                         {"100 ms"});
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    c.all_reduce(dt::TensorView{late.get(), n, dt::DType::f32}, dt::ReduceOp::sum, patient);
+  }
+  for (const std::size_t m : {n, 3 * n}) {
+    auto b = dev.up(values<float>(m, r, 200));
+    c.all_reduce(dt::TensorView{b.get(), m, dt::DType::f32}, dt::ReduceOp::sum, patient);
+    std::vector<float> want(m, 0.0f);
+    for (int q = 0; q < p; ++q) {
+      const auto v = values<float>(m, q, 200);
+      for (std::size_t i = 0; i < m; ++i) want[i] += v[i];
+    }
+    H.expect(same(dev.down<float>(b, m), want),
+             str("a staged all_reduce of ", m, " after one that timed out on rank 0"), "differs");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,6 +174,7 @@ int main(int argc, char** argv) {
     H.expect(dynamic_cast<dt::StagedComm*>(sub.get()) != nullptr, "split of a StagedComm",
              "is not staged");
     run_all<float>(*sub, *hsub, dev, "split");
+    if (world->size() > 1) check_timed_out_staging(staged, *world, dev);
     if (world->size() > 1) {
       // Point-to-point host copies are reused: rounds of a ring (a receive and a send in flight
       // at once) and of blocking exchanges allocate the first round's two buffers and no more.
