@@ -15,6 +15,7 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <new>
 #include <optional>
 #include <queue>
 #include <sstream>
@@ -441,26 +442,43 @@ std::vector<Share> sharded_shares(Comm& comm, const std::vector<CkptTensor>& ten
   const std::size_t T = tensors.size(), K = kChunkElements;
   const MPI_Comm mc = mpi_of(comm).handle();
   constexpr std::uint64_t kWhole = ~std::uint64_t{0};
+  // Runs `f`, this rank's work before the next collective call: a failure on any rank (out of
+  // memory, say) is thrown on every rank, naming the first rank that failed, so that none waits
+  // in a collective for a rank that gave up.
+  auto on_every_rank = [&](auto&& f) {
+    std::string problem;
+    try {
+      problem = f();
+    } catch (const std::bad_alloc&) {
+      problem = "out of memory while planning the save";
+    } catch (const std::exception& e) {
+      problem = message_of(e);
+    }
+    const auto [bad_rank, bad] = first_problem(comm, problem);
+    if (bad_rank < P) DT_THROW(CheckpointError, "rank ", bad_rank, ": ", bad);
+  };
   // What this rank holds: per tensor kWhole, or its count of pieces and 4 numbers per piece.
-  std::string problem;
   std::vector<std::vector<CkptPiece>> own(T);
   std::vector<std::uint64_t> desc;
-  for (std::size_t i = 0; i < T; ++i) {
-    const CkptTensor& t = tensors[i];
-    const std::string why = held_problem(t);
-    if (!why.empty() && problem.empty()) problem = t.path + ": " + why;
-    if (t.whole()) {
-      desc.push_back(kWhole);
-      continue;
+  on_every_rank([&] {
+    std::string problem;
+    for (std::size_t i = 0; i < T; ++i) {
+      const CkptTensor& t = tensors[i];
+      const std::string why = held_problem(t);
+      if (!why.empty() && problem.empty()) problem = t.path + ": " + why;
+      if (t.whole()) {
+        desc.push_back(kWhole);
+        continue;
+      }
+      if (why.empty()) own[i] = held_pieces(t);
+      desc.push_back(own[i].size());
+      for (const CkptPiece& p : own[i])
+        desc.insert(desc.end(), {p.begin, p.len, p.stride, p.count});
     }
-    if (why.empty()) own[i] = held_pieces(t);
-    desc.push_back(own[i].size());
-    for (const CkptPiece& p : own[i]) desc.insert(desc.end(), {p.begin, p.len, p.stride, p.count});
-  }
-  if (desc.size() >= (std::size_t{1} << 31) && problem.empty())
-    problem = "too many pieces (" + std::to_string(desc.size() / 4) + ") for one sharded save";
-  const auto [bad_rank, bad] = first_problem(comm, problem);
-  if (bad_rank < P) DT_THROW(CheckpointError, "rank ", bad_rank, ": ", bad);
+    if (desc.size() >= (std::size_t{1} << 31) && problem.empty())
+      problem = "too many pieces (" + std::to_string(desc.size() / 4) + ") for one sharded save";
+    return problem;
+  });
   std::vector<int> sizes(static_cast<std::size_t>(P)), displs(sizes);
   int mine = static_cast<int>(desc.size());
   DT_CHECK(CheckpointError,
@@ -473,7 +491,11 @@ std::vector<Share> sharded_shares(Comm& comm, const std::vector<CkptTensor>& ten
   }
   DT_CHECK(CheckpointError, total_desc < (std::size_t{1} << 31),
            "too many pieces to describe in one sharded save");
-  std::vector<std::uint64_t> all(total_desc);
+  std::vector<std::uint64_t> all;
+  on_every_rank([&] {
+    all.resize(total_desc);
+    return std::string();
+  });
   DT_CHECK(CheckpointError,
            MPI_Allgatherv(desc.data(), mine, MPI_UINT64_T, all.data(), sizes.data(), displs.data(),
                           MPI_UINT64_T, mc) == MPI_SUCCESS,
@@ -481,19 +503,22 @@ std::vector<Share> sharded_shares(Comm& comm, const std::vector<CkptTensor>& ten
   // Every rank's pieces per tensor, in rank order, each rank's in its own order.
   std::vector<std::vector<Held>> held(T);
   std::vector<int> whole_ranks(T, 0);
-  for (int r = 0; r < P; ++r) {
-    const std::uint64_t* d = all.data() + displs[static_cast<std::size_t>(r)];
-    for (std::size_t i = 0; i < T; ++i) {
-      const std::uint64_t h = *d++;
-      if (h == kWhole) {
-        ++whole_ranks[i];
-        continue;
+  on_every_rank([&] {
+    for (int r = 0; r < P; ++r) {
+      const std::uint64_t* d = all.data() + displs[static_cast<std::size_t>(r)];
+      for (std::size_t i = 0; i < T; ++i) {
+        const std::uint64_t h = *d++;
+        if (h == kWhole) {
+          ++whole_ranks[i];
+          continue;
+        }
+        for (std::uint64_t q = 0; q < h; ++q, d += 4)
+          held[i].push_back(Held{r, CkptPiece{d[0], d[1], d[2], d[3], nullptr}});
       }
-      for (std::uint64_t q = 0; q < h; ++q, d += 4)
-        held[i].push_back(Held{r, CkptPiece{d[0], d[1], d[2], d[3], nullptr}});
     }
-  }
-  all = {};
+    all = {};
+    return std::string();
+  });
   // The checks: each rank sweeps every P-th tensor; all ranks then name the first failing one.
   auto tensor_problem = [&](std::size_t i) -> std::string {
     if (whole_ranks[i] == P) return "";
@@ -505,11 +530,14 @@ std::vector<Share> sharded_shares(Comm& comm, const std::vector<CkptTensor>& ten
     return cover_problem(tensors[i], held[i]);
   };
   std::int64_t first_bad = static_cast<std::int64_t>(T);
-  for (std::size_t i = static_cast<std::size_t>(me); i < T; i += static_cast<std::size_t>(P))
-    if (!tensor_problem(i).empty()) {
-      first_bad = static_cast<std::int64_t>(i);
-      break;
-    }
+  on_every_rank([&] {
+    for (std::size_t i = static_cast<std::size_t>(me); i < T; i += static_cast<std::size_t>(P))
+      if (!tensor_problem(i).empty()) {
+        first_bad = static_cast<std::int64_t>(i);
+        break;
+      }
+    return std::string();
+  });
   comm.all_reduce(view_of(&first_bad, 1), ReduceOp::min);
   if (first_bad < static_cast<std::int64_t>(T))
     DT_THROW(CheckpointError, tensor_problem(static_cast<std::size_t>(first_bad)));
@@ -533,110 +561,115 @@ std::vector<Share> sharded_shares(Comm& comm, const std::vector<CkptTensor>& ten
   };
   std::vector<std::vector<Run>> runs(T);
   std::vector<std::vector<Block>> send(static_cast<std::size_t>(P)), recv(send);
-  const auto mine_replicated = my_chunks(numels, me, P);
-  std::size_t base = 0;
-  for (std::size_t i = 0; i < T; ++i) {
-    const std::size_t n = numels[i], k = chunks_of(n);
-    Share& s = shares[i];
-    if (whole_ranks[i] == P) {
-      if (mine_replicated[i].first < mine_replicated[i].second)
-        s.runs.push_back(mine_replicated[i]);
-      s.whole = tensors[i].data;
-      base += k;
-      continue;
-    }
-    std::vector<int> writer(k);
-    {
-      auto r =
-          static_cast<std::size_t>(std::upper_bound(lo.begin(), lo.end(), base) - lo.begin() - 1);
-      for (std::size_t c = 0; c < k; ++c) {
-        while (lo[r + 1] <= base + c) ++r;
-        writer[c] = static_cast<int>(r);
-      }
-    }
-    std::vector<std::size_t> acc(k, 0), touched;
-    for (std::size_t q = 0; q < held[i].size();) {
-      const int r = held[i][q].rank;
-      for (; q < held[i].size() && held[i][q].rank == r; ++q) {
-        const CkptPiece& p = held[i][q].p;
-        for (std::size_t c = p.begin / K; c * K < piece_end(p); ++c) {
-          const std::size_t m = below(p, std::min(n, (c + 1) * K)) - below(p, c * K);
-          if (m == 0) continue;
-          if (acc[c] == 0) touched.push_back(c);
-          acc[c] += m;
-        }
-      }
-      for (std::size_t c : touched) {
-        if (2 * acc[c] > std::min(n, (c + 1) * K) - c * K) writer[c] = r;
-        acc[c] = 0;
-      }
-      touched.clear();
-    }
-    std::size_t packed = 0;
-    for (std::size_t c = 0; c < k;) {
-      std::size_t c1 = c + 1;
-      while (c1 < k && writer[c1] == writer[c]) ++c1;
-      runs[i].push_back(Run{c, c1, writer[c], writer[c] == me ? packed : 0});
-      if (writer[c] == me) {
-        s.runs.emplace_back(c, c1);
-        packed += std::min(n, c1 * K) - c * K;
-      }
-      c = c1;
-    }
-    s.packed.resize(packed);
-    // The runs that meet piece p: from the one holding its first element to its last one.
-    auto first_run = [&](const CkptPiece& p) {
-      const std::size_t c = p.begin / K;
-      return std::upper_bound(runs[i].begin(), runs[i].end(), c,
-                              [](std::size_t x, const Run& u) { return x < u.c0; }) -
-             1;
-    };
-    // This rank's pieces go to the writers of the chunks they meet (copied here for its own).
-    for (const CkptPiece& p : own[i])
-      for (auto u = first_run(p); u != runs[i].end() && u->c0 * K < piece_end(p); ++u) {
-        const std::size_t a = u->c0 * K, b = std::min(n, u->c1 * K);
-        for_each_seg(p, a, b, [&](const Seg& g) {
-          if (u->writer != me) {
-            send[static_cast<std::size_t>(u->writer)].push_back(
-                Block{p.data + g.off, g.n, g.m, p.len});
-            return;
-          }
-          for (std::size_t j = 0; j < g.m; ++j)
-            std::memcpy(s.packed.data() + u->off + (g.e + j * p.stride - a),
-                        p.data + g.off + j * p.len, g.n * sizeof(float));
-        });
-      }
-    // The other ranks' pieces that meet this rank's chunks, in the order their holders send them.
-    for (const Held& h : held[i]) {
-      if (h.rank == me) continue;
-      for (auto u = first_run(h.p); u != runs[i].end() && u->c0 * K < piece_end(h.p); ++u) {
-        if (u->writer != me) continue;
-        const std::size_t a = u->c0 * K, b = std::min(n, u->c1 * K);
-        for_each_seg(h.p, a, b, [&](const Seg& g) {
-          recv[static_cast<std::size_t>(h.rank)].push_back(
-              Block{s.packed.data() + u->off + (g.e - a), g.n, g.m, h.p.stride});
-        });
-      }
-    }
-    base += k;
-  }
-  held = {};
-  const trace::Scope exchange_scope("ckpt.exchange", "ckpt");
   std::vector<MpiType> types(2 * static_cast<std::size_t>(P));
   std::vector<int> scount(static_cast<std::size_t>(P), 0), rcount(scount), zero(scount);
   std::vector<MPI_Datatype> stype(static_cast<std::size_t>(P), MPI_FLOAT), rtype(stype);
-  for (std::size_t d = 0; d < static_cast<std::size_t>(P); ++d) {
-    if (!send[d].empty()) {
-      types[2 * d] = block_type(send[d]);
-      stype[d] = types[2 * d].get();
-      scount[d] = 1;
+  // The plan, this rank's packed buffers (its share of the data: where an out-of-memory is most
+  // likely) and the datatypes of the exchange.
+  on_every_rank([&] {
+    const auto mine_replicated = my_chunks(numels, me, P);
+    std::size_t base = 0;
+    for (std::size_t i = 0; i < T; ++i) {
+      const std::size_t n = numels[i], k = chunks_of(n);
+      Share& s = shares[i];
+      if (whole_ranks[i] == P) {
+        if (mine_replicated[i].first < mine_replicated[i].second)
+          s.runs.push_back(mine_replicated[i]);
+        s.whole = tensors[i].data;
+        base += k;
+        continue;
+      }
+      std::vector<int> writer(k);
+      {
+        auto r =
+            static_cast<std::size_t>(std::upper_bound(lo.begin(), lo.end(), base) - lo.begin() - 1);
+        for (std::size_t c = 0; c < k; ++c) {
+          while (lo[r + 1] <= base + c) ++r;
+          writer[c] = static_cast<int>(r);
+        }
+      }
+      std::vector<std::size_t> acc(k, 0), touched;
+      for (std::size_t q = 0; q < held[i].size();) {
+        const int r = held[i][q].rank;
+        for (; q < held[i].size() && held[i][q].rank == r; ++q) {
+          const CkptPiece& p = held[i][q].p;
+          for (std::size_t c = p.begin / K; c * K < piece_end(p); ++c) {
+            const std::size_t m = below(p, std::min(n, (c + 1) * K)) - below(p, c * K);
+            if (m == 0) continue;
+            if (acc[c] == 0) touched.push_back(c);
+            acc[c] += m;
+          }
+        }
+        for (std::size_t c : touched) {
+          if (2 * acc[c] > std::min(n, (c + 1) * K) - c * K) writer[c] = r;
+          acc[c] = 0;
+        }
+        touched.clear();
+      }
+      std::size_t packed = 0;
+      for (std::size_t c = 0; c < k;) {
+        std::size_t c1 = c + 1;
+        while (c1 < k && writer[c1] == writer[c]) ++c1;
+        runs[i].push_back(Run{c, c1, writer[c], writer[c] == me ? packed : 0});
+        if (writer[c] == me) {
+          s.runs.emplace_back(c, c1);
+          packed += std::min(n, c1 * K) - c * K;
+        }
+        c = c1;
+      }
+      s.packed.resize(packed);
+      // The runs that meet piece p: from the one holding its first element to its last one.
+      auto first_run = [&](const CkptPiece& p) {
+        const std::size_t c = p.begin / K;
+        return std::upper_bound(runs[i].begin(), runs[i].end(), c,
+                                [](std::size_t x, const Run& u) { return x < u.c0; }) -
+               1;
+      };
+      // This rank's pieces go to the writers of the chunks they meet (copied here for its own).
+      for (const CkptPiece& p : own[i])
+        for (auto u = first_run(p); u != runs[i].end() && u->c0 * K < piece_end(p); ++u) {
+          const std::size_t a = u->c0 * K, b = std::min(n, u->c1 * K);
+          for_each_seg(p, a, b, [&](const Seg& g) {
+            if (u->writer != me) {
+              send[static_cast<std::size_t>(u->writer)].push_back(
+                  Block{p.data + g.off, g.n, g.m, p.len});
+              return;
+            }
+            for (std::size_t j = 0; j < g.m; ++j)
+              std::memcpy(s.packed.data() + u->off + (g.e + j * p.stride - a),
+                          p.data + g.off + j * p.len, g.n * sizeof(float));
+          });
+        }
+      // The other ranks' pieces that meet this rank's chunks, in the order their holders send them.
+      for (const Held& h : held[i]) {
+        if (h.rank == me) continue;
+        for (auto u = first_run(h.p); u != runs[i].end() && u->c0 * K < piece_end(h.p); ++u) {
+          if (u->writer != me) continue;
+          const std::size_t a = u->c0 * K, b = std::min(n, u->c1 * K);
+          for_each_seg(h.p, a, b, [&](const Seg& g) {
+            recv[static_cast<std::size_t>(h.rank)].push_back(
+                Block{s.packed.data() + u->off + (g.e - a), g.n, g.m, h.p.stride});
+          });
+        }
+      }
+      base += k;
     }
-    if (!recv[d].empty()) {
-      types[2 * d + 1] = block_type(recv[d]);
-      rtype[d] = types[2 * d + 1].get();
-      rcount[d] = 1;
+    held = {};
+    for (std::size_t d = 0; d < static_cast<std::size_t>(P); ++d) {
+      if (!send[d].empty()) {
+        types[2 * d] = block_type(send[d]);
+        stype[d] = types[2 * d].get();
+        scount[d] = 1;
+      }
+      if (!recv[d].empty()) {
+        types[2 * d + 1] = block_type(recv[d]);
+        rtype[d] = types[2 * d + 1].get();
+        rcount[d] = 1;
+      }
     }
-  }
+    return std::string();
+  });
+  const trace::Scope exchange_scope("ckpt.exchange", "ckpt");
   DT_CHECK(CheckpointError,
            MPI_Alltoallw(MPI_BOTTOM, scount.data(), zero.data(), stype.data(), MPI_BOTTOM,
                          rcount.data(), zero.data(), rtype.data(), mc) == MPI_SUCCESS,
@@ -1028,164 +1061,170 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
         MPI_Abort(MPI_COMM_WORLD, 3);
       }
     };
-    H5 lcpl(h5(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate", partial), H5Pclose);
-    h5(H5Pset_create_intermediate_group(lcpl, 1), "H5Pset_create_intermediate_group", partial, 0);
-    H5 dxpl = data_xfer(partial);
+    {  // every object in the file is closed at the end of this block, before the file
+      H5 lcpl(h5(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate", partial), H5Pclose);
+      h5(H5Pset_create_intermediate_group(lcpl, 1), "H5Pset_create_intermediate_group", partial, 0);
+      H5 dxpl = data_xfer(partial);
 
-    // Create every dataset first (collective metadata), then one write per dataset.
-    std::vector<H5> data_sets, sum_sets, crypto_sets;
-    for (const auto& t : tensors) {
-      std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-      if (dims.empty()) dims.push_back(1);
-      H5 sp(h5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-               "H5Screate_simple", partial),
-            H5Sclose);
-      data_sets.emplace_back(
-          h5(H5Dcreate2(f, t.path.c_str(), H5T_IEEE_F32LE, sp, lcpl, H5P_DEFAULT, H5P_DEFAULT),
-             "H5Dcreate2", partial),
-          H5Dclose);
-      hsize_t cdims[2] = {chunks_of(t.numel()), 32};
-      H5 csp(h5(H5Screate_simple(2, cdims, nullptr), "H5Screate_simple", partial), H5Sclose);
-      sum_sets.emplace_back(h5(H5Dcreate2(f, checksum_path(t.path).c_str(), H5T_STD_U8LE, csp, lcpl,
-                                          H5P_DEFAULT, H5P_DEFAULT),
-                               "H5Dcreate2", partial),
-                            H5Dclose);
-      if (keys) {
-        hsize_t rdims[2] = {chunks_of(t.numel()), kCryptoRow};
-        H5 rsp(h5(H5Screate_simple(2, rdims, nullptr), "H5Screate_simple", partial), H5Sclose);
-        crypto_sets.emplace_back(h5(H5Dcreate2(f, crypto_path(t.path).c_str(), H5T_STD_U8LE, rsp,
-                                               lcpl, H5P_DEFAULT, H5P_DEFAULT),
-                                    "H5Dcreate2", partial),
-                                 H5Dclose);
+      // Create every dataset first (collective metadata), then one write per dataset.
+      std::vector<H5> data_sets, sum_sets, crypto_sets;
+      for (const auto& t : tensors) {
+        std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+        if (dims.empty()) dims.push_back(1);
+        H5 sp(h5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                 "H5Screate_simple", partial),
+              H5Sclose);
+        data_sets.emplace_back(
+            h5(H5Dcreate2(f, t.path.c_str(), H5T_IEEE_F32LE, sp, lcpl, H5P_DEFAULT, H5P_DEFAULT),
+               "H5Dcreate2", partial),
+            H5Dclose);
+        hsize_t cdims[2] = {chunks_of(t.numel()), 32};
+        H5 csp(h5(H5Screate_simple(2, cdims, nullptr), "H5Screate_simple", partial), H5Sclose);
+        sum_sets.emplace_back(h5(H5Dcreate2(f, checksum_path(t.path).c_str(), H5T_STD_U8LE, csp,
+                                            lcpl, H5P_DEFAULT, H5P_DEFAULT),
+                                 "H5Dcreate2", partial),
+                              H5Dclose);
+        if (keys) {
+          hsize_t rdims[2] = {chunks_of(t.numel()), kCryptoRow};
+          H5 rsp(h5(H5Screate_simple(2, rdims, nullptr), "H5Screate_simple", partial), H5Sclose);
+          crypto_sets.emplace_back(h5(H5Dcreate2(f, crypto_path(t.path).c_str(), H5T_STD_U8LE, rsp,
+                                                 lcpl, H5P_DEFAULT, H5P_DEFAULT),
+                                      "H5Dcreate2", partial),
+                                   H5Dclose);
+        }
       }
-    }
-    const AbortUnlessAgreed guard{agreed, partial, comm.rank()};
-    // Writes `count` elements of `type` from `buf` (packed in file order) to the selection `fsp`.
-    auto write_packed = [&](hid_t set, hid_t fsp, hid_t type, const void* buf, std::size_t count) {
-      hsize_t m = std::max<std::size_t>(count, 1);
-      H5 msp(h5(H5Screate_simple(1, &m, nullptr), "H5Screate_simple", partial), H5Sclose);
-      if (count == 0) h5(H5Sselect_none(msp), "H5Sselect_none", partial, 0);
-      const float none = 0.0f;
-      h5(H5Dwrite(set, type, msp, fsp, dxpl, count ? buf : &none), "H5Dwrite", partial, 0);
-    };
-    // The digests of this rank's chunks are computed in a second thread while this one writes.
-    std::vector<std::vector<unsigned char>> all_sums(tensors.size());
-    std::exception_ptr hash_error;
-    std::thread hasher([&] {
+      const AbortUnlessAgreed guard{agreed, partial, comm.rank()};
+      // Writes `count` elements of `type` from `buf` (packed in file order) to the selection `fsp`.
+      auto write_packed = [&](hid_t set, hid_t fsp, hid_t type, const void* buf,
+                              std::size_t count) {
+        hsize_t m = std::max<std::size_t>(count, 1);
+        H5 msp(h5(H5Screate_simple(1, &m, nullptr), "H5Screate_simple", partial), H5Sclose);
+        if (count == 0) h5(H5Sselect_none(msp), "H5Sselect_none", partial, 0);
+        const float none = 0.0f;
+        h5(H5Dwrite(set, type, msp, fsp, dxpl, count ? buf : &none), "H5Dwrite", partial, 0);
+      };
+      // The digests of this rank's chunks are computed in a second thread while this one writes.
+      std::vector<std::vector<unsigned char>> all_sums(tensors.size());
+      std::exception_ptr hash_error;
+      std::thread hasher([&] {
+        try {
+          trace::set_thread_name("ckpt-hash");
+          const trace::Scope hash_scope("ckpt.hash", "ckpt");
+          for (std::size_t i = 0; i < tensors.size(); ++i) {
+            all_sums[i].resize(shares[i].chunks() * 32 + 32);
+            for_each_chunk(shares[i], tensors[i].numel(), [&](const ShareChunk& x) {
+              const Digest d = sha256(source(i, x), (x.e1 - x.e0) * sizeof(float));
+              std::copy(d.begin(), d.end(),
+                        all_sums[i].begin() + static_cast<std::ptrdiff_t>(x.q * 32));
+            });
+          }
+        } catch (...) {
+          hash_error = std::current_exception();
+        }
+      });
+      struct Join {
+        std::thread& t;
+        ~Join() {
+          if (t.joinable()) t.join();
+        }
+      } join{hasher};
+      // Independent transfers can fail on one rank only (a full or failing disk): each rank
+      // records its failure, and all ranks agree before the next collective call.
+      bool wrote = true;
+      std::string write_err;
       try {
-        trace::set_thread_name("ckpt-hash");
-        const trace::Scope hash_scope("ckpt.hash", "ckpt");
+        const trace::Scope write_scope("ckpt.write", "ckpt");
         for (std::size_t i = 0; i < tensors.size(); ++i) {
-          all_sums[i].resize(shares[i].chunks() * 32 + 32);
-          for_each_chunk(shares[i], tensors[i].numel(), [&](const ShareChunk& x) {
-            const Digest d = sha256(source(i, x), (x.e1 - x.e0) * sizeof(float));
-            std::copy(d.begin(), d.end(),
-                      all_sums[i].begin() + static_cast<std::ptrdiff_t>(x.q * 32));
-          });
+          const CkptTensor& t = tensors[i];
+          std::vector<std::pair<std::size_t, std::size_t>> ranges;
+          for (const auto& [c0, c1] : shares[i].runs)
+            ranges.emplace_back(c0 * kChunkElements, std::min(c1 * kChunkElements, t.numel()));
+          H5 fsp(h5(H5Dget_space(data_sets[i]), "H5Dget_space", partial), H5Sclose);
+          select_ranges(fsp, t.shape, ranges, partial);
+          if (shares[i].whole && !keys) {  // from the tensor in place
+            hsize_t n = std::max<std::size_t>(t.numel(), 1);
+            H5 msp(h5(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", partial), H5Sclose);
+            select_ranges(msp, Shape{static_cast<std::int64_t>(n)}, ranges, partial);
+            h5(H5Dwrite(data_sets[i], H5T_NATIVE_FLOAT, msp, fsp, dxpl, t.data), "H5Dwrite",
+               partial, 0);
+            continue;
+          }
+          const bool copy = keys && shares[i].whole;  // the sealed copy of a share read in place
+          write_packed(data_sets[i], fsp, H5T_NATIVE_FLOAT,
+                       copy ? sealed[i].data() : shares[i].packed.data(),
+                       copy ? sealed[i].size() : shares[i].packed.size());
         }
-      } catch (...) {
-        hash_error = std::current_exception();
-      }
-    });
-    struct Join {
-      std::thread& t;
-      ~Join() {
-        if (t.joinable()) t.join();
-      }
-    } join{hasher};
-    // Independent transfers can fail on one rank only (a full or failing disk): each rank
-    // records its failure, and all ranks agree before the next collective call.
-    bool wrote = true;
-    std::string write_err;
-    try {
-      const trace::Scope write_scope("ckpt.write", "ckpt");
-      for (std::size_t i = 0; i < tensors.size(); ++i) {
-        const CkptTensor& t = tensors[i];
-        std::vector<std::pair<std::size_t, std::size_t>> ranges;
-        for (const auto& [c0, c1] : shares[i].runs)
-          ranges.emplace_back(c0 * kChunkElements, std::min(c1 * kChunkElements, t.numel()));
-        H5 fsp(h5(H5Dget_space(data_sets[i]), "H5Dget_space", partial), H5Sclose);
-        select_ranges(fsp, t.shape, ranges, partial);
-        if (shares[i].whole && !keys) {  // from the tensor in place
-          hsize_t n = std::max<std::size_t>(t.numel(), 1);
-          H5 msp(h5(H5Screate_simple(1, &n, nullptr), "H5Screate_simple", partial), H5Sclose);
-          select_ranges(msp, Shape{static_cast<std::int64_t>(n)}, ranges, partial);
-          h5(H5Dwrite(data_sets[i], H5T_NATIVE_FLOAT, msp, fsp, dxpl, t.data), "H5Dwrite", partial,
-             0);
-          continue;
-        }
-        const bool copy = keys && shares[i].whole;  // the sealed copy of a share read in place
-        write_packed(data_sets[i], fsp, H5T_NATIVE_FLOAT,
-                     copy ? sealed[i].data() : shares[i].packed.data(),
-                     copy ? sealed[i].size() : shares[i].packed.size());
-      }
-    } catch (const std::exception& e) {
-      wrote = false;
-      write_err = e.what();
-    }
-    hasher.join();
-    if (hash_error) {
-      try {
-        std::rethrow_exception(hash_error);
       } catch (const std::exception& e) {
         wrote = false;
         write_err = e.what();
       }
-    }
-    try {
-      if (wrote)
-        for (std::size_t i = 0; i < tensors.size(); ++i) {
-          const std::size_t k = chunks_of(tensors[i].numel());
-          std::vector<std::pair<std::size_t, std::size_t>> rows;
-          for (const auto& [c0, c1] : shares[i].runs) rows.emplace_back(c0, c1);
-          // Rows [c0, c1) of a [k, width] dataset, from a buffer of this rank's rows in order.
-          auto write_rows = [&](hid_t set, std::size_t width, const unsigned char* buf) {
-            std::vector<std::pair<std::size_t, std::size_t>> elems;
-            for (const auto& [c0, c1] : rows) elems.emplace_back(c0 * width, c1 * width);
-            H5 fsp(h5(H5Dget_space(set), "H5Dget_space", partial), H5Sclose);
-            select_ranges(fsp,
-                          Shape{static_cast<std::int64_t>(k), static_cast<std::int64_t>(width)},
-                          elems, partial);
-            write_packed(set, fsp, H5T_NATIVE_UCHAR, buf, shares[i].chunks() * width);
-          };
-          write_rows(sum_sets[i], 32, all_sums[i].data());
-          if (keys) write_rows(crypto_sets[i], kCryptoRow, crypto_rows[i].data());
+      hasher.join();
+      if (hash_error) {
+        try {
+          std::rethrow_exception(hash_error);
+        } catch (const std::exception& e) {
+          wrote = false;
+          write_err = e.what();
         }
-    } catch (const std::exception& e) {
-      wrote = false;
-      write_err = e.what();
+      }
+      try {
+        if (wrote)
+          for (std::size_t i = 0; i < tensors.size(); ++i) {
+            const std::size_t k = chunks_of(tensors[i].numel());
+            std::vector<std::pair<std::size_t, std::size_t>> rows;
+            for (const auto& [c0, c1] : shares[i].runs) rows.emplace_back(c0, c1);
+            // Rows [c0, c1) of a [k, width] dataset, from a buffer of this rank's rows in order.
+            auto write_rows = [&](hid_t set, std::size_t width, const unsigned char* buf) {
+              std::vector<std::pair<std::size_t, std::size_t>> elems;
+              for (const auto& [c0, c1] : rows) elems.emplace_back(c0 * width, c1 * width);
+              H5 fsp(h5(H5Dget_space(set), "H5Dget_space", partial), H5Sclose);
+              select_ranges(fsp,
+                            Shape{static_cast<std::int64_t>(k), static_cast<std::int64_t>(width)},
+                            elems, partial);
+              write_packed(set, fsp, H5T_NATIVE_UCHAR, buf, shares[i].chunks() * width);
+            };
+            write_rows(sum_sets[i], 32, all_sums[i].data());
+            if (keys) write_rows(crypto_sets[i], kCryptoRow, crypto_rows[i].data());
+          }
+      } catch (const std::exception& e) {
+        wrote = false;
+        write_err = e.what();
+      }
+      if (!all_ok(comm, wrote)) {
+        agreed = true;  // every rank throws here: unwinding closes the file on all of them
+        DT_THROW(CheckpointError, "writing ", partial, " failed",
+                 write_err.empty() ? std::string(" on another rank") : ": " + write_err);
+      }
+      H5 root(h5(H5Gopen2(f, "/", H5P_DEFAULT), "H5Gopen2", partial), H5Gclose);
+      write_attr(root, "format", std::string(kCheckpointFormat), partial);
+      write_attr(root, "format_version", std::int64_t{kCheckpointVersion}, partial);
+      write_attr(root, "step", meta.step, partial);
+      write_attr(root, "tokens", meta.tokens, partial);
+      write_attr(root, "optimizer_step", meta.optimizer_step, partial);
+      write_attr(root, "data_position", meta.data_position, partial);
+      write_attr(root, "rng_seed", meta.rng_seed, partial);
+      write_attr(root, "loss_scale", meta.loss_scale, partial);
+      write_attr(root, "loss_scale_growth_tracker", meta.loss_scale_growth_tracker, partial);
+      write_attr(root, "loss_scale_hysteresis_left", meta.loss_scale_hysteresis_left, partial);
+      write_attr(root, "steps_skipped", meta.steps_skipped, partial);
+      write_attr(root, "config", meta.config, partial);
+      write_attr(root, "layout", meta.layout, partial);
+      write_attr(root, "dt_version", std::string(DT_VERSION), partial);
+      write_attr(root, "chunk_elements", static_cast<std::int64_t>(kChunkElements), partial);
+      write_attr(root, "datasets", static_cast<std::int64_t>(tensors.size()), partial);
+      write_attr(root, "manifest_sha256", hex_sha256(manifest_text(tensors)), partial);
+      write_attr(root, "meta_sha256", hex_sha256(meta_aad(meta, kCheckpointVersion)), partial);
+      if (keys) {
+        write_attr(root, "encryption", std::string(kEncryption), partial);
+        write_attr(root, "key_salt", salt_hex, partial);
+        write_attr(root, "key_check", check_hex, partial);
+        write_attr(root, "meta_tag", meta_hex, partial);
+      }
+      h5(H5Fflush(f, H5F_SCOPE_GLOBAL), "H5Fflush", partial, 0);
     }
-    if (!all_ok(comm, wrote)) {
-      agreed = true;  // every rank throws here: unwinding closes the file on all of them
-      DT_THROW(CheckpointError, "writing ", partial, " failed",
-               write_err.empty() ? std::string(" on another rank") : ": " + write_err);
-    }
-    H5 root(h5(H5Gopen2(f, "/", H5P_DEFAULT), "H5Gopen2", partial), H5Gclose);
-    write_attr(root, "format", std::string(kCheckpointFormat), partial);
-    write_attr(root, "format_version", std::int64_t{kCheckpointVersion}, partial);
-    write_attr(root, "step", meta.step, partial);
-    write_attr(root, "tokens", meta.tokens, partial);
-    write_attr(root, "optimizer_step", meta.optimizer_step, partial);
-    write_attr(root, "data_position", meta.data_position, partial);
-    write_attr(root, "rng_seed", meta.rng_seed, partial);
-    write_attr(root, "loss_scale", meta.loss_scale, partial);
-    write_attr(root, "loss_scale_growth_tracker", meta.loss_scale_growth_tracker, partial);
-    write_attr(root, "loss_scale_hysteresis_left", meta.loss_scale_hysteresis_left, partial);
-    write_attr(root, "steps_skipped", meta.steps_skipped, partial);
-    write_attr(root, "config", meta.config, partial);
-    write_attr(root, "layout", meta.layout, partial);
-    write_attr(root, "dt_version", std::string(DT_VERSION), partial);
-    write_attr(root, "chunk_elements", static_cast<std::int64_t>(kChunkElements), partial);
-    write_attr(root, "datasets", static_cast<std::int64_t>(tensors.size()), partial);
-    write_attr(root, "manifest_sha256", hex_sha256(manifest_text(tensors)), partial);
-    write_attr(root, "meta_sha256", hex_sha256(meta_aad(meta, kCheckpointVersion)), partial);
-    if (keys) {
-      write_attr(root, "encryption", std::string(kEncryption), partial);
-      write_attr(root, "key_salt", salt_hex, partial);
-      write_attr(root, "key_check", check_hex, partial);
-      write_attr(root, "meta_tag", meta_hex, partial);
-    }
-    h5(H5Fflush(f, H5F_SCOPE_GLOBAL), "H5Fflush", partial, 0);
+    // Collective, like the calls above, but past them: a rank that fails here meets the others
+    // in the agreement below.
+    h5(f.close(), "H5Fclose", partial, 0);
   } catch (const std::exception& e) {
     ok = false;
     err = e.what();

@@ -13,7 +13,7 @@ class H5 {
  public:
   H5() = default;
   /// Takes `id` (may be negative: then nothing is owned) and the function that closes it.
-  H5(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  H5(hid_t id, herr_t (*closer)(hid_t)) : id_(id), close_(closer) {}
   ~H5() {
     if (id_ >= 0 && close_) close_(id_);
   }
@@ -25,6 +25,12 @@ class H5 {
   }
   H5(const H5&) = delete;
   H5& operator=(const H5&) = delete;
+  /// Closes the identifier now and returns the close function's result (0 when nothing is owned).
+  herr_t close() noexcept {
+    const herr_t rc = id_ >= 0 && close_ ? close_(id_) : 0;
+    id_ = -1;
+    return rc;
+  }
   hid_t get() const noexcept { return id_; }
   bool ok() const noexcept { return id_ >= 0; }
   operator hid_t() const noexcept { return id_; }

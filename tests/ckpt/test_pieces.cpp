@@ -16,7 +16,9 @@
 //            save() returns and the files still hold the state at save(); encrypted too
 // Values are a function of (tensor, element), so every check is exact.
 #include <hdf5.h>
+#include <malloc.h>
 #include <mpi.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cmath>
@@ -331,6 +333,37 @@ void mode_mixed(dt::MpiComm& world, const std::string& dir) {
   load_and_check("one-rank file into the pieces", world, ref, mixed(n, me));
 }
 
+// Undoes squeeze_memory when destroyed.
+struct Unsqueeze {
+  bool on = false;
+  rlimit old{};
+  ~Unsqueeze() {
+    if (on) setrlimit(RLIMIT_AS, &old);
+  }
+};
+
+// Limits this process's address space to its present size plus `headroom` bytes, with every
+// allocation of 64 KiB or more mapped on its own (so that one fails at once instead of coming
+// from memory freed earlier).
+Unsqueeze squeeze_memory(std::size_t headroom) {
+  Unsqueeze u;
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return u;
+  char line[256];
+  unsigned long kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmSize: %lu kB", &kb) == 1) break;
+  std::fclose(f);
+  if (kb == 0 || getrlimit(RLIMIT_AS, &u.old) != 0) return u;
+  mallopt(M_MMAP_MAX, 1 << 16);  // (MPI libraries may have turned mapping off)
+  mallopt(M_MMAP_THRESHOLD, 64 << 10);
+  malloc_trim(0);
+  rlimit lim = u.old;
+  lim.rlim_cur = kb * 1024 + headroom;
+  u.on = setrlimit(RLIMIT_AS, &lim) == 0;
+  return u;
+}
+
 void mode_refuse(dt::MpiComm& world, const std::string& dir) {
   const int me = world.rank(), n = world.size();
   const std::string d = dir + "/refuse";
@@ -381,6 +414,43 @@ void mode_refuse(dt::MpiComm& world, const std::string& dir) {
     if (me == 0) l[0] = whole_part();
     refused("whole on one rank only", l, {"/model/col.weight: held whole by 1 of the"});
   }
+#if !defined(__SANITIZE_ADDRESS__)  // (AddressSanitizer's allocator does not fail, it ends the run)
+  if (n >= 2) {
+    // Rank 1 runs out of memory packing its share (96 MiB) of a 128 MiB tensor held in ranges:
+    // refused on every rank, naming it, instead of the others waiting for it in the exchange;
+    // nothing is left behind. (An allocation that large cannot come from memory the process
+    // already has: malloc maps it, and the limit refuses that.)
+    const std::size_t N = std::size_t{1} << 25, q = N / 4 * 3;
+    const auto others = static_cast<std::size_t>(n - 1),
+               k = static_cast<std::size_t>(me - (me > 1));
+    const std::size_t a = me == 1 ? 0 : q + (N - q) * k / others,
+                      b = me == 1 ? q : q + (N - q) * (k + 1) / others;
+    std::vector<float> part(b - a, 1.0f);
+    dt::CkptTensor big;
+    big.path = "/model/big";
+    big.shape = {static_cast<std::int64_t>(N)};
+    big.data = part.data();
+    big.begin = a;
+    big.end = b;
+    const std::string what = "out of memory on rank 1";
+    const std::string msg = expect_throw<dt::CheckpointError>(
+        what,
+        [&] {
+          const Unsqueeze undo = me == 1 ? squeeze_memory(1 << 20) : Unsqueeze{};
+          dt::save_checkpoint(world, d, {big}, meta_at(2), 1);
+        },
+        {"cannot save " + d + "/step-2.h5: rank 1: out of memory"});
+    if (me == 0) std::printf("%s: refused: %s\n", what.c_str(), msg.c_str());
+    world.barrier();
+    if (me == 0) {
+      std::vector<std::string> names;
+      for (const auto& e : fs::directory_iterator(d)) names.push_back(e.path().filename());
+      std::sort(names.begin(), names.end());
+      H.expect(names == std::vector<std::string>{"latest", "step-1.h5"}, what + ": directory",
+               str(names.size(), " entries"));
+    }
+  }
+#endif
   {  // a rank holding none of a tensor as a list of empty pieces is fine, and so is this save
     Layout l = mixed(n, me);
     if (l[2].kind == Part::range) l[2] = pieces_part({{0, 0, 0, 0, nullptr}});
