@@ -228,7 +228,7 @@ void StagedComm::barrier(const CommOptions& opts) { host_->barrier(opts); }
 // The i* collectives run the host operation to completion here. With a limit (one no call
 // reaches), the host communicator polls its non-blocking form and sleeps between polls instead of
 // spinning inside a blocking MPI call, which a progress thread must not do (dt::GradBuckets).
-const CommOptions kPolled{Millis(std::int64_t{1} << 40)};
+const CommOptions kPolled{kPolledWait};
 
 Work StagedComm::iall_reduce(TensorView buf, ReduceOp op) {
   all_reduce(buf, op, kPolled);

@@ -95,8 +95,8 @@ void GradBuckets::launch_ready() {
       } else {
         // A blocking MPI call would spin in MPI's progress loop for the whole wait, which a
         // SCHED_FIFO progress thread must not do: poll the non-blocking form, sleeping between
-        // polls (Work::wait with a limit does). The limit is only there to get that form.
-        c->iall_reduce(v, ReduceOp::sum).wait(Millis(std::int64_t{1} << 40));
+        // polls (Work::wait with a limit does).
+        c->iall_reduce(v, ReduceOp::sum).wait(kPolledWait);
       }
       if (narrow)
         dev->call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(g), DT_HAL_F32,

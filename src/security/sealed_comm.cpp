@@ -10,6 +10,7 @@
 #include "comm/mpi_comm.hpp"
 #include "comm/progress.hpp"
 #include "comm/reduce.hpp"
+#include "comm/shm_segment.hpp"
 #include "dt/error.hpp"
 #include "dt/metrics.hpp"
 #include "dt/p2p.hpp"
@@ -21,6 +22,11 @@ namespace {
 
 constexpr int kCollTag = kReservedTagBase + 1;
 using Clock = std::chrono::steady_clock;
+
+// Waits for one transfer of a collective. A real-time thread (a QoS tier's communication thread,
+// which runs the queued collectives) polls, sleeping between polls, rather than spinning inside a
+// blocking MPI call: that would keep every normal thread of its core from running.
+void finish(Work& w) { w.wait(realtime_thread() ? kPolledWait : kNoTimeout); }
 
 std::size_t block_lo(std::size_t n, int b, int size) {
   return n * static_cast<std::size_t>(b) / static_cast<std::size_t>(size);
@@ -138,7 +144,7 @@ class SealedComm final : public Comm {
       if (next < works.size() && works[next]->test()) ++next;
     }
     void wait() {
-      for (; next < works.size(); ++next) works[next]->wait();
+      for (; next < works.size(); ++next) finish(*works[next]);
     }
   };
   void post_sends(std::vector<Work>& ws, const void* src, std::size_t n, DType t, int dst,
@@ -151,7 +157,7 @@ class SealedComm final : public Comm {
     }
   }
   static void wait_all(std::vector<Work>& ws) {
-    for (Work& w : ws) w.wait();
+    for (Work& w : ws) finish(w);
   }
 
   void do_all_reduce(TensorView buf, ReduceOp op);
@@ -277,7 +283,7 @@ void SealedComm::scatter_reduce(const void* own, std::size_t n, DType t, ReduceO
       if (q == me) continue;
       Work& w = recvs[static_cast<std::size_t>(q)][reduced];
       if (block)
-        w.wait();
+        finish(w);
       else if (!w.test())
         return false;
     }
@@ -380,7 +386,7 @@ void SealedComm::do_broadcast(TensorView buf, int root) {
   const std::size_t seg = seg_elems(buf.dtype);
   std::size_t k = 0;
   for (std::size_t off = 0; off < buf.numel; off += seg, ++k) {
-    if (pos > 0) recvs[k].wait();  // opened in place
+    if (pos > 0) finish(recvs[k]);  // opened in place
     if (pos < s - 1)
       sends.push_back(p2p_->isend_internal(
           ConstTensorView{at(buf.data, off, buf.dtype), std::min(seg, buf.numel - off), buf.dtype},
@@ -395,8 +401,8 @@ void SealedComm::do_barrier() {
   for (int k = 1; k < s; k *= 2) {
     Work r = p2p_->irecv_internal(TensorView{&dummy, 0, DType::u8}, (me - k + s) % s, kCollTag);
     Work w = p2p_->isend_internal(ConstTensorView{&dummy, 0, DType::u8}, (me + k) % s, kCollTag);
-    r.wait();
-    w.wait();
+    finish(r);
+    finish(w);
   }
 }
 
