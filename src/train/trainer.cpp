@@ -81,7 +81,10 @@ void add_train_options(Options& o, TrainConfig& c) {
            "step where the cosine reaches min-lr (0: train.steps)", 0L, 1L << 40)
       .add("optim.beta1", &c.optim.beta1, 0.9, "AdamW beta1", 0.0, 0.999999)
       .add("optim.beta2", &c.optim.beta2, 0.95, "AdamW beta2", 0.0, 0.999999)
-      .add("optim.eps", &c.optim.eps, 1e-8, "AdamW epsilon", 0.0, 1.0)
+      .add("optim.eps", &c.optim.eps, 1e-8,
+           "AdamW epsilon (above 0: a parameter whose gradients are all zero, such as the key "
+           "bias, would divide 0 by 0)",
+           1e-30, 1.0)
       .add("optim.weight-decay", &c.optim.weight_decay, 0.1,
            "decoupled weight decay on matrices and embeddings", 0.0, 10.0)
       .add("optim.grad-clip", &c.optim.grad_clip, 1.0, "global gradient norm limit (0: off)", 0.0,
@@ -303,6 +306,9 @@ TokenFile validate_and_load(TrainConfig& c) {
   }
   DT_CHECK(ConfigError, c.optim.min_lr <= c.optim.lr, "option --optim.min-lr: ", c.optim.min_lr,
            " is above --optim.lr=", c.optim.lr);
+  DT_CHECK(ConfigError, c.dtype != "fp16" || c.loss_scale_min <= c.loss_scale_initial,
+           "option --loss-scale.min: ", c.loss_scale_min,
+           " is above --loss-scale.initial=", c.loss_scale_initial);
   if (c.optim.decay_steps == 0) c.optim.decay_steps = c.steps;
   DT_CHECK(ConfigError, c.test_hold_at_step < c.steps,
            "option --test.hold-at-step: ", c.test_hold_at_step,
@@ -1454,9 +1460,12 @@ int Trainer::run() {
     log(line);
     return 0;
   }
-  const double val0 = evaluate();
-  obs_->on_eval(val0);
-  if (lead) {
+  // Without a validation split (data.val-fraction=0) there is nothing to evaluate: no validation
+  // loss is printed, logged or exported.
+  const bool validating = !eval_starts_.empty();
+  const double val0 = validating ? evaluate() : std::nan("");
+  if (validating) obs_->on_eval(val0);
+  if (lead && validating) {
     std::printf("step %6ld | val loss %.4f\n", static_cast<long>(step_), val0);
     std::fflush(stdout);
   }
@@ -1486,7 +1495,7 @@ int Trainer::run() {
     if (s.step > first_step || c_.steps - first_step == 1) total_secs += s.seconds;
     ++window_steps;
     const bool last = step_ == c_.steps;
-    const bool do_eval = last || (c_.eval_every > 0 && step_ % c_.eval_every == 0);
+    const bool do_eval = validating && (last || (c_.eval_every > 0 && step_ % c_.eval_every == 0));
     std::string val_text;
     if (do_eval) {
       val = evaluate();
@@ -1585,13 +1594,15 @@ int Trainer::run() {
     const std::int64_t ran = c_.steps - first_step;
     const double timed = static_cast<double>(ran > 1 ? ran - 1 : 1);
     const double tps = static_cast<double>(c_.batch) * T * timed / total_secs;
+    char val_text[96] = "no validation split";
+    if (validating)
+      std::snprintf(val_text, sizeof val_text, "val loss %.4f -> %.4f (%+.1f%%)", val0, val,
+                    (val - val0) / val0 * 100.0);
     std::printf(
         "dt_train: done: %ld steps in %s, %.0f tok/s (steady state), %.2f GFLOP/s per rank; "
-        "train loss "
-        "%.4f, val loss %.4f -> %.4f (%+.1f%%)\n",
+        "train loss %.4f, %s\n",
         static_cast<long>(c_.steps), duration_str(all_secs).c_str(), tps,
-        tps * gpt_flops_per_token(c_.model, T) / comm_.size() / 1e9, loss, val0, val,
-        (val - val0) / val0 * 100.0);
+        tps * gpt_flops_per_token(c_.model, T) / comm_.size() / 1e9, loss, val_text);
     if (c_.sample_tokens > 0) {
       std::vector<std::int32_t> prompt;
       if (c_.model.vocab == 256)
