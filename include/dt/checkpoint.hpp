@@ -205,8 +205,11 @@ std::string checkpoint_encryption(const std::string& path);
 /// block until the previous write finished; a write error is rethrown there.
 class AsyncCheckpointer {
  public:
-  /// With `keys` (copied) every save is encrypted (ckpt.encrypt).
-  AsyncCheckpointer(Comm& comm, std::string dir, int keep, const security::Keys* keys = nullptr);
+  /// With `keys` (copied) every save is encrypted (ckpt.encrypt). `timeout_s`: how long a save's
+  /// collectives may take before the hang watchdog ends the job (watchdog::LimitScope; negative:
+  /// the watchdog's timeout, 0: any time).
+  AsyncCheckpointer(Comm& comm, std::string dir, int keep, const security::Keys* keys = nullptr,
+                    double timeout_s = -1);
   ~AsyncCheckpointer();  ///< waits for the last write (errors are logged to stderr)
   AsyncCheckpointer(const AsyncCheckpointer&) = delete;
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;

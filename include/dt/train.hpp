@@ -58,6 +58,7 @@ struct TrainConfig {
   std::string ckpt_dir;         ///< "" disables checkpoints (and draining writes nothing)
   std::int64_t ckpt_every = 0;  ///< steps between saves (0: only at the end and on drain)
   std::int64_t ckpt_keep = 3;
+  double ckpt_timeout_s = 3600;  ///< a save or load's limit for the hang watchdog (0: none)
   bool ckpt_async = false;
   std::string ckpt_resume = "auto";         ///< auto | none | PATH
   bool eval_only = false;                   ///< report the loss of the resumed weights and stop
@@ -76,6 +77,7 @@ struct TrainConfig {
   std::int64_t test_skip_collective = -1;  ///< testing only: this rank never joins a collective
   std::int64_t test_skip_step = 2;         ///< ... the loss all_reduce of this step
   std::int64_t test_stall_during_save = -1;  ///< testing only: this rank stops mid-save
+  double test_save_delay_s = 0;              ///< testing only: the last rank's saves wait this long
   std::int64_t test_hold_at_step = 0;  ///< testing only: wait for a drain signal after this step
   // metrics and timeline (include/dt/metrics.hpp, include/dt/trace.hpp)
   int metrics_port = 0;  ///< HTTP /metrics at port + local_rank; 0 off; -1 a free port

@@ -30,9 +30,10 @@ namespace dt::watchdog {
 class OpRecord {
  public:
   OpRecord() = default;
-  /// `op` and `backend` must be string literals.
+  /// `op` and `backend` must be string literals. `timeout_s`: how long this operation may take
+  /// before the watchdog calls it a hang (negative: the watchdog's timeout; 0: never).
   OpRecord(const std::string& comm, std::uint64_t seq, const char* op, const char* backend, DType t,
-           std::size_t count) noexcept;
+           std::size_t count, double timeout_s = -1) noexcept;
   OpRecord(OpRecord&& o) noexcept : slot_(o.slot_), gen_(o.gen_) { o.slot_ = -1; }
   OpRecord& operator=(OpRecord&& o) noexcept;
   OpRecord(const OpRecord&) = delete;
@@ -43,6 +44,20 @@ class OpRecord {
  private:
   long slot_ = -1;
   std::uint64_t gen_ = 0;
+};
+
+/// While alive, the operations this thread records without a limit of their own may take
+/// `timeout_s` (0: any time) instead of the watchdog's timeout: for checkpoint saves and loads,
+/// whose collectives wait for the slowest rank's reads or writes. Nests.
+class LimitScope {
+ public:
+  explicit LimitScope(double timeout_s) noexcept;
+  ~LimitScope();
+  LimitScope(const LimitScope&) = delete;
+  LimitScope& operator=(const LimitScope&) = delete;
+
+ private:
+  double prev_;
 };
 
 /// What the calling rank is doing, for the dump ("forward", "checkpoint save"); `what` must be a

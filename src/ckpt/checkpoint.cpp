@@ -26,6 +26,7 @@
 #include "dt/qos.hpp"
 #include "dt/security.hpp"
 #include "dt/trace.hpp"
+#include "dt/watchdog.hpp"
 #include "h5.hpp"
 
 #ifndef DT_VERSION
@@ -1856,6 +1857,7 @@ struct AsyncCheckpointer::Impl {
   std::string dir;
   int keep;
   std::optional<security::Keys> keys;
+  double timeout_s = -1;
   std::thread thread;
   // Uninitialised on purpose: pages outside this rank's share are never touched.
   std::vector<std::unique_ptr<float[]>> snapshot;
@@ -1885,8 +1887,9 @@ struct AsyncCheckpointer::Impl {
 };
 
 AsyncCheckpointer::AsyncCheckpointer(Comm& comm, std::string dir, int keep,
-                                     const security::Keys* keys)
+                                     const security::Keys* keys, double timeout_s)
     : impl_(std::make_unique<Impl>()) {
+  impl_->timeout_s = timeout_s;
   if (keys) impl_->keys.emplace(*keys);
   impl_->comm = MpiComm::dup(mpi_of(comm).handle(), comm.name() + "/ckpt");
   impl_->dir = std::move(dir);
@@ -1984,6 +1987,7 @@ double AsyncCheckpointer::save(const std::vector<CkptTensor>& tensors, const Ckp
     trace::set_thread_name("ckpt-writer");
     pthread_setname_np(pthread_self(), "dt-ckpt");
     qos::apply_to_current_thread(qos::Role::io);
+    const watchdog::LimitScope limit(s->timeout_s);
     try {
       s->stats = save_checkpoint(*s->comm, s->dir, s->tensors, s->meta, s->keep, after_write,
                                  s->keys ? &*s->keys : nullptr);

@@ -42,6 +42,7 @@ struct Entry {
   DType dtype = DType::f32;
   std::size_t count = 0;
   std::int64_t t0 = 0, t1 = 0;  // t1 == 0: in flight
+  std::int64_t limit_ns = -1;   // how long it may take (-1: the watchdog's timeout; 0: any time)
   std::uint64_t gen = 0;        // 0: slot unused
 };
 
@@ -63,6 +64,7 @@ Recorder& recorder() {
 }
 
 std::atomic<const char*> g_activity{"starting"};
+thread_local double t_limit_s = -1;  // LimitScope's limit on this thread (negative: none)
 std::atomic<std::int64_t> g_step{-1};
 
 json entry_json(const Entry& e, std::int64_t now) {
@@ -115,8 +117,11 @@ std::string state_with(int rank, std::size_t max_records) {
 
 // --- recorder ----------------------------------------------------------------------------------
 
+LimitScope::LimitScope(double timeout_s) noexcept : prev_(t_limit_s) { t_limit_s = timeout_s; }
+LimitScope::~LimitScope() { t_limit_s = prev_; }
+
 OpRecord::OpRecord(const std::string& comm, std::uint64_t seq, const char* op, const char* backend,
-                   DType t, std::size_t count) noexcept {
+                   DType t, std::size_t count, double timeout_s) noexcept {
   Recorder& r = recorder();
   try {
     std::lock_guard<std::mutex> lk(r.mu);
@@ -130,6 +135,8 @@ OpRecord::OpRecord(const std::string& comm, std::uint64_t seq, const char* op, c
     e.count = count;
     e.t0 = now_ns();
     e.t1 = 0;
+    if (timeout_s < 0) timeout_s = t_limit_s;
+    e.limit_ns = timeout_s < 0 ? -1 : static_cast<std::int64_t>(timeout_s * 1e9);
     e.gen = g;
     Progress& p = r.comms[comm];
     p.started = std::max(p.started, seq);
@@ -229,18 +236,21 @@ struct Watchdog::Impl {
     }
   }
 
-  // The oldest collective in flight longer than the timeout, if any.
+  // The oldest collective in flight longer than its limit (the timeout unless it has its own),
+  // if any.
   bool overdue(Entry& out) {
     Recorder& r = recorder();
     const std::int64_t now = now_ns();
-    const auto limit = static_cast<std::int64_t>(s.timeout_s * 1e9);
+    const auto timeout = static_cast<std::int64_t>(s.timeout_s * 1e9);
     std::lock_guard<std::mutex> lk(r.mu);
     bool found = false;
-    for (const Entry& e : r.ring)
-      if (e.gen != 0 && e.t1 == 0 && now - e.t0 > limit && (!found || e.t0 < out.t0)) {
+    for (const Entry& e : r.ring) {
+      const std::int64_t limit = e.limit_ns < 0 ? timeout : e.limit_ns;
+      if (e.gen != 0 && e.t1 == 0 && limit > 0 && now - e.t0 > limit && (!found || e.t0 < out.t0)) {
         out = e;
         found = true;
       }
+    }
     return found;
   }
 
@@ -303,7 +313,8 @@ struct Watchdog::Impl {
                           {"backend", e.backend},
                           {"dtype", dtype_name(e.dtype)},
                           {"count", e.count}};
-    dump["timeout_s"] = s.timeout_s;
+    const double limit_s = e.limit_ns < 0 ? s.timeout_s : static_cast<double>(e.limit_ns) * 1e-9;
+    dump["timeout_s"] = limit_s;
     json ranks = json::array();
     std::vector<int> missing;
     std::ostringstream detail;
@@ -338,8 +349,8 @@ struct Watchdog::Impl {
       written = std::string("not written (") + ex.what() + ")";
     }
     std::ostringstream line;
-    line << "dt watchdog: rank " << rank << ": " << what << " has not completed after "
-         << s.timeout_s << " s; ";
+    line << "dt watchdog: rank " << rank << ": " << what << " has not completed after " << limit_s
+         << " s; ";
     if (missing.empty()) {
       line << "every rank has reached it (stuck inside the collective)";
     } else {

@@ -110,6 +110,11 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("ckpt.every", &c.ckpt_every, 0, "steps between checkpoints (0: only at the end)", 0L,
            1L << 40)
       .add("ckpt.keep", &c.ckpt_keep, 3, "newest checkpoints kept", 1L, 1000000L)
+      .add("ckpt.timeout-s", &c.ckpt_timeout_s, 3600.0,
+           "hang watchdog: a checkpoint save or load (its collectives wait for the slowest "
+           "rank's writes or reads) not finished after this many seconds ends the job, as "
+           "comm.timeout-s does for other collectives (0: no limit)",
+           0.0, 1e9)
       .add("ckpt.async", &c.ckpt_async, false,
            "write checkpoints in the background from a host snapshot")
       .add("ckpt.resume", &c.ckpt_resume, "auto",
@@ -142,6 +147,10 @@ void add_train_options(Options& o, TrainConfig& c) {
            -1L, 1L << 30)
       .add("test.skip-step", &c.test_skip_step, 2, "testing only: see test.skip-collective", 0L,
            1L << 40)
+      .add("test.save-delay-s", &c.test_save_delay_s, 0.0,
+           "testing only: the last rank's synchronous saves wait this long after their writes, "
+           "so the other ranks wait for it in the save's collectives, as behind a slow disk",
+           0.0, 3600.0)
       .add("test.stall-during-save", &c.test_stall_during_save, -1,
            "testing only: this rank stops in the middle of a synchronous save (inside HDF5's "
            "collective writes), so the others hang there and the watchdog must end the job",
@@ -493,7 +502,8 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   }
   if (c_.ckpt_async && !c_.ckpt_dir.empty()) {
     async_ = std::make_unique<AsyncCheckpointer>(comm_, c_.ckpt_dir, static_cast<int>(c_.ckpt_keep),
-                                                 c_.ckpt_encrypt ? keys_.get() : nullptr);
+                                                 c_.ckpt_encrypt ? keys_.get() : nullptr,
+                                                 c_.ckpt_timeout_s);
     async_->reserve(state_tensors());
   }
   const std::size_t bt = static_cast<std::size_t>(micro_) * c_.model.block;
@@ -1288,6 +1298,7 @@ void Trainer::state_to_device() {
 std::string Trainer::resume_from_checkpoint() {
   if (c_.ckpt_resume == "none" || (c_.ckpt_resume == "auto" && c_.ckpt_dir.empty())) return "";
   std::string used;
+  const watchdog::LimitScope limit(c_.ckpt_timeout_s);  // the reads wait for the slowest rank
   const CkptMeta m = resume(
       comm_, c_.ckpt_resume, c_.ckpt_dir, state_tensors(false), &used,
       [this](const std::string& line) { log("ckpt: " + line); },
@@ -1405,12 +1416,16 @@ void Trainer::save_checkpoint_now(bool sync) {
   // The save runs HDF5's own collectives: the watchdog sees it as one collective, so a save that
   // hangs inside HDF5 (an I/O error on some ranks only) ends the job instead of hanging it.
   watchdog::set_activity("checkpoint save", step_);
+  // Its collectives, and those inside it, wait for the slowest rank's writes: ckpt.timeout-s.
+  const watchdog::LimitScope save_limit(c_.ckpt_timeout_s);
   const watchdog::OpRecord save_record("checkpoint", ++saves_, "save", "hdf5", DType::u8, 0);
   const SaveStats st = save_checkpoint(
       comm_, c_.ckpt_dir, state_tensors(), meta, static_cast<int>(c_.ckpt_keep),
       [die, stall, this, &fail_here] {
         if (die) std::raise(SIGKILL);
         if (stall) stall_for_test("in the checkpoint save");
+        if (c_.test_save_delay_s > 0 && comm_.rank() == comm_.size() - 1)
+          std::this_thread::sleep_for(std::chrono::duration<double>(c_.test_save_delay_s));
         fail_here();
       },
       c_.ckpt_encrypt ? keys_.get() : nullptr);

@@ -4,7 +4,8 @@
 #   skip: never joins the loss all_reduce of a step (test.skip-collective): the watchdog must
 #         name that rank and that all_reduce on world;
 #   save: stops inside a checkpoint save (test.stall-during-save), so the other ranks hang inside
-#         HDF5's collective writes: the watchdog must name the save and say every rank is in it.
+#         HDF5's collective writes: the watchdog (with ckpt.timeout-s = TIMEOUT, the saves'
+#         limit) must name the save and say every rank is in it.
 # Either way the job must end within TIMEOUT + 10 s of the stall, exit non-zero, print one
 # watchdog line and leave a dump that says the same.
 set -u
@@ -15,7 +16,8 @@ mkdir -p "$dump"
 log=$dump/job.log
 case $mode in
   skip) extra=(--test.skip-collective="$skip"); mark="rank $skip: test.skip-collective: skipping" ;;
-  save) extra=(--test.stall-during-save="$skip" --ckpt.dir="$dump/ckpt" --ckpt.every=2)
+  save) extra=(--test.stall-during-save="$skip" --ckpt.dir="$dump/ckpt" --ckpt.every=2
+               --ckpt.timeout-s="$timeout_s")
         mark="rank $skip: in the checkpoint save" ;;
   *) echo "watchdog.sh: unknown mode $mode"; exit 2 ;;
 esac
