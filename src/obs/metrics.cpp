@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -358,7 +359,9 @@ void record_comm(const char* op, const char* backend, std::size_t bytes, double 
 // ---- files --------------------------------------------------------------------------------------
 
 void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  static std::atomic<std::uint64_t> calls{0};
+  const std::string tmp =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(++calls);
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) DT_THROW(Error, "cannot create ", tmp, ": ", std::strerror(errno));
   const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();

@@ -134,8 +134,12 @@ TrainTelemetry::TrainTelemetry(const TrainConfig& c, int rank, int world, double
     std::fflush(stderr);
   });
   if (exporter_->port() > 0) {
-    std::printf("dt_train: rank %d: metrics at http://%s:%d/metrics\n", rank,
-                eo.host == "0.0.0.0" ? "localhost" : eo.host.c_str(), exporter_->port());
+    const bool everywhere = eo.host == "0.0.0.0";
+    std::printf("dt_train: rank %d: metrics at http://%s:%d/metrics%s\n", rank,
+                everywhere ? "localhost" : eo.host.c_str(), exporter_->port(),
+                everywhere ? " (served on every interface; --metrics.host=127.0.0.1 keeps it on "
+                             "this node)"
+                           : "");
     std::fflush(stdout);
   }
   if (!c.trace_dir.empty()) {

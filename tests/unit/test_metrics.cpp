@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -442,6 +443,29 @@ TEST_CASE("metrics: textfile written atomically") {
   CHECK_THROWS_WITH_AS(
       dt::metrics::write_file_atomically((dir.path / "no/such/x.prom").string(), "a"),
       doctest::Contains("no/such/x.prom"), dt::Error);
+
+  // Two threads writing the same file at once (the watchdog's trace and the main thread's): each
+  // write is whole, none fails, and the file ends as one of them wrote it.
+  const std::string a(200000, 'a'), b(150000, 'b');
+  std::string errors;
+  std::mutex mu;
+  auto writer = [&](const std::string& text) {
+    for (int i = 0; i < 200; ++i) try {
+        dt::metrics::write_file_atomically(path, text);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lk(mu);
+        errors += std::string(e.what()) + "; ";
+      }
+  };
+  std::thread ta(writer, std::cref(a)), tb(writer, std::cref(b));
+  ta.join();
+  tb.join();
+  CHECK_MESSAGE(errors.empty(), errors);
+  const std::string got = slurp(path);
+  CHECK((got == a || got == b));
+  files = 0;
+  for (const auto& f : fs::directory_iterator(dir.path)) files += f.is_regular_file();
+  CHECK(files == 1);
 
   // Through an exporter, with the constant labels of the textfile.
   Registry r;
