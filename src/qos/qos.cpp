@@ -73,8 +73,12 @@ bool parse_int(const std::string& v, int lo, int hi, int* out) {
 std::string set_thread(int policy, int priority, int nice) {
   sched_param sp{};
   sp.sched_priority = priority;
-  if (int rc = pthread_setschedparam(pthread_self(), policy, &sp); rc != 0)
-    return std::strerror(rc);
+  // A real-time policy is not handed down: threads this one starts (an MPI or UCX helper, say)
+  // begin as SCHED_OTHER instead of preempting the compute threads of their core.
+  const bool rt = policy == SCHED_FIFO || policy == SCHED_RR;
+  if (::sched_setscheduler(static_cast<pid_t>(thread_id()),
+                           rt ? policy | SCHED_RESET_ON_FORK : policy, &sp) != 0)
+    return std::strerror(errno);
   if (policy != SCHED_FIFO && policy != SCHED_RR) {
     if (::setpriority(PRIO_PROCESS, static_cast<id_t>(thread_id()), nice) != 0)
       return std::string("nice ") + std::to_string(nice) + ": " + std::strerror(errno);

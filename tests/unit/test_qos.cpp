@@ -180,6 +180,16 @@ TEST_CASE("qos: each role gets its tier's policy") {
   if (sp.sched_priority != 0) {
     CHECK(comm.policy == SCHED_FIFO);
     CHECK(comm.rt_priority == 61);
+    // A thread the communication thread starts does not inherit its real-time policy.
+    ThreadSched child;
+    std::thread parent([&] {
+      dt::qos::apply_to_current_thread(dt::qos::Role::comm);
+      std::thread c([&] { child = read_sched(::syscall(SYS_gettid)); });
+      c.join();
+    });
+    parent.join();
+    CHECK(child.policy == SCHED_OTHER);
+    CHECK(child.rt_priority == 0);
   } else {
     MESSAGE("SCHED_FIFO is not permitted here: the refusal path is checked instead");
     CHECK(comm.policy == SCHED_OTHER);
