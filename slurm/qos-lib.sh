@@ -25,6 +25,21 @@ NUMA_ROOT=${DT_QOS_NUMA_ROOT:-/sys/devices/system/node}
 JOB=${SLURM_JOB_ID:-${SLURM_JOBID:-}}
 HOOK=$(basename "$0")
 
+# locked CMD...: runs CMD holding this node's QoS lock (a lock on STATE_DIR itself), so that the
+# prologs and epilogs of jobs that start and end together do not interleave their reads and
+# writes of the shared parent groups and their real-time budgets. Without flock, or when the lock
+# is not had within 60 s, CMD runs all the same (a hook must never hold a job up for long).
+locked() {
+  if command -v flock >/dev/null 2>&1 && mkdir -p "$STATE_DIR" 2>/dev/null; then
+    (
+      flock -w 60 9 || qlog "warning: no lock on $STATE_DIR within 60 s; going on without it"
+      "$@"
+    ) 9<"$STATE_DIR"
+  else
+    "$@"
+  fi
+}
+
 # qlog MESSAGE: one line in the QoS log (and on stderr, which Slurm keeps in slurmd's log when
 # debugging). Never fails.
 qlog() {
