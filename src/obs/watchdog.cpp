@@ -254,14 +254,29 @@ struct Watchdog::Impl {
     return found;
   }
 
+  // Time this process did not run (the job was suspended: Slurm's `scontrol suspend` stops every
+  // process with SIGSTOP) does not count towards the limits: the operations in flight were
+  // stopped with it. Starts in flight move later by `gap`.
+  void forgive(std::int64_t gap) {
+    Recorder& r = recorder();
+    std::lock_guard<std::mutex> lk(r.mu);
+    for (Entry& e : r.ring)
+      if (e.gen != 0 && e.t1 == 0) e.t0 += gap;
+  }
+
   void loop() {
     pthread_setname_np(pthread_self(), "dt-watchdog");
     post_query_recv();
+    constexpr std::int64_t kTick = 50'000'000, kStopped = 2'000'000'000;  // ns
+    std::int64_t last = now_ns();
     while (!stop.load()) {
       serve();
+      const std::int64_t now = now_ns();
+      if (now - last > kTick + kStopped) forgive(now - last - kTick);
+      last = now;
       Entry e;
       if (overdue(e)) investigate(e);
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::this_thread::sleep_for(std::chrono::nanoseconds(kTick));
     }
   }
 

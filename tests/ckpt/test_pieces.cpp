@@ -334,6 +334,7 @@ void mode_mixed(dt::MpiComm& world, const std::string& dir) {
   load_and_check("one-rank file into the pieces", world, ref, mixed(n, me));
 }
 
+#if !defined(__SANITIZE_ADDRESS__)  // (used only where malloc may fail: see mode_refuse)
 // Undoes squeeze_memory when destroyed.
 struct Unsqueeze {
   bool on = false;
@@ -364,6 +365,7 @@ Unsqueeze squeeze_memory(std::size_t headroom) {
   u.on = setrlimit(RLIMIT_AS, &lim) == 0;
   return u;
 }
+#endif
 
 void mode_refuse(dt::MpiComm& world, const std::string& dir) {
   const int me = world.rank(), n = world.size();
