@@ -31,9 +31,11 @@ class OpRecord {
  public:
   OpRecord() = default;
   /// `op` and `backend` must be string literals. `timeout_s`: how long this operation may take
-  /// before the watchdog calls it a hang (negative: the watchdog's timeout; 0: never).
+  /// before the watchdog calls it a hang (negative: the watchdog's timeout; 0: never). `peer`:
+  /// for a point-to-point operation, the world rank it waits for (then `seq` is not counted as
+  /// the communicator's collectives are); -1 for a collective.
   OpRecord(const std::string& comm, std::uint64_t seq, const char* op, const char* backend, DType t,
-           std::size_t count, double timeout_s = -1) noexcept;
+           std::size_t count, double timeout_s = -1, int peer = -1) noexcept;
   OpRecord(OpRecord&& o) noexcept : slot_(o.slot_), gen_(o.gen_) { o.slot_ = -1; }
   OpRecord& operator=(OpRecord&& o) noexcept;
   OpRecord(const OpRecord&) = delete;

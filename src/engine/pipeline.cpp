@@ -7,6 +7,7 @@
 #include <string>
 
 #include "dt/trace.hpp"
+#include "dt/watchdog.hpp"
 #include "model/layers.hpp"
 
 namespace dt {
@@ -653,9 +654,10 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
     } else if (n.op == "recv") {
       const trace::Scope s("recv", "pipeline", "micro-batch", micro);
       const WaitClock clock(m.wait_s);
-      comms_.p2p->recv(view_of(act(n.out[0]), static_cast<std::size_t>(BT * width(n.out[0]))),
-                       comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))],
-                       tag_of(n, false));
+      const int from = comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))];
+      const auto cnt = static_cast<std::size_t>(BT * width(n.out[0]));
+      const watchdog::OpRecord rec("pipeline", 0, "recv", "p2p", DType::f32, cnt, -1, from);
+      comms_.p2p->recv(view_of(act(n.out[0]), cnt), from, tag_of(n, false));
     } else {
       DT_THROW(InvalidArgument, "node ", n.name, ": the engine cannot run op '", n.op, "'");
     }
@@ -769,9 +771,10 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
       float* tmp = m.scratch.as<float>();
       {
         const WaitClock clock(m.wait_s);
-        comms_.p2p->recv(view_of(tmp, static_cast<std::size_t>(cnt)),
-                         comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))],
-                         tag_of(n, true));
+        const int from = comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))];
+        const watchdog::OpRecord rec("pipeline", 0, "recv", "p2p", DType::f32,
+                                     static_cast<std::size_t>(cnt), -1, from);
+        comms_.p2p->recv(view_of(tmp, static_cast<std::size_t>(cnt)), from, tag_of(n, true));
       }
       dev_.call(&dt_hal_v1_t::add, "add", grad(n.in[0]), static_cast<const float*>(grad(n.in[0])),
                 static_cast<const float*>(tmp), cnt);

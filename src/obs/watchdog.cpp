@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -43,6 +44,7 @@ struct Entry {
   std::size_t count = 0;
   std::int64_t t0 = 0, t1 = 0;  // t1 == 0: in flight
   std::int64_t limit_ns = -1;   // how long it may take (-1: the watchdog's timeout; 0: any time)
+  int peer = -1;                // point-to-point: the world rank it waits for
   std::uint64_t gen = 0;        // 0: slot unused
 };
 
@@ -76,6 +78,7 @@ json entry_json(const Entry& e, std::int64_t now) {
             {"count", e.count},
             {"bytes", e.count * dtype_size(e.dtype)},
             {"started_s_ago", static_cast<double>(now - e.t0) * 1e-9}};
+  if (e.peer >= 0) j["peer"] = e.peer;
   if (e.t1 != 0)
     j["seconds"] = static_cast<double>(e.t1 - e.t0) * 1e-9;
   else
@@ -85,8 +88,13 @@ json entry_json(const Entry& e, std::int64_t now) {
 
 std::string describe(const Entry& e) {
   std::ostringstream s;
-  s << e.op << " #" << e.seq << " on " << e.comm << " (" << dtype_name(e.dtype) << " x " << e.count
-    << ", " << e.backend << ")";
+  s << e.op;
+  if (e.peer >= 0)
+    s << (std::strcmp(e.op, "send") == 0 ? " to" : " from") << " rank " << e.peer;
+  else
+    s << " #" << e.seq;
+  s << " on " << e.comm << " (" << dtype_name(e.dtype) << " x " << e.count << ", " << e.backend
+    << ")";
   return s.str();
 }
 
@@ -121,7 +129,7 @@ LimitScope::LimitScope(double timeout_s) noexcept : prev_(t_limit_s) { t_limit_s
 LimitScope::~LimitScope() { t_limit_s = prev_; }
 
 OpRecord::OpRecord(const std::string& comm, std::uint64_t seq, const char* op, const char* backend,
-                   DType t, std::size_t count, double timeout_s) noexcept {
+                   DType t, std::size_t count, double timeout_s, int peer) noexcept {
   Recorder& r = recorder();
   try {
     std::lock_guard<std::mutex> lk(r.mu);
@@ -138,9 +146,12 @@ OpRecord::OpRecord(const std::string& comm, std::uint64_t seq, const char* op, c
     if (timeout_s < 0) timeout_s = t_limit_s;
     e.limit_ns = timeout_s < 0 ? -1 : static_cast<std::int64_t>(timeout_s * 1e9);
     e.gen = g;
-    Progress& p = r.comms[comm];
-    p.started = std::max(p.started, seq);
-    p.op = op;
+    e.peer = peer;
+    if (peer < 0) {
+      Progress& p = r.comms[comm];
+      p.started = std::max(p.started, seq);
+      p.op = op;
+    }
     slot_ = static_cast<long>((g - 1) % kRecords);
     gen_ = g;
   } catch (...) {
@@ -319,7 +330,7 @@ struct Watchdog::Impl {
     }
 
     // Which ranks have not reached the collective: they started fewer collectives on that
-    // communicator, or did not answer.
+    // communicator, or did not answer. For a point-to-point operation: its peer, and what it does.
     json dump;
     dump["detected_by"] = rank;
     dump["collective"] = {{"comm", e.comm},
@@ -328,6 +339,7 @@ struct Watchdog::Impl {
                           {"backend", e.backend},
                           {"dtype", dtype_name(e.dtype)},
                           {"count", e.count}};
+    if (e.peer >= 0) dump["collective"]["peer"] = e.peer;
     const double limit_s = e.limit_ns < 0 ? s.timeout_s : static_cast<double>(e.limit_ns) * 1e-9;
     dump["timeout_s"] = limit_s;
     json ranks = json::array();
@@ -345,10 +357,11 @@ struct Watchdog::Impl {
       std::uint64_t started = 0;
       if (st.contains("comms") && st["comms"].contains(e.comm))
         started = st["comms"][e.comm].value("started", std::uint64_t{0});
-      if (started < e.seq) {
+      if (e.peer >= 0 ? q == e.peer : started < e.seq) {
         missing.push_back(q);
-        detail << "; rank " << q << ": last " << e.comm << " collective #" << started << ", now "
-               << st.value("activity", std::string("?"));
+        detail << "; rank " << q << ": ";
+        if (e.peer < 0) detail << "last " << e.comm << " collective #" << started << ", ";
+        detail << "now " << st.value("activity", std::string("?"));
         const std::int64_t step = st.value("step", std::int64_t{-1});
         if (step >= 0) detail << " at step " << step;
       }
@@ -368,6 +381,9 @@ struct Watchdog::Impl {
          << " s; ";
     if (missing.empty()) {
       line << "every rank has reached it (stuck inside the collective)";
+    } else if (e.peer >= 0 && missing.size() == 1 && missing[0] == e.peer) {
+      line << "rank " << e.peer << " has not "
+           << (std::strcmp(e.op, "send") == 0 ? "received it" : "sent it") << detail.str();
     } else {
       line << (missing.size() == 1 ? "rank " : "ranks ");
       for (std::size_t i = 0; i < missing.size(); ++i) line << (i ? "," : "") << missing[i];

@@ -141,6 +141,11 @@ void add_train_options(Options& o, TrainConfig& c) {
            0.0, 1e9)
       .add("comm.dump-dir", &c.comm_dump_dir, ".",
            "folder for the watchdog's dump dt-watchdog-rank<R>.json (the job's output folder)")
+      .add("test.stall-rank", &c.test_stall_rank, -1,
+           "testing only: this rank stops at the start of step test.skip-step, before its "
+           "pipeline messages and collectives, so the others hang waiting for it and the "
+           "watchdog must name it",
+           -1L, 1L << 30)
       .add("test.skip-collective", &c.test_skip_collective, -1,
            "testing only: this rank never joins the loss all_reduce of step test.skip-step (it "
            "waits instead), so the others hang there and the watchdog must name it",
@@ -768,6 +773,10 @@ StepStats Trainer::step() {
   const int T = c_.model.block;
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   const float scale = static_cast<float>(loss_scale / (static_cast<double>(c_.batch) * T));
+  if (c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step) {
+    watchdog::set_activity("test.stall-rank: stopped before the step", step_);
+    stall_for_test("test.stall-rank: stopping before the step");
+  }
   watchdog::set_activity("forward and backward", step_);
   double loss_sum = 0;
   if (zero_) zero_->begin_step();

@@ -5,7 +5,10 @@
 #         name that rank and that all_reduce on world;
 #   save: stops inside a checkpoint save (test.stall-during-save), so the other ranks hang inside
 #         HDF5's collective writes: the watchdog (with ckpt.timeout-s = TIMEOUT, the saves'
-#         limit) must name the save and say every rank is in it.
+#         limit) must name the save and say every rank is in it;
+#   pipe: a pipeline stage (pp=2) stops before a step (test.stall-rank), so the other stage waits
+#         for its gradients in a point-to-point receive: the watchdog must name the receive, the
+#         rank it waits for and what that rank is doing.
 # Either way the job must end within TIMEOUT + 10 s of the stall, exit non-zero, print one
 # watchdog line and leave a dump that says the same.
 set -u
@@ -19,6 +22,8 @@ case $mode in
   save) extra=(--test.stall-during-save="$skip" --ckpt.dir="$dump/ckpt" --ckpt.every=2
                --ckpt.timeout-s="$timeout_s")
         mark="rank $skip: in the checkpoint save" ;;
+  pipe) extra=(--test.stall-rank="$skip" --parallel.pp=2)
+        mark="rank $skip: test.stall-rank: stopping before the step" ;;
   *) echo "watchdog.sh: unknown mode $mode"; exit 2 ;;
 esac
 "$@" --comm.timeout-s="$timeout_s" --comm.dump-dir="$dump" "${extra[@]}" >"$log" 2>&1 &
@@ -43,6 +48,9 @@ line=$(grep -m1 '^dt watchdog: ' "$log") || fail "no watchdog line"
 if [ "$mode" = skip ]; then
   echo "$line" | grep -qE "all_reduce #[0-9]+ on world .* rank $skip has not reached it" ||
     fail "the watchdog line does not name rank $skip and the all_reduce on world"
+elif [ "$mode" = pipe ]; then
+  echo "$line" | grep -qE "recv from rank $skip on pipeline .* rank $skip has not sent it; rank $skip: now test.stall-rank" ||
+    fail "the watchdog line does not name the receive from rank $skip and what rank $skip does"
 else
   echo "$line" | grep -qE "save #1 on checkpoint .* every rank has reached it" ||
     fail "the watchdog line does not name the checkpoint save"
@@ -60,6 +68,10 @@ if mode == "skip":
     assert c["op"] == "all_reduce" and c["comm"] == "world" and c["seq"] > 0, c
     assert ranks[skip]["comms"]["world"]["started"] < c["seq"]
     assert "skip-collective" in ranks[skip]["activity"]
+elif mode == "pipe":
+    assert d["missing_ranks"] == [skip], d["missing_ranks"]
+    assert c["op"] == "recv" and c["comm"] == "pipeline" and c["peer"] == skip, c
+    assert "stall-rank" in ranks[skip]["activity"]
 else:
     assert d["missing_ranks"] == [], d["missing_ranks"]
     assert c["op"] == "save" and c["comm"] == "checkpoint" and c["seq"] == 1, c
