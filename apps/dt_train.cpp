@@ -7,10 +7,13 @@
 // found a collective stuck longer than comm.timeout-s (it names the missing ranks); 75 drained on
 // SIGUSR1/SIGTERM after writing a checkpoint (requeue the job; it resumes from that checkpoint);
 // 5 a sealed message failed authentication (security.seal: the rank names the peer and sequence).
+#include <mpi.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,7 +57,19 @@ int main(int argc, char** argv) {
   dt::RuntimeOptions ro;
   ro.bind = dt::parse_bind_mode(cfg.bind);
   ro.use_pmix = cfg.pmix;
-  dt::Runtime rt(&argc, &argv, ro);
+  // A rank that cannot start (MPI without MPI_THREAD_MULTIPLE, the topology unreadable) ends the
+  // job with exit code 3, rather than terminating alone while the others wait for it.
+  std::optional<dt::Runtime> runtime;
+  try {
+    runtime.emplace(&argc, &argv, ro);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dt_train: error: cannot start: %s\n", dt::message_of(e).c_str());
+    int up = 0;
+    MPI_Initialized(&up);
+    if (up) MPI_Abort(MPI_COMM_WORLD, 3);
+    return 3;
+  }
+  dt::Runtime& rt = *runtime;
   const bool lead = rt.rank() == 0;
   cfg.config_text = opts.dump();
   cfg.local_rank = rt.topology().placement.local_rank;
@@ -150,6 +165,10 @@ int main(int argc, char** argv) {
   } catch (const dt::Error& e) {
     std::fprintf(stderr, "dt_train: rank %d: %s\n", rt.rank(), e.what());
     dt::trace::write_noexcept();  // the timeline up to the failure
+    rt.abort(3);
+  } catch (const std::exception& e) {  // out of memory on one rank, say: the others must not wait
+    std::fprintf(stderr, "dt_train: rank %d: %s\n", rt.rank(), e.what());
+    dt::trace::write_noexcept();
     rt.abort(3);
   }
 }
