@@ -343,8 +343,9 @@ GradSet load_grad_set(const std::string& path, double bucket_mb, std::size_t es)
     }
     DT_CHECK(ConfigError, used == val.size() && !val.empty(), "option --grad-set: ", path,
              ": model.", key, " = '", val, "' is not an integer");
-    DT_CHECK(ConfigError, *target > 0 || key == "vocab", "option --grad-set: ", path, ": model.",
-             key, " must be positive");
+    DT_CHECK(ConfigError, *target > 0 || (key == "vocab" && *target == 0),
+             "option --grad-set: ", path, ": model.", key, " must be positive",
+             key == "vocab" ? " (or 0: 256)" : "");
   }
   if (c.vocab == 0) c.vocab = 256;
   g.params = dt::gpt_params(c);
@@ -838,7 +839,8 @@ int main(int argc, char** argv) {
   });
   if (rc >= 0) return rc;
 
-  dt::Runtime rt(&argc, &argv);
+  const auto runtime = dt::start_runtime(&argc, &argv, {}, "dt_bench");
+  dt::Runtime& rt = *runtime;
   // Checks that need the job size: every rank decides alike, before any benchmark traffic.
   if (s.root >= rt.size()) {
     if (rt.rank() == 0)

@@ -14,7 +14,8 @@
 // with zero optimiser moments, from which dt_train --ckpt.resume=DIR/step-S.h5 starts.
 //
 // Exit codes: 0 success; 1 a checkpoint failed verification (every problem is printed, naming the
-// dataset and chunk); 2 bad usage or input (the message names the input and what is wrong).
+// dataset and chunk); 2 bad usage or input (the message names the input and what is wrong); 3 a
+// rank could not start (dt::start_runtime).
 // Under mpiexec every rank takes part in the verification and only rank 0 prints.
 #include <hdf5.h>
 #include <sys/stat.h>
@@ -59,7 +60,8 @@ constexpr const char* kUsage =
     "       dt_ckpt export FILE --format safetensors --output OUT.safetensors\n"
     "       dt_ckpt import IN.safetensors --output DIR --heads H [--step 0]\n"
     "Looks at, verifies and converts dt checkpoints (DIR/step-N.h5).\n"
-    "Exit codes: 0 ok, 1 a verification failed, 2 bad usage or input.\n"
+    "Exit codes: 0 ok, 1 a verification failed, 2 bad usage or input, 3 a rank could not "
+    "start.\n"
     "'dt_ckpt SUBCOMMAND --help' lists the options of a subcommand.\n";
 
 /// Largest safetensors header accepted (the reference implementation's limit).
@@ -1006,7 +1008,8 @@ int main(int argc, char** argv) {
   if (rc >= 0) return rc;
   DT_ASSERT(host_is_little_endian(), "dt_ckpt assumes a little-endian host");
 
-  dt::Runtime rt(&argc, &argv);
+  const auto runtime = dt::start_runtime(&argc, &argv, {}, "dt_ckpt");
+  dt::Runtime& rt = *runtime;
   const bool lead = rt.rank() == 0;
   try {
     if (a.sub == "list") rc = cmd_list(rt, a);

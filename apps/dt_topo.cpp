@@ -385,7 +385,8 @@ int main(int argc, char** argv) {
   dt::RuntimeOptions ro;
   ro.bind = dt::parse_bind_mode(s.bind);
   ro.use_pmix = s.pmix;
-  dt::Runtime rt(&argc, &argv, ro);
+  const auto runtime = dt::start_runtime(&argc, &argv, ro, "dt_topo");
+  dt::Runtime& rt = *runtime;
   if (s.corrupt_rank >= rt.size() && rt.rank() == 0)
     std::fprintf(stderr, "dt_topo: warning: --test.corrupt-rank=%ld is not a rank of this job\n",
                  s.corrupt_rank);

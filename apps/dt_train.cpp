@@ -7,13 +7,10 @@
 // found a collective stuck longer than comm.timeout-s (it names the missing ranks); 75 drained on
 // SIGUSR1/SIGTERM after writing a checkpoint (requeue the job; it resumes from that checkpoint);
 // 5 a sealed message failed authentication (security.seal: the rank names the peer and sequence).
-#include <mpi.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,18 +54,7 @@ int main(int argc, char** argv) {
   dt::RuntimeOptions ro;
   ro.bind = dt::parse_bind_mode(cfg.bind);
   ro.use_pmix = cfg.pmix;
-  // A rank that cannot start (MPI without MPI_THREAD_MULTIPLE, the topology unreadable) ends the
-  // job with exit code 3, rather than terminating alone while the others wait for it.
-  std::optional<dt::Runtime> runtime;
-  try {
-    runtime.emplace(&argc, &argv, ro);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dt_train: error: cannot start: %s\n", dt::message_of(e).c_str());
-    int up = 0;
-    MPI_Initialized(&up);
-    if (up) MPI_Abort(MPI_COMM_WORLD, 3);
-    return 3;
-  }
+  const auto runtime = dt::start_runtime(&argc, &argv, ro, "dt_train");
   dt::Runtime& rt = *runtime;
   const bool lead = rt.rank() == 0;
   cfg.config_text = opts.dump();

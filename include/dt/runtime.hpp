@@ -42,4 +42,11 @@ class Runtime {
   std::unique_ptr<Impl> impl_;
 };
 
+/// The runtime of application `app`. When it cannot start on this rank (MPI without
+/// MPI_THREAD_MULTIPLE, the topology unreadable), prints "APP: error: cannot start: WHY" and
+/// ends the job with exit code 3: MPI_Abort when MPI is up, so that no other rank waits for this
+/// one. Returns only a started runtime.
+std::unique_ptr<Runtime> start_runtime(int* argc, char*** argv, const RuntimeOptions& opts,
+                                       const char* app);
+
 }  // namespace dt

@@ -285,7 +285,8 @@ Device::Graph Device::capture(const std::function<void()>& work) const {
     work();
   } catch (...) {
     void* abandoned = nullptr;  // end the capture; the error above is the one to report
-    if (table_.v2.graph_end(ctx_, &abandoned) == DT_HAL_OK && abandoned)
+    if (table_.v2.graph_end && table_.v2.graph_end(ctx_, &abandoned) == DT_HAL_OK && abandoned &&
+        table_.v2.graph_destroy)
       table_.v2.graph_destroy(ctx_, abandoned);
     throw;
   }

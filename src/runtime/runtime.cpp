@@ -3,10 +3,12 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "../comm/mpi_comm.hpp"
 #include "../topo/hwloc_topo.hpp"
 #include "../topo/pmix_info.hpp"
+#include "dt/error.hpp"
 
 namespace dt {
 
@@ -119,6 +121,21 @@ Runtime::Runtime(int* argc, char*** argv, const RuntimeOptions& opts)
     : impl_(std::make_unique<Impl>(argc, argv, opts)) {}
 
 Runtime::~Runtime() = default;
+
+std::unique_ptr<Runtime> start_runtime(int* argc, char*** argv, const RuntimeOptions& opts,
+                                       const char* app) {
+  try {
+    return std::make_unique<Runtime>(argc, argv, opts);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: cannot start: %s\n", app, message_of(e).c_str());
+    std::fflush(stderr);
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    if (up && !down) MPI_Abort(MPI_COMM_WORLD, 3);
+    std::exit(3);
+  }
+}
 
 int Runtime::rank() const noexcept { return impl_->world->rank(); }
 int Runtime::size() const noexcept { return impl_->world->size(); }
