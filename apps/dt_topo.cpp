@@ -63,10 +63,16 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-// The value rank r contributes at element i: at most 316, so that every partial sum of up to
-// 53,000 ranks stays below 2^24 and is exact in f32 in any order (with (r + 1) * 4, sums passed
-// 2^24 near 2,900 ranks, rounded, and a healthy job failed the check).
+// The value rank r sends at element i: different for every rank, so a block from the wrong rank
+// shows.
 float pattern(int r, std::size_t i) {
+  return static_cast<float>((r + 1) * 4 + static_cast<int>(i % 61));
+}
+
+// The value rank r contributes to the all_reduce at element i: at most 316, so that every partial
+// sum of up to 53,000 ranks stays below 2^24 and is exact in f32 in any order (pattern's sums
+// pass 2^24 near 2,900 ranks and round, and a healthy job would fail the check).
+float sum_pattern(int r, std::size_t i) {
   return static_cast<float>((r % 64 + 1) * 4 + static_cast<int>(i % 61));
 }
 
@@ -91,8 +97,8 @@ class Checker {
  private:
   bool corrupt() const { return s_.corrupt_rank == w_.rank(); }
 
-  void fill(std::vector<float>& v, int r) const {
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = pattern(r, i);
+  void fill(std::vector<float>& v, int r, float (*value)(int, std::size_t) = pattern) const {
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = value(r, i);
     if (corrupt() && r == w_.rank() && !v.empty()) v[v.size() / 2] += 1.0f;  // the wrong buffer
   }
 
@@ -156,18 +162,18 @@ class Checker {
   void check_all_reduce() {
     const int n = w_.size();
     std::vector<float> buf(static_cast<std::size_t>(s_.check_elems));
-    fill(buf, w_.rank());
+    fill(buf, w_.rank(), sum_pattern);
     // Checksum of what this rank contributed, to find the rank whose input was wrong.
     double mine = 0, want_mine = 0;
     for (std::size_t i = 0; i < buf.size(); ++i) {
       mine += buf[i] * static_cast<double>(i % 1009 + 1);
-      want_mine += pattern(w_.rank(), i) * static_cast<double>(i % 1009 + 1);
+      want_mine += sum_pattern(w_.rank(), i) * static_cast<double>(i % 1009 + 1);
     }
     wait(w_.iall_reduce(dt::view_of(buf), dt::ReduceOp::sum));
     bool ok = true;
     for (std::size_t i = 0; i < buf.size() && ok; ++i) {
       double want = 0;
-      for (int r = 0; r < n; ++r) want += pattern(r, i);
+      for (int r = 0; r < n; ++r) want += sum_pattern(r, i);
       ok = buf[i] == static_cast<float>(want);
     }
     std::vector<std::int32_t> wrong_result(n, 0), wrong_input(n, 0);

@@ -9,11 +9,13 @@
 // large contiguous runs). Every chunk has a SHA-256 digest in
 // /checksums/<dataset path> ([chunks, 32] uint8), so any reader, with any layout, can verify any
 // part. Root attributes: format ("dt-checkpoint"), format_version, step, tokens, optimizer_step,
-// data_position, rng_seed, loss_scale, config, layout, dt_version, chunk_elements, and (format
-// version 2) meta_sha256: the hex SHA-256 of step to layout, checked on every read, so that a
+// data_position, rng_seed, loss_scale, config, layout, dt_version, chunk_elements; from format
+// version 2, meta_sha256: the hex SHA-256 of step to layout, checked on every read, so that a
 // damaged step or config is refused as a damaged chunk is; datasets and manifest_sha256: how
 // many datasets the save wrote and the SHA-256 of their names and shapes, which verify_file
-// checks, so that a tensor lost with its digests is found (version-1 files have none of these).
+// checks, so that a tensor lost with its digests is found (version-1 files have none of these);
+// from version 3, loss_scale_growth_tracker, loss_scale_hysteresis_left and steps_skipped (the
+// loss scaler's schedule, also covered by meta_sha256).
 //
 // Encryption at rest (ckpt.encrypt, with the job key of dt/security.hpp): every chunk of every
 // dataset is sealed with AES-256-GCM under a per-file key (HKDF of the job key and a random

@@ -32,7 +32,7 @@ class OpRecord {
   OpRecord() = default;
   /// `op` and `backend` must be string literals. `timeout_s`: how long this operation may take
   /// before the watchdog calls it a hang (negative: the watchdog's timeout; 0: never). `peer`:
-  /// for a point-to-point operation, the world rank it waits for (then `seq` is not counted as
+  /// for a point-to-point receive, the world rank it waits for (then `seq` is not counted as
   /// the communicator's collectives are); -1 for a collective.
   OpRecord(const std::string& comm, std::uint64_t seq, const char* op, const char* backend, DType t,
            std::size_t count, double timeout_s = -1, int peer = -1) noexcept;

@@ -71,15 +71,17 @@ std::string errno_text() { return std::strerror(errno); }
 
 // Renames checkpoint `path` out of its folder's checkpoints, to path.superseded (or
 // .superseded.N when that is taken), and returns the new name; where the rename fails the file
-// stays as it is, and the text says so.
-std::string move_aside(const std::string& path) {
+// stays as it is, and the text says so. With `link_only` the file is linked there and stays at
+// `path` too (a commit then renames over it, so that `path` never goes missing).
+std::string move_aside(const std::string& path, bool link_only = false) {
   std::string to = path + ".superseded";
   for (int n = 2; ::access(to.c_str(), F_OK) == 0; ++n) {
     if (n == 1000) return path + " (kept as it is: no free name " + path + ".superseded.N)";
     to = path + ".superseded." + std::to_string(n);
   }
-  if (::rename(path.c_str(), to.c_str()) != 0)
-    return path + " (kept as it is: rename failed: " + errno_text() + ")";
+  if ((link_only ? ::link(path.c_str(), to.c_str()) : ::rename(path.c_str(), to.c_str())) != 0)
+    return path + " (kept as it is: " + (link_only ? "link" : "rename") +
+           " failed: " + errno_text() + ")";
   return to;
 }
 
@@ -530,16 +532,20 @@ std::vector<Share> sharded_shares(Comm& comm, const std::vector<CkptTensor>& ten
              "on every rank)";
     return cover_problem(tensors[i], held[i]);
   };
+  // (-1: a rank failed to check, out of memory; the one reduction tells every rank either way.)
   std::int64_t first_bad = static_cast<std::int64_t>(T);
-  on_every_rank([&] {
+  try {
     for (std::size_t i = static_cast<std::size_t>(me); i < T; i += static_cast<std::size_t>(P))
       if (!tensor_problem(i).empty()) {
         first_bad = static_cast<std::int64_t>(i);
         break;
       }
-    return std::string();
-  });
+  } catch (const std::exception&) {
+    first_bad = -1;
+  }
   comm.all_reduce(view_of(&first_bad, 1), ReduceOp::min);
+  DT_CHECK(CheckpointError, first_bad >= 0,
+           "a rank ran out of memory while checking the pieces of a sharded save");
   if (first_bad < static_cast<std::int64_t>(T))
     DT_THROW(CheckpointError, tensor_problem(static_cast<std::size_t>(first_bad)));
 
@@ -1255,10 +1261,12 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
   if (comm.rank() == 0) {
     try {
       const trace::Scope commit_scope("ckpt.commit", "ckpt");
-      // A checkpoint of this step already here is of another line of training: set aside too.
+      // A checkpoint of this step already here is of another line of training: set aside too
+      // (linked, so that the rename below replaces it in one step and `latest` never names a
+      // missing file).
       if (::access(final_path.c_str(), F_OK) == 0) {
-        const std::string to = move_aside(final_path);
-        DT_CHECK(CheckpointError, ::access(final_path.c_str(), F_OK) != 0, "cannot set aside ",
+        const std::string to = move_aside(final_path, true);
+        DT_CHECK(CheckpointError, to.rfind(final_path + ".superseded", 0) == 0, "cannot set aside ",
                  final_path, " (another line of training) before committing over it: ", to);
         stats.set_aside.push_back(final_path + " -> " + to);
       }
@@ -1434,6 +1442,11 @@ Shape dataset_shape(hid_t d, const std::string& path) {
   return Shape(dims.begin(), dims.end());
 }
 
+// The two key errors that come from this run's settings rather than from the file (resume stops
+// at them: an older file of the other kind must not roll the run back).
+constexpr const char* kPlainWithKeys = " is not encrypted, and ckpt.encrypt is on";
+constexpr const char* kEncryptedWithoutKeys = "; loading it needs the job key";
+
 // The decryption context of an encrypted file (nullopt for a plain one, and for an encrypted one
 // when `keys` is null and `require` is false). Throws CheckpointError "checkpoint key: ..." for an
 // encrypted file without keys (when `require`), a plain file with keys (when `require`), a
@@ -1444,18 +1457,16 @@ std::optional<security::Aead> open_crypto(hid_t file, const std::string& path,
   H5 root(h5(H5Gopen2(file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
   const bool encrypted = has_attr(root, "encryption");
   if (!encrypted) {
-    DT_CHECK(CheckpointError, !(keys && require), "checkpoint key: ", path,
-             " is not encrypted, and ckpt.encrypt is on: refusing to load unauthenticated data "
-             "(load it with ckpt.encrypt=false)");
+    DT_CHECK(CheckpointError, !(keys && require), "checkpoint key: ", path, kPlainWithKeys,
+             ": refusing to load unauthenticated data (load it with ckpt.encrypt=false)");
     return std::nullopt;
   }
   const std::string alg = read_string_attr(root, "encryption", path);
   DT_CHECK(CheckpointError, alg == kEncryption, path, ": encryption '", alg,
            "' is not supported (this dt reads ", kEncryption, ")");
   if (!keys) {
-    DT_CHECK(CheckpointError, !require, "checkpoint key: ", path,
-             " is encrypted (", kEncryption,
-             "); loading it needs the job key (ckpt.encrypt=true with security.key_file)");
+    DT_CHECK(CheckpointError, !require, "checkpoint key: ", path, " is encrypted (", kEncryption,
+             ")", kEncryptedWithoutKeys, " (ckpt.encrypt=true with security.key_file)");
     return std::nullopt;
   }
   security::Salt salt{};
@@ -1818,7 +1829,9 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
   std::getline(in, latest);
   std::vector<std::string> order;
   for (std::string line; std::getline(in, line);) order.push_back(line);
-  // A key error may be one file's damage: older files are tried, and it is thrown if none loads.
+  // A key error may be one file's damage (a wrong or malformed key check): older files are tried,
+  // and it is thrown if none loads. One that comes from the settings (a file encrypted and no
+  // key, or plain with ckpt.encrypt on) is thrown at once.
   std::string key_error;
   for (const auto& path : order) {
     try {
@@ -1836,6 +1849,9 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
       return m;
     } catch (const CheckpointError& err) {
       if (err.message().rfind("checkpoint does not match the model", 0) == 0) throw;
+      if (err.message().find(kPlainWithKeys) != std::string::npos ||
+          err.message().find(kEncryptedWithoutKeys) != std::string::npos)
+        throw;
       if (err.message().rfind("checkpoint key:", 0) == 0 && key_error.empty())
         key_error = err.message();
       log("skipping " + path + ": " + err.message());

@@ -111,7 +111,8 @@ std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name
   const bool uniform = ls[0] == -ls[1];
   if (c->nodes_ > 1 && uniform) c->cross_ = c->mpi_->split_mpi(me, ids[0]);
 
-  // One POSIX shared-memory object per node: L segments of [control | staging | arena].
+  // One POSIX shared-memory object per node: L segments of [control | small slots | staging |
+  // arena].
   c->seg_bytes_ =
       kStagingOff + round_up(cfg.staging_bytes, kAlign) + round_up(cfg.arena_bytes, kAlign);
   std::string err;

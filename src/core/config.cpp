@@ -190,12 +190,11 @@ bool Options::parse(int argc, const char* const* argv) {
       std::ifstream in(path);
       DT_CHECK(ConfigError, in.good(), "config file '", path, "' cannot be read (",
                std::strerror(errno), ")");
-      struct stat st {};
-      DT_CHECK(ConfigError, ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode), "config file '",
-               path, "' is not a regular file");
+      struct stat st {};  // (a pipe such as <(...) is fine; a directory opens and reads nothing)
+      DT_CHECK(ConfigError, !(::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)),
+               "config file '", path, "' is a directory");
       po::store(po::parse_config_file(in, impl_->desc, /*allow_unregistered=*/false), vm);
-      DT_CHECK(ConfigError, !in.bad(), "config file '", path, "' could not be read to the end (",
-               std::strerror(errno), ")");
+      DT_CHECK(ConfigError, !in.bad(), "config file '", path, "' could not be read to the end");
     }
     po::notify(vm);
   } catch (po::invalid_option_value& e) {

@@ -71,8 +71,9 @@ int Graph::count(const std::string& op) const {
 Graph build_gpt(const GptConfig& c, int B, int T) {
   DT_CHECK(InvalidArgument, B >= 1 && T >= 1 && T <= c.block, "micro-batch ", B, " x ", T,
            " tokens does not fit a model of seq-len ", c.block);
-  DT_CHECK(InvalidArgument, c.heads >= 1 && c.embd % c.heads == 0, "model.embd ", c.embd,
-           " is not divisible by model.heads ", c.heads, " (at least 1)");
+  DT_CHECK(InvalidArgument, c.heads >= 1, "model.heads ", c.heads, " must be at least 1");
+  DT_CHECK(InvalidArgument, c.embd % c.heads == 0, "model.embd ", c.embd,
+           " is not divisible by model.heads ", c.heads);
   Graph g;
   g.layers = c.layers;
   const std::int64_t C = c.embd, V = c.vocab;

@@ -76,8 +76,9 @@ Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, GptStorage storage)
       max_batch_(max_batch),
       params_(gpt_params(c)),
       ws_(std::make_unique<GemmWorkspace>()) {
-  DT_CHECK(InvalidArgument, c.heads >= 1 && c.embd % c.heads == 0, "model.embd ", c.embd,
-           " is not divisible by model.heads ", c.heads, " (at least 1)");
+  DT_CHECK(InvalidArgument, c.heads >= 1, "model.heads ", c.heads, " must be at least 1");
+  DT_CHECK(InvalidArgument, c.embd % c.heads == 0, "model.embd ", c.embd,
+           " is not divisible by model.heads ", c.heads);
   DT_CHECK(InvalidArgument, max_batch >= 1 && c.block >= 1 && c.layers >= 1 && c.vocab >= 1,
            "model sizes must be positive");
   nparams_ = params_.back().offset + params_.back().numel;

@@ -7,7 +7,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -90,7 +89,7 @@ std::string describe(const Entry& e) {
   std::ostringstream s;
   s << e.op;
   if (e.peer >= 0)
-    s << (std::strcmp(e.op, "send") == 0 ? " to" : " from") << " rank " << e.peer;
+    s << " from rank " << e.peer;  // (the point-to-point operations recorded are receives)
   else
     s << " #" << e.seq;
   s << " on " << e.comm << " (" << dtype_name(e.dtype) << " x " << e.count << ", " << e.backend
@@ -382,8 +381,7 @@ struct Watchdog::Impl {
     if (missing.empty()) {
       line << "every rank has reached it (stuck inside the collective)";
     } else if (e.peer >= 0 && missing.size() == 1 && missing[0] == e.peer) {
-      line << "rank " << e.peer << " has not "
-           << (std::strcmp(e.op, "send") == 0 ? "received it" : "sent it") << detail.str();
+      line << "rank " << e.peer << " has not sent it" << detail.str();
     } else {
       line << (missing.size() == 1 ? "rank " : "ranks ");
       for (std::size_t i = 0; i < missing.size(); ++i) line << (i ? "," : "") << missing[i];

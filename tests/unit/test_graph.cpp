@@ -193,8 +193,8 @@ TEST_CASE(
   CHECK_THROWS_AS(g::build_gpt(odd, 1, 4), dt::InvalidArgument);
   dt::GptConfig headless = c;  // refused, not a division by zero
   headless.heads = 0;
-  CHECK_THROWS_WITH_AS(g::build_gpt(headless, 1, 4), doctest::Contains("model.heads 0"),
-                       dt::InvalidArgument);
+  CHECK_THROWS_WITH_AS(g::build_gpt(headless, 1, 4),
+                       doctest::Contains("model.heads 0 must be at least 1"), dt::InvalidArgument);
 }
 
 TEST_CASE("graph infer_shapes: a wrong weight shape is refused, naming the node and the tensor") {
