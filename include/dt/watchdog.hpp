@@ -13,6 +13,12 @@
 // the answers, then writes a dump (every rank's recent collectives, what each is doing, which
 // ranks never reached the stuck collective) to DIR/dt-watchdog-rank<R>.json, prints one line
 // naming the collective and the missing ranks, and aborts the job (MPI_Abort) with exit_code.
+//
+// Time the process spends stopped does not count towards the limits: a gap in the watchdog's
+// checks that ends with a SIGCONT (Slurm's `scontrol suspend` and `resume` send SIGSTOP and
+// SIGCONT) is forgiven; the records keep their real start and end, and the dt_comm_* seconds
+// leave the stopped time out. A gap without a SIGCONT (the thread kept off its CPU, a debugger's
+// pause) counts: set comm.timeout-s=0 to debug a rank.
 #pragma once
 
 #include <cstddef>
@@ -73,6 +79,7 @@ struct Settings {
   double timeout_s = 600;  ///< 0: no watchdog thread (the recorder still records)
   std::string dump_dir = ".";
   int exit_code = 4;
+  double test_late_once_s = 0;  ///< testing only: the thread's first check is this much late
 };
 
 class Watchdog {

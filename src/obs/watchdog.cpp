@@ -1,6 +1,7 @@
 #include "dt/watchdog.hpp"
 
 #include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,6 +43,7 @@ struct Entry {
   DType dtype = DType::f32;
   std::size_t count = 0;
   std::int64_t t0 = 0, t1 = 0;  // t1 == 0: in flight
+  std::int64_t stopped = 0;     // of which the process was stopped (SIGSTOP to SIGCONT)
   std::int64_t limit_ns = -1;   // how long it may take (-1: the watchdog's timeout; 0: any time)
   int peer = -1;                // point-to-point: the world rank it waits for
   std::uint64_t gen = 0;        // 0: slot unused
@@ -68,6 +70,32 @@ std::atomic<const char*> g_activity{"starting"};
 thread_local double t_limit_s = -1;  // LimitScope's limit on this thread (negative: none)
 std::atomic<std::int64_t> g_step{-1};
 
+// SIGCONT: counted, so that the watchdog can tell a stop of the process (Slurm's `scontrol
+// suspend`, a shell's ^Z) from its own thread running late. The handler a library had is chained.
+std::atomic<std::uint64_t> g_continued{0};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+struct sigaction g_prev_cont;
+
+extern "C" void on_sigcont(int sig, siginfo_t* info, void* ctx) {
+  g_continued.fetch_add(1, std::memory_order_relaxed);
+  if (g_prev_cont.sa_flags & SA_SIGINFO) {
+    if (g_prev_cont.sa_sigaction) g_prev_cont.sa_sigaction(sig, info, ctx);
+  } else if (g_prev_cont.sa_handler != SIG_DFL && g_prev_cont.sa_handler != SIG_IGN) {
+    g_prev_cont.sa_handler(sig);
+  }
+}
+
+void count_continues() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigcont;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGCONT, &sa, &g_prev_cont);
+  });
+}
+
 json entry_json(const Entry& e, std::int64_t now) {
   json j = {{"comm", e.comm},
             {"seq", e.seq},
@@ -78,6 +106,7 @@ json entry_json(const Entry& e, std::int64_t now) {
             {"bytes", e.count * dtype_size(e.dtype)},
             {"started_s_ago", static_cast<double>(now - e.t0) * 1e-9}};
   if (e.peer >= 0) j["peer"] = e.peer;
+  if (e.stopped > 0) j["stopped_s"] = static_cast<double>(e.stopped) * 1e-9;
   if (e.t1 != 0)
     j["seconds"] = static_cast<double>(e.t1 - e.t0) * 1e-9;
   else
@@ -142,6 +171,7 @@ OpRecord::OpRecord(const std::string& comm, std::uint64_t seq, const char* op, c
     e.count = count;
     e.t0 = now_ns();
     e.t1 = 0;
+    e.stopped = 0;
     if (timeout_s < 0) timeout_s = t_limit_s;
     e.limit_ns = timeout_s < 0 ? -1 : static_cast<std::int64_t>(timeout_s * 1e9);
     e.gen = g;
@@ -186,9 +216,11 @@ void OpRecord::complete() noexcept {
     done.count = e.count * dtype_size(e.dtype);
     done.t0 = e.t0;
     done.t1 = e.t1;
+    done.stopped = std::min(e.stopped, e.t1 - e.t0);
   }
+  // The metrics count the time the operation ran; the timeline shows when it started and ended.
   metrics::record_comm(done.op, done.backend, done.count,
-                       static_cast<double>(done.t1 - done.t0) * 1e-9);
+                       static_cast<double>(done.t1 - done.t0 - done.stopped) * 1e-9);
   if (trace::enabled()) {
     const std::int64_t shift = trace::detail::now_ns() - now_ns();  // to the timeline's clock
     trace::detail::record(done.op, "comm", "seq", static_cast<std::int64_t>(done.seq),
@@ -246,9 +278,10 @@ struct Watchdog::Impl {
     }
   }
 
-  // The oldest collective in flight longer than its limit (the timeout unless it has its own),
-  // if any.
-  bool overdue(Entry& out) {
+  // The oldest operation in flight longer than its limit (the timeout unless it has its own),
+  // if any. Time the process was stopped does not count, nor does `unexplained` (a late tick not
+  // yet known to be a stop or not).
+  bool overdue(Entry& out, std::int64_t unexplained, std::int64_t unexplained_end) {
     Recorder& r = recorder();
     const std::int64_t now = now_ns();
     const auto timeout = static_cast<std::int64_t>(s.timeout_s * 1e9);
@@ -256,7 +289,10 @@ struct Watchdog::Impl {
     bool found = false;
     for (const Entry& e : r.ring) {
       const std::int64_t limit = e.limit_ns < 0 ? timeout : e.limit_ns;
-      if (e.gen != 0 && e.t1 == 0 && limit > 0 && now - e.t0 > limit && (!found || e.t0 < out.t0)) {
+      const std::int64_t held =
+          e.t0 < unexplained_end ? std::min(unexplained, unexplained_end - e.t0) : 0;
+      if (e.gen != 0 && e.t1 == 0 && limit > 0 && now - e.t0 - e.stopped - held > limit &&
+          (!found || e.t0 < out.t0)) {
         out = e;
         found = true;
       }
@@ -265,27 +301,48 @@ struct Watchdog::Impl {
   }
 
   // Time this process did not run (the job was suspended: Slurm's `scontrol suspend` stops every
-  // process with SIGSTOP) does not count towards the limits: the operations in flight were
-  // stopped with it. Starts in flight move later by `gap`.
-  void forgive(std::int64_t gap) {
+  // process with SIGSTOP, then continues it with SIGCONT) does not count towards the limits: the
+  // operations in flight were stopped with it. Each one in flight that started before the gap
+  // ended adds its part of `gap` to what it was stopped.
+  void forgive(std::int64_t gap, std::int64_t gap_end) {
     Recorder& r = recorder();
     std::lock_guard<std::mutex> lk(r.mu);
     for (Entry& e : r.ring)
-      if (e.gen != 0 && e.t1 == 0) e.t0 += gap;
+      if (e.gen != 0 && e.t1 == 0 && e.t0 < gap_end) e.stopped += std::min(gap, gap_end - e.t0);
   }
 
   void loop() {
     pthread_setname_np(pthread_self(), "dt-watchdog");
     post_query_recv();
-    constexpr std::int64_t kTick = 50'000'000, kStopped = 2'000'000'000;  // ns
+    // A tick later than kLate is a stop of the process only if a SIGCONT arrives with it or
+    // within kGrace after it; meanwhile no operation is called overdue for the missing time.
+    // Without one, this thread merely ran late (kept off its CPU), and the time counts.
+    constexpr std::int64_t kTick = 50'000'000, kLate = 250'000'000, kGrace = 1'000'000'000;  // ns
     std::int64_t last = now_ns();
+    std::uint64_t seen = g_continued.load();
+    std::int64_t unexplained = 0, unexplained_end = 0;
+    bool late_once = s.test_late_once_s > 0;
     while (!stop.load()) {
       serve();
       const std::int64_t now = now_ns();
-      if (now - last > kTick + kStopped) forgive(now - last - kTick);
+      if (now - last - kTick > kLate) {
+        unexplained += now - last - kTick;
+        unexplained_end = now;
+      }
       last = now;
+      if (const std::uint64_t c = g_continued.load(); c != seen) {
+        seen = c;
+        if (unexplained > 0) forgive(unexplained, unexplained_end);
+        unexplained = 0;
+      } else if (unexplained > 0 && now - unexplained_end > kGrace) {
+        unexplained = 0;
+      }
       Entry e;
-      if (overdue(e)) investigate(e);
+      if (overdue(e, unexplained, unexplained_end)) investigate(e);
+      if (late_once) {  // testing only: this thread kept off the CPU once
+        late_once = false;
+        std::this_thread::sleep_for(std::chrono::duration<double>(s.test_late_once_s));
+      }
       std::this_thread::sleep_for(std::chrono::nanoseconds(kTick));
     }
   }
@@ -401,6 +458,7 @@ Watchdog::Watchdog(MPI_Comm world, const Settings& s) : impl_(std::make_unique<I
   Impl& m = *impl_;
   m.s = s;
   if (s.timeout_s <= 0) return;
+  count_continues();
   DT_CHECK(Error, MPI_Comm_dup(world, &m.comm) == MPI_SUCCESS, "watchdog: MPI_Comm_dup failed");
   MPI_Comm_rank(m.comm, &m.rank);
   MPI_Comm_size(m.comm, &m.size);

@@ -1,0 +1,103 @@
+// The hang watchdog and time the process did not run (one rank).
+//   test_watchdog stop   the process is stopped (SIGSTOP) for 4 s and continued (SIGCONT) while an
+//                        operation with a 2 s limit is in flight: no hang. The record keeps its
+//                        real duration (5.5 s) and says how long the process was stopped.
+//   test_watchdog late   the watchdog thread itself runs 5 s late (kept off its CPU: no SIGCONT)
+//                        while an operation with a 3 s limit is in flight: that time counts, and
+//                        the watchdog aborts the job (exit 4) before the operation ends at 7.5 s.
+#include <mpi.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "dt/watchdog.hpp"
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void sleep_until_after(Clock::time_point t0, double seconds) {
+  const auto until =
+      t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  while (Clock::now() < until) std::this_thread::sleep_until(until);
+}
+
+int stop_case() {
+  dt::watchdog::Settings s;
+  s.timeout_s = 2;
+  s.dump_dir = "/tmp";
+  dt::watchdog::Watchdog wd(MPI_COMM_WORLD, s);
+  const auto t0 = Clock::now();
+  dt::watchdog::OpRecord rec("test", 1, "all_reduce", "mpi", dt::DType::f32, 4);
+  // A shell stops this process and continues it 4 s later, as `scontrol suspend` and `resume` do.
+  const std::string script = "sleep 0.3; kill -STOP " + std::to_string(getpid()) +
+                             "; sleep 4; kill -CONT " + std::to_string(getpid());
+  const char* argv[] = {"sh", "-c", script.c_str(), nullptr};
+  pid_t child = 0;
+  if (posix_spawnp(&child, "sh", nullptr, nullptr, const_cast<char**>(argv), environ) != 0) {
+    std::printf("FAIL: cannot start sh: %s\n", std::strerror(errno));
+    return 1;
+  }
+  sleep_until_after(t0, 5.5);
+  rec.complete();
+  int status = 0;
+  waitpid(child, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::printf("FAIL: the stopping shell did not succeed (status %d)\n", status);
+    return 1;
+  }
+  const auto state = nlohmann::json::parse(dt::watchdog::state_json(0));
+  const auto& r = state["records"].back();
+  const double seconds = r.value("seconds", -1.0), stopped = r.value("stopped_s", 0.0);
+  std::printf("record: %s\n", r.dump().c_str());
+  // Stopped for 4 s (less what the scheduler took to stop it and the watchdog's 50 ms tick).
+  if (seconds < 5.4 || stopped < 3.5 || stopped > 4.5) {
+    std::printf("FAIL: expected a record of about 5.5 s of which about 4 s stopped\n");
+    return 1;
+  }
+  std::printf("PASS: stopped %.2f s of %.2f s with a 2 s limit, no hang reported\n", stopped,
+              seconds);
+  return 0;
+}
+
+int late_case() {
+  dt::watchdog::Settings s;
+  s.timeout_s = 3;
+  s.dump_dir = "/tmp";
+  s.test_late_once_s = 5;
+  dt::watchdog::Watchdog wd(MPI_COMM_WORLD, s);
+  const auto t0 = Clock::now();
+  dt::watchdog::OpRecord rec("test", 1, "all_reduce", "mpi", dt::DType::f32, 4);
+  sleep_until_after(t0, 7.5);
+  rec.complete();
+  std::printf("FAIL: an operation of 7.5 s with a 3 s limit was not reported\n");
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  const std::string mode = argc > 1 ? argv[1] : "";
+  int rc = 2;
+  if (mode == "stop") {
+    rc = stop_case();
+  } else if (mode == "late") {
+    rc = late_case();
+  } else {
+    std::printf("usage: test_watchdog stop|late\n");
+  }
+  MPI_Finalize();
+  return rc;
+}
