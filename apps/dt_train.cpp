@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
   // The hang watchdog (destroyed before the runtime finalises MPI).
   dt::watchdog::Settings wds;
   wds.timeout_s = cfg.comm_timeout_s;
+  wds.scoped_limits = cfg.ckpt_timeout_s > 0;  // checkpoint saves and loads (watchdog::LimitScope)
   wds.dump_dir = cfg.comm_dump_dir;
   wds.exit_code = 4;
   dt::watchdog::Watchdog watchdog(MPI_COMM_WORLD, wds);

@@ -76,7 +76,10 @@ void set_activity(const char* what, std::int64_t step = -1) noexcept;
 std::string state_json(int rank);
 
 struct Settings {
-  double timeout_s = 600;  ///< 0: no watchdog thread (the recorder still records)
+  double timeout_s = 600;  ///< 0: no limit for operations without one of their own
+  /// LimitScopes with a limit above 0 will be used: the thread runs even when timeout_s is 0.
+  /// (Neither: no watchdog thread; the recorder still records.)
+  bool scoped_limits = false;
   std::string dump_dir = ".";
   int exit_code = 4;
   double test_late_once_s = 0;  ///< testing only: the thread's first check is this much late

@@ -457,7 +457,7 @@ struct Watchdog::Impl {
 Watchdog::Watchdog(MPI_Comm world, const Settings& s) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.s = s;
-  if (s.timeout_s <= 0) return;
+  if (s.timeout_s <= 0 && !s.scoped_limits) return;
   count_continues();
   DT_CHECK(Error, MPI_Comm_dup(world, &m.comm) == MPI_SUCCESS, "watchdog: MPI_Comm_dup failed");
   MPI_Comm_rank(m.comm, &m.rank);

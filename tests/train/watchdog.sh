@@ -5,7 +5,8 @@
 #         name that rank and that all_reduce on world;
 #   save: stops inside a checkpoint save (test.stall-during-save), so the other ranks hang inside
 #         HDF5's collective writes: the watchdog (with ckpt.timeout-s = TIMEOUT, the saves'
-#         limit) must name the save and say every rank is in it;
+#         limit, and comm.timeout-s = 0: no limit for other operations) must name the save and
+#         say every rank is in it;
 #   pipe: a pipeline stage (pp=2) stops before a step (test.stall-rank), so the other stage waits
 #         for its gradients in a point-to-point receive: the watchdog must name the receive, the
 #         rank it waits for and what that rank is doing.
@@ -17,16 +18,18 @@ shift 5
 rm -rf "$dump"
 mkdir -p "$dump"
 log=$dump/job.log
+comm_limit=$timeout_s
 case $mode in
   skip) extra=(--test.skip-collective="$skip"); mark="rank $skip: test.skip-collective: skipping" ;;
   save) extra=(--test.stall-during-save="$skip" --ckpt.dir="$dump/ckpt" --ckpt.every=2
                --ckpt.timeout-s="$timeout_s")
+        comm_limit=0
         mark="rank $skip: in the checkpoint save" ;;
   pipe) extra=(--test.stall-rank="$skip" --parallel.pp=2)
         mark="rank $skip: test.stall-rank: stopping before the step" ;;
   *) echo "watchdog.sh: unknown mode $mode"; exit 2 ;;
 esac
-"$@" --comm.timeout-s="$timeout_s" --comm.dump-dir="$dump" "${extra[@]}" >"$log" 2>&1 &
+"$@" --comm.timeout-s="$comm_limit" --comm.dump-dir="$dump" "${extra[@]}" >"$log" 2>&1 &
 pid=$!
 t_skip=""
 while kill -0 "$pid" 2>/dev/null; do
