@@ -46,7 +46,8 @@ struct Harness {
     return ok;
   }
   /// Collective over MPI_COMM_WORLD: rank 0 prints "NAME: all N checks passed on R ranks (S s)"
-  /// or "NAME: F of N checks FAILED on R ranks (failing ranks: ...; S s)". Returns the exit code.
+  /// or "NAME: F of N checks FAILED on R ranks (failing ranks: ...; S s)" (or that no checks ran,
+  /// which fails too). Returns the exit code.
   int finish(const char* name, double seconds) const {
     long local[2] = {fails, checks}, total[2] = {0, 0};
     MPI_Allreduce(local, total, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
@@ -60,7 +61,9 @@ struct Harness {
       if (f) failing += (failing.empty() ? "" : ",") + std::to_string(r);
     }
     if (rank == 0) {
-      if (total[0] == 0)
+      if (total[1] == 0)
+        std::printf("%s: FAILED: no checks ran on %d ranks\n", name, size);
+      else if (total[0] == 0)
         std::printf("%s: all %ld checks passed on %d ranks (%.1f s)\n", name, total[1], size,
                     seconds);
       else
@@ -68,7 +71,7 @@ struct Harness {
                     total[0], total[1], size, failing.c_str(), seconds);
       std::fflush(stdout);
     }
-    return total[0] == 0 ? 0 : 1;
+    return total[0] == 0 && total[1] > 0 ? 0 : 1;
   }
 };
 

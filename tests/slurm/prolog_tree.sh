@@ -59,6 +59,18 @@ hook() {
   SLURM_JOB_ID=$2 SLURM_JOB_COMMENT=${3:-} "$DT_ROOT/slurm/$1" 2>>"$WORK/hooks.err"
   rc=$?
   [ $rc -eq 0 ] || fail "$1 of job $2 exited $rc (a non-zero prolog or epilog drains the node)"
+  return $rc
+}
+# hooks_at_once HOOK JOBS...: HOOK of every job at once; each must exit 0 (fail() inside a
+# background hook cannot mark this shell, so the exit codes are collected here).
+hooks_at_once() {
+  local hook=$1 j p pids=()
+  shift
+  for j in "$@"; do
+    if [ "$hook" = prolog ]; then hook prolog "$j" "dt-qos=best_effort" & else hook "$hook" "$j" & fi
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || fail "one of the concurrent ${hook}s failed (see above)"; done
 }
 record_has() {
   grep -qx -- "$2" "$WORK/state/job-$1.conf" 2>/dev/null ||
@@ -170,12 +182,10 @@ if [ "$MODE" = v1 ]; then
   # jobs' budgets and its raising of the parent's apart. 8 jobs of 10% each: the parent holds 80%.
   echo "=== 8 prologs at once (jobs 201-208), then their epilogs at once"
   rm -rf "$T/cpu/dt"  # (a test tree's parent stays: the epilogs rmdir only a real group)
-  for j in $(seq 201 208); do hook prolog "$j" "dt-qos=best_effort" & done
-  wait
+  hooks_at_once prolog $(seq 201 208)
   file_is "$T/cpu/dt/cpu.rt_runtime_us" 800000
   for j in $(seq 201 208); do record_has "$j" "rt_runtime_us=1000"; done
-  for j in $(seq 201 208); do hook epilog "$j" & done
-  wait
+  hooks_at_once epilog $(seq 201 208)
   left=$(find "$T" -name 'job_*' | tr '\n' ' ')
   [ -z "$left" ] || fail "groups left after the concurrent epilogs: $left"
 fi

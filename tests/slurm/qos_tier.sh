@@ -40,22 +40,28 @@ done
 echo "=== ranks of job $JOB: ${RANKS[*]}"
 [ ${#RANKS[@]} -eq 2 ] || fail "found ${#RANKS[*]} dt_train processes of job $JOB, expected 2"
 
+WEIGHTS=0 CPUSETS=0  # groups whose CPU weight and cpuset were checked
 for g in "${GROUPS_[@]}"; do
   echo "--- $g: $(cd "$g" 2>/dev/null && grep -H . cpu.weight cpu.shares cpuset.cpus cpuset.mems 2>/dev/null | tr '\n' ' ')"
   [ -d "$g" ] || { fail "group $g does not exist"; continue; }
   if [ "$CGMODE" = v2 ]; then
     [ "$(cat "$g/cpu.weight")" = 75 ] || fail "$g/cpu.weight is $(cat "$g/cpu.weight"), expected 75"
+    WEIGHTS=$((WEIGHTS + 1))
   elif [ -f "$g/cpu.shares" ]; then
     [ "$(cat "$g/cpu.shares")" = 768 ] || fail "$g/cpu.shares is $(cat "$g/cpu.shares"), expected 768"
+    WEIGHTS=$((WEIGHTS + 1))
   fi
   if [ -f "$g/cpuset.cpus" ]; then
     [ "$(cat "$g/cpuset.cpus")" = "$CPUS" ] ||
       fail "$g/cpuset.cpus is '$(cat "$g/cpuset.cpus")', the record says '$CPUS'"
+    CPUSETS=$((CPUSETS + 1))
   fi
   for p in "${RANKS[@]}"; do
     grep -qx "$p" "$g/cgroup.procs" || fail "rank pid $p is not in $g/cgroup.procs"
   done
 done
+[ $WEIGHTS -ge 1 ] || fail "no group of the record has a CPU weight (cpu.weight or cpu.shares)"
+[ $CPUSETS -ge 1 ] || fail "no group of the record has a cpuset"
 for p in "${RANKS[@]}"; do
   grep -q "/$(hook_setting DT_QOS_CGROUP_PARENT)/job_$JOB\$" "/proc/$p/cgroup" ||
     fail "/proc/$p/cgroup names no group of job $JOB: $(tr '\n' ' ' <"/proc/$p/cgroup")"
@@ -65,8 +71,6 @@ done
 sched() {
   sed 's/^.*) //' "/proc/$1/task/$2/stat" 2>/dev/null | awk '{ print $39, $38, $17 }'
 }
-HAS_PROGRESS=0
-grep -qa 'dt-progress' "$BIN_DIR/dt_train" && HAS_PROGRESS=1
 for p in "${RANKS[@]}"; do
   read -r pol prio nice <<<"$(sched "$p" "$p")"
   echo "rank $p main thread: policy $pol priority $prio nice $nice"
@@ -81,13 +85,8 @@ for p in "${RANKS[@]}"; do
       fail "rank $p: dt-progress has policy $pol priority $prio, expected 1 (SCHED_FIFO) 60"
     fi
   done
-  if [ $found -eq 0 ]; then
-    if [ $HAS_PROGRESS -eq 1 ]; then
-      fail "rank $p has no thread named dt-progress (threads: $(cat /proc/"$p"/task/*/comm | sort | uniq -c | tr -s ' \n' ' '))"
-    else
-      echo "NOTE: this dt_train has no communication progress thread (no 'dt-progress' in the binary); its policy is not checked"
-    fi
-  fi
+  [ $found -eq 1 ] ||
+    fail "rank $p has no thread named dt-progress (threads: $(cat /proc/"$p"/task/*/comm | sort | uniq -c | tr -s ' \n' ' '))"
 done
 
 echo "=== killing rank ${RANKS[0]} (SIGKILL): a crashed job"
