@@ -40,9 +40,6 @@ struct Settings {
   std::string p2p = "mpi";
 };
 
-// One rank's description, exchanged with all_gather as fixed-size text.
-constexpr std::size_t kRecord = 512;
-
 std::string range_list(const std::vector<int>& v) {
   std::ostringstream os;
   for (std::size_t i = 0; i < v.size();) {
@@ -115,15 +112,21 @@ class Checker {
     std::string gpus;
     for (const auto& g : t.machine.gpus) gpus += (gpus.empty() ? "" : ",") + g;
     if (gpus.empty()) gpus = "-";
-    char rec[kRecord] = {0};
-    std::snprintf(rec, sizeof rec, "%s|%d|%d|%d|%d|%d|%d|%s|%s|%s|%s|%d", t.machine.host.c_str(),
-                  t.placement.node_id, t.placement.local_rank, t.machine.packages,
-                  t.machine.numa_nodes, t.machine.cores, t.machine.pus, gpus.c_str(),
-                  t.binding.mode.c_str(), t.binding.cpus.c_str(), t.placement.source.c_str(),
-                  t.placement.num_nodes);
-    std::vector<std::uint8_t> all(kRecord * w_.size());
-    wait(w_.iall_gather(dt::view_of(reinterpret_cast<const std::uint8_t*>(rec), kRecord),
-                        dt::view_of(all)));
+    // One rank's description as text, exchanged with all_gather at the longest rank's length (a
+    // binding's CPU list can run to kilobytes on a large node).
+    std::ostringstream os;
+    os << t.machine.host << '|' << t.placement.node_id << '|' << t.placement.local_rank << '|'
+       << t.machine.packages << '|' << t.machine.numa_nodes << '|' << t.machine.cores << '|'
+       << t.machine.pus << '|' << gpus << '|' << t.binding.mode << '|' << t.binding.cpus << '|'
+       << t.placement.source << '|' << t.placement.num_nodes;
+    const std::string mine = os.str();
+    std::int64_t width = static_cast<std::int64_t>(mine.size()) + 1;
+    wait(w_.iall_reduce(dt::view_of(&width, 1), dt::ReduceOp::max));
+    const auto kRecord = static_cast<std::size_t>(width);
+    std::vector<std::uint8_t> rec(kRecord, 0);
+    std::memcpy(rec.data(), mine.data(), mine.size());
+    std::vector<std::uint8_t> all(kRecord * static_cast<std::size_t>(w_.size()));
+    wait(w_.iall_gather(dt::ConstTensorView{rec.data(), kRecord, dt::DType::u8}, dt::view_of(all)));
     hosts_.resize(w_.size());
     struct Node {
       std::string host, shape, gpus, source;
@@ -299,15 +302,17 @@ class Checker {
     wait(w_.iall_reduce(dt::view_of(lat), dt::ReduceOp::max));
     wait(w_.iall_reduce(dt::view_of(bw), dt::ReduceOp::max));
     bad = gather_flags(bad);
-    if (me != 0) return;
-    std::printf("%-10s %-42s %12s %14s %s\n", "pair", "hosts", "latency(us)", "bandwidth(GB/s)",
-                "data");
+    // Every rank records the failures (and so exits as rank 0 does); rank 0 prints the table.
+    if (me == 0)
+      std::printf("%-10s %-42s %12s %14s %s\n", "pair", "hosts", "latency(us)", "bandwidth(GB/s)",
+                  "data");
     for (int i = 0; i < pairs; ++i) {
       const int a = i, b = (i + 1) % n;
       std::string pair = std::to_string(a) + "->" + std::to_string(b);
       std::string hosts = hosts_[a] + " -> " + hosts_[b];
-      std::printf("%-10s %-42s %12.2f %14.3f %s\n", pair.c_str(), hosts.c_str(), lat[i], bw[i],
-                  bad[i] ? "WRONG" : "ok");
+      if (me == 0)
+        std::printf("%-10s %-42s %12.2f %14.3f %s\n", pair.c_str(), hosts.c_str(), lat[i], bw[i],
+                    bad[i] ? "WRONG" : "ok");
       if (bad[i])
         fail("pair " + pair + ": " + std::to_string(s_.bandwidth_bytes) +
                  "-byte message arrived with wrong content",
