@@ -11,10 +11,13 @@
 
 #include <mpi.h>
 
+#include <climits>
+#include <exception>
 #include <memory>
 #include <string>
 
 #include "dt/comm.hpp"
+#include "dt/error.hpp"
 #include "dt/watchdog.hpp"
 
 namespace dt {
@@ -23,6 +26,26 @@ namespace dt {
 void mpi_check(int rc, const char* call, int rank, const std::string& comm_name, const char* file,
                int line);
 #define DT_MPI(call, rank, name) ::dt::mpi_check((call), #call, (rank), (name), __FILE__, __LINE__)
+
+/// Runs `f` (this rank's part of a step that every rank of `comm` takes, such as a transport's
+/// start-up), then tells every rank whether every rank got through it: a rank that failed
+/// rethrows its error, the others throw a CommError naming the first rank that failed ("NAME on
+/// rank R: rank F could not STEP (see its message)"), all at the same point, so that none waits
+/// in a later collective for a rank that gave up. Collective over `comm`.
+template <class F>
+void on_every_rank(MPI_Comm comm, int rank, const std::string& name, const char* step, F&& f) {
+  std::exception_ptr err;
+  try {
+    f();
+  } catch (...) {
+    err = std::current_exception();
+  }
+  int first = err ? rank : INT_MAX;
+  DT_MPI(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm), rank, name);
+  if (err) std::rethrow_exception(err);
+  DT_CHECK(CommError, first == INT_MAX, name, " on rank ", rank, ": rank ", first, " could not ",
+           step, " (see its message)");
+}
 
 class MpiOps;
 

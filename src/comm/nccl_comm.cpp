@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <climits>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -278,19 +277,15 @@ std::unique_ptr<NcclComm> NcclComm::create(MpiComm& bootstrap, int cuda_device, 
   std::memset(&id, 0, sizeof id);
   // A rank that cannot take its GPU, or rank 0 without an id, must not leave the others waiting in
   // the broadcast: every rank learns the first rank that failed, and all throw.
-  std::string why;
-  if (const cudaError_t e = cudaSetDevice(cuda_device); e != cudaSuccess)
-    why = "cudaSetDevice(" + std::to_string(cuda_device) + ") failed: " + cudaGetErrorString(e);
-  if (why.empty() && rank == 0) {
+  on_every_rank(bootstrap.handle(), rank, name, "set up NCCL", [&] {
+    const cudaError_t e = cudaSetDevice(cuda_device);
+    DT_CHECK(CommError, e == cudaSuccess, name, " on rank ", rank, ": cudaSetDevice(", cuda_device,
+             ") failed: ", cudaGetErrorString(e));
+    if (rank != 0) return;
     const ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess) why = std::string("ncclGetUniqueId failed: ") + ncclGetErrorString(r);
-  }
-  int first = why.empty() ? INT_MAX : rank;
-  DT_MPI(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, bootstrap.handle()), rank,
-         bootstrap.name());
-  DT_CHECK(CommError, why.empty(), name, " on rank ", rank, ": ", why);
-  DT_CHECK(CommError, first == INT_MAX, name, " on rank ", rank, ": rank ", first,
-           " could not set up NCCL (see its message)");
+    DT_CHECK(CommError, r == ncclSuccess, name, " on rank ", rank,
+             ": ncclGetUniqueId failed: ", ncclGetErrorString(r));
+  });
   DT_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, bootstrap.handle()), rank, bootstrap.name());
   auto state = std::make_shared<State>();
   state->device = cuda_device;

@@ -3,12 +3,13 @@
 #include <ucp/api/ucp.h>
 
 #include <chrono>
-#include <climits>
 #include <exception>
 #include <mutex>
 #include <sstream>
 #include <thread>
 #include <vector>
+
+#include "comm/mpi_comm.hpp"
 
 namespace dt {
 
@@ -42,26 +43,6 @@ void mpi_boot_check(int rc, const char* call, int rank, const std::string& name)
   if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
     std::snprintf(text, sizeof text, "code %d", rc);
   DT_THROW(CommError, call, " failed on rank ", rank, " while bootstrapping ", name, ": ", text);
-}
-
-// Runs `f` (this rank's part of a step of the start-up), then tells every rank whether every rank
-// got through it: a rank that failed rethrows its error, the others throw one naming the first
-// rank that failed, all at the same point, so that none waits in a later collective for a rank
-// that gave up.
-template <class F>
-void on_every_rank(MPI_Comm comm, int rank, const std::string& name, const char* step, F&& f) {
-  std::exception_ptr err;
-  try {
-    f();
-  } catch (...) {
-    err = std::current_exception();
-  }
-  int first = err ? rank : INT_MAX;
-  mpi_boot_check(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce",
-                 rank, name);
-  if (err) std::rethrow_exception(err);
-  DT_CHECK(CommError, first == INT_MAX, name, " on rank ", rank, ": rank ", first, " could not ",
-           step, " (see its message)");
 }
 
 struct ConfigFree {
