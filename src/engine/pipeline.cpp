@@ -218,6 +218,16 @@ class WaitClock {
   double& acc_;
   std::chrono::steady_clock::time_point t0_;
 };
+
+// Receives `cnt` floats from world rank `from` into `dst`: recorded for the hang watchdog with the
+// rank it waits for (a stage that stops is named by the one waiting for it), and counted in
+// `wait_s`.
+void recv_recorded(P2p& p2p, float* dst, std::size_t cnt, int from, int tag, double& wait_s) {
+  const WaitClock clock(wait_s);
+  static const std::string kComm = "pipeline";
+  const watchdog::OpRecord rec(kComm, 0, "recv", "p2p", DType::f32, cnt, -1, from);
+  p2p.recv(view_of(dst, cnt), from, tag);
+}
 }  // namespace
 
 namespace {
@@ -653,11 +663,9 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
           comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))], tag_of(n, false));
     } else if (n.op == "recv") {
       const trace::Scope s("recv", "pipeline", "micro-batch", micro);
-      const WaitClock clock(m.wait_s);
-      const int from = comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))];
-      const auto cnt = static_cast<std::size_t>(BT * width(n.out[0]));
-      const watchdog::OpRecord rec("pipeline", 0, "recv", "p2p", DType::f32, cnt, -1, from);
-      comms_.p2p->recv(view_of(act(n.out[0]), cnt), from, tag_of(n, false));
+      recv_recorded(*comms_.p2p, act(n.out[0]), static_cast<std::size_t>(BT * width(n.out[0])),
+                    comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))], tag_of(n, false),
+                    m.wait_s);
     } else {
       DT_THROW(InvalidArgument, "node ", n.name, ": the engine cannot run op '", n.op, "'");
     }
@@ -769,13 +777,9 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
       const trace::Scope s("recv", "pipeline", "micro-batch", micro);
       const std::int64_t cnt = BT * width(n.in[0]);
       float* tmp = m.scratch.as<float>();
-      {
-        const WaitClock clock(m.wait_s);
-        const int from = comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))];
-        const watchdog::OpRecord rec("pipeline", 0, "recv", "p2p", DType::f32,
-                                     static_cast<std::size_t>(cnt), -1, from);
-        comms_.p2p->recv(view_of(tmp, static_cast<std::size_t>(cnt)), from, tag_of(n, true));
-      }
+      recv_recorded(*comms_.p2p, tmp, static_cast<std::size_t>(cnt),
+                    comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))], tag_of(n, true),
+                    m.wait_s);
       dev_.call(&dt_hal_v1_t::add, "add", grad(n.in[0]), static_cast<const float*>(grad(n.in[0])),
                 static_cast<const float*>(tmp), cnt);
     } else {
