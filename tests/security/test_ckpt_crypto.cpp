@@ -301,6 +301,36 @@ int run(const std::string& dir, int world_rank) {
         },
         {"checkpoint key: wrong key", "step-6.h5"});
   }
+  // A key error that comes from this run's settings is no damage: resume("auto") stops at the
+  // newest file and never rolls the run back to an older file of the other kind. A plain step-6
+  // over an encrypted step-3, resumed with ckpt.encrypt (a key); then an encrypted step-6 over a
+  // plain step-3, resumed without a key.
+  for (const bool encrypt : {true, false}) {
+    const std::string mixed =
+        bad_dir + (encrypt ? "/plain-over-encrypted" : "/encrypted-over-plain");
+    guarded("saves of both kinds", [&] {
+      dt::save_checkpoint(*world, mixed, saved.tensors, meta, 2, {}, encrypt ? &good : nullptr);
+      dt::CkptMeta m6 = meta;
+      m6.step = 6;
+      dt::save_checkpoint(*world, mixed, make_state(0.25f).tensors, m6, 2, {},
+                          encrypt ? nullptr : &good);
+    });
+    State got = make_state(9.0f);
+    fill(got, -1.0f);
+    std::string used;
+    expect_throw<dt::CheckpointError>(
+        encrypt ? "resume auto with a key over a newer plain file"
+                : "resume auto without a key over a newer encrypted file",
+        [&] {
+          dt::resume(
+              *world, "auto", mixed, got.tensors, &used, [](const std::string&) {},
+              encrypt ? &good : nullptr);
+        },
+        {"checkpoint key:", "step-6.h5",
+         encrypt ? "is not encrypted, and ckpt.encrypt is on" : "loading it needs the job key"});
+    H.expect(all_equal(got, -1.0f) && used.empty(), "nothing loaded after a settings key error",
+             "used '" + used + "'");
+  }
   // A plain checkpoint: loads without a key, refused with one (ckpt.encrypt is on).
   guarded("plain checkpoint", [&] {
     dt::save_checkpoint(*world, plain_dir, saved.tensors, meta, 1);
