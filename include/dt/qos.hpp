@@ -65,10 +65,18 @@ Tier read_record(const std::string& path);
 
 /// Makes `t` the process's tier (an empty name: none). Moves the whole process into each of
 /// t.cgroups (writes its pid to cgroup.procs); a group that refuses is warned about on stderr,
-/// once each, and the process goes on where it is. Applies Role::compute to the calling thread.
+/// once each, and the process goes on where it is. The calling thread keeps its CPU binding within
+/// what the groups allow (kernels before 6.2 reset it to the whole cpuset on the move). Applies
+/// Role::compute to the calling thread.
 /// Call from the main thread before the threads that call apply_to_current_thread start.
 /// Returns the warnings it printed (for tests). Never throws.
 std::vector<std::string> configure(const Tier& t) noexcept;
+
+namespace detail {
+/// Testing only: called by configure() after it has moved the process into its groups (to stand
+/// for a kernel that resets the affinity there).
+extern void (*after_move_for_test)();
+}  // namespace detail
 
 /// The tier configure() installed (name "" when none).
 Tier current();

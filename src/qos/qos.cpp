@@ -15,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <vector>
 
 #include "dt/config.hpp"
 #include "dt/error.hpp"
@@ -36,6 +37,35 @@ struct State {
 State& state() {
   static State s;
   return s;
+}
+
+// This thread's CPU affinity (empty where it cannot be read).
+std::vector<unsigned char> affinity() {
+  for (std::size_t cpus = 1024; cpus <= (1u << 16); cpus *= 2) {
+    std::vector<unsigned char> set(CPU_ALLOC_SIZE(cpus));
+    if (sched_getaffinity(0, set.size(), reinterpret_cast<cpu_set_t*>(set.data())) == 0) return set;
+    if (errno != EINVAL) break;
+  }
+  return {};
+}
+
+// After a move into a cpuset group: kernels before 6.2 reset the thread's affinity to the whole
+// cpuset, losing the launcher's binding (srun --cpu-bind). Restores `before` within what the
+// cpuset now allows (newer kernels keep it, and then nothing changes). Returns why it could not.
+std::string keep_affinity(const std::vector<unsigned char>& before) {
+  std::vector<unsigned char> now = affinity();
+  if (before.empty() || now.size() != before.size() || now == before) return {};
+  std::vector<unsigned char> both(now.size());
+  bool any = false;
+  for (std::size_t i = 0; i < both.size(); ++i) {
+    both[i] = static_cast<unsigned char>(now[i] & before[i]);
+    any = any || both[i] != 0;
+  }
+  if (!any || both == now) return {};  // the binding lies outside the cpuset: the cpuset wins
+  if (sched_setaffinity(0, both.size(), reinterpret_cast<const cpu_set_t*>(both.data())) != 0)
+    return std::string("cannot restore this rank's CPU binding after the move into its cpuset: ") +
+           std::strerror(errno);
+  return {};
 }
 
 constexpr int kIoNiceOffset = 10;
@@ -160,6 +190,8 @@ Tier read_record(const std::string& path) {
   return t;
 }
 
+void (*detail::after_move_for_test)() = nullptr;
+
 std::vector<std::string> configure(const Tier& t) noexcept {
   std::vector<std::string> warnings;
   State& s = state();
@@ -176,6 +208,7 @@ std::vector<std::string> configure(const Tier& t) noexcept {
     s.active = !t.name.empty();
     if (!s.active) return warnings;
     const std::string pid = std::to_string(::getpid());
+    const std::vector<unsigned char> binding = affinity();
     for (const auto& g : t.cgroups) {
       const std::string procs = g + "/cgroup.procs";
       std::ofstream out(procs);
@@ -186,6 +219,11 @@ std::vector<std::string> configure(const Tier& t) noexcept {
                            std::strerror(errno ? errno : EIO) + "); it runs in its current group");
         std::fprintf(stderr, "dt: qos: warning: %s\n", warnings.back().c_str());
       }
+    }
+    if (detail::after_move_for_test) detail::after_move_for_test();
+    if (const std::string why = keep_affinity(binding); !why.empty()) {
+      warnings.push_back(why);
+      std::fprintf(stderr, "dt: qos: warning: %s\n", warnings.back().c_str());
     }
   } catch (const std::exception& e) {
     warnings.push_back(std::string("QoS set-up failed: ") + e.what());

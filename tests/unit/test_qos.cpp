@@ -204,6 +204,51 @@ TEST_CASE("qos: each role gets its tier's policy") {
   CHECK(read_sched(::syscall(SYS_gettid)).policy == SCHED_OTHER);
 }
 
+// The CPUs this thread may run on.
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  std::vector<int> out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
+void allow_cpus(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  REQUIRE(sched_setaffinity(0, sizeof set, &set) == 0);
+}
+
+std::vector<int> g_reset_to;  // what the move resets the affinity to (as kernels before 6.2 do)
+
+TEST_CASE("qos: the rank keeps its CPU binding when the move into a cpuset resets it") {
+  const std::vector<int> all = allowed_cpus();
+  if (all.size() < 2) {
+    MESSAGE("one CPU: no binding narrower than the cpuset to keep");
+    return;
+  }
+  Unconfigure reset;
+  TempDir dir;
+  std::filesystem::create_directories(dir.path / "cpuset");
+  dt::qos::Tier t;
+  t.name = "high";
+  t.mode = "v1";
+  t.cgroups = {(dir.path / "cpuset").string()};
+  // The launcher bound this rank to the last CPU; the move resets it to every CPU.
+  allow_cpus({all.back()});
+  g_reset_to = all;
+  dt::qos::detail::after_move_for_test = [] { allow_cpus(g_reset_to); };
+  const auto warnings = dt::qos::configure(t);
+  dt::qos::detail::after_move_for_test = nullptr;
+  const std::vector<int> after = allowed_cpus();
+  allow_cpus(all);
+  CHECK(warnings.empty());
+  CHECK(after == std::vector<int>{all.back()});
+}
+
 TEST_CASE("qos: a group that refuses the rank is a warning, not an error") {
   Unconfigure reset;
   TempDir dir;
