@@ -15,10 +15,11 @@
 // naming the collective and the missing ranks, and aborts the job (MPI_Abort) with exit_code.
 //
 // Time the process spends stopped does not count towards the limits: a gap in the watchdog's
-// checks that ends with a SIGCONT (Slurm's `scontrol suspend` and `resume` send SIGSTOP and
-// SIGCONT) is forgiven; the records keep their real start and end, and the dt_comm_* seconds
-// leave the stopped time out. A gap without a SIGCONT (the thread kept off its CPU, a debugger's
-// pause) counts: set comm.timeout-s=0 to debug a rank.
+// checks during which, or within a second after which, a SIGCONT comes (Slurm's `scontrol
+// suspend` and `resume` send SIGSTOP and SIGCONT) is forgiven; the records keep their real start
+// and end, and the dt_comm_* seconds leave the stopped time out. A gap without a SIGCONT (the
+// thread kept off its CPU, a debugger's pause) counts, a second later: set comm.timeout-s=0 and
+// ckpt.timeout-s=0 to debug a rank.
 #pragma once
 
 #include <cstddef>
@@ -87,7 +88,8 @@ struct Settings {
 
 class Watchdog {
  public:
-  /// Collective over `world` (duplicates it). Starts the thread unless timeout_s is 0.
+  /// Collective over `world` (duplicates it). Starts the thread unless timeout_s is 0 and
+  /// scoped_limits is false.
   Watchdog(MPI_Comm world, const Settings& s);
   /// Stops the thread; call before MPI is finalised (destroy before the Runtime).
   ~Watchdog();

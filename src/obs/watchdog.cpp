@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -29,10 +31,11 @@ constexpr std::size_t kRecords = 256;
 constexpr int kTagQuery = 1, kTagReply = 2;
 constexpr int kMaxMessage = 1 << 16;
 
+// CLOCK_MONOTONIC in ns (also read in the SIGCONT handler, where only clock_gettime may be used).
 std::int64_t now_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
 struct Entry {
@@ -70,14 +73,17 @@ std::atomic<const char*> g_activity{"starting"};
 thread_local double t_limit_s = -1;  // LimitScope's limit on this thread (negative: none)
 std::atomic<std::int64_t> g_step{-1};
 
-// SIGCONT: counted, so that the watchdog can tell a stop of the process (Slurm's `scontrol
-// suspend`, a shell's ^Z) from its own thread running late. The handler a library had is chained.
-std::atomic<std::uint64_t> g_continued{0};
-static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+// SIGCONT: when the last one came (now_ns()), so that the watchdog can tell a stop of the
+// process (Slurm's `scontrol suspend`, a shell's ^Z) from its own thread running late. The
+// handler a library had is chained.
+std::atomic<std::int64_t> g_last_continue{0};
+static_assert(std::atomic<std::int64_t>::is_always_lock_free);
 struct sigaction g_prev_cont;
 
 extern "C" void on_sigcont(int sig, siginfo_t* info, void* ctx) {
-  g_continued.fetch_add(1, std::memory_order_relaxed);
+  const int saved = errno;
+  g_last_continue.store(now_ns());
+  errno = saved;
   if (g_prev_cont.sa_flags & SA_SIGINFO) {
     if (g_prev_cont.sa_sigaction) g_prev_cont.sa_sigaction(sig, info, ctx);
   } else if (g_prev_cont.sa_handler != SIG_DFL && g_prev_cont.sa_handler != SIG_IGN) {
@@ -85,14 +91,16 @@ extern "C" void on_sigcont(int sig, siginfo_t* info, void* ctx) {
   }
 }
 
-void count_continues() {
+void note_continues() {
   static std::once_flag once;
   std::call_once(once, [] {
     struct sigaction sa {};
     sa.sa_sigaction = on_sigcont;
     sa.sa_flags = SA_SIGINFO | SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGCONT, &sa, &g_prev_cont);
+    // The previous action is read first, so that a SIGCONT never finds it half written.
+    sigaction(SIGCONT, nullptr, &g_prev_cont);
+    sigaction(SIGCONT, &sa, nullptr);
   });
 }
 
@@ -278,21 +286,31 @@ struct Watchdog::Impl {
     }
   }
 
+  // A stretch of time in which the watchdog did not run (its check came late): a stop of the
+  // process, or this thread kept off its CPU.
+  struct Gap {
+    std::int64_t start, end;
+  };
+  // How much of `g` falls after the start of `e`.
+  static std::int64_t overlap(const Entry& e, const Gap& g) {
+    return std::max<std::int64_t>(0, g.end - std::max(e.t0, g.start));
+  }
+
   // The oldest operation in flight longer than its limit (the timeout unless it has its own),
-  // if any. Time the process was stopped does not count, nor does `unexplained` (a late tick not
-  // yet known to be a stop or not).
-  bool overdue(Entry& out, std::int64_t unexplained, std::int64_t unexplained_end) {
+  // if any. Time the process was stopped does not count, nor do the `pending` gaps (not yet
+  // known to be stops or not).
+  bool overdue(Entry& out, const std::vector<Gap>& pending) {
     Recorder& r = recorder();
     const std::int64_t now = now_ns();
     const auto timeout = static_cast<std::int64_t>(s.timeout_s * 1e9);
     std::lock_guard<std::mutex> lk(r.mu);
     bool found = false;
     for (const Entry& e : r.ring) {
+      if (e.gen == 0 || e.t1 != 0) continue;
       const std::int64_t limit = e.limit_ns < 0 ? timeout : e.limit_ns;
-      const std::int64_t held =
-          e.t0 < unexplained_end ? std::min(unexplained, unexplained_end - e.t0) : 0;
-      if (e.gen != 0 && e.t1 == 0 && limit > 0 && now - e.t0 - e.stopped - held > limit &&
-          (!found || e.t0 < out.t0)) {
+      std::int64_t held = 0;
+      for (const Gap& g : pending) held += overlap(e, g);
+      if (limit > 0 && now - e.t0 - e.stopped - held > limit && (!found || e.t0 < out.t0)) {
         out = e;
         found = true;
       }
@@ -302,43 +320,42 @@ struct Watchdog::Impl {
 
   // Time this process did not run (the job was suspended: Slurm's `scontrol suspend` stops every
   // process with SIGSTOP, then continues it with SIGCONT) does not count towards the limits: the
-  // operations in flight were stopped with it. Each one in flight that started before the gap
-  // ended adds its part of `gap` to what it was stopped.
-  void forgive(std::int64_t gap, std::int64_t gap_end) {
+  // operations in flight were stopped with it. Each adds the part of `g` after its start.
+  void forgive(const Gap& g) {
     Recorder& r = recorder();
     std::lock_guard<std::mutex> lk(r.mu);
     for (Entry& e : r.ring)
-      if (e.gen != 0 && e.t1 == 0 && e.t0 < gap_end) e.stopped += std::min(gap, gap_end - e.t0);
+      if (e.gen != 0 && e.t1 == 0) e.stopped += overlap(e, g);
   }
 
   void loop() {
     pthread_setname_np(pthread_self(), "dt-watchdog");
     post_query_recv();
-    // A tick later than kLate is a stop of the process only if a SIGCONT arrives with it or
-    // within kGrace after it; meanwhile no operation is called overdue for the missing time.
-    // Without one, this thread merely ran late (kept off its CPU), and the time counts.
+    // A check later than kLate leaves a gap. It was a stop of the process if a SIGCONT came
+    // during it or within kGrace after it: then it is forgiven. Until then it is pending, and no
+    // operation is called overdue for it; a gap kGrace old without a SIGCONT was this thread
+    // running late (kept off its CPU), and its time counts.
     constexpr std::int64_t kTick = 50'000'000, kLate = 250'000'000, kGrace = 1'000'000'000;  // ns
     std::int64_t last = now_ns();
-    std::uint64_t seen = g_continued.load();
-    std::int64_t unexplained = 0, unexplained_end = 0;
+    std::vector<Gap> pending;
     bool late_once = s.test_late_once_s > 0;
     while (!stop.load()) {
       serve();
       const std::int64_t now = now_ns();
-      if (now - last - kTick > kLate) {
-        unexplained += now - last - kTick;
-        unexplained_end = now;
-      }
+      if (now - last - kTick > kLate) pending.push_back({last + kTick, now});
       last = now;
-      if (const std::uint64_t c = g_continued.load(); c != seen) {
-        seen = c;
-        if (unexplained > 0) forgive(unexplained, unexplained_end);
-        unexplained = 0;
-      } else if (unexplained > 0 && now - unexplained_end > kGrace) {
-        unexplained = 0;
+      const std::int64_t cont = g_last_continue.load();
+      for (auto it = pending.begin(); it != pending.end();) {
+        if (cont >= it->start && cont <= it->end + kGrace) {
+          forgive(*it);
+        } else if (now - it->end <= kGrace) {
+          ++it;
+          continue;
+        }
+        it = pending.erase(it);
       }
       Entry e;
-      if (overdue(e, unexplained, unexplained_end)) investigate(e);
+      if (overdue(e, pending)) investigate(e);
       if (late_once) {  // testing only: this thread kept off the CPU once
         late_once = false;
         std::this_thread::sleep_for(std::chrono::duration<double>(s.test_late_once_s));
@@ -458,7 +475,7 @@ Watchdog::Watchdog(MPI_Comm world, const Settings& s) : impl_(std::make_unique<I
   Impl& m = *impl_;
   m.s = s;
   if (s.timeout_s <= 0 && !s.scoped_limits) return;
-  count_continues();
+  note_continues();
   DT_CHECK(Error, MPI_Comm_dup(world, &m.comm) == MPI_SUCCESS, "watchdog: MPI_Comm_dup failed");
   MPI_Comm_rank(m.comm, &m.rank);
   MPI_Comm_size(m.comm, &m.size);

@@ -137,7 +137,7 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("comm.timeout-s", &c.comm_timeout_s, 600.0,
            "hang watchdog: a collective not finished after this many seconds makes the watchdog "
            "name the ranks that never reached it, write a dump to comm.dump-dir and abort the "
-           "job with exit code 4 (0: off)",
+           "job with exit code 4 (0: no limit; ckpt.timeout-s still applies to checkpoints)",
            0.0, 1e9)
       .add("comm.dump-dir", &c.comm_dump_dir, ".",
            "folder for the watchdog's dump dt-watchdog-rank<R>.json (the job's output folder)")

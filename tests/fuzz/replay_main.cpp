@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
     }
     if (std::filesystem::is_directory(p)) {
       for (const auto& e : std::filesystem::recursive_directory_iterator(p))
-        if (e.is_regular_file()) files.push_back(e.path());
+        if (e.is_regular_file() && e.path().filename().string()[0] != '.')  // (not .gitkeep)
+          files.push_back(e.path());
     } else {
       files.push_back(p);
     }

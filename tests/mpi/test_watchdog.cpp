@@ -1,10 +1,13 @@
 // The hang watchdog and time the process did not run (one rank).
 //   test_watchdog stop   the process is stopped (SIGSTOP) for 4 s and continued (SIGCONT) while an
-//                        operation with a 2 s limit is in flight: no hang. The record keeps its
-//                        real duration (5.5 s) and says how long the process was stopped.
+//                        operation with a 3.5 s limit is in flight: no hang. The record keeps its
+//                        real duration (6.5 s) and says how long the process was stopped. (Were
+//                        the stop counted, the watchdog would abort the job near 5.4 s.)
 //   test_watchdog late   the watchdog thread itself runs 5 s late (kept off its CPU: no SIGCONT)
 //                        while an operation with a 3 s limit is in flight: that time counts, and
-//                        the watchdog aborts the job (exit 4) before the operation ends at 7.5 s.
+//                        the watchdog aborts the job (exit 4) near 6 s, after the line "waiting"
+//                        at 4.5 s (so not at 3 s, as without the late thread) and before the
+//                        operation ends at 7.5 s.
 #include <mpi.h>
 #include <signal.h>
 #include <spawn.h>
@@ -34,7 +37,7 @@ void sleep_until_after(Clock::time_point t0, double seconds) {
 
 int stop_case() {
   dt::watchdog::Settings s;
-  s.timeout_s = 2;
+  s.timeout_s = 3.5;
   s.dump_dir = "/tmp";
   dt::watchdog::Watchdog wd(MPI_COMM_WORLD, s);
   const auto t0 = Clock::now();
@@ -48,7 +51,7 @@ int stop_case() {
     std::printf("FAIL: cannot start sh: %s\n", std::strerror(errno));
     return 1;
   }
-  sleep_until_after(t0, 5.5);
+  sleep_until_after(t0, 6.5);
   rec.complete();
   int status = 0;
   waitpid(child, &status, 0);
@@ -61,11 +64,11 @@ int stop_case() {
   const double seconds = r.value("seconds", -1.0), stopped = r.value("stopped_s", 0.0);
   std::printf("record: %s\n", r.dump().c_str());
   // Stopped for 4 s (less what the scheduler took to stop it and the watchdog's 50 ms tick).
-  if (seconds < 5.4 || stopped < 3.5 || stopped > 4.5) {
-    std::printf("FAIL: expected a record of about 5.5 s of which about 4 s stopped\n");
+  if (seconds < 6.4 || stopped < 3.5 || stopped > 4.5) {
+    std::printf("FAIL: expected a record of about 6.5 s of which about 4 s stopped\n");
     return 1;
   }
-  std::printf("PASS: stopped %.2f s of %.2f s with a 2 s limit, no hang reported\n", stopped,
+  std::printf("PASS: stopped %.2f s of %.2f s with a 3.5 s limit, no hang reported\n", stopped,
               seconds);
   return 0;
 }
@@ -78,6 +81,9 @@ int late_case() {
   dt::watchdog::Watchdog wd(MPI_COMM_WORLD, s);
   const auto t0 = Clock::now();
   dt::watchdog::OpRecord rec("test", 1, "all_reduce", "mpi", dt::DType::f32, 4);
+  sleep_until_after(t0, 4.5);
+  std::printf("waiting at 4.5 s\n");
+  std::fflush(stdout);
   sleep_until_after(t0, 7.5);
   rec.complete();
   std::printf("FAIL: an operation of 7.5 s with a 3 s limit was not reported\n");
