@@ -900,6 +900,22 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
                 "\nmodel.heads = " + std::to_string(cfg.heads) +
                 "\nmodel.embd = " + std::to_string(cfg.embd) + "\n";
   meta.layout = "imported";
+  // The folder is claimed as a training run claims it: never written while a run writes it.
+  std::unique_ptr<dt::FolderLock> lock;
+  std::string busy;
+  if (lead) {
+    try {
+      lock = std::make_unique<dt::FolderLock>(a.output, "dt_ckpt import");
+      if (!lock->warning().empty())
+        std::fprintf(stderr, "dt_ckpt: warning: %s\n", lock->warning().c_str());
+    } catch (const dt::CheckpointError& e) {
+      busy = e.message();
+    }
+  }
+  int refused = busy.empty() ? 0 : 1;
+  rt.world().all_reduce(dt::view_of(&refused, 1), dt::ReduceOp::max);
+  DT_CHECK(ConfigError, refused == 0,
+           "option --output: ", lead ? busy : std::string("the folder is in use (see rank 0)"));
   dt::SaveStats stats;
   try {
     stats =

@@ -108,6 +108,16 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "dt_train: error: rank %d: %s\n", rt.rank(), failed.c_str());
     return false;
   };
+  // This run's claim on its checkpoint folder (rank 0 writes the commits there), before anything
+  // is allocated: a second run pointed at the same folder is refused, naming the first.
+  std::unique_ptr<dt::FolderLock> ckpt_lock;
+  if (!phase([&] {
+        if (rt.rank() != 0 || cfg.ckpt_dir.empty() || cfg.eval_only || cfg.print_plan) return;
+        ckpt_lock = std::make_unique<dt::FolderLock>(cfg.ckpt_dir, "dt_train");
+        if (!ckpt_lock->warning().empty())
+          std::fprintf(stderr, "dt_train: warning: %s\n", ckpt_lock->warning().c_str());
+      }))
+    return 2;
   if (!phase([&] {
         dev = std::make_unique<dt::Device>(dt::Device::open(
             cfg.device, cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path,

@@ -201,6 +201,28 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path,
 /// HDF5 open). Throws dt::CheckpointError naming the file when it cannot be opened.
 std::string checkpoint_encryption(const std::string& path);
 
+/// One writer's claim on a checkpoint folder (a training run's rank 0, dt_ckpt import): an
+/// exclusive flock on DIR/.dt-lock, a file that also says who holds it. Two runs writing one
+/// folder would set aside and delete each other's checkpoints and move `latest` between them.
+/// Creates DIR. Throws CheckpointError naming DIR and the holder when another process holds it.
+/// On a file system without flock it claims nothing and returns with warning() set. Released on
+/// destruction, or when the process ends, however it ends (the file stays).
+class FolderLock {
+ public:
+  /// `who`: what claims it ("dt_train", "dt_ckpt import"), written into the file with the host,
+  /// process id, Slurm job id and time.
+  FolderLock(const std::string& dir, const std::string& who);
+  ~FolderLock();
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+  /// Why the folder could not be locked (the file system refused flock); empty when it is.
+  const std::string& warning() const noexcept { return warning_; }
+
+ private:
+  int fd_ = -1;
+  std::string warning_;
+};
+
 /// Background saves: save() copies this rank's part of the tensors into a host snapshot (of a
 /// replicated tensor only the chunks it writes; of a range or pieces all of them) and returns; a
 /// thread writes the snapshot on its own duplicated communicator. The next save() and wait()

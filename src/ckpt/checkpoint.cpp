@@ -5,6 +5,7 @@
 #include <hdf5.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,7 +13,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <exception>
 #include <fstream>
 #include <new>
@@ -1311,6 +1314,54 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
              err.empty() ? std::string(" on rank 0") : ": " + err);
   stats.write_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return stats;
+}
+
+// ---- the writer's lock ------------------------------------------------------------------------
+
+FolderLock::FolderLock(const std::string& dir, const std::string& who) {
+  mkdirs(dir);
+  const std::string path = dir + "/.dt-lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  DT_CHECK(CheckpointError, fd_ >= 0, "cannot open ", path, " to claim checkpoint folder ", dir,
+           " for this run: ", errno_text());
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder(512, '\0');
+    const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
+    holder.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      DT_THROW(CheckpointError, "checkpoint folder ", dir, " is in use by another run (",
+               holder.empty() ? std::string("its holder did not say who it is") : holder,
+               "): two writers of one folder would set aside each other's checkpoints. Use "
+               "another folder, or wait for that run to end");
+    warning_ = "cannot lock " + path + " (" + std::strerror(err) +
+               "): this file system offers no flock, so nothing stops another run from writing "
+               "checkpoint folder " +
+               dir + " at the same time";
+    return;
+  }
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const char* job = std::getenv("SLURM_JOB_ID");
+  char when[32] = {0};
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  const std::string text = who + " on " + host + ", pid " + std::to_string(::getpid()) +
+                           (job ? std::string(", Slurm job ") + job : std::string()) + ", since " +
+                           when + "\n";
+  // Who holds it is only for the message of a run refused: failing to write it changes nothing.
+  const bool said = ::ftruncate(fd_, 0) == 0 &&
+                    ::pwrite(fd_, text.data(), text.size(), 0) == static_cast<ssize_t>(text.size());
+  (void)said;
+}
+
+FolderLock::~FolderLock() {
+  if (fd_ >= 0) ::close(fd_);  // (closing releases the flock)
 }
 
 // ---- listing ------------------------------------------------------------------------------------

@@ -97,7 +97,8 @@ expect_latest() {
 }
 
 # files_in DIR: the sorted names in DIR on one line.
-files_in() { (cd "$1" 2>/dev/null && ls -A | sort | tr '\n' ' ' | sed 's/ $//'); }
+# (Not .dt-lock: the file of a run's claim on the folder, which every run that writes it leaves.)
+files_in() { (cd "$1" 2>/dev/null && ls -A | grep -vx '\.dt-lock' | sort | tr '\n' ' ' | sed 's/ $//'); }
 
 # steplog ARGS...: runs steplog.py; a failure counts as a test failure.
 steplog() {

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# ckpt.folder_lock: one writer per checkpoint folder. While run A (2 ranks) trains into D and
+# holds after step 2, a second run B into D and a dt_ckpt import into D are refused with exit
+# code 2, naming D and A (its host and the pid of its rank 0), before B allocates its model; D is
+# left byte for byte. After A drains (exit 75), a run into D trains on. A run killed with SIGKILL
+# leaves the folder free as well (the claim ends with the process).
+source "$(dirname "$0")/lib.sh"
+D=$WORK/D
+CKPT_TOOL=$(dirname "$BIN")/dt_ckpt
+
+# rank_pid DIR RANK: the process of rank RANK of the dt_train run whose --ckpt.dir is DIR.
+rank_pid() {
+  local p r
+  for p in $(pgrep -f -- "^$BIN .*--ckpt\.dir=$1( |\$)"); do
+    r=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null |
+        sed -n 's/^\(OMPI_COMM_WORLD_RANK\|PMIX_RANK\|PMI_RANK\)=//p' | head -n1)
+    [ "$r" = "$2" ] && { echo "$p"; return; }
+  done
+}
+# start_held NAME DIR: a 2-rank run into DIR in the background (pid in $job) that holds after
+# step 2 (before its save of step 2: step-1.h5 is there); waits until it holds.
+start_held() {
+  echo "=== $1: 2 ranks in the background: dt_train --ckpt.dir=$2 --test.hold-at-step=2"
+  timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
+    --train.steps=5 --ckpt.every=1 --ckpt.dir="$2" --test.hold-at-step=2 >"$1.out" 2>&1 &
+  job=$!
+  for _ in $(seq 600); do
+    grep -q "waiting for a drain signal" "$1.out" && return 0
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.1
+  done
+  sed 's/^/    /' "$1.out"
+  fail "$1 never held at step 2"
+  return 1
+}
+digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum); }
+
+start_held A "$D" || finish
+a0=$(rank_pid "$D" 0)
+[ -n "$a0" ] || fail "rank 0 of A not found"
+before=$(digest "$D")
+
+train B 2 --train.steps=5 --ckpt.every=1 --ckpt.dir="$D"
+expect_rc B 2
+expect_line B "checkpoint folder .*/D is in use by another run \(dt_train on $(hostname), pid $a0, since "
+expect_no_line B "dt_train: [0-9]+ parameters"
+[ "$(digest "$D")" = "$before" ] || fail "the refused run changed $D"
+
+echo "=== X: dt_ckpt export of A's step-1.h5, then import into D"
+"$CKPT_TOOL" export "$D/step-1.h5" --output "$WORK/a.safetensors" >X.out 2>&1 ||
+  { sed 's/^/    /' X.out; fail "export of $D/step-1.h5 failed"; }
+"$CKPT_TOOL" import "$WORK/a.safetensors" --output "$D" --heads 2 --step 9 >I.out 2>&1
+rc=$?
+sed 's/^/    /' I.out
+[ "$rc" -eq 2 ] || fail "dt_ckpt import into the folder in use: exit code $rc, expected 2"
+grep -q "option --output: checkpoint folder .*/D is in use by another run (dt_train on" I.out ||
+  fail "the refused import does not name the folder and its holder"
+[ "$(digest "$D")" = "$before" ] || fail "the refused import changed $D"
+
+echo "sending SIGUSR1 to rank 0 of A (pid $a0)"
+kill -USR1 "$a0"
+wait "$job"
+RC=$?
+sed 's/^/    /' A.out
+echo "=== A: exit code $RC"
+expect_rc A 75
+expect_line A "drained at step 2"
+
+train C 2 --train.steps=4 --ckpt.every=1 --ckpt.dir="$D"
+expect_rc C 0
+expect_line C "resumed from .*D/step-2\.h5 at step 2 "
+expect_latest "$D" step-4.h5
+
+# A run that dies (SIGKILL on every rank) leaves no claim behind.
+start_held K "$WORK/K" || finish
+for r in 0 1; do
+  p=$(rank_pid "$WORK/K" "$r")
+  [ -n "$p" ] && kill -KILL "$p"
+done
+wait "$job"
+train R 2 --train.steps=3 --ckpt.every=1 --ckpt.dir="$WORK/K"
+expect_rc R 0
+expect_line R "resumed from .*K/step-1\.h5 at step 1 "
+finish
