@@ -403,12 +403,16 @@ int cmd_list(dt::Runtime& rt, const Args& a) {
   DT_CHECK(ConfigError, S_ISDIR(st.st_mode), a.input, ": not a directory");
   const auto entries = dt::list_checkpoints(a.input);
   const auto partials = dt::list_partials(a.input);
+  const auto set_aside = dt::list_set_aside(a.input);
   const std::string latest = dt::read_latest(a.input);
+  const std::string holder = dt::folder_holder(a.input);
   // A key file that is refused is bad input (exit 2), not a failed verification of each file.
   static_cast<void>(a.keys());
   if (lead) {
-    std::printf("%s: %zu checkpoint%s, %zu interrupted save%s\n", a.input.c_str(), entries.size(),
-                entries.size() == 1 ? "" : "s", partials.size(), partials.size() == 1 ? "" : "s");
+    std::printf("%s: %zu checkpoint%s, %zu interrupted save%s, %zu set aside\n", a.input.c_str(),
+                entries.size(), entries.size() == 1 ? "" : "s", partials.size(),
+                partials.size() == 1 ? "" : "s", set_aside.size());
+    if (!holder.empty()) std::printf("in use by %s\n", holder.c_str());
     row("step", "file", "size(MB)", "verified", "");
   }
   int rc = 0;
@@ -435,6 +439,14 @@ int cmd_list(dt::Runtime& rt, const Args& a) {
         ::stat(p.c_str(), &ps) == 0 ? static_cast<std::uint64_t>(ps.st_size) : 0;
     if (lead) row("-", base_name(p), mb(bytes), "-", "interrupted");
   }
+  std::uint64_t aside_bytes = 0;
+  for (const auto& p : set_aside) {
+    struct stat ps;
+    const std::uint64_t bytes =
+        ::stat(p.c_str(), &ps) == 0 ? static_cast<std::uint64_t>(ps.st_size) : 0;
+    aside_bytes += bytes;
+    if (lead) row("-", base_name(p), mb(bytes), "-", "set aside");
+  }
   if (lead) {
     if (latest.empty() && !entries.empty())
       std::printf("note: %s/latest is missing or unreadable\n", a.input.c_str());
@@ -444,6 +456,11 @@ int cmd_list(dt::Runtime& rt, const Args& a) {
       std::printf("note: %s/latest names %s, which does not exist\n", a.input.c_str(),
                   latest.c_str());
     for (const auto& n : notes) std::printf("  %s\n", n.c_str());
+    if (!set_aside.empty())
+      std::printf(
+          "note: the %zu set-aside files (%s MB) are of another line of training in this folder "
+          "(a run resumed from an older step, or started afresh); dt never deletes them\n",
+          set_aside.size(), mb(aside_bytes).c_str());
   }
   return rc;
 }

@@ -174,6 +174,8 @@ struct CkptEntry {
 std::vector<CkptEntry> list_checkpoints(const std::string& dir);
 /// The step-N.h5.partial leftovers of interrupted saves.
 std::vector<std::string> list_partials(const std::string& dir);
+/// The checkpoints set aside as another line of training (step-N.h5.superseded[.K]), by name.
+std::vector<std::string> list_set_aside(const std::string& dir);
 /// The file `dir/latest` points to ("" if missing or unreadable).
 std::string read_latest(const std::string& dir);
 
@@ -222,6 +224,10 @@ class FolderLock {
   int fd_ = -1;
   std::string warning_;
 };
+
+/// Who holds `dir`'s FolderLock, in the holder's words ("" when nobody does, or where that
+/// cannot be told: no lock file, no flock).
+std::string folder_holder(const std::string& dir);
 
 /// Background saves: save() copies this rank's part of the tensors into a host snapshot (of a
 /// replicated tensor only the chunks it writes; of a range or pieces all of them) and returns; a

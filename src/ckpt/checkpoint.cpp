@@ -1318,6 +1318,17 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
 
 // ---- the writer's lock ------------------------------------------------------------------------
 
+namespace {
+// What the holder of a FolderLock wrote into its file `fd`.
+std::string holder_text(int fd) {
+  std::string text(512, '\0');
+  const ssize_t n = ::pread(fd, text.data(), text.size(), 0);
+  text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\0')) text.pop_back();
+  return text.empty() ? "a writer that did not say who it is" : text;
+}
+}  // namespace
+
 FolderLock::FolderLock(const std::string& dir, const std::string& who) {
   mkdirs(dir);
   const std::string path = dir + "/.dt-lock";
@@ -1326,15 +1337,11 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who) {
            " for this run: ", errno_text());
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
-    std::string holder(512, '\0');
-    const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
-    holder.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
-    while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+    const std::string holder = holder_text(fd_);
     ::close(fd_);
     fd_ = -1;
     if (err == EWOULDBLOCK)
-      DT_THROW(CheckpointError, "checkpoint folder ", dir, " is in use by another run (",
-               holder.empty() ? std::string("its holder did not say who it is") : holder,
+      DT_THROW(CheckpointError, "checkpoint folder ", dir, " is in use by another run (", holder,
                "): two writers of one folder would set aside each other's checkpoints. Use "
                "another folder, or wait for that run to end");
     warning_ = "cannot lock " + path + " (" + std::strerror(err) +
@@ -1358,6 +1365,18 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who) {
   const bool said = ::ftruncate(fd_, 0) == 0 &&
                     ::pwrite(fd_, text.data(), text.size(), 0) == static_cast<ssize_t>(text.size());
   (void)said;
+}
+
+std::string folder_holder(const std::string& dir) {
+  const std::string path = dir + "/.dt-lock";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string holder;
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    holder = holder_text(fd);
+  }
+  ::close(fd);  // (also releases a shared lock taken here)
+  return holder;
 }
 
 FolderLock::~FolderLock() {
@@ -1408,6 +1427,18 @@ std::vector<std::string> list_partials(const std::string& dir) {
   for (const auto& name : dir_entries(dir)) {
     std::int64_t step = 0;
     if (parse_step(name, ".h5.partial", &step)) out.push_back(dir + "/" + name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::string> list_set_aside(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& name : dir_entries(dir)) {
+    const std::size_t at = name.find(".h5.superseded");
+    std::int64_t step = 0;
+    if (at != std::string::npos && parse_step(name.substr(0, at + 3), ".h5", &step))
+      out.push_back(dir + "/" + name);
   }
   std::sort(out.begin(), out.end());
   return out;

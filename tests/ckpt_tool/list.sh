@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # list: newest first, sizes, verified yes, latest marked; then a corrupt checkpoint (NO, exit 1)
-# and an interrupted save in a copy of the folder.
+# and an interrupted save in a copy of the folder; then two set-aside files and a writer holding
+# the folder's lock (a real flock on .dt-lock, taken by flock(1)).
 . "$(dirname "$0")/common.sh"
 run "$DT_CKPT" list "$CKPTS"
 expect_rc 0 "all checkpoints verify"
@@ -22,4 +23,21 @@ expect_line "^ +4 +step-4\.h5 +[0-9.]+ +yes +latest$"
 expect_line "^ +2 +step-2\.h5 +[0-9.]+ +NO *$"
 expect_line "step-2\.h5: /model/transformer\.wte\.weight: checksum mismatch in chunk 0"
 expect_line "^ +- +step-6\.h5\.partial +[0-9.]+ +- +interrupted$"
+expect_line ": 2 checkpoints, 1 interrupted save, 0 set aside$"
+expect_count 0 "in use by"
+
+cp "$CKPTS/step-4.h5" "$dir/step-4.h5.superseded" && cp "$CKPTS/step-2.h5" "$dir/step-2.h5.superseded.2" ||
+  fail "copy"
+printf 'dt_train on node7, pid 4242, since 2026-01-01T00:00:00Z\n' > "$dir/.dt-lock"
+flock -x "$dir/.dt-lock" sleep 60 &
+holder=$!
+for _ in $(seq 50); do flock -n -s "$dir/.dt-lock" true || break; sleep 0.1; done
+run "$DT_CKPT" list "$dir"
+kill "$holder" 2>/dev/null
+wait "$holder" 2>/dev/null
+expect_line ": 2 checkpoints, 1 interrupted save, 2 set aside$"
+expect_line "^in use by dt_train on node7, pid 4242, since 2026-01-01T00:00:00Z$"
+expect_line "^ +- +step-4\.h5\.superseded +$(mb "$CKPTS/step-4.h5") +- +set aside$"
+expect_line "^ +- +step-2\.h5\.superseded\.2 +$(mb "$CKPTS/step-2.h5") +- +set aside$"
+expect_line "^note: the 2 set-aside files \([0-9.]+ MB\) are of another line of training"
 pass "list"
