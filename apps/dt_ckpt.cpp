@@ -922,7 +922,11 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
   std::string busy;
   if (lead) {
     try {
-      lock = std::make_unique<dt::FolderLock>(a.output, "dt_ckpt import");
+      lock = std::make_unique<dt::FolderLock>(a.output, "dt_ckpt import", 10,
+                                              [](const std::string& line) {
+                                                std::printf("dt_ckpt: %s\n", line.c_str());
+                                                std::fflush(stdout);
+                                              });
       if (!lock->warning().empty())
         std::fprintf(stderr, "dt_ckpt: warning: %s\n", lock->warning().c_str());
     } catch (const dt::CheckpointError& e) {

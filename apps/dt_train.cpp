@@ -110,14 +110,24 @@ int main(int argc, char** argv) {
   };
   // This run's claim on its checkpoint folder (rank 0 writes the commits there), before anything
   // is allocated: a second run pointed at the same folder is refused, naming the first.
+  // The other ranks wait for rank 0's claim in the phase's agreement (up to ckpt.lock-wait-s).
   std::unique_ptr<dt::FolderLock> ckpt_lock;
-  if (!phase([&] {
-        if (rt.rank() != 0 || cfg.ckpt_dir.empty() || cfg.eval_only || cfg.print_plan) return;
-        ckpt_lock = std::make_unique<dt::FolderLock>(cfg.ckpt_dir, "dt_train");
-        if (!ckpt_lock->warning().empty())
-          std::fprintf(stderr, "dt_train: warning: %s\n", ckpt_lock->warning().c_str());
-      }))
-    return 2;
+  const bool claim = !cfg.ckpt_dir.empty() && !cfg.eval_only && !cfg.print_plan;
+  {
+    const dt::watchdog::LimitScope claim_limit(
+        cfg.comm_timeout_s > 0 ? std::max(cfg.comm_timeout_s, cfg.ckpt_lock_wait_s + 60) : 0);
+    if (!phase([&] {
+          if (rt.rank() != 0 || !claim) return;
+          ckpt_lock = std::make_unique<dt::FolderLock>(
+              cfg.ckpt_dir, "dt_train", cfg.ckpt_lock_wait_s, [](const std::string& line) {
+                std::printf("dt_train: %s\n", line.c_str());
+                std::fflush(stdout);
+              });
+          if (!ckpt_lock->warning().empty())
+            std::fprintf(stderr, "dt_train: warning: %s\n", ckpt_lock->warning().c_str());
+        }))
+      return 2;
+  }
   if (!phase([&] {
         dev = std::make_unique<dt::Device>(dt::Device::open(
             cfg.device, cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path,

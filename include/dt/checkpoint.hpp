@@ -206,14 +206,17 @@ std::string checkpoint_encryption(const std::string& path);
 /// One writer's claim on a checkpoint folder (a training run's rank 0, dt_ckpt import): an
 /// exclusive flock on DIR/.dt-lock, a file that also says who holds it. Two runs writing one
 /// folder would set aside and delete each other's checkpoints and move `latest` between them.
-/// Creates DIR. Throws CheckpointError naming DIR and the holder when another process holds it.
-/// On a file system without flock it claims nothing and returns with warning() set. Released on
+/// Creates DIR. While another process holds the claim it waits up to `wait_s` seconds (a claim
+/// of a node that failed can outlive its processes on a shared file system for a minute or
+/// more), telling `note` once, then throws CheckpointError naming DIR and the holder. On a file
+/// system without flock it claims nothing and returns with warning() set. Released on
 /// destruction, or when the process ends, however it ends (the file stays).
 class FolderLock {
  public:
   /// `who`: what claims it ("dt_train", "dt_ckpt import"), written into the file with the host,
   /// process id, Slurm job id and time.
-  FolderLock(const std::string& dir, const std::string& who);
+  FolderLock(const std::string& dir, const std::string& who, double wait_s = 0,
+             const std::function<void(const std::string&)>& note = {});
   ~FolderLock();
   FolderLock(const FolderLock&) = delete;
   FolderLock& operator=(const FolderLock&) = delete;

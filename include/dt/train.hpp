@@ -58,6 +58,7 @@ struct TrainConfig {
   std::string ckpt_dir;         ///< "" disables checkpoints (and draining writes nothing)
   std::int64_t ckpt_every = 0;  ///< steps between saves (0: only at the end and on drain)
   std::int64_t ckpt_keep = 3;
+  double ckpt_lock_wait_s = 120;  ///< waiting for another run's claim on ckpt_dir (FolderLock)
   double ckpt_timeout_s = 3600;  ///< a save or load's limit for the hang watchdog (0: none)
   bool ckpt_async = false;
   std::string ckpt_resume = "auto";         ///< auto | none | PATH

@@ -1329,27 +1329,65 @@ std::string holder_text(int fd) {
 }
 }  // namespace
 
-FolderLock::FolderLock(const std::string& dir, const std::string& who) {
+FolderLock::FolderLock(const std::string& dir, const std::string& who, double wait_s,
+                       const std::function<void(const std::string&)>& note) {
   mkdirs(dir);
   const std::string path = dir + "/.dt-lock";
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Mode 0666 less the umask: in a folder shared by a group, the file made by one member's run
+  // must not lock out another's. Where it is not writable, a read-only descriptor still takes a
+  // flock on local file systems, Lustre and GPFS (NFS refuses: EBADF, handled as no flock).
+  bool writable = true;
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd_ < 0 && errno == EACCES) {
+    writable = false;
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  }
   DT_CHECK(CheckpointError, fd_ >= 0, "cannot open ", path, " to claim checkpoint folder ", dir,
            " for this run: ", errno_text());
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(wait_s));
+  auto pause = std::chrono::milliseconds(50);
+  bool told = false;
+  while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
+    if (err == EINTR) continue;
+    if (err == ENOLCK || err == EOPNOTSUPP || err == ENOTSUP || err == ENOSYS || err == EINVAL ||
+        err == EBADF) {
+      ::close(fd_);
+      fd_ = -1;
+      warning_ = "cannot lock " + path + " (" + std::strerror(err) +
+                 "): this file system offers no flock, so nothing stops another run from "
+                 "writing checkpoint folder " +
+                 dir + " at the same time";
+      return;
+    }
     const std::string holder = holder_text(fd_);
-    ::close(fd_);
-    fd_ = -1;
-    if (err == EWOULDBLOCK)
+    if (err != EWOULDBLOCK && err != EACCES) {
+      ::close(fd_);
+      fd_ = -1;
+      DT_THROW(CheckpointError, "cannot lock ", path, " to claim checkpoint folder ", dir, ": ",
+               std::strerror(err));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::close(fd_);
+      fd_ = -1;
       DT_THROW(CheckpointError, "checkpoint folder ", dir, " is in use by another run (", holder,
                "): two writers of one folder would set aside each other's checkpoints. Use "
-               "another folder, or wait for that run to end");
-    warning_ = "cannot lock " + path + " (" + std::strerror(err) +
-               "): this file system offers no flock, so nothing stops another run from writing "
-               "checkpoint folder " +
-               dir + " at the same time";
-    return;
+               "another folder, or wait for that run to end. If it has ended (a node that "
+               "failed can keep its claim on a shared file system for a while), remove ",
+               path, " to break the claim");
+    }
+    if (!told && note) {
+      note("checkpoint folder " + dir + " is in use by " + holder + "; waiting up to " +
+           std::to_string(static_cast<long>(wait_s)) + " s for it");
+      told = true;
+    }
+    const auto left = deadline - std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, left));
+    pause = std::min(pause * 2, std::chrono::milliseconds(2000));
   }
+  if (!writable) return;  // (who holds it stays unsaid)
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
   const char* job = std::getenv("SLURM_JOB_ID");
@@ -1362,8 +1400,10 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who) {
                            (job ? std::string(", Slurm job ") + job : std::string()) + ", since " +
                            when + "\n";
   // Who holds it is only for the message of a run refused: failing to write it changes nothing.
-  const bool said = ::ftruncate(fd_, 0) == 0 &&
-                    ::pwrite(fd_, text.data(), text.size(), 0) == static_cast<ssize_t>(text.size());
+  // Written first and cut to length after, so that a reader never finds the file empty.
+  const bool said =
+      ::pwrite(fd_, text.data(), text.size(), 0) == static_cast<ssize_t>(text.size()) &&
+      ::ftruncate(fd_, static_cast<off_t>(text.size())) == 0;
   (void)said;
 }
 

@@ -110,6 +110,11 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("ckpt.every", &c.ckpt_every, 0, "steps between checkpoints (0: only at the end)", 0L,
            1L << 40)
       .add("ckpt.keep", &c.ckpt_keep, 3, "newest checkpoints kept", 1L, 1000000L)
+      .add("ckpt.lock-wait-s", &c.ckpt_lock_wait_s, 120.0,
+           "how long a run waits for another run's claim on ckpt.dir (DIR/.dt-lock) to end "
+           "before it refuses to start (a claim of a node that failed can outlive it on a "
+           "shared file system for a while)",
+           0.0, 86400.0)
       .add("ckpt.timeout-s", &c.ckpt_timeout_s, 3600.0,
            "hang watchdog: a checkpoint save or load (its collectives wait for the slowest "
            "rank's writes or reads) not finished after this many seconds ends the job, as "

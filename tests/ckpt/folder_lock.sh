@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # ckpt.folder_lock: one writer per checkpoint folder. While run A (2 ranks) trains into D and
-# holds after step 2, a second run B into D and a dt_ckpt import into D are refused with exit
-# code 2, naming D and A (its host and the pid of its rank 0), before B allocates its model; D is
-# left byte for byte. After A drains (exit 75), a run into D trains on. A run killed with SIGKILL
-# leaves the folder free as well (the claim ends with the process).
+# holds after step 2, a second run B into D (waiting 1 s for the claim) and a dt_ckpt import into
+# D (waiting 10 s) are refused with exit code 2, naming D and A (its host and the pid of its rank
+# 0), B before it allocates its model; D is left byte for byte. A run W that waits up to 60 s
+# starts as soon as A drains (exit 75) and trains on from A's checkpoint. A run killed with
+# SIGKILL leaves the folder free (the claim ends with the process).
 source "$(dirname "$0")/lib.sh"
 D=$WORK/D
 CKPT_TOOL=$(dirname "$BIN")/dt_ckpt
@@ -40,9 +41,11 @@ a0=$(rank_pid "$D" 0)
 [ -n "$a0" ] || fail "rank 0 of A not found"
 before=$(digest "$D")
 
-train B 2 --train.steps=5 --ckpt.every=1 --ckpt.dir="$D"
+holder="dt_train on $(hostname), pid $a0, (Slurm job [0-9]+, )?since "
+train B 2 --train.steps=5 --ckpt.every=1 --ckpt.dir="$D" --ckpt.lock-wait-s=1
 expect_rc B 2
-expect_line B "checkpoint folder .*/D is in use by another run \(dt_train on $(hostname), pid $a0, since "
+expect_line B "checkpoint folder .*/D is in use by $holder.*; waiting up to 1 s for it"
+expect_line B "checkpoint folder .*/D is in use by another run \($holder"
 expect_no_line B "dt_train: [0-9]+ parameters"
 [ "$(digest "$D")" = "$before" ] || fail "the refused run changed $D"
 
@@ -53,9 +56,19 @@ echo "=== X: dt_ckpt export of A's step-1.h5, then import into D"
 rc=$?
 sed 's/^/    /' I.out
 [ "$rc" -eq 2 ] || fail "dt_ckpt import into the folder in use: exit code $rc, expected 2"
-grep -q "option --output: checkpoint folder .*/D is in use by another run (dt_train on" I.out ||
+grep -Eq "option --output: checkpoint folder .*/D is in use by another run \($holder" I.out ||
   fail "the refused import does not name the folder and its holder"
 [ "$(digest "$D")" = "$before" ] || fail "the refused import changed $D"
+
+echo "=== W: 2 ranks in the background: dt_train --ckpt.dir=$D --ckpt.lock-wait-s=60"
+timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
+  --train.steps=4 --ckpt.every=1 --ckpt.dir="$D" --ckpt.lock-wait-s=60 >W.out 2>&1 &
+w=$!
+for _ in $(seq 300); do
+  grep -q "waiting up to 60 s" W.out && break
+  sleep 0.1
+done
+grep -q "waiting up to 60 s" W.out || fail "W does not say it waits for the folder"
 
 echo "sending SIGUSR1 to rank 0 of A (pid $a0)"
 kill -USR1 "$a0"
@@ -65,10 +78,12 @@ sed 's/^/    /' A.out
 echo "=== A: exit code $RC"
 expect_rc A 75
 expect_line A "drained at step 2"
-
-train C 2 --train.steps=4 --ckpt.every=1 --ckpt.dir="$D"
-expect_rc C 0
-expect_line C "resumed from .*D/step-2\.h5 at step 2 "
+wait "$w"
+RC=$?
+sed 's/^/    /' W.out
+echo "=== W: exit code $RC"
+expect_rc W 0
+expect_line W "resumed from .*D/step-2\.h5 at step 2 "
 expect_latest "$D" step-4.h5
 
 # A run that dies (SIGKILL on every rank) leaves no claim behind.

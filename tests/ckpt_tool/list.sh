@@ -29,7 +29,8 @@ expect_count 0 "in use by"
 cp "$CKPTS/step-4.h5" "$dir/step-4.h5.superseded" && cp "$CKPTS/step-2.h5" "$dir/step-2.h5.superseded.2" ||
   fail "copy"
 printf 'dt_train on node7, pid 4242, since 2026-01-01T00:00:00Z\n' > "$dir/.dt-lock"
-flock -x "$dir/.dt-lock" sleep 60 &
+# (The subshell holds the lock on its descriptor 9 and becomes the sleep: killing it ends both.)
+( flock -x 9 && exec sleep 60 ) 9<>"$dir/.dt-lock" >/dev/null 2>&1 &
 holder=$!
 for _ in $(seq 50); do flock -n -s "$dir/.dt-lock" true || break; sleep 0.1; done
 run "$DT_CKPT" list "$dir"
