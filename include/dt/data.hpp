@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,11 +33,38 @@ struct TokenRange {
   bool empty() const { return end == begin; }
 };
 
-/// The tokens of one file, held once in memory.
+/// Read-only tokens: the pages of an llm.c file mapped into memory (so that the processes of a
+/// node that read one file share one copy, in the page cache), or a vector of their own (byte
+/// files, whose bytes are widened to tokens, and tokens made in memory). Copies share storage.
+class TokenStore {
+ public:
+  TokenStore() = default;
+  explicit TokenStore(std::vector<uint16_t> tokens);
+  /// `count` tokens at `first`, kept valid by `owner` (a mapping, say).
+  TokenStore(std::shared_ptr<const void> owner, const uint16_t* first, size_t count, bool mapped);
+
+  const uint16_t* data() const { return p_; }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  uint16_t operator[](size_t i) const { return p_[i]; }
+  const uint16_t* begin() const { return p_; }
+  const uint16_t* end() const { return p_ + n_; }
+  /// The tokens are a file's pages (shared with other processes mapping that file).
+  bool mapped() const { return mapped_; }
+
+ private:
+  std::shared_ptr<const void> owner_;
+  const uint16_t* p_ = nullptr;
+  size_t n_ = 0;
+  bool mapped_ = false;
+};
+
+/// The tokens of one file. An llm.c file is mapped, not read: it must not change while a run
+/// uses it (as with any memory-mapped data set, a file cut short then ends the process).
 struct TokenFile {
   std::string path;
   std::string format;            ///< the format actually read: "bytes" or "llmc"
-  std::vector<uint16_t> tokens;  ///< never empty after load_tokens
+  TokenStore tokens;             ///< never empty after load_tokens
   int vocab = 0;                 ///< 256 for bytes, 50257 for llmc
   int max_token_plus_one = 0;    ///< largest token present + 1 (<= vocab)
 
@@ -52,11 +80,11 @@ constexpr int32_t kLlmcVersion = 1;
 constexpr int kLlmcHeaderInts = 256;
 constexpr int kGpt2Vocab = 50257;
 
-/// Reads a token file. format: "auto", "bytes" or "llmc". The file is read straight into the
-/// token vector (no second copy). Throws dt::ConfigError naming the path on: an unknown format,
-/// a missing / unreadable / non-regular file, an empty file, an llmc magic mismatch, an
-/// unsupported version, a header token count that disagrees with the file size, a truncated
-/// file, a token >= 50257 in an llmc file.
+/// Reads a token file. format: "auto", "bytes" or "llmc". An llm.c file is mapped (on
+/// little-endian machines) and checked in place; a byte file is read straight into its vector.
+/// Throws dt::ConfigError naming the path on: an unknown format, a missing / unreadable /
+/// non-regular file, an empty file, an llmc magic mismatch, an unsupported version, a header token
+/// count that disagrees with the file size, a truncated file, a token >= 50257 in an llmc file.
 TokenFile load_tokens(const std::string& path, const std::string& format = "auto");
 
 /// The train part (first) and the validation part (last) of a token file.

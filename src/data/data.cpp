@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -61,15 +62,16 @@ void read_exact(int fd, void* dst, size_t len, size_t offset, const std::string&
 void load_bytes(int fd, size_t size, TokenFile& f) {
   // Read the bytes into the storage of the token vector itself (2 bytes per token), then widen in
   // place from the back: token i overwrites bytes 2i and 2i+1, which are >= i and so already read.
-  f.tokens.resize(size);
-  auto* raw = reinterpret_cast<unsigned char*>(f.tokens.data());
+  std::vector<uint16_t> tokens(size);
+  auto* raw = reinterpret_cast<unsigned char*>(tokens.data());
   read_exact(fd, raw, size, 0, f.path);
   unsigned max_tok = 0;
   for (size_t i = size; i-- > 0;) {
     const unsigned char b = raw[i];
     max_tok = std::max<unsigned>(max_tok, b);
-    f.tokens[i] = b;
+    tokens[i] = b;
   }
+  f.tokens = TokenStore(std::move(tokens));
   f.format = "bytes";
   f.vocab = 256;
   f.max_token_plus_one = static_cast<int>(max_tok) + 1;
@@ -102,10 +104,22 @@ void load_llmc(int fd, size_t size, TokenFile& f) {
            " tokens but the file holds ", body, " bytes of tokens (",
            static_cast<double>(body) / 2.0, " tokens)");
 
-  f.tokens.resize(static_cast<size_t>(count));
-  read_exact(fd, f.tokens.data(), want, kHeaderBytes, path);
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  for (auto& t : f.tokens) t = static_cast<uint16_t>((t >> 8) | (t << 8));
+  std::vector<uint16_t> own(static_cast<size_t>(count));
+  read_exact(fd, own.data(), want, kHeaderBytes, path);
+  for (auto& t : own) t = static_cast<uint16_t>((t >> 8) | (t << 8));
+  f.tokens = TokenStore(std::move(own));
+#else
+  // Mapped, not read: the ranks of a node that train on one file share its pages (a file of
+  // 10^10 tokens is 20 GB once per node, not once per rank), and none copies it at start.
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED)
+    DT_THROW(ConfigError, "cannot map token file '", path, "': ", std::strerror(errno));
+  std::shared_ptr<const void> owner(
+      map, [size](const void* m) { ::munmap(const_cast<void*>(m), size); });
+  const auto* first =
+      reinterpret_cast<const uint16_t*>(static_cast<const char*>(map) + kHeaderBytes);
+  f.tokens = TokenStore(std::move(owner), first, static_cast<size_t>(count), true);
 #endif
   unsigned max_tok = 0;
   for (size_t i = 0; i < f.tokens.size(); ++i) {
@@ -141,6 +155,17 @@ void copy_window(const uint16_t* w, int seq_len, int32_t* in, int32_t* tg) {
 }
 
 }  // namespace
+
+TokenStore::TokenStore(std::vector<uint16_t> tokens) {
+  auto v = std::make_shared<const std::vector<uint16_t>>(std::move(tokens));
+  p_ = v->data();
+  n_ = v->size();
+  owner_ = std::move(v);
+}
+
+TokenStore::TokenStore(std::shared_ptr<const void> owner, const uint16_t* first, size_t count,
+                       bool mapped)
+    : owner_(std::move(owner)), p_(first), n_(count), mapped_(mapped) {}
 
 const uint16_t* TokenFile::data(const TokenRange& r) const {
   DT_CHECK(InvalidArgument, r.begin <= r.end && r.end <= tokens.size(), "token range [", r.begin,

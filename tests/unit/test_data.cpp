@@ -75,8 +75,9 @@ dt::TokenFile synthetic(size_t n) {
   f.path = "synthetic";
   f.format = "llmc";
   f.vocab = dt::kGpt2Vocab;
-  f.tokens.resize(n);
-  for (size_t i = 0; i < n; ++i) f.tokens[i] = static_cast<uint16_t>(i % 50000);
+  std::vector<uint16_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>(i % 50000);
+  f.tokens = dt::TokenStore(std::move(t));
   f.max_token_plus_one = 50000;
   return f;
 }
@@ -140,11 +141,41 @@ TEST_CASE("data: llmc format reads the header and little-endian uint16 tokens") 
     CHECK(f.format == "llmc");
     CHECK(f.vocab == 50257);
     CHECK(f.max_token_plus_one == 50257);
-    CHECK(f.tokens == toks);
+    CHECK(std::vector<uint16_t>(f.tokens.begin(), f.tokens.end()) == toks);
+    CHECK(f.tokens.mapped());  // the file's pages, not a copy
   }
   const dt::TokenFile small = dt::load_tokens(dir.write("small.bin", llmc_image({3, 300, 5})));
   CHECK(small.vocab == 50257);
   CHECK(small.max_token_plus_one == 301);
+}
+
+// This process's private (anonymous) resident memory, in KiB.
+long rss_anon_kib() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("RssAnon:", 0) == 0) return std::stol(line.substr(8));
+  return -1;
+}
+
+TEST_CASE("data: an llm.c file is mapped, not copied into the process") {
+  TempDir dir;
+  constexpr size_t kTokens = size_t{16} << 20;  // 32 MiB of tokens
+  std::string path;
+  {
+    std::vector<uint16_t> toks(kTokens);
+    for (size_t i = 0; i < kTokens; ++i) toks[i] = static_cast<uint16_t>((i * 7919) % 50257);
+    path = dir.write("big.bin", llmc_image(toks));
+  }
+  const long before = rss_anon_kib();
+  REQUIRE(before >= 0);
+  const dt::TokenFile f = dt::load_tokens(path);  // checks every token: touches every page
+  const long grown = rss_anon_kib() - before;
+  CHECK(f.tokens.mapped());
+  REQUIRE(f.size() == kTokens);
+  CHECK(f.tokens[kTokens - 1] == static_cast<uint16_t>(((kTokens - 1) * 7919) % 50257));
+  INFO("private memory grew by " << grown << " KiB");
+  CHECK(grown < 4096);  // a copy would be 32768 KiB
 }
 
 TEST_CASE("data: auto picks llmc only on the magic, bytes otherwise") {
