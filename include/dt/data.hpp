@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dt {
@@ -42,6 +43,17 @@ class TokenStore {
   explicit TokenStore(std::vector<uint16_t> tokens);
   /// `count` tokens at `first`, kept valid by `owner` (a mapping, say).
   TokenStore(std::shared_ptr<const void> owner, const uint16_t* first, size_t count, bool mapped);
+  TokenStore(const TokenStore&) = default;
+  TokenStore& operator=(const TokenStore&) = default;
+  /// A moved-from store is empty (as a moved-from vector is), never a view of storage it let go.
+  TokenStore(TokenStore&& o) noexcept { *this = std::move(o); }
+  TokenStore& operator=(TokenStore&& o) noexcept {
+    owner_ = std::move(o.owner_);
+    p_ = std::exchange(o.p_, nullptr);
+    n_ = std::exchange(o.n_, 0);
+    mapped_ = std::exchange(o.mapped_, false);
+    return *this;
+  }
 
   const uint16_t* data() const { return p_; }
   size_t size() const { return n_; }
@@ -104,9 +116,10 @@ Split split(const TokenFile& file, double val_fraction);
 class Sampler {
  public:
   /// Throws dt::ConfigError when seq_len < 1 or n < seq_len + 1 (naming both numbers and `what`,
-  /// e.g. "training split"); dt::InvalidArgument when tokens is null.
+  /// e.g. "training split"); dt::InvalidArgument when tokens is null. `vocab`: every token a
+  /// window hands out is checked to be below it (a mapped token file changed under the run).
   Sampler(const uint16_t* tokens, size_t n, int seq_len, uint64_t seed,
-          const std::string& what = "token range");
+          const std::string& what = "token range", int vocab = 65536);
 
   /// Start offset of the window of global sequence `seq` (>= 0) at `step`: a pure function of
   /// (seed, step, seq), uniform in [0, n - seq_len - 1].
@@ -115,7 +128,8 @@ class Sampler {
   /// Fills count x seq_len inputs and targets (row-major, one row per sequence) for global
   /// sequences first_seq .. first_seq + count - 1 of `step`; targets[i][t] = inputs[i][t + 1]
   /// of the same window, i.e. the token after inputs[i][t]. Throws dt::InvalidArgument on
-  /// first_seq < 0, count < 0, or null buffers with count > 0.
+  /// first_seq < 0, count < 0, or null buffers with count > 0; dt::ConfigError on a token not
+  /// below `vocab`.
   void fill(uint64_t step, int64_t first_seq, int64_t count, int32_t* inputs,
             int32_t* targets) const;
 
@@ -130,6 +144,7 @@ class Sampler {
   size_t n_;
   int seq_len_;
   uint64_t seed_;
+  int vocab_;
 };
 
 /// Start offsets of `count` fixed evaluation windows (seq_len + 1 tokens each) over n tokens,
@@ -142,9 +157,10 @@ std::vector<size_t> eval_windows(size_t n, int seq_len, int64_t count,
                                  const std::string& what = "validation split");
 
 /// Fills count x seq_len inputs / targets from the windows at starts[0 .. count) over tokens[0,
-/// n). Throws dt::InvalidArgument when a window does not fit in n tokens or a buffer is null.
+/// n). Throws dt::InvalidArgument when a window does not fit in n tokens or a buffer is null,
+/// dt::ConfigError on a token not below `vocab`.
 void fill_windows(const uint16_t* tokens, size_t n, int seq_len, const size_t* starts,
-                  int64_t count, int32_t* inputs, int32_t* targets);
+                  int64_t count, int32_t* inputs, int32_t* targets, int vocab = 65536);
 
 /// Byte tokens as printable text: printable ASCII and '\n' as is, '\\' as "\\\\", '\t' '\r' as
 /// "\\t" "\\r", other bytes as "\\xHH", tokens outside [0, 255] as "\\{N}".

@@ -110,8 +110,8 @@ void load_llmc(int fd, size_t size, TokenFile& f) {
   for (auto& t : own) t = static_cast<uint16_t>((t >> 8) | (t << 8));
   f.tokens = TokenStore(std::move(own));
 #else
-  // Mapped, not read: the ranks of a node that train on one file share its pages (a file of
-  // 10^10 tokens is 20 GB once per node, not once per rank), and none copies it at start.
+  // Mapped, not read: the ranks of a node that train on one file share its pages (a file of 10^9
+  // tokens is 2 GB once per node, not once per rank), and none copies it at start.
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED)
     DT_THROW(ConfigError, "cannot map token file '", path, "': ", std::strerror(errno));
@@ -147,11 +147,20 @@ void check_window_buffers(int64_t count, const int32_t* inputs, const int32_t* t
            "inputs and targets must not be null");
 }
 
-void copy_window(const uint16_t* w, int seq_len, int32_t* in, int32_t* tg) {
+// Copies a window of seq_len + 1 tokens; every token must be below `vocab`. The file was checked
+// when it was loaded, but a mapped file that changes under the run would otherwise hand the
+// model's embedding an index outside it.
+void copy_window(const uint16_t* w, int seq_len, int32_t* in, int32_t* tg, int vocab) {
+  unsigned top = 0;
   for (int t = 0; t < seq_len; ++t) {
     in[t] = w[t];
     tg[t] = w[t + 1];
+    top = std::max<unsigned>(top, w[t + 1]);
   }
+  top = std::max<unsigned>(top, w[0]);
+  DT_CHECK(ConfigError, top < static_cast<unsigned>(vocab), "a data window holds token ", top,
+           ", outside the vocabulary of ", vocab,
+           " (did the token file change while this run used it?)");
 }
 
 }  // namespace
@@ -217,8 +226,8 @@ Split split(const TokenFile& file, double val_fraction) {
 }
 
 Sampler::Sampler(const uint16_t* tokens, size_t n, int seq_len, uint64_t seed,
-                 const std::string& what)
-    : tokens_(tokens), n_(n), seq_len_(seq_len), seed_(seed) {
+                 const std::string& what, int vocab)
+    : tokens_(tokens), n_(n), seq_len_(seq_len), seed_(seed), vocab_(vocab) {
   DT_CHECK(ConfigError, seq_len >= 1, "sequence length must be >= 1, got ", seq_len);
   DT_CHECK(ConfigError, n >= static_cast<size_t>(seq_len) + 1, what, " has ", n,
            " tokens, too few for one window of seq_len + 1 = ", static_cast<size_t>(seq_len) + 1,
@@ -252,7 +261,7 @@ void Sampler::fill(uint64_t step, int64_t first_seq, int64_t count, int32_t* inp
   for (int64_t i = 0; i < count; ++i) {
     const size_t start = window_start(step, first_seq + i);
     copy_window(tokens_ + start, seq_len_, inputs + static_cast<size_t>(i) * T,
-                targets + static_cast<size_t>(i) * T);
+                targets + static_cast<size_t>(i) * T, vocab_);
   }
 }
 
@@ -278,7 +287,7 @@ std::vector<size_t> eval_windows(size_t n, int seq_len, int64_t count, const std
 }
 
 void fill_windows(const uint16_t* tokens, size_t n, int seq_len, const size_t* starts,
-                  int64_t count, int32_t* inputs, int32_t* targets) {
+                  int64_t count, int32_t* inputs, int32_t* targets, int vocab) {
   DT_CHECK_GE(InvalidArgument, seq_len, 1, "sequence length must be >= 1");
   check_window_buffers(count, inputs, targets);
   DT_CHECK(InvalidArgument, count == 0 || (tokens != nullptr && starts != nullptr),
@@ -289,7 +298,7 @@ void fill_windows(const uint16_t* tokens, size_t n, int seq_len, const size_t* s
     DT_CHECK(InvalidArgument, s < n && n - s >= T + 1, "window ", i, " at ", s, " of ", T + 1,
              " tokens does not fit in ", n, " tokens");
     copy_window(tokens + s, seq_len, inputs + static_cast<size_t>(i) * T,
-                targets + static_cast<size_t>(i) * T);
+                targets + static_cast<size_t>(i) * T, vocab);
   }
 }
 

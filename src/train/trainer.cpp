@@ -456,7 +456,8 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   if (c_.seal == "all") sealed_world_ = security::make_sealed_comm(comm_, *keys_, sealed);
   if (c_.optim.decay_steps == 0) c_.optim.decay_steps = c_.steps;
   sampler_ = std::make_unique<Sampler>(data.data(split_.train), split_.train.size(), c_.model.block,
-                                       static_cast<std::uint64_t>(c_.seed));
+                                       static_cast<std::uint64_t>(c_.seed), "training split",
+                                       c_.model.vocab);
   if (c_.val_fraction > 0)
     eval_starts_ = eval_windows(split_.val.size(), c_.model.block, c_.eval_windows);
   if (dev_.table().set_threads)
@@ -993,7 +994,7 @@ double Trainer::loss_over(const std::vector<std::size_t>& starts) {
   const std::int64_t rounds = (((total + n - 1) / n) + micro_ - 1) / micro_;
   for (std::int64_t j = 0; lockstep && j < rounds - (end - begin + micro_ - 1) / micro_; ++j) {
     fill_windows(data_.data(split_.val), split_.val.size(), T, starts.data(), 1, inputs_.data(),
-                 targets_.data());
+                 targets_.data(), c_.model.vocab);
     if (engine_)
       engine_->forward(0, -1, inputs_.data(), targets_.data(), 1);
     else
@@ -1001,8 +1002,8 @@ double Trainer::loss_over(const std::vector<std::size_t>& starts) {
   }
   for (std::int64_t i = begin; i < end; i += micro_, ++k) {
     const std::int64_t cnt = std::min(micro_, end - i);
-    fill_windows(val, split_.val.size(), T, starts.data() + i, cnt, inputs_.data(),
-                 targets_.data());
+    fill_windows(val, split_.val.size(), T, starts.data() + i, cnt, inputs_.data(), targets_.data(),
+                 c_.model.vocab);
     if (engine_)
       sums[0] += engine_->forward(k % plan_->in_flight(mesh_->coord().pp), k, inputs_.data(),
                                   targets_.data(), static_cast<int>(cnt));

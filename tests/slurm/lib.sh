@@ -148,11 +148,18 @@ expect_end() {
 }
 
 # wait_lines FILE N [SECONDS]: FILE has at least N lines.
+# On failure it shows why: the job's state and output (NAME.out for NAME.jsonl), the queue.
 wait_lines() {
   local t0=$SECONDS
   while ! { [ -f "$1" ] && [ "$(wc -l <"$1")" -ge "$2" ]; }; do
     if [ $((SECONDS - t0)) -ge "${3:-$JOB_LIMIT}" ]; then
       fail "$1 has fewer than $2 lines after ${3:-$JOB_LIMIT} s"
+      if [ -n "${JOB:-}" ]; then
+        echo "    job $JOB: $(scontrol show job -o "$JOB" 2>&1 | tr ' ' '\n' |
+          grep -E '^(JobState|Reason|NodeList|RunTime|ExitCode)=' | tr '\n' ' ')"
+      fi
+      [ -f "${1%.jsonl}.out" ] && sed 's/^/    /' "${1%.jsonl}.out"
+      squeue -a 2>&1 | sed 's/^/    /'
       return 1
     fi
     sleep 0.1
