@@ -39,18 +39,8 @@ done
 [ -f L.jsonl ] && [ "$(wc -l <L.jsonl)" -ge "$WAIT_STEPS" ] ||
   fail "the run logged fewer than $WAIT_STEPS steps"
 
-# The rank processes: command lines that start with the dt_train binary and name this test's
-# checkpoint directory (not mpiexec, not other tests' runs).
-rank_pid() {
-  local p r
-  for p in $(pgrep -f -- "^$BIN .*--ckpt\.dir=$D( |\$)"); do
-    r=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null |
-        sed -n 's/^\(OMPI_COMM_WORLD_RANK\|PMIX_RANK\|PMI_RANK\)=//p' | head -n1)
-    [ "$r" = "$1" ] && { echo "$p"; return; }
-  done
-}
 echo "rank processes: $(pgrep -f -- "^$BIN .*--ckpt\.dir=$D( |\$)" | tr '\n' ' ')"
-pid=$(rank_pid "$RANK")
+pid=$(rank_pid "$D" "$RANK")
 if [ -z "$pid" ]; then
   fail "no process of rank $RANK found"
   kill -TERM "$job" 2>/dev/null  # timeout passes it on to mpiexec and the ranks

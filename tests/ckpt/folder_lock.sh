@@ -9,15 +9,6 @@ source "$(dirname "$0")/lib.sh"
 D=$WORK/D
 CKPT_TOOL=$(dirname "$BIN")/dt_ckpt
 
-# rank_pid DIR RANK: the process of rank RANK of the dt_train run whose --ckpt.dir is DIR.
-rank_pid() {
-  local p r
-  for p in $(pgrep -f -- "^$BIN .*--ckpt\.dir=$1( |\$)"); do
-    r=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null |
-        sed -n 's/^\(OMPI_COMM_WORLD_RANK\|PMIX_RANK\|PMI_RANK\)=//p' | head -n1)
-    [ "$r" = "$2" ] && { echo "$p"; return; }
-  done
-}
 # start_held NAME DIR: a 2-rank run into DIR in the background (pid in $job) that holds after
 # step 2 (before its save of step 2: step-1.h5 is there); waits until it holds.
 start_held() {

@@ -100,6 +100,18 @@ expect_latest() {
 # (Not .dt-lock: the file of a run's claim on the folder, which every run that writes it leaves.)
 files_in() { (cd "$1" 2>/dev/null && ls -A | grep -vx '\.dt-lock' | sort | tr '\n' ' ' | sed 's/ $//'); }
 
+# rank_pid DIR RANK: the process of rank RANK of the dt_train run whose --ckpt.dir is DIR (a
+# command line that starts with the dt_train binary and names DIR: not mpiexec, not other tests'
+# runs).
+rank_pid() {
+  local p r
+  for p in $(pgrep -f -- "^$BIN .*--ckpt\.dir=$1( |\$)"); do
+    r=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null |
+        sed -n 's/^\(OMPI_COMM_WORLD_RANK\|PMIX_RANK\|PMI_RANK\)=//p' | head -n1)
+    [ "$r" = "$2" ] && { echo "$p"; return; }
+  done
+}
+
 # steplog ARGS...: runs steplog.py; a failure counts as a test failure.
 steplog() {
   $STEPLOG "$@" || fail "steplog.py $*"
