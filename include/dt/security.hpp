@@ -123,6 +123,11 @@ std::string slurm_job_id();
 /// 16 random bytes from OpenSSL's CSPRNG. Throws dt::SecurityError if it fails.
 Salt random_salt();
 
+namespace detail {
+/// Testing only: when set, random_salt() returns this salt (a salt replayed from an earlier run).
+extern const Salt* salt_for_test;
+}  // namespace detail
+
 /// Key derivation from one job key.
 class Keys {
  public:

@@ -992,17 +992,25 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
   };
   std::string salt_hex, check_hex, meta_hex;
   if (keys) {
-    security::Salt salt{};
-    if (comm.rank() == 0) {
-      try {
-        salt = security::random_salt();
-      } catch (const Error& e) {
-        ok = false;
-        err = e.message();
-      }
+    // The file's salt is the SHA-256 (first 16 bytes) of a salt each rank draws, all gathered:
+    // every rank's key depends on randomness it drew itself, so no salt altered or replayed in
+    // transit (an older file's key_salt, say) can make it encrypt under an earlier key with the
+    // same chunk nonces. An altered salt only leaves a file that fails authentication.
+    security::Salt salt{}, mine{};
+    try {
+      mine = security::random_salt();
+    } catch (const Error& e) {
+      ok = false;
+      err = e.message();
     }
-    if (!all_ok(comm, ok)) DT_THROW(CheckpointError, "encrypting ", partial, " failed: ", err);
-    comm.broadcast(TensorView{salt.data(), salt.size(), DType::u8}, 0);
+    if (!all_ok(comm, ok))
+      DT_THROW(CheckpointError, "encrypting ", partial, " failed",
+               err.empty() ? std::string(" on another rank") : ": " + err);
+    std::vector<std::uint8_t> all(mine.size() * static_cast<std::size_t>(comm.size()));
+    comm.all_gather(ConstTensorView{mine.data(), mine.size(), DType::u8},
+                    TensorView{all.data(), all.size(), DType::u8});
+    const Digest combined = sha256(all.data(), all.size());
+    std::copy_n(combined.begin(), salt.size(), salt.begin());
     try {
       const trace::Scope seal_scope("ckpt.seal", "ckpt");
       DT_CHECK(CheckpointError, tensors.size() < 0xFFFFFFFFu, "too many tensors to encrypt");

@@ -87,7 +87,10 @@ std::string slurm_job_id() {
   return v && *v ? std::string(v) : std::string("none");
 }
 
+const Salt* detail::salt_for_test = nullptr;
+
 Salt random_salt() {
+  if (detail::salt_for_test) return *detail::salt_for_test;
   Salt s{};
   DT_CHECK(SecurityError, RAND_bytes(s.data(), static_cast<int>(s.size())) == 1,
            "RAND_bytes failed: ", openssl_error());

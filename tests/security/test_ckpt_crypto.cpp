@@ -168,6 +168,19 @@ void make_version1(const std::string& file) {
   set_int_attr(file, "format_version", 1);
 }
 
+// The string attribute `name` of the root of `file`.
+std::string string_attr(const std::string& file, const char* name) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t a = H5Aopen_by_name(f, "/", name, H5P_DEFAULT, H5P_DEFAULT);
+  hid_t type = H5Aget_type(a);
+  std::string v(H5Tget_size(type), '\0');
+  H5Aread(a, type, v.data());
+  H5Tclose(type);
+  H5Aclose(a);
+  H5Fclose(f);
+  return v;
+}
+
 void copy_file(const std::string& from, const std::string& to) {
   std::filesystem::copy_file(from, to, std::filesystem::copy_options::overwrite_existing);
 }
@@ -201,6 +214,26 @@ int run(const std::string& dir, int world_rank) {
     dt::save_checkpoint(*world, enc_dir, saved.tensors, meta, 2, {}, &good);
   });
   const std::string file = enc_dir + "/step-3.h5";
+
+  // No one rank's salt decides the file key: with rank 0's salt replayed (the same salt in two
+  // saves), the other ranks' fresh salts still give the two files different keys, so that no
+  // chunk is sealed twice under one key and nonce. (One rank alone has only its own salt.)
+  {
+    const sec::Salt replayed = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    if (me == 0) sec::detail::salt_for_test = &replayed;
+    guarded("two saves with rank 0's salt replayed", [&] {
+      dt::save_checkpoint(*world, dir + "/replay-a", saved.tensors, meta, 2, {}, &good);
+      dt::save_checkpoint(*world, dir + "/replay-b", saved.tensors, meta, 2, {}, &good);
+    });
+    sec::detail::salt_for_test = nullptr;
+    if (me == 0) {
+      const std::string a = string_attr(dir + "/replay-a/step-3.h5", "key_salt");
+      const std::string b = string_attr(dir + "/replay-b/step-3.h5", "key_salt");
+      H.expect(!a.empty() && (n > 1 ? a != b : a == b),
+               n > 1 ? "the file key depends on every rank's salt" : "one rank: its salt alone",
+               "key_salt " + a + " and " + b);
+    }
+  }
 
   if (me == 0) {
     guarded("no plaintext in the file", [&] {
