@@ -163,8 +163,8 @@ class Aead {
   /// Encrypts n bytes of `in` into `out` (may be the same pointer) and writes the 16-byte tag.
   void seal(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t aad_len, const void* in,
             std::size_t n, void* out, std::uint8_t* tag);
-  /// Decrypts into `out` and checks the tag; false when it does not verify (then `out` holds
-  /// unverified bytes that must not be used).
+  /// Decrypts into `out` and checks the tag; false when it does not verify (then `out` is
+  /// zeroed: no unverified byte stays where a caller that catches the error could use it).
   bool open(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t aad_len, const void* in,
             std::size_t n, void* out, const std::uint8_t* tag);
 

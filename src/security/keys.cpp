@@ -44,7 +44,9 @@ EVP_CIPHER_CTX* cctx(void* p) { return static_cast<EVP_CIPHER_CTX*>(p); }
 SecretKey::~SecretKey() { OPENSSL_cleanse(k_.data(), k_.size()); }
 
 SecretKey load_key_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO planted at the path fails the regular-file check below instead of
+  // blocking the rank in open() (for a regular file it changes nothing).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     DT_THROW(ConfigError, "security.key_file: cannot open '", path, "': ", std::strerror(errno));
   struct FdCloser {
@@ -250,7 +252,10 @@ bool Aead::open(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t 
            EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, static_cast<int>(kTagBytes), t) == 1,
            "AES-GCM tag set-up failed: ", openssl_error());
   const bool ok = EVP_DecryptFinal_ex(c, dst + n, &len) == 1;
-  if (!ok) ERR_clear_error();
+  if (!ok) {
+    ERR_clear_error();
+    OPENSSL_cleanse(dst, n);
+  }
   return ok;
 }
 

@@ -2,7 +2,9 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <sys/stat.h>
+
 #include <unistd.h>
+#include <algorithm>
 
 #include <chrono>
 #include <cstring>
@@ -128,6 +130,11 @@ TEST_CASE("key file: wrong size, missing, directory, symlink, other owner are re
   const std::string link = (dir.path / "link.key").string();
   REQUIRE(::symlink(good.c_str(), link.c_str()) == 0);
   CHECK_THROWS_AS(load_key_file(link), dt::ConfigError);  // O_NOFOLLOW
+  // A FIFO at the path (planted in a shared /tmp, say) is refused, not waited on.
+  const std::string fifo = (dir.path / "fifo.key").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(load_key_file(fifo), doctest::Contains("is not a regular file"),
+                       dt::ConfigError);
   if (::geteuid() == 0) {
     REQUIRE(::chown(good.c_str(), 65534, 65534) == 0);
     CHECK_THROWS_WITH_AS(load_key_file(good), doctest::Contains("owned by uid 65534"),
@@ -651,6 +658,22 @@ TEST_CASE(
     CHECK_MESSAGE(err.find(c.want) != std::string::npos, err);
     CHECK(k == 2);  // message 0 arrived intact, message 1 was rejected
   }
+}
+
+TEST_CASE("a message that fails authentication leaves zeros, not its unverified plaintext") {
+  const Keys keys = test_keys();
+  const Salt s = random_salt();
+  Aead enc(keys.traffic_key("c", s, s, 0, 1), true), dec(keys.traffic_key("c", s, s, 0, 1), false);
+  std::uint8_t nonce[kNonceBytes] = {7}, tag[kTagBytes] = {};
+  std::vector<std::uint8_t> text(1000), wire(1000), out(1000, 0x55);
+  for (std::size_t i = 0; i < text.size(); ++i) text[i] = static_cast<std::uint8_t>(i * 13 + 1);
+  enc.seal(nonce, nullptr, 0, text.data(), text.size(), wire.data(), tag);
+  REQUIRE(dec.open(nonce, nullptr, 0, wire.data(), wire.size(), out.data(), tag));
+  CHECK(out == text);
+  wire[10] ^= 1;  // one bit flipped: every other byte would decrypt to the plaintext
+  std::fill(out.begin(), out.end(), 0x55);
+  CHECK_FALSE(dec.open(nonce, nullptr, 0, wire.data(), wire.size(), out.data(), tag));
+  CHECK(std::all_of(out.begin(), out.end(), [](std::uint8_t b) { return b == 0; }));
 }
 
 TEST_CASE("counter exhaustion is refused") {
