@@ -1,5 +1,6 @@
 #include "mpi_comm.hpp"
 
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <exception>
@@ -448,12 +449,17 @@ Work MpiComm::ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) {
 
 void MpiComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
                              const CommOptions& opts) {
-  if (opts.timeout != kNoTimeout) return Comm::reduce_scatter(in, out, op, opts);
+  // kPolledWait (a real-time thread's wait): the small case goes non-blocking and polled; the
+  // ring below polls its point-to-point steps (which match blocking ones on other ranks).
+  const bool polled = opts.timeout == kPolledWait;
+  const std::size_t bytes = out.numel * dtype_size(out.dtype);
+  const bool ring = size_ > 1 && bytes * static_cast<std::size_t>(size_) >= kRingReduceScatterBytes;
+  if (opts.timeout != kNoTimeout && !(polled && ring))
+    return Comm::reduce_scatter(in, out, op, opts);
   check_scatter(in, out, size_, name_);
   const auto rec = record("reduce_scatter", in);
   const int n = as_int_count(out.numel, "reduce_scatter");
-  const std::size_t bytes = out.numel * dtype_size(out.dtype);
-  if (size_ == 1 || bytes * static_cast<std::size_t>(size_) < kRingReduceScatterBytes) {
+  if (!ring) {
     DT_MPI(MPI_Reduce_scatter_block(in.data, out.data, n, mpi_type(in.dtype),
                                     ops_->get(in.dtype, op), comm_),
            rank_, name_);
@@ -477,10 +483,27 @@ void MpiComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
       void* acc = at(out.data, off, out.dtype);
       std::memcpy(acc, part(rank_ - 1), m * es);
       for (int k = 0; k < size_ - 1; ++k) {
-        DT_MPI(MPI_Sendrecv(acc, static_cast<int>(m), mpi_type(in.dtype), right, kRingTag,
-                            recv.data(), static_cast<int>(m), mpi_type(in.dtype), left, kRingTag,
-                            comm_, MPI_STATUS_IGNORE),
-               rank_, name_);
+        if (!polled) {
+          DT_MPI(MPI_Sendrecv(acc, static_cast<int>(m), mpi_type(in.dtype), right, kRingTag,
+                              recv.data(), static_cast<int>(m), mpi_type(in.dtype), left, kRingTag,
+                              comm_, MPI_STATUS_IGNORE),
+                 rank_, name_);
+        } else {
+          MPI_Request rq[2];
+          DT_MPI(MPI_Irecv(recv.data(), static_cast<int>(m), mpi_type(in.dtype), left, kRingTag,
+                           comm_, &rq[0]),
+                 rank_, name_);
+          DT_MPI(MPI_Isend(acc, static_cast<int>(m), mpi_type(in.dtype), right, kRingTag, comm_,
+                           &rq[1]),
+                 rank_, name_);
+          for (int spins = 0;; ++spins) {  // as a polled Work waits
+            int done = 0;
+            DT_MPI(MPI_Testall(2, rq, &done, MPI_STATUSES_IGNORE), rank_, name_);
+            if (done) break;
+            if (spins > 64)
+              std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 20));
+          }
+        }
         std::memcpy(acc, part(rank_ - 2 - k), m * es);
         DT_MPI(MPI_Reduce_local(recv.data(), acc, static_cast<int>(m), mpi_type(in.dtype),
                                 ops_->get(in.dtype, op)),

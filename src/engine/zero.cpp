@@ -201,11 +201,19 @@ void ZeroShards::publish(float* model_params) {
   if (stage_ < 3) gather(work(), model_params);  // into the model's own buffer
 }
 
+namespace {
+// The collectives of the progress threads (SCHED_FIFO in a QoS tier) wait by polling and
+// sleeping, never by spinning inside MPI, which would keep the training thread of their core
+// from running. Every rank calls them so, whatever its thread's policy: MPI does not match a
+// blocking collective with a non-blocking one.
+const CommOptions kPolled{kPolledWait};
+}  // namespace
+
 void ZeroShards::gather(const float* shard, float* padded_full) {
   Work w = gather_q_->submit("ZeRO shard all_gather", [&] {
     for (std::size_t u = 0; u < units_.size(); ++u)
       gather_comm_->all_gather(ConstTensorView{shard + loc_[u], s_[u], DType::f32},
-                               TensorView{padded_full + A_[u], s_[u] * n_, DType::f32});
+                               TensorView{padded_full + A_[u], s_[u] * n_, DType::f32}, kPolled);
   });
   w.wait();
 }
@@ -232,7 +240,7 @@ void ZeroShards::grads_final(int u, const float* unit_grads) {
   pending_.push_back(reduce_q_->submit(
       "ZeRO gradient reduce_scatter of unit " + std::to_string(u), [this, k, unit_grads, out] {
         reduce_comm_->reduce_scatter(ConstTensorView{unit_grads, s_[k] * n_, DType::f32},
-                                     TensorView{out, s_[k], DType::f32}, ReduceOp::sum);
+                                     TensorView{out, s_[k], DType::f32}, ReduceOp::sum, kPolled);
       }));
 }
 
@@ -282,7 +290,7 @@ void ZeroShards::grads_done(int u) {
                                 reduce_comm_->reduce_scatter(
                                     ConstTensorView{s->buf.as<float>(), s_[k] * n_, DType::f32},
                                     TensorView{s->part.as<float>(), s_[k], DType::f32},
-                                    ReduceOp::sum);
+                                    ReduceOp::sum, kPolled);
                                 dev_.call(&dt_hal_v1_t::add, "add", acc,
                                           static_cast<const float*>(acc),
                                           static_cast<const float*>(s->part.as<float>()),
@@ -304,12 +312,11 @@ Work ZeroShards::gather_into(Slot& s, int u) {
   float* dst = s.buf.as<float>();
   s.unit = u;
   s.in_flight = true;
-  return gather_q_->submit("ZeRO parameter all_gather of unit " + std::to_string(u),
-                           [this, k, src, dst] {
-                             gather_comm_->all_gather(
-                                 ConstTensorView{src, s_[k], DType::f32},
-                                 TensorView{dst, s_[k] * n_, DType::f32});
-                           });
+  return gather_q_->submit(
+      "ZeRO parameter all_gather of unit " + std::to_string(u), [this, k, src, dst] {
+        gather_comm_->all_gather(ConstTensorView{src, s_[k], DType::f32},
+                                 TensorView{dst, s_[k] * n_, DType::f32}, kPolled);
+      });
 }
 
 const float* ZeroShards::acquire(int u, int next) {

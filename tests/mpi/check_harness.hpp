@@ -140,16 +140,20 @@ inline void expect_left_after_rank0(dt::Comm& c, std::int64_t entered, std::int6
   }
 }
 
-/// The forms every call of a communicator is checked in: blocking, blocking with a timeout, and
-/// non-blocking completed by wait() or by polling test().
-enum class Form { blocking, timeout, iwait, itest };
-constexpr Form kForms[] = {Form::blocking, Form::timeout, Form::iwait, Form::itest};
+/// The forms every call of a communicator is checked in: blocking, blocking with a timeout,
+/// blocking with the polled wait of real-time threads (kPolledWait), and non-blocking completed
+/// by wait() or by polling test().
+enum class Form { blocking, timeout, polled, iwait, itest };
+constexpr Form kForms[] = {Form::blocking, Form::timeout, Form::polled, Form::iwait, Form::itest};
+constexpr int kFormCount = static_cast<int>(sizeof kForms / sizeof kForms[0]);
 inline const char* form_name(Form f) {
   switch (f) {
     case Form::blocking:
       return "blocking";
     case Form::timeout:
       return "blocking+timeout";
+    case Form::polled:
+      return "blocking+polled";
     case Form::iwait:
       return "i*+wait";
     case Form::itest:
@@ -161,6 +165,7 @@ inline bool nonblocking(Form f) { return f == Form::iwait || f == Form::itest; }
 inline dt::CommOptions opts_for(Form f) {
   dt::CommOptions o;
   if (f == Form::timeout) o.timeout = dt::Millis(120000);
+  if (f == Form::polled) o.timeout = dt::kPolledWait;
   return o;
 }
 

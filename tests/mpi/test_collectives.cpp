@@ -377,7 +377,7 @@ void for_each_dtype(F&& f) {
 bool run_big(std::size_t n, int dtype_k, int op_k, Form f, int rot) {
   if (n < kBig) return true;
   const int fk = static_cast<int>(f);
-  return fk == (dtype_k + op_k + rot) % 4;
+  return fk == (dtype_k + op_k + rot) % kFormCount;
 }
 
 void suite_all_reduce(Comm& c, int id) {

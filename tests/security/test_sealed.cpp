@@ -180,10 +180,10 @@ void suite_collectives(Comm& c, int id) {
     using T = decltype(z);
     const char* tn = dt::dtype_name(dt::dtype_v<T>);
     for (std::size_t n : kSizes)
-      for (int fk = 0; fk < 4; ++fk) {
+      for (int fk = 0; fk < kFormCount; ++fk) {
         const Form f = kForms[fk];
         // The largest size with one rotating form per dtype, to bound the run time.
-        if (n > kBig && fk != dk % 4) continue;
+        if (n > kBig && fk != dk % kFormCount) continue;
         for (int ok = 0; ok < 4; ++ok) {
           const ReduceOp op = kOps[ok];
           if (n > kBig && ok != (dk + fk) % 4) continue;
@@ -320,8 +320,8 @@ void suite_p2p(dt::P2p& p, int id) {
   for_each_dtype([&](auto z, int dk) {
     using T = decltype(z);
     for (std::size_t n : kSizes)
-      for (int fk = 0; fk < 4; ++fk) {
-        if (n > kBig && fk != dk % 4) continue;
+      for (int fk = 0; fk < kFormCount; ++fk) {
+        if (n > kBig && fk != dk % kFormCount) continue;
         const Form f = kForms[fk];
         const std::uint32_t salt = salt_of(id, dk, static_cast<int>(n % 1000), fk);
         const int tag = 100 + dk * 10 + fk;
