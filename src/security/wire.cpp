@@ -1,4 +1,6 @@
 // The sealed-message format: header encoding, sealing and the checks of the receiver.
+#include <openssl/crypto.h>
+
 #include <cstring>
 
 #include "dt/error.hpp"
@@ -141,7 +143,17 @@ Header open_record(Aead& dec, const std::uint8_t* ciphertext, std::size_t cipher
              " in its header): authentication failed; the message was altered, or sealed with "
              "another key (another job, channel or direction)");
   }
-  // Authentic from here on: the header was sealed by the peer's key for this direction.
+  // Authentic from here on: the header was sealed by the peer's key for this direction. A message
+  // refused below (replayed, redirected, out of order) is genuine but not the one expected: its
+  // plaintext is wiped before the refusal, so no stale data stays in the caller's buffer.
+  struct Wipe {
+    void* out;
+    std::size_t n;
+    bool keep = false;
+    ~Wipe() {
+      if (!keep) OPENSSL_cleanse(out, n);
+    }
+  } wipe{out, h.length};
   if (h.sender != static_cast<std::uint32_t>(e.sender) ||
       h.receiver != static_cast<std::uint32_t>(e.receiver) || h.tag != e.tag) {
     reject(Reject::redirected);
@@ -164,6 +176,7 @@ Header open_record(Aead& dec, const std::uint8_t* ciphertext, std::size_t cipher
     DT_THROW(SecurityError, "rejected ", from(), ": it is record ", h.record, " of ", h.records,
              " (records of the message dropped, repeated or reordered)");
   }
+  wipe.keep = true;
   return h;
 }
 

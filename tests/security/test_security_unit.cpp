@@ -676,6 +676,27 @@ TEST_CASE("a message that fails authentication leaves zeros, not its unverified 
   CHECK(std::all_of(out.begin(), out.end(), [](std::uint8_t b) { return b == 0; }));
 }
 
+TEST_CASE("a genuine message refused as replayed or redirected leaves zeros in the buffer") {
+  const Keys keys = test_keys();
+  const Salt s = random_salt();
+  const std::string text(300, 'p');
+  const auto wire = make_msg(keys, s, 1, 3, 7, 4, 4, text);
+  Aead dec(keys.traffic_key("test", s, s, 1, 3), false);
+  for (const Expect& e : {expect_of(1, 3, 7, 5, text.size()), expect_of(1, 3, 8, 4, text.size())}) {
+    CAPTURE(e.sequence);
+    CAPTURE(e.tag);
+    std::string buf(text.size(), 'x');
+    Reject why{};
+    CHECK_THROWS_AS(open_message(dec, wire.data(), wire.size(), e, buf.data(), &why),
+                    dt::SecurityError);
+    CHECK((why == Reject::sequence || why == Reject::redirected));
+    CHECK(buf == std::string(text.size(), '\0'));
+  }
+  std::string got;
+  CHECK(try_open(keys, s, wire, expect_of(1, 3, 7, 4, text.size()), &got).empty());
+  CHECK(got == text);
+}
+
 TEST_CASE("counter exhaustion is refused") {
   const Keys keys = test_keys();
   Aead enc(keys.traffic_key("c", random_salt(), random_salt(), 0, 1), true);
