@@ -615,6 +615,23 @@ std::unique_ptr<MpiComm> MpiComm::split_mpi(int color, int key) {
       new MpiComm(c, name_ + "/split(" + std::to_string(color) + ")", ops_));
 }
 
+std::vector<int> MpiComm::node_peers() {
+  const std::unique_ptr<MpiComm> local = split_shared();
+  MPI_Group lg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
+  DT_MPI(MPI_Comm_group(local->handle(), &lg), rank_, name_);
+  DT_MPI(MPI_Comm_group(comm_, &g), rank_, name_);
+  std::vector<int> in(static_cast<std::size_t>(local->size())), out(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int>(i);
+  const int rc = MPI_Group_translate_ranks(lg, local->size(), in.data(), g, out.data());
+  MPI_Group_free(&lg);
+  MPI_Group_free(&g);
+  DT_MPI(rc, rank_, name_);
+  std::vector<int> peers;
+  for (int r : out)
+    if (r != rank_ && r != MPI_UNDEFINED) peers.push_back(r);
+  return peers;
+}
+
 std::unique_ptr<MpiComm> MpiComm::split_shared() {
   MPI_Comm c = MPI_COMM_NULL;
   DT_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &c), rank_, name_);

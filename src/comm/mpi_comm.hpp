@@ -15,6 +15,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dt/comm.hpp"
 #include "dt/error.hpp"
@@ -84,6 +85,10 @@ class MpiComm final : public Comm {
   std::unique_ptr<MpiComm> split_mpi(int color, int key);
   /// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED): the ranks that share this node's memory.
   std::unique_ptr<MpiComm> split_shared();
+  /// The other ranks of this communicator on the caller's node, as MPI itself knows them
+  /// (MPI_Comm_split_type SHARED, translated into this communicator's ranks): nothing gathered
+  /// from other nodes decides it. Collective.
+  std::vector<int> node_peers();
 
   /// Largest element count passed to one MPI call for element-wise operations (all_reduce,
   /// broadcast, send/recv). Default 2^30; lowered only by tests to exercise the chunking.

@@ -196,22 +196,14 @@ std::unique_ptr<SealedComm> SealedComm::create(const MpiComm& world, const Keys&
   so.tamper = opts.tamper;
   so.shm = opts.shm;
   so.simulated_nodes = opts.simulated_nodes;
-  if (opts.exempt_node_local || opts.simulated_nodes > 0) {
-    std::vector<std::int32_t> node(static_cast<std::size_t>(n), 0);
-    if (opts.simulated_nodes > 0) {
-      for (int r = 0; r < n; ++r)
-        node[static_cast<std::size_t>(r)] =
-            static_cast<std::int32_t>(static_cast<long>(r) * opts.simulated_nodes / n);
-    } else {
-      std::unique_ptr<MpiComm> local = c->mpi_->split_shared();
-      std::int32_t leader = me;
-      local->broadcast(view_of(&leader, 1), 0);
-      c->mpi_->all_gather(view_of(static_cast<const std::int32_t*>(&leader), 1), view_of(node));
-    }
-    if (opts.exempt_node_local)
-      for (int r = 0; r < n; ++r)
-        if (node[static_cast<std::size_t>(r)] == node[static_cast<std::size_t>(me)] && r != me)
-          so.plain_peers.push_back(r);
+  // Which peers share this node is MPI's own knowledge, never node ids gathered over the network
+  // (altered, they could make a rank send a remote peer plaintext). Simulated nodes: testing.
+  if (opts.exempt_node_local && opts.simulated_nodes > 0) {
+    const auto node_of = [&](int r) { return static_cast<long>(r) * opts.simulated_nodes / n; };
+    for (int r = 0; r < n; ++r)
+      if (node_of(r) == node_of(me) && r != me) so.plain_peers.push_back(r);
+  } else if (opts.exempt_node_local) {
+    so.plain_peers = c->mpi_->node_peers();
   }
   std::unique_ptr<P2p> inner = make_p2p(opts.p2p, *c->mpi_);
   c->p2p_ = SealedP2p::create(std::move(inner), keys, so);

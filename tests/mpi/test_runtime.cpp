@@ -148,6 +148,22 @@ int main(int argc, char** argv) {
   if (bind == "none") EXPECT(t.binding.mode == "none", "mode '%s'", t.binding.mode.c_str());
   MPI_Comm_free(&shm);
 
+  // node_peers (which ranks a sealed channel may exempt as node-local): the other ranks whose
+  // host name is this rank's, by MPI's own knowledge of the node.
+  {
+    auto c = dt::MpiComm::dup(MPI_COMM_WORLD, "peers");
+    std::vector<char> names(static_cast<std::size_t>(c->size()) * sizeof host);
+    MPI_Allgather(host, sizeof host, MPI_CHAR, names.data(), sizeof host, MPI_CHAR, c->handle());
+    std::vector<int> want;
+    for (int r = 0; r < c->size(); ++r)
+      if (r != c->rank() &&
+          std::strcmp(&names[static_cast<std::size_t>(r) * sizeof host], host) == 0)
+        want.push_back(r);
+    const std::vector<int> got = c->node_peers();
+    EXPECT(got == want, "node_peers gives %zu ranks, %zu share host %s", got.size(), want.size(),
+           host);
+  }
+
   // A real MPI failure becomes a dt::CommError naming the call and the rank.
   {
     auto c = dt::MpiComm::dup(MPI_COMM_WORLD, "probe");
