@@ -433,20 +433,17 @@ int cmd_list(dt::Runtime& rt, const Args& a) {
       for (const auto& p : problems) notes.push_back(base_name(e.path) + ": " + p);
     }
   }
-  for (const auto& p : partials) {
+  // Files that are not checkpoints of the folder: their size, and what they are.
+  auto other = [&](const std::string& p, const char* what) {
     struct stat ps;
     const std::uint64_t bytes =
         ::stat(p.c_str(), &ps) == 0 ? static_cast<std::uint64_t>(ps.st_size) : 0;
-    if (lead) row("-", base_name(p), mb(bytes), "-", "interrupted");
-  }
+    if (lead) row("-", base_name(p), mb(bytes), "-", what);
+    return bytes;
+  };
+  for (const auto& p : partials) other(p, "interrupted");
   std::uint64_t aside_bytes = 0;
-  for (const auto& p : set_aside) {
-    struct stat ps;
-    const std::uint64_t bytes =
-        ::stat(p.c_str(), &ps) == 0 ? static_cast<std::uint64_t>(ps.st_size) : 0;
-    aside_bytes += bytes;
-    if (lead) row("-", base_name(p), mb(bytes), "-", "set aside");
-  }
+  for (const auto& p : set_aside) aside_bytes += other(p, "set aside");
   if (lead) {
     if (latest.empty() && !entries.empty())
       std::printf("note: %s/latest is missing or unreadable\n", a.input.c_str());

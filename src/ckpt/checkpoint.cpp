@@ -1370,13 +1370,13 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who, double wa
                  dir + " at the same time";
       return;
     }
-    const std::string holder = holder_text(fd_);
     if (err != EWOULDBLOCK && err != EACCES) {
       ::close(fd_);
       fd_ = -1;
       DT_THROW(CheckpointError, "cannot lock ", path, " to claim checkpoint folder ", dir, ": ",
                std::strerror(err));
     }
+    const std::string holder = holder_text(fd_);
     if (std::chrono::steady_clock::now() >= deadline) {
       ::close(fd_);
       fd_ = -1;

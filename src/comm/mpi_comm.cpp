@@ -165,6 +165,12 @@ class MpiOps {
 
 namespace {
 
+// Between two polls of an operation a polled wait (kPolledWait) lets the core go: after a short
+// spin it sleeps, 20 us and then 200 us at a time.
+void pause_between_polls(int spins) {
+  if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 20));
+}
+
 class MpiWork final : public WorkImpl {
  public:
   MpiWork(std::string desc, int rank, std::string comm, bool p2p)
@@ -225,8 +231,7 @@ class MpiWork final : public WorkImpl {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (int spins = 0; !test(); ++spins) {
       if (std::chrono::steady_clock::now() >= deadline) return false;
-      if (spins > 64)
-        std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 20));
+      pause_between_polls(spins);
     }
     return true;
   }
@@ -496,12 +501,9 @@ void MpiComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
           DT_MPI(MPI_Isend(acc, static_cast<int>(m), mpi_type(in.dtype), right, kRingTag, comm_,
                            &rq[1]),
                  rank_, name_);
-          for (int spins = 0;; ++spins) {  // as a polled Work waits
-            int done = 0;
+          for (int spins = 0, done = 0; !done; ++spins) {
             DT_MPI(MPI_Testall(2, rq, &done, MPI_STATUSES_IGNORE), rank_, name_);
-            if (done) break;
-            if (spins > 64)
-              std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 20));
+            if (!done) pause_between_polls(spins);
           }
         }
         std::memcpy(acc, part(rank_ - 2 - k), m * es);

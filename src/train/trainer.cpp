@@ -548,17 +548,20 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
       so.channel = "pipeline";
       so.shm = c_.seal_shm;
       so.tamper = tamper;
-      // The peers on this node as MPI knows them (never node ids gathered over the network);
-      // simulated nodes (testing), or a world that is not an MPI communicator, from the mesh.s
-      // sites.
-      auto* world = dynamic_cast<MpiComm*>(&comm_);
-      if (c_.seal_exempt_node_local && (c_.test_sim_nodes > 0 || world == nullptr)) {
+      // The peers on this node as MPI knows them, never node ids gathered over the network;
+      // simulated nodes (testing) from the mesh's sites.
+      if (c_.seal_exempt_node_local && c_.test_sim_nodes > 0) {
         for (std::size_t r = 0; r < mesh_->sites().size(); ++r)
           if (mesh_->sites()[r].node ==
                   mesh_->sites()[static_cast<std::size_t>(comm_.rank())].node &&
               static_cast<int>(r) != comm_.rank())
             so.plain_peers.push_back(static_cast<int>(r));
       } else if (c_.seal_exempt_node_local) {
+        auto* world = dynamic_cast<MpiComm*>(&comm_);
+        DT_CHECK(ConfigError, world != nullptr,
+                 "option --security.exempt-node-local needs an MPI world communicator (to ask MPI "
+                 "which ranks share this node), got ",
+                 comm_.name());
         so.plain_peers = world->node_peers();
       }
       p2p_ = security::seal_p2p(std::move(p2p_), *keys_, so);

@@ -2,7 +2,8 @@
 # sealed.sh WORKDIR DT_TRAIN CONFIG TEXT MODE MPIEXEC...
 # Sealed tensor traffic through dt_train (security.seal, security.key_file, ckpt.encrypt):
 #   same      seal=p2p and seal=all on dp=2 pp=2 give exactly the losses of the unsealed run
-#             (seal=all also with security.shm=false: through the transport, not the mailboxes)
+#             (seal=all also with security.shm=false: through the transport, not the mailboxes;
+#             and with security.exempt-node-local: this node's ranks unsealed)
 #   flip|replay|reorder  one rank's sealed pipeline (or, with pp=1, gradient) messages are
 #             tampered with: the receiver names the peer and sequence number, the job aborts
 #             (exit 5) and no rank hangs (bounded time)
@@ -36,10 +37,13 @@ case "$MODE" in
     run plain 4 --parallel.pp=2 --train.log-file=plain.jsonl
     [ "$RC" -eq 0 ] || FAIL "plain run failed"
     # Between the ranks of this node sealed messages go through the shared-memory mailboxes;
-    # all-transport (security.shm=false) sends them through MPI.
-    for seal in p2p all all-transport; do
-      shm=$([ "$seal" = all-transport ] && echo false || echo true)
-      run "$seal" 4 --parallel.pp=2 --security.seal=${seal%-transport} --security.shm=$shm \
+    # all-transport (security.shm=false) sends them through MPI; all-exempt leaves the ranks of
+    # this node (here: all) unsealed, as MPI knows them (security.exempt-node-local).
+    for seal in p2p all all-transport all-exempt; do
+      opts=(--security.seal="${seal%%-*}")
+      [ "$seal" = all-transport ] && opts+=(--security.shm=false)
+      [ "$seal" = all-exempt ] && opts+=(--security.exempt-node-local=true)
+      run "$seal" 4 --parallel.pp=2 "${opts[@]}" \
         --security.key_file=key.bin --train.log-file=$seal.jsonl
       [ "$RC" -eq 0 ] || FAIL "seal=$seal run failed"
       # Loss, lr, norm of every step, bit for bit (the seconds differ).
