@@ -73,11 +73,19 @@ inline void copy_bytes(void* dst, const void* src, std::size_t n) {
 }  // namespace
 
 // Which MPI call family this call's fallbacks use: every rank uses the same one for a given call
-// (comm.hpp). Timeouts are kept by Work::wait on the progress thread, never inside the algorithm.
+// (comm.hpp), so it follows the options alone. Timeouts are kept by Work::wait on the progress
+// thread, never inside the algorithm. How the non-blocking form is waited for may differ between
+// ranks: polled, sleeping between polls, for kPolledWait and on a real-time thread (a blocking
+// wait spins inside MPI and keeps every ordinary thread of the core from running).
 struct ShmComm::Form {
   bool nonblocking = false;
-  static Form from(const CommOptions& o) { return Form{o.timeout != kNoTimeout}; }
-  static Form queued() { return Form{true}; }
+  bool polled = false;
+  static Form from(const CommOptions& o) {
+    return Form{o.timeout != kNoTimeout, o.timeout == kPolledWait || realtime_thread()};
+  }
+  /// The form of the i* calls (polled on a real-time progress thread).
+  static Form queued() { return Form{true, realtime_thread()}; }
+  void wait(Work w) const { w.wait(polled ? kPolledWait : kNoTimeout); }
 };
 
 // --- creation ----------------------------------------------------------------------------------
@@ -296,7 +304,7 @@ void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op
     if (!dl.nonblocking)
       cross_->all_reduce(slice, xop);
     else
-      cross_->iall_reduce(slice, xop).wait();
+      dl.wait(cross_->iall_reduce(slice, xop));
     if (op == ReduceOp::avg) {
       const void* self = slice.data;
       reduce_elements(t, ReduceOp::sum, slice.data, &self, 1, slice.numel, size());
@@ -318,7 +326,7 @@ void ShmComm::do_all_reduce(TensorView buf, ReduceOp op, const Form& dl) {
     if (!dl.nonblocking)
       mpi_->all_reduce(buf, op);
     else
-      mpi_->iall_reduce(buf, op).wait();
+      dl.wait(mpi_->iall_reduce(buf, op));
     return;
   }
   if (std::strcmp(how, "shm-small") == 0) {
@@ -381,7 +389,7 @@ void ShmComm::do_broadcast(TensorView buf, int root, const Form& dl) {
     if (!dl.nonblocking)
       mpi_->broadcast(buf, root);
     else
-      mpi_->ibroadcast(buf, root).wait();
+      dl.wait(mpi_->ibroadcast(buf, root));
     return;
   }
   // One node: local rank == rank.
@@ -418,7 +426,7 @@ void ShmComm::do_all_gather(ConstTensorView in, TensorView out, const Form& dl) 
     if (!dl.nonblocking)
       mpi_->all_gather(in, out);
     else
-      mpi_->iall_gather(in, out).wait();
+      dl.wait(mpi_->iall_gather(in, out));
     return;
   }
   const std::size_t es = dtype_size(in.dtype), m = in.numel;
@@ -459,7 +467,7 @@ void ShmComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
     if (!dl.nonblocking)
       mpi_->reduce_scatter(in, out, op);
     else
-      mpi_->ireduce_scatter(in, out, op).wait();
+      dl.wait(mpi_->ireduce_scatter(in, out, op));
     return;
   }
   const char* src = static_cast<const char*>(in.data);
@@ -516,10 +524,10 @@ void ShmComm::run_blocking(const char* what_op, const CommOptions& opts, F&& f) 
   }
   // Behind queued operations (to keep call order), or with a timeout: run on the progress thread
   // and wait for it here, so that after a timeout the operation stays pending and completes when
-  // the peers arrive, as MPI's do (comm.hpp). The MPI call family follows the options.
-  if (pending || opts.timeout != kNoTimeout) {
-    const Form d = Form::from(opts);
-    queued(what_op, [d, f] { f(d); }).wait(opts.timeout);
+  // the peers arrive, as MPI's do (comm.hpp). The MPI call family follows the options (a timeout:
+  // the non-blocking one). kPolledWait sets no limit to keep: it runs here, waiting by polling.
+  if (pending || (opts.timeout != kNoTimeout && opts.timeout != kPolledWait)) {
+    queued(what_op, [opts, f] { f(Form::from(opts)); }).wait(opts.timeout);
     return;
   }
   std::lock_guard<std::mutex> lk(run_mu_);
@@ -546,7 +554,7 @@ Work ShmComm::ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) {
 Work ShmComm::isend(ConstTensorView buf, int dst, int tag) { return mpi_->isend(buf, dst, tag); }
 Work ShmComm::irecv(TensorView buf, int src, int tag) { return mpi_->irecv(buf, src, tag); }
 Work ShmComm::ibarrier() {
-  return queued("barrier on " + name_, [this] { mpi_->ibarrier().wait(); });
+  return queued("barrier on " + name_, [this] { Form::queued().wait(mpi_->ibarrier()); });
 }
 
 void ShmComm::all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts) {
@@ -573,7 +581,7 @@ void ShmComm::barrier(const CommOptions& opts) {
     if (!d.nonblocking)
       mpi_->barrier();
     else
-      mpi_->ibarrier().wait();
+      d.wait(mpi_->ibarrier());
   });
 }
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <string>
 
-#include "comm/shm_comm.hpp"
 #include "dt/error.hpp"
 
 namespace dt {
@@ -82,22 +81,17 @@ void GradBuckets::launch_ready() {
                        " floats" + (narrow ? std::string(" as ") + dtype_name(wire_.type) : "") +
                        ") all_reduce on " + comm_.name();
     Comm* c = &comm_;
-    const bool shm = dynamic_cast<ShmComm*>(c) != nullptr;
     const Device* dev = wire_.dev;
-    works_.push_back(queue_->submit(std::move(what), [c, v, g, n, narrow, shm, dev] {
+    works_.push_back(queue_->submit(std::move(what), [c, v, g, n, narrow, dev] {
       const dt_hal_dtype lp = narrow ? hal_dtype(v.dtype) : DT_HAL_F32;
       const auto count = static_cast<std::int64_t>(n);
       if (narrow)
         dev->call(&dt_hal_v2_t::cast, "cast", v.data, lp, static_cast<const void*>(g), DT_HAL_F32,
                   count);
-      if (shm) {
-        c->all_reduce(v, ReduceOp::sum);  // waits by yielding or sleeping, never spins long
-      } else {
-        // A blocking MPI call would spin in MPI's progress loop for the whole wait, which a
-        // SCHED_FIFO progress thread must not do: poll the non-blocking form, sleeping between
-        // polls (Work::wait with a limit does).
-        c->iall_reduce(v, ReduceOp::sum).wait(kPolledWait);
-      }
+      // A blocking MPI call would spin in MPI's progress loop for the whole wait, which a
+      // SCHED_FIFO progress thread must not do: every communicator waits by polling, sleeping
+      // between polls (the shared-memory one for what it sends through MPI across nodes).
+      c->all_reduce(v, ReduceOp::sum, CommOptions{kPolledWait});
       if (narrow)
         dev->call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(g), DT_HAL_F32,
                   static_cast<const void*>(v.data), lp, count);

@@ -26,6 +26,7 @@
 //
 // Environment: DT_TEST_VERBOSE=1 prints per-section times on rank 0.
 #include <mpi.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1042,6 +1043,56 @@ void check_small(dt::ShmComm& c) {
 // Ranks whose calls disagree on the small path get an error on every rank, not a hang or wrong
 // data: one rank with a small message and the others with a large one (each path sees the other),
 // and the same size with another reduce op. Each case breaks its communicator.
+// Where every wait of a collective is an MPI wait (one rank per node: all_reduce's part across
+// nodes, the MPI fallbacks), kPolledWait waits by polling and sleeping between polls: a rank
+// that waits 0.8 s for rank 0 spends well under half of it on a CPU (a blocking MPI wait spins
+// for all of it). What a progress thread of a QoS tier (SCHED_FIFO) needs.
+double process_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+void check_polled_idle(dt::ShmComm& c) {
+  float most_local = static_cast<float>(c.local_size());  // nodes may differ: agree
+  c.all_reduce(dt::TensorView{&most_local, 1, DType::f32}, ReduceOp::max);
+  if (most_local != 1.0f || c.size() < 2) return;
+  const int s = c.size(), me = c.rank();
+  const std::size_t n = std::size_t{1} << 18;  // 1 MiB of f32: all_reduce across nodes
+  const CommOptions polled{dt::kPolledWait};
+  auto waited = [&](const char* what, const std::function<void()>& call) {
+    c.barrier();
+    if (me == 0) std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    const double cpu0 = process_cpu_s();
+    const auto t0 = Clock::now();
+    call();
+    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double cpu = process_cpu_s() - cpu0;
+    if (me == 0) return;
+    H.expect(wall > 0.5, str(what, " with kPolledWait waits for rank 0 on ", c.name()),
+             str("returned after ", wall, " s"));
+    H.expect(cpu < 0.5 * wall, str(what, " with kPolledWait does not spin on ", c.name()),
+             str(cpu, " s of CPU in ", wall, " s of waiting (path ", c.path(what, n * 4), ")"));
+  };
+  std::vector<float> buf(n);
+  for (std::size_t i = 0; i < n; ++i) buf[i] = spread(me, i, 5);
+  waited("all_reduce", [&] { c.all_reduce(dt::view_of(buf), ReduceOp::sum, polled); });
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    double want = 0;
+    for (int r = 0; r < s; ++r) want += spread(r, i, 5);
+    wrong += std::fabs(buf[i] - want) > 1e-5 * (1 + std::fabs(want));
+  }
+  H.expect(wrong == 0, str("all_reduce with kPolledWait on ", c.name()),
+           str(wrong, " of ", n, " elements wrong"));
+  for (std::size_t i = 0; i < n; ++i) buf[i] = me == 0 ? static_cast<float>(i) : -1.0f;
+  waited("broadcast", [&] { c.broadcast(dt::view_of(buf), 0, polled); });
+  for (std::size_t i = 0; i < n; ++i) wrong += buf[i] != static_cast<float>(i);
+  H.expect(wrong == 0, str("broadcast with kPolledWait on ", c.name()),
+           str(wrong, " of ", n, " elements wrong"));
+}
+
 void check_small_mismatch(Comm& world, const dt::ShmConfig& cfg) {
   for (int variant = 0; variant < 2; ++variant) {
     auto c = dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), "small-mismatch", cfg);
@@ -1109,6 +1160,7 @@ int main(int argc, char** argv) {
         step("shm work semantics", [&] { check_work_semantics(*shm); });
         step("shm argument validation", [&] { check_arguments(*shm); });
         step("shm small messages", [&] { check_small(*shm); });
+        step("shm polled waits", [&] { check_polled_idle(*shm); });
         step("shm arena mismatch", [&] { check_arena_mismatch(*shm); });
         step("shm small mismatch", [&] { check_small_mismatch(world, cfg); });
       }

@@ -11,11 +11,20 @@
 // between checks what travels: every all_reduce carries bf16, and the buckets' elements add up
 // to the gradients' once per step (so rounding in place and reducing in fp32 fails too).
 //
+// With one rank per (simulated) node the buckets' waits over shared memory are MPI waits across
+// nodes: a rank whose buckets wait 0.8 s for rank 0 must spend well under half of it on a CPU
+// (the buckets' thread is SCHED_FIFO under a QoS tier, where a wait spinning inside MPI keeps the
+// training thread of its core from running).
+//
 //   mpiexec -n N test_grad_wire TEST_PLUGIN_DIR
+#include <sys/resource.h>
+
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -171,6 +180,37 @@ void run(dt::Comm& comm, const dt::Device& dev, float* grads, const std::string&
   }
 }
 
+double process_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+// The buckets of `comm` (gradients `grads` of the table) wait for rank 0, which starts 0.8 s
+// late, without spinning; the sums are right.
+void check_idle_wait(dt::Comm& comm, float* grads, const std::string& what) {
+  const auto& params = table();
+  const std::size_t n = params.back().offset + params.back().numel;
+  const int me = comm.rank(), p = comm.size();
+  for (std::size_t i = 0; i < n; ++i) grads[i] = static_cast<float>(me + 1);
+  dt::GradBuckets buckets(comm, grads, params, 4096);
+  comm.barrier();
+  if (me == 0) std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  const double cpu0 = process_cpu_s();
+  const auto t0 = std::chrono::steady_clock::now();
+  buckets.finish(dt::Millis(120000));
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu = process_cpu_s() - cpu0;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) bad += grads[i] != static_cast<float>(p * (p + 1) / 2);
+  H.expect(bad == 0, str(what, ": sums after a late rank"), str(bad, " of ", n, " wrong"));
+  if (me == 0) return;
+  H.expect(wall > 0.5, str(what, ": the buckets wait for rank 0"), str(wall, " s"));
+  H.expect(cpu < 0.5 * wall, str(what, ": the buckets wait without spinning"),
+           str(cpu, " s of CPU in ", wall, " s of waiting"));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -189,6 +229,17 @@ int main(int argc, char** argv) {
       sc.arena_bytes = n * sizeof(float);
       auto shm = dt::ShmComm::create(*world, "grads", sc);
       run(*shm, cpu, static_cast<float*>(shm->arena()), "cpu, shared memory arena");
+    }
+    auto nodes = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
+    if (nodes->size() > 1) {  // one rank per simulated node: all_reduce crosses nodes by MPI
+      dt::ShmConfig sc;
+      sc.arena_bytes = n * sizeof(float);
+      sc.simulated_nodes = nodes->size();
+      auto shm = dt::ShmComm::create(*nodes, "grads-nodes", sc);
+      H.expect(shm->path("all_reduce", 4096 * sizeof(float)) == std::string("hier"),
+               "one rank per simulated node: all_reduce is hierarchical",
+               shm->path("all_reduce", 4096 * sizeof(float)));
+      check_idle_wait(*shm, static_cast<float*>(shm->arena()), "cpu, one rank per node");
     }
     {  // device memory: the cast runs on the device, the reduction is staged through the host
       const dt::Device dev = dt::Device::open("devmem", args[1]);
