@@ -33,9 +33,10 @@ const char* reduce_op_name(ReduceOp op) noexcept;
 using Millis = std::chrono::milliseconds;
 /// wait() without a limit.
 inline constexpr Millis kNoTimeout{-1};
-/// A limit no wait reaches: wait(kPolledWait) polls the operation and sleeps between polls instead
-/// of blocking inside MPI, whose blocking calls spin; for real-time threads (a QoS tier's
-/// communication thread), which would keep every normal thread of their core from running.
+/// A limit no wait reaches: wait(kPolledWait) polls the operation instead of blocking inside MPI,
+/// whose blocking calls spin; for real-time threads (a QoS tier's communication thread), which
+/// would keep every normal thread of their core from running. Between polls a real-time thread
+/// sleeps; an ordinary thread yields its core (it stays runnable).
 inline constexpr Millis kPolledWait{std::int64_t{1} << 40};
 
 /// Completion state of a non-blocking operation; implemented by each transport.

@@ -1,5 +1,7 @@
 #include "mpi_comm.hpp"
 
+#include <sched.h>
+
 #include <chrono>
 #include <climits>
 #include <cstring>
@@ -9,6 +11,8 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#include "shm_segment.hpp"
 
 namespace dt {
 
@@ -165,10 +169,18 @@ class MpiOps {
 
 namespace {
 
-// Between two polls of an operation a polled wait (kPolledWait) lets the core go: after a short
-// spin it sleeps, 20 us and then 200 us at a time.
+// Between two polls of an operation a polled wait (kPolledWait) lets the core go after a short
+// spin. An ordinary thread yields it and stays runnable: a thread that slept instead was kept off
+// an oversubscribed core by the ranks spinning inside blocking MPI calls, for seconds at a time
+// (a two-node Slurm job of 4 ranks on 2 cores took 24-108 s a step instead of 5-30 ms). A
+// real-time thread sleeps, 20 us and then 200 us at a time: sched_yield() never hands its core to
+// an ordinary thread, and as a real-time thread it gets the core back as soon as it wakes.
 void pause_between_polls(int spins) {
-  if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 20));
+  if (spins <= 64) return;
+  if (!realtime_thread())
+    sched_yield();
+  else
+    std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 20));
 }
 
 class MpiWork final : public WorkImpl {
