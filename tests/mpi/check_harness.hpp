@@ -5,7 +5,11 @@
 #pragma once
 
 #include <mpi.h>
+#include <pthread.h>
+#include <sched.h>
+#include <time.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -124,6 +128,60 @@ inline std::int64_t monotonic_ns() {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+
+/// CPU seconds the calling thread has run.
+inline double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+/// One CPU shared with a thread that wants all of it: pins the calling thread to the first CPU it
+/// may run on and starts a thread that spins there until destruction, when the caller's CPU set
+/// comes back. Threads the caller starts meanwhile inherit the pin. What tells a wait that gives
+/// its core away from one that keeps it: a thread that spins inside a blocking MPI wait gets about
+/// as much of the CPU as the spinner; one that yields or sleeps between polls a small part of it.
+class SharedCore {
+ public:
+  SharedCore() {
+    sched_getaffinity(0, sizeof saved_, &saved_);
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &saved_)) {
+        cpu_ = c;
+        break;
+      }
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu_, &one);
+    sched_setaffinity(0, sizeof one, &one);
+    spinner_ = std::thread([this] {
+      while (!stop_.load(std::memory_order_relaxed)) {
+      }
+    });
+    pthread_getcpuclockid(spinner_.native_handle(), &clock_);
+  }
+  ~SharedCore() {
+    stop_ = true;
+    spinner_.join();
+    sched_setaffinity(0, sizeof saved_, &saved_);
+  }
+  SharedCore(const SharedCore&) = delete;
+  SharedCore& operator=(const SharedCore&) = delete;
+  int cpu() const { return cpu_; }
+  /// CPU seconds the spinning thread has run.
+  double spinner_cpu_s() const {
+    timespec ts{};
+    clock_gettime(clock_, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  }
+
+ private:
+  cpu_set_t saved_{};
+  int cpu_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread spinner_;
+  clockid_t clock_{};
+};
 
 /// A barrier of `c` that rank 0 entered late: no rank may leave it before rank 0 entered. Every
 /// rank passes when it entered and when it left; one all_reduce (max) on `c` tells every rank when

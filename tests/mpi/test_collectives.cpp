@@ -26,7 +26,6 @@
 //
 // Environment: DT_TEST_VERBOSE=1 prints per-section times on rank 0.
 #include <mpi.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,6 +40,7 @@
 #include <exception>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -1040,20 +1040,14 @@ void check_small(dt::ShmComm& c) {
   });
 }
 
-// Ranks whose calls disagree on the small path get an error on every rank, not a hang or wrong
-// data: one rank with a small message and the others with a large one (each path sees the other),
-// and the same size with another reduce op. Each case breaks its communicator.
 // Where every wait of a collective is an MPI wait (one rank per node: all_reduce's part across
-// nodes, the MPI fallbacks), kPolledWait waits by polling and sleeping between polls: a rank
-// that waits 0.8 s for rank 0 spends well under half of it on a CPU (a blocking MPI wait spins
-// for all of it). What a progress thread of a QoS tier (SCHED_FIFO) needs.
-double process_cpu_s() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
-}
-
+// nodes, the MPI fallbacks), kPolledWait polls instead of blocking inside MPI, whose waits spin.
+// Checked on a rank that waits 0.8 s for rank 0, on both kinds of thread:
+//  - a real-time thread (SCHED_FIFO, as a QoS tier's progress thread), which no ordinary thread of
+//    its core could preempt, sleeps between polls: it spends well under half of the wait on a CPU;
+//  - an ordinary thread yields between polls: beside a thread that spins on the same CPU it gets
+//    well under half of what that thread gets (one that spins inside MPI gets about as much).
+// Where this process may not make a thread real-time, that half is skipped with a line.
 void check_polled_idle(dt::ShmComm& c) {
   float most_local = static_cast<float>(c.local_size());  // nodes may differ: agree
   c.all_reduce(dt::TensorView{&most_local, 1, DType::f32}, ReduceOp::max);
@@ -1061,38 +1055,72 @@ void check_polled_idle(dt::ShmComm& c) {
   const int s = c.size(), me = c.rank();
   const std::size_t n = std::size_t{1} << 18;  // 1 MiB of f32: all_reduce across nodes
   const CommOptions polled{dt::kPolledWait};
-  auto waited = [&](const char* what, const std::function<void()>& call) {
+  std::vector<float> buf(n);
+  // One late call of `what` (the same on every rank), its wait checked on this thread: against the
+  // wall time on a real-time thread, against a spinning neighbour on its CPU otherwise.
+  auto waited = [&](const char* what, bool realtime, const std::function<void()>& call) {
+    std::unique_ptr<SharedCore> core;
+    if (me != 0 && !realtime) core = std::make_unique<SharedCore>();
     c.barrier();
     if (me == 0) std::this_thread::sleep_for(std::chrono::milliseconds(800));
-    const double cpu0 = process_cpu_s();
+    const double cpu0 = thread_cpu_s(), spin0 = core ? core->spinner_cpu_s() : 0;
     const auto t0 = Clock::now();
     call();
     const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-    const double cpu = process_cpu_s() - cpu0;
+    const double cpu = thread_cpu_s() - cpu0;
+    const double spin = core ? core->spinner_cpu_s() - spin0 : 0;
     if (me == 0) return;
-    H.expect(wall > 0.5, str(what, " with kPolledWait waits for rank 0 on ", c.name()),
+    const std::string kind = realtime ? " on a real-time thread" : " on an ordinary thread";
+    H.expect(wall > 0.5, str(what, " with kPolledWait", kind, " waits for rank 0 on ", c.name()),
              str("returned after ", wall, " s"));
-    H.expect(cpu < 0.5 * wall, str(what, " with kPolledWait does not spin on ", c.name()),
-             str(cpu, " s of CPU in ", wall, " s of waiting (path ", c.path(what, n * 4), ")"));
+    if (realtime)
+      H.expect(cpu < 0.5 * wall, str(what, " with kPolledWait", kind, " sleeps on ", c.name()),
+               str(cpu, " s of CPU in ", wall, " s of waiting (path ", c.path(what, n * 4), ")"));
+    else
+      H.expect(cpu < 0.5 * spin,
+               str(what, " with kPolledWait", kind, " gives its CPU away on ", c.name()),
+               str(cpu, " s of CPU against ", spin, " s of a thread spinning on CPU ", core->cpu(),
+                   " in ", wall, " s of waiting (path ", c.path(what, n * 4), ")"));
   };
-  std::vector<float> buf(n);
-  for (std::size_t i = 0; i < n; ++i) buf[i] = spread(me, i, 5);
-  waited("all_reduce", [&] { c.all_reduce(dt::view_of(buf), ReduceOp::sum, polled); });
-  std::size_t wrong = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    double want = 0;
-    for (int r = 0; r < s; ++r) want += spread(r, i, 5);
-    wrong += std::fabs(buf[i] - want) > 1e-5 * (1 + std::fabs(want));
-  }
-  H.expect(wrong == 0, str("all_reduce with kPolledWait on ", c.name()),
-           str(wrong, " of ", n, " elements wrong"));
-  for (std::size_t i = 0; i < n; ++i) buf[i] = me == 0 ? static_cast<float>(i) : -1.0f;
-  waited("broadcast", [&] { c.broadcast(dt::view_of(buf), 0, polled); });
-  for (std::size_t i = 0; i < n; ++i) wrong += buf[i] != static_cast<float>(i);
-  H.expect(wrong == 0, str("broadcast with kPolledWait on ", c.name()),
-           str(wrong, " of ", n, " elements wrong"));
+  auto both = [&](bool realtime) {
+    for (std::size_t i = 0; i < n; ++i) buf[i] = spread(me, i, 5);
+    waited("all_reduce", realtime, [&] { c.all_reduce(dt::view_of(buf), ReduceOp::sum, polled); });
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      double want = 0;
+      for (int r = 0; r < s; ++r) want += spread(r, i, 5);
+      wrong += std::fabs(buf[i] - want) > 1e-5 * (1 + std::fabs(want));
+    }
+    H.expect(wrong == 0, str("all_reduce with kPolledWait on ", c.name()),
+             str(wrong, " of ", n, " elements wrong"));
+    for (std::size_t i = 0; i < n; ++i) buf[i] = me == 0 ? static_cast<float>(i) : -1.0f;
+    waited("broadcast", realtime, [&] { c.broadcast(dt::view_of(buf), 0, polled); });
+    for (std::size_t i = 0; i < n; ++i) wrong += buf[i] != static_cast<float>(i);
+    H.expect(wrong == 0, str("broadcast with kPolledWait on ", c.name()),
+             str(wrong, " of ", n, " elements wrong"));
+  };
+  both(false);
+  // The same calls from a new thread made real-time where allowed (every rank makes them, also
+  // where it is not: the checks then stay away).
+  int rt = 0;
+  std::thread t([&] {
+    sched_param sp{};
+    sp.sched_priority = 1;
+    rt = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) == 0 ? 1 : 0;
+    float all = static_cast<float>(rt);
+    c.all_reduce(dt::TensorView{&all, 1, DType::f32}, ReduceOp::min);
+    if (all == 1.0f) {
+      both(true);
+    } else if (me == 0) {
+      std::printf("skipped: kPolledWait on a real-time thread (SCHED_FIFO not allowed here)\n");
+    }
+  });
+  t.join();
 }
 
+// Ranks whose calls disagree on the small path get an error on every rank, not a hang or wrong
+// data: one rank with a small message and the others with a large one (each path sees the other),
+// and the same size with another reduce op. Each case breaks its communicator.
 void check_small_mismatch(Comm& world, const dt::ShmConfig& cfg) {
   for (int variant = 0; variant < 2; ++variant) {
     auto c = dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), "small-mismatch", cfg);
@@ -1144,9 +1172,8 @@ int main(int argc, char** argv) {
       cfg.chunk_bytes = std::size_t{4} << 10;
       cfg.simulated_nodes = mode == "hier" ? 2 : 0;
       std::unique_ptr<dt::ShmComm> shm;
-      step("shm create", [&] {
-        shm = dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), mode, cfg);
-      });
+      step("shm create",
+           [&] { shm = dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), mode, cfg); });
       if (shm) {
         if (H.rank == 0)
           std::printf("%s: %d node(s), %d local ranks, all_reduce path %s\n", mode.c_str(),
@@ -1165,17 +1192,17 @@ int main(int argc, char** argv) {
         step("shm small mismatch", [&] { check_small_mismatch(world, cfg); });
       }
     } else {
-    step("reference rounding", [&] { check_reference_rounding(); });
-    step("world suite", [&] { full_suite(world, 0, H.rank); });
-    std::unique_ptr<Comm> sub;
-    step("parity split", [&] { sub = check_parity_split(world); });
-    if (sub) step("parity split suite", [&] { full_suite(*sub, 10, H.rank); });
-    step("negative color", [&] { check_negative_color(world); });
-    step("chunking", [&] { check_chunking(world); });
-    step("work semantics", [&] { check_work_semantics(world); });
-    step("argument validation (world)", [&] { check_arguments(world); });
-    if (sub) step("argument validation (split)", [&] { check_arguments(*sub); });
-    sub.reset();
+      step("reference rounding", [&] { check_reference_rounding(); });
+      step("world suite", [&] { full_suite(world, 0, H.rank); });
+      std::unique_ptr<Comm> sub;
+      step("parity split", [&] { sub = check_parity_split(world); });
+      if (sub) step("parity split suite", [&] { full_suite(*sub, 10, H.rank); });
+      step("negative color", [&] { check_negative_color(world); });
+      step("chunking", [&] { check_chunking(world); });
+      step("work semantics", [&] { check_work_semantics(world); });
+      step("argument validation (world)", [&] { check_arguments(world); });
+      if (sub) step("argument validation (split)", [&] { check_arguments(*sub); });
+      sub.reset();
     }
 
     rc = H.finish("test_collectives", section_ms(t_start) / 1000);
