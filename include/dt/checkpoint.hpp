@@ -160,7 +160,10 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
 /// Encryption: an encrypted file needs `keys`, and with `keys` only an encrypted file loads;
 /// otherwise, and for a wrong key (found before any data is decrypted), the error starts with
 /// "checkpoint key:". Every rank decrypts every chunk it reads; a chunk that does not
-/// authenticate fails the load, naming the dataset and chunk.
+/// authenticate fails the load, naming the dataset and chunk. Data that passes its checksums and
+/// fails authentication (chunks, their nonces and tags, or the root attributes of a version 2+
+/// file) was rewritten by someone without the key together with the checksums: that throws
+/// dt::SecurityError ("PATH: tampered: ..." for chunks), never a CheckpointError.
 CkptMeta load_checkpoint(Comm& comm, const std::string& path,
                          const std::vector<CkptTensor>& tensors,
                          const security::Keys* keys = nullptr);
@@ -184,9 +187,10 @@ std::string read_latest(const std::string& dir);
 /// Checkpoints that fail are reported through `log` by name and skipped; a model mismatch is not
 /// skipped but thrown. A key error ("checkpoint key:", see load_checkpoint) may be one file's
 /// damage: older files are tried, and the first key error is thrown if none loads, so that a
-/// wrong key never starts the run afresh. When `dir` holds checkpoints and none loads, throws
-/// dt::CheckpointError (nothing is changed). Loads into `tensors` and returns the file used in
-/// *used (empty when `dir` holds no checkpoint: starting fresh). Collective.
+/// wrong key never starts the run afresh. A tampered file (dt::SecurityError, see
+/// load_checkpoint) stops it at once: no older file is tried. When `dir` holds checkpoints and none
+/// loads, throws dt::CheckpointError (nothing is changed). Loads into `tensors` and returns the
+/// file used in *used (empty when `dir` holds no checkpoint: starting fresh). Collective.
 CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
                 const std::vector<CkptTensor>& tensors, std::string* used,
                 const std::function<void(const std::string&)>& log,

@@ -872,8 +872,8 @@ std::array<std::uint8_t, security::kTagBytes> meta_tag(security::Aead& enc, cons
   std::array<std::uint8_t, security::kTagBytes> tag{};
   const auto nonce = chunk_nonce(0xFFFFFFFEu, ~std::uint64_t{0});
   const std::string aad = meta_aad(m, version);
-  enc.seal(nonce.data(), reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(), nullptr,
-           0, nullptr, tag.data());
+  enc.seal(nonce.data(), reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(), nullptr, 0,
+           nullptr, tag.data());
   return tag;
 }
 
@@ -986,6 +986,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
   // in place (packed like a packed share).
   std::vector<std::vector<float>> sealed(keys ? tensors.size() : 0);
   std::vector<std::vector<unsigned char>> crypto_rows(keys ? tensors.size() : 0);
+  std::vector<std::vector<unsigned char>> crypto_sums(keys ? tensors.size() : 0);
   // Chunk x of tensor i in plain text.
   auto plain = [&](std::size_t i, const ShareChunk& x) -> const float* {
     return shares[i].whole ? shares[i].whole + x.e0 : shares[i].packed.data() + x.at;
@@ -1034,6 +1035,13 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
           enc.seal(nonce.data(), reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(),
                    plain(i, x), (x.e1 - x.e0) * sizeof(float), out, row + security::kNonceBytes);
         });
+        // Each row's digest beside the chunks' (a damaged row is told from a forged one).
+        crypto_sums[i].resize(sh.chunks() * 32 + 32);
+        for (std::size_t q = 0; q < sh.chunks(); ++q) {
+          const Digest dg = sha256(crypto_rows[i].data() + q * kCryptoRow, kCryptoRow);
+          std::copy(dg.begin(), dg.end(),
+                    crypto_sums[i].begin() + static_cast<std::ptrdiff_t>(q * 32));
+        }
       }
       const auto check = key_check(enc);
       const auto mtag = meta_tag(enc, meta, kCheckpointVersion);
@@ -1085,7 +1093,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       H5 dxpl = data_xfer(partial);
 
       // Create every dataset first (collective metadata), then one write per dataset.
-      std::vector<H5> data_sets, sum_sets, crypto_sets;
+      std::vector<H5> data_sets, sum_sets, crypto_sets, crypto_sum_sets;
       for (const auto& t : tensors) {
         std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
         if (dims.empty()) dims.push_back(1);
@@ -1109,6 +1117,11 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
                                                  lcpl, H5P_DEFAULT, H5P_DEFAULT),
                                       "H5Dcreate2", partial),
                                    H5Dclose);
+          crypto_sum_sets.emplace_back(
+              h5(H5Dcreate2(f, checksum_path(crypto_path(t.path)).c_str(), H5T_STD_U8LE, csp, lcpl,
+                            H5P_DEFAULT, H5P_DEFAULT),
+                 "H5Dcreate2", partial),
+              H5Dclose);
         }
       }
       const AbortUnlessAgreed guard{agreed, partial, comm.rank()};
@@ -1202,7 +1215,10 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
               write_packed(set, fsp, H5T_NATIVE_UCHAR, buf, shares[i].chunks() * width);
             };
             write_rows(sum_sets[i], 32, all_sums[i].data());
-            if (keys) write_rows(crypto_sets[i], kCryptoRow, crypto_rows[i].data());
+            if (keys) {
+              write_rows(crypto_sets[i], kCryptoRow, crypto_rows[i].data());
+              write_rows(crypto_sum_sets[i], 32, crypto_sums[i].data());
+            }
           }
       } catch (const std::exception& e) {
         wrote = false;
@@ -1576,6 +1592,12 @@ Shape dataset_shape(hid_t d, const std::string& path) {
 // at them: an older file of the other kind must not roll the run back).
 constexpr const char* kPlainWithKeys = " is not encrypted, and ckpt.encrypt is on";
 constexpr const char* kEncryptedWithoutKeys = "; loading it needs the job key";
+// What a SecurityError of a load says of a file whose data passes its checksums and fails
+// authentication: no damage does that (a damaged chunk fails its checksum, which is taken over
+// what is stored), only someone who rewrote data and checksums alike. resume stops at it.
+constexpr const char* kTampered =
+    ": rewritten together with the checksums, by someone without the job key (tampering); "
+    "refusing to load it or to fall back to an older checkpoint";
 
 // The decryption context of an encrypted file (nullopt for a plain one, and for an encrypted one
 // when `keys` is null and `require` is false). Throws CheckpointError "checkpoint key: ..." for an
@@ -1611,10 +1633,16 @@ std::optional<security::Aead> open_crypto(hid_t file, const std::string& path,
   DT_CHECK(CheckpointError, got == want, "checkpoint key: wrong key for ", path,
            ": it was encrypted with another job key (security.key_file); nothing was decrypted");
   std::array<std::uint8_t, security::kTagBytes> mwant{};
-  DT_CHECK(CheckpointError,
-           from_hex(read_string_attr(root, "meta_tag", path), mwant.data(), mwant.size()) &&
-               meta_tag(enc, meta, version) == mwant,
-           path, ": the root attributes (step, tokens, config, ...) fail authentication: altered");
+  const bool meta_ok =
+      from_hex(read_string_attr(root, "meta_tag", path), mwant.data(), mwant.size()) &&
+      meta_tag(enc, meta, version) == mwant;
+  // From version 2 the root attributes passed their digest (read_meta) before this: failing
+  // authentication too, they were rewritten together with it.
+  if (!meta_ok && version >= 2)
+    DT_THROW(SecurityError, path, ": the root attributes (step, tokens, config, ...) fail ",
+             "authentication although they match their checksum (meta_sha256)", kTampered);
+  DT_CHECK(CheckpointError, meta_ok, path,
+           ": the root attributes (step, tokens, config, ...) fail authentication: altered");
   return security::Aead(k, false);
 }
 
@@ -1628,8 +1656,8 @@ void check_stored(hid_t d, const std::string& name, const Shape& shape, const st
   std::uint64_t n = 1;
   for (auto e : shape) {
     const auto u = static_cast<std::uint64_t>(e);
-    DT_CHECK(CheckpointError, u == 0 || n <= (std::uint64_t{1} << 60) / u, path, ": dataset ",
-             name, " declares an impossible extent ", shape_str(shape));
+    DT_CHECK(CheckpointError, u == 0 || n <= (std::uint64_t{1} << 60) / u, path, ": dataset ", name,
+             " declares an impossible extent ", shape_str(shape));
     n *= u;
   }
   const std::uint64_t stored = H5Dget_storage_size(d);
@@ -1642,10 +1670,11 @@ void check_stored(hid_t d, const std::string& name, const Shape& shape, const st
 // tensor (CkptTensor) is read whole, and each rank checks its share of its chunks; a range or
 // pieces read the chunks that meet them, kLoadBatch chunks at a time, check all of them and copy
 // out what the rank holds. With `dec`, the chunks read are then decrypted and authenticated in
-// place. Returns the problems, identical on every rank.
+// place. Returns the problems, identical on every rank; `tampered` (where given) tells whether a
+// chunk that passes its checksum fails authentication.
 std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string& path,
                                         const std::vector<CkptTensor>& tensors,
-                                        security::Aead* dec = nullptr) {
+                                        security::Aead* dec = nullptr, bool* tampered = nullptr) {
   constexpr std::size_t K = kChunkElements, kLoadBatch = 16;
   const std::size_t T = tensors.size();
   std::vector<std::size_t> numels;
@@ -1687,9 +1716,11 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
   }
   comm.all_reduce(view_of(nbatch), ReduceOp::max);
   std::vector<float> part(most);
-  // bad[c]: chunk c fails its digest; bad[total + 1 + c]: it does not authenticate.
-  std::vector<std::uint8_t> bad(2 * (total + 1), 0);  // + 1: never empty
+  // bad[c]: chunk c fails its digest; bad[total + 1 + c]: it does not authenticate;
+  // bad[2 * (total + 1) + c]: its nonce and tag fail their digest, or have none (files before it).
+  std::vector<std::uint8_t> bad(3 * (total + 1), 0);  // + 1: never empty
   std::uint8_t* unauth = bad.data() + total + 1;
+  std::uint8_t* row_bad = bad.data() + 2 * (total + 1);
   for (std::size_t i = 0; i < T; ++i) {
     const CkptTensor& t = tensors[i];
     const std::size_t n = numels[i], k = chunks_of(n);
@@ -1712,7 +1743,19 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
       have = false;  // unreadable here: every chunk this rank checks counts as bad
     }
     std::vector<unsigned char> rows(dec ? k * kCryptoRow + kCryptoRow : 0);
+    std::vector<unsigned char> row_sums(dec ? k * 32 + 32 : 0);
+    bool have_row_sums = false;
     if (dec) {
+      try {
+        H5 r(H5Dopen2(o.file, checksum_path(crypto_path(t.path)).c_str(), H5P_DEFAULT), H5Dclose);
+        have_row_sums =
+            r.get() >= 0 && dataset_shape(r, path) == Shape{static_cast<std::int64_t>(k), 32};
+        if (have_row_sums)
+          h5(H5Dread(r, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, o.dxpl, row_sums.data()), "H5Dread",
+             path, 0);
+      } catch (const CheckpointError&) {
+        have_row_sums = false;
+      }
       try {
         H5 r(H5Dopen2(o.file, crypto_path(t.path).c_str(), H5P_DEFAULT), H5Dclose);
         have_rows = r.get() >= 0 &&
@@ -1737,6 +1780,10 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
     auto open = [&](std::size_t c, float* data) {
       const std::size_t e0 = c * K, e1 = std::min(e0 + K, n);
       const unsigned char* row = rows.data() + c * kCryptoRow;
+      const Digest rd = sha256(row, kCryptoRow);
+      if (!have_rows || !have_row_sums ||
+          !std::equal(rd.begin(), rd.end(), row_sums.begin() + static_cast<std::ptrdiff_t>(c * 32)))
+        row_bad[base[i] + c] = 1;
       const std::string aad = chunk_aad(t.path, t.shape, c, (e1 - e0) * sizeof(float));
       if (!have_rows ||
           !dec->open(row, reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(), data,
@@ -1794,15 +1841,28 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
       problems.push_back(tensors[i].path + ": checksum mismatch in chunk" +
                          (nbad > 1 ? "s " : " ") + chunks + " (of " +
                          std::to_string(chunks_of(tensors[i].numel())) + ")");
-    std::string uchunks;
-    int nun = 0;
-    for (std::size_t ch = 0; ch < chunks_of(tensors[i].numel()); ++ch)
-      if (unauth[base[i] + ch]) uchunks += (nun++ ? "," : "") + std::to_string(ch);
-    if (nun)
-      problems.push_back(tensors[i].path + ": authentication failed in chunk" +
-                         (nun > 1 ? "s " : " ") + uchunks + " (of " +
-                         std::to_string(chunks_of(tensors[i].numel())) +
-                         "): altered, moved or from another file");
+    // Failing authentication: chunks that fail a checksum too, theirs or their nonce and tag's
+    // (damage, or data from another file), and chunks that pass both (rewritten with their
+    // checksums). Without the nonce and tag's checksums (files before them) it cannot be told.
+    for (const bool sum_ok : {false, true}) {
+      std::string uchunks;
+      int nun = 0;
+      for (std::size_t ch = 0; ch < chunks_of(tensors[i].numel()); ++ch) {
+        const std::size_t c = base[i] + ch;
+        if (unauth[c] && (!bad[c] && !row_bad[c]) == sum_ok)
+          uchunks += (nun++ ? "," : "") + std::to_string(ch);
+      }
+      if (!nun) continue;
+      const std::string what = tensors[i].path + ": authentication failed in chunk" +
+                               (nun > 1 ? "s " : " ") + uchunks + " (of " +
+                               std::to_string(chunks_of(tensors[i].numel())) + ")";
+      if (sum_ok && tampered) *tampered = true;
+      problems.push_back(what + (sum_ok ? std::string(" although ") +
+                                              (nun > 1 ? "they match their checksums"
+                                                       : "it matches its checksum") +
+                                              kTampered
+                                        : std::string(": altered, moved or from another file")));
+    }
   }
   return problems;
 }
@@ -1875,10 +1935,12 @@ CkptMeta load_checkpoint(Comm& comm, const std::string& path,
     DT_THROW(CheckpointError, "checkpoint does not match the model: ", path, " (", diff.size(),
              " tensors differ):", msg);
   }
-  const auto problems = read_and_check(comm, o, path, tensors, dec ? &*dec : nullptr);
+  bool tampered = false;
+  const auto problems = read_and_check(comm, o, path, tensors, dec ? &*dec : nullptr, &tampered);
   if (!problems.empty()) {
     std::string msg;
     for (const auto& p : problems) msg += "\n  " + p;
+    if (tampered) DT_THROW(SecurityError, path, ": tampered:", msg);
     DT_THROW(CheckpointError, path, ": corrupt:", msg);
   }
   return meta;
@@ -1917,6 +1979,8 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path,
     }
     return read_and_check(comm, o, path, ts, dec ? &*dec : nullptr);
   } catch (const CheckpointError& e) {
+    return {e.message()};
+  } catch (const SecurityError& e) {
     return {e.message()};
   }
 }

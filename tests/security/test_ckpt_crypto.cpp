@@ -7,8 +7,9 @@
 // tensors untouched; resume("auto") rethrows a wrong key instead of starting afresh, after trying
 // older files (a key error may be one file's damage); chunks swapped
 // together with their digests (an attacker who rewrites the checksums) and an altered step
-// attribute fail authentication (and in a plain file, its digest); the asynchronous checkpointer
-// encrypts too.
+// attribute fail authentication as tampered (SecurityError), where damage (a flipped bit in a
+// tag) is a CheckpointError; resume("auto") stops at a tampered file and goes past a damaged
+// one; the asynchronous checkpointer encrypts too.
 // Leaves DIR/enc/step-3.h5 and the key files DIR/good.key, DIR/wrong.key (0600) and
 // DIR/open.key (0644) for the dt_ckpt tests.
 #include <hdf5.h>
@@ -22,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../mpi/check_harness.hpp"
@@ -102,7 +104,10 @@ std::vector<float> raw(const std::string& file, const std::string& ds, std::size
 }
 
 // Swaps rows r0 and r1 of a 2-D uint8 dataset, or the element ranges of two chunks of a float one.
-void swap_chunks(const std::string& file, const std::string& data_ds, std::size_t numel) {
+// Chunks 0 and 1 of `data_ds` swapped, with their digests and nonces and tags; with
+// `row_digests` also the digests of those (everything an attacker without the key can rewrite).
+void swap_chunks(const std::string& file, const std::string& data_ds, std::size_t numel,
+                 bool row_digests) {
   hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   std::vector<float> v(numel);
   hid_t d = H5Dopen2(f, data_ds.c_str(), H5P_DEFAULT);
@@ -110,7 +115,8 @@ void swap_chunks(const std::string& file, const std::string& data_ds, std::size_
   std::swap_ranges(v.begin(), v.begin() + kC, v.begin() + kC);
   H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
   H5Dclose(d);
-  for (const std::string prefix : {"/checksums", "/crypto"}) {
+  for (const std::string prefix : {"/checksums", "/crypto", "/checksums/crypto"}) {
+    if (prefix == "/checksums/crypto" && !row_digests) continue;
     hid_t c = H5Dopen2(f, (prefix + data_ds).c_str(), H5P_DEFAULT);
     hid_t sp = H5Dget_space(c);
     hsize_t dims[2] = {0, 0};
@@ -123,6 +129,23 @@ void swap_chunks(const std::string& file, const std::string& data_ds, std::size_
     H5Sclose(sp);
     H5Dclose(c);
   }
+  H5Fclose(f);
+}
+
+// Byte `at` of row `row` of dataset `ds` (a [rows, width] byte table) flipped.
+void flip_row_byte(const std::string& file, const std::string& ds, std::size_t row,
+                   std::size_t at) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  hid_t c = H5Dopen2(f, ds.c_str(), H5P_DEFAULT);
+  hid_t sp = H5Dget_space(c);
+  hsize_t dims[2] = {0, 0};
+  H5Sget_simple_extent_dims(sp, dims, nullptr);
+  std::vector<unsigned char> rows(dims[0] * dims[1]);
+  H5Dread(c, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data());
+  rows[row * dims[1] + at] ^= 0x10;
+  H5Dwrite(c, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data());
+  H5Sclose(sp);
+  H5Dclose(c);
   H5Fclose(f);
 }
 
@@ -210,9 +233,8 @@ int run(const std::string& dir, int world_rank) {
   meta.tokens = 300;
   meta.config = "ckpt.encrypt = true";
   meta.layout = "dp=" + std::to_string(n);
-  guarded("encrypted save", [&] {
-    dt::save_checkpoint(*world, enc_dir, saved.tensors, meta, 2, {}, &good);
-  });
+  guarded("encrypted save",
+          [&] { dt::save_checkpoint(*world, enc_dir, saved.tensors, meta, 2, {}, &good); });
   const std::string file = enc_dir + "/step-3.h5";
 
   // No one rank's salt decides the file key: with rank 0's salt replayed (the same salt in two
@@ -278,22 +300,25 @@ int run(const std::string& dir, int world_rank) {
   {
     State got = make_state(9.0f);
     fill(got, -1.0f);
-    expect_throw<dt::CheckpointError>("load with a wrong key",
-                                      [&] { dt::load_checkpoint(*world, file, got.tensors, &wrong); },
-                                      {"checkpoint key: wrong key", "step-3.h5"});
+    expect_throw<dt::CheckpointError>(
+        "load with a wrong key", [&] { dt::load_checkpoint(*world, file, got.tensors, &wrong); },
+        {"checkpoint key: wrong key", "step-3.h5"});
     expect_throw<dt::CheckpointError>("load without a key",
                                       [&] { dt::load_checkpoint(*world, file, got.tensors); },
                                       {"checkpoint key:", "is encrypted"});
     H.expect(all_equal(got, -1.0f), "a refused load", "wrote into the tensors");
     std::string used;
-    expect_throw<dt::CheckpointError>(
-        "resume auto with a wrong key",
-        [&] { dt::resume(*world, "auto", enc_dir, got.tensors, &used, [](const std::string&) {},
-                         &wrong); },
-        {"wrong key"});
+    expect_throw<dt::CheckpointError>("resume auto with a wrong key",
+                                      [&] {
+                                        dt::resume(
+                                            *world, "auto", enc_dir, got.tensors, &used,
+                                            [](const std::string&) {}, &wrong);
+                                      },
+                                      {"wrong key"});
     H.expect(all_equal(got, -1.0f) && used.empty(), "resume with a wrong key", "loaded something");
     guarded("resume auto with the key", [&] {
-      dt::resume(*world, "auto", enc_dir, got.tensors, &used, [](const std::string&) {}, &good);
+      dt::resume(
+          *world, "auto", enc_dir, got.tensors, &used, [](const std::string&) {}, &good);
       H.expect(same_bits(got, saved) && used == file, "resume auto with the key", used);
     });
   }
@@ -413,9 +438,9 @@ int run(const std::string& dir, int world_rank) {
       const auto pv = dt::verify_file(*world, v1);
       H.expect(pv.empty(), "a version-1 file verifies", pv.empty() ? "" : pv[0]);
     });
-    expect_throw<dt::CheckpointError>(
-        "a version-2 file without meta_sha256",
-        [&] { dt::load_checkpoint(*world, v2, got.tensors); }, {"meta_sha256 (missing)"});
+    expect_throw<dt::CheckpointError>("a version-2 file without meta_sha256",
+                                      [&] { dt::load_checkpoint(*world, v2, got.tensors); },
+                                      {"meta_sha256 (missing)"});
     // A tensor lost with its digests: verify compares the datasets present with the digest of
     // those the save wrote (manifest_sha256).
     const std::string lost = bad_dir + "/plain-lost.h5";
@@ -432,10 +457,15 @@ int run(const std::string& dir, int world_rank) {
                  contains(pl[0], "a tensor was lost, added or reshaped"),
              "verify reports a tensor lost with its digests", pl.empty() ? "no problem" : pl[0]);
   }
-  // Tampering by someone who can rewrite the digests: two chunks swapped with their digests and
-  // nonces; the step attribute changed together with its digest (meta_sha256 taken from a file
-  // whose meta data is the same but for step 4).
-  const std::string swapped = bad_dir + "/swapped.h5", stepped = bad_dir + "/stepped.h5";
+  // Tampering by someone who can rewrite the digests: two chunks swapped with their digests,
+  // nonces and tags and the digests of those; the step attribute changed together with its digest
+  // (meta_sha256 taken from a file whose meta data is the same but for step 4). Data that passes
+  // its digests and fails authentication is no damage: a SecurityError. Damage for comparison:
+  // the same swap leaving the digests of the nonces and tags, and one flipped bit in a tag, each
+  // fail a digest: a CheckpointError, as any damaged file.
+  const std::string swapped = bad_dir + "/swapped.h5", stepped = bad_dir + "/stepped.h5",
+                    moved = bad_dir + "/moved.h5", tag_flip = bad_dir + "/tag-flip.h5";
+  const std::string ds = "/optim/exp_avg/a.weight";
   {
     dt::CkptMeta m4 = meta;
     m4.step = 4;
@@ -444,7 +474,11 @@ int run(const std::string& dir, int world_rank) {
   }
   if (me == 0) {
     copy_file(file, swapped);
-    swap_chunks(swapped, "/optim/exp_avg/a.weight", 2 * kC + 1);
+    swap_chunks(swapped, ds, 2 * kC + 1, true);
+    copy_file(file, moved);
+    swap_chunks(moved, ds, 2 * kC + 1, false);
+    copy_file(file, tag_flip);
+    flip_row_byte(tag_flip, "/crypto" + ds, 1, sec::kNonceBytes + 3);
     copy_file(file, stepped);
     set_step_attr(stepped, 4);
     copy_root_attr(bad_dir + "/four/step-4.h5", stepped, "meta_sha256");
@@ -455,18 +489,80 @@ int run(const std::string& dir, int world_rank) {
     const auto p_nokey = dt::verify_file(*world, swapped);
     H.expect(p_nokey.empty(), "swapped chunks pass the digests", p_nokey.empty() ? "" : p_nokey[0]);
     const auto p = dt::verify_file(*world, swapped, &good);
-    H.expect(p.size() == 1 && contains(p[0], "/optim/exp_avg/a.weight: authentication failed in "
-                                             "chunks 0,1 (of 3)"),
-             "swapped chunks fail authentication", p.empty() ? "no problem" : p[0]);
-    expect_throw<dt::CheckpointError>("load of swapped chunks",
-                                      [&] { dt::load_checkpoint(*world, swapped, got.tensors, &good); },
-                                      {"authentication failed"});
+    H.expect(p.size() == 1 &&
+                 contains(p[0], ds + ": authentication failed in chunks 0,1 (of 3) although they "
+                                     "match their checksums") &&
+                 contains(p[0], "(tampering)"),
+             "swapped chunks fail authentication as tampered", p.empty() ? "no problem" : p[0]);
+    fill(got, -1.0f);
+    expect_throw<dt::SecurityError>(
+        "load of swapped chunks", [&] { dt::load_checkpoint(*world, swapped, got.tensors, &good); },
+        {"swapped.h5: tampered:", "authentication failed in chunks 0,1", "(tampering)"});
+    for (const auto& [f, what, chunks] :
+         {std::tuple<std::string, const char*, const char*>{moved,
+                                                            "chunks swapped without the "
+                                                            "digests of their tags",
+                                                            "chunks 0,1 (of 3)"},
+          {tag_flip, "a flipped bit in a tag", "chunk 1 (of 3)"}}) {
+      const auto pd = dt::verify_file(*world, f, &good);
+      H.expect(pd.size() == 1 &&
+                   contains(pd[0], ds + ": authentication failed in " + chunks +
+                                       ": altered, moved or from another file") &&
+                   !contains(pd[0], "tampering"),
+               str(what, ": damage, not tampering"), pd.empty() ? "no problem" : pd[0]);
+      expect_throw<dt::CheckpointError>(str("load with ", what),
+                                        [&] { dt::load_checkpoint(*world, f, got.tensors, &good); },
+                                        {"corrupt:", "authentication failed in"});
+    }
     const auto p_step = dt::verify_file(*world, stepped);
     H.expect(p_step.empty(), "an altered step with its digest passes the digests",
              p_step.empty() ? "" : p_step[0]);
-    expect_throw<dt::CheckpointError>("load with an altered step",
-                                      [&] { dt::load_checkpoint(*world, stepped, got.tensors, &good); },
-                                      {"fail authentication"});
+    expect_throw<dt::SecurityError>(
+        "load with an altered step",
+        [&] { dt::load_checkpoint(*world, stepped, got.tensors, &good); },
+        {"fail authentication although they match their checksum (meta_sha256)", "(tampering)"});
+  }
+  // resume("auto") stops at a tampered file instead of rolling the run back to an older one, and
+  // loads nothing; past a damaged one it loads the older file. Folders of a good step-3 and a
+  // step-6, tampered (its chunks swapped with every digest) or damaged (a flipped bit in a tag).
+  {
+    dt::CkptMeta m6 = meta;
+    m6.step = 6;
+    const std::string tdir = bad_dir + "/resume-tampered", ddir = bad_dir + "/resume-damaged";
+    for (const auto& d : {tdir, ddir})
+      guarded("saves of steps 3 and 6", [&] {
+        dt::save_checkpoint(*world, d, saved.tensors, meta, 2, {}, &good);
+        dt::save_checkpoint(*world, d, make_state(0.25f).tensors, m6, 2, {}, &good);
+      });
+    if (me == 0) {
+      swap_chunks(tdir + "/step-6.h5", ds, 2 * kC + 1, true);
+      flip_row_byte(ddir + "/step-6.h5", "/crypto" + ds, 1, sec::kNonceBytes + 3);
+    }
+    world->barrier();
+    State got = make_state(9.0f);
+    fill(got, -1.0f);
+    std::string used;
+    expect_throw<dt::SecurityError>("resume auto at a tampered newest file",
+                                    [&] {
+                                      dt::resume(
+                                          *world, "auto", tdir, got.tensors, &used,
+                                          [](const std::string&) {}, &good);
+                                    },
+                                    {"step-6.h5: tampered:", "(tampering)"});
+    H.expect(used.empty(), "resume at a tampered file uses no file", used);
+    guarded("resume auto past a damaged newest file", [&] {
+      std::vector<std::string> lines;
+      const dt::CkptMeta m = dt::resume(
+          *world, "auto", ddir, got.tensors, &used,
+          [&](const std::string& l) { lines.push_back(l); }, &good);
+      H.expect(used == ddir + "/step-3.h5" && m.step == 3 && same_bits(got, saved),
+               "resume auto past a damaged file", "used '" + used + "'");
+      bool named = false;
+      for (const auto& l : lines)
+        named = named || (contains(l, "skipping " + ddir + "/step-6.h5") &&
+                          contains(l, "altered, moved or from another file"));
+      H.expect(named, "the skipped damaged file is named", lines.empty() ? "no line" : lines[0]);
+    });
   }
   // The asynchronous checkpointer encrypts too.
   guarded("async encrypted save", [&] {
