@@ -169,15 +169,17 @@ class MpiOps {
 
 namespace {
 
-// Between two polls of an operation a polled wait (kPolledWait) lets the core go after a short
-// spin. An ordinary thread yields it and stays runnable: a thread that slept instead was kept off
-// an oversubscribed core by the ranks spinning inside blocking MPI calls, for seconds at a time
-// (a two-node Slurm job of 4 ranks on 2 cores took 24-108 s a step instead of 5-30 ms). A
-// real-time thread sleeps, 20 us and then 200 us at a time: sched_yield() never hands its core to
-// an ordinary thread, and as a real-time thread it gets the core back as soon as it wakes.
-void pause_between_polls(int spins) {
+// Between two polls of an operation a wait lets the core go after a short spin: it sleeps, 20 us
+// and then 200 us at a time, except a polled wait (kPolledWait) on an ordinary thread, which
+// yields the core and stays runnable. A progress thread that slept there was kept off an
+// oversubscribed core by ranks spinning inside blocking MPI calls, for seconds at a time (a
+// two-node Slurm job of 4 ranks on 2 cores never finished its first step; perf/RESULTS.md, "QoS
+// tiers"), while waits with a limit, on the training thread, yield the core to the compute of
+// the other ranks by sleeping. A real-time thread always sleeps: sched_yield() never hands its
+// core to an ordinary thread, and it gets the core back as soon as it wakes.
+void pause_between_polls(int spins, bool polled) {
   if (spins <= 64) return;
-  if (!realtime_thread())
+  if (polled && !realtime_thread())
     sched_yield();
   else
     std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 20));
@@ -243,7 +245,7 @@ class MpiWork final : public WorkImpl {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (int spins = 0; !test(); ++spins) {
       if (std::chrono::steady_clock::now() >= deadline) return false;
-      pause_between_polls(spins);
+      pause_between_polls(spins, timeout == kPolledWait);
     }
     return true;
   }
@@ -515,7 +517,7 @@ void MpiComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
                  rank_, name_);
           for (int spins = 0, done = 0; !done; ++spins) {
             DT_MPI(MPI_Testall(2, rq, &done, MPI_STATUSES_IGNORE), rank_, name_);
-            if (!done) pause_between_polls(spins);
+            if (!done) pause_between_polls(spins, true);
           }
         }
         std::memcpy(acc, part(rank_ - 2 - k), m * es);

@@ -20,7 +20,9 @@ std::atomic<unsigned> g_segments{0};
 
 bool realtime_thread() noexcept {
   thread_local const bool rt = [] {
-    const int p = sched_getscheduler(0);
+    // A QoS tier's threads run SCHED_FIFO | SCHED_RESET_ON_FORK (src/qos/qos.cpp), which
+    // sched_getscheduler reports with the flag.
+    const int p = sched_getscheduler(0) & ~SCHED_RESET_ON_FORK;
     return p == SCHED_FIFO || p == SCHED_RR;
   }();
   return rt;

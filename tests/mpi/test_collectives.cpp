@@ -1106,7 +1106,8 @@ void check_polled_idle(dt::ShmComm& c) {
   std::thread t([&] {
     sched_param sp{};
     sp.sched_priority = 1;
-    rt = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) == 0 ? 1 : 0;
+    // As a QoS tier makes its threads real-time (src/qos/qos.cpp): with SCHED_RESET_ON_FORK.
+    rt = sched_setscheduler(0, SCHED_FIFO | SCHED_RESET_ON_FORK, &sp) == 0 ? 1 : 0;
     float all = static_cast<float>(rt);
     c.all_reduce(dt::TensorView{&all, 1, DType::f32}, ReduceOp::min);
     if (all == 1.0f) {
