@@ -11,6 +11,11 @@
 #             and a flipped bit still aborts the job
 #   keys      a key file readable by others is refused (naming the file and 0644); an encrypted
 #             checkpoint does not load with another key, and the run does not start afresh
+#   tampered  the newest encrypted checkpoint, rewritten without the key so that every digest
+#             still matches (two tensors swapped with their digests, nonces and tags; the tool in
+#             $CKPT_TAMPER), stops resume=auto: exit 2 naming the file as tampered, no training,
+#             the folder untouched; the same file with only damage (the tag digests left behind)
+#             is skipped and the run resumes from the older checkpoint
 set -u
 WORK=$1 BIN=$2 CONFIG=$3 TEXT=$4 MODE=$5
 shift 5
@@ -95,6 +100,37 @@ case "$MODE" in
     STEPS=6 run right 1 --ckpt.dir=D --ckpt.encrypt=true --security.key_file=key.bin
     [ "$RC" -eq 0 ] || FAIL "the right key: exit code $RC"
     grep -q "resumed from .*step-4.h5 at step 4" right.out || FAIL "the right key did not resume"
+    ;;
+  tampered)
+    [ -x "${CKPT_TAMPER:-}" ] || { echo "CKPT_TAMPER (the ckpt_tamper tool) is not set"; exit 2; }
+    enc=(--ckpt.encrypt=true --security.key_file=key.bin)
+    run enc 2 --ckpt.dir=T --ckpt.every=2 "${enc[@]}"
+    [ "$RC" -eq 0 ] || FAIL "encrypted checkpoint run failed"
+    [ -f T/step-2.h5 ] && [ -f T/step-4.h5 ] || FAIL "T/step-2.h5 or T/step-4.h5 is missing"
+    cp -a T D
+    "$CKPT_TAMPER" T/step-4.h5 || FAIL "ckpt_tamper T/step-4.h5 failed"
+    "$CKPT_TAMPER" D/step-4.h5 --keep-tag-digests || FAIL "ckpt_tamper D/step-4.h5 failed"
+    # Everything but the folder lock (it names its last holder).
+    before=$(cd T && find . -type f ! -name .dt-lock -exec sha256sum {} + | sort)
+    STEPS=6 run tampered 2 --ckpt.dir=T --ckpt.every=2 "${enc[@]}"
+    [ "$RC" -eq 2 ] || FAIL "a tampered newest checkpoint: exit code $RC, expected 2"
+    grep -q "T/step-4.h5: tampered:" tampered.out && grep -q "(tampering)" tampered.out ||
+      FAIL "the refusal does not name step-4.h5 as tampered"
+    grep -q "^step " tampered.out && FAIL "a tampered newest checkpoint: training started"
+    grep -q "resumed from" tampered.out && FAIL "a tampered newest checkpoint: an older one was loaded"
+    after=$(cd T && find . -type f ! -name .dt-lock -exec sha256sum {} + | sort)
+    [ "$before" = "$after" ] || { diff <(echo "$before") <(echo "$after"); FAIL "the refused run changed the checkpoint folder"; }
+    "$(dirname "$BIN")/dt_ckpt" verify T/step-4.h5 --security.key_file=key.bin >verify.out 2>&1
+    RC=$?
+    sed 's/^/    /' verify.out
+    [ "$RC" -eq 1 ] && grep -q "(tampering)" verify.out ||
+      FAIL "dt_ckpt verify of the tampered file: exit code $RC, or no '(tampering)'"
+    STEPS=6 run damaged 2 --ckpt.dir=D --ckpt.every=2 "${enc[@]}"
+    [ "$RC" -eq 0 ] || FAIL "a damaged newest checkpoint: exit code $RC, expected 0"
+    grep -q "skipping .*D/step-4.h5" damaged.out || FAIL "the damaged step-4.h5 is not named"
+    grep -q "resumed from .*step-2.h5 at step 2" damaged.out ||
+      FAIL "past a damaged newest checkpoint the run did not resume from step-2.h5"
+    [ -f D/step-6.h5 ] || FAIL "the resumed run did not save D/step-6.h5"
     ;;
   *) echo "unknown mode $MODE"; exit 2 ;;
 esac
