@@ -107,8 +107,8 @@ int main(int argc, char** argv) {
         break;
       }
       if (!swap_links(f, a, b)) {
-        std::fprintf(stderr, "ckpt_tamper: could not swap %s and %s in %s\n", a.c_str(),
-                     b.c_str(), file.c_str());
+        std::fprintf(stderr, "ckpt_tamper: could not swap %s and %s in %s\n", a.c_str(), b.c_str(),
+                     file.c_str());
         rc = 1;
         break;
       }
