@@ -50,6 +50,16 @@ class WorkImpl {
   /// "all_reduce(f32 x 1024, sum) on world" for messages.
   virtual std::string describe() const = 0;
   virtual int rank() const = 0;
+  /// Withdraws an unfinished receive so that it never writes into its buffer again. True when
+  /// that holds: the receive was withdrawn, or it finished (or failed) before or within `grace`;
+  /// test() and wait() of a withdrawn receive then throw dt::CommError ("... cancelled"). False
+  /// when it cannot be promised: sends and collectives (which MPI cannot withdraw), transports
+  /// that cannot, and a transfer under way that did not end within `grace`; the buffer must then
+  /// stay valid as for any unfinished Work. Does not wait for peers beyond `grace`.
+  virtual bool cancel(Millis grace) {
+    (void)grace;
+    return false;
+  }
 };
 
 /// Handle of a non-blocking operation (c10d Work semantics). Move-only.
@@ -70,6 +80,8 @@ class Work {
   /// throws dt::CommError naming the operation and the timeout; the operation stays pending and
   /// wait() may be called again.
   void wait(Millis timeout = kNoTimeout);
+  /// WorkImpl::cancel; true for an empty Work.
+  bool cancel(Millis grace = Millis(1000));
   bool valid() const noexcept { return impl_ != nullptr; }
 
  private:

@@ -51,8 +51,8 @@
 // copy in between, and both sides work at once, record by record. Records, nonces, headers and
 // every check are those of the transport path, and so are the errors (a rejected record fails its
 // receive with dt::SecurityError naming the peer and the sequence number; every other pending
-// or later operation through the channel's mailboxes then fails too, and none touches a caller's
-// buffer any more). A message that arrives before its receive is posted waits in the mailbox;
+// or later operation through the channel's mailboxes then fails too, a failed receive's buffer
+// keeps nothing of the records it opened, and none touches a caller's buffer any more). A message that arrives before its receive is posted waits in the mailbox;
 // it is copied aside (as MPI keeps unexpected messages) only when a receive of another tag waits
 // behind it, or when a wait has made no progress for a millisecond. Synchronisation is by atomics
 // in the segment: waits spin briefly, then yield the core; a wait that makes no progress fails with
@@ -313,8 +313,14 @@ struct SealOptions {
 /// record's ciphertext straight into the caller's buffer (so, as with MPI, pending receives must
 /// not share buffer space); its Work opens the records in place, in order, as they arrive, in
 /// test() or wait(), and throws dt::SecurityError there if a record is rejected (the error is
-/// stored and rethrown by every later call). The receive buffer holds no data of a rejected
-/// message that could pass for valid: callers must treat the error as fatal (abort_job).
+/// stored and rethrown by every later call). A rejected message breaks the channel from its
+/// sender: receives from that peer still pending fail with the same error at their next test() or
+/// wait(), later ones at once. A failed receive gives up the records it has not received
+/// (Work::cancel, at most a second each), so the transport writes no more into its buffer, and
+/// zeroes what it received; where a record could not be given up (already in transfer for over
+/// a second, or a transport that cannot withdraw receives) only the opened records are zeroed,
+/// and the buffer must stay valid as for an unfinished receive. The receive buffer holds no data
+/// of a rejected message: callers must treat the error as fatal (abort_job).
 std::unique_ptr<P2p> seal_p2p(std::unique_ptr<P2p> inner, const Keys& keys,
                               const SealOptions& opts = {});
 

@@ -28,6 +28,8 @@ void Work::wait(Millis timeout) {
              timeout.count(), " ms");
 }
 
+bool Work::cancel(Millis grace) { return impl_ == nullptr || impl_->cancel(grace); }
+
 void Comm::all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts) {
   iall_reduce(buf, op).wait(opts.timeout);
 }

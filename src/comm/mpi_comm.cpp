@@ -253,6 +253,42 @@ class MpiWork final : public WorkImpl {
   std::string describe() const override { return desc_; }
   int rank() const override { return rank_; }
 
+  // MPI_Cancel on every pending request (receives only: cancelling sends is deprecated), then
+  // MPI_Test until each has ended, cancelled or received, within `grace`.
+  bool cancel(Millis grace) override {
+    if (done_) return true;
+    if (!p2p_ || expect_.empty() || !mpi_alive()) return false;
+    for (std::size_t i = next_; i < reqs_.size(); ++i)
+      if (reqs_[i] != MPI_REQUEST_NULL) MPI_Cancel(&reqs_[i]);
+    const auto deadline = std::chrono::steady_clock::now() + grace;
+    bool cancelled = false;
+    for (int spins = 0;; ++spins) {
+      bool pending = false;
+      for (std::size_t i = next_; i < reqs_.size(); ++i) {
+        if (reqs_[i] == MPI_REQUEST_NULL) continue;
+        int flag = 0, was = 0;
+        MPI_Status st;
+        if (MPI_Test(&reqs_[i], &flag, &st) != MPI_SUCCESS) return false;
+        if (!flag) {
+          pending = true;
+          continue;
+        }
+        MPI_Test_cancelled(&st, &was);
+        cancelled = cancelled || was != 0;
+      }
+      if (!pending) break;
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      pause_between_polls(spins, false);
+    }
+    next_ = reqs_.size();
+    record_.complete();
+    if (!error_)
+      error_ = std::make_exception_ptr(
+          CommError(desc_ + (cancelled ? ": cancelled" : ": cancelled after it arrived"), __FILE__,
+                    __LINE__));
+    return true;
+  }
+
  private:
   void check(int rc, const char* call) {
     if (rc != MPI_SUCCESS) {

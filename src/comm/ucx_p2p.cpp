@@ -200,6 +200,29 @@ class UcxWork final : public WorkImpl {
   std::string describe() const override { return desc_; }
   int rank() const override { return st_->rank; }
 
+  // ucp_request_cancel (receives: a send cannot be withdrawn), then progress until the request
+  // has ended, cancelled or received, within `grace`.
+  bool cancel(Millis grace) override {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    if (done_ || (error_ && !req_)) return true;
+    if (!recv_ || !req_) return false;
+    ucp_request_cancel(st_->worker.get(), req_.get());
+    const auto deadline = Clock::now() + grace;
+    for (int spins = 0;; ++spins) {
+      ucp_worker_progress(st_->worker.get());
+      const ucs_status_t s = ucp_tag_recv_request_test(req_.get(), &info_);
+      if (s != UCS_INPROGRESS) {
+        req_.reset();
+        error_ = std::make_exception_ptr(CommError(
+            desc_ + (s == UCS_ERR_CANCELED ? ": cancelled" : ": cancelled after it arrived"),
+            __FILE__, __LINE__));
+        return true;
+      }
+      if (Clock::now() >= deadline) return false;
+      if (spins > 64) std::this_thread::yield();
+    }
+  }
+
  private:
   // Mutex held. Checks the request; true when complete (throws the stored error on failure).
   bool poll() {

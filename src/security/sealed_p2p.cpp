@@ -223,10 +223,10 @@ class SealedRecvWork final : public WorkImpl {
         trailers_(new std::uint8_t[records * kTrailerBytes]) {
     recs_.reserve(records);
   }
-  /// The transport may still write into the trailers of an unfinished or failed receive (records
-  /// after a rejected one stay posted): they are then given up.
+  /// The transport may still write into the trailers of an unfinished receive, or of a failed
+  /// one whose records it could not give up: they are then abandoned.
   ~SealedRecvWork() override {
-    if (next_ < recs_.size() || error_) abandon(std::move(trailers_));
+    if (!withdrawn_ && (next_ < recs_.size() || error_)) abandon(std::move(trailers_));
   }
   std::uint8_t* trailer(std::size_t i) const noexcept {
     return trailers_.get() + i * kTrailerBytes;
@@ -238,6 +238,7 @@ class SealedRecvWork final : public WorkImpl {
   bool test() override {
     if (error_) std::rethrow_exception(error_);
     while (next_ < recs_.size()) {
+      check_channel();
       Rec& r = recs_[next_];
       if (!r.body_done) {
         if (!guard([&] { return r.body.test(); })) return false;
@@ -252,6 +253,7 @@ class SealedRecvWork final : public WorkImpl {
     if (error_) std::rethrow_exception(error_);
     if (timeout == kNoTimeout) {
       while (next_ < recs_.size()) {
+        check_channel();
         Rec& r = recs_[next_];
         if (!r.body_done) guard([&] { return r.body.wait(), true; });
         r.body_done = true;
@@ -277,7 +279,7 @@ class SealedRecvWork final : public WorkImpl {
     try {
       return f();
     } catch (...) {
-      error_ = std::current_exception();
+      fail(std::current_exception());
       throw;
     }
   }
@@ -292,11 +294,38 @@ class SealedRecvWork final : public WorkImpl {
                   &why);
     } catch (const SecurityError&) {
       count_failure(why);
-      error_ = std::current_exception();
+      fail(std::current_exception());
+      peer_->fail(error_);
       throw;
     }
     ++next_;
   }
+  // A message rejected through another receive broke the channel: this one fails with its error.
+  void check_channel() {
+    if (!peer_->broken.load(std::memory_order_acquire)) return;
+    fail(peer_->failure());
+    std::rethrow_exception(error_);
+  }
+  // Ends the receive with `e`: the records not yet opened are given up, and the buffer keeps
+  // nothing of the message (its records opened so far, and all of it once every record is given
+  // up, are zeroed).
+  void fail(std::exception_ptr e) {
+    error_ = std::move(e);
+    const std::size_t opened = next_ < recs_.size() ? recs_[next_].off : e_.message_length;
+    withdraw();
+    const std::size_t wipe = withdrawn_ ? e_.message_length : opened;
+    if (wipe > 0) std::memset(out_, 0, wipe);
+  }
+  void withdraw() {
+    bool all = true;
+    for (std::size_t i = next_; i < recs_.size(); ++i) {
+      Rec& r = recs_[i];
+      if (!r.body_done && r.body.valid()) all = r.body.cancel(kGrace) && all;
+      all = r.trailer.cancel(kGrace) && all;
+    }
+    withdrawn_ = all;
+  }
+  static constexpr Millis kGrace{1000};
   std::string what_;
   int rank_;
   Expect e_;
@@ -305,6 +334,7 @@ class SealedRecvWork final : public WorkImpl {
   std::unique_ptr<std::uint8_t[]> trailers_;
   std::vector<Rec> recs_;
   std::size_t next_ = 0;  // the first record not yet opened
+  bool withdrawn_ = false;  // every record not opened was given up: nothing writes any more
   std::exception_ptr error_;
 };
 
@@ -620,6 +650,8 @@ Work SealedP2p::irecv_internal(TensorView buf, int src, int tag) {
     e.sequence = p.recv_seq[tag]++;
     return shm_->recv(std::move(what), src, buf.data, e);
   }
+  // A channel broken by a rejected message receives nothing more.
+  if (p.broken.load(std::memory_order_acquire)) std::rethrow_exception(p.failure());
   auto w = std::make_unique<SealedRecvWork>(what, rank(), e, buf, pp, rec.count);
   auto* out = w->out();
   std::lock_guard<std::mutex> lk(p.recv_mu);

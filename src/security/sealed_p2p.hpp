@@ -1,6 +1,8 @@
 // dt::security::SealedP2p: AES-256-GCM sealing around any dt::P2p (see dt/security.hpp).
 #pragma once
 
+#include <atomic>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -113,6 +115,21 @@ struct SealedP2p::Peer {
   std::map<int, std::uint64_t> recv_seq;  // per tag, assigned when a receive is posted
   std::mutex dec_mu;                      // opening happens outside recv_mu
   std::optional<Aead> dec;
+  // Through the transport: once a message from this peer is rejected, the channel is broken.
+  // Every later receive from it, and every pending one at its next step, fails with the same
+  // error and gives up its records.
+  std::atomic<bool> broken{false};
+  std::mutex fail_mu;
+  std::exception_ptr failed;  // under fail_mu; set once, before `broken`
+  void fail(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lk(fail_mu);
+    if (!failed) failed = std::move(e);
+    broken.store(true, std::memory_order_release);
+  }
+  std::exception_ptr failure() {
+    std::lock_guard<std::mutex> lk(fail_mu);
+    return failed;
+  }
 };
 
 }  // namespace dt::security

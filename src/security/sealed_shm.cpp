@@ -414,12 +414,18 @@ void ShmMailboxes::open_one(RecvOp& r, const std::uint8_t* ct, std::size_t ct_by
 }
 
 // A rejected record, or a peer that is gone: the channel's mailboxes are finished. Every pending
-// operation fails with `e` (so is every later one), and nothing more is read from or written to
-// any caller's buffer.
+// operation fails with `e` (so is every later one), a failed receive's buffer keeps nothing of
+// the records it opened, and nothing more is read from or written to any caller's buffer.
 void ShmMailboxes::fail_all(std::exception_ptr e) {
   if (!failed_) failed_ = e;
   auto fail = [&](Op* op) {
     if (op && !op->done) {
+      if (!op->send) {
+        auto& r = static_cast<RecvOp&>(*op);
+        const std::size_t opened = std::min<std::size_t>(
+            static_cast<std::size_t>(r.opened) * record_bytes_, r.e.message_length);
+        if (opened > 0) std::memset(r.out, 0, opened);
+      }
       op->error = failed_;
       finish(*op);
     }

@@ -8,7 +8,8 @@
 // too-long and too-short messages (eager and rendezvous sizes, receive posted before and after the
 // message arrives) fail the receive with dt::CommError and the run goes on; a receive nobody sends
 // to times out in wait(50 ms) with a CommError naming it, stays pending and completes once the
-// message is sent; bad peers and a bad kind are rejected.
+// message is sent; a receive cancelled before its message is sent is withdrawn and the message
+// goes to the next receive; bad peers and a bad kind are rejected.
 //
 // Message contents are bytes derived from (source, destination, tag, index) by a hash computed
 // independently on both sides, so a message delivered to the wrong buffer, in the wrong order or
@@ -396,6 +397,43 @@ void check_timeout(P2p& p, Comm& world) {
   world.barrier();
 }
 
+// Work::cancel: a receive nobody has sent to yet is withdrawn (true); its wait() and test() then
+// throw CommError; the message sent afterwards goes to the next receive posted, and the withdrawn
+// buffer stays untouched. A finished receive stays finished, and an empty Work is nothing to cancel.
+void check_cancel(P2p& p, Comm& world) {
+  const int n = p.size(), r = p.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  const int tag = 8100;
+  for (std::size_t bytes : {std::size_t{100}, std::size_t{1} << 20}) {  // eager, rendezvous
+    const std::string w = str(bytes, " B");
+    std::vector<unsigned char> first = recv_buffer(bytes), second = recv_buffer(bytes);
+    const std::vector<unsigned char> out = message(r, next, tag, bytes);
+    Work r1 = p.irecv(as_view(first, DType::u8), prev, tag);
+    bool cancelled = false;
+    guarded(str("cancel of a pending receive, ", w), [&] { cancelled = r1.cancel(Millis(1000)); });
+    H.expect(cancelled, str("cancel of a pending receive, ", w), "returned false");
+    expect_throw<dt::CommError>(str("wait() after cancel, ", w), [&] { r1.wait(kCaseTimeout); },
+                                {"cancelled"});
+    expect_throw<dt::CommError>(str("test() after cancel, ", w), [&] { (void)r1.test(); },
+                                {"cancelled"});
+    world.barrier();
+    guarded(str("the message after a cancel, ", w), [&] {
+      Work sw = p.isend(as_cview(out, DType::u8), next, tag);
+      Work r2 = p.irecv(as_view(second, DType::u8), prev, tag);
+      r2.wait(kCaseTimeout);
+      sw.wait(kCaseTimeout);
+      expect_message(str("the message after a cancel goes to the next receive, ", w), second,
+                     prev, r, tag);
+      H.expect(first == recv_buffer(bytes), str("a cancelled receive's buffer, ", w),
+               "was written");
+      H.expect(r2.cancel(Millis(10)) && r2.test(), str("cancel of a finished receive, ", w),
+               "it did not stay finished");
+    });
+    world.barrier();
+  }
+  H.expect(Work().cancel(), "cancel of an empty Work", "returned false");
+}
+
 // Completion by polling test() instead of wait().
 void check_test_polling(P2p& p) {
   const int n = p.size(), r = p.rank();
@@ -501,6 +539,7 @@ int main(int argc, char** argv) {
       step("blocking", [&] { check_blocking(*p, world); });
       step("length errors", [&] { check_length_errors(*p, world); });
       step("timeout", [&] { check_timeout(*p, world); });
+      step("cancel", [&] { check_cancel(*p, world); });
       step("test() polling", [&] { check_test_polling(*p); });
       step("arguments", [&] { check_arguments(*p); });
       const auto t0 = Clock::now();

@@ -11,7 +11,10 @@
 //                                     boundaries and past the mailbox's size, many messages on
 //                                     several tags both ways at once, messages sent before their
 //                                     receive is posted, a send completed while its sender waits
-//                                     elsewhere, a peer that goes away. "noshm": the transport only
+//                                     elsewhere, a peer that goes away; a rejected message breaks
+//                                     the channel (pending and later receives from its sender
+//                                     fail, no buffer keeps any of the plaintext), through the
+//                                     mailboxes and the transport. "noshm": the transport only
 //   test_sealed coll mpi|ucx [exempt|nodes2|noshm]
 //                                     every collective x dtype x op, odd sizes, all forms, on the
 //                                     world and a split; "exempt": same-node traffic unsealed;
@@ -549,6 +552,63 @@ void check_peer_closed(Comm& world, const std::vector<std::int32_t>& node, const
   world.barrier();
 }
 
+// A rejected message breaks the channel from its sender: rank 0 sends a message whose third of
+// four records is flipped, then (once rank 1 has rejected it) a good one. Rank 1 posted both
+// receives before either arrived. The first fails naming message 0 and keeps none of its
+// plaintext (its two good records included); the second fails with the same error instead of
+// receiving the good message, and keeps none of it; a later receive from rank 0 fails at once.
+void check_broken_channel(const std::string& kind, Comm& world, const sec::Keys& keys, bool shm) {
+  if (world.size() < 2) return;
+  const int me = world.rank();
+  sec::SealOptions so;
+  so.record_bytes = 4096;
+  so.shm = shm;
+  if (me == 0) so.tamper = sec::parse_tamper("flip:0");
+  std::unique_ptr<dt::P2p> q = sec::seal_p2p(dt::make_p2p(kind, world), keys, so);
+  const std::string w = str("broken channel (", shm ? "mailboxes" : "transport", ")");
+  constexpr std::size_t n = 4096;  // floats: 4 records
+  const std::vector<float> a = filled<float>(n, 0, 40), b = filled<float>(n, 0, 41);
+  Work w2;
+  if (me == 0) {
+    guarded(w + ": the flipped message", [&] { q->isend(dt::view_of(a), 1, 11).wait(); });
+    world.barrier();  // rank 1 has rejected it
+    guarded(w + ": the good message", [&] { w2 = q->isend(dt::view_of(b), 1, 11); });
+    world.barrier();
+  } else if (me == 1) {
+    // NaN never equals what was sent, so an untouched buffer counts as holding none of it.
+    std::vector<float> in1(n, std::nanf("")), in2(n, std::nanf(""));
+    Work r1, r2;
+    guarded(w + ": posting", [&] {
+      r1 = q->irecv(dt::view_of(in1), 0, 11);
+      r2 = q->irecv(dt::view_of(in2), 0, 11);
+    });
+    const std::string names = "rejected message 0 from rank 0 to rank 1";
+    expect_throw<dt::SecurityError>(w + ": the flipped message", [&] { r1.wait(); }, {names});
+    auto holds_none = [](const std::vector<float>& got, const std::vector<float>& sent) {
+      for (std::size_t i = 0; i < got.size(); ++i)
+        if (got[i] == sent[i] && sent[i] != 0.0f) return false;
+      return true;
+    };
+    H.expect(holds_none(in1, a), w + ": the rejected message's buffer",
+             "holds some of its plaintext");
+    world.barrier();
+    world.barrier();  // the good message has been sent
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    expect_throw<dt::SecurityError>(w + ": a receive pending behind it",
+                                    [&] { r2.wait(Millis(10000)); }, {names});
+    H.expect(holds_none(in2, b), w + ": the pending receive's buffer",
+             "holds the good message sent after the channel broke");
+    std::vector<float> in3(n);
+    expect_throw<dt::SecurityError>(w + ": a receive posted afterwards",
+                                    [&] { q->irecv(dt::view_of(in3), 0, 11).wait(Millis(10000)); },
+                                    {names});
+  } else {
+    world.barrier();
+    world.barrier();
+  }
+  world.barrier();
+}
+
 // A message sealed under another job's key never verifies: rank 1 derives its keys for job
 // "other" and must reject rank 0's message, naming rank 0 and the sequence number.
 void check_other_job(const std::string& kind, Comm& world, const sec::SecretKey& key) {
@@ -672,6 +732,7 @@ int run(int argc, char** argv, int world_rank) {
             {"records of 16384 bytes, rank 0 into 8192"});
     }
     check_other_job(kind, *world, test_key());
+    check_broken_channel(kind, *world, keys, shm);
   } else {
     sec::SealedCommOptions o;
     o.p2p = kind;
