@@ -126,8 +126,9 @@ struct SaveStats {
 };
 
 /// Writes, commits and prunes a checkpoint of `tensors` at meta.step into `dir` (created if
-/// missing). Collective over `comm` (an MPI communicator). Keeps the `keep` newest checkpoints
-/// (>= 1) below its step and removes stale *.partial files; checkpoints of its step or later are
+/// missing). Collective over `comm` (an MPI communicator). Keeps `keep` (>= 1) checkpoints, the
+/// new one and the newest below its step (keep=1: the previous one is removed once the new one is
+/// committed), and removes stale *.partial files; checkpoints of its step or later are
 /// renamed to *.superseded (SaveStats::set_aside), never deleted. Throws dt::CheckpointError naming
 /// the file and the failing call; then nothing is committed and the previous checkpoint stays the
 /// latest. `after_write` (a fault-injection seam for tests) runs on every rank once its data is in

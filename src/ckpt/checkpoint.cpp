@@ -828,15 +828,19 @@ void put_u64(std::string& a, std::uint64_t v) {
   for (int b = 0; b < 8; ++b) a.push_back(static_cast<char>((v >> (8 * b)) & 0xFF));
 }
 
-// Binds a chunk to its dataset (path and shape), its place and its size.
+// The extent a tensor's dataset has in the file: its shape, and {1} for a 0-D tensor (a scalar).
+Shape stored_shape(const Shape& shape) { return shape.empty() ? Shape{1} : shape; }
+
+// Binds a chunk to its dataset (path and stored extent), its place and its size.
 std::string chunk_aad(const std::string& path, const Shape& shape, std::uint64_t chunk,
                       std::uint64_t bytes) {
   std::string a = "dt-ckpt-v1";
   a.push_back('\0');
   a += path;
   a.push_back('\0');
-  put_u64(a, shape.size());
-  for (auto d : shape) put_u64(a, static_cast<std::uint64_t>(d));
+  const Shape stored = stored_shape(shape);
+  put_u64(a, stored.size());
+  for (auto d : stored) put_u64(a, static_cast<std::uint64_t>(d));
   for (int b = 0; b < 8; ++b) a.push_back(static_cast<char>((chunk >> (8 * b)) & 0xFF));
   for (int b = 0; b < 8; ++b) a.push_back(static_cast<char>((bytes >> (8 * b)) & 0xFF));
   return a;
@@ -902,20 +906,28 @@ std::string hex_sha256(const std::string& s) {
   return to_hex(d.data(), d.size());
 }
 
-// "PATH D0xD1...\n" for every tensor, in path order: what manifest_sha256 digests (the list
-// itself could outgrow an attribute).
+// "PATH D0xD1...\n" for every tensor (its stored extent), in path order: what manifest_sha256
+// digests (the list itself could outgrow an attribute).
 std::string manifest_text(const std::vector<CkptTensor>& tensors) {
   std::vector<std::string> lines;
   for (const auto& t : tensors) {
     std::string l = t.path + " ";
-    for (std::size_t k = 0; k < t.shape.size(); ++k)
-      l += (k ? "x" : "") + std::to_string(t.shape[k]);
+    const Shape s = stored_shape(t.shape);
+    for (std::size_t k = 0; k < s.size(); ++k) l += (k ? "x" : "") + std::to_string(s[k]);
     lines.push_back(l + "\n");
   }
   std::sort(lines.begin(), lines.end());
   std::string out;
   for (const auto& l : lines) out += l;
   return out;
+}
+
+// What root attribute crypto_sha256 digests: the key attributes of an encrypted file (key_salt,
+// key_check, meta_tag), which no other digest covers. With it a damaged tag is told from one
+// rewritten by someone without the key.
+std::string crypto_text(const std::string& salt_hex, const std::string& check_hex,
+                        const std::string& meta_hex) {
+  return salt_hex + "\n" + check_hex + "\n" + meta_hex + "\n";
 }
 
 // Parses exactly n bytes of hex; false for anything else.
@@ -1095,8 +1107,8 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       // Create every dataset first (collective metadata), then one write per dataset.
       std::vector<H5> data_sets, sum_sets, crypto_sets, crypto_sum_sets;
       for (const auto& t : tensors) {
-        std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-        if (dims.empty()) dims.push_back(1);
+        const Shape stored = stored_shape(t.shape);
+        std::vector<hsize_t> dims(stored.begin(), stored.end());
         H5 sp(h5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                  "H5Screate_simple", partial),
               H5Sclose);
@@ -1253,6 +1265,8 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
         write_attr(root, "key_salt", salt_hex, partial);
         write_attr(root, "key_check", check_hex, partial);
         write_attr(root, "meta_tag", meta_hex, partial);
+        write_attr(root, "crypto_sha256", hex_sha256(crypto_text(salt_hex, check_hex, meta_hex)),
+                   partial);
       }
       h5(H5Fflush(f, H5F_SCOPE_GLOBAL), "H5Fflush", partial, 0);
     }
@@ -1547,6 +1561,20 @@ Opened open_read(MpiComm& mc, const std::string& path) {
   DT_CHECK(CheckpointError, o.version >= 1 && o.version <= kCheckpointVersion, path,
            ": format version ", o.version, " is not supported (this dt reads up to ",
            kCheckpointVersion, ")");
+  // The version decides which digests are checked, and no digest covers it: a file holding
+  // attributes that only a later version writes claims too low a version (a damaged number, or
+  // one lowered to get past the checks).
+  static const std::pair<const char*, std::int64_t> kIntroduced[] = {
+      {"meta_sha256", 2},
+      {"manifest_sha256", 2},
+      {"datasets", 2},
+      {"loss_scale_growth_tracker", 3},
+      {"loss_scale_hysteresis_left", 3},
+      {"steps_skipped", 3}};
+  for (const auto& [name, since] : kIntroduced)
+    DT_CHECK(CheckpointError, o.version >= since || !has_attr(root, name), path,
+             ": format_version ", o.version, " is lower than its attributes say (", name,
+             " is written from version ", since, "): damaged");
   return o;
 }
 
@@ -1621,12 +1649,24 @@ std::optional<security::Aead> open_crypto(hid_t file, const std::string& path,
              ")", kEncryptedWithoutKeys, " (ckpt.encrypt=true with security.key_file)");
     return std::nullopt;
   }
+  const std::string salt_hex = read_string_attr(root, "key_salt", path);
+  const std::string check_hex = read_string_attr(root, "key_check", path);
+  const std::string meta_hex = read_string_attr(root, "meta_tag", path);
+  // Files from before crypto_sha256 cannot tell a damaged key attribute from a rewritten one.
+  const bool digested = has_attr(root, "crypto_sha256");
+  if (digested)
+    DT_CHECK(CheckpointError,
+             read_string_attr(root, "crypto_sha256", path) ==
+                 hex_sha256(crypto_text(salt_hex, check_hex, meta_hex)),
+             path,
+             ": checksum mismatch in the key attributes (key_salt, key_check, meta_tag): they do "
+             "not match crypto_sha256: damaged");
   security::Salt salt{};
   std::array<std::uint8_t, security::kTagBytes> want{};
-  DT_CHECK(CheckpointError,
-           from_hex(read_string_attr(root, "key_salt", path), salt.data(), salt.size()) &&
-               from_hex(read_string_attr(root, "key_check", path), want.data(), want.size()),
-           "checkpoint key: ", path, ": attributes key_salt/key_check are malformed");
+  DT_CHECK(
+      CheckpointError,
+      from_hex(salt_hex, salt.data(), salt.size()) && from_hex(check_hex, want.data(), want.size()),
+      "checkpoint key: ", path, ": attributes key_salt/key_check are malformed");
   const security::SecretKey k = keys->checkpoint_key(salt);
   security::Aead enc(k, true);
   const auto got = key_check(enc);
@@ -1634,11 +1674,10 @@ std::optional<security::Aead> open_crypto(hid_t file, const std::string& path,
            ": it was encrypted with another job key (security.key_file); nothing was decrypted");
   std::array<std::uint8_t, security::kTagBytes> mwant{};
   const bool meta_ok =
-      from_hex(read_string_attr(root, "meta_tag", path), mwant.data(), mwant.size()) &&
-      meta_tag(enc, meta, version) == mwant;
-  // From version 2 the root attributes passed their digest (read_meta) before this: failing
-  // authentication too, they were rewritten together with it.
-  if (!meta_ok && version >= 2)
+      from_hex(meta_hex, mwant.data(), mwant.size()) && meta_tag(enc, meta, version) == mwant;
+  // From version 2 the root attributes passed their digest (read_meta) before this, and the tag
+  // passed crypto_sha256: failing authentication too, they were rewritten together with both.
+  if (!meta_ok && version >= 2 && digested)
     DT_THROW(SecurityError, path, ": the root attributes (step, tokens, config, ...) fail ",
              "authentication although they match their checksum (meta_sha256)", kTampered);
   DT_CHECK(CheckpointError, meta_ok, path,
@@ -1922,7 +1961,7 @@ CkptMeta load_checkpoint(Comm& comm, const std::string& path,
     }
     H5 d(h5(H5Dopen2(o.file, t.path.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
     const Shape s = dataset_shape(d, path);
-    if (s != t.shape)
+    if (s != stored_shape(t.shape))
       diff.push_back(t.path + ": file " + shape_str(s) + ", model " + shape_str(t.shape));
   }
   for (const auto& p : present)

@@ -43,13 +43,15 @@ struct State {
   std::vector<dt::CkptTensor> tensors;
 };
 
-// Odd sizes: several chunks with a short last one, a 2-D tensor cut mid-row, a tiny one.
+// Odd sizes: several chunks with a short last one, a 2-D tensor cut mid-row, a tiny one, a
+// scalar (0-D).
 State make_state(float salt) {
   State s;
   const std::vector<std::pair<std::string, dt::Shape>> specs = {
       {"/model/a.weight", {3, static_cast<std::int64_t>(kC) + 7}},
       {"/model/b.bias", {7}},
       {"/optim/exp_avg/a.weight", {static_cast<std::int64_t>(2 * kC + 1)}},
+      {"/optim/scale", {}},
   };
   s.bufs.reserve(specs.size());
   for (const auto& [path, shape] : specs) {
@@ -178,6 +180,21 @@ void copy_root_attr(const std::string& from, const std::string& to, const char* 
   H5Tclose(type);
   H5Gclose(root);
   H5Fclose(g);
+}
+
+// The first character of root string attribute `name` of `file` changed to another hex digit
+// (one damaged byte).
+void flip_hex_attr(const std::string& file, const char* name) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  hid_t a = H5Aopen_by_name(f, "/", name, H5P_DEFAULT, H5P_DEFAULT);
+  hid_t type = H5Aget_type(a);
+  std::string v(H5Tget_size(type), '\0');
+  H5Aread(a, type, v.data());
+  v[0] = v[0] == '0' ? '1' : '0';
+  H5Awrite(a, type, v.data());
+  H5Tclose(type);
+  H5Aclose(a);
+  H5Fclose(f);
 }
 
 // `file` as a format-version-1 writer left it: version 1, no meta_sha256, manifest_sha256,
@@ -441,6 +458,30 @@ int run(const std::string& dir, int world_rank) {
     expect_throw<dt::CheckpointError>("a version-2 file without meta_sha256",
                                       [&] { dt::load_checkpoint(*world, v2, got.tensors); },
                                       {"meta_sha256 (missing)"});
+    // The version number is covered by no digest, and it decides which digests are checked: a
+    // lowered one (with the attributes of its real version still there) is refused, also when
+    // the meta data it would have let through was altered.
+    const std::string low1 = bad_dir + "/plain-lowered-1.h5",
+                      low2 = bad_dir + "/plain-lowered-2.h5";
+    if (me == 0) {
+      copy_file(plain_dir + "/step-3.h5", low1);
+      set_int_attr(low1, "format_version", 1);
+      set_int_attr(low1, "tokens", 999);
+      copy_file(plain_dir + "/step-3.h5", low2);
+      set_int_attr(low2, "format_version", 2);
+    }
+    world->barrier();
+    expect_throw<dt::CheckpointError>(
+        "a file whose format_version was lowered to 1",
+        [&] { dt::load_checkpoint(*world, low1, got.tensors); },
+        {"format_version 1 is lower than its attributes say", "meta_sha256", "damaged"});
+    expect_throw<dt::CheckpointError>(
+        "a file whose format_version was lowered to 2",
+        [&] { dt::load_checkpoint(*world, low2, got.tensors); },
+        {"format_version 2 is lower than its attributes say", "loss_scale_growth_tracker"});
+    const auto plow = dt::verify_file(*world, low1);
+    H.expect(plow.size() == 1 && contains(plow[0], "lower than its attributes say"),
+             "verify of a lowered format_version", plow.empty() ? "no problem" : plow[0]);
     // A tensor lost with its digests: verify compares the datasets present with the digest of
     // those the save wrote (manifest_sha256).
     const std::string lost = bad_dir + "/plain-lost.h5";
@@ -521,6 +562,42 @@ int run(const std::string& dir, int world_rank) {
         "load with an altered step",
         [&] { dt::load_checkpoint(*world, stepped, got.tensors, &good); },
         {"fail authentication although they match their checksum (meta_sha256)", "(tampering)"});
+  }
+  // A damaged key attribute (one byte of meta_tag, key_check or key_salt) is damage, not
+  // tampering: its digest (crypto_sha256) fails first, so resume goes on to an older file. The
+  // same damage in a file without that digest (written before it) is damage too: nothing there
+  // tells it from tampering.
+  {
+    State got = make_state(9.0f);
+    for (const char* a : {"meta_tag", "key_check", "key_salt"}) {
+      const std::string f = bad_dir + "/damaged-" + a + ".h5";
+      if (me == 0) {
+        copy_file(file, f);
+        flip_hex_attr(f, a);
+      }
+      world->barrier();
+      expect_throw<dt::CheckpointError>(
+          str("load with a damaged ", a),
+          [&] { dt::load_checkpoint(*world, f, got.tensors, &good); },
+          {"checksum mismatch in the key attributes", "crypto_sha256: damaged"});
+      const auto p = dt::verify_file(*world, f, &good);
+      H.expect(
+          p.size() == 1 && contains(p[0], "crypto_sha256: damaged") && !contains(p[0], "tampering"),
+          str("verify of a damaged ", a), p.empty() ? "no problem" : p[0]);
+    }
+    const std::string old_tag = bad_dir + "/damaged-meta_tag-undigested.h5";
+    if (me == 0) {
+      copy_file(file, old_tag);
+      flip_hex_attr(old_tag, "meta_tag");
+      hid_t g = H5Fopen(old_tag.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+      H5Adelete_by_name(g, "/", "crypto_sha256", H5P_DEFAULT);
+      H5Fclose(g);
+    }
+    world->barrier();
+    expect_throw<dt::CheckpointError>(
+        "load with a damaged meta_tag and no crypto_sha256",
+        [&] { dt::load_checkpoint(*world, old_tag, got.tensors, &good); },
+        {"fail authentication: altered"});
   }
   // resume("auto") stops at a tampered file instead of rolling the run back to an older one, and
   // loads nothing; past a damaged one it loads the older file. Folders of a good step-3 and a
