@@ -1730,10 +1730,12 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
   // are the same on every rank.
   std::vector<std::vector<CkptPiece>> pieces(T);
   std::vector<std::vector<std::pair<std::size_t, std::size_t>>> batches(T);
-  std::vector<std::int64_t> nbatch(T + 1, 0);  // + 1: never empty
-  std::size_t most = 0;                        // elements of the largest batch
+  // nbatch[T + 1 + i]: some rank holds tensor i sharded.
+  std::vector<std::int64_t> nbatch(2 * T + 1, 0);  // + 1: never empty
+  std::size_t most = 0;                            // elements of the largest batch
   for (std::size_t i = 0; i < T; ++i) {
     if (tensors[i].whole()) continue;
+    nbatch[T + 1 + i] = 1;
     pieces[i] = held_pieces(tensors[i]);
     const std::size_t n = numels[i], k = chunks_of(n);
     std::vector<char> need(k, 0);
@@ -1766,6 +1768,9 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
     const bool whole = t.whole();
     // readable: the data set opens (and, for a whole tensor, reads); have: the digests read;
     // have_rows: the nonces and tags read.
+    // Opening a dataset is collective (metadata) and reading is not: every rank makes every
+    // open whatever its reads gave, so that a read failing on one rank only (an I/O error on its
+    // node) leaves no rank waiting in an open.
     bool readable = false, have = false, have_rows = false;
     H5 d;
     std::vector<unsigned char> sums(k * 32 + 32);
@@ -1774,12 +1779,16 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
       if (whole)
         h5(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, o.dxpl, t.data), "H5Dread", path, 0);
       readable = true;
+    } catch (const CheckpointError&) {
+      readable = false;  // unreadable here: every chunk this rank checks counts as bad
+    }
+    try {
       H5 c(H5Dopen2(o.file, checksum_path(t.path).c_str(), H5P_DEFAULT), H5Dclose);
       have = c.get() >= 0 && dataset_shape(c, path) == Shape{static_cast<std::int64_t>(k), 32};
       if (have)
         h5(H5Dread(c, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, o.dxpl, sums.data()), "H5Dread", path, 0);
     } catch (const CheckpointError&) {
-      have = false;  // unreadable here: every chunk this rank checks counts as bad
+      have = false;
     }
     std::vector<unsigned char> rows(dec ? k * kCryptoRow + kCryptoRow : 0);
     std::vector<unsigned char> row_sums(dec ? k * 32 + 32 : 0);
@@ -1830,9 +1839,14 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
         unauth[base[i] + c] = 1;
     };
     if (whole) {
-      for (std::size_t c = mine[i].first; c < mine[i].second; ++c)
+      // Every rank that holds the tensor whole read the same file, and checks its share of the
+      // chunks; where some rank holds it sharded (checking only what it reads), the whole ones
+      // check every chunk, and a rank whose read failed counts every chunk as bad (what it holds
+      // is not the file's). Authentication only of what was read.
+      const bool all = nbatch[T + 1 + i] != 0 || !readable;
+      for (std::size_t c = all ? 0 : mine[i].first; c < (all ? k : mine[i].second); ++c)
         check(c, t.data + c * K, readable);
-      if (dec)
+      if (dec && readable)
         for (std::size_t c = 0; c < k; ++c) open(c, t.data + c * K);
       continue;
     }
@@ -1859,12 +1873,14 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
       for (std::size_t c = c0; c < c1; ++c) check(c, part.data() + (c * K - x0), ok);
       if (dec)
         for (std::size_t c = c0; c < c1; ++c) open(c, part.data() + (c * K - x0));
-      for (const CkptPiece& p : pieces[i])
+      for (const CkptPiece& p : pieces[i]) {
+        if (p.data == nullptr) continue;  // checked only (verify_file)
         for_each_seg(p, x0, x1, [&](const Seg& g) {
           for (std::size_t j = 0; j < g.m; ++j)
             std::memcpy(p.data + g.off + j * p.len, part.data() + (g.e + j * p.stride - x0),
                         g.n * sizeof(float));
         });
+      }
     }
   }
   comm.all_reduce(view_of(bad), ReduceOp::max);
@@ -1994,16 +2010,25 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path,
     const CkptMeta meta = read_meta(o, path);
     std::optional<security::Aead> dec = open_crypto(o.file, path, keys, false, meta, o.version);
     std::vector<CkptTensor> ts;
-    std::vector<std::vector<float>> bufs;
     for (const auto& name : all_datasets(o.file, path)) {
       H5 d(h5(H5Dopen2(o.file, name.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
       CkptTensor t;
       t.path = name;
       t.shape = dataset_shape(d, path);
-      check_stored(d, name, t.shape, path);  // before allocating what the file declares
-      bufs.emplace_back(t.numel());
-      t.data = bufs.back().data();
+      check_stored(d, name, t.shape, path);  // before reading what the file declares
       ts.push_back(t);
+    }
+    // Each rank reads and checks its share of every dataset's chunks, a batch at a time, into no
+    // buffer of its own (read_and_check skips pieces without data): memory stays bounded by a
+    // batch, whatever the file's size and however many ranks verify it.
+    {
+      std::vector<std::size_t> numels;
+      for (const auto& t : ts) numels.push_back(t.numel());
+      const auto mine = my_chunks(numels, comm.rank(), comm.size());
+      for (std::size_t i = 0; i < ts.size(); ++i) {
+        ts[i].begin = std::min(mine[i].first * kChunkElements, numels[i]);
+        ts[i].end = std::min(std::max(mine[i].second, mine[i].first) * kChunkElements, numels[i]);
+      }
     }
     // Version 2: the datasets present (names and shapes) are the ones the save wrote.
     if (o.version >= 2) {

@@ -455,6 +455,44 @@ void mode_refuse(dt::MpiComm& world, const std::string& dir) {
     guarded("empty pieces", [&] { dt::save_checkpoint(world, d, s.tensors, meta_at(3), 2); });
     load_and_check("empty pieces: load", world, d + "/step-3.h5", all_whole());
   }
+  // A damaged chunk is found whoever holds it: rank 0 loads a two-chunk tensor whole, every
+  // other rank an empty range of it (the chunks are shared out for checking among all ranks,
+  // and a rank that reads nothing checks nothing). Refused on every rank.
+  if (n >= 2) {
+    const std::size_t N = 2 * dt::kChunkElements;
+    std::vector<float> v(N);
+    for (std::size_t i = 0; i < N; ++i) v[i] = static_cast<float>(i % 977);
+    dt::CkptTensor t;
+    t.path = "/model/two";
+    t.shape = {static_cast<std::int64_t>(N)};
+    t.data = v.data();
+    const std::string dd = dir + "/damaged";
+    guarded("two-chunk save", [&] { dt::save_checkpoint(world, dd, {t}, meta_at(1), 1); });
+    const std::string f = dd + "/step-1.h5";
+    if (me == 0) {  // one element of chunk 1 changed, its digest not
+      hid_t h = H5Fopen(f.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+      hid_t ds = H5Dopen2(h, "/model/two", H5P_DEFAULT);
+      hid_t fsp = H5Dget_space(ds);
+      const hsize_t at = dt::kChunkElements + 5, one = 1;
+      H5Sselect_hyperslab(fsp, H5S_SELECT_SET, &at, nullptr, &one, nullptr);
+      hid_t msp = H5Screate_simple(1, &one, nullptr);
+      const float x = -1.0f;
+      H5Dwrite(ds, H5T_NATIVE_FLOAT, msp, fsp, H5P_DEFAULT, &x);
+      H5Sclose(msp);
+      H5Sclose(fsp);
+      H5Dclose(ds);
+      H5Fclose(h);
+    }
+    world.barrier();
+    std::vector<float> got(N, 0.0f);
+    dt::CkptTensor l = t;
+    l.data = got.data();
+    if (me != 0) l.begin = l.end = 0;
+    expect_throw<dt::CheckpointError>(
+        "a damaged chunk, whole on rank 0 and an empty range elsewhere",
+        [&] { dt::load_checkpoint(world, f, {l}); },
+        {"/model/two: checksum mismatch in chunk 1 (of 2)"});
+  }
 }
 
 void mode_encrypt(dt::MpiComm& world, const std::string& dir) {
