@@ -9,7 +9,9 @@
 // 5 a sealed message failed authentication (security.seal: the rank names the peer and sequence).
 #include <algorithm>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -117,7 +119,17 @@ int main(int argc, char** argv) {
     const dt::watchdog::LimitScope claim_limit(
         cfg.comm_timeout_s > 0 ? std::max(cfg.comm_timeout_s, cfg.ckpt_lock_wait_s + 60) : 0);
     if (!phase([&] {
-          if (rt.rank() != 0 || !claim) return;
+          if (rt.rank() != 0) return;
+          // Rank 0 writes the step log: one it cannot open is refused here, before anything is
+          // allocated (opening it for appending creates it, as the run would).
+          if (!cfg.log_file.empty()) {
+            std::FILE* f = std::fopen(cfg.log_file.c_str(), "a");
+            const int err = errno;
+            DT_CHECK(dt::ConfigError, f != nullptr, "option --train.log-file: cannot open ",
+                     cfg.log_file, " for appending: ", std::strerror(err));
+            std::fclose(f);
+          }
+          if (!claim) return;
           ckpt_lock = std::make_unique<dt::FolderLock>(
               cfg.ckpt_dir, "dt_train", cfg.ckpt_lock_wait_s, [](const std::string& line) {
                 std::printf("dt_train: %s\n", line.c_str());

@@ -8,6 +8,7 @@
 #include <map>
 #include <thread>
 
+#include <atomic>
 #include <csignal>
 
 #include "comm/mpi_comm.hpp"
@@ -28,8 +29,30 @@
 namespace dt {
 
 namespace {
-volatile std::sig_atomic_t g_drain = 0;  // the one process-wide flag a signal handler may touch
-extern "C" void on_drain_signal(int) { g_drain = 1; }
+// The one process-wide flag a signal handler may touch; read by other threads too, so a lock-free
+// atomic rather than a volatile sig_atomic_t.
+std::atomic<int> g_drain{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the drain flag must be async-signal-safe");
+extern "C" void on_drain_signal(int) { g_drain.store(1, std::memory_order_relaxed); }
+
+// The value of option `name` in a config text of "name = value" lines (Options::dump, as a
+// checkpoint stores it); empty where the text lacks it.
+std::string config_value(const std::string& text, const std::string& name) {
+  const std::string key = name + " = ";
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    if (text.compare(at, key.size(), key) == 0)
+      return text.substr(at + key.size(), end - at - key.size());
+    at = end + 1;
+  }
+  return "";
+}
+
+std::string fmt_g(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
 }  // namespace
 
 void install_drain_signals() {
@@ -41,7 +64,7 @@ void install_drain_signals() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-bool drain_requested() noexcept { return g_drain != 0; }
+bool drain_requested() noexcept { return g_drain.load(std::memory_order_relaxed) != 0; }
 
 void add_train_options(Options& o, TrainConfig& c) {
   o.add("model.vocab", &c.model.vocab, 0, "vocabulary size; 0 takes it from the data file", 0,
@@ -244,7 +267,8 @@ void add_train_options(Options& o, TrainConfig& c) {
            "train.dtype=fp16: the scale never falls below this", 1e-30, 1e30)
       .add("test.inject-inf-rank", &c.test_inject_inf_rank, -1,
            "testing only: this rank puts an Inf into its gradients at step test.inject-inf-step "
-           "(every rank must skip that step)",
+           "(with a loss scaler every rank must skip that step; in fp32 the run must end there "
+           "with the weights untouched)",
            -1L, 1L << 30)
       .add("test.inject-inf-step", &c.test_inject_inf_step, 2,
            "testing only: see test.inject-inf-rank", 0L, 1L << 40)
@@ -328,11 +352,14 @@ TokenFile validate_and_load(TrainConfig& c) {
   DT_CHECK(ConfigError, c.dtype != "fp16" || c.loss_scale_min <= c.loss_scale_initial,
            "option --loss-scale.min: ", c.loss_scale_min,
            " is above --loss-scale.initial=", c.loss_scale_initial);
+  DT_CHECK(ConfigError, c.optim.decay_steps == 0 || c.optim.decay_steps >= c.optim.warmup,
+           "option --optim.decay-steps: ", c.optim.decay_steps,
+           " is below --optim.warmup=", c.optim.warmup,
+           " (the learning rate would fall before it reached --optim.lr)");
   if (c.optim.decay_steps == 0) c.optim.decay_steps = c.steps;
-  DT_CHECK(ConfigError, c.test_hold_at_step < c.steps,
-           "option --test.hold-at-step: ", c.test_hold_at_step,
-           " is not below --train.steps=", c.steps,
-           " (the run must go on after the step it waits at)");
+  DT_CHECK(ConfigError, c.test_hold_at_step <= c.steps,
+           "option --test.hold-at-step: ", c.test_hold_at_step, " is above --train.steps=", c.steps,
+           " (the run never reaches it)");
   TokenFile data = load_tokens(c.data_path, c.data_format);
   if (c.model.vocab == 0) c.model.vocab = data.vocab;
   DT_CHECK(ConfigError, data.max_token_plus_one <= c.model.vocab,
@@ -879,18 +906,17 @@ StepStats Trainer::step() {
   DT_CHECK(Error, std::isfinite(s.loss), "training loss is ", s.loss, " at step ", step_,
            " (diverged: lower --optim.lr or raise --optim.warmup)");
   const trace::Scope optimizer_scope("optimizer", "train");
+  const std::size_t n = state_numel();
+  if (scaler_) round_to_dtype(grads_ptr(), n);  // as c_.dtype stores them (fp16: Inf past 65504)
+  const std::int64_t since = step_ - c_.test_inject_inf_step, every = c_.test_inject_inf_every;
+  if (c_.test_inject_inf_rank == comm_.rank() &&
+      (since == 0 || (every > 0 && since > 0 && since % every == 0))) {
+    const float inf = INFINITY;
+    dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(grads_ptr()),
+              static_cast<const void*>(&inf), sizeof inf, DT_HAL_HOST_TO_DEVICE);
+  }
   if (scaler_) {
-    // The gradients as c_.dtype stores them (fp16: Inf beyond 65504), then one decision for all
-    // ranks: any non-finite gradient anywhere skips the step everywhere.
-    const std::size_t n = state_numel();
-    round_to_dtype(grads_ptr(), n);
-    const std::int64_t since = step_ - c_.test_inject_inf_step, every = c_.test_inject_inf_every;
-    if (c_.test_inject_inf_rank == comm_.rank() &&
-        (since == 0 || (every > 0 && since > 0 && since % every == 0))) {
-      const float inf = INFINITY;
-      dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(grads_ptr()),
-                static_cast<const void*>(&inf), sizeof inf, DT_HAL_HOST_TO_DEVICE);
-    }
+    // One decision for all ranks: any non-finite gradient anywhere skips the step everywhere.
     const bool overflow = overflow_anywhere(coll(), unscale_found_inf(grads_ptr(), n, loss_scale));
     if (!scaler_->update(overflow)) {
       s.skipped = true;
@@ -904,6 +930,12 @@ StepStats Trainer::step() {
   s.grad_norm = zero_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, zero_counted_, coll())
                 : engine_ ? opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip, owner_, coll())
                           : opt_->clip_grad_norm(grads_ptr(), c_.optim.grad_clip);
+  // The norm is global (every rank has the same): a non-finite gradient that no loss scaler
+  // caught (fp32) ends the run on every rank before it reaches the weights, so no checkpoint of
+  // them is written.
+  DT_CHECK(Error, std::isfinite(s.grad_norm), "gradient norm is ", s.grad_norm, " at step ", step_,
+           " (diverged: lower --optim.lr or raise --optim.warmup); the weights of step ", step_,
+           " are left as they were");
   s.lr = lr_at(c_.optim, step_);
   opt_->step(master_ptr(), grads_ptr(), s.lr, c_.optim);
   if (scaler_ || zero_) refresh_working_weights();
@@ -1346,7 +1378,14 @@ std::string Trainer::resume_from_checkpoint() {
     // run's settings.
     LossScaler::State st = scaler_->state();
     const LossScaleConfig& sc = scaler_->config();
-    if (c_.dtype == "fp16" && m.loss_scale > 0) {
+    // Only an fp16 run scales its loss: a checkpoint of another dtype (its loss_scale is 1) gives
+    // an fp16 run the initial scale. Files without the setting (imported) count as fp16 ones.
+    const std::string saved_dtype = config_value(m.config, "train.dtype");
+    const bool scaled = saved_dtype.empty() || saved_dtype == "fp16";
+    if (c_.dtype == "fp16" && !scaled)
+      log("ckpt: the checkpoint was trained in " + saved_dtype +
+          ": the fp16 loss scale starts at --loss-scale.initial=" + fmt_g(sc.initial));
+    if (c_.dtype == "fp16" && scaled && m.loss_scale > 0) {
       st.scale = std::clamp(m.loss_scale, sc.min_scale, sc.max_scale);
       st.growth_tracker =
           std::clamp<std::int64_t>(m.loss_scale_growth_tracker, 0, sc.growth_interval - 1);
@@ -1366,6 +1405,20 @@ std::string Trainer::resume_from_checkpoint() {
   if (m.rng_seed != c_.seed)
     log("ckpt: warning: the checkpoint was trained with seed " + std::to_string(m.rng_seed) +
         ", this run uses " + std::to_string(c_.seed) + ": the data order differs");
+  // Settings that decide the data order and the learning rate schedule: a run that changes them
+  // does not continue the one it resumes (allowed: extending a run, say, but said).
+  std::string changed;
+  const std::string now = c_.config_text;
+  for (const char* k :
+       {"train.batch", "model.seq-len", "data.path", "data.val-fraction", "train.steps", "optim.lr",
+        "optim.min-lr", "optim.warmup", "optim.decay-steps", "train.dtype"}) {
+    const std::string was = config_value(m.config, k), is = config_value(now, k);
+    if (!was.empty() && !is.empty() && was != is)
+      changed += std::string(changed.empty() ? "" : ", ") + k + " " + was + " -> " + is;
+  }
+  if (!changed.empty())
+    log("ckpt: warning: settings differ from the checkpoint's (" + changed +
+        "): the run does not continue it exactly");
   return used;
 }
 
@@ -1592,7 +1645,9 @@ int Trainer::run() {
       if (drain || !hold || poll == 15000) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    if (drain) {
+    // A signal during the last step: the run is done, so it ends as done (exit 0, final save
+    // and summary), not as drained (which asks the scheduler to requeue it).
+    if (drain && step_ < c_.steps) {
       if (step_ != last_saved_) save_checkpoint_now(true);
       finish_checkpoints();
       log("dt_train: drained at step " + std::to_string(step_) +
@@ -1627,6 +1682,9 @@ int Trainer::run() {
   if (zero_ && model_ && !model_->param_data() && c_.sample_tokens > 0 && first_step < c_.steps)
     full_state_ = zero_->gather_master();
   report_peak_memory();
+  // Rank 0 samples alone while the others wait in the barrier below, as long as it takes (a long
+  // sample is no hang).
+  const watchdog::LimitScope sampling(0);
   if (lead && first_step >= c_.steps) {
     std::printf("dt_train: nothing to train: the checkpoint is at step %ld, --train.steps is %ld\n",
                 static_cast<long>(first_step), static_cast<long>(c_.steps));
@@ -1638,10 +1696,14 @@ int Trainer::run() {
     if (validating)
       std::snprintf(val_text, sizeof val_text, "val loss %.4f -> %.4f (%+.1f%%)", val0, val,
                     (val - val0) / val0 * 100.0);
+    const std::string resumed = first_step > 0
+                                    ? " (" + std::to_string(ran) + " in this run, from step " +
+                                          std::to_string(first_step) + ")"
+                                    : "";
     std::printf(
-        "dt_train: done: %ld steps in %s, %.0f tok/s (steady state), %.2f GFLOP/s per rank; "
+        "dt_train: done: %ld steps%s in %s, %.0f tok/s (steady state), %.2f GFLOP/s per rank; "
         "train loss %.4f, %s\n",
-        static_cast<long>(c_.steps), duration_str(all_secs).c_str(), tps,
+        static_cast<long>(c_.steps), resumed.c_str(), duration_str(all_secs).c_str(), tps,
         tps * gpt_flops_per_token(c_.model, T) / comm_.size() / 1e9, loss, val_text);
     if (c_.sample_tokens > 0) {
       std::vector<std::int32_t> prompt;

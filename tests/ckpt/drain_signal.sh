@@ -7,13 +7,18 @@
 # log_complete (SIGUSR1 to rank 1) also wants the step log of the drained run and the resumed
 # run together to hold every step 1..N+3 once: the step the job drained at was trained and saved,
 # so it is logged too.
+# last_step (SIGUSR1 to rank 1 while the run holds after its last step 5): the run is done, so it
+# exits 0 with its summary and step-5.h5, not 75 (which would have it requeued for nothing).
 # after_failed_async (SIGUSR1 to rank 1): background saves every 2 steps, the one of step 4 fails
 # (test.fail-save-at-step), and the job holds after step 5 for the signal: the drain still saves
 # step 5, after a warning naming the failed save, and exits 75; step-2.h5 stays.
 source "$(dirname "$0")/lib.sh"
 
-EXTRA=() WAIT_STEPS=3
+EXTRA=() WAIT_STEPS=3 STEPS=100000
 case "$MODE" in
+  last_step)  # the signal comes during the last step: the run ends as done, not drained
+    SIG=USR1 RANK=1 WAIT_STEPS=5 STEPS=5 EXTRA=(--test.hold-at-step=5)
+    ;;
   usr1 | log_complete) SIG=USR1 RANK=1 ;;
   term) SIG=TERM RANK=0 ;;
   after_failed_async)
@@ -24,9 +29,9 @@ case "$MODE" in
 esac
 
 D=$WORK/D
-echo "=== L: 2 ranks in the background: dt_train --train.steps=100000 --ckpt.dir=$D"
+echo "=== L: 2 ranks in the background: dt_train --train.steps=$STEPS --ckpt.dir=$D"
 timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
-  --train.steps=100000 --train.log-every=1000 --ckpt.dir="$D" --train.log-file="$WORK/L.jsonl" \
+  --train.steps="$STEPS" --train.log-every=1000 --ckpt.dir="$D" --train.log-file="$WORK/L.jsonl" \
   "${EXTRA[@]}" >L.out 2>&1 &
 job=$!
 
@@ -53,6 +58,13 @@ wait "$job"
 RC=$?
 sed 's/^/    /' L.out
 echo "=== L: exit code $RC"
+if [ "$MODE" = last_step ]; then
+  expect_rc L 0
+  expect_no_line L "drained at step"
+  expect_line L "^dt_train: done: 5 steps"
+  expect_latest "$D" "step-5.h5"
+  finish
+fi
 expect_rc L 75
 N=$(sed -n 's/.*drained at step \([0-9][0-9]*\).*/\1/p' L.out | head -n1)
 if [ -z "$N" ]; then

@@ -7,7 +7,8 @@
 #    step in a row, so the scale doubles after step 7 (not after step 8);
 #  - hysteresis: 2 overflows tolerated, overflows at steps 3 and 6; the checkpoint of step 4 holds
 #    1 overflow left, so the scale halves after step 6 (not after a third overflow).
-# The checkpoints of step 8 of both runs record the same schedule (dt_ckpt inspect).
+# The checkpoints of step 8 of both runs record the same schedule (dt_ckpt inspect). An fp16 run
+# resumed from an fp32 checkpoint starts at the initial scale, not at the fp32 file's 1.
 source "$(dirname "$0")/lib.sh"
 DT_CKPT=$(dirname "$BIN")/dt_ckpt
 
@@ -45,4 +46,17 @@ ratio() {  # ratio FILE STEP1 STEP2: loss scale of STEP2 over that of STEP1
 [ "$(ratio A-hysteresis.jsonl 6 7)" = 0.5 ] || fail "hysteresis: the scale did not halve after step 6"
 printf '%s\n' "$(schedule A-hysteresis/step-8.h5)" | grep -qx '  steps_skipped = 2' ||
   fail "hysteresis: step-8.h5 does not record 2 skipped steps"
+
+# An fp16 run resumed from an fp32 checkpoint (whose loss_scale is 1) starts at the initial scale,
+# says so, and names the settings that differ from the checkpoint's.
+train F 2 --train.steps=3 --train.log-every=1 --ckpt.dir=F
+expect_rc F 0
+train H 2 --train.steps=5 --train.log-every=1 --train.dtype=fp16 --ckpt.dir=F \
+  --train.log-file=H.jsonl
+expect_rc H 0
+expect_line H "resumed from .*F/step-3\.h5 at step 3 "
+expect_line H "ckpt: the checkpoint was trained in fp32: the fp16 loss scale starts at --loss-scale.initial=65536"
+expect_line H "ckpt: warning: settings differ from the checkpoint's \(train.steps 3 -> 5, optim.decay-steps 3 -> 5, train.dtype fp32 -> fp16\)"
+python3 -c 'import sys; sys.exit(float(sys.argv[1]) != 65536)' "$($STEPLOG value H.jsonl 4 loss_scale)" ||
+  fail "the fp16 run resumed from fp32 ran step 4 at loss scale $($STEPLOG value H.jsonl 4 loss_scale), not 65536"
 finish
