@@ -1078,12 +1078,11 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
   };
   try {
     H5 fapl = file_access(mc.handle(), partial);
-    H5 f(h5(H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), "H5Fcreate", partial),
-         H5Fclose);
-    // From here on, an error on some ranks only cannot be unwound safely: closing the file is
-    // collective, and the other ranks are elsewhere. Unless the ranks agreed on the failure
-    // (agreed = true), this guard, destroyed first, aborts the job with the reason instead of
-    // letting it hang. Nothing is committed, so the previous checkpoint stays the latest.
+    // From the file's creation on, an error on some ranks only cannot be unwound safely: closing
+    // the file and its datasets is collective, and the other ranks are elsewhere. Unless the ranks
+    // agreed on the failure (agreed = true), this guard, destroyed before any of them, aborts the
+    // job with the reason instead of letting it hang. Nothing is committed, so the previous
+    // checkpoint stays the latest.
     bool agreed = false;
     struct AbortUnlessAgreed {
       const bool& agreed;
@@ -1099,44 +1098,60 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
         MPI_Abort(MPI_COMM_WORLD, 3);
       }
     };
+    // The creation itself is agreed on: where it failed on every rank, each unwinds (nothing to
+    // close); where on some only, the others (which hold the file) abort through the guard.
+    H5 f(H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
+    const std::string create_err = f.get() < 0 ? h5_message() : "";
+    if (!all_ok(comm, f.get() >= 0)) {
+      agreed = f.get() < 0;
+      const AbortUnlessAgreed guard{agreed, partial, comm.rank()};
+      DT_THROW(CheckpointError, "H5Fcreate(", partial, ") failed",
+               create_err.empty() ? std::string(" on another rank") : ": " + create_err);
+    }
     {  // every object in the file is closed at the end of this block, before the file
       H5 lcpl(h5(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate", partial), H5Pclose);
       h5(H5Pset_create_intermediate_group(lcpl, 1), "H5Pset_create_intermediate_group", partial, 0);
       H5 dxpl = data_xfer(partial);
 
-      // Create every dataset first (collective metadata), then one write per dataset.
+      // Create every dataset first (collective metadata), then one write per dataset. The guard
+      // comes after the sets' handles, so it is destroyed before they are closed.
       std::vector<H5> data_sets, sum_sets, crypto_sets, crypto_sum_sets;
-      for (const auto& t : tensors) {
-        const Shape stored = stored_shape(t.shape);
-        std::vector<hsize_t> dims(stored.begin(), stored.end());
-        H5 sp(h5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-                 "H5Screate_simple", partial),
-              H5Sclose);
-        data_sets.emplace_back(
-            h5(H5Dcreate2(f, t.path.c_str(), H5T_IEEE_F32LE, sp, lcpl, H5P_DEFAULT, H5P_DEFAULT),
-               "H5Dcreate2", partial),
-            H5Dclose);
-        hsize_t cdims[2] = {chunks_of(t.numel()), 32};
-        H5 csp(h5(H5Screate_simple(2, cdims, nullptr), "H5Screate_simple", partial), H5Sclose);
-        sum_sets.emplace_back(h5(H5Dcreate2(f, checksum_path(t.path).c_str(), H5T_STD_U8LE, csp,
-                                            lcpl, H5P_DEFAULT, H5P_DEFAULT),
-                                 "H5Dcreate2", partial),
-                              H5Dclose);
-        if (keys) {
-          hsize_t rdims[2] = {chunks_of(t.numel()), kCryptoRow};
-          H5 rsp(h5(H5Screate_simple(2, rdims, nullptr), "H5Screate_simple", partial), H5Sclose);
-          crypto_sets.emplace_back(h5(H5Dcreate2(f, crypto_path(t.path).c_str(), H5T_STD_U8LE, rsp,
-                                                 lcpl, H5P_DEFAULT, H5P_DEFAULT),
-                                      "H5Dcreate2", partial),
-                                   H5Dclose);
-          crypto_sum_sets.emplace_back(
-              h5(H5Dcreate2(f, checksum_path(crypto_path(t.path)).c_str(), H5T_STD_U8LE, csp, lcpl,
-                            H5P_DEFAULT, H5P_DEFAULT),
+      const AbortUnlessAgreed guard{agreed, partial, comm.rank()};
+      try {
+        for (const auto& t : tensors) {
+          const Shape stored = stored_shape(t.shape);
+          std::vector<hsize_t> dims(stored.begin(), stored.end());
+          H5 sp(h5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                   "H5Screate_simple", partial),
+                H5Sclose);
+          data_sets.emplace_back(
+              h5(H5Dcreate2(f, t.path.c_str(), H5T_IEEE_F32LE, sp, lcpl, H5P_DEFAULT, H5P_DEFAULT),
                  "H5Dcreate2", partial),
               H5Dclose);
+          hsize_t cdims[2] = {chunks_of(t.numel()), 32};
+          H5 csp(h5(H5Screate_simple(2, cdims, nullptr), "H5Screate_simple", partial), H5Sclose);
+          sum_sets.emplace_back(h5(H5Dcreate2(f, checksum_path(t.path).c_str(), H5T_STD_U8LE, csp,
+                                              lcpl, H5P_DEFAULT, H5P_DEFAULT),
+                                   "H5Dcreate2", partial),
+                                H5Dclose);
+          if (keys) {
+            hsize_t rdims[2] = {chunks_of(t.numel()), kCryptoRow};
+            H5 rsp(h5(H5Screate_simple(2, rdims, nullptr), "H5Screate_simple", partial), H5Sclose);
+            crypto_sets.emplace_back(h5(H5Dcreate2(f, crypto_path(t.path).c_str(), H5T_STD_U8LE,
+                                                   rsp, lcpl, H5P_DEFAULT, H5P_DEFAULT),
+                                        "H5Dcreate2", partial),
+                                     H5Dclose);
+            crypto_sum_sets.emplace_back(
+                h5(H5Dcreate2(f, checksum_path(crypto_path(t.path)).c_str(), H5T_STD_U8LE, csp,
+                              lcpl, H5P_DEFAULT, H5P_DEFAULT),
+                   "H5Dcreate2", partial),
+                H5Dclose);
+          }
         }
+      } catch (const std::exception& e) {  // the guard aborts: say why first
+        std::fprintf(stderr, "dt: rank %d: %s\n", comm.rank(), e.what());
+        throw;
       }
-      const AbortUnlessAgreed guard{agreed, partial, comm.rank()};
       // Writes `count` elements of `type` from `buf` (packed in file order) to the selection `fsp`.
       auto write_packed = [&](hid_t set, hid_t fsp, hid_t type, const void* buf,
                               std::size_t count) {
