@@ -1295,9 +1295,9 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
   if (ok && after_write) {
     try {
       after_write();
-    } catch (const Error& e) {  // a test's injected failure: the ranks agree on it below
+    } catch (const std::exception& e) {  // a test's injected failure: the ranks agree on it below
       ok = false;
-      err = e.message();
+      err = message_of(e);
     }
   }
   // Each rank makes what it wrote durable on its node before anything is committed.
