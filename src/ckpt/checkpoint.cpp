@@ -953,6 +953,29 @@ std::string step_name(std::int64_t step) { return "step-" + std::to_string(step)
 
 // ---- save ---------------------------------------------------------------------------------------
 
+// Why `tensors` cannot be datasets of one file ("" if they can): every path absolute, with no
+// empty component, outside /checksums and /crypto, unique, and none inside another's (a dataset
+// is no group).
+std::string paths_problem(const std::vector<CkptTensor>& tensors) {
+  std::vector<std::string> paths;
+  for (const auto& t : tensors) {
+    const std::string& p = t.path;
+    if (p.size() < 2 || p[0] != '/' || p.back() == '/' || p.find("//") != std::string::npos)
+      return "tensor path '" + p + "' is not of the form /name or /group/name";
+    for (const char* reserved : {"/checksums", "/crypto"})
+      if (p == reserved || p.rfind(std::string(reserved) + "/", 0) == 0)
+        return "tensor path '" + p + "' lies under " + reserved + ", which the checkpoint reserves";
+    paths.push_back(p);
+  }
+  std::sort(paths.begin(), paths.end());
+  for (std::size_t i = 1; i < paths.size(); ++i) {
+    if (paths[i] == paths[i - 1]) return "tensor path '" + paths[i] + "' is given twice";
+    if (paths[i].rfind(paths[i - 1] + "/", 0) == 0)
+      return "tensor path '" + paths[i] + "' lies inside tensor '" + paths[i - 1] + "'";
+  }
+  return "";
+}
+
 SaveStats save_checkpoint(Comm& comm, const std::string& dir,
                           const std::vector<CkptTensor>& tensors, const CkptMeta& meta, int keep,
                           const std::function<void()>& after_write, const security::Keys* keys) {
@@ -966,9 +989,12 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
   SaveStats stats;
   stats.path = final_path;
 
-  bool ok = true;
-  std::string err;
-  if (comm.rank() == 0) {
+  // Checked before the file exists (its datasets are created under an abort guard), and agreed
+  // on with rank 0's preparation.
+  std::string err = paths_problem(tensors);
+  if (!err.empty()) err = "cannot save " + final_path + ": " + err;
+  bool ok = err.empty();
+  if (ok && comm.rank() == 0) {
     try {
       mkdirs(dir);
       ::unlink(partial.c_str());
@@ -2042,7 +2068,7 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path,
       const auto mine = my_chunks(numels, comm.rank(), comm.size());
       for (std::size_t i = 0; i < ts.size(); ++i) {
         ts[i].begin = std::min(mine[i].first * kChunkElements, numels[i]);
-        ts[i].end = std::min(std::max(mine[i].second, mine[i].first) * kChunkElements, numels[i]);
+        ts[i].end = std::min(mine[i].second * kChunkElements, numels[i]);
       }
     }
     // Version 2: the datasets present (names and shapes) are the ones the save wrote.

@@ -48,11 +48,6 @@ std::string config_value(const std::string& text, const std::string& name) {
   return "";
 }
 
-std::string fmt_g(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%g", v);
-  return b;
-}
 }  // namespace
 
 void install_drain_signals() {
@@ -1383,8 +1378,8 @@ std::string Trainer::resume_from_checkpoint() {
     const std::string saved_dtype = config_value(m.config, "train.dtype");
     const bool scaled = saved_dtype.empty() || saved_dtype == "fp16";
     if (c_.dtype == "fp16" && !scaled)
-      log("ckpt: the checkpoint was trained in " + saved_dtype +
-          ": the fp16 loss scale starts at --loss-scale.initial=" + fmt_g(sc.initial));
+      log(detail::concat("ckpt: the checkpoint was trained in ", saved_dtype,
+                         ": the fp16 loss scale starts at --loss-scale.initial=", sc.initial));
     if (c_.dtype == "fp16" && scaled && m.loss_scale > 0) {
       st.scale = std::clamp(m.loss_scale, sc.min_scale, sc.max_scale);
       st.growth_tracker =

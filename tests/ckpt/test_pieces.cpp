@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../mpi/check_harness.hpp"
@@ -421,6 +422,25 @@ void mode_refuse(dt::MpiComm& world, const std::string& dir) {
     Layout l = mixed(n, me);
     if (me == 0) l[0] = whole_part();
     refused("whole on one rank only", l, {"/model/col.weight: held whole by 1 of the"});
+  }
+  {  // tensor paths that cannot be datasets of one file, refused before the file is created
+    const State s = make_state(mixed(n, me));
+    auto with_path = [&](std::size_t i, const std::string& path) {
+      std::vector<dt::CkptTensor> ts = s.tensors;
+      ts[i].path = path;
+      return ts;
+    };
+    const std::string first = s.tensors[0].path;
+    for (const auto& [what, ts, needle] :
+         {std::tuple<std::string, std::vector<dt::CkptTensor>, std::string>{
+              "a path given twice", with_path(1, first), "'" + first + "' is given twice"},
+          {"a path inside another tensor", with_path(1, first + "/x"),
+           "lies inside tensor '" + first + "'"},
+          {"a reserved path", with_path(1, "/checksums/x"), "which the checkpoint reserves"},
+          {"a relative path", with_path(1, "x"), "is not of the form /name"}})
+      refused_save(
+          what, [&] { dt::save_checkpoint(world, d, ts, meta_at(2), 1); },
+          {"cannot save " + d + "/step-2.h5: tensor path", needle});
   }
 #if !defined(__SANITIZE_ADDRESS__)  // (AddressSanitizer's allocator does not fail, it ends the run)
   if (n >= 2) {
