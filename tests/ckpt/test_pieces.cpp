@@ -438,9 +438,8 @@ void mode_refuse(dt::MpiComm& world, const std::string& dir) {
            "lies inside tensor '" + first + "'"},
           {"a reserved path", with_path(1, "/checksums/x"), "which the checkpoint reserves"},
           {"a relative path", with_path(1, "x"), "is not of the form /name"}})
-      refused_save(
-          what, [&] { dt::save_checkpoint(world, d, ts, meta_at(2), 1); },
-          {"cannot save " + d + "/step-2.h5: tensor path", needle});
+      refused_save(what, [&] { dt::save_checkpoint(world, d, ts, meta_at(2), 1); },
+                   {"cannot save " + d + "/step-2.h5: tensor path", needle});
   }
 #if !defined(__SANITIZE_ADDRESS__)  // (AddressSanitizer's allocator does not fail, it ends the run)
   if (n >= 2) {
