@@ -161,13 +161,23 @@ std::string piece_str(const CkptPiece& p) {
   return os.str();
 }
 
-// Where element e of a tensor lies, for a 2-D one: " (row 1, column 6)"; "" for others. `from`
-// for the first of several.
+// Where element e of a tensor lies: " (row 1, column 6)" for a 2-D one, " (index [1, 0, 6])" for
+// more dimensions; "" for 0-D and 1-D ones. `from` for the first of several.
 std::string where(const Shape& shape, std::size_t e, const char* from = "") {
-  if (shape.size() != 2 || shape[1] <= 0) return "";
-  const auto cols = static_cast<std::size_t>(shape[1]);
-  return std::string(" (") + from + "row " + std::to_string(e / cols) + ", column " +
-         std::to_string(e % cols) + ")";
+  if (shape.size() < 2) return "";
+  std::vector<std::size_t> idx(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] <= 0) return "";
+    const auto ext = static_cast<std::size_t>(shape[d]);
+    idx[d] = e % ext;
+    e /= ext;
+  }
+  std::string s = std::string(" (") + from;
+  if (shape.size() == 2)
+    return s + "row " + std::to_string(idx[0]) + ", column " + std::to_string(idx[1]) + ")";
+  s += "index [";
+  for (std::size_t d = 0; d < idx.size(); ++d) s += (d ? ", " : "") + std::to_string(idx[d]);
+  return s + "])";
 }
 
 // "" when the part of `t` this rank declares (CkptTensor's forms) lies inside the tensor, else
@@ -687,43 +697,56 @@ std::vector<Share> sharded_shares(Comm& comm, const std::vector<CkptTensor>& ten
   return shares;
 }
 
-// Selects the row-major element range [a, b) of a 1-D or 2-D dataspace: replaces the selection
-// (none when a == b), or with H5S_SELECT_OR adds to it.
+// Selects the row-major element range [a, b) of a dataspace of `shape` (any rank; 0-D as [1]):
+// replaces the selection (none when a == b), or with H5S_SELECT_OR adds to it. The range splits
+// into at most 2 * rank - 1 hyperslabs: a partial head and tail, recursively, around whole blocks
+// of the outermost dimension.
 void select_range(hid_t space, const Shape& shape, std::size_t a, std::size_t b,
                   const std::string& file, H5S_seloper_t op = H5S_SELECT_SET) {
   if (a >= b) {
     if (op == H5S_SELECT_SET) h5(H5Sselect_none(space), "H5Sselect_none", file, 0);
     return;
   }
-  if (shape.size() <= 1) {
-    hsize_t start = a, count = b - a;
-    h5(H5Sselect_hyperslab(space, op, &start, nullptr, &count, nullptr), "H5Sselect_hyperslab",
-       file, 0);
-    return;
-  }
-  DT_CHECK(CheckpointError, shape.size() == 2, "checkpoint tensors have 1 or 2 dimensions, not ",
-           shape.size());
-  const std::size_t cols = static_cast<std::size_t>(shape[1]);
+  const std::size_t nd = std::max<std::size_t>(shape.size(), 1);
+  std::vector<hsize_t> extent(nd, 1);
+  for (std::size_t d = 0; d < shape.size(); ++d) extent[d] = static_cast<hsize_t>(shape[d]);
+  std::vector<hsize_t> start(nd, 0), count(nd, 1);
   bool first = true;
-  auto add = [&](std::size_t row, std::size_t col, std::size_t rows, std::size_t ncols) {
-    if (rows == 0 || ncols == 0) return;
-    hsize_t start[2] = {row, col}, count[2] = {rows, ncols};
-    h5(H5Sselect_hyperslab(space, first ? op : H5S_SELECT_OR, start, nullptr, count, nullptr),
-       "H5Sselect_hyperslab", file, 0);
-    first = false;
+  // Elements [a, b) of the sub-block at dimension d (the dimensions before d fixed in `start`),
+  // with `inner` elements per index of d; 0 <= a < b <= extent[d] * inner.
+  auto select = [&](auto&& self, std::size_t d, std::size_t a0, std::size_t b0) -> void {
+    std::size_t inner = 1;
+    for (std::size_t e = d + 1; e < nd; ++e) inner *= static_cast<std::size_t>(extent[e]);
+    const std::size_t i0 = a0 / inner, i1 = b0 / inner;
+    auto block = [&](std::size_t from, std::size_t to) {  // indices [from, to) of d, whole
+      if (from >= to) return;
+      start[d] = from;
+      count[d] = to - from;
+      for (std::size_t e = d + 1; e < nd; ++e) {
+        start[e] = 0;
+        count[e] = extent[e];
+      }
+      h5(H5Sselect_hyperslab(space, first ? op : H5S_SELECT_OR, start.data(), nullptr, count.data(),
+                             nullptr),
+         "H5Sselect_hyperslab", file, 0);
+      first = false;
+    };
+    auto part = [&](std::size_t i, std::size_t x0, std::size_t x1) {  // [x0, x1) inside index i
+      start[d] = i;
+      count[d] = 1;
+      self(self, d + 1, x0, x1);
+    };
+    if (a0 % inner == 0 && b0 % inner == 0) return block(i0, i1);
+    if (i0 == i1) return part(i0, a0 % inner, b0 % inner);
+    std::size_t from = i0;
+    if (a0 % inner != 0) {
+      part(i0, a0 % inner, inner);
+      ++from;
+    }
+    block(from, i1);
+    if (b0 % inner != 0) part(i1, 0, b0 % inner);
   };
-  std::size_t r0 = a / cols, c0 = a % cols;
-  const std::size_t r1 = b / cols, c1 = b % cols;
-  if (r0 == r1) {
-    add(r0, c0, 1, c1 - c0);
-    return;
-  }
-  if (c0 != 0) {
-    add(r0, c0, 1, cols - c0);
-    ++r0;
-  }
-  add(r0, 0, r1 - r0, cols);
-  add(r1, 0, 1, c1);
+  select(select, 0, a, b);
 }
 
 // Selects the row-major element ranges `ranges` (ascending, disjoint) of a dataspace of `shape`;

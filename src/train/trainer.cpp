@@ -1701,12 +1701,15 @@ int Trainer::run() {
         static_cast<long>(c_.steps), resumed.c_str(), duration_str(all_secs).c_str(), tps,
         tps * gpt_flops_per_token(c_.model, T) / comm_.size() / 1e9, loss, val_text);
     if (c_.sample_tokens > 0) {
+      // What the ids mean is the data's format, not the model's vocabulary (a byte file may
+      // train a model of more than 256 ids; those print as "\{N}").
+      const bool bytes = data_.format == "bytes";
       std::vector<std::int32_t> prompt;
-      if (c_.model.vocab == 256)
+      if (bytes)
         for (unsigned char ch : c_.sample_prompt) prompt.push_back(ch);
       auto out = sample(prompt, c_.sample_tokens, c_.sample_temperature,
                         static_cast<std::uint64_t>(c_.seed));
-      if (c_.model.vocab == 256) {
+      if (bytes) {
         std::printf("dt_train: sample:\n%s%s\n", decode_bytes(prompt.data(), prompt.size()).c_str(),
                     decode_bytes(out.data(), out.size()).c_str());
       } else {

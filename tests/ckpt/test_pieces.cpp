@@ -1,6 +1,6 @@
 // test_ckpt_pieces DIR MODE: checkpoint tensors held as strided pieces (CkptPiece), under mpiexec.
 //
-// Every rank holds its part of eight tensors in a mixed decomposition: tensor-parallel column
+// Every rank holds its part of ten tensors in a mixed decomposition: tensor-parallel column
 // shards (one strided piece), q|k|v column blocks (three pieces), ZeRO slices of column shards
 // (partial row, full rows, partial row), row blocks with one rank holding none, a tensor on one
 // rank, ZeRO element ranges, a tiny tensor and a replicated whole one. MODE:
@@ -57,6 +57,8 @@ const std::vector<Spec>& specs() {
       {"/optim/exp_avg/zero.weight", {700, 777}},  // ZeRO slices of two column shards
       {"/optim/exp_avg/one.bias", {5000}},         // on the last rank only
       {"/optim/exp_avg_sq/flat", {static_cast<std::int64_t>(2 * kC + 1000)}},  // ZeRO ranges
+      {"/model/conv.weight", {7, 300, 613}},  // 3-D: ranges across all dimensions, dim-1 blocks
+      {"/model/tiny4", {2, 3, 4, 5}},         // 4-D: last-dimension columns, ranges
   };
   return s;
 }
@@ -160,6 +162,16 @@ Layout mixed(int p, int r) {
     const auto at = [&](int q) { return q <= 0 ? 0 : q >= p ? n : cut(n, p, q) + 1001 * (q % 2); };
     l[7] = range_part(at(r), at(r + 1));
   }
+  {  // conv.weight: uneven flat ranges (ZeRO of a 3-D tensor), ending inside rows
+    const std::size_t n = numel(8);
+    const auto at = [&](int q) { return q <= 0 ? 0 : q >= p ? n : cut(n, p, q) + 611 * q; };
+    l[8] = range_part(at(r), at(r + 1));
+  }
+  {  // tiny4: last-dimension column r, the last rank the rest
+    const std::size_t c0 = std::min<std::size_t>(static_cast<std::size_t>(r), 4);
+    const std::size_t c1 = r == p - 1 ? 5 : c0 + 1;
+    l[9] = pieces_part({{c0, c1 - c0, 5, 24, nullptr}});
+  }
   return l;
 }
 
@@ -179,6 +191,14 @@ Layout other(int p, int r) {
   l[6] = range_part(100 * R, 100 * R + 2000);
   l[7] = pieces_part(
       {{R * 7, 7, P * 7, numel(7) / (P * 7) - 1, nullptr}, {numel(7) - 3, 3, 0, 1, nullptr}});
+  {  // conv.weight: rows [r0, r1) of dimension 1 under each index of dimension 0
+    const std::size_t r0 = 300 * R / P, r1 = 300 * (R + 1) / P;
+    std::vector<dt::CkptPiece> v;
+    for (std::size_t d0 = 0; d0 < 7; ++d0)
+      v.push_back({(d0 * 300 + r0) * 613, (r1 - r0) * 613, 0, 1, nullptr});
+    l[8] = pieces_part(v);
+  }
+  l[9] = range_part(7 * R, std::min<std::size_t>(120, 7 * R + 61));
   return l;
 }
 
@@ -411,6 +431,15 @@ void mode_refuse(dt::MpiComm& world, const std::string& dir) {
     refused("gap", l,
             {"cannot save " + d + "/step-2.h5: /model/qkv.weight",
              "elements [" + a + ", 1200) (from row 0, column " + a + ") are held by no rank"});
+  }
+  if (n >= 2) {  // rank 0's range of the 3-D tensor ends 3 elements short of rank 1's
+    Layout l = mixed(n, me);
+    if (me == 0) l[8].b -= 3;
+    const std::size_t at = mixed(n, 0)[8].b - 3;
+    const std::string idx = str("[", at / (300 * 613), ", ", at / 613 % 300, ", ", at % 613, "]");
+    refused("gap in a 3-D tensor", l,
+            {"/model/conv.weight", str("elements [", at, ", ", at + 3, ") (from index ", idx, ")"),
+             "are held by no rank"});
   }
   {
     Layout l = mixed(n, me);
