@@ -5,8 +5,9 @@
 # weight * 1024 / 100) and the cpuset the record names; both ranks are in every group (the group's
 # cgroup.procs and the rank's /proc/PID/cgroup); each rank's main (compute) thread is SCHED_OTHER
 # and its communication progress thread "dt-progress" SCHED_FIFO at priority 60 (read from
-# /proc/PID/task/TID/stat). Then a rank is killed (SIGKILL): the job fails, and the epilog has
-# removed the groups and the record; the node is not drained.
+# /proc/PID/task/TID/stat). Then a detached process Slurm knows nothing of joins the job's groups,
+# and a rank is killed (SIGKILL): the job fails, the epilog has killed the stray process (naming
+# it in its log) and removed the groups and the record; the node is not drained.
 source "$(dirname "$0")/lib.sh"
 need_cluster
 
@@ -89,11 +90,25 @@ for p in "${RANKS[@]}"; do
     fail "rank $p has no thread named dt-progress (threads: $(cat /proc/"$p"/task/*/comm | sort | uniq -c | tr -s ' \n' ' '))"
 done
 
+# A process in the job's groups that Slurm does not know of (started outside the job, detached):
+# what a rank lost by proctrack/linuxproc looks like. The epilog must not let it outlive the job.
+setsid sleep 600 </dev/null >/dev/null 2>&1 &
+STRAY=$!
+for g in "${GROUPS_[@]}"; do echo "$STRAY" >"$g/cgroup.procs" || fail "cannot move $STRAY into $g"; done
+echo "=== a stray process $STRAY in the job's groups"
+
 echo "=== killing rank ${RANKS[0]} (SIGKILL): a crashed job"
 kill -KILL "${RANKS[0]}" 2>/dev/null || fail "could not kill ${RANKS[0]}"
 expect_end Q "$JOB" FAILED
 grep "job=$JOB:" "$(hook_setting DT_QOS_LOG)" | sed 's/^/    /'
 node_healthy
+for _ in $(seq 1 50); do kill -0 "$STRAY" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$STRAY" 2>/dev/null && [ "$(cat "/proc/$STRAY/stat" 2>/dev/null | awk '{print $3}')" != Z ]; then
+  fail "the stray process $STRAY of the job's groups outlived the job"
+  kill -KILL "$STRAY" 2>/dev/null
+fi
+grep -q "job=$JOB: killing leftover process $STRAY (sleep)" "$(hook_setting DT_QOS_LOG)" ||
+  fail "the epilog's log does not name the stray process $STRAY it killed"
 no_job_groups "$JOB"
 for g in "${GROUPS_[@]}"; do [ ! -e "$g" ] || fail "$g still exists"; done
 finish
