@@ -3,6 +3,8 @@
 // Each option has a dotted name ("check.iters"), a default, an optional range or choice list and
 // a help line; --help prints them all. Values come from the command line (--check.iters=10) and
 // from an INI file given with --config (section [check], key iters=10); the command line wins.
+// Options are spelt out in full (no prefix is taken for an option). In a file, '#' or ';' first
+// on a line, and '#' after a space or tab, start a comment; any other '#' belongs to the value.
 // Anything unknown, mistyped or out of range throws dt::ConfigError naming the option, the
 // source (command line or file path) and what was expected. Parsing allocates no rank resources,
 // so apps parse before MPI starts and exit with code 2 on a ConfigError.

@@ -29,7 +29,8 @@ double lr_at(const OptimConfig& c, std::int64_t step);
 
 class AdamW {
  public:
-  /// Moments for `params` (zeroed) on `dev`.
+  /// Moments for `params` (zeroed) on `dev`; the table is copied. Throws InvalidArgument when a
+  /// parameter lies outside the `numel` elements.
   AdamW(const Device& dev, const std::vector<ParamInfo>& params, std::size_t numel);
 
   /// Global L2 norm of `grads` (n elements); if above `clip` (> 0), scales grads to norm `clip`.
@@ -51,7 +52,7 @@ class AdamW {
  private:
   void clip_to(float* grads, double norm, double clip);
   const Device& dev_;
-  const std::vector<ParamInfo>& params_;
+  std::vector<ParamInfo> params_;  // a copy: a temporary table may be passed
   std::size_t n_;
   Device::Buffer m_, v_;
   std::int64_t t_ = 0;

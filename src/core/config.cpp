@@ -160,6 +160,54 @@ struct PlaceholderScrub : po::error_with_option_name {
   }
 };
 void scrub_placeholders(po::error_with_option_name& e) { PlaceholderScrub::scrub(e); }
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return std::string();
+  return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
+}
+
+// The settings of an INI file as options of `desc`. A line is "[section]", "key = value" (the
+// option section.key; key alone before any section), blank, or a comment: '#' or ';' first on
+// the line, or " #" (a '#' after a space or tab) to the end of the line. A '#' inside a value
+// ("run#3", "http://host/#x") is part of it, where Boost's own reader cut the value short.
+// Throws ConfigError naming the file and the line for anything else, an unknown option, and the
+// options of the command line only ("config", "help").
+po::parsed_options read_ini(std::istream& in, const po::options_description& desc,
+                            const std::string& path) {
+  po::parsed_options out(&desc);
+  std::string line, prefix;
+  for (int no = 1; std::getline(in, line); ++no) {
+    if (no == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 BOM
+    for (std::size_t i = 1; i < line.size(); ++i)
+      if (line[i] == '#' && (line[i - 1] == ' ' || line[i - 1] == '\t')) {
+        line.erase(i);
+        break;
+      }
+    line = trim(line);
+    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
+    const std::string at = " in config file '" + path + "' line " + std::to_string(no);
+    if (line[0] == '[') {
+      DT_CHECK(ConfigError, line.back() == ']' && line.size() > 2, "section header '", line,
+               "' is not '[name]'", at);
+      prefix = trim(line.substr(1, line.size() - 2)) + ".";
+      continue;
+    }
+    const auto eq = line.find('=');
+    DT_CHECK(ConfigError, eq != std::string::npos && eq > 0, "'", line,
+             "' is not 'key = value'", at);
+    const std::string key = trim(line.substr(0, eq));
+    const std::string name = prefix + key;
+    DT_CHECK(ConfigError, desc.find_nothrow(name, false) != nullptr,
+             "unrecognised option '", name, "'", at);
+    DT_CHECK(ConfigError, name != "config" && name != "help", "option '", name,
+             "' belongs on the command line, not in a config file", at);
+    po::option o(name, {trim(line.substr(eq + 1))});
+    o.original_tokens = {name, o.value[0]};
+    out.options.push_back(std::move(o));
+  }
+  return out;
+}
 }  // namespace
 
 bool Options::parse(int argc, const char* const* argv) {
@@ -168,8 +216,13 @@ bool Options::parse(int argc, const char* const* argv) {
   std::string file_source;                     // "config file 'PATH'" once --config was given
   std::vector<std::string> from_command_line;  // options the command line set explicitly
   try {
-    const po::parsed_options cmdline =
-        po::command_line_parser(argc, argv).options(impl_->desc).run();
+    // No guessing from prefixes: "--train.step=5" is no abbreviation of --train.steps (it would
+    // change meaning the day another option shares the prefix, and a file refuses it anyway).
+    namespace style = po::command_line_style;
+    const po::parsed_options cmdline = po::command_line_parser(argc, argv)
+                                           .options(impl_->desc)
+                                           .style(style::default_style & ~style::allow_guessing)
+                                           .run();
     // A bare word is no option of ours (po would silently drop it): "--n 3 4", "fast".
     for (const auto& o : cmdline.options)
       if (o.position_key >= 0 || o.string_key.empty())
@@ -193,7 +246,7 @@ bool Options::parse(int argc, const char* const* argv) {
       struct stat st {};  // (a pipe such as <(...) is fine; a directory opens and reads nothing)
       DT_CHECK(ConfigError, !(::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)),
                "config file '", path, "' is a directory");
-      po::store(po::parse_config_file(in, impl_->desc, /*allow_unregistered=*/false), vm);
+      po::store(read_ini(in, impl_->desc, path), vm);
       DT_CHECK(ConfigError, !in.bad(), "config file '", path, "' could not be read to the end");
     }
     po::notify(vm);

@@ -33,6 +33,8 @@ std::vector<PipeAction> one_f_one_b(int stage, int stages, int micro) {
 }
 
 double simulate_1f1b(int stages, int micro, double tf, double tb) {
+  DT_CHECK(InvalidArgument, stages >= 1 && micro >= 1, "simulate_1f1b: ", stages, " stages and ",
+           micro, " micro-batches (at least one of each)");
   std::vector<std::vector<PipeAction>> sched;
   for (int s = 0; s < stages; ++s) sched.push_back(one_f_one_b(s, stages, micro));
   // done_f[s][m], done_b[s][m]: finish times (-1: not yet).
@@ -184,6 +186,11 @@ struct StageEngine::Impl {
   std::vector<int> uses;    // per parameter: nodes still to run backward
   int B = 0, T = 0;         // the graph's (largest) micro-batch
   std::vector<int> slot_B;  // B of the micro-batch in each slot
+  // Per slot: what its last forward left for a backward: none yet, or a forward without targets
+  // (no loss state), or one with them.
+  enum SlotState : char { kEmpty, kNoTargets, kTargets };
+  std::vector<char> slot_state;
+  bool has_loss = false;  // the stage computes the loss (a backward needs targets)
   std::vector<float> host_losses;
   double wait_s = 0;  // blocked on pipeline messages
   // Unit hooks (sharded parameters or gradients).
@@ -363,6 +370,8 @@ StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& mod
     m.token_buf.emplace_back(dev_, 2 * BT * sizeof(std::int32_t));
   }
   m.slot_B.assign(static_cast<std::size_t>(slots_), m.B);
+  m.slot_state.assign(static_cast<std::size_t>(slots_), Impl::kEmpty);
+  for (const Node& n : g_.nodes) m.has_loss = m.has_loss || n.op == "xent";
   m.grad_buf = Device::Buffer(dev_, std::max<std::size_t>(1, m.grad_floats) * sizeof(float));
   m.scratch = Device::Buffer(dev_, std::max<std::size_t>(1, m.scratch_floats) * sizeof(float));
   m.fwd_sends.resize(static_cast<std::size_t>(slots_));
@@ -587,6 +596,7 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
     m.fwd_sends[us] = Work();
   }
   m.slot_B[us] = B;
+  m.slot_state[us] = Impl::kEmpty;  // until the pass is through
   const std::int64_t T = m.T, BT = std::int64_t{B} * T;
   float* A = m.slot_buf[us].as<float>();
   std::int32_t* tok = m.token_buf[us].as<std::int32_t>();
@@ -672,6 +682,7 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
   };
   run_pass(dev_, m.fwd_runs, pass_graphs(m.graphs, m.fwd_graphs[us], B, 0.0f), m.counts, node);
   release_units();
+  m.slot_state[us] = targets ? Impl::kTargets : Impl::kNoTargets;
   return loss;
 }
 
@@ -680,6 +691,11 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
   const std::size_t us = static_cast<std::size_t>(slot);
   DT_CHECK(InvalidArgument, slot >= 0 && slot < slots_, "slot ", slot, " outside [0, ", slots_,
            ")");
+  DT_CHECK(InvalidArgument, m.slot_state[us] != Impl::kEmpty, "StageEngine::backward: slot ",
+           slot, " holds no finished forward pass");
+  DT_CHECK(InvalidArgument, !m.has_loss || m.slot_state[us] == Impl::kTargets,
+           "StageEngine::backward: the forward pass of slot ", slot,
+           " had no targets, and this stage's backward starts from the loss");
   // The previous micro-batch's gradient messages read the gradient area we are about to clear.
   {
     const WaitClock clock(m.wait_s);

@@ -20,6 +20,10 @@ AdamW::AdamW(const Device& dev, const std::vector<ParamInfo>& params, std::size_
       n_(numel),
       m_(dev, numel * sizeof(float)),
       v_(dev, numel * sizeof(float)) {
+  for (const ParamInfo& p : params_)
+    DT_CHECK(InvalidArgument, p.offset + p.numel <= numel, "AdamW: parameter ", p.name, " [",
+             p.offset, ", ", p.offset + p.numel, ") lies outside the ", numel,
+             " elements of the optimizer state");
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", m_.get(), numel * sizeof(float));
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", v_.get(), numel * sizeof(float));
 }

@@ -1535,6 +1535,12 @@ int Trainer::run() {
     std::printf("dt_train: data %s (%s, %zu tokens: %zu train, %zu val)\n", c_.data_path.c_str(),
                 data_.format.c_str(), data_.size(), split_.train.size(), split_.val.size());
     if (!plan_->why.empty()) std::printf("dt_train: %s\n", plan_->why.c_str());
+    if (!c_.eval_only && c_.optim.warmup >= c_.steps)
+      std::printf(
+          "dt_train: warning: --optim.warmup=%ld is not below --train.steps=%ld: the learning "
+          "rate never reaches --optim.lr=%g (at most %g)\n",
+          static_cast<long>(c_.optim.warmup), static_cast<long>(c_.steps), c_.optim.lr,
+          lr_at(c_.optim, c_.steps - 1));
     std::fflush(stdout);
   }
   report_memory();

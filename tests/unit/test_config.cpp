@@ -176,6 +176,10 @@ TEST_CASE("Options: --help prints the help and returns false") {
 TEST_CASE("Options: command-line errors name the option") {
   expect_error({"--bogus=1"}, {"bogus", "command line"});
   expect_error({"--check.iterz=3"}, {"check.iterz"});
+  // No abbreviations: a prefix of one option is no option (an INI file refuses it too).
+  expect_error({"--check.iter=3"}, {"check.iter", "command line"});
+  expect_error({"--train.l=0.1"}, {"train.l", "command line"});
+  expect_error({"--na=x"}, {"na", "command line"});
   expect_error({"--check.iters=abc"}, {"check.iters", "abc", "command line", "integer"});
   expect_error({"--check.iters=1.5"}, {"check.iters", "1.5", "integer"});
   expect_error({"--check.iters", "7x"}, {"check.iters", "7x"});
@@ -214,6 +218,25 @@ TEST_CASE("Options: an INI file given with --config overrides the defaults") {
   CHECK(app.lr == 0.125);
   CHECK(app.scale == 2.0);
   CHECK(app.mode == "slow");
+}
+
+TEST_CASE("Options: INI comments, and '#' inside a value") {
+  TempDir dir;
+  const std::string ini = dir.write("c.ini",
+                                    "\xEF\xBB\xBF; a comment after a byte-order mark\r\n"
+                                    "name = run#3/x#y   # the run's name\r\n"
+                                    "  # an indented comment\n"
+                                    "[ train ]\n"
+                                    "mode=exact\t# a comment after a tab\n"
+                                    "lr = 0.25 # scaled\n"
+                                    "[check]\n"
+                                    "iters =\t12\n");
+  App app;
+  CHECK(app.parse({"--config", ini.c_str()}));
+  CHECK(app.name == "run#3/x#y");
+  CHECK(app.mode == "exact");
+  CHECK(app.lr == 0.25);
+  CHECK(app.iters == 12);
 }
 
 TEST_CASE("Options: the command line beats the INI file, in either order") {
@@ -266,6 +289,13 @@ TEST_CASE("Options: INI problems name the option and the file") {
   check_file("bad_choice.ini", "[train]\nmode = medium\n",
              {"train.mode", "medium", "fast|slow|exact"});
   check_file("twice.ini", "[check]\niters = 3\niters = 4\n", {"check.iters"});
+  check_file("line_no.ini", "# x\n\n[check]\nitersx = 3\n", {"'check.itersx'", "line 4"});
+  check_file("no_equals.ini", "[check]\niters 3\n", {"'iters 3' is not 'key = value'", "line 2"});
+  check_file("no_key.ini", "= 3\n", {"'= 3' is not 'key = value'", "line 1"});
+  check_file("bad_section.ini", "[check\niters = 3\n", {"'[check' is not '[name]'", "line 1"});
+  check_file("empty_section.ini", "[]\niters = 3\n", {"'[]' is not '[name]'"});
+  check_file("config_key.ini", "config = other.ini\n", {"'config' belongs on the command line"});
+  check_file("help_key.ini", "help = 1\n", {"'help' belongs on the command line"});
 
   // The same range problem on the command line does not blame the file.
   const std::string ok = dir.write("ok.ini", "[check]\niters = 3\n");

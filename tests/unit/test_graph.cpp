@@ -795,6 +795,9 @@ TEST_CASE("1F1B simulation: makespan (m+p-1)(tf+tb), bubble (p-1)/(m+p-1)") {
     }
   // With equal forward and backward times the same law holds.
   CHECK(dt::simulate_1f1b(4, 8, 1, 1) == (8 + 4 - 1) * 2.0);
+  CHECK_THROWS_AS(dt::simulate_1f1b(0, 4, 1, 1), dt::InvalidArgument);
+  CHECK_THROWS_AS(dt::simulate_1f1b(-2, 4, 1, 1), dt::InvalidArgument);
+  CHECK_THROWS_AS(dt::simulate_1f1b(2, 0, 1, 1), dt::InvalidArgument);
 }
 
 // ---------------------------------------------------------------------------------------------
