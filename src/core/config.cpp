@@ -194,12 +194,12 @@ po::parsed_options read_ini(std::istream& in, const po::options_description& des
       continue;
     }
     const auto eq = line.find('=');
-    DT_CHECK(ConfigError, eq != std::string::npos && eq > 0, "'", line,
-             "' is not 'key = value'", at);
+    DT_CHECK(ConfigError, eq != std::string::npos && eq > 0, "'", line, "' is not 'key = value'",
+             at);
     const std::string key = trim(line.substr(0, eq));
     const std::string name = prefix + key;
-    DT_CHECK(ConfigError, desc.find_nothrow(name, false) != nullptr,
-             "unrecognised option '", name, "'", at);
+    DT_CHECK(ConfigError, desc.find_nothrow(name, false) != nullptr, "unrecognised option '", name,
+             "'", at);
     DT_CHECK(ConfigError, name != "config" && name != "help", "option '", name,
              "' belongs on the command line, not in a config file", at);
     po::option o(name, {trim(line.substr(eq + 1))});
