@@ -545,7 +545,8 @@ int cmd_export(dt::Runtime& rt, const Args& a) {
              src.st_dev == dst.st_dev && src.st_ino == dst.st_ino),
            "option --output: ", a.output, " is the checkpoint being exported (", a.input,
            "); nothing was written");
-  const bool encrypted = !dt::checkpoint_encryption(a.input).empty();
+  // A file HDF5 cannot open is for the verification to report (exit 1, like verify).
+  const bool encrypted = probe(a.input).opens && !dt::checkpoint_encryption(a.input).empty();
   DT_CHECK(ConfigError, !encrypted || a.keys(), a.input,
            " is encrypted: export needs its job key (--security.key_file KEY)");
   if (verify_and_report(rt, a, a.input, "export") != 0) return 1;
@@ -593,7 +594,9 @@ int cmd_export(dt::Runtime& rt, const Args& a) {
     header[name] = {{"dtype", "F32"}, {"shape", t.first}, {"data_offsets", {offset, end}}};
     offset = end;
   }
-  std::string text = header.dump();
+  // Attributes are bytes (a config may hold any path or prompt); JSON is UTF-8, so a byte that
+  // is not becomes U+FFFD in the metadata rather than ending the export.
+  std::string text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   text.append((8 - text.size() % 8) % 8, ' ');
   unsigned char len[8];
   for (int i = 0; i < 8; ++i)
@@ -1058,7 +1061,7 @@ int main(int argc, char** argv) {
   } catch (const dt::CheckpointError& e) {
     if (lead) std::fprintf(stderr, "dt_ckpt %s: error: %s\n", a.sub.c_str(), e.message().c_str());
     rc = 2;
-  } catch (const dt::Error& e) {
+  } catch (const std::exception& e) {  // dt::Error and anything else: an internal failure
     std::fprintf(stderr, "dt_ckpt %s: rank %d: %s\n", a.sub.c_str(), rt.rank(), e.what());
     rc = 3;
   }

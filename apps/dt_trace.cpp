@@ -7,13 +7,15 @@
 // merge keeps every event of every input unchanged, in input order, and writes OUT atomically
 // (OUT.tmp.<pid>, then renamed). Inputs are checked completely before anything is written: a file
 // that is missing, not JSON, not a trace, or holds a rank (pid) that another input also holds is
-// named in the error, and OUT is not touched.
+// named in the error, and OUT is not touched. So is an OUT that is one of the inputs, or an
+// existing file that is not a merge (`dt_trace merge trace-rank*.json` forgets OUT).
 //
 // Exit codes: 0 success; 2 bad usage or input.
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -101,6 +103,21 @@ int cmd_merge(const std::vector<std::string>& args) {
       DT_CHECK(ConfigError, fresh, args[i], ": rank (pid) ", pid, " also appears in ", it->second,
                ": merging would mix two processes into one");
     }
+  }
+  // OUT is replaced only when it is new or a merge of ours: `dt_trace merge trace-rank*.json`
+  // (OUT forgotten) must not overwrite rank 0's trace with the others'.
+  std::error_code ec;
+  for (std::size_t i = 1; i < args.size(); ++i)
+    DT_CHECK(ConfigError, !std::filesystem::equivalent(out, args[i], ec), "OUT ", out,
+             " is also an input (", args[i], "); nothing was written");
+  if (std::filesystem::exists(out, ec)) {
+    std::ifstream in(out);
+    const json prev = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    const bool ours = prev.is_object() && prev.contains("otherData") &&
+                      prev["otherData"].is_object() && prev["otherData"].contains("merged_from");
+    DT_CHECK(ConfigError, ours, "OUT ", out,
+             " exists and is not a trace that dt_trace merge wrote (is OUT missing from the "
+             "command line?); nothing was written: remove it or name another OUT");
   }
   json merged = json::object();
   merged["traceEvents"] = json::array();

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # export: a safetensors file that Python's json + struct read back, every tensor equal to the
 # HDF5 data (h5dump -b LE), lm_head.weight = transformer.wte.weight; a corrupt checkpoint is
-# refused (exit 1) and nothing is written.
+# refused (exit 1) and nothing is written, and so is a truncated one; a config that is not UTF-8
+# exports.
 . "$(dirname "$0")/common.sh"
 out=$WORK/model.safetensors
 run "$DT_CKPT" export "$CKPT" --format safetensors --output "$out"
@@ -18,4 +19,23 @@ expect_rc 1 "export of a corrupt checkpoint"
 expect_line "refusing to export $WORK/flipped\.h5"
 expect_line "^  /model/transformer\.h\.1\.mlp\.c_fc\.weight: checksum mismatch in chunk 0"
 [ ! -e "$WORK/bad.safetensors" ] && [ ! -e "$WORK/bad.safetensors.tmp" ] || fail "a file was written"
+head -c 5000 "$CKPT" >"$WORK/truncated.h5" || fail "truncate"
+run "$DT_CKPT" export "$WORK/truncated.h5" --format safetensors --output "$WORK/trunc.safetensors"
+expect_rc 1 "export of a truncated checkpoint (as verify answers for it)"
+expect_line "refusing to export $WORK/truncated\.h5"
+[ ! -e "$WORK/trunc.safetensors" ] || fail "a file was written for the truncated checkpoint"
+
+# Attributes are bytes: a config holding a byte that is not UTF-8 still exports (as U+FFFD).
+run "$DT_TRAIN" --config "$CONFIG" --data.path="$TEXT" --train.steps=1 --ckpt.dir="$WORK/latin1" \
+  --ckpt.every=1 --sample.prompt="$(printf 'caf\351')"
+expect_rc 0 "dt_train with a prompt that is not UTF-8"
+run "$DT_CKPT" export "$WORK/latin1/step-1.h5" --format safetensors --output "$WORK/latin1.safetensors"
+expect_rc 0 "export of a checkpoint whose config is not UTF-8"
+"$PY" - "$WORK/latin1.safetensors" <<'PY' || fail "the metadata of the export does not hold the prompt as caf\ufffd"
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    meta = json.loads(f.read(n).decode("utf-8"))["__metadata__"]
+assert "prompt = caf\ufffd" in meta["config"], meta["config"][:400]
+PY
 pass "export"

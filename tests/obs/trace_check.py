@@ -163,6 +163,20 @@ for inputs, want in cases:
     check(want in out, "merge %s: no message containing '%s'" % (inputs, want))
     check(open("out.json").read() == "previous", "merge %s: out.json was changed" % inputs)
     check(not [f for f in os.listdir(".") if f.startswith("out.json.tmp")], "a temporary file was left")
+# OUT forgotten (rank 0's trace would be OUT), or OUT one of the inputs: refused, nothing changed;
+# an earlier merge is replaced.
+rank0 = open("tr/trace-rank0.json").read()
+rc, out = obslib.run([a.trace, "merge", "tr/trace-rank0.json", "tr/trace-rank1.json"])
+check(rc == 2 and "tr/trace-rank0.json exists and is not a trace that dt_trace merge wrote" in out,
+      "merge without OUT: exit code %s" % rc)
+check(open("tr/trace-rank0.json").read() == rank0, "merge without OUT changed tr/trace-rank0.json")
+merged_text = open("merged.json").read()
+rc, out = obslib.run([a.trace, "merge", "merged.json", "merged.json"])
+check(rc == 2 and "OUT merged.json is also an input (merged.json)" in out,
+      "merge into one of its inputs: exit code %s" % rc)
+check(open("merged.json").read() == merged_text, "merge into one of its inputs changed it")
+rc, out = obslib.run([a.trace, "merge", "merged.json", "tr/trace-rank1.json", "tr/trace-rank0.json"])
+check(rc == 0, "merge over an earlier merge: exit code %s" % rc)
 rc, out = obslib.run([a.trace, "merge", "never.json"])
 check(rc == 2 and not os.path.exists("never.json"), "merge without inputs: exit code %s" % rc)
 rc, out = obslib.run([a.trace, "frobnicate"])
