@@ -42,11 +42,20 @@ int main(int argc, char** argv) {
   dt::qos::add_options(opts, qos_settings);
   dt::TokenFile data;
   dt::qos::Tier tier;
+  // The command line is the same on every rank: an error in it ends every rank here, before MPI
+  // starts. What a rank reads from its node (the data, the key file, the QoS record) can fail on
+  // one node only: that failure is kept and agreed on once MPI has started, so that every rank
+  // exits 2 with it instead of the others waiting for the missing rank.
+  std::string local_error;
   int rc = dt::run_with_config_errors("dt_train", [&] {
     if (!opts.parse(argc, argv)) return 0;
-    data = dt::validate_and_load(cfg);
-    const std::string record = dt::qos::record_path(qos_settings);
-    if (!record.empty()) tier = dt::qos::read_record(record);
+    try {
+      data = dt::validate_and_load(cfg);
+      const std::string record = dt::qos::record_path(qos_settings);
+      if (!record.empty()) tier = dt::qos::read_record(record);
+    } catch (const std::exception& e) {
+      local_error = dt::message_of(e);
+    }
     return -1;
   });
   if (rc >= 0) return rc;
@@ -110,6 +119,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "dt_train: error: rank %d: %s\n", rt.rank(), failed.c_str());
     return false;
   };
+  // What each rank validated on its own node, then whether all read the same data.
+  if (!phase([&] {
+        if (!local_error.empty()) throw dt::ConfigError(local_error, __FILE__, __LINE__);
+      }))
+    return 2;
+  if (!phase([&] { dt::check_same_data(rt.world(), data, cfg.data_path); })) return 2;
   // This run's claim on its checkpoint folder (rank 0 writes the commits there), before anything
   // is allocated: a second run pointed at the same folder is refused, naming the first.
   // The other ranks wait for rank 0's claim in the phase's agreement (up to ckpt.lock-wait-s).

@@ -92,6 +92,12 @@ constexpr int32_t kLlmcVersion = 1;
 constexpr int kLlmcHeaderInts = 256;
 constexpr int kGpt2Vocab = 50257;
 
+/// A digest for telling two copies of a data set apart (ranks on different nodes reading
+/// node-local files): FNV-1a over the format, the token count and 64 blocks of 1024 tokens spread
+/// evenly over the tokens, the first and the last included (a file of up to 64 Ki tokens whole).
+/// Cheap on any size; copies that differ only between the blocks are not told apart.
+std::uint64_t token_digest(const TokenFile& f);
+
 /// Reads a token file. format: "auto", "bytes" or "llmc". An llm.c file is mapped (on
 /// little-endian machines) and checked in place; a byte file is read straight into its vector.
 /// Throws dt::ConfigError naming the path on: an unknown format, a missing / unreadable /

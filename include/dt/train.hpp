@@ -144,6 +144,11 @@ void add_train_options(Options& o, TrainConfig& c);
 /// the option and value. Call on every rank before the runtime starts.
 TokenFile validate_and_load(TrainConfig& c);
 
+/// Collective over `world`: every rank holds the data rank 0 holds (format, token count and
+/// token_digest), else throws dt::ConfigError on each rank that differs, naming `path`, its host
+/// and both figures (a node-local copy of another version, say). Call after validate_and_load.
+void check_same_data(Comm& world, const TokenFile& data, const std::string& path);
+
 /// One optimiser step's figures (identical on every rank).
 struct StepStats {
   std::int64_t step = 0;  ///< 0-based index of the step just taken

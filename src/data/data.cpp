@@ -212,6 +212,27 @@ TokenFile load_tokens(const std::string& path, const std::string& format) {
   return f;
 }
 
+std::uint64_t token_digest(const TokenFile& f) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](const void* p, std::size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ULL;
+  };
+  mix(f.format.data(), f.format.size());
+  const std::uint64_t n = f.size();
+  mix(&n, sizeof n);
+  constexpr std::size_t kBlocks = 64, kBlock = 1024;
+  if (n <= kBlocks * kBlock) {
+    mix(f.tokens.data(), n * sizeof(uint16_t));
+    return h;
+  }
+  for (std::size_t k = 0; k < kBlocks; ++k) {
+    const std::size_t at = static_cast<std::size_t>((n - kBlock) * k / (kBlocks - 1));
+    mix(f.tokens.data() + at, kBlock * sizeof(uint16_t));
+  }
+  return h;
+}
+
 Split split(const TokenFile& file, double val_fraction) {
   DT_CHECK(ConfigError, std::isfinite(val_fraction) && val_fraction >= 0 && val_fraction < 1,
            "validation fraction must be in [0, 1), got ", val_fraction, " (for '", file.path, "')");

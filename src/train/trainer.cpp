@@ -1,5 +1,6 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -327,6 +328,25 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("trace.dir", &c.trace_dir, "",
            "write a Chrome trace-event timeline of each rank to DIR/trace-rank<R>.json (empty: "
            "off)");
+}
+
+void check_same_data(Comm& world, const TokenFile& data, const std::string& path) {
+  // Rank 0's figures: token count, digest, and the format as one more number.
+  const std::uint64_t mine[3] = {data.size(), token_digest(data), data.format == "llmc" ? 1u : 0u};
+  std::uint64_t first[3] = {mine[0], mine[1], mine[2]};
+  world.broadcast(view_of(reinterpret_cast<std::uint8_t*>(first), sizeof first), 0);
+  if (mine[0] == first[0] && mine[1] == first[1] && mine[2] == first[2]) return;
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  auto describe = [](const std::uint64_t* f) {
+    char d[24];
+    std::snprintf(d, sizeof d, "%016llx", static_cast<unsigned long long>(f[1]));
+    return std::string(f[2] ? "llmc" : "bytes") + ", " + std::to_string(f[0]) + " tokens, digest " +
+           d;
+  };
+  DT_THROW(ConfigError, "option --data.path: ", path, " on this rank's node (", host, ") holds ",
+           describe(mine), "; rank 0's holds ", describe(first),
+           ": every rank must read the same data");
 }
 
 TokenFile validate_and_load(TrainConfig& c) {

@@ -208,6 +208,34 @@ TEST_CASE("data: a token file changed in use is refused at the window") {
 }
 #endif
 
+TEST_CASE("data: token_digest tells copies of other content, size or format apart") {
+  TempDir dir;
+  std::string big(300000, 'a');
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>('a' + (i * 7919) % 26);
+  const auto digest = [&](const std::string& name, const std::string& bytes,
+                          const char* fmt = "bytes") {
+    return dt::token_digest(dt::load_tokens(dir.write(name, bytes), fmt));
+  };
+  const std::uint64_t d = digest("a", big);
+  CHECK(digest("a2", big) == d);  // another copy of the same bytes
+  std::string last = big;
+  last.back() = last.back() == 'z' ? 'y' : 'z';  // the last block is always sampled
+  CHECK(digest("b", last) != d);
+  std::string first = big;
+  first[0] = '#';
+  CHECK(digest("c", first) != d);
+  CHECK(digest("d", big.substr(0, big.size() - 1)) != d);  // one token shorter
+  // A small file is digested whole: any token counts.
+  const std::string small(5000, 'q');
+  std::string mid = small;
+  mid[2500] = 'r';
+  CHECK(digest("e", small) != digest("f", mid));
+  // The same tokens as llm.c and as bytes are different data.
+  const std::vector<uint16_t> toks = {104, 105};
+  CHECK(dt::token_digest(dt::load_tokens(dir.write("g.bin", llmc_image(toks)))) !=
+        digest("h", "hi"));
+}
+
 TEST_CASE("data: auto picks llmc only on the magic, bytes otherwise") {
   TempDir dir;
   const std::string llmc = dir.write("a.bin", llmc_image({10, 20}));
