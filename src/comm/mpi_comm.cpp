@@ -95,6 +95,24 @@ void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
   }
 }
 
+// max and min of f32 / f64 where a NaN in either input gives NaN, as the shared-memory path and
+// the 16-bit ops above do (MPI_MAX and MPI_MIN keep whichever operand their comparison picks, so
+// a NaN could vanish on some ranks and not on others).
+template <class T, ReduceOp Op>
+void reduce_nan(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const T*>(in);
+  auto* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const T x = a[i], y = b[i];
+    if (x != x || y != y)
+      b[i] = x != x ? x : y;
+    else if constexpr (Op == ReduceOp::max)
+      b[i] = x > y ? x : y;
+    else
+      b[i] = x < y ? x : y;
+  }
+}
+
 // Divides in place by n: the second half of ReduceOp::avg.
 void divide(TensorView v, int n) {
   visit_dtype(v.dtype, [&](auto z) {
@@ -138,6 +156,10 @@ class MpiOps {
   MpiOps() {
     create<bf16>(0);
     create<f16>(3);
+    MPI_Op_create(&reduce_nan<float, ReduceOp::max>, 1, &ops_[6]);
+    MPI_Op_create(&reduce_nan<float, ReduceOp::min>, 1, &ops_[7]);
+    MPI_Op_create(&reduce_nan<double, ReduceOp::max>, 1, &ops_[8]);
+    MPI_Op_create(&reduce_nan<double, ReduceOp::min>, 1, &ops_[9]);
   }
   ~MpiOps() {
     if (!mpi_alive()) return;
@@ -151,6 +173,8 @@ class MpiOps {
     const int k = op == ReduceOp::max ? 1 : op == ReduceOp::min ? 2 : 0;  // avg: sum, then divide
     if (t == DType::bf16) return ops_[k];
     if (t == DType::f16) return ops_[3 + k];
+    if (k && t == DType::f32) return ops_[5 + k];
+    if (k && t == DType::f64) return ops_[7 + k];
     return k == 1 ? MPI_MAX : k == 2 ? MPI_MIN : MPI_SUM;
   }
 
@@ -164,7 +188,9 @@ class MpiOps {
     MPI_Op_create(&reduce16<H, ReduceOp::max>, 1, &ops_[base + 1]);
     MPI_Op_create(&reduce16<H, ReduceOp::min>, 1, &ops_[base + 2]);
   }
-  MPI_Op ops_[6] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  // bf16 sum, max, min; f16 sum, max, min; f32 max, min; f64 max, min.
+  MPI_Op ops_[10] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL,
+                     MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
 };
 
 namespace {

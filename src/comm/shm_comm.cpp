@@ -13,10 +13,12 @@ namespace dt {
 
 struct ShmComm::Control {
   alignas(64) std::atomic<std::uint64_t> arrive{0};  // sequence number of the last op joined
-  alignas(64) std::atomic<std::uint64_t> off{0};     // that op's region offset and element count,
-  std::atomic<std::uint64_t> n{0};                   // written before `arrive`
+  alignas(64) std::atomic<std::uint64_t> off{0};     // that op's region offset, element count
+  std::atomic<std::uint64_t> n{0};                   // and kind (small_kind), written before
+  std::atomic<std::uint64_t> kind{0};                // `arrive`
   alignas(64) std::atomic<std::uint64_t> prog{0};    // (seq << 32) | chunks of own slice published
   alignas(64) std::atomic<std::uint64_t> done{0};    // sequence number of the last op finished
+  alignas(64) std::atomic<std::uint64_t> failed{0};  // != 0: this rank gave up (at that seq)
 };
 
 namespace {
@@ -143,7 +145,51 @@ std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name
 }
 
 ShmComm::~ShmComm() {
-  queue_.reset();  // finishes queued operations first
+  // Queued operations are finished first. After a timeout or an error they may never finish (a
+  // peer that died, or one that gave up): then they give up too, and so does this rank, so that
+  // neither this destructor nor a peer waits forever.
+  if (timed_out_.load() || broken_.load()) {
+    stop_.store(true);
+    give_up();
+  }
+  queue_.reset();
+}
+
+void ShmComm::give_up() noexcept {
+  broken_.store(true);
+  if (shm_ && !bases_.empty())
+    ctl(local_->rank()).failed.store(std::max<std::uint64_t>(seq_, 1), std::memory_order_release);
+}
+
+void ShmComm::wait_for(const std::atomic<std::uint64_t>& a, std::uint64_t target,
+                       std::uint64_t seq) {
+  Backoff wait;
+  while (a.load(std::memory_order_acquire) < target) {
+    wait();
+    if (!wait.idle()) continue;  // (spinning: the peer is about to arrive)
+    try {
+      check_failures(seq);
+    } catch (const CommError&) {
+      // What a peer published before it gave up is visible now: take it.
+      if (a.load(std::memory_order_acquire) >= target) return;
+      broken_ = true;
+      throw;
+    }
+  }
+}
+
+void ShmComm::check_failures(std::uint64_t seq) {
+  if (stop_.load(std::memory_order_relaxed)) {
+    DT_THROW(CommError, "collective #", seq, " on ", name_, " on local rank ", local_->rank(),
+             ": given up, the communicator is destroyed after a timeout or an error");
+  }
+  for (int q = 0; q < local_->size(); ++q) {
+    const std::uint64_t f = ctl(q).failed.load(std::memory_order_acquire);
+    if (f == 0 || q == local_->rank()) continue;
+    DT_THROW(CommError, "collective #", seq, " on ", name_, " on local rank ", local_->rank(),
+             ": local rank ", q, " gave up (at collective #", f,
+             ", after an error or a timeout there); this collective cannot complete");
+  }
 }
 
 // --- helpers -----------------------------------------------------------------------------------
@@ -192,16 +238,24 @@ std::string ShmComm::what(const char* op, ConstTensorView v, const char* extra) 
   return s.str();
 }
 
-void ShmComm::arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n) {
+void ShmComm::arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n, std::uint64_t kind) {
   Control& mine = ctl(local_->rank());
   mine.off.store(off, std::memory_order_relaxed);
   mine.n.store(n, std::memory_order_relaxed);
+  mine.kind.store(kind, std::memory_order_relaxed);
   mine.arrive.store(seq, std::memory_order_release);
-  for (int q = 0; q < local_->size(); ++q) {
+  arrive_all(seq, [&](int q) {
     Control& c = ctl(q);
-    wait_ge(c.arrive, seq);
     const std::uint64_t qo = c.off.load(std::memory_order_relaxed);
     const std::uint64_t qn = c.n.load(std::memory_order_relaxed);
+    const std::uint64_t qk = c.kind.load(std::memory_order_relaxed);
+    if (qo != kSmallMark && qk != kind) {  // another collective, dtype or op
+      broken_ = true;
+      DT_THROW(CommError, "collective #", seq, " on ", name_, ": local rank ", local_->rank(),
+               " called ", small_call(kind, n), ", local rank ", q, " called ", small_call(qk, qn),
+               " (all ranks must call the same collectives with the same ",
+               "dtype, operation and sizes)");
+    }
     if (qo != off || qn != n) {
       broken_ = true;
       DT_THROW(CommError, "collective #", seq, " on ", name_, ": local rank ", local_->rank(),
@@ -210,12 +264,55 @@ void ShmComm::arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n) {
                " (all ranks must call the same collectives with the same sizes, ",
                "with buffers either all in the arena at the same offset or all outside it)");
     }
+  });
+}
+
+template <class Check>
+void ShmComm::arrive_all(std::uint64_t seq, Check&& check) {
+  // Peers are checked as they arrive, in any order: a mismatch with one that is there is reported
+  // even while another is late (or has given up on it already).
+  const int L = local_->size();
+  arrived_.assign(static_cast<std::size_t>(L), 0);
+  int left = L;
+  auto scan = [&] {
+    bool seen = false;
+    for (int q = 0; q < L; ++q) {
+      if (arrived_[static_cast<std::size_t>(q)] ||
+          ctl(q).arrive.load(std::memory_order_acquire) < seq)
+        continue;
+      check(q);
+      arrived_[static_cast<std::size_t>(q)] = 1;
+      --left;
+      seen = true;
+    }
+    return seen;
+  };
+  Backoff wait;
+  while (true) {
+    const bool seen = scan();
+    if (left == 0) return;
+    if (seen) {
+      wait.reset();
+      continue;
+    }
+    wait();
+    if (!wait.idle()) continue;
+    try {
+      check_failures(seq);
+    } catch (const CommError&) {
+      // Whatever the peers published before one gave up is visible now: a peer still missing
+      // (or a mismatch, which check reports) decides.
+      scan();
+      if (left == 0) return;
+      broken_ = true;
+      throw;
+    }
   }
 }
 
 void ShmComm::depart(std::uint64_t seq) {
   ctl(local_->rank()).done.store(seq, std::memory_order_release);
-  for (int q = 0; q < local_->size(); ++q) wait_ge(ctl(q).done, seq);
+  for (int q = 0; q < local_->size(); ++q) wait_for(ctl(q).done, seq, seq);
 }
 
 char* ShmComm::small_slot(int q, std::uint64_t seq) const noexcept {
@@ -230,17 +327,16 @@ void ShmComm::arrive_small(std::uint64_t seq, std::uint64_t kind, std::uint64_t 
   mine.off.store(kSmallMark, std::memory_order_relaxed);
   mine.n.store(n, std::memory_order_relaxed);
   mine.arrive.store(seq, std::memory_order_release);
-  for (int q = 0; q < local_->size(); ++q) {
-    wait_ge(ctl(q).arrive, seq);
+  arrive_all(seq, [&](int q) {
     const auto* h = reinterpret_cast<const SlotHead*>(small_slot(q, seq) - kSlotHead);
-    if (h->seq == seq && h->kind == kind && h->n == n) continue;
+    if (h->seq == seq && h->kind == kind && h->n == n) return;
     broken_ = true;
     DT_THROW(CommError, "collective #", seq, " on ", name_, ": local rank ", me, " called ",
              small_call(kind, n), ", local rank ", q, " ",
              h->seq == seq ? "called " + small_call(h->kind, h->n)
                            : std::string("called a collective of another size or kind"),
              " (all ranks must call the same collectives with the same sizes)");
-  }
+  });
 }
 
 // --- all_reduce ----------------------------------------------------------------------------------
@@ -248,7 +344,7 @@ void ShmComm::arrive_small(std::uint64_t seq, std::uint64_t kind, std::uint64_t 
 void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op, void* dest,
                             const Form& dl) {
   const std::uint64_t seq = ++seq_;
-  arrive(seq, off, n);
+  arrive(seq, off, n, small_kind(kAllReduce, t, static_cast<std::uint64_t>(op)));
   const int L = local_->size(), me = local_->rank();
   const std::size_t es = dtype_size(t);
   const std::size_t K = std::max<std::size_t>(1, cfg_.chunk_bytes / es);
@@ -275,7 +371,7 @@ void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op
         if (b >= mine_final) return;  // not reduced (or, across nodes, not final) yet
       } else {
         if (!block && ctl(q).prog.load(std::memory_order_acquire) < want) return;
-        wait_ge(ctl(q).prog, want);
+        wait_for(ctl(q).prog, want, seq);
       }
       const std::size_t cnt = std::min(K, qhi - b);
       copy_bytes(d + b * es, seg(q) + off + b * es, cnt * es);
@@ -410,7 +506,8 @@ void ShmComm::do_broadcast(TensorView buf, int root, const Form& dl) {
     const std::size_t cnt = std::min(piece, buf.numel - b);
     const std::uint64_t seq = ++seq_;
     if (me == root) copy_bytes(seg(me) + staging_off(), p + b * es, cnt * es);
-    arrive(seq, staging_off(), cnt);
+    arrive(seq, staging_off(), cnt,
+           small_kind(kBroadcast, buf.dtype, static_cast<std::uint64_t>(root)));
     if (me != root) copy_bytes(p + b * es, seg(root) + staging_off(), cnt * es);
     depart(seq);
     b += cnt;
@@ -447,7 +544,7 @@ void ShmComm::do_all_gather(ConstTensorView in, TensorView out, const Form& dl) 
     const std::size_t cnt = std::min(piece, m - b);
     const std::uint64_t seq = ++seq_;
     copy_bytes(seg(me) + staging_off(), src + b * es, cnt * es);
-    arrive(seq, staging_off(), cnt);
+    arrive(seq, staging_off(), cnt, small_kind(kAllGather, in.dtype, 0));
     for (int q = 0; q < L; ++q)
       copy_bytes(o + (static_cast<std::size_t>(q) * m + b) * es, seg(q) + staging_off(), cnt * es);
     depart(seq);
@@ -490,7 +587,8 @@ void ShmComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
     for (int q = 0; q < L; ++q)  // block q's piece at q * cnt
       copy_bytes(stage + static_cast<std::size_t>(q) * cnt * es,
                  src + (static_cast<std::size_t>(q) * m + b) * es, cnt * es);
-    arrive(seq, staging_off(), cnt);
+    arrive(seq, staging_off(), cnt,
+           small_kind(kReduceScatter, in.dtype, static_cast<std::uint64_t>(op)));
     for (int q = 0; q < L; ++q)
       ins[static_cast<std::size_t>(q)] =
           seg(q) + staging_off() + static_cast<std::size_t>(me) * cnt * es;
@@ -511,7 +609,12 @@ ProgressQueue& ShmComm::queue() {
 Work ShmComm::queued(std::string what, std::function<void()> f) {
   return queue().submit(std::move(what), [this, f = std::move(f)] {
     std::lock_guard<std::mutex> lk(run_mu_);
-    f();
+    try {
+      f();
+    } catch (const CommError&) {  // (a bad argument is refused before the collective starts)
+      give_up();  // peers waiting for this rank's part fail instead of waiting forever
+      throw;
+    }
   });
 }
 
@@ -527,11 +630,27 @@ void ShmComm::run_blocking(const char* what_op, const CommOptions& opts, F&& f) 
   // the peers arrive, as MPI's do (comm.hpp). The MPI call family follows the options (a timeout:
   // the non-blocking one). kPolledWait sets no limit to keep: it runs here, waiting by polling.
   if (pending || (opts.timeout != kNoTimeout && opts.timeout != kPolledWait)) {
-    queued(what_op, [opts, f] { f(Form::from(opts)); }).wait(opts.timeout);
+    Work w = queued(what_op, [opts, f] { f(Form::from(opts)); });
+    try {
+      w.wait(opts.timeout);
+    } catch (const CommError&) {
+      bool over = true;  // finished (with the error just thrown), or still pending
+      try {
+        over = w.test();
+      } catch (...) {
+      }
+      if (!over) timed_out_.store(true);  // it may never finish
+      throw;
+    }
     return;
   }
   std::lock_guard<std::mutex> lk(run_mu_);
-  f(Form::from(opts));
+  try {
+    f(Form::from(opts));
+  } catch (const CommError&) {
+    give_up();
+    throw;
+  }
 }
 
 Work ShmComm::iall_reduce(TensorView buf, ReduceOp op) {

@@ -31,8 +31,9 @@
 // dt::CommError, after which the communicator refuses further collectives. One thread at a time
 // calls a ShmComm.
 //
-// The segment is POSIX shared memory, unlinked as soon as every local rank has mapped it, so a
-// crashed job leaves nothing behind in /dev/shm.
+// The segment is POSIX shared memory (/dev/shm/dt-shm-[jJOB-]PID-N), unlinked as soon as every
+// local rank has mapped it, so a job that crashes later leaves nothing behind in /dev/shm; one
+// killed while its ranks map it may, and slurm/epilog removes the job's names.
 #pragma once
 
 #include <atomic>
@@ -133,8 +134,19 @@ class ShmComm final : public Comm {
   void reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op, void* dest,
                      const Form& dl);
   // Publish "arrived at op seq with (off, n)" and wait until every local rank has.
-  void arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n);
+  void arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n, std::uint64_t kind);
   void depart(std::uint64_t seq);
+  // Waits until `a` >= target, for collective `seq`; throws CommError once a local rank has given
+  // up a collective (its `failed` word) or this communicator is being destroyed after a failure.
+  void wait_for(const std::atomic<std::uint64_t>& a, std::uint64_t target, std::uint64_t seq);
+  // Throws CommError for collective `seq` when this communicator is being destroyed after a
+  // failure or a local rank has given up (the caller decides whether that breaks it).
+  void check_failures(std::uint64_t seq);
+  // Waits until every local rank has arrived at `seq`, calling check(q) for each as it arrives.
+  template <class Check>
+  void arrive_all(std::uint64_t seq, Check&& check);
+  // This rank gives up: peers waiting for it in a collective fail instead of waiting forever.
+  void give_up() noexcept;
   // The small path: this rank's slot of collective `seq`, any rank's; `arrive_small` publishes
   // this rank's call (`kind`, n elements) and waits until every local rank has made the same one.
   char* small_slot(int q, std::uint64_t seq) const noexcept;
@@ -159,10 +171,13 @@ class ShmComm final : public Comm {
   std::size_t seg_bytes_ = 0;
   std::vector<char*> bases_;
   std::vector<const void*> ins_;  // the inputs of one reduction, one per local rank
+  std::vector<char> arrived_;     // arrive_all: which local ranks have arrived
   char* arena_ = nullptr;
   std::uint64_t seq_ = 0;    // synchronisation rounds through the segment
   std::uint64_t calls_ = 0;  // collectives called (the flight recorder's sequence numbers)
   std::atomic<bool> broken_{false};
+  std::atomic<bool> timed_out_{false};  // a blocking call returned on its timeout
+  std::atomic<bool> stop_{false};       // destruction after a failure: pending waits give up
   std::mutex run_mu_;  // one collective at a time (caller thread or progress thread)
   std::mutex queue_mu_;
   std::unique_ptr<ProgressQueue> queue_;

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -36,9 +37,20 @@ ShmSegment ShmSegment::create(const MpiComm& local, std::size_t bytes, const cha
   char name[64] = {0};
   int fd = -1;
   if (me == 0) {
-    std::snprintf(name, sizeof name, "/%s-%ld-%u", prefix, static_cast<long>(getpid()),
-                  g_segments.fetch_add(1));
-    fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    // "/PREFIX-jJOB-PID-N" under Slurm (the job's epilog removes what a killed job left in
+    // /dev/shm), "/PREFIX-PID-N" elsewhere. A name already taken (the file of a killed process
+    // whose pid came back, or of another PID namespace sharing /dev/shm) moves on to the next N.
+    std::string job;
+    if (const char* j = std::getenv("SLURM_JOB_ID"))
+      for (const char* c = j; *c && job.size() < 20; ++c)
+        if (*c >= '0' && *c <= '9') job += *c;
+    if (!job.empty()) job = "j" + job + "-";
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      std::snprintf(name, sizeof name, "/%s-%s%ld-%u", prefix, job.c_str(),
+                    static_cast<long>(getpid()), g_segments.fetch_add(1));
+      fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd >= 0 || errno != EEXIST) break;
+    }
     if (fd < 0) {
       e = std::string("shm_open(") + name + ") failed: " + std::strerror(errno);
     } else {
@@ -58,7 +70,9 @@ ShmSegment ShmSegment::create(const MpiComm& local, std::size_t bytes, const cha
     if (!e.empty()) name[0] = '\0';
   }
   // The name, or an empty one when rank 0 failed.
-  DT_MPI(MPI_Bcast(name, sizeof name, MPI_CHAR, 0, local.handle()), me, local.name());
+  const int sent = MPI_Bcast(name, sizeof name, MPI_CHAR, 0, local.handle());
+  if (sent != MPI_SUCCESS && me == 0 && name[0] != '\0') shm_unlink(name);
+  DT_MPI(sent, me, local.name());
   if (me != 0) {
     if (name[0] == '\0') {
       e = "local rank 0 could not create the segment";

@@ -25,7 +25,9 @@
 // all_reduce takes the hierarchical path (shared memory inside, MPI across).
 //
 // Environment: DT_TEST_VERBOSE=1 prints per-section times on rank 0.
+#include <fcntl.h>
 #include <mpi.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +42,7 @@
 #include <exception>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -573,6 +576,43 @@ std::unique_ptr<Comm> check_parity_split(Comm& world) {
 }
 
 // Color -1 on the last rank: it gets nullptr, the others a working communicator in rank order.
+// max and min with a NaN on one rank: NaN at that element on every rank, on every path (small,
+// regular and large buffers; shared memory, hierarchical and MPI), the others exact.
+template <class T>
+void check_nan_one(Comm& c, std::size_t n, int holder) {
+  const int me = c.rank(), p = c.size();
+  const std::size_t at = n / 2;
+  for (ReduceOp op : {ReduceOp::max, ReduceOp::min}) {
+    std::vector<T> buf(n);
+    for (std::size_t i = 0; i < n; ++i)
+      buf[i] = static_cast<T>((i * 7 + static_cast<std::size_t>(me) * 13) % 101);
+    if (me == holder) buf[at] = std::numeric_limits<T>::quiet_NaN();
+    c.all_reduce(dt::view_of(buf), op);
+    std::size_t bad = 0, first = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      T want = static_cast<T>((i * 7) % 101);
+      for (int r = 1; r < p; ++r) {
+        const T v = static_cast<T>((i * 7 + static_cast<std::size_t>(r) * 13) % 101);
+        want = op == ReduceOp::max ? std::max(want, v) : std::min(want, v);
+      }
+      const bool ok = i == at ? std::isnan(buf[i]) : buf[i] == want;
+      if (!ok && bad++ == 0) first = i;
+    }
+    H.expect(bad == 0,
+             str(op == ReduceOp::max ? "max" : "min", " of ", dt::dtype_name(dt::dtype_v<T>), " x ",
+                 n, " with a NaN on rank ", holder, " at ", at),
+             str(bad, " elements wrong, first ", first, ": ", static_cast<double>(buf[first])));
+  }
+}
+
+void check_nan(Comm& c) {
+  for (std::size_t n : {std::size_t{1}, std::size_t{4096}, std::size_t{300000}})
+    for (int holder : {0, c.size() - 1}) {
+      check_nan_one<float>(c, n, holder);
+      check_nan_one<double>(c, n, holder);
+    }
+}
+
 void check_negative_color(Comm& world) {
   const int wr = world.rank(), ws = world.size();
   const bool out = wr == ws - 1;
@@ -1119,6 +1159,74 @@ void check_polled_idle(dt::ShmComm& c) {
   t.join();
 }
 
+// The same on the regular (staged) path, with sizes alike: another reduce op, another dtype,
+// another broadcast root. Each case breaks its communicator.
+void check_regular_mismatch(Comm& world, const dt::ShmConfig& cfg) {
+  const std::size_t n = 2 * dt::ShmComm::kSmallBytes;  // elements: past the small path
+  for (int variant = 0; variant < 3; ++variant) {
+    auto c = dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), "regular-mismatch", cfg);
+    const bool odd = c->local_rank() == 0;
+    std::vector<float> f(n, 1.0f);
+    std::vector<std::int32_t> i(n, 1);
+    const CommOptions o{Millis(20000)};
+    std::string want_a, want_b, what;
+    std::function<void()> call;
+    if (variant == 0) {
+      what = "sum and max";
+      call = [&] { c->all_reduce(dt::view_of(f), odd ? ReduceOp::max : ReduceOp::sum, o); };
+      want_a = str("all_reduce(f32 x ", n, ", max)");
+      want_b = str("all_reduce(f32 x ", n, ", sum)");
+    } else if (variant == 1) {
+      what = "f32 and i32";
+      call = [&] {
+        odd ? c->all_reduce(dt::view_of(i), ReduceOp::sum, o)
+            : c->all_reduce(dt::view_of(f), ReduceOp::sum, o);
+      };
+      want_a = str("all_reduce(i32 x ", n, ", sum)");
+      want_b = str("all_reduce(f32 x ", n, ", sum)");
+    } else {
+      what = "roots 0 and 1";
+      call = [&] { c->broadcast(dt::view_of(f), odd ? 1 : 0, o); };
+      want_a = str("broadcast(f32 x ", n, ", root 1)");
+      want_b = str("broadcast(f32 x ", n, ", root 0)");
+    }
+    const std::string msg = expect_throw<dt::CommError>(
+        str(what, " on the regular path of ", c->name()), call, {"collective #1"});
+    H.expect(contains(msg, want_a) && contains(msg, want_b),
+             what + " on the regular path: the message names both calls", msg);
+    expect_throw<dt::CommError>(str("all_reduce after the mismatch on ", c->name()),
+                                [&] { c->all_reduce(dt::view_of(f), ReduceOp::sum); },
+                                {"failed earlier"});
+  }
+}
+
+// Local rank 0 gives up an all_reduce on its timeout (the others come late) and destroys the
+// communicator: the destruction returns at once, not when (or if) the peers arrive, and the
+// peers, arriving later, get a CommError naming rank 0 instead of waiting for it forever.
+void check_give_up(Comm& world, const dt::ShmConfig& cfg) {
+  auto c = dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), "give-up", cfg);
+  if (c->local_size() < 2 || c->num_nodes() != 1) return;
+  const bool first = c->local_rank() == 0;
+  std::vector<float> buf(2 * dt::ShmComm::kSmallBytes, 1.0f);
+  if (first) {
+    expect_throw<dt::CommError>(
+        "all_reduce alone on its timeout",
+        [&] { c->all_reduce(dt::view_of(buf), ReduceOp::sum, CommOptions{Millis(200)}); },
+        {"timed out"});
+    const auto t0 = Clock::now();
+    c.reset();
+    const double ms = section_ms(t0);
+    H.expect(ms < 5000, "destruction after a timeout", str("took ", ms, " ms"));
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    expect_throw<dt::CommError>(
+        "all_reduce after local rank 0 gave up",
+        [&] { c->all_reduce(dt::view_of(buf), ReduceOp::sum, CommOptions{Millis(20000)}); },
+        {"local rank 0 gave up"});
+  }
+  world.barrier();
+}
+
 // Ranks whose calls disagree on the small path get an error on every rank, not a hang or wrong
 // data: one rank with a small message and the others with a large one (each path sees the other),
 // and the same size with another reduce op. Each case breaks its communicator.
@@ -1126,6 +1234,7 @@ void check_small_mismatch(Comm& world, const dt::ShmConfig& cfg) {
   for (int variant = 0; variant < 2; ++variant) {
     auto c = dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), "small-mismatch", cfg);
     if (c->local_size() < 2 || c->num_nodes() != 1) return;
+    if (variant == 0) check_regular_mismatch(world, cfg);
     const bool odd = c->local_rank() == 0;
     const std::size_t n = variant == 0 && !odd ? 2 * dt::ShmComm::kSmallBytes : 8;
     const ReduceOp op = variant == 1 && odd ? ReduceOp::max : ReduceOp::sum;
@@ -1172,9 +1281,19 @@ int main(int argc, char** argv) {
       cfg.staging_bytes = std::size_t{64} << 10;  // 1M-element buffers go through many pieces
       cfg.chunk_bytes = std::size_t{4} << 10;
       cfg.simulated_nodes = mode == "hier" ? 2 : 0;
+      // Names a segment of rank 0 would take, already in /dev/shm (a killed process of the same
+      // pid left them, say): the segment takes another.
+      std::vector<std::string> taken;
+      if (H.rank == 0 && !std::getenv("SLURM_JOB_ID"))
+        for (int k = 0; k < 8; ++k) {
+          taken.push_back(str("/dt-shm-", static_cast<long>(getpid()), "-", k));
+          const int fd = shm_open(taken.back().c_str(), O_CREAT | O_RDWR, 0600);
+          if (fd >= 0) close(fd);
+        }
       std::unique_ptr<dt::ShmComm> shm;
       step("shm create",
            [&] { shm = dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), mode, cfg); });
+      for (const std::string& t : taken) shm_unlink(t.c_str());
       if (shm) {
         if (H.rank == 0)
           std::printf("%s: %d node(s), %d local ranks, all_reduce path %s\n", mode.c_str(),
@@ -1185,12 +1304,14 @@ int main(int argc, char** argv) {
                        shm->num_nodes(), " node(s)"));
         step("shm suite", [&] { full_suite(*shm, 20, H.rank); });
         step("shm arena", [&] { check_arena(*shm); });
+        step("shm NaN in max and min", [&] { check_nan(*shm); });
         step("shm work semantics", [&] { check_work_semantics(*shm); });
         step("shm argument validation", [&] { check_arguments(*shm); });
         step("shm small messages", [&] { check_small(*shm); });
         step("shm polled waits", [&] { check_polled_idle(*shm); });
         step("shm arena mismatch", [&] { check_arena_mismatch(*shm); });
         step("shm small mismatch", [&] { check_small_mismatch(world, cfg); });
+        step("shm give up", [&] { check_give_up(world, cfg); });
       }
     } else {
       step("reference rounding", [&] { check_reference_rounding(); });
@@ -1200,6 +1321,7 @@ int main(int argc, char** argv) {
       if (sub) step("parity split suite", [&] { full_suite(*sub, 10, H.rank); });
       step("negative color", [&] { check_negative_color(world); });
       step("chunking", [&] { check_chunking(world); });
+      step("NaN in max and min", [&] { check_nan(world); });
       step("work semantics", [&] { check_work_semantics(world); });
       step("argument validation (world)", [&] { check_arguments(world); });
       if (sub) step("argument validation (split)", [&] { check_arguments(*sub); });

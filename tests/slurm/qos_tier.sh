@@ -6,8 +6,9 @@
 # cgroup.procs and the rank's /proc/PID/cgroup); each rank's main (compute) thread is SCHED_OTHER
 # and its communication progress thread "dt-progress" SCHED_FIFO at priority 60 (read from
 # /proc/PID/task/TID/stat). Then a detached process Slurm knows nothing of joins the job's groups,
-# and a rank is killed (SIGKILL): the job fails, the epilog has killed the stray process (naming
-# it in its log) and removed the groups and the record; the node is not drained.
+# and a file named like the job's shared memory is put in /dev/shm; a rank is killed (SIGKILL):
+# the job fails, the epilog has killed the stray process (naming it in its log), removed the
+# file (and not another job's) and the groups and the record; the node is not drained.
 source "$(dirname "$0")/lib.sh"
 need_cluster
 
@@ -96,6 +97,11 @@ setsid sleep 600 </dev/null >/dev/null 2>&1 &
 STRAY=$!
 for g in "${GROUPS_[@]}"; do echo "$STRAY" >"$g/cgroup.procs" || fail "cannot move $STRAY into $g"; done
 echo "=== a stray process $STRAY in the job's groups"
+# What a rank killed while mapping its shared memory leaves (the name of a segment of this job).
+SHM_LEFT=/dev/shm/dt-shm-j$JOB-999999-0
+: >"$SHM_LEFT" || fail "cannot create $SHM_LEFT"
+SHM_OTHER=/dev/shm/dt-shm-j${JOB}0-999999-0  # another job's (whose id starts with this one's)
+: >"$SHM_OTHER" || fail "cannot create $SHM_OTHER"
 
 echo "=== killing rank ${RANKS[0]} (SIGKILL): a crashed job"
 kill -KILL "${RANKS[0]}" 2>/dev/null || fail "could not kill ${RANKS[0]}"
@@ -109,6 +115,9 @@ if kill -0 "$STRAY" 2>/dev/null && [ "$(cat "/proc/$STRAY/stat" 2>/dev/null | aw
 fi
 grep -q "job=$JOB: killing leftover process $STRAY (sleep)" "$(hook_setting DT_QOS_LOG)" ||
   fail "the epilog's log does not name the stray process $STRAY it killed"
+[ ! -e "$SHM_LEFT" ] || fail "the epilog left $SHM_LEFT of job $JOB"
+[ -e "$SHM_OTHER" ] || fail "the epilog of job $JOB removed $SHM_OTHER of another job"
+rm -f "$SHM_LEFT" "$SHM_OTHER"
 no_job_groups "$JOB"
 for g in "${GROUPS_[@]}"; do [ ! -e "$g" ] || fail "$g still exists"; done
 finish
