@@ -28,8 +28,11 @@
 // the i* forms and blocking calls with a timeout run on this communicator's progress thread in
 // call order, so a timed-out operation stays pending and completes when the peers arrive, as
 // MPI's do. Ranks that disagree about a call (sizes, or arena buffers on some ranks only) get a
-// dt::CommError, after which the communicator refuses further collectives. One thread at a time
-// calls a ShmComm.
+// dt::CommError, after which the communicator refuses further collectives. A rank that gives up
+// a collective (an error in it, or destruction after a call timed out) marks its segment: the
+// local peers waiting for it then fail with a CommError naming it instead of waiting forever,
+// and the destructor does not wait for them. (A cross-node step in MPI waits as MPI does.) One
+// thread at a time calls a ShmComm.
 //
 // The segment is POSIX shared memory (/dev/shm/dt-shm-[jJOB-]PID-N), unlinked as soon as every
 // local rank has mapped it, so a job that crashes later leaves nothing behind in /dev/shm; one
