@@ -1,13 +1,15 @@
 // dt data layer: token files, the train/validation split, training-window sampling for data
 // parallelism, fixed evaluation windows, and byte-token decoding for text samples.
 //
-// Token files come in two formats:
+// Token files come in three formats:
 //   bytes  every byte of any file is one token (vocab 256).
-//   llmc   the llm.c / nanoGPT format: a header of 256 little-endian int32 (magic 20240520,
-//          version 1, token count), then that many little-endian uint16 tokens (GPT-2, vocab
-//          50257).
-// "auto" picks llmc when the file starts with the magic, bytes otherwise. Every problem with a
-// file throws dt::ConfigError naming the path and what is wrong.
+//   llmc   the llm.c format: a header of 256 little-endian int32 (magic 20240520, version 1,
+//          token count), then that many little-endian uint16 tokens (GPT-2, vocab 50257).
+//   u16    little-endian uint16 GPT-2 tokens without a header (nanoGPT's prepare.py writes
+//          train.bin and val.bin so).
+// "auto" picks llmc when the file starts with the magic, bytes otherwise (a headerless file
+// cannot be told from bytes: a *.bin file read as bytes gets a note that says so). Every problem
+// with a file throws dt::ConfigError naming the path and what is wrong.
 //
 // Sampling is stateless and counter-based: the training window of global sequence g at step s is
 // a pure function of (seed, s, g). There is no position inside the Sampler; the position is the
@@ -75,7 +77,8 @@ class TokenStore {
 /// uses it (as with any memory-mapped data set, a file cut short then ends the process).
 struct TokenFile {
   std::string path;
-  std::string format;            ///< the format actually read: "bytes" or "llmc"
+  std::string format;            ///< the format actually read: "bytes", "llmc" or "u16"
+  std::string note;              ///< a warning about how the file was read ("" when none)
   TokenStore tokens;             ///< never empty after load_tokens
   int vocab = 0;                 ///< 256 for bytes, 50257 for llmc
   int max_token_plus_one = 0;    ///< largest token present + 1 (<= vocab)
@@ -98,11 +101,12 @@ constexpr int kGpt2Vocab = 50257;
 /// Cheap on any size; copies that differ only between the blocks are not told apart.
 std::uint64_t token_digest(const TokenFile& f);
 
-/// Reads a token file. format: "auto", "bytes" or "llmc". An llm.c file is mapped (on
-/// little-endian machines) and checked in place; a byte file is read straight into its vector.
+/// Reads a token file. format: "auto", "bytes", "llmc" or "u16". An llm.c or u16 file is mapped
+/// (on little-endian machines) and checked in place; a byte file is read into its vector.
 /// Throws dt::ConfigError naming the path on: an unknown format, a missing / unreadable /
 /// non-regular file, an empty file, an llmc magic mismatch, an unsupported version, a header token
-/// count that disagrees with the file size, a truncated file, a token >= 50257 in an llmc file.
+/// count that disagrees with the file size, a truncated file, a u16 file of an odd size, a token
+/// >= 50257 in an llmc or u16 file.
 TokenFile load_tokens(const std::string& path, const std::string& format = "auto");
 
 /// The train part (first) and the validation part (last) of a token file.

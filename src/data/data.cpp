@@ -77,6 +77,38 @@ void load_bytes(int fd, size_t size, TokenFile& f) {
   f.max_token_plus_one = static_cast<int>(max_tok) + 1;
 }
 
+// The `count` little-endian uint16 tokens at byte `offset` of the file (of `size` bytes) into f:
+// mapped (read and swapped on a big-endian host), every token checked against the GPT-2 vocabulary.
+void map_tokens(int fd, size_t size, size_t offset, size_t count, TokenFile& f) {
+  const std::string& path = f.path;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  std::vector<uint16_t> own(count);
+  read_exact(fd, own.data(), count * sizeof(uint16_t), offset, path);
+  for (auto& t : own) t = static_cast<uint16_t>((t >> 8) | (t << 8));
+  f.tokens = TokenStore(std::move(own));
+#else
+  // Mapped, not read: the ranks of a node that train on one file share its pages (a file of 10^9
+  // tokens is 2 GB once per node, not once per rank), and none copies it at start.
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED)
+    DT_THROW(ConfigError, "cannot map token file '", path, "': ", std::strerror(errno));
+  std::shared_ptr<const void> owner(
+      map, [size](const void* m) { ::munmap(const_cast<void*>(m), size); });
+  const auto* first = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map) + offset);
+  f.tokens = TokenStore(std::move(owner), first, count, true);
+#endif
+  unsigned max_tok = 0;
+  for (size_t i = 0; i < f.tokens.size(); ++i) {
+    const unsigned t = f.tokens[i];
+    if (t >= static_cast<unsigned>(kGpt2Vocab))
+      DT_THROW(ConfigError, "token file '", path, "': token ", t, " at index ", i,
+               " is outside the GPT-2 vocabulary of ", kGpt2Vocab);
+    max_tok = std::max(max_tok, t);
+  }
+  f.vocab = kGpt2Vocab;
+  f.max_token_plus_one = static_cast<int>(max_tok) + 1;
+}
+
 void load_llmc(int fd, size_t size, TokenFile& f) {
   const std::string& path = f.path;
   unsigned char header[kHeaderBytes];
@@ -104,34 +136,16 @@ void load_llmc(int fd, size_t size, TokenFile& f) {
            " tokens but the file holds ", body, " bytes of tokens (",
            static_cast<double>(body) / 2.0, " tokens)");
 
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  std::vector<uint16_t> own(static_cast<size_t>(count));
-  read_exact(fd, own.data(), want, kHeaderBytes, path);
-  for (auto& t : own) t = static_cast<uint16_t>((t >> 8) | (t << 8));
-  f.tokens = TokenStore(std::move(own));
-#else
-  // Mapped, not read: the ranks of a node that train on one file share its pages (a file of 10^9
-  // tokens is 2 GB once per node, not once per rank), and none copies it at start.
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  if (map == MAP_FAILED)
-    DT_THROW(ConfigError, "cannot map token file '", path, "': ", std::strerror(errno));
-  std::shared_ptr<const void> owner(
-      map, [size](const void* m) { ::munmap(const_cast<void*>(m), size); });
-  const auto* first =
-      reinterpret_cast<const uint16_t*>(static_cast<const char*>(map) + kHeaderBytes);
-  f.tokens = TokenStore(std::move(owner), first, static_cast<size_t>(count), true);
-#endif
-  unsigned max_tok = 0;
-  for (size_t i = 0; i < f.tokens.size(); ++i) {
-    const unsigned t = f.tokens[i];
-    if (t >= static_cast<unsigned>(kGpt2Vocab))
-      DT_THROW(ConfigError, "token file '", path, "': token ", t, " at index ", i,
-               " is outside the GPT-2 vocabulary of ", kGpt2Vocab);
-    max_tok = std::max(max_tok, t);
-  }
+  map_tokens(fd, size, kHeaderBytes, static_cast<size_t>(count), f);
   f.format = "llmc";
-  f.vocab = kGpt2Vocab;
-  f.max_token_plus_one = static_cast<int>(max_tok) + 1;
+}
+
+// nanoGPT's prepare.py output (train.bin, val.bin): little-endian uint16 GPT-2 tokens, no header.
+void load_u16(int fd, size_t size, TokenFile& f) {
+  DT_CHECK(ConfigError, size % 2 == 0, "token file '", f.path, "' holds ", size,
+           " bytes, not a whole number of uint16 tokens (--data.format=u16)");
+  map_tokens(fd, size, 0, size / 2, f);
+  f.format = "u16";
 }
 
 uint64_t splitmix64(uint64_t x) {
@@ -183,9 +197,10 @@ const uint16_t* TokenFile::data(const TokenRange& r) const {
 }
 
 TokenFile load_tokens(const std::string& path, const std::string& format) {
-  DT_CHECK(ConfigError, format == "auto" || format == "bytes" || format == "llmc",
+  DT_CHECK(ConfigError,
+           format == "auto" || format == "bytes" || format == "llmc" || format == "u16",
            "unknown token file format '", format, "' for '", path,
-           "' (expected auto, bytes or llmc)");
+           "' (expected auto, bytes, llmc or u16)");
   Fd fd;
   fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd.fd < 0)
@@ -205,10 +220,18 @@ TokenFile load_tokens(const std::string& path, const std::string& format) {
     read_exact(fd.fd, magic, 4, 0, path);
     llmc = le32(magic) == kLlmcMagic;
   }
-  if (llmc)
+  if (format == "u16") {
+    load_u16(fd.fd, size, f);
+  } else if (llmc) {
     load_llmc(fd.fd, size, f);
-  else
+  } else {
     load_bytes(fd.fd, size, f);
+    const bool bin = path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
+    if (format == "auto" && bin)
+      f.note = "'" + path +
+               "' has no llm.c header and is read as bytes (vocab 256); if it holds nanoGPT's "
+               "uint16 tokens without a header (prepare.py's train.bin), give --data.format=u16";
+  }
   return f;
 }
 

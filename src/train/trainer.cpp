@@ -73,8 +73,9 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("model.embd", &c.model.embd, 256, "embedding width", 1, 1 << 16)
       .add("data.path", &c.data_path, "", "training text or token file (required)")
       .add("data.format", &c.data_format, "auto",
-           "bytes: any file, vocab 256; llmc: llm.c/nanoGPT uint16 token file; auto: detect",
-           {"auto", "bytes", "llmc"})
+           "bytes: any file, vocab 256; llmc: llm.c token file (header, uint16 GPT-2 tokens); "
+           "u16: uint16 GPT-2 tokens without a header (nanoGPT's train.bin); auto: llmc or bytes",
+           {"auto", "bytes", "llmc", "u16"})
       .add("data.val-fraction", &c.val_fraction, 0.1, "share of the file held out for validation",
            0.0, 0.9)
       .add("train.steps", &c.steps, 100, "optimiser steps", 1L, 1L << 40)
@@ -332,7 +333,8 @@ void add_train_options(Options& o, TrainConfig& c) {
 
 void check_same_data(Comm& world, const TokenFile& data, const std::string& path) {
   // Rank 0's figures: token count, digest, and the format as one more number.
-  const std::uint64_t mine[3] = {data.size(), token_digest(data), data.format == "llmc" ? 1u : 0u};
+  const std::uint64_t mine[3] = {data.size(), token_digest(data),
+                                 data.format == "llmc" ? 1u : data.format == "u16" ? 2u : 0u};
   std::uint64_t first[3] = {mine[0], mine[1], mine[2]};
   world.broadcast(view_of(reinterpret_cast<std::uint8_t*>(first), sizeof first), 0);
   if (mine[0] == first[0] && mine[1] == first[1] && mine[2] == first[2]) return;
@@ -341,7 +343,7 @@ void check_same_data(Comm& world, const TokenFile& data, const std::string& path
   auto describe = [](const std::uint64_t* f) {
     char d[24];
     std::snprintf(d, sizeof d, "%016llx", static_cast<unsigned long long>(f[1]));
-    return std::string(f[2] ? "llmc" : "bytes") + ", " + std::to_string(f[0]) + " tokens, digest " +
+    return std::string(f[2] == 1 ? "llmc" : f[2] == 2 ? "u16" : "bytes") + ", " + std::to_string(f[0]) + " tokens, digest " +
            d;
   };
   DT_THROW(ConfigError, "option --data.path: ", path, " on this rank's node (", host, ") holds ",
@@ -1555,6 +1557,7 @@ int Trainer::run() {
     std::printf("dt_train: data %s (%s, %zu tokens: %zu train, %zu val)\n", c_.data_path.c_str(),
                 data_.format.c_str(), data_.size(), split_.train.size(), split_.val.size());
     if (!plan_->why.empty()) std::printf("dt_train: %s\n", plan_->why.c_str());
+    if (!data_.note.empty()) std::printf("dt_train: warning: %s\n", data_.note.c_str());
     if (!c_.eval_only && c_.optim.warmup >= c_.steps)
       std::printf(
           "dt_train: warning: --optim.warmup=%ld is not below --train.steps=%ld: the learning "

@@ -151,6 +151,43 @@ TEST_CASE("data: llmc format reads the header and little-endian uint16 tokens") 
   CHECK(small.max_token_plus_one == 301);
 }
 
+TEST_CASE(
+    "data: u16 format reads nanoGPT's headerless uint16 tokens; auto notes a *.bin read as bytes") {
+  TempDir dir;
+  const std::vector<uint16_t> toks = {0, 1, 255, 256, 0x1234, 50256, 7};
+  std::string raw;
+  for (uint16_t t : toks) {
+    raw.push_back(static_cast<char>(t & 0xFF));
+    raw.push_back(static_cast<char>(t >> 8));
+  }
+  const std::string path = dir.write("train.bin", raw);
+  const dt::TokenFile f = dt::load_tokens(path, "u16");
+  CHECK(f.format == "u16");
+  CHECK(f.vocab == 50257);
+  CHECK(f.max_token_plus_one == 50257);
+  CHECK(f.note.empty());
+  CHECK(std::vector<uint16_t>(f.tokens.begin(), f.tokens.end()) == toks);
+#if !(defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__)
+  CHECK(f.tokens.mapped());
+#endif
+  // Under auto the same file is bytes (no llm.c magic), with a note naming the u16 format.
+  const dt::TokenFile b = dt::load_tokens(path, "auto");
+  CHECK(b.format == "bytes");
+  CHECK(b.size() == raw.size());
+  CHECK(b.note.find("--data.format=u16") != std::string::npos);
+  CHECK(b.note.find(path) != std::string::npos);
+  CHECK(dt::load_tokens(dir.write("text.txt", raw), "auto").note.empty());  // not *.bin
+  CHECK(dt::load_tokens(path, "bytes").note.empty());                       // bytes on purpose
+  check_load_error(dir.write("odd.bin", raw + "x"), "u16", {"odd.bin", "15 bytes", "uint16"});
+  std::string big = raw;
+  big[0] = static_cast<char>(0x51);  // 0xC351 = 50001 < 50257: fine; then 0xFFFF: not
+  big[1] = static_cast<char>(0xC3);
+  CHECK(dt::load_tokens(dir.write("ok.bin", big), "u16").tokens[0] == 50001);
+  big[1] = static_cast<char>(0xFF);
+  big[0] = static_cast<char>(0xFF);
+  check_load_error(dir.write("over.bin", big), "u16", {"over.bin", "token 65535 at index 0"});
+}
+
 // This process's private (anonymous) resident memory, in KiB.
 long rss_anon_kib() {
   std::ifstream in("/proc/self/status");
