@@ -13,7 +13,9 @@
 //  - Forms must match across ranks for one collective call: the blocking form without a timeout
 //    uses MPI's blocking collective; the non-blocking form and the blocking form with a timeout
 //    use MPI's non-blocking collective. MPI never matches one kind with the other, so either all
-//    ranks pass a timeout (or use i*) for a given call, or none does.
+//    ranks pass a timeout (or use i*) for a given call, or none does. kPolledWait is a form of
+//    its own: all ranks pass it for a given call, or none does (a large reduce_scatter then runs
+//    MpiComm's point-to-point ring, polled, where a timeout takes MPI's non-blocking one).
 //  - A receive delivers exactly buf.numel elements; a shorter or longer message is a CommError.
 //  - ReduceOp::avg is sum followed by division by size(); integers divide truncating toward zero,
 //    bf16/f16 sum and divide in float and round once to the element type per step.
