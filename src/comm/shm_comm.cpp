@@ -65,7 +65,15 @@ std::string small_call(std::uint64_t kind, std::uint64_t n) {
   return s.str();
 }
 
+// The progress word: the collective's sequence number (its low 32 bits) and the chunks published.
+// It wraps after 2^32 collectives, so it is compared by `reached`, not by `>=`.
 std::uint64_t pack(std::uint64_t seq, std::uint64_t chunks) { return (seq << 32) | chunks; }
+
+// v has reached `target` in serial-number order (RFC 1982): right across a wrap of the 64-bit
+// word, since a peer's word is never 2^63 or more behind or ahead of what is waited for.
+inline bool reached(std::uint64_t v, std::uint64_t target) noexcept {
+  return static_cast<std::int64_t>(v - target) >= 0;
+}
 
 // memcpy that accepts the null pointer of an empty buffer (memcpy itself may not be given one).
 inline void copy_bytes(void* dst, const void* src, std::size_t n) {
@@ -155,6 +163,11 @@ ShmComm::~ShmComm() {
   queue_.reset();
 }
 
+void ShmComm::set_rounds_for_test(std::uint64_t rounds) noexcept {
+  seq_ = rounds;
+  if (shm_ && !bases_.empty()) ctl(local_->rank()).prog.store(pack(rounds, 0));
+}
+
 void ShmComm::give_up() noexcept {
   broken_.store(true);
   if (shm_ && !bases_.empty())
@@ -164,14 +177,14 @@ void ShmComm::give_up() noexcept {
 void ShmComm::wait_for(const std::atomic<std::uint64_t>& a, std::uint64_t target,
                        std::uint64_t seq) {
   Backoff wait;
-  while (a.load(std::memory_order_acquire) < target) {
+  while (!reached(a.load(std::memory_order_acquire), target)) {
     wait();
     if (!wait.idle()) continue;  // (spinning: the peer is about to arrive)
     try {
       check_failures(seq);
     } catch (const CommError&) {
       // What a peer published before it gave up is visible now: take it.
-      if (a.load(std::memory_order_acquire) >= target) return;
+      if (reached(a.load(std::memory_order_acquire), target)) return;
       broken_ = true;
       throw;
     }
@@ -278,7 +291,7 @@ void ShmComm::arrive_all(std::uint64_t seq, Check&& check) {
     bool seen = false;
     for (int q = 0; q < L; ++q) {
       if (arrived_[static_cast<std::size_t>(q)] ||
-          ctl(q).arrive.load(std::memory_order_acquire) < seq)
+          !reached(ctl(q).arrive.load(std::memory_order_acquire), seq))
         continue;
       check(q);
       arrived_[static_cast<std::size_t>(q)] = 1;
@@ -370,7 +383,7 @@ void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op
       if (q == me) {
         if (b >= mine_final) return;  // not reduced (or, across nodes, not final) yet
       } else {
-        if (!block && ctl(q).prog.load(std::memory_order_acquire) < want) return;
+        if (!block && !reached(ctl(q).prog.load(std::memory_order_acquire), want)) return;
         wait_for(ctl(q).prog, want, seq);
       }
       const std::size_t cnt = std::min(K, qhi - b);

@@ -91,6 +91,10 @@ class ShmComm final : public Comm {
   int local_rank() const noexcept { return local_->rank(); }
   int local_size() const noexcept { return local_->size(); }
   int num_nodes() const noexcept { return nodes_; }
+  /// Testing: the synchronisation rounds so far, to run the rounds around a wrap of the 32 bits
+  /// of it that the progress words hold. Every local rank sets the same value between
+  /// collectives, then all meet in a barrier before the next one.
+  void set_rounds_for_test(std::uint64_t rounds) noexcept;
   /// True when all_reduce runs hierarchically across nodes (else MPI when num_nodes() > 1).
   bool hierarchical() const noexcept { return cross_ != nullptr; }
   /// Which path a collective of `bytes` takes: "shm-small", "shm", "hier" or "mpi". `bytes` is

@@ -971,6 +971,31 @@ float spread(int r, std::size_t i, std::uint32_t salt) {
   return std::ldexp(static_cast<float>(a) + 0.3183099f * static_cast<float>(b + 21), b / 2);
 }
 
+// Collectives around the point where the low 32 bits of the round counter, which the progress
+// words carry, wrap: results stay exact (a chunk is never taken before it is reduced).
+void check_round_wrap(dt::ShmComm& c) {
+  const int me = c.rank(), s = c.size();
+  c.barrier();
+  c.set_rounds_for_test((std::uint64_t{1} << 32) - 3);
+  c.barrier();
+  for (int k = 0; k < 6; ++k) {
+    const std::size_t n = 70000 + static_cast<std::size_t>(k) * 999;  // several pieces and chunks
+    std::vector<float> buf(n);
+    for (std::size_t i = 0; i < n; ++i) buf[i] = spread(me, i, 40 + static_cast<std::uint32_t>(k));
+    c.all_reduce(dt::view_of(buf), ReduceOp::max);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      float want = spread(0, i, 40 + static_cast<std::uint32_t>(k));
+      for (int r = 1; r < s; ++r)
+        want = std::max(want, spread(r, i, 40 + static_cast<std::uint32_t>(k)));
+      wrong += buf[i] != want;
+    }
+    H.expect(wrong == 0,
+             str("all_reduce ", k, " around the wrap of the round counter on ", c.name()),
+             str(wrong, " of ", n, " elements wrong"));
+  }
+}
+
 // The small-message path of one node: the path each size takes; a buffer reduced whole (the
 // other path) and in small pieces gives the same bits, those of a float sum in rank order made
 // here; and thousands of consecutive small collectives of changing sizes, with ranks delayed in
@@ -1305,6 +1330,7 @@ int main(int argc, char** argv) {
         step("shm suite", [&] { full_suite(*shm, 20, H.rank); });
         step("shm arena", [&] { check_arena(*shm); });
         step("shm NaN in max and min", [&] { check_nan(*shm); });
+        step("shm round counter wrap", [&] { check_round_wrap(*shm); });
         step("shm work semantics", [&] { check_work_semantics(*shm); });
         step("shm argument validation", [&] { check_arguments(*shm); });
         step("shm small messages", [&] { check_small(*shm); });
