@@ -322,7 +322,7 @@ class Trainer {
   float* grads_ptr() const;
   /// Elements of the master parameters, gradients and moments this rank updates.
   std::size_t state_numel() const;
-  // Sharded data parallelism (parallel.zero >= 1; fused model only).
+  // Sharded data parallelism (parallel.zero >= 1; the fused model or the stage engine).
   std::unique_ptr<ZeroShards> zero_;
   std::vector<char> zero_counted_;  // per shard piece: counted in the global norm (all)
   std::size_t bucket_bytes() const {

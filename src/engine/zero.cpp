@@ -77,8 +77,8 @@ ZeroShards::ZeroShards(const Device& dev, int stage, std::vector<ParamInfo> para
     : dev_(dev),
       stage_(stage),
       own_(own_buffer),
-      n_(reduce->size()),
-      r_(reduce->rank()),
+      n_(reduce ? reduce->size() : 0),
+      r_(reduce ? reduce->rank() : 0),
       params_(std::move(params)),
       units_(std::move(units)),
       gather_comm_(std::move(gather)),
@@ -86,6 +86,8 @@ ZeroShards::ZeroShards(const Device& dev, int stage, std::vector<ParamInfo> para
       round_(std::move(round)) {
   DT_CHECK(InvalidArgument, stage_ >= 1 && stage_ <= 3, "parallel.zero stage ", stage_,
            " is not 1, 2 or 3");
+  DT_CHECK(InvalidArgument, gather_comm_ && reduce_comm_, "ZeroShards needs a gather and a ",
+           "reduce communicator");
   DT_CHECK(InvalidArgument, gather_comm_->size() == n_ && gather_comm_->rank() == r_,
            "ZeRO communicators differ");
   DT_CHECK(InvalidArgument, own_ >= 0 && static_cast<std::size_t>(own_) < units_.size(),

@@ -3,11 +3,13 @@
 // model on one rank, within 1e-5 relative, over 5 steps of the micro config (with 4 layers and 4
 // heads, so that tp and pp up to 4 are possible).
 // Sharded data parallelism (parallel.zero) on the fused model is held to the same reference.
-//   mpiexec -n N test_layouts DATA_FILE DPxTPxPP[:ucx][:zN][:graph][:m1][:bX] ...
-// ":ucx" sends the pipeline's activations over UCX instead of MPI; ":zN" trains with
-// parallel.zero=N (N = 1, 2, 3; on the fused model when tp = pp = 1, unless ":graph"; with tp or pp
-// the graph engine); ":m1" uses micro-batches of one sequence; ":bX" sets train.bucket-mb=X (ZeRO-1
-// merges layers into buckets of X MiB; 0: layer by layer).
+//   mpiexec -n N test_layouts DATA_FILE [batch=B] DPxTPxPP[:ucx][:zN][:graph][:mK][:bX] ...
+// batch=B sets the global batch (8 otherwise) of the reference and every layout. ":ucx" sends
+// the pipeline's activations over UCX instead of MPI; ":zN" trains with parallel.zero=N (N = 1,
+// 2, 3; on the fused model when tp = pp = 1, unless ":graph"; with tp or pp the graph engine);
+// ":mK" uses micro-batches of K sequences (K = the rank's share: one micro-batch a step, fewer
+// than the pipeline's stages); ":bX" sets train.bucket-mb=X (ZeRO-1 merges layers into buckets
+// of X MiB; 0: layer by layer).
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -47,6 +49,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   dt::TrainConfig c = dt::test::micro_train(argv[1], 5, 4, 4);
+  int first = 2;  // the first layout argument
+  if (std::string(argv[2]).rfind("batch=", 0) == 0) {
+    c.batch = std::stol(std::string(argv[2]).substr(6));
+    first = 3;
+  }
   const dt::TokenFile data = dt::validate_and_load(c);
 
   dt::Runtime rt(&argc, &argv);
@@ -61,7 +68,7 @@ int main(int argc, char** argv) {
   }
   const std::vector<dt::ParamInfo> names = dt::gpt_params(c.model);
   int failures = 0;
-  for (int a = 2; a < argc; ++a) {
+  for (int a = first; a < argc; ++a) {
     std::string spec = argv[a];
     dt::TrainConfig cl = c;
     cl.par_engine = "graph";  // 1x1x1 too: the engine itself against the fused model
@@ -71,8 +78,9 @@ int main(int argc, char** argv) {
       const std::string opt = spec.substr(colon + 1);
       if (opt == "ucx") {
         cl.p2p = "ucx";
-      } else if (opt == "m1") {
-        cl.micro_batch = 1;  // gradients accumulate over several micro-batches per step
+      } else if (opt.size() > 1 && opt[0] == 'm' &&
+                 std::isdigit(static_cast<unsigned char>(opt[1]))) {
+        cl.micro_batch = std::stol(opt.substr(1));  // sequences per micro-batch
       } else if (opt == "graph") {
         graph = true;
       } else if (opt.size() > 1 && opt[0] == 'b' && std::isdigit(static_cast<unsigned char>(opt[1]))) {
