@@ -145,7 +145,8 @@ int cmd_summary(const std::vector<std::string>& args) {
   std::string file;
   long top = 20;
   for (std::size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--top" && i + 1 < args.size()) {
+    if (args[i] == "--top") {
+      DT_CHECK(ConfigError, i + 1 < args.size(), "option --top needs a number (--top N)");
       char* end = nullptr;
       top = std::strtol(args[++i].c_str(), &end, 10);
       DT_CHECK(ConfigError, *end == '\0' && top > 0, "option --top: '", args[i],
@@ -156,6 +157,8 @@ int cmd_summary(const std::vector<std::string>& args) {
       DT_CHECK(ConfigError, *end == '\0' && top > 0, "option --top: '", args[i].substr(6),
                "' is not a positive integer");
     } else {
+      DT_CHECK(ConfigError, args[i].rfind("--", 0) != 0, "summary: unknown option '", args[i],
+               "' (expected --top N)");
       DT_CHECK(ConfigError, file.empty(), "summary takes one FILE, got '", file, "' and '", args[i],
                "'");
       file = args[i];
