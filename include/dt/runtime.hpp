@@ -21,6 +21,9 @@ struct RuntimeOptions {
 
 class Runtime {
  public:
+  /// Starts MPI (unless the caller did) and reads the topology. Throws when this rank cannot
+  /// start; MPI, once up, is then left up (finalising would wait for the other ranks): end the
+  /// job with MPI_Abort, as start_runtime does.
   Runtime(int* argc, char*** argv, const RuntimeOptions& opts = {});
   ~Runtime();
   Runtime(const Runtime&) = delete;

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "reduce.hpp"
@@ -66,13 +68,19 @@ std::string small_call(std::uint64_t kind, std::uint64_t n) {
 }
 
 // The progress word: the collective's sequence number (its low 32 bits) and the chunks published.
-// It wraps after 2^32 collectives, so it is compared by `reached`, not by `>=`.
+// It wraps after 2^32 collectives, so it is compared by `progress_reached`, not by `>=`.
 std::uint64_t pack(std::uint64_t seq, std::uint64_t chunks) { return (seq << 32) | chunks; }
 
 // v has reached `target` in serial-number order (RFC 1982): right across a wrap of the 64-bit
 // word, since a peer's word is never 2^63 or more behind or ahead of what is waited for.
 inline bool reached(std::uint64_t v, std::uint64_t target) noexcept {
   return static_cast<std::int64_t>(v - target) >= 0;
+}
+
+// A progress word has reached pack(seq, chunks): the same round (a peer's word is never ahead of
+// the round waited for, and may be any number of rounds behind) and as many chunks or more.
+inline bool progress_reached(std::uint64_t v, std::uint64_t want) noexcept {
+  return (v >> 32) == (want >> 32) && (v & 0xFFFFFFFFu) >= (want & 0xFFFFFFFFu);
 }
 
 // memcpy that accepts the null pointer of an empty buffer (memcpy itself may not be given one).
@@ -153,38 +161,60 @@ std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name
 }
 
 ShmComm::~ShmComm() {
-  // Queued operations are finished first. After a timeout or an error they may never finish (a
-  // peer that died, or one that gave up): then they give up too, and so does this rank, so that
-  // neither this destructor nor a peer waits forever.
-  if (timed_out_.load() || broken_.load()) {
+  // Queued operations are finished first: they complete when the peers arrive. After a timeout
+  // or an error they may never finish (a peer that died, or one that gave up), and they give up
+  // at once; otherwise they get kDrainWait to finish before they give up. Then this rank marks
+  // its segment as left, so that a peer still calling a collective fails instead of waiting for
+  // it (everything this rank owed to a finished collective is published by then).
+  bool busy = false;
+  {
+    std::lock_guard<std::mutex> lk(queue_mu_);
+    busy = queue_ && queue_->busy();
+  }
+  if (busy && !timed_out_.load() && !broken_.load()) {
+    const auto until = std::chrono::steady_clock::now() + kDrainWait;
+    while (busy && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::lock_guard<std::mutex> lk(queue_mu_);
+      busy = queue_->busy();
+    }
+  }
+  if (busy) {
     stop_.store(true);
-    give_up();
+    mark(kGaveUp);
   }
   queue_.reset();
+  mark(kLeft);
 }
 
-void ShmComm::set_rounds_for_test(std::uint64_t rounds) noexcept {
+void ShmComm::set_rounds_for_test(std::uint64_t rounds) {
+  DT_CHECK(InvalidArgument, rounds >= seq_, "set_rounds_for_test: ", rounds,
+           " is below the rounds already run (", seq_, ")");
   seq_ = rounds;
   if (shm_ && !bases_.empty()) ctl(local_->rank()).prog.store(pack(rounds, 0));
 }
 
-void ShmComm::give_up() noexcept {
-  broken_.store(true);
-  if (shm_ && !bases_.empty())
-    ctl(local_->rank()).failed.store(std::max<std::uint64_t>(seq_, 1), std::memory_order_release);
+void ShmComm::mark(std::uint64_t why) noexcept {
+  if (why == kGaveUp) broken_.store(true);
+  if (!shm_ || bases_.empty()) return;
+  std::uint64_t none = 0;  // the first reason stays
+  ctl(local_->rank()).failed.compare_exchange_strong(none, why, std::memory_order_release);
 }
 
-void ShmComm::wait_for(const std::atomic<std::uint64_t>& a, std::uint64_t target,
-                       std::uint64_t seq) {
+void ShmComm::wait_for(const std::atomic<std::uint64_t>& a, std::uint64_t target, std::uint64_t seq,
+                       bool progress) {
+  const auto ok = [&](std::uint64_t v) {
+    return progress ? progress_reached(v, target) : reached(v, target);
+  };
   Backoff wait;
-  while (!reached(a.load(std::memory_order_acquire), target)) {
+  while (!ok(a.load(std::memory_order_acquire))) {
     wait();
     if (!wait.idle()) continue;  // (spinning: the peer is about to arrive)
     try {
       check_failures(seq);
     } catch (const CommError&) {
       // What a peer published before it gave up is visible now: take it.
-      if (reached(a.load(std::memory_order_acquire), target)) return;
+      if (ok(a.load(std::memory_order_acquire))) return;
       broken_ = true;
       throw;
     }
@@ -200,8 +230,10 @@ void ShmComm::check_failures(std::uint64_t seq) {
     const std::uint64_t f = ctl(q).failed.load(std::memory_order_acquire);
     if (f == 0 || q == local_->rank()) continue;
     DT_THROW(CommError, "collective #", seq, " on ", name_, " on local rank ", local_->rank(),
-             ": local rank ", q, " gave up (at collective #", f,
-             ", after an error or a timeout there); this collective cannot complete");
+             ": local rank ", q,
+             f == kLeft ? " has destroyed the communicator"
+                        : " gave up (after an error or a timeout there)",
+             "; this collective cannot complete");
   }
 }
 
@@ -383,8 +415,8 @@ void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op
       if (q == me) {
         if (b >= mine_final) return;  // not reduced (or, across nodes, not final) yet
       } else {
-        if (!block && !reached(ctl(q).prog.load(std::memory_order_acquire), want)) return;
-        wait_for(ctl(q).prog, want, seq);
+        if (!block && !progress_reached(ctl(q).prog.load(std::memory_order_acquire), want)) return;
+        wait_for(ctl(q).prog, want, seq, true);
       }
       const std::size_t cnt = std::min(K, qhi - b);
       copy_bytes(d + b * es, seg(q) + off + b * es, cnt * es);
@@ -622,10 +654,13 @@ ProgressQueue& ShmComm::queue() {
 Work ShmComm::queued(std::string what, std::function<void()> f) {
   return queue().submit(std::move(what), [this, f = std::move(f)] {
     std::lock_guard<std::mutex> lk(run_mu_);
+    const std::uint64_t before = seq_;
     try {
       f();
-    } catch (const CommError&) {  // (a bad argument is refused before the collective starts)
-      give_up();  // peers waiting for this rank's part fail instead of waiting forever
+    } catch (...) {
+      // Left in the middle (a bad argument is refused before a round starts): the peers waiting
+      // for this rank's part fail instead of waiting forever.
+      if (seq_ != before) mark(kGaveUp);
       throw;
     }
   });
@@ -658,10 +693,11 @@ void ShmComm::run_blocking(const char* what_op, const CommOptions& opts, F&& f) 
     return;
   }
   std::lock_guard<std::mutex> lk(run_mu_);
+  const std::uint64_t before = seq_;
   try {
     f(Form::from(opts));
-  } catch (const CommError&) {
-    give_up();
+  } catch (...) {
+    if (seq_ != before) mark(kGaveUp);
     throw;
   }
 }

@@ -29,10 +29,12 @@
 // call order, so a timed-out operation stays pending and completes when the peers arrive, as
 // MPI's do. Ranks that disagree about a call (sizes, or arena buffers on some ranks only) get a
 // dt::CommError, after which the communicator refuses further collectives. A rank that gives up
-// a collective (an error in it, or destruction after a call timed out) marks its segment: the
-// local peers waiting for it then fail with a CommError naming it instead of waiting forever,
-// and the destructor does not wait for them. (A cross-node step in MPI waits as MPI does.) One
-// thread at a time calls a ShmComm.
+// a collective (an error in it, or destruction while one is pending after a call timed out, or
+// 10 s after destruction began) or destroys the communicator marks its segment: the local peers
+// waiting for it then fail with a CommError naming it instead of waiting forever, and the
+// destructor does not wait for them. An operation waiting inside MPI (the cross-node step of the
+// hierarchical path, barriers, messages below min_bytes) waits as MPI does. One thread at a time
+// calls a ShmComm.
 //
 // The segment is POSIX shared memory (/dev/shm/dt-shm-[jJOB-]PID-N), unlinked as soon as every
 // local rank has mapped it, so a job that crashes later leaves nothing behind in /dev/shm; one
@@ -40,6 +42,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -94,7 +97,7 @@ class ShmComm final : public Comm {
   /// Testing: the synchronisation rounds so far, to run the rounds around a wrap of the 32 bits
   /// of it that the progress words hold. Every local rank sets the same value between
   /// collectives, then all meet in a barrier before the next one.
-  void set_rounds_for_test(std::uint64_t rounds) noexcept;
+  void set_rounds_for_test(std::uint64_t rounds);
   /// True when all_reduce runs hierarchically across nodes (else MPI when num_nodes() > 1).
   bool hierarchical() const noexcept { return cross_ != nullptr; }
   /// Which path a collective of `bytes` takes: "shm-small", "shm", "hier" or "mpi". `bytes` is
@@ -143,17 +146,24 @@ class ShmComm final : public Comm {
   // Publish "arrived at op seq with (off, n)" and wait until every local rank has.
   void arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n, std::uint64_t kind);
   void depart(std::uint64_t seq);
-  // Waits until `a` >= target, for collective `seq`; throws CommError once a local rank has given
-  // up a collective (its `failed` word) or this communicator is being destroyed after a failure.
-  void wait_for(const std::atomic<std::uint64_t>& a, std::uint64_t target, std::uint64_t seq);
+  // Waits until `a` has reached target (a progress word: `progress`), for collective `seq`;
+  // throws CommError once a local rank has given up or left (its `failed` word) or this
+  // communicator is being destroyed after a failure.
+  void wait_for(const std::atomic<std::uint64_t>& a, std::uint64_t target, std::uint64_t seq,
+                bool progress = false);
   // Throws CommError for collective `seq` when this communicator is being destroyed after a
   // failure or a local rank has given up (the caller decides whether that breaks it).
   void check_failures(std::uint64_t seq);
   // Waits until every local rank has arrived at `seq`, calling check(q) for each as it arrives.
   template <class Check>
   void arrive_all(std::uint64_t seq, Check&& check);
-  // This rank gives up: peers waiting for it in a collective fail instead of waiting forever.
-  void give_up() noexcept;
+  // This rank's `failed` word: it gave up a collective (kGaveUp: also breaks this communicator)
+  // or destroyed the communicator (kLeft); peers waiting for it then fail instead of waiting
+  // forever. The first reason stays.
+  static constexpr std::uint64_t kGaveUp = 1, kLeft = 2;
+  void mark(std::uint64_t why) noexcept;
+  // How long destruction waits for queued operations of a healthy communicator to finish.
+  static constexpr std::chrono::seconds kDrainWait{10};
   // The small path: this rank's slot of collective `seq`, any rank's; `arrive_small` publishes
   // this rank's call (`kind`, n elements) and waits until every local rank has made the same one.
   char* small_slot(int q, std::uint64_t seq) const noexcept;

@@ -144,6 +144,13 @@ void load_llmc(int fd, size_t size, TokenFile& f) {
 void load_u16(int fd, size_t size, TokenFile& f) {
   DT_CHECK(ConfigError, size % 2 == 0, "token file '", f.path, "' holds ", size,
            " bytes, not a whole number of uint16 tokens (--data.format=u16)");
+  if (size >= 4) {
+    unsigned char magic[4];
+    read_exact(fd, magic, 4, 0, f.path);
+    DT_CHECK(ConfigError, le32(magic) != kLlmcMagic, "token file '", f.path,
+             "' is an llm.c token file (it starts with the llm.c magic), not headerless uint16 "
+             "tokens: give --data.format=llmc or auto");
+  }
   map_tokens(fd, size, 0, size / 2, f);
   f.format = "u16";
 }

@@ -115,6 +115,8 @@ std::vector<RankSite> gather_sites(Comm& world, const RankSite& mine) {
 
 DeviceMesh::DeviceMesh(Comm& world, const Layout& l, std::vector<RankSite> sites)
     : layout_(l), rank_(world.rank()), sites_(std::move(sites)) {
+  DT_CHECK(ConfigError, l.dp >= 1 && l.tp >= 1 && l.pp >= 1, "mesh ", l.str(),
+           ": every dimension must be at least 1");
   DT_CHECK_EQ(ConfigError, l.size(), world.size(), "mesh ", l.str(), " needs that many ranks");
   coords_ = place(l, sites_);
   const MeshCoord& m = coord();

@@ -85,6 +85,25 @@ struct Runtime::Impl {
   Topology topo;
 
   Impl(int* argc, char*** argv, const RuntimeOptions& opts) : mpi(argc, argv) {
+    try {
+      start(opts);
+    } catch (...) {
+      // MPI stays up: MPI_Finalize would wait for the other ranks, which go on into their first
+      // collective and wait for this one. The caller ends the job (start_runtime: MPI_Abort).
+      mpi.owns = false;
+      throw;
+    }
+  }
+
+  void start(const RuntimeOptions& opts) {
+    // Testing: this world rank fails to start once MPI is up (a node whose topology cannot be
+    // read, say), to check that no other rank waits for it.
+    if (const char* r = std::getenv("DT_TEST_START_FAIL_RANK")) {
+      int me = -1;
+      MPI_Comm_rank(MPI_COMM_WORLD, &me);
+      DT_CHECK(Error, std::atoi(r) != me, "DT_TEST_START_FAIL_RANK: rank ", me,
+               " fails to start (testing)");
+    }
     world = MpiComm::dup(MPI_COMM_WORLD, "world");
     node = world->split_shared();
     topo.placement = mpi_placement(*world, *node);

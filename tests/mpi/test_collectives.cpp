@@ -1227,7 +1227,8 @@ void check_regular_mismatch(Comm& world, const dt::ShmConfig& cfg) {
 
 // Local rank 0 gives up an all_reduce on its timeout (the others come late) and destroys the
 // communicator: the destruction returns at once, not when (or if) the peers arrive, and the
-// peers, arriving later, get a CommError naming rank 0 instead of waiting for it forever.
+// peers, arriving later, get a CommError naming rank 0 instead of waiting for it forever. The
+// same after a rank destroyed a communicator the others go on using.
 void check_give_up(Comm& world, const dt::ShmConfig& cfg) {
   auto c = dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), "give-up", cfg);
   if (c->local_size() < 2 || c->num_nodes() != 1) return;
@@ -1248,6 +1249,19 @@ void check_give_up(Comm& world, const dt::ShmConfig& cfg) {
         "all_reduce after local rank 0 gave up",
         [&] { c->all_reduce(dt::view_of(buf), ReduceOp::sum, CommOptions{Millis(20000)}); },
         {"local rank 0 gave up"});
+  }
+  world.barrier();
+  // Local rank 0 destroys a communicator after a finished all_reduce; the others, calling one
+  // more, fail naming it instead of waiting for it.
+  auto d = dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), "left", cfg);
+  d->all_reduce(dt::view_of(buf), ReduceOp::sum);
+  if (first) {
+    d.reset();
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    expect_throw<dt::CommError>("all_reduce after local rank 0 destroyed its communicator",
+                                [&] { d->all_reduce(dt::view_of(buf), ReduceOp::sum); },
+                                {"local rank 0 has destroyed the communicator"});
   }
   world.barrier();
 }

@@ -179,6 +179,8 @@ TEST_CASE(
   CHECK(dt::load_tokens(dir.write("text.txt", raw), "auto").note.empty());  // not *.bin
   CHECK(dt::load_tokens(path, "bytes").note.empty());                       // bytes on purpose
   check_load_error(dir.write("odd.bin", raw + "x"), "u16", {"odd.bin", "15 bytes", "uint16"});
+  check_load_error(dir.write("llmc.bin", llmc_image(toks)), "u16",
+                   {"llmc.bin", "is an llm.c token file", "--data.format=llmc"});
   std::string big = raw;
   big[0] = static_cast<char>(0x51);  // 0xC351 = 50001 < 50257: fine; then 0xFFFF: not
   big[1] = static_cast<char>(0xC3);
