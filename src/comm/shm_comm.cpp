@@ -202,7 +202,7 @@ void ShmComm::mark(std::uint64_t why) noexcept {
 }
 
 void ShmComm::wait_for(const std::atomic<std::uint64_t>& a, std::uint64_t target, std::uint64_t seq,
-                       bool progress) {
+                       int peer, bool progress) {
   const auto ok = [&](std::uint64_t v) {
     return progress ? progress_reached(v, target) : reached(v, target);
   };
@@ -211,7 +211,7 @@ void ShmComm::wait_for(const std::atomic<std::uint64_t>& a, std::uint64_t target
     wait();
     if (!wait.idle()) continue;  // (spinning: the peer is about to arrive)
     try {
-      check_failures(seq);
+      check_failures(seq, peer);
     } catch (const CommError&) {
       // What a peer published before it gave up is visible now: take it.
       if (ok(a.load(std::memory_order_acquire))) return;
@@ -221,7 +221,7 @@ void ShmComm::wait_for(const std::atomic<std::uint64_t>& a, std::uint64_t target
   }
 }
 
-void ShmComm::check_failures(std::uint64_t seq) {
+void ShmComm::check_failures(std::uint64_t seq, int peer) {
   if (stop_.load(std::memory_order_relaxed)) {
     DT_THROW(CommError, "collective #", seq, " on ", name_, " on local rank ", local_->rank(),
              ": given up, the communicator is destroyed after a timeout or an error");
@@ -229,6 +229,10 @@ void ShmComm::check_failures(std::uint64_t seq) {
   for (int q = 0; q < local_->size(); ++q) {
     const std::uint64_t f = ctl(q).failed.load(std::memory_order_acquire);
     if (f == 0 || q == local_->rank()) continue;
+    // A rank that left after its last collective matters only to a wait for that rank itself
+    // (peer; -1: for the ranks not arrived yet); one that gave up ends every wait.
+    if (f == kLeft && (peer >= 0 ? q != peer : arrived_[static_cast<std::size_t>(q)] != 0))
+      continue;
     DT_THROW(CommError, "collective #", seq, " on ", name_, " on local rank ", local_->rank(),
              ": local rank ", q,
              f == kLeft ? " has destroyed the communicator"
@@ -343,7 +347,7 @@ void ShmComm::arrive_all(std::uint64_t seq, Check&& check) {
     wait();
     if (!wait.idle()) continue;
     try {
-      check_failures(seq);
+      check_failures(seq, -1);
     } catch (const CommError&) {
       // Whatever the peers published before one gave up is visible now: a peer still missing
       // (or a mismatch, which check reports) decides.
@@ -357,7 +361,7 @@ void ShmComm::arrive_all(std::uint64_t seq, Check&& check) {
 
 void ShmComm::depart(std::uint64_t seq) {
   ctl(local_->rank()).done.store(seq, std::memory_order_release);
-  for (int q = 0; q < local_->size(); ++q) wait_for(ctl(q).done, seq, seq);
+  for (int q = 0; q < local_->size(); ++q) wait_for(ctl(q).done, seq, seq, q);
 }
 
 char* ShmComm::small_slot(int q, std::uint64_t seq) const noexcept {
@@ -416,7 +420,7 @@ void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op
         if (b >= mine_final) return;  // not reduced (or, across nodes, not final) yet
       } else {
         if (!block && !progress_reached(ctl(q).prog.load(std::memory_order_acquire), want)) return;
-        wait_for(ctl(q).prog, want, seq, true);
+        wait_for(ctl(q).prog, want, seq, q, true);
       }
       const std::size_t cnt = std::min(K, qhi - b);
       copy_bytes(d + b * es, seg(q) + off + b * es, cnt * es);

@@ -146,14 +146,15 @@ class ShmComm final : public Comm {
   // Publish "arrived at op seq with (off, n)" and wait until every local rank has.
   void arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n, std::uint64_t kind);
   void depart(std::uint64_t seq);
-  // Waits until `a` has reached target (a progress word: `progress`), for collective `seq`;
-  // throws CommError once a local rank has given up or left (its `failed` word) or this
-  // communicator is being destroyed after a failure.
+  // Waits until `a` of local rank `peer` has reached target (a progress word: `progress`), for
+  // collective `seq`; throws CommError once a local rank has given up, or `peer` has left (their
+  // `failed` words), or this communicator is being destroyed after a failure.
   void wait_for(const std::atomic<std::uint64_t>& a, std::uint64_t target, std::uint64_t seq,
-                bool progress = false);
+                int peer, bool progress = false);
   // Throws CommError for collective `seq` when this communicator is being destroyed after a
-  // failure or a local rank has given up (the caller decides whether that breaks it).
-  void check_failures(std::uint64_t seq);
+  // failure, a local rank has given up, or the rank waited for (`peer`; -1: any rank arrive_all
+  // still waits for) has left. The caller decides whether that breaks the communicator.
+  void check_failures(std::uint64_t seq, int peer);
   // Waits until every local rank has arrived at `seq`, calling check(q) for each as it arrives.
   template <class Check>
   void arrive_all(std::uint64_t seq, Check&& check);
