@@ -655,18 +655,23 @@ ProgressQueue& ShmComm::queue() {
   return *queue_;
 }
 
+template <class F>
+void ShmComm::run_round(F&& f) {
+  const std::uint64_t before = seq_;
+  try {
+    f();
+  } catch (...) {
+    // Left in the middle of a round (a bad argument is refused before one starts): the peers
+    // waiting for this rank's part fail instead of waiting forever.
+    if (seq_ != before) mark(kGaveUp);
+    throw;
+  }
+}
+
 Work ShmComm::queued(std::string what, std::function<void()> f) {
   return queue().submit(std::move(what), [this, f = std::move(f)] {
     std::lock_guard<std::mutex> lk(run_mu_);
-    const std::uint64_t before = seq_;
-    try {
-      f();
-    } catch (...) {
-      // Left in the middle (a bad argument is refused before a round starts): the peers waiting
-      // for this rank's part fail instead of waiting forever.
-      if (seq_ != before) mark(kGaveUp);
-      throw;
-    }
+    run_round(f);
   });
 }
 
@@ -697,13 +702,7 @@ void ShmComm::run_blocking(const char* what_op, const CommOptions& opts, F&& f) 
     return;
   }
   std::lock_guard<std::mutex> lk(run_mu_);
-  const std::uint64_t before = seq_;
-  try {
-    f(Form::from(opts));
-  } catch (...) {
-    if (seq_ != before) mark(kGaveUp);
-    throw;
-  }
+  run_round([&] { f(Form::from(opts)); });
 }
 
 Work ShmComm::iall_reduce(TensorView buf, ReduceOp op) {

@@ -133,6 +133,10 @@ class ShmComm final : public Comm {
   template <class F>
   void run_blocking(const char* what, const CommOptions& opts, F&& f);
   Work queued(std::string what, std::function<void()> f);
+  // Runs collective `f` (under run_mu_); an exception once it has started a round marks this
+  // rank as having given up.
+  template <class F>
+  void run_round(F&& f);
   ProgressQueue& queue();
 
   void do_all_reduce(TensorView buf, ReduceOp op, const Form& dl);

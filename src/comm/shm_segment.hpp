@@ -1,5 +1,5 @@
-// dt::ShmSegment: one POSIX shared-memory object that every rank of a node maps; dt::Backoff and
-// dt::wait_ge: the bounded-spin-then-yield wait on flags kept in such a segment.
+// dt::ShmSegment: one POSIX shared-memory object that every rank of a node maps; dt::Backoff: the
+// bounded-spin-then-yield pause of waits on flags kept in such a segment.
 //
 // Shared by dt::ShmComm (collectives through shared memory) and the sealed point-to-point
 // mailboxes of dt::security (sealed_shm.hpp).
@@ -87,11 +87,5 @@ class Backoff {
   unsigned spins_ = 0;
   bool rt_ = realtime_thread();
 };
-
-/// Waits until `a` >= target (acquire).
-inline void wait_ge(const std::atomic<std::uint64_t>& a, std::uint64_t target) noexcept {
-  Backoff wait;
-  while (a.load(std::memory_order_acquire) < target) wait();
-}
 
 }  // namespace dt

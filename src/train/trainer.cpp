@@ -1,6 +1,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -332,19 +333,20 @@ void add_train_options(Options& o, TrainConfig& c) {
 }
 
 void check_same_data(Comm& world, const TokenFile& data, const std::string& path) {
-  // Rank 0's figures: token count, digest, and the format as one more number.
-  const std::uint64_t mine[3] = {data.size(), token_digest(data),
-                                 data.format == "llmc" ? 1u : data.format == "u16" ? 2u : 0u};
+  // Rank 0's figures: token count, digest, and the format as an index into kFormats.
+  static const std::string kFormats[] = {"bytes", "llmc", "u16", "?"};
+  const auto format =
+      static_cast<std::uint64_t>(std::find(kFormats, kFormats + 3, data.format) - kFormats);
+  const std::uint64_t mine[3] = {data.size(), token_digest(data), format};
   std::uint64_t first[3] = {mine[0], mine[1], mine[2]};
   world.broadcast(view_of(reinterpret_cast<std::uint8_t*>(first), sizeof first), 0);
-  if (mine[0] == first[0] && mine[1] == first[1] && mine[2] == first[2]) return;
+  if (std::equal(mine, mine + 3, first)) return;
   char host[256] = "?";
   ::gethostname(host, sizeof host - 1);
   auto describe = [](const std::uint64_t* f) {
     char d[24];
     std::snprintf(d, sizeof d, "%016llx", static_cast<unsigned long long>(f[1]));
-    return std::string(f[2] == 1 ? "llmc" : f[2] == 2 ? "u16" : "bytes") + ", " + std::to_string(f[0]) + " tokens, digest " +
-           d;
+    return kFormats[f[2] < 3 ? f[2] : 3] + ", " + std::to_string(f[0]) + " tokens, digest " + d;
   };
   DT_THROW(ConfigError, "option --data.path: ", path, " on this rank's node (", host, ") holds ",
            describe(mine), "; rank 0's holds ", describe(first),
