@@ -12,7 +12,8 @@
 #      model and through the stage engine, and gpt-tiny in bf16 with the weights' 16-bit copy
 #      against casting them for every product.
 # Prints a RESULTS.md section and appends it to perf/RESULTS.md; the full logs of the checks and
-# runs go to $DT_GPU_LOGS when set.
+# runs go to $DT_GPU_LOGS when set. Each check and each dt_train run is stopped after
+# $DT_GPU_TIMEOUT seconds (default 300).
 # Usage: perf/bench_gpu.sh [steps]
 # Building needs what a dt build needs (scripts/bootstrap installs it) besides the CUDA Toolkit
 # and NCCL.
@@ -57,7 +58,7 @@ rate=$(sed -n 's/.*, \([0-9.]*\) TFLOP\/s.*/\1/p' <<<"$gemm")
 
 run_train() {  # run_train LOG ARGS...: dt_train on the CUDA device; prints its "done" line
   local out=$log/$1.log; shift
-  timeout 300 "${run[@]}" "$bin/dt_train" --runtime.device=cuda --runtime.plugin-path="$plugins" \
+  timeout "${DT_GPU_TIMEOUT:-300}" "${run[@]}" "$bin/dt_train" --runtime.device=cuda --runtime.plugin-path="$plugins" \
     --data.path="$text" --train.eval-every=0 "$@" >"$out" 2>&1 || { tail -20 "$out" >&2; return 1; }
   grep -E "^dt_train: done:" "$out" | tail -1
 }

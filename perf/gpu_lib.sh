@@ -21,7 +21,8 @@ dt_gpu_build() {
 
 # dt_gpu_checks LOGDIR MPIEXEC BIN RUN...: what ctest -R '^gpu\.' runs (the CUDA plugin's load
 # test, the kernel differential test, NCCL on 1 and 2 ranks), the programs taken from BIN and each
-# started through RUN... (a wrapper such as a payload's dtenv, or env) within 300 s. Each passes
+# started through RUN... (a wrapper such as a payload's dtenv, or env) within $DT_GPU_TIMEOUT
+# seconds (default 300). Each passes
 # (exit 0) or skips (exit 77 with a SKIP line); a line per check goes to stderr and its whole
 # output to LOGDIR/check-NAME.log. Sets DT_GPU_PASSED, DT_GPU_SKIPPED and DT_GPU_FAILED to the
 # names, space-separated.
@@ -34,9 +35,9 @@ dt_gpu_checks() {
     log=$logs/check-$name.log
     rc=0
     case $name in
-      cuda_plugin_load) timeout 300 "$@" "$bin/dt_cuda_test" --load ;;
-      cuda_kernels) timeout 300 "$@" "$bin/dt_cuda_test" ;;
-      nccl.n*) timeout 300 "$@" "$mpiexec" -n "${name#nccl.n}" "$bin/dt_nccl_test" ;;
+      cuda_plugin_load) timeout "${DT_GPU_TIMEOUT:-300}" "$@" "$bin/dt_cuda_test" --load ;;
+      cuda_kernels) timeout "${DT_GPU_TIMEOUT:-300}" "$@" "$bin/dt_cuda_test" ;;
+      nccl.n*) timeout "${DT_GPU_TIMEOUT:-300}" "$@" "$mpiexec" -n "${name#nccl.n}" "$bin/dt_nccl_test" ;;
     esac >"$log" 2>&1 || rc=$?
     if [ $rc = 0 ]; then
       echo "$name: passed" >&2

@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -81,9 +82,16 @@ struct Context {
   bool capture_broken = false;
   char capture_error[kErrorLen] = "";
   char error[kErrorLen] = "";
+  struct Profile* prof = nullptr;  // DT_CUDA_PROFILE: GPU time per entry (see "profile" below)
 };
 
 thread_local char t_orphan_error[kErrorLen] = "";
+
+// DT_CUDA_PROFILE (defined with the tables below).
+bool profile_requested();
+void profile_start(Context* c);
+void profile_read(Context* c);
+void profile_finish(Context* c);
 
 template <class... A>
 int fail(void* ctx, int status, const A&... parts) noexcept {
@@ -353,6 +361,7 @@ int cuda_open(int index, void** out) {
     return bail("cublasCreate", cublasGetStatusString(bs));
   if ((bs = bind_blas(c)) != CUBLAS_STATUS_SUCCESS)
     return bail("cublasSetStream/Workspace", cublasGetStatusString(bs));
+  if (profile_requested()) profile_start(c);
   *out = c;
   return DT_HAL_OK;
 }
@@ -362,6 +371,7 @@ void cuda_close(void* ctx) {
   if (c == nullptr) return;
   cudaSetDevice(c->device);
   if (c->own) cudaStreamSynchronize(c->own);
+  profile_finish(c);
   if (c->blas) cublasDestroy(c->blas);
   cudaFree(c->blas_ws);
   cudaFree(c->derr);
@@ -504,7 +514,9 @@ int cuda_synchronize(void* ctx) {
   all.push_back(c->own);
   for (cudaStream_t st : all)
     if (st != c->stream) CU(ctx, "synchronize", cudaStreamSynchronize(st));
-  return finish_on_host(ctx, "synchronize");
+  const int rc = finish_on_host(ctx, "synchronize");
+  profile_read(c);
+  return rc;
 }
 
 int cuda_describe(void* ctx, char* buf, size_t len) {
@@ -1644,6 +1656,149 @@ void cuda_graph_destroy(void* ctx, void* graph) {
   }
 }
 
+
+// ---- profile (DT_CUDA_PROFILE=1) -------------------------------------------------------------
+//
+// With DT_CUDA_PROFILE=1 in the environment when the plugin is loaded, dt_hal_plugin_v3 returns a
+// table whose work entries record a CUDA event on the current stream before and after their work
+// (not while capturing: a graph's replay is timed as one graph_launch). The events are read at
+// every synchronize, every 4096 calls and at close, which prints to stderr, per entry, the calls,
+// the GPU time between each pair of events, and the share of the time between the first and the
+// last event: the rest is time the GPU waited for the host (or, where streams overlap, the shares
+// add up to more than 100%). The events order nothing, but reading them is a host wait, so a
+// profiled run is a little slower than an unprofiled one.
+
+constexpr const char* kProfNames[] = {
+    "gemm",          "bias_add",         "bias_grad",        "add",
+    "scale",         "sum_squares",      "embedding_fwd",    "embedding_bwd",
+    "layernorm_fwd", "layernorm_bwd",    "gelu_fwd",         "gelu_bwd",
+    "attention_fwd", "attention_bwd",    "softmax_xent_fwd", "softmax_xent_bwd",
+    "adamw",         "cast_f32_to_bf16", "cast_bf16_to_f32", "gemm_ex",
+    "cast",          "scale_check_finite", "adamw_multi",    "attention_fwd_ex",
+    "attention_bwd_ex", "copy",          "fill_zero",        "graph_launch",
+};
+constexpr int kProfSlots = sizeof kProfNames / sizeof kProfNames[0];
+
+struct Profile {
+  struct Pending {
+    int slot;
+    cudaEvent_t begin, end;
+  };
+  std::mutex mu;
+  std::vector<Pending> pending;
+  std::vector<cudaEvent_t> spare;
+  cudaEvent_t first = nullptr, last = nullptr;  // the first begin and the latest end read
+  double ms[kProfSlots] = {};
+  int64_t calls[kProfSlots] = {};
+  double span_ms = 0;
+
+  cudaEvent_t take() {  // under mu
+    if (!spare.empty()) {
+      cudaEvent_t e = spare.back();
+      spare.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    return cudaEventCreate(&e) == cudaSuccess ? e : nullptr;
+  }
+  // Reads every pending pair (waiting for the last), under mu.
+  void read() {
+    for (const Pending& p : pending) {
+      float t = 0;
+      if (cudaEventSynchronize(p.end) == cudaSuccess &&
+          cudaEventElapsedTime(&t, p.begin, p.end) == cudaSuccess) {
+        ms[p.slot] += t;
+        ++calls[p.slot];
+      }
+      if (first == nullptr) {
+        first = p.begin;
+      } else {
+        spare.push_back(p.begin);
+      }
+      if (last != nullptr) spare.push_back(last);
+      last = p.end;
+    }
+    pending.clear();
+    float t = 0;
+    if (first && last && cudaEventElapsedTime(&t, first, last) == cudaSuccess) span_ms = t;
+    (void)cudaGetLastError();
+  }
+  void report(int device) {
+    int order[kProfSlots];
+    double total = 0;
+    for (int i = 0; i < kProfSlots; ++i) {
+      order[i] = i;
+      total += ms[i];
+    }
+    std::sort(order, order + kProfSlots, [&](int a, int b) { return ms[a] > ms[b]; });
+    std::fprintf(stderr,
+                 "dt cuda profile (GPU %d): %.1f ms from the first timed call to the last, %.1f ms "
+                 "in entries\n%-20s %9s %12s %10s %7s\n",
+                 device, span_ms, total, "entry", "calls", "GPU ms", "mean us", "share");
+    for (int i : order) {
+      if (calls[i] == 0) continue;
+      std::fprintf(stderr, "%-20s %9lld %12.2f %10.1f %6.1f%%\n", kProfNames[i],
+                   static_cast<long long>(calls[i]), ms[i], 1000.0 * ms[i] / calls[i],
+                   span_ms > 0 ? 100.0 * ms[i] / span_ms : 0.0);
+    }
+  }
+  ~Profile() {
+    for (cudaEvent_t e : spare) cudaEventDestroy(e);
+    for (const Pending& p : pending) {
+      cudaEventDestroy(p.begin);
+      cudaEventDestroy(p.end);
+    }
+    if (first) cudaEventDestroy(first);
+    if (last) cudaEventDestroy(last);
+  }
+};
+
+void profile_start(Context* c) { c->prof = new (std::nothrow) Profile(); }
+void profile_read(Context* c) {
+  if (c->prof == nullptr) return;
+  std::lock_guard<std::mutex> lk(c->prof->mu);
+  c->prof->read();
+}
+void profile_finish(Context* c) {
+  if (c->prof == nullptr) return;
+  profile_read(c);
+  c->prof->report(c->device);
+  delete c->prof;
+  c->prof = nullptr;
+}
+
+// Timed<Slot, A...>::call<Fn>: Fn, an entry taking (void* ctx, A...), between two events.
+template <int Slot, class... A>
+struct Timed {
+  template <int (*Fn)(void*, A...)>
+  static int call(void* ctx, A... a) {
+    Context* c = C(ctx);
+    if (c == nullptr || c->prof == nullptr || cudaSetDevice(c->device) != cudaSuccess ||
+        capturing(c->stream))
+      return Fn(ctx, a...);
+    Profile& p = *c->prof;
+    const cudaStream_t s = c->stream;
+    cudaEvent_t begin, end;
+    {
+      std::lock_guard<std::mutex> lk(p.mu);
+      begin = p.take();
+      end = p.take();
+    }
+    if (begin) cudaEventRecord(begin, s);
+    const int rc = Fn(ctx, a...);
+    if (end) cudaEventRecord(end, s);
+    std::lock_guard<std::mutex> lk(p.mu);
+    if (begin && end) {
+      p.pending.push_back({Slot, begin, end});
+    } else {
+      if (begin) p.spare.push_back(begin);
+      if (end) p.spare.push_back(end);
+    }
+    if (p.pending.size() >= 4096) p.read();
+    return rc;
+  }
+};
+
 const dt_hal_v2_t kCudaTable = {
     {
         DT_HAL_API_VERSION_2,
@@ -1708,7 +1863,56 @@ const dt_hal_v3_t kCudaTableV3 = [] {
   return t;
 }();
 
+// The version-3 table with every work entry timed (DT_CUDA_PROFILE=1).
+template <int Slot, class... A>
+constexpr Timed<Slot, A...> timed_for(int (*)(void*, A...)) {
+  static_assert(Slot < kProfSlots, "a slot without a name");
+  return {};
+}
+#define DT_TIMED(slot, fn) (&decltype(timed_for<slot>(fn))::template call<fn>)
+const dt_hal_v3_t kCudaTableProfiled = [] {
+  dt_hal_v3_t t = kCudaTableV3;
+  dt_hal_v1_t& v1 = t.v2.v1;
+  v1.gemm = DT_TIMED(0, cuda_gemm);
+  v1.bias_add = DT_TIMED(1, cuda_bias_add);
+  v1.bias_grad = DT_TIMED(2, cuda_bias_grad);
+  v1.add = DT_TIMED(3, cuda_add);
+  v1.scale = DT_TIMED(4, cuda_scale);
+  v1.sum_squares = DT_TIMED(5, cuda_sum_squares);
+  v1.embedding_fwd = DT_TIMED(6, cuda_embedding_fwd);
+  v1.embedding_bwd = DT_TIMED(7, cuda_embedding_bwd);
+  v1.layernorm_fwd = DT_TIMED(8, cuda_layernorm_fwd);
+  v1.layernorm_bwd = DT_TIMED(9, cuda_layernorm_bwd);
+  v1.gelu_fwd = DT_TIMED(10, cuda_gelu_fwd);
+  v1.gelu_bwd = DT_TIMED(11, cuda_gelu_bwd);
+  v1.attention_fwd = DT_TIMED(12, cuda_attention_fwd);
+  v1.attention_bwd = DT_TIMED(13, cuda_attention_bwd);
+  v1.softmax_xent_fwd = DT_TIMED(14, cuda_softmax_xent_fwd);
+  v1.softmax_xent_bwd = DT_TIMED(15, cuda_softmax_xent_bwd);
+  v1.adamw = DT_TIMED(16, cuda_adamw);
+  v1.cast_f32_to_bf16 = DT_TIMED(17, cuda_cast_f32_to_bf16);
+  v1.cast_bf16_to_f32 = DT_TIMED(18, cuda_cast_bf16_to_f32);
+  t.v2.gemm_ex = DT_TIMED(19, cuda_gemm_ex);
+  t.v2.cast = DT_TIMED(20, cuda_cast);
+  t.v2.scale_check_finite = DT_TIMED(21, cuda_scale_check_finite);
+  t.v2.adamw_multi = DT_TIMED(22, cuda_adamw_multi);
+  t.attention_fwd_ex = DT_TIMED(23, cuda_attention_fwd_ex);
+  t.attention_bwd_ex = DT_TIMED(24, cuda_attention_bwd_ex);
+  v1.copy = DT_TIMED(25, cuda_copy);
+  v1.fill_zero = DT_TIMED(26, cuda_fill_zero);
+  t.v2.graph_launch = DT_TIMED(27, cuda_graph_launch);
+  return t;
+}();
+#undef DT_TIMED
+
+bool profile_requested() {
+  const char* v = std::getenv("DT_CUDA_PROFILE");
+  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+}
+
 }  // namespace
 
 extern "C" DT_CUDA_EXPORT const dt_hal_v2_t* dt_hal_plugin_v2(void) { return &kCudaTable; }
-extern "C" DT_CUDA_EXPORT const dt_hal_v3_t* dt_hal_plugin_v3(void) { return &kCudaTableV3; }
+extern "C" DT_CUDA_EXPORT const dt_hal_v3_t* dt_hal_plugin_v3(void) {
+  return profile_requested() ? &kCudaTableProfiled : &kCudaTableV3;
+}
