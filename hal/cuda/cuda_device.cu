@@ -29,14 +29,15 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "dt_hal_v2.h"
@@ -68,11 +69,13 @@ struct Context {
   void* blas_ws = nullptr;
   DeviceError* derr = nullptr;       // device memory
   DeviceError* derr_host = nullptr;  // page-locked: derr fetched behind a stream's work
-  double* partials = nullptr;   // sum_squares' per-block sums (kSumBlocks + 1)
-  void* scratch = nullptr;      // gemm_ex's fp32 result for pairings cuBLAS lacks
+  double* partials = nullptr;        // sum_squares' per-block sums (kSumBlocks + 1)
+  void* scratch = nullptr;           // gemm_ex's fp32 result for pairings cuBLAS lacks
   size_t scratch_bytes = 0;
   void* lp = nullptr;  // attention_*_ex's 16-bit operands (qkv, dout, probabilities)
   size_t lp_bytes = 0;
+  void* pad[2] = {nullptr, nullptr};  // gemm_ex's copies of A and B with 16-byte aligned rows
+  size_t pad_bytes[2] = {0, 0};
   std::atomic<int> graphs{0};  // graphs not yet destroyed (they may hold scratch's address)
   std::mutex streams_mu;
   std::vector<cudaStream_t> streams;  // made by stream_create, not yet destroyed
@@ -379,6 +382,8 @@ void cuda_close(void* ctx) {
   cudaFree(c->partials);
   cudaFree(c->scratch);
   cudaFree(c->lp);
+  cudaFree(c->pad[0]);
+  cudaFree(c->pad[1]);
   if (c->own) cudaStreamDestroy(c->own);
   (void)cudaGetLastError();
   delete c;
@@ -598,20 +603,25 @@ cudaDataType_t cuda_type(dt_hal_dtype t) {
 }
 bool known_dtype(dt_hal_dtype t) { return t == DT_HAL_F32 || t == DT_HAL_BF16 || t == DT_HAL_F16; }
 
-// rows x cols of a matrix with leading dimension ld, between fp32 (dense, ld = cols) and type t.
-__global__ void widen_matrix_kernel(float* out, const void* in, int type, int64_t rows,
+// rows x cols of a matrix between fp32 (leading dimension ldf) and type t (leading dimension ld):
+// blockIdx.y strides over rows, x over columns (no division per element).
+__global__ void widen_matrix_kernel(float* out, int64_t ldf, const void* in, int type, int64_t rows,
                                     int64_t cols, int64_t ld) {
-  const int64_t n = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = load_as_f32(in, (i / cols) * ld + i % cols, type);
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < cols;
+         j += int64_t{gridDim.x} * blockDim.x)
+      out[r * ldf + j] = load_as_f32(in, r * ld + j, type);
 }
-__global__ void narrow_matrix_kernel(void* out, const float* in, int type, int64_t rows,
-                                     int64_t cols, int64_t ld) {
-  const int64_t n = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    store_from_f32(out, (i / cols) * ld + i % cols, type, in[i]);
+__global__ void narrow_matrix_kernel(void* out, const float* in, int64_t ldf, int type,
+                                     int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < cols;
+         j += int64_t{gridDim.x} * blockDim.x)
+      store_from_f32(out, r * ld + j, type, in[r * ldf + j]);
+}
+dim3 matrix_grid(int64_t rows, int64_t cols) {
+  return dim3(static_cast<unsigned>(std::min<int64_t>((cols + kThreads - 1) / kThreads, 64)),
+              static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(rows, 1), 65535)));
 }
 
 // *buf (of *have bytes) grown to at least `need` bytes. Refused while capturing (a capture may not
@@ -635,6 +645,38 @@ int grow_scratch(void* ctx, const char* fn, void** buf, size_t* have, size_t nee
   return DT_HAL_OK;
 }
 
+// Bytes of an element of t.
+inline size_t size_of(dt_hal_dtype t) { return t == DT_HAL_F32 ? 4 : 2; }
+// A matrix that starts on 16 bytes with rows of 16-byte multiples, which cuBLAS's fast kernels
+// on Hopper want.
+inline bool aligned16(const void* p, int64_t ld, dt_hal_dtype t) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (ld * size_of(t)) % 16 == 0;
+}
+// cols rounded up to a whole number of 16 bytes of t.
+inline int64_t aligned_ld(int64_t cols, dt_hal_dtype t) {
+  const int64_t per = static_cast<int64_t>(16 / size_of(t));
+  return (cols + per - 1) / per * per;
+}
+
+// An operand stored as rows x cols (leading dimension *ld) of type t, copied into the context's
+// pad buffer `which` with aligned rows where it is not aligned; *p and *ld then name the copy.
+int align_operand(void* ctx, const char* fn, int which, const void** p, int64_t* ld, int64_t rows,
+                  int64_t cols, dt_hal_dtype t) {
+  if (aligned16(*p, *ld, t) || rows == 0 || cols == 0) return DT_HAL_OK;
+  Context* c = C(ctx);
+  const int64_t lda = aligned_ld(cols, t);
+  DT_HAL_TRY(grow_scratch(ctx, fn, &c->pad[which], &c->pad_bytes[which],
+                          static_cast<size_t>(rows * lda) * size_of(t)));
+  CU(ctx, fn,
+     cudaMemcpy2DAsync(c->pad[which], static_cast<size_t>(lda) * size_of(t), *p,
+                       static_cast<size_t>(*ld) * size_of(t),
+                       static_cast<size_t>(cols) * size_of(t), static_cast<size_t>(rows),
+                       cudaMemcpyDeviceToDevice, c->stream));
+  *p = c->pad[which];
+  *ld = lda;
+  return DT_HAL_OK;
+}
+
 int cuda_gemm_ex(void* ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                  const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* Cm,
                  int64_t ldc, dt_hal_dtype ab_type, dt_hal_dtype c_type) {
@@ -647,21 +689,30 @@ int cuda_gemm_ex(void* ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, flo
   DT_HAL_TRY(check_gemm(ctx, fn, ta, tb, M, N, K, A, lda, B, ldb, Cm, ldc, &empty));
   if (empty) return DT_HAL_OK;
   Context* c = C(ctx);
+  // Operands without aligned rows are copied into aligned ones first: on an H200 the product of
+  // a [50257 x 4096] bf16 operand with rows of 50257 elements ran at 142 TFLOP/s, and at 311 on
+  // the aligned copy, the copy included (perf/RESULTS.md). The result is the same sum, up to the
+  // order cuBLAS's kernels add in.
+  if (K > 0) {
+    DT_HAL_TRY(align_operand(ctx, fn, 0, &A, &lda, ta ? K : M, ta ? M : K, ab_type));
+    DT_HAL_TRY(align_operand(ctx, fn, 1, &B, &ldb, tb ? N : K, tb ? K : N, ab_type));
+  }
   // cuBLAS with fp32 compute takes C of the operand type or fp32 (fp32 operands: fp32 C only);
-  // other pairings go through an fp32 result in scratch, rounded once to c_type.
+  // other pairings go through an fp32 result in scratch, rounded once to c_type. (An fp32 C
+  // without aligned rows stays where it is: through scratch it was slower.)
   const bool direct = c_type == ab_type || c_type == DT_HAL_F32;
   void* out = Cm;
   int64_t ldo = ldc;
   dt_hal_dtype otype = c_type;
   if (!direct) {
-    DT_HAL_TRY(grow_scratch(ctx, fn, &c->scratch, &c->scratch_bytes,
-                            static_cast<size_t>(M * N) * sizeof(float)));
-    out = c->scratch;
     ldo = N;
+    DT_HAL_TRY(grow_scratch(ctx, fn, &c->scratch, &c->scratch_bytes,
+                            static_cast<size_t>(M * ldo) * sizeof(float)));
+    out = c->scratch;
     otype = DT_HAL_F32;
     if (beta != 0.0f) {
-      widen_matrix_kernel<<<blocks_for(M * N), kThreads, 0, c->stream>>>(static_cast<float*>(out),
-                                                                         Cm, c_type, M, N, ldc);
+      widen_matrix_kernel<<<matrix_grid(M, N), kThreads, 0, c->stream>>>(
+          static_cast<float*>(out), ldo, Cm, c_type, M, N, ldc);
       LAUNCHED(ctx, fn);
     }
   }
@@ -671,8 +722,8 @@ int cuda_gemm_ex(void* ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, flo
                       cuda_type(ab_type), static_cast<int>(lda), &beta, out, cuda_type(otype),
                       static_cast<int>(ldo), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (!direct) {
-    narrow_matrix_kernel<<<blocks_for(M * N), kThreads, 0, c->stream>>>(
-        Cm, static_cast<const float*>(out), c_type, M, N, ldc);
+    narrow_matrix_kernel<<<matrix_grid(M, N), kThreads, 0, c->stream>>>(
+        Cm, static_cast<const float*>(out), ldo, c_type, M, N, ldc);
     LAUNCHED(ctx, fn);
   }
   return DT_HAL_OK;
@@ -1071,6 +1122,118 @@ __global__ void causal_softmax_bwd_kernel(float* d, const float* a, int64_t T, f
     dr[i] = i < len ? scale * ar[i] * (dr[i] - s) : 0.0f;
 }
 
+// The same two softmaxes with a row held in registers (T at most kSoftmaxThreads * kPer): one read
+// and one write of the row instead of three and two, and the 16-bit rounding the products take
+// (type, into lp; none when lp is null) written in the same pass. The sums run in the same order
+// as above, so the results are the same bits.
+constexpr int kSoftmaxThreads = 256;
+int narrow_into(void* ctx, const char* fn, uint16_t* out, const float* in, int64_t n,
+                dt_hal_dtype t);
+template <int kPer>
+__global__ void causal_softmax_rows_kernel(float* att, uint16_t* lp, int type, int64_t T) {
+  const int64_t r = blockIdx.x;
+  const int64_t len = r % T + 1;
+  float* row = att + r * T;
+  float v[kPer];
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    v[k] = i < len ? row[i] : -INFINITY;
+    m = fmaxf(m, v[k]);
+  }
+  m = block_max(m);
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    if (i < len) {
+      v[k] = expf(v[k] - m);
+      s += v[k];
+    }
+  }
+  const float inv = 1.0f / block_sum(s);
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    if (i >= T) break;
+    const float x = i < len ? v[k] * inv : 0.0f;
+    row[i] = x;
+    if (lp != nullptr) lp[r * T + i] = type == DT_HAL_BF16 ? bf16_of(x) : f16_of(x);
+  }
+}
+template <int kPer>
+__global__ void causal_softmax_bwd_rows_kernel(float* d, uint16_t* lp, int type, const float* a,
+                                               int64_t T, float scale) {
+  const int64_t r = blockIdx.x;
+  const int64_t len = r % T + 1;
+  float* dr = d + r * T;
+  const float* ar = a + r * T;
+  float av[kPer], dv[kPer];
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    av[k] = i < len ? ar[i] : 0.0f;
+    dv[k] = i < len ? dr[i] : 0.0f;
+    if (i < len) s += av[k] * dv[k];
+  }
+  s = block_sum(s);
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    if (i >= T) break;
+    const float x = i < len ? scale * av[k] * (dv[k] - s) : 0.0f;
+    dr[i] = x;
+    if (lp != nullptr) lp[r * T + i] = type == DT_HAL_BF16 ? bf16_of(x) : f16_of(x);
+  }
+}
+
+// The softmax of attention_fwd_run over B*NH rows of T, with the 16-bit copy in lp (null: none).
+int causal_softmax(void* ctx, const char* fn, float* att, uint16_t* lp, dt_hal_dtype type,
+                   int64_t rows, int64_t T) {
+  const cudaStream_t st = C(ctx)->stream;
+  const unsigned grid = static_cast<unsigned>(rows);
+  const int t = static_cast<int>(type);
+  if (T <= kSoftmaxThreads)
+    causal_softmax_rows_kernel<1><<<grid, kSoftmaxThreads, 0, st>>>(att, lp, t, T);
+  else if (T <= 2 * kSoftmaxThreads)
+    causal_softmax_rows_kernel<2><<<grid, kSoftmaxThreads, 0, st>>>(att, lp, t, T);
+  else if (T <= 4 * kSoftmaxThreads)
+    causal_softmax_rows_kernel<4><<<grid, kSoftmaxThreads, 0, st>>>(att, lp, t, T);
+  else if (T <= 8 * kSoftmaxThreads)
+    causal_softmax_rows_kernel<8><<<grid, kSoftmaxThreads, 0, st>>>(att, lp, t, T);
+  else {
+    causal_softmax_kernel<<<grid, kThreads, 0, st>>>(att, T);
+    LAUNCHED(ctx, fn);
+    if (lp != nullptr) return narrow_into(ctx, fn, lp, att, rows * T, type);
+  }
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+// The softmax backward of attention_bwd_run: S into d (fp32), and its 16-bit rounding into lp.
+int causal_softmax_bwd(void* ctx, const char* fn, float* d, uint16_t* lp, dt_hal_dtype type,
+                       const float* a, int64_t rows, int64_t T, float scale) {
+  const cudaStream_t st = C(ctx)->stream;
+  const unsigned grid = static_cast<unsigned>(rows);
+  const int t = static_cast<int>(type);
+  if (T <= kSoftmaxThreads)
+    causal_softmax_bwd_rows_kernel<1><<<grid, kSoftmaxThreads, 0, st>>>(d, lp, t, a, T, scale);
+  else if (T <= 2 * kSoftmaxThreads)
+    causal_softmax_bwd_rows_kernel<2><<<grid, kSoftmaxThreads, 0, st>>>(d, lp, t, a, T, scale);
+  else if (T <= 4 * kSoftmaxThreads)
+    causal_softmax_bwd_rows_kernel<4><<<grid, kSoftmaxThreads, 0, st>>>(d, lp, t, a, T, scale);
+  else if (T <= 8 * kSoftmaxThreads)
+    causal_softmax_bwd_rows_kernel<8><<<grid, kSoftmaxThreads, 0, st>>>(d, lp, t, a, T, scale);
+  else {
+    causal_softmax_bwd_kernel<<<grid, kThreads, 0, st>>>(d, a, T, scale);
+    LAUNCHED(ctx, fn);
+    if (lp != nullptr) return narrow_into(ctx, fn, lp, d, rows * T, type);
+  }
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
 int check_attention(void* ctx, const char* fn, int64_t B, int64_t T, int64_t Cc, int64_t NH) {
   DT_HAL_TRY(need_ctx(ctx, fn));
   DT_HAL_TRY(need_nonneg(ctx, fn, "B", B));
@@ -1119,24 +1282,55 @@ int attention_bwd_args(void* ctx, const char* fn, const float* dqkv, const float
   return DT_HAL_OK;
 }
 
-// One block per row: probs = softmax(x), loss = log(sum e^(x - max)) - (x_target - max).
+// (m, s) of a set of values: their maximum and the sum of e^(x - m); two sets combined.
+struct MaxSum {
+  float m, s;
+};
+__device__ inline MaxSum combine(MaxSum a, MaxSum b) {
+  if (a.m < b.m) {
+    const MaxSum t = a;
+    a = b;
+    b = t;
+  }
+  // a.m >= b.m (or both -inf: nothing seen yet)
+  return {a.m, b.s == 0.0f ? a.s : a.s + b.s * expf(b.m - a.m)};
+}
+__device__ MaxSum block_maxsum(MaxSum v) {
+  __shared__ MaxSum part[32];
+  for (int o = 16; o > 0; o >>= 1)
+    v = combine(v, {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  MaxSum r = lane < nwarps ? part[lane] : MaxSum{-INFINITY, 0.0f};
+  for (int o = 16; o > 0; o >>= 1)
+    r = combine(r, {__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o)});
+  return r;
+}
+
+// One block per row: probs = softmax(x), loss = log(sum e^(x - max)) - (x_target - max). The
+// maximum and the sum come from one pass over the row (the sum rescaled as the maximum grows),
+// the probabilities from a second: two reads of the logits instead of three.
 __global__ void softmax_xent_fwd_kernel(float* losses, float* probs, const float* logits,
                                         const int32_t* targets, int64_t V, DeviceError* err) {
   const int64_t n = blockIdx.x;
   const float* x = logits + n * V;
   float* p = probs + n * V;
-  float m = -INFINITY;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, x[i]);
-  m = block_max(m);
-  float s = 0.0f;
+  MaxSum ms{-INFINITY, 0.0f};
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const float e = expf(x[i] - m);
-    p[i] = e;
-    s += e;
+    const float xi = x[i];
+    if (xi > ms.m) {
+      ms.s = ms.s * expf(ms.m - xi) + 1.0f;
+      ms.m = xi;
+    } else {
+      ms.s += expf(xi - ms.m);
+    }
   }
-  s = block_sum(s);
+  ms = block_maxsum(ms);
+  const float m = ms.m, s = ms.s;
   const float inv = 1.0f / s;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) p[i] *= inv;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) p[i] = expf(x[i] - m) * inv;
   if (threadIdx.x == 0) {
     const int32_t t = targets[n];
     if (t < 0 || t >= V) {
@@ -1402,9 +1596,7 @@ int attention_fwd_run(void* ctx, const char* fn, float* out, float* att, const f
     DT_HAL_TRY(gemm_rm_t(ctx, fn, 0, 1, T, T, hs, scale, at(q, b * T * C3, dtype), C3, hs,
                          at(q, b * T * C3 + Cc, dtype), C3, hs, 0.0f, att + b * NH * TT, T, TT, nh,
                          dtype));
-  causal_softmax_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, c->stream>>>(att, T);
-  LAUNCHED(ctx, fn);
-  if (p16 != nullptr) DT_HAL_TRY(narrow_into(ctx, fn, p16, att, B * NH * TT, dtype));
+  DT_HAL_TRY(causal_softmax(ctx, fn, att, p16, dtype, B * NH * T, T));
   for (int64_t b = 0; b < B; ++b)
     DT_HAL_TRY(gemm_rm_t(ctx, fn, 0, 0, T, hs, T, 1.0f, at(p, b * NH * TT, dtype), T, TT,
                          at(q, b * T * C3 + 2 * Cc, dtype), C3, hs, 0.0f, out + b * T * Cc, Cc, hs,
@@ -1450,10 +1642,7 @@ int attention_bwd_run(void* ctx, const char* fn, float* dqkv, float* scratch, co
     DT_HAL_TRY(gemm_rm_t(ctx, fn, 1, 0, T, hs, T, 1.0f, at(a, b * NH * TT, dtype), T, TT,
                          at(o, b * T * Cc, dtype), Cc, hs, 1.0f, dq + 2 * Cc, C3, hs, nh, dtype));
   }
-  causal_softmax_bwd_kernel<<<static_cast<unsigned>(B * NH * T), kThreads, 0, c->stream>>>(
-      scratch, att, T, scale);
-  LAUNCHED(ctx, fn);
-  if (a16 != nullptr) DT_HAL_TRY(narrow_into(ctx, fn, a16, scratch, B * NH * TT, dtype));
+  DT_HAL_TRY(causal_softmax_bwd(ctx, fn, scratch, a16, dtype, att, B * NH * T, T, scale));
   for (int64_t b = 0; b < B; ++b) {
     float* dq = dqkv + b * T * C3;
     DT_HAL_TRY(gemm_rm_t(ctx, fn, 0, 0, T, hs, T, 1.0f, at(s, b * NH * TT, dtype), T, TT,
@@ -1656,7 +1845,6 @@ void cuda_graph_destroy(void* ctx, void* graph) {
   }
 }
 
-
 // ---- profile (DT_CUDA_PROFILE=1) -------------------------------------------------------------
 //
 // With DT_CUDA_PROFILE=1 in the environment when the plugin is loaded, dt_hal_plugin_v3 returns a
@@ -1669,13 +1857,34 @@ void cuda_graph_destroy(void* ctx, void* graph) {
 // profiled run is a little slower than an unprofiled one.
 
 constexpr const char* kProfNames[] = {
-    "gemm",          "bias_add",         "bias_grad",        "add",
-    "scale",         "sum_squares",      "embedding_fwd",    "embedding_bwd",
-    "layernorm_fwd", "layernorm_bwd",    "gelu_fwd",         "gelu_bwd",
-    "attention_fwd", "attention_bwd",    "softmax_xent_fwd", "softmax_xent_bwd",
-    "adamw",         "cast_f32_to_bf16", "cast_bf16_to_f32", "gemm_ex",
-    "cast",          "scale_check_finite", "adamw_multi",    "attention_fwd_ex",
-    "attention_bwd_ex", "copy",          "fill_zero",        "graph_launch",
+    "gemm",
+    "bias_add",
+    "bias_grad",
+    "add",
+    "scale",
+    "sum_squares",
+    "embedding_fwd",
+    "embedding_bwd",
+    "layernorm_fwd",
+    "layernorm_bwd",
+    "gelu_fwd",
+    "gelu_bwd",
+    "attention_fwd",
+    "attention_bwd",
+    "softmax_xent_fwd",
+    "softmax_xent_bwd",
+    "adamw",
+    "cast_f32_to_bf16",
+    "cast_bf16_to_f32",
+    "gemm_ex",
+    "cast",
+    "scale_check_finite",
+    "adamw_multi",
+    "attention_fwd_ex",
+    "attention_bwd_ex",
+    "copy",
+    "fill_zero",
+    "graph_launch",
 };
 constexpr int kProfSlots = sizeof kProfNames / sizeof kProfNames[0];
 
@@ -1683,7 +1892,16 @@ struct Profile {
   struct Pending {
     int slot;
     cudaEvent_t begin, end;
+    int shape;  // index into shapes (matrix products), else -1
   };
+  // The matrix products by shape: op(A) M x K times op(B) K x N, and the operand type.
+  struct Shape {
+    int ta, tb, type;
+    int64_t M, N, K;
+    double ms;
+    int64_t calls;
+  };
+  std::vector<Shape> shapes;
   std::mutex mu;
   std::vector<Pending> pending;
   std::vector<cudaEvent_t> spare;
@@ -1709,6 +1927,10 @@ struct Profile {
           cudaEventElapsedTime(&t, p.begin, p.end) == cudaSuccess) {
         ms[p.slot] += t;
         ++calls[p.slot];
+        if (p.shape >= 0) {
+          shapes[p.shape].ms += t;
+          ++shapes[p.shape].calls;
+        }
       }
       if (first == nullptr) {
         first = p.begin;
@@ -1722,6 +1944,15 @@ struct Profile {
     float t = 0;
     if (first && last && cudaEventElapsedTime(&t, first, last) == cudaSuccess) span_ms = t;
     (void)cudaGetLastError();
+  }
+  int shape_of(int ta, int tb, int type, int64_t M, int64_t N, int64_t K) {  // under mu
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const Shape& h = shapes[i];
+      if (h.ta == ta && h.tb == tb && h.type == type && h.M == M && h.N == N && h.K == K)
+        return static_cast<int>(i);
+    }
+    shapes.push_back({ta, tb, type, M, N, K, 0.0, 0});
+    return static_cast<int>(shapes.size() - 1);
   }
   void report(int device) {
     int order[kProfSlots];
@@ -1740,6 +1971,24 @@ struct Profile {
       std::fprintf(stderr, "%-20s %9lld %12.2f %10.1f %6.1f%%\n", kProfNames[i],
                    static_cast<long long>(calls[i]), ms[i], 1000.0 * ms[i] / calls[i],
                    span_ms > 0 ? 100.0 * ms[i] / span_ms : 0.0);
+    }
+    std::sort(shapes.begin(), shapes.end(),
+              [](const Shape& a, const Shape& b) { return a.ms > b.ms; });
+    if (!shapes.empty())
+      std::fprintf(stderr, "%-34s %9s %12s %10s %9s\n", "matrix product (M x N x K, ops, type)",
+                   "calls", "GPU ms", "mean us", "TFLOP/s");
+    for (const Shape& h : shapes) {
+      if (h.calls == 0) continue;
+      char name[64];
+      std::snprintf(name, sizeof name, "%lld x %lld x %lld %c%c %s", static_cast<long long>(h.M),
+                    static_cast<long long>(h.N), static_cast<long long>(h.K), h.ta ? 'T' : 'N',
+                    h.tb ? 'T' : 'N',
+                    h.type == DT_HAL_F32    ? "f32"
+                    : h.type == DT_HAL_BF16 ? "bf16"
+                                            : "f16");
+      std::fprintf(stderr, "%-34s %9lld %12.2f %10.1f %9.1f\n", name,
+                   static_cast<long long>(h.calls), h.ms, 1000.0 * h.ms / h.calls,
+                   h.ms > 0 ? 2.0 * h.M * h.N * h.K * h.calls / (h.ms * 1e9) : 0.0);
     }
   }
   ~Profile() {
@@ -1770,6 +2019,22 @@ void profile_finish(Context* c) {
 // Timed<Slot, A...>::call<Fn>: Fn, an entry taking (void* ctx, A...), between two events.
 template <int Slot, class... A>
 struct Timed {
+  // The shape of a matrix product (gemm, slot 0; gemm_ex, slot 19), under p.mu; else -1.
+  template <class... R>
+  static int shape(Profile& p, int ta, int tb, int64_t M, int64_t N, int64_t K, R... rest) {
+    if constexpr (Slot == 19) {
+      const dt_hal_dtype ab = std::get<sizeof...(R) - 2>(std::make_tuple(rest...));
+      return p.shape_of(ta, tb, static_cast<int>(ab), M, N, K);
+    } else if constexpr (Slot == 0) {
+      return p.shape_of(ta, tb, static_cast<int>(DT_HAL_F32), M, N, K);
+    }
+    return -1;
+  }
+  template <class... R>
+  static int shape(Profile&, R...) {
+    return -1;
+  }
+
   template <int (*Fn)(void*, A...)>
   static int call(void* ctx, A... a) {
     Context* c = C(ctx);
@@ -1789,7 +2054,7 @@ struct Timed {
     if (end) cudaEventRecord(end, s);
     std::lock_guard<std::mutex> lk(p.mu);
     if (begin && end) {
-      p.pending.push_back({Slot, begin, end});
+      p.pending.push_back({Slot, begin, end, shape(p, a...)});
     } else {
       if (begin) p.spare.push_back(begin);
       if (end) p.spare.push_back(end);

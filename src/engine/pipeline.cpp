@@ -691,8 +691,8 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
   const std::size_t us = static_cast<std::size_t>(slot);
   DT_CHECK(InvalidArgument, slot >= 0 && slot < slots_, "slot ", slot, " outside [0, ", slots_,
            ")");
-  DT_CHECK(InvalidArgument, m.slot_state[us] != Impl::kEmpty, "StageEngine::backward: slot ",
-           slot, " holds no finished forward pass");
+  DT_CHECK(InvalidArgument, m.slot_state[us] != Impl::kEmpty, "StageEngine::backward: slot ", slot,
+           " holds no finished forward pass");
   DT_CHECK(InvalidArgument, !m.has_loss || m.slot_state[us] == Impl::kTargets,
            "StageEngine::backward: the forward pass of slot ", slot,
            " had no targets, and this stage's backward starts from the loss");
@@ -737,8 +737,8 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
     } else if (n.op == "lm_head") {
       const std::int64_t C = width(n.in[0]), V = width(n.out[0]);
       const float* dl = grad(n.out[0]);
-      matmul(dev_, &ws_, 0, 0, BT, C, V, 1.0f, dl, V, prm(n.in[1]), C, 1.0f, grad(n.in[0]), C);
-      matmul(dev_, &ws_, 1, 0, V, C, BT, 1.0f, dl, V, act(n.in[0]), C, 1.0f, dprm(n.in[1]), C);
+      linear_bwd(dev_, &ws_, grad(n.in[0]), 1.0f, dprm(n.in[1]), nullptr, dl, act(n.in[0]),
+                 prm(n.in[1]), BT, C, V);
     } else if (n.op == "layernorm") {
       const trace::Scope s("backward", "model", "layer", n.layer);
       dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", grad(n.in[0]), dprm(n.in[1]),

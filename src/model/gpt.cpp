@@ -385,9 +385,8 @@ void Gpt::backward(float loss_scale, const GradReady& ready) {
   use_grads(0);
   dev_.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dlogits_,
             static_cast<const float*>(probs_), tgt, loss_scale, BT, V);
-  // logits = lnf @ wte^T
-  matmul(dev_, ws_.get(), 0, 0, BT, C, V, 1.0f, dlogits_, V, pp_[0], C, 0.0f, dln_, C);
-  matmul(dev_, ws_.get(), 1, 0, V, C, BT, 1.0f, dlogits_, V, lnf_, C, 1.0f, gp_[0], C);
+  // logits = lnf @ wte^T: the backward of a linear layer (in C, out V) without bias
+  linear_bwd(dev_, ws_.get(), dln_, 0.0f, gp_[0], nullptr, dlogits_, lnf_, pp_[0], BT, C, V);
   drop_params(0);
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dres_),
             static_cast<std::size_t>(BT * C) * sizeof(float));

@@ -39,6 +39,27 @@ struct GemmWorkspace {
   }
 };
 
+// The n elements at p as an operand of ws's 16-bit compute type: their 16-bit weight copy, or
+// rounded into `slot` (on the device's stream, so a slot may be reused by the next product).
+inline const void* operand16(const Device& d, GemmWorkspace* ws, Device::Buffer& slot,
+                             const float* p, std::int64_t n) {
+  if (const void* w = ws->weights16(p, n)) {
+    ++ws->copy_reads;
+    return w;
+  }
+  d.call(&dt_hal_v2_t::cast, "cast", slot.get(), hal_dtype(ws->compute),
+         static_cast<const void*>(p), DT_HAL_F32, n);
+  return slot.get();
+}
+
+// C[M, N] = alpha * op(A) @ op(B) + beta * C on 16-bit operands A16 and B16 with fp32 C.
+inline void gemm16(const Device& d, const GemmWorkspace* ws, int ta, int tb, std::int64_t M,
+                   std::int64_t N, std::int64_t K, float alpha, const void* A16, std::int64_t lda,
+                   const void* B16, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  d.call(&dt_hal_v2_t::gemm_ex, "gemm_ex", ta, tb, M, N, K, alpha, A16, lda, B16, ldb, beta,
+         static_cast<void*>(C), ldc, hal_dtype(ws->compute), DT_HAL_F32);
+}
+
 // C[M, N] = alpha * op(A) @ op(B) + beta * C, row-major with packed rows (lda, ldb: row lengths
 // of A and B as stored), in ws's precision (null: fp32).
 inline void matmul(const Device& d, GemmWorkspace* ws, int ta, int tb, std::int64_t M,
@@ -48,22 +69,11 @@ inline void matmul(const Device& d, GemmWorkspace* ws, int ta, int tb, std::int6
     d.call(&dt_hal_v1_t::gemm, "gemm", ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  const dt_hal_dtype f32 = DT_HAL_F32, lp = hal_dtype(ws->compute);
   const std::int64_t na = (ta ? K : M) * lda, nb = (tb ? N : K) * ldb;
   ws->reserve(d, static_cast<std::size_t>(std::max(na, nb)));
-  const void* a16 = ws->weights16(A, na);
-  const void* b16 = ws->weights16(B, nb);
-  ws->copy_reads += (a16 != nullptr) + (b16 != nullptr);
-  if (a16 == nullptr) {
-    d.call(&dt_hal_v2_t::cast, "cast", ws->a.get(), lp, static_cast<const void*>(A), f32, na);
-    a16 = ws->a.get();
-  }
-  if (b16 == nullptr) {
-    d.call(&dt_hal_v2_t::cast, "cast", ws->b.get(), lp, static_cast<const void*>(B), f32, nb);
-    b16 = ws->b.get();
-  }
-  d.call(&dt_hal_v2_t::gemm_ex, "gemm_ex", ta, tb, M, N, K, alpha, a16, lda, b16, ldb, beta,
-         static_cast<void*>(C), ldc, lp, f32);
+  const void* a16 = operand16(d, ws, ws->a, A, na);
+  const void* b16 = operand16(d, ws, ws->b, B, nb);
+  gemm16(d, ws, ta, tb, M, N, K, alpha, a16, lda, b16, ldb, beta, C, ldc);
 }
 
 // y[N, out] = x[N, in] @ W[out, in]^T + b (no bias when b is null)
@@ -72,12 +82,23 @@ inline void linear_fwd(const Device& d, GemmWorkspace* ws, float* y, const float
   matmul(d, ws, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
   if (b) d.call(&dt_hal_v1_t::bias_add, "bias_add", y, b, N, out);
 }
-// dx[N, in] (= or +=, by beta) dy @ W; dW += dy^T @ x; db += sum dy
+// dx[N, in] (= or +=, by beta; none when dx is null) dy @ W; dW += dy^T @ x; db += sum dy. In a
+// 16-bit precision dy is rounded once for both products.
 inline void linear_bwd(const Device& d, GemmWorkspace* ws, float* dx, float beta, float* dW,
                        float* db, const float* dy, const float* x, const float* W, std::int64_t N,
                        std::int64_t in, std::int64_t out) {
-  if (dx) matmul(d, ws, 0, 0, N, in, out, 1.0f, dy, out, W, in, beta, dx, in);
-  matmul(d, ws, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
+  if (ws == nullptr || ws->compute == DType::f32) {
+    if (dx) matmul(d, ws, 0, 0, N, in, out, 1.0f, dy, out, W, in, beta, dx, in);
+    matmul(d, ws, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
+  } else {
+    ws->reserve(d, static_cast<std::size_t>(std::max({N * out, N * in, out * in})));
+    const void* dy16 = operand16(d, ws, ws->a, dy, N * out);
+    if (dx)
+      gemm16(d, ws, 0, 0, N, in, out, 1.0f, dy16, out, operand16(d, ws, ws->b, W, out * in), in,
+             beta, dx, in);
+    gemm16(d, ws, 1, 0, out, in, N, 1.0f, dy16, out, operand16(d, ws, ws->b, x, N * in), in, 1.0f,
+           dW, in);
+  }
   if (db) d.call(&dt_hal_v1_t::bias_grad, "bias_grad", db, dy, N, out);
 }
 

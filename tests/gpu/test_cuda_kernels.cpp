@@ -714,66 +714,76 @@ void test_streams_graphs(Rig& r) {
 }
 
 // gemm_ex in the forms dt calls it: every transpose pairing, beta = 1 onto a random C, leading
-// dimensions wider than the rows (+3), with an fp32 C (direct) and a bf16 C (through the fp32
-// scratch, widened first because beta != 0).
+// dimensions wider than the rows (+3, +1), with an fp32 C and a bf16 C (through the fp32 scratch,
+// widened first because beta != 0). Among these, rows of 16-byte multiples and rows that are not
+// (the CUDA device copies such A and B into aligned rows first), for A, B and C.
 void test_gemm_ex_forms(Rig& r) {
-  const int64_t M = 37, N = 53, K = 71, pad = 3;
-  for (dt_hal_dtype ct : {DT_HAL_F32, DT_HAL_BF16})
-    for (int ta = 0; ta < 2; ++ta)
-      for (int tb = 0; tb < 2; ++tb) {
-        const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-        const int64_t lda = ac + pad, ldb = bc + pad, ldc = N + pad;
-        auto A = r.rand(ar * lda), B = r.rand(br * ldb), C0 = r.rand(M * ldc);
-        const std::size_t cs = ct == DT_HAL_F32 ? 4 : 2;
-        std::vector<std::uint16_t> a16(A.size()), b16(B.size());
-        std::vector<std::uint8_t> c0(C0.size() * cs);
-        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(a16.data()), DT_HAL_BF16,
-                   static_cast<const void*>(A.data()), DT_HAL_F32, static_cast<int64_t>(A.size()));
-        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(b16.data()), DT_HAL_BF16,
-                   static_cast<const void*>(B.data()), DT_HAL_F32, static_cast<int64_t>(B.size()));
-        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(c0.data()), ct,
-                   static_cast<const void*>(C0.data()), DT_HAL_F32,
-                   static_cast<int64_t>(C0.size()));
-        std::vector<float> Aw(A.size()), Bw(B.size()), Cw(C0.size());
-        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(Aw.data()), DT_HAL_F32,
-                   static_cast<const void*>(a16.data()), DT_HAL_BF16,
-                   static_cast<int64_t>(A.size()));
-        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(Bw.data()), DT_HAL_F32,
-                   static_cast<const void*>(b16.data()), DT_HAL_BF16,
-                   static_cast<int64_t>(B.size()));
-        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(Cw.data()), DT_HAL_F32,
-                   static_cast<const void*>(c0.data()), ct, static_cast<int64_t>(C0.size()));
-        auto cref = c0;
-        r.cpu.call(&dt_hal_v2_t::gemm_ex, "gemm_ex", ta, tb, M, N, K, 0.5f,
-                   static_cast<const void*>(a16.data()), lda, static_cast<const void*>(b16.data()),
-                   ldb, 1.0f, static_cast<void*>(cref.data()), ldc, DT_HAL_BF16, ct);
-        auto dA = r.up(a16), dB = r.up(b16), dC = r.up(c0);
-        r.gpu.call(&dt_hal_v2_t::gemm_ex, "gemm_ex", ta, tb, M, N, K, 0.5f,
-                   static_cast<const void*>(dA.get()), lda, static_cast<const void*>(dB.get()), ldb,
-                   1.0f, dC.get(), ldc, DT_HAL_BF16, ct);
-        auto got16 = r.down<std::uint8_t>(dC, c0.size());
-        std::vector<float> got(C0.size()), ref(C0.size());
-        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(got.data()), DT_HAL_F32,
-                   static_cast<const void*>(got16.data()), ct, static_cast<int64_t>(C0.size()));
-        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(ref.data()), DT_HAL_F32,
-                   static_cast<const void*>(cref.data()), ct, static_cast<int64_t>(C0.size()));
-        // The bound per element from the widened operands; the padding columns must stay as
-        // they were (bit for bit).
-        const double ulp = ct == DT_HAL_F32 ? 0x1p-23 : 0x1p-7;
-        compare(std::string("gemm_ex bf16 -> ") + (ct == DT_HAL_F32 ? "f32" : "bf16") +
-                    " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " beta=1, ld +3",
-                got, ref, [&](std::size_t i) {
-                  const int64_t row = static_cast<int64_t>(i) / ldc,
-                                col = static_cast<int64_t>(i) % ldc;
-                  if (col >= N) return 0.0;
-                  double mag = std::fabs(Cw[i]);
-                  for (int64_t k = 0; k < K; ++k)
-                    mag += 0.5 * std::fabs(static_cast<double>(ta ? Aw[k * lda + row]
-                                                                  : Aw[row * lda + k]) *
-                                           (tb ? Bw[col * ldb + k] : Bw[k * ldb + col]));
-                  return 2.0 * (K + 2) * kU * mag + ulp * std::fabs(ref[i]) + 1e-30;
-                });
-      }
+  struct Form {
+    int64_t M, N, K, pad;
+  };
+  for (const Form f : {Form{37, 53, 71, 3}, Form{37, 53, 71, 1}})
+    for (dt_hal_dtype ct : {DT_HAL_F32, DT_HAL_BF16})
+      for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb) {
+          const int64_t M = f.M, N = f.N, K = f.K, pad = f.pad;
+          const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+          const int64_t lda = ac + pad, ldb = bc + pad, ldc = N + pad;
+          auto A = r.rand(ar * lda), B = r.rand(br * ldb), C0 = r.rand(M * ldc);
+          const std::size_t cs = ct == DT_HAL_F32 ? 4 : 2;
+          std::vector<std::uint16_t> a16(A.size()), b16(B.size());
+          std::vector<std::uint8_t> c0(C0.size() * cs);
+          r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(a16.data()), DT_HAL_BF16,
+                     static_cast<const void*>(A.data()), DT_HAL_F32,
+                     static_cast<int64_t>(A.size()));
+          r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(b16.data()), DT_HAL_BF16,
+                     static_cast<const void*>(B.data()), DT_HAL_F32,
+                     static_cast<int64_t>(B.size()));
+          r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(c0.data()), ct,
+                     static_cast<const void*>(C0.data()), DT_HAL_F32,
+                     static_cast<int64_t>(C0.size()));
+          std::vector<float> Aw(A.size()), Bw(B.size()), Cw(C0.size());
+          r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(Aw.data()), DT_HAL_F32,
+                     static_cast<const void*>(a16.data()), DT_HAL_BF16,
+                     static_cast<int64_t>(A.size()));
+          r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(Bw.data()), DT_HAL_F32,
+                     static_cast<const void*>(b16.data()), DT_HAL_BF16,
+                     static_cast<int64_t>(B.size()));
+          r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(Cw.data()), DT_HAL_F32,
+                     static_cast<const void*>(c0.data()), ct, static_cast<int64_t>(C0.size()));
+          auto cref = c0;
+          r.cpu.call(&dt_hal_v2_t::gemm_ex, "gemm_ex", ta, tb, M, N, K, 0.5f,
+                     static_cast<const void*>(a16.data()), lda,
+                     static_cast<const void*>(b16.data()), ldb, 1.0f,
+                     static_cast<void*>(cref.data()), ldc, DT_HAL_BF16, ct);
+          auto dA = r.up(a16), dB = r.up(b16), dC = r.up(c0);
+          r.gpu.call(&dt_hal_v2_t::gemm_ex, "gemm_ex", ta, tb, M, N, K, 0.5f,
+                     static_cast<const void*>(dA.get()), lda, static_cast<const void*>(dB.get()),
+                     ldb, 1.0f, dC.get(), ldc, DT_HAL_BF16, ct);
+          auto got16 = r.down<std::uint8_t>(dC, c0.size());
+          std::vector<float> got(C0.size()), ref(C0.size());
+          r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(got.data()), DT_HAL_F32,
+                     static_cast<const void*>(got16.data()), ct, static_cast<int64_t>(C0.size()));
+          r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(ref.data()), DT_HAL_F32,
+                     static_cast<const void*>(cref.data()), ct, static_cast<int64_t>(C0.size()));
+          // The bound per element from the widened operands; the padding columns must stay as
+          // they were (bit for bit).
+          const double ulp = ct == DT_HAL_F32 ? 0x1p-23 : 0x1p-7;
+          compare(std::string("gemm_ex bf16 -> ") + (ct == DT_HAL_F32 ? "f32" : "bf16") +
+                      " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " beta=1, " +
+                      std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
+                      ", ld +" + std::to_string(pad),
+                  got, ref, [&](std::size_t i) {
+                    const int64_t row = static_cast<int64_t>(i) / ldc,
+                                  col = static_cast<int64_t>(i) % ldc;
+                    if (col >= N) return 0.0;
+                    double mag = std::fabs(Cw[i]);
+                    for (int64_t k = 0; k < K; ++k)
+                      mag += 0.5 * std::fabs(static_cast<double>(ta ? Aw[k * lda + row]
+                                                                    : Aw[row * lda + k]) *
+                                             (tb ? Bw[col * ldb + k] : Bw[k * ldb + col]));
+                    return 2.0 * (K + 2) * kU * mag + ulp * std::fabs(ref[i]) + 1e-30;
+                  });
+        }
 }
 
 // Sizes past one block's threads and one grid: a GPT-2 vocabulary in the softmax rows, a long
