@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -106,20 +107,35 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
     DT_CHECK(ConfigError, !name.empty() && name.find('/') == std::string::npos, "device name '",
              name, "' must be a plain name such as cpu or cuda");
     const std::string file = "libdt_hal_" + name + ".so";
+    // The first copy in the path that loads, as the dynamic linker searches a library path: a
+    // copy that cannot be loaded (built for another machine, missing a library of its own) is
+    // skipped with a warning naming it and why, so a stale one does not hide a good one.
     std::string found;
+    std::vector<std::string> refused;  // "FILE: why"
+    d.lib_ = std::make_unique<Library>();
     for (const auto& dir : split_path(plugin_path)) {
+      const std::string path = dir + "/" + file;
       struct stat st;
-      if (::stat((dir + "/" + file).c_str(), &st) == 0) {
-        found = dir + "/" + file;
+      if (::stat(path.c_str(), &st) != 0) continue;
+      d.lib_->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (d.lib_->handle != nullptr) {
+        found = path;
         break;
       }
+      const char* why = dlerror();
+      refused.push_back(path + ": " + (why ? why : "dlopen failed"));
     }
-    DT_CHECK(ConfigError, !found.empty(), "device '", name, "': plugin ", file,
-             " not found in the plugin path '", plugin_path, "'");
-    d.lib_ = std::make_unique<Library>();
-    d.lib_->handle = dlopen(found.c_str(), RTLD_NOW | RTLD_LOCAL);
-    DT_CHECK(ConfigError, d.lib_->handle != nullptr, "device '", name, "': cannot load ", found,
-             ": ", dlerror());
+    if (found.empty()) {
+      std::string all;
+      for (const auto& r : refused) all += (all.empty() ? "" : "; ") + r;
+      DT_CHECK(ConfigError, !refused.empty(), "device '", name, "': plugin ", file,
+               " not found in the plugin path '", plugin_path, "'");
+      DT_THROW(ConfigError, "device '", name, "': no copy of ", file, " in the plugin path '",
+               plugin_path, "' could be loaded: ", all);
+    }
+    for (const auto& r : refused)
+      std::fprintf(stderr, "dt: warning: device '%s': skipped %s (using %s)\n", name.c_str(),
+                   r.c_str(), found.c_str());
     d.origin_ = found;
     // The newest version this dt knows first: a plugin may export several.
     if (auto t3 = exported_table<dt_hal_v3_t>(d.lib_->handle, DT_HAL_PLUGIN_V3_SYMBOL,
@@ -213,8 +229,8 @@ void Device::missing(const char* what) const {
 
 void Device::failed(const char* what, int status) const {
   const char* msg = table_.v2.v1.last_error ? table_.v2.v1.last_error(ctx_) : "";
-  DT_THROW(DeviceError, "device '", name_, "': ", what, " failed (", status_name(status),
-           "): ", msg ? msg : "");
+  DT_THROW(DeviceError, "device '", name_, "' (", origin_, "): ", what, " failed (",
+           status_name(status), "): ", msg ? msg : "");
 }
 
 namespace {

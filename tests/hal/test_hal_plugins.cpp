@@ -9,6 +9,9 @@
 
 #include <csignal>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -149,6 +152,35 @@ TEST_CASE("plugins of another ABI version are refused, naming both versions") {
           dt::Device::open("v1only", kTestPlugins, 3);
         }).find("open(3) failed (invalid argument): open: legacy test device has no index 3") !=
         std::string::npos);
+}
+
+TEST_CASE("a copy of a plugin that cannot be loaded is skipped for a later one in the path") {
+  // A directory ahead of the good copy holds a libdt_hal_v1only.so that is not a shared library
+  // (a stale or foreign build, say).
+  char tmpl[] = "/tmp/dt-hal-test-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl, bad = dir + "/libdt_hal_v1only.so";
+  {
+    std::ofstream f(bad);
+    f << "not an ELF file\n";
+  }
+  dt::Device d = dt::Device::open("v1only", dir + ":" + kTestPlugins);
+  CHECK(d.origin() == kTestPlugins + "/libdt_hal_v1only.so");
+  CHECK(d.abi_version() == 1);
+  // Only copies that cannot be loaded: refused, naming each and why.
+  const std::string none =
+      error_of<dt::ConfigError>([&] { dt::Device::open("v1only", dir + ":" + dir); });
+  CHECK(none.find("no copy of libdt_hal_v1only.so in the plugin path") != std::string::npos);
+  CHECK(none.find(bad + ": ") != std::string::npos);
+  // A kernel's failure names the plugin file it came from.
+  float x[1] = {1}, z[1] = {};
+  CHECK(error_of<dt::DeviceError>([&] {
+          d.call(&dt_hal_v1_t::add, "add", z, static_cast<const float*>(x),
+                 static_cast<const float*>(x), std::int64_t{-1});
+        }).find("device 'v1only' (" + kTestPlugins + "/libdt_hal_v1only.so): add failed") !=
+        std::string::npos);
+  std::remove(bad.c_str());
+  rmdir(dir.c_str());
 }
 
 TEST_CASE("devmem: device memory the host cannot touch; dt moves it only through copy") {
