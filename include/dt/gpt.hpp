@@ -163,6 +163,10 @@ class Gpt {
   Device::Buffer act_buf_, grad_act_buf_;
   Device::Buffer tokens_buf_;  // inputs then targets, int32
   std::unique_ptr<GemmWorkspace> ws_;
+  // In a 16-bit compute type: where the inputs of the matrix products (ln1, atty, ln2, fch_gelu,
+  // lnf) are computed in fp32 before they are rounded into their own slots, which from then on
+  // hold the 16-bit values that the forward's and the backward's products read.
+  Device::Buffer round_buf_;
   int B_ = 0, T_ = 0;
   bool have_targets_ = false;
   // pointers into act_buf_ / grad_act_buf_ (set in the constructor)

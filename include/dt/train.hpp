@@ -149,6 +149,15 @@ TokenFile validate_and_load(TrainConfig& c);
 /// and both figures (a node-local copy of another version, say). Call after validate_and_load.
 void check_same_data(Comm& world, const TokenFile& data, const std::string& path);
 
+/// Collective over `world`: every rank parsed the options rank 0 parsed (`options`: each rank's
+/// Options::dump()), else throws dt::ConfigError on each rank that differs, naming the first
+/// option that differs, its value there and on rank 0, and the rank's host (a config file that
+/// differs between nodes, say). Options that name what is local to a node (the config file's
+/// path, the data's and the key file's paths, the device and its plugin path, threads and
+/// binding, the QoS files, the metrics port, host and textfile, the trace and dump folders, the
+/// step log) may differ: the data's content is checked by check_same_data.
+void check_same_options(Comm& world, const std::string& options);
+
 /// One optimiser step's figures (identical on every rank).
 struct StepStats {
   std::int64_t step = 0;  ///< 0-based index of the step just taken

@@ -119,8 +119,13 @@ Plan build(const PlanRequest& r, Layout l) {
       if (r.grad_wire16 && l.dp > 1)
         m.grads += p32 / 2;  // the bf16 copy of the gradients the all_reduce carries
     }
-    if (r.low_precision)  // the two 16-bit operand buffers of the matrix products
+    if (r.low_precision) {  // the two 16-bit operand buffers of the matrix products
       m.activations += 2.0 * 2.0 * static_cast<double>(graph::gemm_operand_elements(sg));
+      // and the fused model's fp32 scratch for the widest input it rounds (Gpt::set_compute)
+      if (l.tp == 1 && l.pp == 1 && !r.graph_engine)
+        m.activations += 4.0 * 4.0 * static_cast<double>(p.micro) *
+                         static_cast<double>(r.model.block) * static_cast<double>(r.model.embd);
+    }
     p.memory.push_back(m);
   }
   return p;

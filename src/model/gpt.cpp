@@ -225,11 +225,17 @@ void gpt_init_param(const GptConfig& c, std::uint64_t seed, std::size_t index, f
 Gpt::~Gpt() = default;
 
 std::size_t Gpt::activation_bytes() const noexcept {
-  return act_buf_.bytes() + grad_act_buf_.bytes() + ws_->a.bytes() + ws_->b.bytes();
+  return act_buf_.bytes() + grad_act_buf_.bytes() + ws_->a.bytes() + ws_->b.bytes() +
+         round_buf_.bytes();
 }
 
 void Gpt::set_compute(DType t) {
   ws_->compute = t;
+  // The widest input of a product is fch_gelu (4 C a token).
+  const std::size_t widest = 4 * static_cast<std::size_t>(max_batch_) *
+                             static_cast<std::size_t>(cfg_.block) *
+                             static_cast<std::size_t>(cfg_.embd);
+  round_buf_ = t == DType::f32 ? Device::Buffer() : Device::Buffer(dev_, widest * sizeof(float));
   // The model's products are those of its graph (which the plan's estimate counts too).
   ws_->reserve(dev_, graph::gemm_operand_elements(graph::build_gpt(cfg_, max_batch_, cfg_.block)));
 }
@@ -309,6 +315,17 @@ void Gpt::run_forward() {
 
   auto W = [&](int l, int k) { return pp_[static_cast<std::size_t>(2 + l * kPerLayer + k)]; };
   const int head = cfg_.layers + 1;  // unit of the final LayerNorm
+  // In a 16-bit compute type the inputs of the products are computed into round_buf_ and rounded
+  // into their slots once, for the forward's product and the backward's (see round_buf_).
+  const bool r16 = ws_->compute != DType::f32 && round_buf_.bytes() > 0;
+  float* fp32_out = r16 ? round_buf_.as<float>() : nullptr;
+  auto out32 = [&](float* slot) { return r16 ? fp32_out : slot; };
+  auto round_into = [&](float* slot, std::int64_t n) -> const void* {
+    if (!r16) return nullptr;
+    dev_.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(slot), hal_dtype(ws_->compute),
+              static_cast<const void*>(fp32_out), DT_HAL_F32, n);
+    return slot;
+  };
   use_params(0, 1);
   dev_.call(&dt_hal_v1_t::embedding_fwd, "embedding_fwd", encoded_, tok, pp_[0], pp_[1],
             std::int64_t{B}, std::int64_t{T}, C, V);
@@ -318,17 +335,21 @@ void Gpt::run_forward() {
     const trace::Scope layer_scope("forward", "model", "layer", l);
     use_params(l + 1, l + 2);
     Layer& a = L_[static_cast<std::size_t>(l)];
-    dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", a.ln1, a.ln1_mean, a.ln1_rstd, x,
+    dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", out32(a.ln1), a.ln1_mean, a.ln1_rstd, x,
               W(l, LN1W), W(l, LN1B), BT, C);
-    linear_fwd(dev_, ws_.get(), a.qkv, a.ln1, W(l, QKVW), W(l, QKVB), BT, C, 3 * C);
-    attention_forward(dev_, ws_.get(), a.atty, a.att, a.qkv, B, T, C, NH);
-    linear_fwd(dev_, ws_.get(), a.res2, a.atty, W(l, PROJW), W(l, PROJB), BT, C, C);
+    linear_fwd(dev_, ws_.get(), a.qkv, a.ln1, W(l, QKVW), W(l, QKVB), BT, C, 3 * C,
+               round_into(a.ln1, BT * C));
+    attention_forward(dev_, ws_.get(), out32(a.atty), a.att, a.qkv, B, T, C, NH);
+    linear_fwd(dev_, ws_.get(), a.res2, a.atty, W(l, PROJW), W(l, PROJB), BT, C, C,
+               round_into(a.atty, BT * C));
     dev_.call(&dt_hal_v1_t::add, "add", a.res2, a.res2, x, BT * C);
-    dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", a.ln2, a.ln2_mean, a.ln2_rstd, a.res2,
-              W(l, LN2W), W(l, LN2B), BT, C);
-    linear_fwd(dev_, ws_.get(), a.fch, a.ln2, W(l, FCW), W(l, FCB), BT, C, 4 * C);
-    dev_.call(&dt_hal_v1_t::gelu_fwd, "gelu_fwd", a.fch_gelu, a.fch, 4 * BT * C);
-    linear_fwd(dev_, ws_.get(), a.res3, a.fch_gelu, W(l, FCPW), W(l, FCPB), BT, 4 * C, C);
+    dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", out32(a.ln2), a.ln2_mean, a.ln2_rstd,
+              a.res2, W(l, LN2W), W(l, LN2B), BT, C);
+    linear_fwd(dev_, ws_.get(), a.fch, a.ln2, W(l, FCW), W(l, FCB), BT, C, 4 * C,
+               round_into(a.ln2, BT * C));
+    dev_.call(&dt_hal_v1_t::gelu_fwd, "gelu_fwd", out32(a.fch_gelu), a.fch, 4 * BT * C);
+    linear_fwd(dev_, ws_.get(), a.res3, a.fch_gelu, W(l, FCPW), W(l, FCPB), BT, 4 * C, C,
+               round_into(a.fch_gelu, 4 * BT * C));
     dev_.call(&dt_hal_v1_t::add, "add", a.res3, a.res3, a.res2, BT * C);
     drop_params(l + 1);
     x = a.res3;
@@ -336,9 +357,10 @@ void Gpt::run_forward() {
   const std::size_t lnf = params_.size() - 2;
   use_params(head, 0);
   use_params(0, -1);
-  dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", lnf_, lnf_mean_, lnf_rstd_, x, pp_[lnf],
-            pp_[lnf + 1], BT, C);
-  matmul(dev_, ws_.get(), 0, 1, BT, V, C, 1.0f, lnf_, C, pp_[0], C, 0.0f, logits_, V);
+  dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", out32(lnf_), lnf_mean_, lnf_rstd_, x,
+            pp_[lnf], pp_[lnf + 1], BT, C);
+  // logits = lnf @ wte^T
+  linear_fwd(dev_, ws_.get(), logits_, lnf_, pp_[0], nullptr, BT, C, V, round_into(lnf_, BT * C));
   drop_params(head);
   drop_params(0);
   if (!have_targets_) return;
@@ -366,6 +388,9 @@ void Gpt::backward(float loss_scale, const GradReady& ready) {
   auto dW = [&](int l, int k) { return gp_[static_cast<std::size_t>(2 + l * kPerLayer + k)]; };
   const std::size_t lnf = params_.size() - 2;
   const int head = cfg_.layers + 1;  // unit of the final LayerNorm
+  // In a 16-bit compute type the products' inputs hold their rounding (see run_forward).
+  const bool r16 = ws_->compute != DType::f32 && round_buf_.bytes() > 0;
+  auto in16 = [&](const float* slot) { return r16 ? static_cast<const void*>(slot) : nullptr; };
   // Gradients of a unit are final: let the caller start reducing them (after the device
   // finished writing them).
   auto notify = [&](int unit) {
@@ -386,7 +411,8 @@ void Gpt::backward(float loss_scale, const GradReady& ready) {
   dev_.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dlogits_,
             static_cast<const float*>(probs_), tgt, loss_scale, BT, V);
   // logits = lnf @ wte^T: the backward of a linear layer (in C, out V) without bias
-  linear_bwd(dev_, ws_.get(), dln_, 0.0f, gp_[0], nullptr, dlogits_, lnf_, pp_[0], BT, C, V);
+  linear_bwd(dev_, ws_.get(), dln_, 0.0f, gp_[0], nullptr, dlogits_, lnf_, pp_[0], BT, C, V,
+             in16(lnf_));
   drop_params(0);
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dres_),
             static_cast<std::size_t>(BT * C) * sizeof(float));
@@ -407,24 +433,24 @@ void Gpt::backward(float loss_scale, const GradReady& ready) {
     const float* x = l == 0 ? encoded_ : L_[static_cast<std::size_t>(l - 1)].res3;
     // res3 = res2 + fch_gelu @ Wfcp^T + b: dres flows to res2 unchanged.
     linear_bwd(dev_, ws_.get(), dfch_gelu_, 0.0f, dW(l, FCPW), dW(l, FCPB), dres_, a.fch_gelu,
-               W(l, FCPW), BT, 4 * C, C);
+               W(l, FCPW), BT, 4 * C, C, in16(a.fch_gelu));
     dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dfch_),
               static_cast<std::size_t>(4 * BT * C) * sizeof(float));
     dev_.call(&dt_hal_v1_t::gelu_bwd, "gelu_bwd", dfch_, static_cast<const float*>(a.fch),
               static_cast<const float*>(dfch_gelu_), 4 * BT * C);
     linear_bwd(dev_, ws_.get(), dln_, 0.0f, dW(l, FCW), dW(l, FCB), dfch_, a.ln2, W(l, FCW), BT, C,
-               4 * C);
+               4 * C, in16(a.ln2));
     dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", dres_, dW(l, LN2W), dW(l, LN2B),
               static_cast<const float*>(dln_), static_cast<const float*>(a.res2), W(l, LN2W),
               static_cast<const float*>(a.ln2_mean), static_cast<const float*>(a.ln2_rstd), BT, C);
     // res2 = x + atty @ Wproj^T + b
     linear_bwd(dev_, ws_.get(), datty_, 0.0f, dW(l, PROJW), dW(l, PROJB), dres_, a.atty,
-               W(l, PROJW), BT, C, C);
+               W(l, PROJW), BT, C, C, in16(a.atty));
     dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dqkv_),
               static_cast<std::size_t>(3 * BT * C) * sizeof(float));
     attention_backward(dev_, ws_.get(), dqkv_, datt_, datty_, a.qkv, a.att, B, T, C, NH);
     linear_bwd(dev_, ws_.get(), dln_, 0.0f, dW(l, QKVW), dW(l, QKVB), dqkv_, a.ln1, W(l, QKVW), BT,
-               C, 3 * C);
+               C, 3 * C, in16(a.ln1));
     // The key bias adds q_i . b_k to every score of row i, which softmax ignores: its gradient
     // is exactly zero, and what the float sums leave there is rounding noise that AdamW would
     // blow up to lr-sized steps. Keep it exactly zero.

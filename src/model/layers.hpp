@@ -76,17 +76,26 @@ inline void matmul(const Device& d, GemmWorkspace* ws, int ta, int tb, std::int6
   gemm16(d, ws, ta, tb, M, N, K, alpha, a16, lda, b16, ldb, beta, C, ldc);
 }
 
-// y[N, out] = x[N, in] @ W[out, in]^T + b (no bias when b is null)
+// y[N, out] = x[N, in] @ W[out, in]^T + b (no bias when b is null). In a 16-bit precision, x16
+// (when given) is x already rounded to it, and x is not read.
 inline void linear_fwd(const Device& d, GemmWorkspace* ws, float* y, const float* x, const float* W,
-                       const float* b, std::int64_t N, std::int64_t in, std::int64_t out) {
-  matmul(d, ws, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+                       const float* b, std::int64_t N, std::int64_t in, std::int64_t out,
+                       const void* x16 = nullptr) {
+  if (x16 != nullptr && ws != nullptr && ws->compute != DType::f32) {
+    ws->reserve(d, static_cast<std::size_t>(std::max(N * in, out * in)));
+    gemm16(d, ws, 0, 1, N, out, in, 1.0f, x16, in, operand16(d, ws, ws->b, W, out * in), in, 0.0f,
+           y, out);
+  } else {
+    matmul(d, ws, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+  }
   if (b) d.call(&dt_hal_v1_t::bias_add, "bias_add", y, b, N, out);
 }
 // dx[N, in] (= or +=, by beta; none when dx is null) dy @ W; dW += dy^T @ x; db += sum dy. In a
-// 16-bit precision dy is rounded once for both products.
+// 16-bit precision dy is rounded once for both products, and x16 (when given) is x already
+// rounded (x is then not read).
 inline void linear_bwd(const Device& d, GemmWorkspace* ws, float* dx, float beta, float* dW,
                        float* db, const float* dy, const float* x, const float* W, std::int64_t N,
-                       std::int64_t in, std::int64_t out) {
+                       std::int64_t in, std::int64_t out, const void* x16 = nullptr) {
   if (ws == nullptr || ws->compute == DType::f32) {
     if (dx) matmul(d, ws, 0, 0, N, in, out, 1.0f, dy, out, W, in, beta, dx, in);
     matmul(d, ws, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
@@ -96,8 +105,8 @@ inline void linear_bwd(const Device& d, GemmWorkspace* ws, float* dx, float beta
     if (dx)
       gemm16(d, ws, 0, 0, N, in, out, 1.0f, dy16, out, operand16(d, ws, ws->b, W, out * in), in,
              beta, dx, in);
-    gemm16(d, ws, 1, 0, out, in, N, 1.0f, dy16, out, operand16(d, ws, ws->b, x, N * in), in, 1.0f,
-           dW, in);
+    if (x16 == nullptr) x16 = operand16(d, ws, ws->b, x, N * in);
+    gemm16(d, ws, 1, 0, out, in, N, 1.0f, dy16, out, x16, in, 1.0f, dW, in);
   }
   if (db) d.call(&dt_hal_v1_t::bias_grad, "bias_grad", db, dy, N, out);
 }

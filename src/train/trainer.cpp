@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include <atomic>
@@ -351,6 +353,52 @@ void check_same_data(Comm& world, const TokenFile& data, const std::string& path
   DT_THROW(ConfigError, "option --data.path: ", path, " on this rank's node (", host, ") holds ",
            describe(mine), "; rank 0's holds ", describe(first),
            ": every rank must read the same data");
+}
+
+void check_same_options(Comm& world, const std::string& options) {
+  std::uint64_t len = options.size();
+  world.broadcast(view_of(reinterpret_cast<std::uint8_t*>(&len), sizeof len), 0);
+  std::vector<std::uint8_t> text(static_cast<std::size_t>(len));
+  if (world.rank() == 0) std::copy(options.begin(), options.end(), text.begin());
+  if (len > 0) world.broadcast(view_of(text), 0);
+  const std::string first(text.begin(), text.end());
+  if (first == options) return;
+  // "name = value" lines, in rank 0's order.
+  auto parse = [](const std::string& t) {
+    std::vector<std::pair<std::string, std::string>> out;
+    std::istringstream is(t);
+    for (std::string line; std::getline(is, line);) {
+      const auto eq = line.find(" = ");
+      if (eq != std::string::npos) out.emplace_back(line.substr(0, eq), line.substr(eq + 3));
+    }
+    return out;
+  };
+  static const std::set<std::string> kNodeLocal = {
+      "config",           "data.path",       "security.key_file", "runtime.device",
+      "runtime.device-index", "runtime.plugin-path", "runtime.threads", "runtime.bind",
+      "comm.dump-dir",    "trace.dir",       "metrics.textfile",  "metrics.port",
+      "metrics.host",     "qos.file",        "qos.state-dir",     "train.log-file",
+      "print-config"};
+  const auto theirs = parse(first), mine = parse(options);
+  const std::map<std::string, std::string> mine_by(mine.begin(), mine.end()),
+      theirs_by(theirs.begin(), theirs.end());
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  for (const auto& [name, value] : theirs) {
+    if (kNodeLocal.count(name)) continue;
+    const auto it = mine_by.find(name);
+    DT_CHECK(ConfigError, it != mine_by.end(), "option --", name, " (", value,
+             " on rank 0) is unknown to dt_train on this rank's node (", host,
+             "): every rank must run the same dt_train");
+    DT_CHECK(ConfigError, it->second == value, "option --", name, " is '", it->second,
+             "' on this rank (node ", host, ") but '", value,
+             "' on rank 0: every rank must train with the same options (a config file that "
+             "differs between nodes?)");
+  }
+  for (const auto& [name, value] : mine)
+    DT_CHECK(ConfigError, kNodeLocal.count(name) || theirs_by.count(name), "option --", name,
+             " (", value, " here, on node ", host,
+             ") is unknown to rank 0's dt_train: every rank must run the same dt_train");
 }
 
 TokenFile validate_and_load(TrainConfig& c) {
