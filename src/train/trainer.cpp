@@ -373,12 +373,23 @@ void check_same_options(Comm& world, const std::string& options) {
     }
     return out;
   };
-  static const std::set<std::string> kNodeLocal = {
-      "config",           "data.path",       "security.key_file", "runtime.device",
-      "runtime.device-index", "runtime.plugin-path", "runtime.threads", "runtime.bind",
-      "comm.dump-dir",    "trace.dir",       "metrics.textfile",  "metrics.port",
-      "metrics.host",     "qos.file",        "qos.state-dir",     "train.log-file",
-      "print-config"};
+  static const std::set<std::string> kNodeLocal = {"config",
+                                                   "data.path",
+                                                   "security.key_file",
+                                                   "runtime.device",
+                                                   "runtime.device-index",
+                                                   "runtime.plugin-path",
+                                                   "runtime.threads",
+                                                   "runtime.bind",
+                                                   "comm.dump-dir",
+                                                   "trace.dir",
+                                                   "metrics.textfile",
+                                                   "metrics.port",
+                                                   "metrics.host",
+                                                   "qos.file",
+                                                   "qos.state-dir",
+                                                   "train.log-file",
+                                                   "print-config"};
   const auto theirs = parse(first), mine = parse(options);
   const std::map<std::string, std::string> mine_by(mine.begin(), mine.end()),
       theirs_by(theirs.begin(), theirs.end());
@@ -396,8 +407,8 @@ void check_same_options(Comm& world, const std::string& options) {
              "differs between nodes?)");
   }
   for (const auto& [name, value] : mine)
-    DT_CHECK(ConfigError, kNodeLocal.count(name) || theirs_by.count(name), "option --", name,
-             " (", value, " here, on node ", host,
+    DT_CHECK(ConfigError, kNodeLocal.count(name) || theirs_by.count(name), "option --", name, " (",
+             value, " here, on node ", host,
              ") is unknown to rank 0's dt_train: every rank must run the same dt_train");
 }
 
