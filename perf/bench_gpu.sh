@@ -7,7 +7,9 @@
 #      NCCL on 1 and 2 ranks), each passing or skipping with exit 77;
 #   3. measures the cuBLAS bf16 GEMM rate through the plugin (perf/bench_gpu_gemm.cpp);
 #   4. measures dt_train on the CUDA device: tokens/s and model FLOP utilisation of gpt-small in
-#      bf16 against that GEMM rate, and the micro config with engine.cuda_graphs against eager
+#      bf16 against that GEMM rate (the head padded to 50304, model.pad-vocab=64; the model FLOPs
+#      count the 50257 real ones), the padded head against the unpadded one, and the micro config
+#      with engine.cuda_graphs against eager
 #      launch (steady-state tokens/s of the same run length, one after the other), on the fused
 #      model and through the stage engine, and gpt-tiny in bf16 with the weights' 16-bit copy
 #      against casting them for every product.
@@ -72,9 +74,9 @@ gflops_of() { sed -n 's/.* \([0-9.]*\) GFLOP\/s per rank.*/\1/p' <<<"$1"; }
 #    holds the config's windows of 1025 tokens.
 train="not measured: dt_train on cuda/bf16 failed (its last lines are on stderr)"
 mfu="?"
-if done=$(run_train small --config "$root/configs/gpt-small.ini" --train.dtype=bf16 \
-    --model.vocab=50257 --data.val-fraction=0.1 \
-    --train.batch=8 --train.micro-batch=4 --train.steps="$steps"); then
+small=(--config "$root/configs/gpt-small.ini" --train.dtype=bf16 --model.vocab=50257
+       --data.val-fraction=0.1 --train.batch=8 --train.micro-batch=4 --train.steps="$steps")
+if done=$(run_train small "${small[@]}" --model.pad-vocab=64); then
   tok=$(tok_of "$done"); gf=$(gflops_of "$done")
   train="$tok tok/s, $gf GFLOP/s"
   [ -n "$gf" ] && [ -n "$rate" ] && mfu=$(awk -v g="$gf" -v r="$rate" 'BEGIN{printf "%.1f%%", 100*g/1000/r}')
@@ -90,6 +92,15 @@ compare() {
   printf '%s|%s|%s\n' "$ta" "$tb" "$(awk -v x="$ta" -v y="$tb" 'BEGIN{printf "%.2fx", y/x}')"
 }
 micro=(--config "$root/configs/micro.ini" --train.steps=300)
+
+# 1b. The head over 50257 columns (no dimension of the vocabulary's products a multiple of 8)
+#     against 50304.
+padded="not measured"
+padratio="?"
+if r=$(compare small_unpadded --model.pad-vocab=0 small_padded --model.pad-vocab=64 "${small[@]}"); then
+  IFS='|' read -r tu tp padratio <<<"$r"
+  padded="vocabulary 50257 $tu tok/s, padded to 50304 $tp tok/s"
+fi
 
 # 2. CUDA graph replay against eager launch, micro config.
 graphs="not measured"
@@ -133,8 +144,10 @@ Command: \`${DT_GPU_PAYLOAD:+DT_GPU_PAYLOAD=$DT_GPU_PAYLOAD }perf/bench_gpu.sh $
 |---|---|
 | CUDA checks (plugin load, kernels, NCCL on 1 and 2 ranks) | $checks |
 | cuBLAS bf16 GEMM 8192^3 through libdt_hal_cuda.so (fp32 accumulation) | ${rate:-?} TFLOP/s |
-| dt_train bf16, gpt-small (12 layers x 768, seq 1024, vocab 50257), batch 8 in micro-batches of 4 | $train |
+| dt_train bf16, gpt-small (12 layers x 768, seq 1024, vocab 50257, head padded to 50304), batch 8 in micro-batches of 4 | $train |
 | model FLOP utilisation against the cuBLAS bf16 rate (floor 50%) | $mfu |
+| gpt-small: the head over the vocabulary as it is against padded (model.pad-vocab=64) | $padded |
+| padded head speed-up per step | $padratio |
 | micro config, 300 steps: CUDA graph replay against eager launch | $graphs |
 | graph replay speed-up per step (floor 1.3x) | $ratio |
 | the same through the stage engine (parallel.engine=graph), bf16 | $egraphs |

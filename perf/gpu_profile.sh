@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Where a GPU step's time goes, for one run on a machine with an NVIDIA GPU: dt_train on gpt-small
-# (bf16, batch 8 in micro-batches of 4) with DT_CUDA_PROFILE=1 (the CUDA plugin's GPU time per
-# entry, hal/README.md), eager and with engine.cuda_graphs, then PyTorch's eager step of the same
-# model under bf16 autocast (perf/torch_gpt.py), with attention written out as dt runs it and
-# with flash attention (F.scaled_dot_product_attention), where python3 has torch with CUDA.
+# (bf16, batch 8 in micro-batches of 4, the head padded to 50304) with DT_CUDA_PROFILE=1 (the CUDA
+# plugin's GPU time per entry, hal/README.md), eager and with engine.cuda_graphs, then PyTorch's
+# eager step of the same model under bf16 autocast (perf/torch_gpt.py), with attention written out
+# as dt runs it and with flash attention (F.scaled_dot_product_attention), where python3 has torch
+# with CUDA.
 #   DT_GPU_PAYLOAD=ARCHIVE perf/gpu_profile.sh [steps]    (perf/gpu_payload.sh makes ARCHIVE)
 # Prints each run's last lines and the profiles; full logs go to $DT_GPU_LOGS when set.
 set -euo pipefail
@@ -18,6 +19,7 @@ tar -C "$log" -xJf "$DT_GPU_PAYLOAD"
 P=$log/dt
 limit=${DT_GPU_TIMEOUT:-300}
 small=(--config "$root/configs/gpt-small.ini" --train.dtype=bf16 --model.vocab=50257
+       --model.pad-vocab=64
        --data.val-fraction=0.1 --train.batch=8 --train.micro-batch=4 --train.steps="$steps"
        --train.eval-every=0 --runtime.device=cuda --runtime.plugin-path="$P/plugins"
        --data.path="$P/share/train.txt")

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "dt/graph.hpp"
@@ -108,8 +109,11 @@ Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, GptStorage storage)
     if (grad_) gp_[i] = grad_ + params_[i].offset;
   }
 
+  DT_CHECK(InvalidArgument, c.pad_vocab >= 0, "model.pad-vocab ", c.pad_vocab, " is negative");
+  Vp_ = c.pad_vocab > 1 ? (std::int64_t{c.vocab} + c.pad_vocab - 1) / c.pad_vocab * c.pad_vocab
+                        : std::int64_t{c.vocab};
   const std::size_t B = static_cast<std::size_t>(max_batch), T = static_cast<std::size_t>(c.block),
-                    C = static_cast<std::size_t>(c.embd), V = static_cast<std::size_t>(c.vocab),
+                    C = static_cast<std::size_t>(c.embd), V = static_cast<std::size_t>(Vp_),
                     NH = static_cast<std::size_t>(c.heads), BT = B * T;
   const std::size_t per_layer = BT * C * 16 + BT * 4 + B * NH * T * T;
   const std::size_t acts = BT * C * 2 + BT * 3 + BT * V * 2 + per_layer * c.layers;
@@ -159,6 +163,19 @@ Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, GptStorage storage)
   datt_ = take(B * NH * T * T);
   dlogits_ = take(BT * V);
   DT_ASSERT(static_cast<std::size_t>(p - grad_act_buf_.as<float>()) == gacts);
+  if (Vp_ > c.vocab) {
+    const std::size_t rows = static_cast<std::size_t>(Vp_),
+                      real = static_cast<std::size_t>(c.vocab);
+    head_w_ = Device::Buffer(dev, rows * C * sizeof(float));
+    head_dw_ = Device::Buffer(dev, rows * C * sizeof(float));
+    dev.call(&dt_hal_v1_t::fill_zero, "fill_zero", head_w_.get(), rows * C * sizeof(float));
+    std::vector<float> bias(rows, 0.0f);
+    std::fill(bias.begin() + static_cast<std::ptrdiff_t>(real), bias.end(),
+              -std::numeric_limits<float>::infinity());
+    head_bias_ = Device::Buffer(dev, rows * sizeof(float));
+    dev.call(&dt_hal_v1_t::copy, "copy", head_bias_.get(), static_cast<const void*>(bias.data()),
+             rows * sizeof(float), DT_HAL_HOST_TO_DEVICE);
+  }
   zero_grad();
 }
 
@@ -226,7 +243,8 @@ Gpt::~Gpt() = default;
 
 std::size_t Gpt::activation_bytes() const noexcept {
   return act_buf_.bytes() + grad_act_buf_.bytes() + ws_->a.bytes() + ws_->b.bytes() +
-         round_buf_.bytes();
+         round_buf_.bytes() + head_w_.bytes() + head_w16_.bytes() + head_bias_.bytes() +
+         head_dw_.bytes();
 }
 
 void Gpt::set_compute(DType t) {
@@ -236,6 +254,14 @@ void Gpt::set_compute(DType t) {
                              static_cast<std::size_t>(cfg_.block) *
                              static_cast<std::size_t>(cfg_.embd);
   round_buf_ = t == DType::f32 ? Device::Buffer() : Device::Buffer(dev_, widest * sizeof(float));
+  if (Vp_ > cfg_.vocab) {
+    const std::size_t head = static_cast<std::size_t>(Vp_) * static_cast<std::size_t>(cfg_.embd);
+    head_w16_ = t == DType::f32 ? Device::Buffer() : Device::Buffer(dev_, 2 * head);
+    // The padded head's operands: the logits' gradient (batch x seq x Vp) and the weights.
+    ws_->reserve(dev_, std::max(head, static_cast<std::size_t>(max_batch_) *
+                                          static_cast<std::size_t>(cfg_.block) *
+                                          static_cast<std::size_t>(Vp_)));
+  }
   // The model's products are those of its graph (which the plan's estimate counts too).
   ws_->reserve(dev_, graph::gemm_operand_elements(graph::build_gpt(cfg_, max_batch_, cfg_.block)));
 }
@@ -266,7 +292,22 @@ void Gpt::zero_grad() {
 }
 
 const float* Gpt::logits(int b, int t) const {
-  return logits_ + (static_cast<std::size_t>(b) * T_ + t) * cfg_.vocab;
+  return logits_ + (static_cast<std::size_t>(b) * T_ + t) * static_cast<std::size_t>(Vp_);
+}
+
+// The head's padded weights (Vp_ rows, the last Vp_ - vocab zero) from the embedding's current
+// values: fp32 into head_w_, and in a 16-bit compute type rounded into head_w16_ (*w16).
+void Gpt::pad_head_weights(const void** w16) {
+  const std::size_t real =
+      static_cast<std::size_t>(cfg_.vocab) * static_cast<std::size_t>(cfg_.embd);
+  dev_.call(&dt_hal_v1_t::copy, "copy", head_w_.get(), static_cast<const void*>(pp_[0]),
+            real * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
+  *w16 = nullptr;
+  if (ws_->compute == DType::f32) return;
+  const std::size_t all = static_cast<std::size_t>(Vp_) * static_cast<std::size_t>(cfg_.embd);
+  dev_.call(&dt_hal_v2_t::cast, "cast", head_w16_.get(), hal_dtype(ws_->compute),
+            static_cast<const void*>(head_w_.get()), DT_HAL_F32, static_cast<std::int64_t>(all));
+  *w16 = head_w16_.get();
 }
 
 void Gpt::logits_row(int b, int t, float* out) const {
@@ -360,12 +401,23 @@ void Gpt::run_forward() {
   dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", out32(lnf_), lnf_mean_, lnf_rstd_, x,
             pp_[lnf], pp_[lnf + 1], BT, C);
   // logits = lnf @ wte^T
-  linear_fwd(dev_, ws_.get(), logits_, lnf_, pp_[0], nullptr, BT, C, V, round_into(lnf_, BT * C));
+  if (Vp_ > V) {  // over the padded weights; the padding's logits are -inf
+    const void* w16 = nullptr;
+    pad_head_weights(&w16);
+    if (const void* l16 = round_into(lnf_, BT * C))
+      gemm16(dev_, ws_.get(), 0, 1, BT, Vp_, C, 1.0f, l16, C, w16, C, 0.0f, logits_, Vp_);
+    else
+      matmul(dev_, ws_.get(), 0, 1, BT, Vp_, C, 1.0f, lnf_, C, head_w_.as<float>(), C, 0.0f,
+             logits_, Vp_);
+    dev_.call(&dt_hal_v1_t::bias_add, "bias_add", logits_, head_bias_.as<const float>(), BT, Vp_);
+  } else {
+    linear_fwd(dev_, ws_.get(), logits_, lnf_, pp_[0], nullptr, BT, C, V, round_into(lnf_, BT * C));
+  }
   drop_params(head);
   drop_params(0);
   if (!have_targets_) return;
   dev_.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", losses_, probs_,
-            static_cast<const float*>(logits_), tgt, BT, V);
+            static_cast<const float*>(logits_), tgt, BT, Vp_);
 }
 
 double Gpt::loss_sum() const {
@@ -409,10 +461,27 @@ void Gpt::backward(float loss_scale, const GradReady& ready) {
   use_params(0, head);
   use_grads(0);
   dev_.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dlogits_,
-            static_cast<const float*>(probs_), tgt, loss_scale, BT, V);
-  // logits = lnf @ wte^T: the backward of a linear layer (in C, out V) without bias
-  linear_bwd(dev_, ws_.get(), dln_, 0.0f, gp_[0], nullptr, dlogits_, lnf_, pp_[0], BT, C, V,
-             in16(lnf_));
+            static_cast<const float*>(probs_), tgt, loss_scale, BT, Vp_);
+  if (Vp_ > V) {
+    // Over the forward's padded weights: dln = dlogits @ W, dW = dlogits^T @ lnf (the padding's
+    // columns of dlogits are zero), whose first V rows add to the embedding's gradient.
+    float* dw = head_dw_.as<float>();
+    if (r16) {
+      const void* dl16 = operand16(dev_, ws_.get(), ws_->a, dlogits_, BT * Vp_);
+      gemm16(dev_, ws_.get(), 0, 0, BT, C, Vp_, 1.0f, dl16, Vp_, head_w16_.get(), C, 0.0f, dln_, C);
+      gemm16(dev_, ws_.get(), 1, 0, Vp_, C, BT, 1.0f, dl16, Vp_, in16(lnf_), C, 0.0f, dw, C);
+    } else {
+      matmul(dev_, ws_.get(), 0, 0, BT, C, Vp_, 1.0f, dlogits_, Vp_, head_w_.as<float>(), C, 0.0f,
+             dln_, C);
+      matmul(dev_, ws_.get(), 1, 0, Vp_, C, BT, 1.0f, dlogits_, Vp_, lnf_, C, 0.0f, dw, C);
+    }
+    dev_.call(&dt_hal_v1_t::add, "add", gp_[0], static_cast<const float*>(gp_[0]),
+              static_cast<const float*>(dw), V * C);
+  } else {
+    // logits = lnf @ wte^T: the backward of a linear layer (in C, out V) without bias
+    linear_bwd(dev_, ws_.get(), dln_, 0.0f, gp_[0], nullptr, dlogits_, lnf_, pp_[0], BT, C, V,
+               in16(lnf_));
+  }
   drop_params(0);
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dres_),
             static_cast<std::size_t>(BT * C) * sizeof(float));

@@ -74,6 +74,12 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("model.heads", &c.model.heads, 4, "attention heads per block (must divide model.embd)",
            1, 1024)
       .add("model.embd", &c.model.embd, 256, "embedding width", 1, 1 << 16)
+      .add("model.pad-vocab", &c.model.pad_vocab, 0,
+           "round the vocabulary of the head's products and loss up to a multiple of this (64 "
+           "turns GPT-2's 50257 into 50304, which a GPU's fast matrix kernels want); the "
+           "parameters keep model.vocab rows and the padding never gets probability (0, 1: no "
+           "padding; the fused model, tp = pp = 1, only)",
+           0, 1 << 16)
       .add("data.path", &c.data_path, "", "training text or token file (required)")
       .add("data.format", &c.data_format, "auto",
            "bytes: any file, vocab 256; llmc: llm.c token file (header, uint16 GPT-2 tokens); "
@@ -1619,6 +1625,11 @@ int Trainer::run() {
                 data_.format.c_str(), data_.size(), split_.train.size(), split_.val.size());
     if (!plan_->why.empty()) std::printf("dt_train: %s\n", plan_->why.c_str());
     if (!data_.note.empty()) std::printf("dt_train: warning: %s\n", data_.note.c_str());
+    if (engine_ && c_.model.pad_vocab > 1 && c_.model.vocab % c_.model.pad_vocab != 0)
+      std::printf(
+          "dt_train: warning: --model.pad-vocab=%d is not applied: only the fused model (tp = pp "
+          "= 1, parallel.engine=auto) pads the head's vocabulary\n",
+          c_.model.pad_vocab);
     if (!c_.eval_only && c_.optim.warmup >= c_.steps)
       std::printf(
           "dt_train: warning: --optim.warmup=%ld is not below --train.steps=%ld: the learning "
