@@ -27,7 +27,7 @@ for graphs in false true; do
   echo "== dt_train gpt-small bf16, engine.cuda_graphs=$graphs"
   DT_CUDA_PROFILE=1 timeout "$limit" "$P/dtenv" "$P/bin/dt_train" "${small[@]}" \
     --engine.cuda_graphs=$graphs >"$log/profile-$graphs.log" 2>&1 || echo "exit $?"
-  grep -E '^dt_train: done|^step .*/|^dt cuda profile|^[a-z_0-9]+ +[0-9]+ +[0-9.]+ |^entry ' \
+  grep -E '^dt_train: done|^step .*/|^dt cuda profile|^[a-z_0-9]+ +[0-9]+ +[0-9.]+ |^entry |^matrix product|^[0-9]+ x [0-9]+ x [0-9]+ ' \
     "$log/profile-$graphs.log" || tail -20 "$log/profile-$graphs.log"
 done
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
