@@ -119,12 +119,24 @@ Plan build(const PlanRequest& r, Layout l) {
       if (r.grad_wire16 && l.dp > 1)
         m.grads += p32 / 2;  // the bf16 copy of the gradients the all_reduce carries
     }
+    const bool fused = l.tp == 1 && l.pp == 1 && !r.graph_engine;
     if (r.low_precision) {  // the two 16-bit operand buffers of the matrix products
       m.activations += 2.0 * 2.0 * static_cast<double>(graph::gemm_operand_elements(sg));
       // and the fused model's fp32 scratch for the widest input it rounds (Gpt::set_compute)
-      if (l.tp == 1 && l.pp == 1 && !r.graph_engine)
+      if (fused)
         m.activations += 4.0 * 4.0 * static_cast<double>(p.micro) *
                          static_cast<double>(r.model.block) * static_cast<double>(r.model.embd);
+    }
+    // model.pad-vocab on the fused model: the head's padded weights (fp32, and 16-bit in a 16-bit
+    // compute type), their gradient and bias, and the extra columns of the logits, probabilities,
+    // their gradient and the 16-bit operand buffers.
+    const double V = r.model.vocab, Vp = r.model.pad_vocab > 1
+                                             ? std::ceil(V / r.model.pad_vocab) * r.model.pad_vocab
+                                             : V;
+    if (fused && Vp > V) {
+      const double C = r.model.embd, BT = static_cast<double>(p.micro) * r.model.block;
+      m.activations += Vp * C * (8.0 + (r.low_precision ? 2.0 : 0.0)) + 4.0 * Vp +
+                       (Vp - V) * BT * (12.0 + (r.low_precision ? 4.0 : 0.0));
     }
     p.memory.push_back(m);
   }
