@@ -1323,7 +1323,7 @@ __global__ void softmax_xent_fwd_kernel(float* losses, float* probs, const float
     if (xi > ms.m) {
       ms.s = ms.s * expf(ms.m - xi) + 1.0f;
       ms.m = xi;
-    } else {
+    } else if (xi != -INFINITY) {  // -inf adds nothing (and e^(-inf - -inf) would be NaN)
       ms.s += expf(xi - ms.m);
     }
   }
