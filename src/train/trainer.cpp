@@ -1612,9 +1612,15 @@ int Trainer::run() {
   const int T = c_.model.block;
   if (lead) {
     const std::vector<ParamInfo> ps = gpt_params(c_.model);
-    std::printf("dt_train: %zu parameters, %d layers, %d heads, embd %d, seq %d, vocab %d\n",
+    const int pad = c_.model.pad_vocab;
+    const bool padded = model_ && pad > 1 && c_.model.vocab % pad != 0;
+    const std::string head =
+        padded ? " (the head over " + std::to_string((c_.model.vocab + pad - 1) / pad * pad) +
+                     ", model.pad-vocab=" + std::to_string(pad) + ")"
+               : "";
+    std::printf("dt_train: %zu parameters, %d layers, %d heads, embd %d, seq %d, vocab %d%s\n",
                 ps.back().offset + ps.back().numel, c_.model.layers, c_.model.heads, c_.model.embd,
-                T, c_.model.vocab);
+                T, c_.model.vocab, head.c_str());
     std::printf(
         "dt_train: %d ranks, global batch %ld x %d tokens, micro-batch %ld, %ld steps, "
         "device %s (%s), layout %s\n",
