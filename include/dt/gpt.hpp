@@ -19,6 +19,7 @@
 namespace dt {
 
 struct GemmWorkspace;  // src/model/layers.hpp
+struct PaddedHead;     // src/model/layers.hpp
 
 struct GptConfig {
   int vocab = 256;
@@ -29,9 +30,13 @@ struct GptConfig {
   /// The head's products and the loss run over the vocabulary rounded up to a multiple of this
   /// (0 or 1: none), as llm.c pads 50257 to 50304: a GPU's fast matrix kernels want dimensions
   /// of 16-byte multiples. The parameters keep `vocab` rows; the padding columns' logits are
-  /// -inf (probability 0, gradient 0). Only the fused model pads (Gpt).
+  /// -inf (probability 0, gradient 0).
   int pad_vocab = 0;
 };
+
+/// The head's vocabulary: c.vocab rounded up to a multiple of c.pad_vocab (c.vocab when
+/// pad_vocab is 0 or 1); InvalidArgument when pad_vocab is negative.
+std::int64_t padded_vocab(const GptConfig& c);
 
 /// One named parameter tensor inside the flat buffer.
 struct ParamInfo {
@@ -172,11 +177,9 @@ class Gpt {
   // lnf) are computed in fp32 before they are rounded into their own slots, which from then on
   // hold the 16-bit values that the forward's and the backward's products read.
   Device::Buffer round_buf_;
-  // model.pad-vocab (Vp_ > vocab): the head's weights with Vp_ rows (the last ones zero), in
-  // fp32 and in the compute type, its bias (0, then -inf), and its weights' gradient.
+  // model.pad-vocab: the head over Vp_ >= vocab columns (head_ when Vp_ > vocab).
   std::int64_t Vp_ = 0;
-  Device::Buffer head_w_, head_w16_, head_bias_, head_dw_;
-  void pad_head_weights(const void** w16);
+  std::unique_ptr<PaddedHead> head_;
   int B_ = 0, T_ = 0;
   bool have_targets_ = false;
   // pointers into act_buf_ / grad_act_buf_ (set in the constructor)

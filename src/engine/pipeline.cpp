@@ -380,6 +380,11 @@ StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& mod
   m.bwd_runs = cut_runs(g_, true);
   m.fwd_graphs.resize(static_cast<std::size_t>(slots_));
   m.bwd_graphs.resize(static_cast<std::size_t>(slots_));
+  for (const Node& n : g_.nodes)
+    if (n.op == "lm_head") {
+      const Shape& w = g_.tensors[static_cast<std::size_t>(n.in[1])].shape;
+      head_.init(dev_, w[0], g_.tensors[static_cast<std::size_t>(n.out[0])].shape.back(), w[1]);
+    }
   zero_grad();
 }
 
@@ -445,10 +450,12 @@ void StageEngine::set_compute(DType t) {
   drop_graphs();  // the graphs hold the operand buffers reserved below
   ws_.compute = t;
   ws_.reserve(dev_, graph::gemm_operand_elements(g_));
+  head_.set_compute(dev_, t);
 }
 
 std::size_t StageEngine::activation_bytes() const {
-  std::size_t b = impl_->grad_buf.bytes() + impl_->scratch.bytes() + ws_.a.bytes() + ws_.b.bytes();
+  std::size_t b = impl_->grad_buf.bytes() + impl_->scratch.bytes() + ws_.a.bytes() + ws_.b.bytes() +
+                  head_.bytes();
   for (const Device::Buffer& s : impl_->slot_buf) b += s.bytes();
   for (const Device::Buffer& s : impl_->token_buf) b += s.bytes();
   return b;
@@ -637,8 +644,11 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
                 static_cast<const float*>(act(n.in[1])), BT * width(n.out[0]));
     } else if (n.op == "lm_head") {
       const std::int64_t C = width(n.in[0]), V = width(n.out[0]);
-      matmul(dev_, &ws_, 0, 1, BT, V, C, 1.0f, act(n.in[0]), C, prm(n.in[1]), C, 0.0f,
-             act(n.out[0]), V);
+      if (head_.on())
+        head_.forward(dev_, &ws_, act(n.out[0]), act(n.in[0]), nullptr, prm(n.in[1]), BT);
+      else
+        matmul(dev_, &ws_, 0, 1, BT, V, C, 1.0f, act(n.in[0]), C, prm(n.in[1]), C, 0.0f,
+               act(n.out[0]), V);
     } else if (n.op == "xent") {
       if (!targets) return;
       const std::int64_t V = width(n.in[0]);
@@ -737,8 +747,12 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
     } else if (n.op == "lm_head") {
       const std::int64_t C = width(n.in[0]), V = width(n.out[0]);
       const float* dl = grad(n.out[0]);
-      linear_bwd(dev_, &ws_, grad(n.in[0]), 1.0f, dprm(n.in[1]), nullptr, dl, act(n.in[0]),
-                 prm(n.in[1]), BT, C, V);
+      if (head_.on())
+        head_.backward(dev_, &ws_, grad(n.in[0]), 1.0f, dprm(n.in[1]), dl, act(n.in[0]), nullptr,
+                       BT);
+      else
+        linear_bwd(dev_, &ws_, grad(n.in[0]), 1.0f, dprm(n.in[1]), nullptr, dl, act(n.in[0]),
+                   prm(n.in[1]), BT, C, V);
     } else if (n.op == "layernorm") {
       const trace::Scope s("backward", "model", "layer", n.layer);
       dev_.call(&dt_hal_v1_t::layernorm_bwd, "layernorm_bwd", grad(n.in[0]), dprm(n.in[1]),

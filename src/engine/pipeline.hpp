@@ -157,6 +157,7 @@ class StageEngine {
   float* grad_ = nullptr;
   UnitHooks hooks_;
   GemmWorkspace ws_;  // matrix products in the compute dtype (set_compute)
+  PaddedHead head_;   // model.pad-vocab, when this stage holds the head
   std::unique_ptr<Impl> impl_;
 };
 

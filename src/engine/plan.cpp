@@ -127,17 +127,15 @@ Plan build(const PlanRequest& r, Layout l) {
         m.activations += 4.0 * 4.0 * static_cast<double>(p.micro) *
                          static_cast<double>(r.model.block) * static_cast<double>(r.model.embd);
     }
-    // model.pad-vocab on the fused model: the head's padded weights (fp32, and 16-bit in a 16-bit
-    // compute type), their gradient and bias, and the extra columns of the logits, probabilities,
-    // their gradient and the 16-bit operand buffers.
-    const double V = r.model.vocab, Vp = r.model.pad_vocab > 1
-                                             ? std::ceil(V / r.model.pad_vocab) * r.model.pad_vocab
-                                             : V;
-    if (fused && Vp > V) {
-      const double C = r.model.embd, BT = static_cast<double>(p.micro) * r.model.block;
-      m.activations += Vp * C * (8.0 + (r.low_precision ? 2.0 : 0.0)) + 4.0 * Vp +
-                       (Vp - V) * BT * (12.0 + (r.low_precision ? 4.0 : 0.0));
-    }
+    // model.pad-vocab on the stage with the head: its padded weights (fp32, and 16-bit in a
+    // 16-bit compute type), their gradient and bias (PaddedHead; the graph's logits are padded).
+    const double V = static_cast<double>(r.model.vocab),
+                 Vp = static_cast<double>(padded_vocab(r.model));
+    const bool has_head = std::any_of(sg.nodes.begin(), sg.nodes.end(),
+                                      [](const graph::Node& n) { return n.op == "lm_head"; });
+    if (has_head && Vp > V)
+      m.activations +=
+          Vp * r.model.embd * (8.0 + (r.low_precision ? 2.0 : 0.0)) + 4.0 * Vp;
     p.memory.push_back(m);
   }
   return p;

@@ -76,7 +76,7 @@ Graph build_gpt(const GptConfig& c, int B, int T) {
            " is not divisible by model.heads ", c.heads);
   Graph g;
   g.layers = c.layers;
-  const std::int64_t C = c.embd, V = c.vocab;
+  const std::int64_t C = c.embd;
   auto act = [&](std::string name, Shape s) {
     TensorInfo t;
     t.name = std::move(name);
@@ -154,8 +154,11 @@ Graph build_gpt(const GptConfig& c, int B, int T) {
   const int lnf = act("ln_f", btc);
   node("layernorm", "transformer.ln_f",
        {x, pid["transformer.ln_f.weight"], pid["transformer.ln_f.bias"]}, {lnf}, c.layers);
-  const int logits = act("logits", {B, T, V});
-  node("lm_head", "lm_head", {lnf, pid["transformer.wte.weight"]}, {logits}, c.layers);
+  // model.pad-vocab: the logits over the padded vocabulary (the embedding keeps V rows).
+  const std::int64_t Vp = padded_vocab(c);
+  const int logits = act("logits", {B, T, Vp});
+  node("lm_head", "lm_head", {lnf, pid["transformer.wte.weight"]}, {logits}, c.layers,
+       {{"vocab_padded", Vp}});
   TensorInfo loss;
   loss.name = "loss";
   loss.shape = {};
@@ -226,7 +229,7 @@ Graph infer_shapes(Graph g) {
       const TensorInfo &x = T(n, 0), &w = T(n, 1);
       rank_is(n, x, 3, "[B, T, C]");
       if (w.shape.size() != 2 || w.shape[1] != x.shape[2]) bad_shape(n, w, "[V, C]");
-      out = {x.shape[0], x.shape[1], w.shape[0]};
+      out = {x.shape[0], x.shape[1], std::max(w.shape[0], n.attr_or("vocab_padded", 0))};
     } else if (n.op == "xent") {
       const TensorInfo &lg = T(n, 0), &tg = T(n, 1);
       rank_is(n, lg, 3, "[B, T, V]");

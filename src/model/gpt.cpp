@@ -68,6 +68,12 @@ struct Normal {
 };
 }  // namespace
 
+std::int64_t padded_vocab(const GptConfig& c) {
+  DT_CHECK(InvalidArgument, c.pad_vocab >= 0, "model.pad-vocab ", c.pad_vocab, " is negative");
+  const std::int64_t v = c.vocab, p = c.pad_vocab;
+  return p > 1 ? (v + p - 1) / p * p : v;
+}
+
 Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, float* grad_storage)
     : Gpt(dev, c, max_batch, GptStorage{grad_storage, {}, 0, true, true}) {}
 
@@ -109,9 +115,7 @@ Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, GptStorage storage)
     if (grad_) gp_[i] = grad_ + params_[i].offset;
   }
 
-  DT_CHECK(InvalidArgument, c.pad_vocab >= 0, "model.pad-vocab ", c.pad_vocab, " is negative");
-  Vp_ = c.pad_vocab > 1 ? (std::int64_t{c.vocab} + c.pad_vocab - 1) / c.pad_vocab * c.pad_vocab
-                        : std::int64_t{c.vocab};
+  Vp_ = padded_vocab(c);
   const std::size_t B = static_cast<std::size_t>(max_batch), T = static_cast<std::size_t>(c.block),
                     C = static_cast<std::size_t>(c.embd), V = static_cast<std::size_t>(Vp_),
                     NH = static_cast<std::size_t>(c.heads), BT = B * T;
@@ -163,19 +167,8 @@ Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, GptStorage storage)
   datt_ = take(B * NH * T * T);
   dlogits_ = take(BT * V);
   DT_ASSERT(static_cast<std::size_t>(p - grad_act_buf_.as<float>()) == gacts);
-  if (Vp_ > c.vocab) {
-    const std::size_t rows = static_cast<std::size_t>(Vp_),
-                      real = static_cast<std::size_t>(c.vocab);
-    head_w_ = Device::Buffer(dev, rows * C * sizeof(float));
-    head_dw_ = Device::Buffer(dev, rows * C * sizeof(float));
-    dev.call(&dt_hal_v1_t::fill_zero, "fill_zero", head_w_.get(), rows * C * sizeof(float));
-    std::vector<float> bias(rows, 0.0f);
-    std::fill(bias.begin() + static_cast<std::ptrdiff_t>(real), bias.end(),
-              -std::numeric_limits<float>::infinity());
-    head_bias_ = Device::Buffer(dev, rows * sizeof(float));
-    dev.call(&dt_hal_v1_t::copy, "copy", head_bias_.get(), static_cast<const void*>(bias.data()),
-             rows * sizeof(float), DT_HAL_HOST_TO_DEVICE);
-  }
+  head_ = std::make_unique<PaddedHead>();
+  head_->init(dev, c.vocab, Vp_, c.embd);
   zero_grad();
 }
 
@@ -243,8 +236,7 @@ Gpt::~Gpt() = default;
 
 std::size_t Gpt::activation_bytes() const noexcept {
   return act_buf_.bytes() + grad_act_buf_.bytes() + ws_->a.bytes() + ws_->b.bytes() +
-         round_buf_.bytes() + head_w_.bytes() + head_w16_.bytes() + head_bias_.bytes() +
-         head_dw_.bytes();
+         round_buf_.bytes() + head_->bytes();
 }
 
 void Gpt::set_compute(DType t) {
@@ -254,14 +246,7 @@ void Gpt::set_compute(DType t) {
                              static_cast<std::size_t>(cfg_.block) *
                              static_cast<std::size_t>(cfg_.embd);
   round_buf_ = t == DType::f32 ? Device::Buffer() : Device::Buffer(dev_, widest * sizeof(float));
-  if (Vp_ > cfg_.vocab) {
-    const std::size_t head = static_cast<std::size_t>(Vp_) * static_cast<std::size_t>(cfg_.embd);
-    head_w16_ = t == DType::f32 ? Device::Buffer() : Device::Buffer(dev_, 2 * head);
-    // The padded head's operands: the logits' gradient (batch x seq x Vp) and the weights.
-    ws_->reserve(dev_, std::max(head, static_cast<std::size_t>(max_batch_) *
-                                          static_cast<std::size_t>(cfg_.block) *
-                                          static_cast<std::size_t>(Vp_)));
-  }
+  head_->set_compute(dev_, t);
   // The model's products are those of its graph (which the plan's estimate counts too).
   ws_->reserve(dev_, graph::gemm_operand_elements(graph::build_gpt(cfg_, max_batch_, cfg_.block)));
 }
@@ -293,21 +278,6 @@ void Gpt::zero_grad() {
 
 const float* Gpt::logits(int b, int t) const {
   return logits_ + (static_cast<std::size_t>(b) * T_ + t) * static_cast<std::size_t>(Vp_);
-}
-
-// The head's padded weights (Vp_ rows, the last Vp_ - vocab zero) from the embedding's current
-// values: fp32 into head_w_, and in a 16-bit compute type rounded into head_w16_ (*w16).
-void Gpt::pad_head_weights(const void** w16) {
-  const std::size_t real =
-      static_cast<std::size_t>(cfg_.vocab) * static_cast<std::size_t>(cfg_.embd);
-  dev_.call(&dt_hal_v1_t::copy, "copy", head_w_.get(), static_cast<const void*>(pp_[0]),
-            real * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
-  *w16 = nullptr;
-  if (ws_->compute == DType::f32) return;
-  const std::size_t all = static_cast<std::size_t>(Vp_) * static_cast<std::size_t>(cfg_.embd);
-  dev_.call(&dt_hal_v2_t::cast, "cast", head_w16_.get(), hal_dtype(ws_->compute),
-            static_cast<const void*>(head_w_.get()), DT_HAL_F32, static_cast<std::int64_t>(all));
-  *w16 = head_w16_.get();
 }
 
 void Gpt::logits_row(int b, int t, float* out) const {
@@ -401,15 +371,8 @@ void Gpt::run_forward() {
   dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", out32(lnf_), lnf_mean_, lnf_rstd_, x,
             pp_[lnf], pp_[lnf + 1], BT, C);
   // logits = lnf @ wte^T
-  if (Vp_ > V) {  // over the padded weights; the padding's logits are -inf
-    const void* w16 = nullptr;
-    pad_head_weights(&w16);
-    if (const void* l16 = round_into(lnf_, BT * C))
-      gemm16(dev_, ws_.get(), 0, 1, BT, Vp_, C, 1.0f, l16, C, w16, C, 0.0f, logits_, Vp_);
-    else
-      matmul(dev_, ws_.get(), 0, 1, BT, Vp_, C, 1.0f, lnf_, C, head_w_.as<float>(), C, 0.0f,
-             logits_, Vp_);
-    dev_.call(&dt_hal_v1_t::bias_add, "bias_add", logits_, head_bias_.as<const float>(), BT, Vp_);
+  if (head_->on()) {  // over the padded weights; the padding's logits are -inf
+    head_->forward(dev_, ws_.get(), logits_, lnf_, round_into(lnf_, BT * C), pp_[0], BT);
   } else {
     linear_fwd(dev_, ws_.get(), logits_, lnf_, pp_[0], nullptr, BT, C, V, round_into(lnf_, BT * C));
   }
@@ -462,21 +425,8 @@ void Gpt::backward(float loss_scale, const GradReady& ready) {
   use_grads(0);
   dev_.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dlogits_,
             static_cast<const float*>(probs_), tgt, loss_scale, BT, Vp_);
-  if (Vp_ > V) {
-    // Over the forward's padded weights: dln = dlogits @ W, dW = dlogits^T @ lnf (the padding's
-    // columns of dlogits are zero), whose first V rows add to the embedding's gradient.
-    float* dw = head_dw_.as<float>();
-    if (r16) {
-      const void* dl16 = operand16(dev_, ws_.get(), ws_->a, dlogits_, BT * Vp_);
-      gemm16(dev_, ws_.get(), 0, 0, BT, C, Vp_, 1.0f, dl16, Vp_, head_w16_.get(), C, 0.0f, dln_, C);
-      gemm16(dev_, ws_.get(), 1, 0, Vp_, C, BT, 1.0f, dl16, Vp_, in16(lnf_), C, 0.0f, dw, C);
-    } else {
-      matmul(dev_, ws_.get(), 0, 0, BT, C, Vp_, 1.0f, dlogits_, Vp_, head_w_.as<float>(), C, 0.0f,
-             dln_, C);
-      matmul(dev_, ws_.get(), 1, 0, Vp_, C, BT, 1.0f, dlogits_, Vp_, lnf_, C, 0.0f, dw, C);
-    }
-    dev_.call(&dt_hal_v1_t::add, "add", gp_[0], static_cast<const float*>(gp_[0]),
-              static_cast<const float*>(dw), V * C);
+  if (head_->on()) {
+    head_->backward(dev_, ws_.get(), dln_, 0.0f, gp_[0], dlogits_, lnf_, in16(lnf_), BT);
   } else {
     // logits = lnf @ wte^T: the backward of a linear layer (in C, out V) without bias
     linear_bwd(dev_, ws_.get(), dln_, 0.0f, gp_[0], nullptr, dlogits_, lnf_, pp_[0], BT, C, V,

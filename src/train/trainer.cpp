@@ -78,7 +78,7 @@ void add_train_options(Options& o, TrainConfig& c) {
            "round the vocabulary of the head's products and loss up to a multiple of this (64 "
            "turns GPT-2's 50257 into 50304, which a GPU's fast matrix kernels want); the "
            "parameters keep model.vocab rows and the padding never gets probability (0, 1: no "
-           "padding; the fused model, tp = pp = 1, only)",
+           "padding)",
            0, 1 << 16)
       .add("data.path", &c.data_path, "", "training text or token file (required)")
       .add("data.format", &c.data_format, "auto",
@@ -1613,7 +1613,7 @@ int Trainer::run() {
   if (lead) {
     const std::vector<ParamInfo> ps = gpt_params(c_.model);
     const int pad = c_.model.pad_vocab;
-    const bool padded = model_ && pad > 1 && c_.model.vocab % pad != 0;
+    const bool padded = pad > 1 && c_.model.vocab % pad != 0;
     const std::string head =
         padded ? " (the head over " + std::to_string((c_.model.vocab + pad - 1) / pad * pad) +
                      ", model.pad-vocab=" + std::to_string(pad) + ")"
@@ -1631,11 +1631,6 @@ int Trainer::run() {
                 data_.format.c_str(), data_.size(), split_.train.size(), split_.val.size());
     if (!plan_->why.empty()) std::printf("dt_train: %s\n", plan_->why.c_str());
     if (!data_.note.empty()) std::printf("dt_train: warning: %s\n", data_.note.c_str());
-    if (engine_ && c_.model.pad_vocab > 1 && c_.model.vocab % c_.model.pad_vocab != 0)
-      std::printf(
-          "dt_train: warning: --model.pad-vocab=%d is not applied: only the fused model (tp = pp "
-          "= 1, parallel.engine=auto) pads the head's vocabulary\n",
-          c_.model.pad_vocab);
     if (!c_.eval_only && c_.optim.warmup >= c_.steps)
       std::printf(
           "dt_train: warning: --optim.warmup=%ld is not below --train.steps=%ld: the learning "
