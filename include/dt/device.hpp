@@ -9,6 +9,7 @@
 // missing like any optional entry.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -37,6 +38,8 @@ class Device {
   static Device open(const std::string& name, const std::string& plugin_path, int index = 0,
                      int local_rank = 0);
   ~Device();
+  /// A Device may be moved only while no Buffer or Graph holds it (they keep its address): moving
+  /// one that is held aborts, naming the device and the count.
   Device(Device&& o) noexcept;
   Device& operator=(Device&&) = delete;
   Device(const Device&) = delete;
@@ -156,6 +159,7 @@ class Device {
   int abi_version_ = 0;
   int index_ = 0;
   void* ctx_ = nullptr;
+  mutable std::atomic<long> holders_{0};  // Buffers with memory and Graphs made from this Device
 };
 
 /// The dt_hal_dtype of a dt::DType (f32, bf16, f16); throws dt::InvalidArgument for the others.

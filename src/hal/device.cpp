@@ -217,6 +217,14 @@ Device::Device(Device&& o) noexcept
       index_(o.index_),
       ctx_(o.ctx_) {
   o.ctx_ = nullptr;
+  const long held = o.holders_.load();
+  if (held != 0) {  // a programming error: they would point at the moved-from Device
+    std::fprintf(stderr,
+                 "dt: fatal: device '%s' moved while %ld of its buffers or graphs hold its "
+                 "address\n",
+                 name_.c_str(), held);
+    std::abort();
+  }
 }
 
 Device::~Device() {
@@ -250,12 +258,14 @@ Device::Buffer::Buffer(const Device& d, std::size_t bytes) : dev_(&d), bytes_(by
   const int st = d.table_.v2.v1.alloc(d.ctx_, bytes, &ptr_);
   if (st != DT_HAL_OK) d.failed("alloc", st);
   count_alloc(bytes_);
+  if (ptr_) ++d.holders_;
 }
 
 Device::Buffer::~Buffer() {
   if (ptr_ && dev_) {
     dev_->table_.v2.v1.release(dev_->ctx_, ptr_);
     g_allocated.fetch_sub(bytes_);
+    --dev_->holders_;
   }
 }
 
@@ -264,6 +274,7 @@ Device::Buffer& Device::Buffer::operator=(Buffer&& o) noexcept {
     if (ptr_ && dev_) {
       dev_->table_.v2.v1.release(dev_->ctx_, ptr_);
       g_allocated.fetch_sub(bytes_);
+      --dev_->holders_;
     }
     dev_ = o.dev_;
     ptr_ = o.ptr_;
@@ -275,14 +286,18 @@ Device::Buffer& Device::Buffer::operator=(Buffer&& o) noexcept {
 }
 
 Device::Graph::~Graph() {
-  if (graph_ && dev_ && dev_->table_.v2.graph_destroy)
-    dev_->table_.v2.graph_destroy(dev_->ctx_, graph_);
+  if (graph_ && dev_) {
+    if (dev_->table_.v2.graph_destroy) dev_->table_.v2.graph_destroy(dev_->ctx_, graph_);
+    --dev_->holders_;
+  }
 }
 
 Device::Graph& Device::Graph::operator=(Graph&& o) noexcept {
   if (this != &o) {
-    if (graph_ && dev_ && dev_->table_.v2.graph_destroy)
-      dev_->table_.v2.graph_destroy(dev_->ctx_, graph_);
+    if (graph_ && dev_) {
+      if (dev_->table_.v2.graph_destroy) dev_->table_.v2.graph_destroy(dev_->ctx_, graph_);
+      --dev_->holders_;
+    }
     dev_ = o.dev_;
     graph_ = o.graph_;
     o.graph_ = nullptr;
@@ -309,6 +324,7 @@ Device::Graph Device::capture(const std::function<void()>& work) const {
   Graph g;
   g.dev_ = this;
   call(&dt_hal_v2_t::graph_end, "graph_end", &g.graph_);
+  if (g.graph_) ++holders_;
   return g;
 }
 

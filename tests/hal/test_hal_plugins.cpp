@@ -213,3 +213,22 @@ TEST_CASE("devmem: device memory the host cannot touch; dt moves it only through
   CHECK(WIFSIGNALED(status));
   CHECK((WTERMSIG(status) == SIGSEGV || WTERMSIG(status) == SIGBUS));
 }
+
+TEST_CASE("a Device moves while nothing holds it; moving one that a buffer holds aborts") {
+  dt::Device a = dt::Device::open("cpu_shared", kPlugins);
+  { dt::Device::Buffer b(a, 64); }
+  dt::Device moved(std::move(a));
+  dt::Device::Buffer b(moved, 64);
+  CHECK(b.get() != nullptr);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // the buffer b holds `moved`: moving it again would leave b dangling
+    std::signal(SIGABRT, SIG_DFL);
+    dt::Device again(std::move(moved));
+    _exit(0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGABRT);
+}
