@@ -22,9 +22,8 @@ dt_gpu_build() {
 # dt_gpu_checks LOGDIR MPIEXEC BIN RUN...: what ctest -R '^gpu\.' runs (the CUDA plugin's load
 # test, the kernel differential test, NCCL on 1 and 2 ranks), the programs taken from BIN and each
 # started through RUN... (a wrapper such as a payload's dtenv, or env) within $DT_GPU_TIMEOUT
-# seconds (default 300). Each passes
-# (exit 0) or skips (exit 77 with a SKIP line); a line per check goes to stderr and its whole
-# output to LOGDIR/check-NAME.log. Sets DT_GPU_PASSED, DT_GPU_SKIPPED and DT_GPU_FAILED to the
+# seconds (default 300). Each passes (exit 0) or skips (exit 77 with a SKIP line); a line per
+# check goes to stderr and its whole output to LOGDIR/check-NAME.log. Sets DT_GPU_PASSED, DT_GPU_SKIPPED and DT_GPU_FAILED to the
 # names, space-separated.
 dt_gpu_checks() {
   local logs=$1 mpiexec=$2 bin=$3

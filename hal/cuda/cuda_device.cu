@@ -38,6 +38,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "dt_hal_v2.h"
@@ -1189,26 +1190,29 @@ __global__ void causal_softmax_bwd_rows_kernel(float* d, uint16_t* lp, int type,
   }
 }
 
-// The softmax of attention_fwd_run over B*NH rows of T, with the 16-bit copy in lp (null: none).
+// Calls launch(std::integral_constant<int, kPer>{}) with the smallest kPer of 1, 2, 4, 8 whose
+// register rows hold T; false when T is longer (the looped kernels then).
+template <class F>
+bool with_row_registers(int64_t T, F&& launch) {
+  if (T <= kSoftmaxThreads) return launch(std::integral_constant<int, 1>{}), true;
+  if (T <= 2 * kSoftmaxThreads) return launch(std::integral_constant<int, 2>{}), true;
+  if (T <= 4 * kSoftmaxThreads) return launch(std::integral_constant<int, 4>{}), true;
+  if (T <= 8 * kSoftmaxThreads) return launch(std::integral_constant<int, 8>{}), true;
+  return false;
+}
+
+// The softmax of attention_fwd_run over `rows` rows of T, with the 16-bit copy in lp (null: none).
 int causal_softmax(void* ctx, const char* fn, float* att, uint16_t* lp, dt_hal_dtype type,
                    int64_t rows, int64_t T) {
   const cudaStream_t st = C(ctx)->stream;
   const unsigned grid = static_cast<unsigned>(rows);
-  const int t = static_cast<int>(type);
-  if (T <= kSoftmaxThreads)
-    causal_softmax_rows_kernel<1><<<grid, kSoftmaxThreads, 0, st>>>(att, lp, t, T);
-  else if (T <= 2 * kSoftmaxThreads)
-    causal_softmax_rows_kernel<2><<<grid, kSoftmaxThreads, 0, st>>>(att, lp, t, T);
-  else if (T <= 4 * kSoftmaxThreads)
-    causal_softmax_rows_kernel<4><<<grid, kSoftmaxThreads, 0, st>>>(att, lp, t, T);
-  else if (T <= 8 * kSoftmaxThreads)
-    causal_softmax_rows_kernel<8><<<grid, kSoftmaxThreads, 0, st>>>(att, lp, t, T);
-  else {
-    causal_softmax_kernel<<<grid, kThreads, 0, st>>>(att, T);
-    LAUNCHED(ctx, fn);
-    if (lp != nullptr) return narrow_into(ctx, fn, lp, att, rows * T, type);
-  }
+  const bool fast = with_row_registers(T, [&](auto per) {
+    causal_softmax_rows_kernel<decltype(per)::value>
+        <<<grid, kSoftmaxThreads, 0, st>>>(att, lp, static_cast<int>(type), T);
+  });
+  if (!fast) causal_softmax_kernel<<<grid, kThreads, 0, st>>>(att, T);
   LAUNCHED(ctx, fn);
+  if (!fast && lp != nullptr) return narrow_into(ctx, fn, lp, att, rows * T, type);
   return DT_HAL_OK;
 }
 // The softmax backward of attention_bwd_run: S into d (fp32), and its 16-bit rounding into lp.
@@ -1216,21 +1220,13 @@ int causal_softmax_bwd(void* ctx, const char* fn, float* d, uint16_t* lp, dt_hal
                        const float* a, int64_t rows, int64_t T, float scale) {
   const cudaStream_t st = C(ctx)->stream;
   const unsigned grid = static_cast<unsigned>(rows);
-  const int t = static_cast<int>(type);
-  if (T <= kSoftmaxThreads)
-    causal_softmax_bwd_rows_kernel<1><<<grid, kSoftmaxThreads, 0, st>>>(d, lp, t, a, T, scale);
-  else if (T <= 2 * kSoftmaxThreads)
-    causal_softmax_bwd_rows_kernel<2><<<grid, kSoftmaxThreads, 0, st>>>(d, lp, t, a, T, scale);
-  else if (T <= 4 * kSoftmaxThreads)
-    causal_softmax_bwd_rows_kernel<4><<<grid, kSoftmaxThreads, 0, st>>>(d, lp, t, a, T, scale);
-  else if (T <= 8 * kSoftmaxThreads)
-    causal_softmax_bwd_rows_kernel<8><<<grid, kSoftmaxThreads, 0, st>>>(d, lp, t, a, T, scale);
-  else {
-    causal_softmax_bwd_kernel<<<grid, kThreads, 0, st>>>(d, a, T, scale);
-    LAUNCHED(ctx, fn);
-    if (lp != nullptr) return narrow_into(ctx, fn, lp, d, rows * T, type);
-  }
+  const bool fast = with_row_registers(T, [&](auto per) {
+    causal_softmax_bwd_rows_kernel<decltype(per)::value>
+        <<<grid, kSoftmaxThreads, 0, st>>>(d, lp, static_cast<int>(type), a, T, scale);
+  });
+  if (!fast) causal_softmax_bwd_kernel<<<grid, kThreads, 0, st>>>(d, a, T, scale);
   LAUNCHED(ctx, fn);
+  if (!fast && lp != nullptr) return narrow_into(ctx, fn, lp, d, rows * T, type);
   return DT_HAL_OK;
 }
 

@@ -177,8 +177,7 @@ class Gpt {
   // lnf) are computed in fp32 before they are rounded into their own slots, which from then on
   // hold the 16-bit values that the forward's and the backward's products read.
   Device::Buffer round_buf_;
-  // model.pad-vocab: the head over Vp_ >= vocab columns (head_ when Vp_ > vocab).
-  std::int64_t Vp_ = 0;
+  // model.pad-vocab: the head over head_->Vp >= vocab columns (padded when head_->on()).
   std::unique_ptr<PaddedHead> head_;
   int B_ = 0, T_ = 0;
   bool have_targets_ = false;

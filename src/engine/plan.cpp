@@ -127,15 +127,14 @@ Plan build(const PlanRequest& r, Layout l) {
         m.activations += 4.0 * 4.0 * static_cast<double>(p.micro) *
                          static_cast<double>(r.model.block) * static_cast<double>(r.model.embd);
     }
-    // model.pad-vocab on the stage with the head: its padded weights (fp32, and 16-bit in a
-    // 16-bit compute type), their gradient and bias (PaddedHead; the graph's logits are padded).
+    // model.pad-vocab on the stage with the head: its padded weights (in the compute type), their
+    // fp32 gradient and bias (PaddedHead; the graph's logits are padded).
     const double V = static_cast<double>(r.model.vocab),
                  Vp = static_cast<double>(padded_vocab(r.model));
     const bool has_head = std::any_of(sg.nodes.begin(), sg.nodes.end(),
                                       [](const graph::Node& n) { return n.op == "lm_head"; });
     if (has_head && Vp > V)
-      m.activations +=
-          Vp * r.model.embd * (8.0 + (r.low_precision ? 2.0 : 0.0)) + 4.0 * Vp;
+      m.activations += Vp * r.model.embd * (4.0 + (r.low_precision ? 2.0 : 4.0)) + 4.0 * Vp;
     p.memory.push_back(m);
   }
   return p;

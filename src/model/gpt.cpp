@@ -115,9 +115,9 @@ Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, GptStorage storage)
     if (grad_) gp_[i] = grad_ + params_[i].offset;
   }
 
-  Vp_ = padded_vocab(c);
+  const std::int64_t Vp = padded_vocab(c);
   const std::size_t B = static_cast<std::size_t>(max_batch), T = static_cast<std::size_t>(c.block),
-                    C = static_cast<std::size_t>(c.embd), V = static_cast<std::size_t>(Vp_),
+                    C = static_cast<std::size_t>(c.embd), V = static_cast<std::size_t>(Vp),
                     NH = static_cast<std::size_t>(c.heads), BT = B * T;
   const std::size_t per_layer = BT * C * 16 + BT * 4 + B * NH * T * T;
   const std::size_t acts = BT * C * 2 + BT * 3 + BT * V * 2 + per_layer * c.layers;
@@ -168,7 +168,7 @@ Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, GptStorage storage)
   dlogits_ = take(BT * V);
   DT_ASSERT(static_cast<std::size_t>(p - grad_act_buf_.as<float>()) == gacts);
   head_ = std::make_unique<PaddedHead>();
-  head_->init(dev, c.vocab, Vp_, c.embd);
+  head_->init(dev, c.vocab, Vp, c.embd);
   zero_grad();
 }
 
@@ -277,7 +277,7 @@ void Gpt::zero_grad() {
 }
 
 const float* Gpt::logits(int b, int t) const {
-  return logits_ + (static_cast<std::size_t>(b) * T_ + t) * static_cast<std::size_t>(Vp_);
+  return logits_ + (static_cast<std::size_t>(b) * T_ + t) * static_cast<std::size_t>(head_->Vp);
 }
 
 void Gpt::logits_row(int b, int t, float* out) const {
@@ -328,7 +328,7 @@ void Gpt::run_forward() {
   const int head = cfg_.layers + 1;  // unit of the final LayerNorm
   // In a 16-bit compute type the inputs of the products are computed into round_buf_ and rounded
   // into their slots once, for the forward's product and the backward's (see round_buf_).
-  const bool r16 = ws_->compute != DType::f32 && round_buf_.bytes() > 0;
+  const bool r16 = round_buf_.bytes() > 0;  // set_compute made it for a 16-bit type
   float* fp32_out = r16 ? round_buf_.as<float>() : nullptr;
   auto out32 = [&](float* slot) { return r16 ? fp32_out : slot; };
   auto round_into = [&](float* slot, std::int64_t n) -> const void* {
@@ -371,16 +371,16 @@ void Gpt::run_forward() {
   dev_.call(&dt_hal_v1_t::layernorm_fwd, "layernorm_fwd", out32(lnf_), lnf_mean_, lnf_rstd_, x,
             pp_[lnf], pp_[lnf + 1], BT, C);
   // logits = lnf @ wte^T
-  if (head_->on()) {  // over the padded weights; the padding's logits are -inf
-    head_->forward(dev_, ws_.get(), logits_, lnf_, round_into(lnf_, BT * C), pp_[0], BT);
-  } else {
-    linear_fwd(dev_, ws_.get(), logits_, lnf_, pp_[0], nullptr, BT, C, V, round_into(lnf_, BT * C));
-  }
+  const void* lnf16 = round_into(lnf_, BT * C);
+  if (head_->on())  // over the padded weights; the padding's logits are -inf
+    head_->forward(dev_, ws_.get(), logits_, lnf_, lnf16, pp_[0], BT);
+  else
+    linear_fwd(dev_, ws_.get(), logits_, lnf_, pp_[0], nullptr, BT, C, V, lnf16);
   drop_params(head);
   drop_params(0);
   if (!have_targets_) return;
   dev_.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", losses_, probs_,
-            static_cast<const float*>(logits_), tgt, BT, Vp_);
+            static_cast<const float*>(logits_), tgt, BT, head_->Vp);
 }
 
 double Gpt::loss_sum() const {
@@ -404,7 +404,7 @@ void Gpt::backward(float loss_scale, const GradReady& ready) {
   const std::size_t lnf = params_.size() - 2;
   const int head = cfg_.layers + 1;  // unit of the final LayerNorm
   // In a 16-bit compute type the products' inputs hold their rounding (see run_forward).
-  const bool r16 = ws_->compute != DType::f32 && round_buf_.bytes() > 0;
+  const bool r16 = round_buf_.bytes() > 0;
   auto in16 = [&](const float* slot) { return r16 ? static_cast<const void*>(slot) : nullptr; };
   // Gradients of a unit are final: let the caller start reducing them (after the device
   // finished writing them).
@@ -424,7 +424,7 @@ void Gpt::backward(float loss_scale, const GradReady& ready) {
   use_params(0, head);
   use_grads(0);
   dev_.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dlogits_,
-            static_cast<const float*>(probs_), tgt, loss_scale, BT, Vp_);
+            static_cast<const float*>(probs_), tgt, loss_scale, BT, head_->Vp);
   if (head_->on()) {
     head_->backward(dev_, ws_.get(), dln_, 0.0f, gp_[0], dlogits_, lnf_, in16(lnf_), BT);
   } else {

@@ -114,47 +114,51 @@ inline void linear_bwd(const Device& d, GemmWorkspace* ws, float* dx, float beta
 }
 
 // model.pad-vocab: the head's products over Vp > V columns, which a GPU's fast matrix kernels
-// want (GPT-2's 50257 -> 50304). The embedding [V, C] is copied into w [Vp, C], whose last rows
-// stay zero (and rounded into w16 in a 16-bit compute type); a bias gives the padding's logits
-// -inf, so they get probability 0 and gradient 0; the weights' gradient is a [Vp, C] product
-// whose first V rows are added to the embedding's. Shared by dt::Gpt and the stage engine.
+// want (GPT-2's 50257 -> 50304). The embedding [V, C] is copied, or in a 16-bit compute type
+// rounded, into the first V rows of a [Vp, C] buffer whose last rows stay zero; a bias gives the
+// padding's logits -inf, so they get probability 0 and gradient 0; the weights' gradient is a
+// [Vp, C] product whose first V rows are added to the embedding's. Shared by dt::Gpt and the
+// stage engine.
 struct PaddedHead {
   std::int64_t V = 0, Vp = 0, C = 0;
-  Device::Buffer w, w16, bias, dw;
+  Device::Buffer w, bias, dw;  // w: fp32, or the compute type after set_compute
+  DType type = DType::f32;
   bool on() const noexcept { return Vp > V; }
   void init(const Device& d, std::int64_t v, std::int64_t vp, std::int64_t c) {
     V = v;
     Vp = vp;
     C = c;
     if (!on()) return;
-    const std::size_t n = static_cast<std::size_t>(Vp * C) * sizeof(float);
-    w = Device::Buffer(d, n);
-    dw = Device::Buffer(d, n);
-    d.call(&dt_hal_v1_t::fill_zero, "fill_zero", w.get(), n);
+    dw = Device::Buffer(d, static_cast<std::size_t>(Vp * C) * sizeof(float));
     std::vector<float> b(static_cast<std::size_t>(Vp), 0.0f);
     std::fill(b.begin() + V, b.end(), -std::numeric_limits<float>::infinity());
     bias = Device::Buffer(d, b.size() * sizeof(float));
     d.call(&dt_hal_v1_t::copy, "copy", bias.get(), static_cast<const void*>(b.data()),
            b.size() * sizeof(float), DT_HAL_HOST_TO_DEVICE);
+    set_compute(d, DType::f32);
   }
   void set_compute(const Device& d, DType t) {
-    w16 = on() && t != DType::f32 ? Device::Buffer(d, static_cast<std::size_t>(Vp * C) * 2)
-                                  : Device::Buffer();
+    if (!on()) return;
+    type = t;
+    const std::size_t n = static_cast<std::size_t>(Vp * C) * (t == DType::f32 ? 4 : 2);
+    w = Device::Buffer();
+    w = Device::Buffer(d, n);
+    d.call(&dt_hal_v1_t::fill_zero, "fill_zero", w.get(), n);
   }
-  std::size_t bytes() const noexcept { return w.bytes() + w16.bytes() + bias.bytes() + dw.bytes(); }
+  std::size_t bytes() const noexcept { return w.bytes() + bias.bytes() + dw.bytes(); }
   // logits[BT, Vp] = x[BT, C] @ w^T + bias, w from the embedding's current values; x16: x rounded
   // to ws's 16-bit type already (or null).
   void forward(const Device& d, GemmWorkspace* ws, float* logits, const float* x, const void* x16,
                const float* wte, std::int64_t BT) {
-    d.call(&dt_hal_v1_t::copy, "copy", w.get(), static_cast<const void*>(wte),
-           static_cast<std::size_t>(V * C) * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
-    if (ws != nullptr && ws->compute != DType::f32) {
-      d.call(&dt_hal_v2_t::cast, "cast", w16.get(), hal_dtype(ws->compute),
-             static_cast<const void*>(w.get()), DT_HAL_F32, Vp * C);
+    if (type != DType::f32) {
+      d.call(&dt_hal_v2_t::cast, "cast", w.get(), hal_dtype(type), static_cast<const void*>(wte),
+             DT_HAL_F32, V * C);
       ws->reserve(d, static_cast<std::size_t>(BT * C));
       if (x16 == nullptr) x16 = operand16(d, ws, ws->a, x, BT * C);
-      gemm16(d, ws, 0, 1, BT, Vp, C, 1.0f, x16, C, w16.get(), C, 0.0f, logits, Vp);
+      gemm16(d, ws, 0, 1, BT, Vp, C, 1.0f, x16, C, w.get(), C, 0.0f, logits, Vp);
     } else {
+      d.call(&dt_hal_v1_t::copy, "copy", w.get(), static_cast<const void*>(wte),
+             static_cast<std::size_t>(V * C) * sizeof(float), DT_HAL_DEVICE_TO_DEVICE);
       matmul(d, ws, 0, 1, BT, Vp, C, 1.0f, x, C, w.as<float>(), C, 0.0f, logits, Vp);
     }
     d.call(&dt_hal_v1_t::bias_add, "bias_add", logits, bias.as<const float>(), BT, Vp);
@@ -164,10 +168,10 @@ struct PaddedHead {
   void backward(const Device& d, GemmWorkspace* ws, float* dx, float beta, float* dwte,
                 const float* dlogits, const float* x, const void* x16, std::int64_t BT) {
     float* g = dw.as<float>();
-    if (ws != nullptr && ws->compute != DType::f32) {
+    if (type != DType::f32) {
       ws->reserve(d, static_cast<std::size_t>(std::max(BT * Vp, BT * C)));
       const void* dl16 = operand16(d, ws, ws->a, dlogits, BT * Vp);
-      gemm16(d, ws, 0, 0, BT, C, Vp, 1.0f, dl16, Vp, w16.get(), C, beta, dx, C);
+      gemm16(d, ws, 0, 0, BT, C, Vp, 1.0f, dl16, Vp, w.get(), C, beta, dx, C);
       if (x16 == nullptr) x16 = operand16(d, ws, ws->b, x, BT * C);
       gemm16(d, ws, 1, 0, Vp, C, BT, 1.0f, dl16, Vp, x16, C, 0.0f, g, C);
     } else {

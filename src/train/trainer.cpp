@@ -1612,12 +1612,11 @@ int Trainer::run() {
   const int T = c_.model.block;
   if (lead) {
     const std::vector<ParamInfo> ps = gpt_params(c_.model);
-    const int pad = c_.model.pad_vocab;
-    const bool padded = pad > 1 && c_.model.vocab % pad != 0;
+    const std::int64_t vp = padded_vocab(c_.model);
     const std::string head =
-        padded ? " (the head over " + std::to_string((c_.model.vocab + pad - 1) / pad * pad) +
-                     ", model.pad-vocab=" + std::to_string(pad) + ")"
-               : "";
+        vp > c_.model.vocab ? " (the head over " + std::to_string(vp) +
+                                  ", model.pad-vocab=" + std::to_string(c_.model.pad_vocab) + ")"
+                            : "";
     std::printf("dt_train: %zu parameters, %d layers, %d heads, embd %d, seq %d, vocab %d%s\n",
                 ps.back().offset + ps.back().numel, c_.model.layers, c_.model.heads, c_.model.embd,
                 T, c_.model.vocab, head.c_str());
