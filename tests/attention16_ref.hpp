@@ -1,5 +1,6 @@
 // Float64 references for causal attention with 16-bit products (plugin ABI version 3,
-// attention_fwd_ex / attention_bwd_ex), shared by the CPU device's unit test and the GPU test.
+// attention_fwd_ex / attention_bwd_ex, and version 4, flash_attention_*), shared by the CPU
+// device's unit test and the GPU test.
 //
 // Each reference is built from the operands the kernel must have used: qkv and dout rounded to the
 // 16-bit type by the caller, and the kernel's own probabilities (att) and softmax gradient
@@ -125,6 +126,123 @@ inline void attn16_dqkv_ref(const AttnShape& s, const std::vector<float>& q16,
                 2 * ((T + 2) * kAttnU * mags[p] + kAttnU * (std::fabs(dqkv0[k]) + std::fabs(v)));
           }
         }
+}
+
+// Float64 reference of flash attention (plugin ABI version 4, flash_attention_fwd / _bwd) on the
+// operands a kernel takes: q, k, v (qkv rounded to the products' type by the caller, q16) and
+// dout rounded (o16), with D = rowsum(dout * out) from the fp32 dout and the output as passed
+// (ow, widened). The bounds are first order: every fp32 sum of n terms within (n + 2) u
+// sum|terms|; the log-sum-exp within (hs + 8) u (|lse| + max|score| + 1); each probability within
+// that (relative) plus its score's error, 8 u for the exponential and, in a 16-bit type, its
+// rounding uh; D within its own sum's error or that of rowsum(P dP), the same value by another
+// route (a device may take either); the softmax gradient within what its inputs' errors give plus
+// its rounding; out and the gradients within the sum of their terms' errors plus fp32
+// accumulation, all doubled for second-order terms.
+struct FlashRef {
+  std::vector<double> out, out_tol, lse, lse_tol, dqkv, dqkv_tol;
+};
+inline FlashRef flash_ref(const AttnShape& s, const std::vector<float>& q16,
+                          const std::vector<float>& dout, const std::vector<float>& o16,
+                          const std::vector<float>& ow, const std::vector<float>& dqkv0,
+                          double uh) {
+  const std::int64_t B = s.B, T = s.T, C = s.C, NH = s.NH, hs = C / NH, C3 = 3 * C;
+  const double scale = 1.0 / std::sqrt(double(hs)), u = kAttnU;
+  FlashRef r;
+  r.out.assign(static_cast<std::size_t>(B * T * C), 0.0);
+  r.out_tol = r.out;
+  r.lse.assign(static_cast<std::size_t>(B * NH * T), 0.0);
+  r.lse_tol = r.lse;
+  r.dqkv.assign(dqkv0.begin(), dqkv0.end());
+  std::vector<double> mag(r.dqkv.size(), 0.0), err(r.dqkv.size(), 0.0);
+  auto Q = [&](std::int64_t b, std::int64_t t, int part, std::int64_t i) {
+    return double(q16[static_cast<std::size_t>((b * T + t) * C3 + part * C + i)]);
+  };
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < NH; ++h) {
+      const std::int64_t c0 = h * hs;
+      for (std::int64_t t = 0; t < T; ++t) {
+        const std::size_t n = static_cast<std::size_t>(t + 1);
+        std::vector<double> sc(n), scm(n), P(n), eP(n), dP(n), edP(n), dPm(n);
+        double m = -INFINITY, smax = 0;
+        for (std::int64_t j = 0; j <= t; ++j) {
+          double v = 0, a = 0;
+          for (std::int64_t i = 0; i < hs; ++i) {
+            v += Q(b, t, 0, c0 + i) * Q(b, j, 1, c0 + i);
+            a += std::fabs(Q(b, t, 0, c0 + i) * Q(b, j, 1, c0 + i));
+          }
+          sc[j] = scale * v;
+          scm[j] = scale * a;
+          m = std::max(m, sc[j]);
+          smax = std::max(smax, std::fabs(sc[j]));
+        }
+        double sum = 0;
+        for (std::int64_t j = 0; j <= t; ++j) sum += std::exp(sc[j] - m);
+        const double lse = m + std::log(sum);
+        const std::size_t li = static_cast<std::size_t>((b * NH + h) * T + t);
+        r.lse[li] = lse;
+        r.lse_tol[li] = (hs + 8) * u * (std::fabs(lse) + smax + 1);
+        for (std::int64_t j = 0; j <= t; ++j) {
+          P[j] = std::exp(sc[j] - lse);
+          eP[j] = (hs + 2) * u * scm[j] + 2 * r.lse_tol[li] + 8 * u;  // relative, unrounded
+          double v = 0, a = 0;
+          for (std::int64_t i = 0; i < hs; ++i) {
+            const double term = double(o16[static_cast<std::size_t>((b * T + t) * C + c0 + i)]) *
+                                Q(b, j, 2, c0 + i);
+            v += term;
+            a += std::fabs(term);
+          }
+          dP[j] = v;
+          dPm[j] = a;
+          edP[j] = (hs + 2) * u * a;
+        }
+        double D = 0, eD = 0, pdp = 0;
+        for (std::int64_t i = 0; i < hs; ++i) {
+          const std::size_t o = static_cast<std::size_t>((b * T + t) * C + c0 + i);
+          D += double(dout[o]) * ow[o];
+          eD += std::fabs(double(dout[o]) * ow[o]);
+        }
+        for (std::int64_t j = 0; j <= t; ++j) pdp += P[j] * (dPm[j] + std::fabs(dP[j]));
+        eD = (hs + 2) * u * eD + (T + hs + 4) * (uh + u) * pdp;
+        for (std::int64_t i = 0; i < hs; ++i) {
+          double o = 0, om = 0, oe = 0;
+          for (std::int64_t j = 0; j <= t; ++j) {
+            const double term = P[j] * Q(b, j, 2, c0 + i);
+            o += term;
+            om += std::fabs(term);
+            oe += (eP[j] + uh) * std::fabs(term);
+          }
+          const std::size_t k = static_cast<std::size_t>((b * T + t) * C + c0 + i);
+          r.out[k] = o;
+          r.out_tol[k] = 2 * (oe + (T + 4) * u * om + u * std::fabs(o));
+        }
+        for (std::int64_t j = 0; j <= t; ++j) {
+          const double dS = scale * P[j] * (dP[j] - D);
+          const double edS = scale * (eP[j] * P[j] * std::fabs(dP[j] - D) + P[j] * (edP[j] + eD)) +
+                             (uh + 4 * u) * std::fabs(dS);
+          const double ePr = (eP[j] + uh) * P[j];  // P as the product dv takes it
+          for (std::int64_t i = 0; i < hs; ++i) {
+            const std::size_t iq = static_cast<std::size_t>((b * T + t) * C3 + c0 + i);
+            const std::size_t ik = static_cast<std::size_t>((b * T + j) * C3 + C + c0 + i);
+            const std::size_t iv = ik + static_cast<std::size_t>(C);
+            const double kj = Q(b, j, 1, c0 + i), qt = Q(b, t, 0, c0 + i);
+            const double dot = o16[static_cast<std::size_t>((b * T + t) * C + c0 + i)];
+            r.dqkv[iq] += dS * kj;
+            mag[iq] += std::fabs(dS * kj);
+            err[iq] += edS * std::fabs(kj);
+            r.dqkv[ik] += dS * qt;
+            mag[ik] += std::fabs(dS * qt);
+            err[ik] += edS * std::fabs(qt);
+            r.dqkv[iv] += P[j] * dot;
+            mag[iv] += std::fabs(P[j] * dot);
+            err[iv] += ePr * std::fabs(dot);
+          }
+        }
+      }
+    }
+  r.dqkv_tol.resize(r.dqkv.size());
+  for (std::size_t k = 0; k < r.dqkv.size(); ++k)
+    r.dqkv_tol[k] = 2 * (err[k] + (T + 2) * u * mag[k] + u * std::fabs(r.dqkv[k]));
+  return r;
 }
 
 }  // namespace dt_test

@@ -1313,6 +1313,148 @@ int scratch(void* ctx, const char* fn, size_t floats, float** out) {
   return DT_HAL_OK;
 }
 
+// ---- attention without the probabilities (ABI version 4) ----------------------------------------
+
+// flash_attention_fwd per (b, h): the row blocks of attention_fwd_kernel with the block's scores
+// in `blk` (kAttnBlock x T floats, the only T-long state) instead of att. Row t's softmax keeps
+// lse = max + log(sum), and the block's probabilities are rounded in place (16-bit dtype) for the
+// product with v, so out has exactly attention_fwd_ex's bits.
+DT_KERNEL void flash_attention_fwd_kernel(float* out, float* lse, const float* qkv, int64_t B,
+                                          int64_t T, int64_t C, int64_t NH, dt_hal_dtype dtype,
+                                          float* blk) {
+  const int64_t hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h) {
+      const float* q = qkv + b * T * C3 + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* o = out + b * T * C + h * hs;
+      float* L = lse + (b * NH + h) * T;
+      for (int64_t r0 = 0; r0 < T; r0 += kAttnBlock) {
+        const int64_t r1 = T - r0 < kAttnBlock ? T : r0 + kAttnBlock;
+        sgemm_rm(false, true, r1 - r0, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, blk, T);
+        for (int64_t t = r0; t < r1; ++t) {
+          float* row = blk + (t - r0) * T;
+          const float m = row_max(row, t + 1);
+          const float s = exp_shifted(row, row, m, t + 1);
+          const float inv = 1.0f / s;
+          for (int64_t j = 0; j <= t; ++j) row[j] *= inv;
+          for (int64_t j = t + 1; j < r1; ++j) row[j] = 0.0f;
+          L[t] = m + std::log(s);
+          if (dtype != DT_HAL_F32) round_copy(row, row, r1, dtype);
+        }
+        sgemm_rm(false, false, r1 - r0, hs, r1, 1.0f, blk, T, v, C3, 0.0f, o + r0 * C, C);
+      }
+    }
+}
+
+// flash_attention_bwd per (b, h), a row block [r0, r1) at a time (keys [0, r1)): P recomputed
+// from lse into `p`, dP = dO V^T into `d`, dV[0, r1) += P^T dO with P rounded into `pr`, then
+// dS = scale P (dP - D) in place of dP (rounded), dQ[r0, r1) += dS K and dK[0, r1) += dS^T Q.
+// D[t] = dout_t . out_t comes from `dfull` (fp32 dout as given) and the widened output; `dO` is
+// dout as the products take it (rounded for a 16-bit dtype).
+DT_KERNEL void flash_attention_bwd_kernel(float* dqkv, float* D, const float* dO_all,
+                                          const float* dfull, const void* out,
+                                          dt_hal_dtype out_dtype, const float* qkv,
+                                          const float* lse, int64_t B, int64_t T, int64_t C,
+                                          int64_t NH, dt_hal_dtype dtype, float* p, float* d,
+                                          float* pr) {
+  const int64_t hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t ob = dtype_bytes(out_dtype);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h) {
+      const float* q = qkv + b * T * C3 + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* dq = dqkv + b * T * C3 + h * hs;
+      float* dk = dq + C;
+      float* dv = dq + 2 * C;
+      const float* dO = dO_all + b * T * C + h * hs;
+      const float* L = lse + (b * NH + h) * T;
+      float* Dh = D + (b * NH + h) * T;
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t at = (b * T + t) * C + h * hs;
+        widen(pr, static_cast<const char*>(out) + static_cast<size_t>(at) * ob, out_dtype, hs);
+        Dh[t] = dot(dfull + at, pr, hs);
+      }
+      for (int64_t r0 = 0; r0 < T; r0 += kAttnBlock) {
+        const int64_t r1 = T - r0 < kAttnBlock ? T : r0 + kAttnBlock, n = r1 - r0;
+        sgemm_rm(false, true, n, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, p, T);
+        sgemm_rm(false, true, n, r1, hs, 1.0f, dO + r0 * C, C, v, C3, 0.0f, d, T);
+        for (int64_t t = r0; t < r1; ++t) {
+          float* pt = p + (t - r0) * T;
+          float* dt = d + (t - r0) * T;
+          exp_shifted(pt, pt, L[t], t + 1);  // lse >= every score of the row
+          for (int64_t j = t + 1; j < r1; ++j) pt[j] = 0.0f;
+          const float Dt = Dh[t];
+          for (int64_t j = 0; j <= t; ++j) dt[j] = scale * pt[j] * (dt[j] - Dt);
+          for (int64_t j = t + 1; j < r1; ++j) dt[j] = 0.0f;
+          if (dtype != DT_HAL_F32) {
+            round_copy(pr + (t - r0) * T, pt, r1, dtype);
+            round_copy(dt, dt, r1, dtype);
+          }
+        }
+        sgemm_rm(true, false, r1, hs, n, 1.0f, dtype != DT_HAL_F32 ? pr : p, T, dO + r0 * C, C,
+                 1.0f, dv, C3);
+        sgemm_rm(false, false, n, hs, r1, 1.0f, d, T, k, C3, 1.0f, dq + r0 * C3, C3);
+        sgemm_rm(true, false, r1, hs, n, 1.0f, d, T, q + r0 * C3, C3, 1.0f, dk, C3);
+      }
+    }
+}
+
+int cpu_flash_attention_fwd(void* ctx, float* out, float* lse, const float* qkv, int64_t B,
+                            int64_t T, int64_t C, int64_t NH, dt_hal_dtype dtype) {
+  const char* fn = "flash_attention_fwd";
+  DT_HAL_TRY(check_attention(ctx, fn, B, T, C, NH));
+  if (!known_dtype(dtype))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
+  if (B * T == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, B * T * C));
+  DT_HAL_TRY(need_ptr(ctx, fn, "lse", lse, B * NH * T));
+  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * C));
+  const int64_t nqkv = dtype == DT_HAL_F32 ? 0 : B * T * 3 * C;
+  float* s = nullptr;
+  DT_HAL_TRY(scratch(ctx, fn, static_cast<size_t>(nqkv + kAttnBlock * T), &s));
+  if (nqkv > 0) round_copy(s, qkv, nqkv, dtype);
+  flash_attention_fwd_kernel(out, lse, nqkv > 0 ? s : qkv, B, T, C, NH, dtype, s + nqkv);
+  return DT_HAL_OK;
+}
+
+int cpu_flash_attention_bwd(void* ctx, float* dqkv, float* scratch_d, const float* dout,
+                            const float* qkv, const void* out, dt_hal_dtype out_dtype,
+                            const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                            dt_hal_dtype dtype) {
+  const char* fn = "flash_attention_bwd";
+  DT_HAL_TRY(check_attention(ctx, fn, B, T, C, NH));
+  if (!known_dtype(dtype))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
+  if (out_dtype != DT_HAL_F32 && out_dtype != dtype)
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": out_dtype ", static_cast<int>(out_dtype),
+                " must be F32 or the products' dtype ", static_cast<int>(dtype));
+  if (B * T == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "dqkv", dqkv, B * T * 3 * C));
+  DT_HAL_TRY(need_ptr(ctx, fn, "scratch", scratch_d, B * NH * T));
+  DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, B * T * C));
+  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * C));
+  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, B * T * C));
+  DT_HAL_TRY(need_ptr(ctx, fn, "lse", lse, B * NH * T));
+  const bool r16 = dtype != DT_HAL_F32;
+  const int64_t nqkv = r16 ? B * T * 3 * C : 0, nout = r16 ? B * T * C : 0;
+  const int64_t blk = kAttnBlock * T;
+  float* s = nullptr;
+  DT_HAL_TRY(scratch(ctx, fn, static_cast<size_t>(nqkv + nout + 3 * blk), &s));
+  if (r16) {
+    round_copy(s, qkv, nqkv, dtype);
+    round_copy(s + nqkv, dout, nout, dtype);
+  }
+  float* p = s + nqkv + nout;
+  flash_attention_bwd_kernel(dqkv, scratch_d, r16 ? s + nqkv : dout, dout, out, out_dtype,
+                             r16 ? s : qkv, lse, B, T, C, NH, dtype, p, p + blk, p + 2 * blk);
+  return DT_HAL_OK;
+}
+
 // Widens the used rows x cols of a matrix with leading dimension ld into dense fp32.
 void widen_matrix(float* out, const void* in, dt_hal_dtype t, int64_t rows, int64_t cols,
                   int64_t ld) {
@@ -1712,8 +1854,18 @@ const dt_hal_v3_t kCpuTableV3 = {
     Rec<cpu_attention_bwd_ex>::entry,
 };
 
+// The version-4 table: the same entries and attention that keeps the log-sum-exp.
+const dt_hal_v4_t kCpuTableV4 = {
+    {{{DT_HAL_API_VERSION_4, kTableName, DT_CPU_V1_ENTRIES}, DT_CPU_V2_ENTRIES},
+     Rec<cpu_attention_fwd_ex>::entry,
+     Rec<cpu_attention_bwd_ex>::entry},
+    Rec<cpu_flash_attention_fwd>::entry,
+    Rec<cpu_flash_attention_bwd>::entry,
+};
+
 }  // namespace
 
 extern "C" const dt_hal_v1_t* dt_hal_cpu_v1(void) { return &kCpuTable; }
 extern "C" const dt_hal_v2_t* dt_hal_cpu_v2(void) { return &kCpuTableV2; }
 extern "C" const dt_hal_v3_t* dt_hal_cpu_v3(void) { return &kCpuTableV3; }
+extern "C" const dt_hal_v4_t* dt_hal_cpu_v4(void) { return &kCpuTableV4; }

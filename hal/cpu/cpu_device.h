@@ -5,6 +5,7 @@
 #include "dt_hal.h"
 #include "dt_hal_v2.h"
 #include "dt_hal_v3.h"
+#include "dt_hal_v4.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -17,8 +18,11 @@ const dt_hal_v1_t* dt_hal_cpu_v1(void);
  * streams), exported as dt_hal_plugin_v2 by the shared build. */
 const dt_hal_v2_t* dt_hal_cpu_v2(void);
 /* The version-3 table (the v2 entries plus attention in a given precision), exported as
- * dt_hal_plugin_v3 by the shared build; dt uses this one. */
+ * dt_hal_plugin_v3 by the shared build. */
 const dt_hal_v3_t* dt_hal_cpu_v3(void);
+/* The version-4 table (the v3 entries plus attention that keeps the log-sum-exp), exported as
+ * dt_hal_plugin_v4 by the shared build; dt uses this one. */
+const dt_hal_v4_t* dt_hal_cpu_v4(void);
 
 #ifdef __cplusplus
 }

@@ -9,3 +9,4 @@
 extern "C" DT_HAL_CPU_EXPORT const dt_hal_v1_t* dt_hal_plugin_v1(void) { return dt_hal_cpu_v1(); }
 extern "C" DT_HAL_CPU_EXPORT const dt_hal_v2_t* dt_hal_plugin_v2(void) { return dt_hal_cpu_v2(); }
 extern "C" DT_HAL_CPU_EXPORT const dt_hal_v3_t* dt_hal_plugin_v3(void) { return dt_hal_cpu_v3(); }
+extern "C" DT_HAL_CPU_EXPORT const dt_hal_v4_t* dt_hal_plugin_v4(void) { return dt_hal_cpu_v4(); }

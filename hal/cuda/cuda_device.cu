@@ -1,4 +1,4 @@
-// The CUDA device of dt (hal/dt_hal_v2.h): device memory, one stream per context (plus streams
+// The CUDA device of dt (hal/dt_hal_v4.h): device memory, one stream per context (plus streams
 // and events the caller makes), cuBLAS for every matrix product, and a kernel for every other
 // entry of the CPU device. Built as libdt_hal_cuda.so for sm_90 with compute_90 PTX (so newer
 // GPUs JIT it), linked with the static CUDA runtime: loading needs libcublas, not a GPU or a
@@ -11,6 +11,8 @@
 //    sum_squares accumulates in double. Exponentials use expf (the CPU its own, a few ulp off).
 //  - embedding_bwd adds rows of repeated tokens with atomicAdd: the order, and so the last bits,
 //    may differ from run to run. Everything else is deterministic.
+//  - flash_attention_* (ABI version 4) in bf16 and fp16 with heads of 64 or 128 run tiled on
+//    tensor cores with an online softmax (see "attention without the probabilities").
 //  - casts and scale_check_finite are bit-exact with the CPU device (same bit-level rounding).
 //
 // Asynchrony: every entry enqueues on the context's current stream and returns; copies to the
@@ -23,7 +25,10 @@
 // synchronize() returns DT_HAL_ERR_INVALID naming the entry, the position and the value (the check
 // cannot be synchronous without a host wait).
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include <algorithm>
 #include <atomic>
@@ -43,6 +48,7 @@
 
 #include "dt_hal_v2.h"
 #include "dt_hal_v3.h"
+#include "dt_hal_v4.h"
 
 #define DT_CUDA_EXPORT __attribute__((visibility("default")))
 
@@ -75,6 +81,8 @@ struct Context {
   size_t scratch_bytes = 0;
   void* lp = nullptr;  // attention_*_ex's 16-bit operands (qkv, dout, probabilities)
   size_t lp_bytes = 0;
+  void* fa = nullptr;  // flash_attention's probabilities and their gradient, where it makes them
+  size_t fa_bytes = 0;
   void* pad[2] = {nullptr, nullptr};  // gemm_ex's copies of A and B with 16-byte aligned rows
   size_t pad_bytes[2] = {0, 0};
   std::atomic<int> graphs{0};  // graphs not yet destroyed (they may hold scratch's address)
@@ -383,6 +391,7 @@ void cuda_close(void* ctx) {
   cudaFree(c->partials);
   cudaFree(c->scratch);
   cudaFree(c->lp);
+  cudaFree(c->fa);
   cudaFree(c->pad[0]);
   cudaFree(c->pad[1]);
   if (c->own) cudaStreamDestroy(c->own);
@@ -1093,8 +1102,9 @@ int cuda_gelu_bwd(void* ctx, float* dinp, const float* inp, const float* dout, i
   return DT_HAL_OK;
 }
 
-// Row r (of B*NH*T rows, t = r % T): softmax over [0, t], zeros after. One block per row.
-__global__ void causal_softmax_kernel(float* att, int64_t T) {
+// Row r (of B*NH*T rows, t = r % T): softmax over [0, t], zeros after; with lse, its
+// log-sum-exp max + log(sum) into lse[r]. One block per row.
+__global__ void causal_softmax_kernel(float* att, float* lse, int64_t T) {
   const int64_t r = blockIdx.x;
   const int64_t len = r % T + 1;
   float* row = att + r * T;
@@ -1107,7 +1117,9 @@ __global__ void causal_softmax_kernel(float* att, int64_t T) {
     row[i] = e;
     s += e;
   }
-  const float inv = 1.0f / block_sum(s);
+  s = block_sum(s);
+  if (lse != nullptr && threadIdx.x == 0) lse[r] = m + logf(s);
+  const float inv = 1.0f / s;
   for (int64_t i = threadIdx.x; i < T; i += blockDim.x) row[i] = i < len ? row[i] * inv : 0.0f;
 }
 // d[i] = scale a[i] (d[i] - sum_j a[j] d[j]) on [0, t], zeros after.
@@ -1131,7 +1143,8 @@ constexpr int kSoftmaxThreads = 256;
 int narrow_into(void* ctx, const char* fn, uint16_t* out, const float* in, int64_t n,
                 dt_hal_dtype t);
 template <int kPer>
-__global__ void causal_softmax_rows_kernel(float* att, uint16_t* lp, int type, int64_t T) {
+__global__ void causal_softmax_rows_kernel(float* att, uint16_t* lp, float* lse, int type,
+                                           int64_t T) {
   const int64_t r = blockIdx.x;
   const int64_t len = r % T + 1;
   float* row = att + r * T;
@@ -1153,7 +1166,9 @@ __global__ void causal_softmax_rows_kernel(float* att, uint16_t* lp, int type, i
       s += v[k];
     }
   }
-  const float inv = 1.0f / block_sum(s);
+  s = block_sum(s);
+  if (lse != nullptr && threadIdx.x == 0) lse[r] = m + logf(s);
+  const float inv = 1.0f / s;
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
@@ -1201,16 +1216,17 @@ bool with_row_registers(int64_t T, F&& launch) {
   return false;
 }
 
-// The softmax of attention_fwd_run over `rows` rows of T, with the 16-bit copy in lp (null: none).
-int causal_softmax(void* ctx, const char* fn, float* att, uint16_t* lp, dt_hal_dtype type,
-                   int64_t rows, int64_t T) {
+// The softmax of attention_fwd_run over `rows` rows of T, with the 16-bit copy in lp (null: none)
+// and the rows' log-sum-exp in lse (null: none).
+int causal_softmax(void* ctx, const char* fn, float* att, uint16_t* lp, float* lse,
+                   dt_hal_dtype type, int64_t rows, int64_t T) {
   const cudaStream_t st = C(ctx)->stream;
   const unsigned grid = static_cast<unsigned>(rows);
   const bool fast = with_row_registers(T, [&](auto per) {
     causal_softmax_rows_kernel<decltype(per)::value>
-        <<<grid, kSoftmaxThreads, 0, st>>>(att, lp, static_cast<int>(type), T);
+        <<<grid, kSoftmaxThreads, 0, st>>>(att, lp, lse, static_cast<int>(type), T);
   });
-  if (!fast) causal_softmax_kernel<<<grid, kThreads, 0, st>>>(att, T);
+  if (!fast) causal_softmax_kernel<<<grid, kThreads, 0, st>>>(att, lse, T);
   LAUNCHED(ctx, fn);
   if (!fast && lp != nullptr) return narrow_into(ctx, fn, lp, att, rows * T, type);
   return DT_HAL_OK;
@@ -1569,9 +1585,11 @@ int narrow_into(void* ctx, const char* fn, uint16_t* out, const float* in, int64
 // Per batch entry b, one strided-batched GEMM over the NH heads (head h of q, k, v starts at
 // column h*hs of the row; att blocks are T x T apart): att = softmax(scale Q K^T), out = att V.
 // With a 16-bit dtype the products take 16-bit copies of qkv and of the probabilities, made in
-// the context's lp buffer; att keeps the fp32 probabilities.
+// the context's lp buffer; att keeps the fp32 probabilities. With lse, the rows' log-sum-exp
+// goes there too; a null out computes the probabilities alone.
 int attention_fwd_run(void* ctx, const char* fn, float* out, float* att, const float* qkv,
-                      int64_t B, int64_t T, int64_t Cc, int64_t NH, dt_hal_dtype dtype) {
+                      int64_t B, int64_t T, int64_t Cc, int64_t NH, dt_hal_dtype dtype,
+                      float* lse = nullptr) {
   const int64_t hs = Cc / NH, C3 = 3 * Cc, TT = T * T, nqkv = B * T * C3;
   Context* c = C(ctx);
   const void* q = qkv;  // the operands as the products take them
@@ -1592,7 +1610,9 @@ int attention_fwd_run(void* ctx, const char* fn, float* out, float* att, const f
     DT_HAL_TRY(gemm_rm_t(ctx, fn, 0, 1, T, T, hs, scale, at(q, b * T * C3, dtype), C3, hs,
                          at(q, b * T * C3 + Cc, dtype), C3, hs, 0.0f, att + b * NH * TT, T, TT, nh,
                          dtype));
-  DT_HAL_TRY(causal_softmax(ctx, fn, att, p16, dtype, B * NH * T, T));
+  DT_HAL_TRY(
+      causal_softmax(ctx, fn, att, out != nullptr ? p16 : nullptr, lse, dtype, B * NH * T, T));
+  if (out == nullptr) return DT_HAL_OK;
   for (int64_t b = 0; b < B; ++b)
     DT_HAL_TRY(gemm_rm_t(ctx, fn, 0, 0, T, hs, T, 1.0f, at(p, b * NH * TT, dtype), T, TT,
                          at(q, b * T * C3 + 2 * Cc, dtype), C3, hs, 0.0f, out + b * T * Cc, Cc, hs,
@@ -1682,6 +1702,494 @@ int cuda_attention_bwd_ex(void* ctx, float* dqkv, float* scratch, const float* d
       attention_bwd_args(ctx, fn, dqkv, scratch, dout, qkv, att, B, T, Cc, NH, dtype, &empty));
   return empty ? DT_HAL_OK
                : attention_bwd_run(ctx, fn, dqkv, scratch, dout, qkv, att, B, T, Cc, NH, dtype);
+}
+
+// ---- attention without the probabilities (ABI version 4) ----------------------------------------
+//
+// Two ways, chosen per call:
+//  - Tiled (bf16 and fp16 with heads of 64 or 128, the shapes of GPT-2 and most models): the
+//    method of FlashAttention-2 on tensor cores (WMMA 16x16x16, fp32 accumulation). The forward
+//    keeps a 64-query tile's scores, probabilities and output in shared memory and walks the key
+//    tiles with an online softmax: the output is rescaled as the running maximum grows and divided
+//    by the sum at the end, so the probabilities the product with v takes are exp(s - running max)
+//    rounded, not the normalised ones attention_fwd_ex rounds (the ABI allows it). The backward
+//    recomputes each tile's probabilities from lse, in two kernels so that no gradient needs an
+//    atomic add (deterministic): one per key tile for dk and dv, one per query tile for dq.
+//  - Otherwise (fp32, other head sizes): the kernels of attention_fwd_ex and attention_bwd_ex on
+//    probabilities made for the call in the context's fa buffer, which the forward's softmax also
+//    leaves lse from; the backward recomputes them (the same bits as the forward's) and runs
+//    attention_bwd_ex on them. The state between the calls is still lse alone; the buffer is
+//    reused by every layer.
+namespace flash {
+
+constexpr int kTile = 64;  // queries and keys per tile
+constexpr int kWarps = 4;  // each owns 16 rows of a tile
+constexpr int kBlock = 32 * kWarps;
+constexpr int kLdS = kTile + 4;  // fp32 tile rows (floats; WMMA wants multiples of 4)
+
+template <int HS>
+struct Dims {
+  static constexpr int kLd16 = HS + 8;  // 16-bit tile rows (elements; multiples of 8)
+  static constexpr int kLdO = HS + 4;   // fp32 output rows
+  static constexpr size_t k16 = size_t{kTile} * kLd16 * 2;         // bytes of a 16-bit tile
+  static constexpr size_t kS = size_t{kTile} * kLdS * 4;           // bytes of a score tile
+  static constexpr size_t kO = size_t{kTile} * kLdO * 4;           // bytes of an output tile
+  static constexpr size_t kP16 = size_t{kTile} * (kTile + 8) * 2;  // 16-bit probabilities
+  static constexpr size_t kRows = size_t{kTile} * 4;               // one float per row
+  static constexpr size_t fwd = 3 * k16 + kS + kP16 + kO + 2 * kRows;
+  static constexpr size_t bwd_kv = 4 * k16 + 2 * kS + 2 * kP16 + 2 * kRows;
+  static constexpr size_t bwd_q = 4 * k16 + 2 * kS + kP16 + 2 * kRows;
+};
+
+template <class T16>
+__device__ inline uint16_t round16(float x);
+template <>
+__device__ inline uint16_t round16<__nv_bfloat16>(float x) {
+  return bf16_of(x);
+}
+template <>
+__device__ inline uint16_t round16<__half>(float x) {
+  return f16_of(x);
+}
+
+// rows [r0, r0 + kTile) x HS columns of an fp32 matrix with row stride ld into a 16-bit tile
+// (rounded as the CPU device rounds), zeros for rows at or past T.
+template <class T16, int HS>
+__device__ void load_tile(T16* dst, const float* src, int64_t ld, int64_t r0, int64_t T) {
+  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+  for (int i = threadIdx.x; i < kTile * HS; i += blockDim.x) {
+    const int r = i / HS, c = i % HS;
+    const float x = r0 + r < T ? src[(r0 + r) * ld + c] : 0.0f;
+    d[r * Dims<HS>::kLd16 + c] = round16<T16>(x);
+  }
+}
+
+using namespace nvcuda;
+template <class T16>
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T16, wmma::row_major>;
+template <class T16, class Layout>
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T16, Layout>;
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// out (16 x 64, row stride kLdS) = A (16 x HS rows of a, stride lda) times B^T, B the 64 x HS
+// tile b (stride ldb): the scores of a warp's rows against a tile's keys.
+template <class T16, int HS>
+__device__ void rows_times_tile_t(float* out, const T16* a, int lda, const T16* b, int ldb) {
+#pragma unroll
+  for (int n = 0; n < kTile / 16; ++n) {
+    FragC acc;
+    wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+    for (int k = 0; k < HS / 16; ++k) {
+      FragA<T16> fa;
+      FragB<T16, wmma::col_major> fb;  // B^T: element (k, n) is b[n][k]
+      wmma::load_matrix_sync(fa, a + k * 16, lda);
+      wmma::load_matrix_sync(fb, b + n * 16 * ldb + k * 16, ldb);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(out + n * 16, acc, kLdS, wmma::mem_row_major);
+  }
+}
+
+// Forward: block (query tile, b * NH + h); warp w owns queries q0 + 16 w ...
+template <class T16, int HS>
+__global__ void __launch_bounds__(kBlock)
+    fwd_kernel(float* out, float* lse, const float* qkv, int64_t T, int64_t Cc, int64_t NH,
+               float scale) {
+  using D = Dims<HS>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T16* Qs = reinterpret_cast<T16*>(smem);
+  T16* Ks = reinterpret_cast<T16*>(smem + D::k16);
+  T16* Vs = reinterpret_cast<T16*>(smem + 2 * D::k16);
+  float* Ss = reinterpret_cast<float*>(smem + 3 * D::k16);
+  T16* Ps = reinterpret_cast<T16*>(smem + 3 * D::k16 + D::kS);
+  float* Os = reinterpret_cast<float*>(smem + 3 * D::k16 + D::kS + D::kP16);
+  float* Ms = reinterpret_cast<float*>(smem + 3 * D::k16 + D::kS + D::kP16 + D::kO);
+  float* Ls = Ms + kTile;
+  constexpr int kLdP = kTile + 8;
+  const int64_t qt = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int64_t C3 = 3 * Cc, q0 = qt * kTile;
+  const float* base = qkv + b * T * C3 + h * HS;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  load_tile<T16, HS>(Qs, base, C3, q0, T);
+  for (int i = threadIdx.x; i < kTile * D::kLdO; i += blockDim.x) Os[i] = 0.0f;
+  if (threadIdx.x < kTile) {
+    Ms[threadIdx.x] = -INFINITY;
+    Ls[threadIdx.x] = 0.0f;
+  }
+  const int r0 = warp * 16;
+  for (int64_t kt = 0; kt <= qt; ++kt) {
+    __syncthreads();  // the previous tile's K and V are no longer read
+    load_tile<T16, HS>(Ks, base + Cc, C3, kt * kTile, T);
+    load_tile<T16, HS>(Vs, base + 2 * Cc, C3, kt * kTile, T);
+    __syncthreads();
+    rows_times_tile_t<T16, HS>(Ss + r0 * kLdS, Qs + r0 * D::kLd16, D::kLd16, Ks, D::kLd16);
+    __syncwarp();
+    // Online softmax of the warp's 16 rows: lane covers columns lane and lane + 32.
+    uint16_t* P = reinterpret_cast<uint16_t*>(Ps);
+    for (int r = r0; r < r0 + 16; ++r) {
+      const int64_t q = q0 + r;
+      float s[2];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int c = lane + 32 * j;
+        const int64_t key = kt * kTile + c;
+        s[j] = key <= q && q < T ? Ss[r * kLdS + c] * scale : -INFINITY;
+        mx = fmaxf(mx, s[j]);
+      }
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_old = Ms[r];
+      const float m_new = fmaxf(m_old, mx);
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float e = s[j] == -INFINITY ? 0.0f : expf(s[j] - m_new);
+        sum += e;
+        P[r * kLdP + lane + 32 * j] = round16<T16>(e);
+      }
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      // A row past T has m_new = -inf: it keeps zeros.
+      const float alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
+      for (int c = lane; c < HS; c += 32) Os[r * D::kLdO + c] *= alpha;
+      __syncwarp();
+      if (lane == 0) {
+        Ms[r] = m_new;
+        Ls[r] = Ls[r] * alpha + sum;
+      }
+    }
+    __syncwarp();
+    // O (warp's rows) += P V.
+#pragma unroll
+    for (int n = 0; n < HS / 16; ++n) {
+      FragC acc;
+      float* o = Os + r0 * D::kLdO + n * 16;
+      wmma::load_matrix_sync(acc, o, D::kLdO, wmma::mem_row_major);
+#pragma unroll
+      for (int k = 0; k < kTile / 16; ++k) {
+        FragA<T16> fa;
+        FragB<T16, wmma::row_major> fb;
+        wmma::load_matrix_sync(fa, Ps + r0 * kLdP + k * 16, kLdP);
+        wmma::load_matrix_sync(fb, Vs + k * 16 * D::kLd16 + n * 16, D::kLd16);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(o, acc, D::kLdO, wmma::mem_row_major);
+    }
+    __syncwarp();
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kTile * HS; i += blockDim.x) {
+    const int r = i / HS, c = i % HS;
+    const int64_t q = q0 + r;
+    if (q < T) out[(b * T + q) * Cc + h * HS + c] = Os[r * D::kLdO + c] / Ls[r];
+  }
+  if (threadIdx.x < kTile && q0 + threadIdx.x < T)
+    lse[bh * T + q0 + threadIdx.x] = Ms[threadIdx.x] + logf(Ls[threadIdx.x]);
+}
+
+// D[bh, t] = dout_t . out_t over the head's columns (out in out_type).
+__global__ void rowdot_kernel(float* D, const float* dout, const void* out, int out_type,
+                              int64_t rows, int64_t T, int64_t Cc, int64_t NH) {
+  const int64_t hs = Cc / NH;
+  GRID_STRIDE(r, rows) {
+    const int64_t bh = r / T, t = r % T, b = bh / NH, h = bh % NH;
+    const int64_t at = (b * T + t) * Cc + h * hs;
+    float s = 0.0f;
+    for (int64_t i = 0; i < hs; ++i) s += dout[at + i] * load_as_f32(out, at + i, out_type);
+    D[r] = s;
+  }
+}
+
+// P (exp(scale s - lse), 0 where masked) and dS = scale P (dP - D) of the warp's 16 rows of a
+// tile, both rounded to 16 bits into P16 and dS16 (row stride kTile + 8), P also in fp32 where
+// wanted. Row r, column c are (query, key) through qk(r, c); lse and D per query.
+template <class T16, class QK>
+__device__ void probs_and_grad(const float* Ss, const float* dPs, uint16_t* P16, uint16_t* dS16,
+                               int r0, float scale, const float* lse_q, const float* D_q, QK qk) {
+  constexpr int kLdP = kTile + 8;
+  const int lane = threadIdx.x % 32;
+  for (int i = lane; i < 16 * kTile; i += 32) {
+    const int r = r0 + i / kTile, c = i % kTile;
+    int qi = 0;
+    const bool valid = qk(r, c, &qi);
+    const float p = valid ? expf(Ss[r * kLdS + c] * scale - lse_q[qi]) : 0.0f;
+    const float ds = valid ? scale * p * (dPs[r * kLdS + c] - D_q[qi]) : 0.0f;
+    if (P16 != nullptr) P16[r * kLdP + c] = round16<T16>(p);
+    dS16[r * kLdP + c] = round16<T16>(ds);
+  }
+}
+
+// acc[n] += A (16 x 64 rows of a, stride kTile + 8) times the 64 x HS tile b.
+template <class T16, int HS>
+__device__ void accumulate(FragC (&acc)[HS / 16], const T16* a, const T16* b) {
+  constexpr int kLdP = kTile + 8;
+#pragma unroll
+  for (int n = 0; n < HS / 16; ++n)
+#pragma unroll
+    for (int k = 0; k < kTile / 16; ++k) {
+      FragA<T16> fa;
+      FragB<T16, wmma::row_major> fb;
+      wmma::load_matrix_sync(fa, a + k * 16, kLdP);
+      wmma::load_matrix_sync(fb, b + k * 16 * Dims<HS>::kLd16 + n * 16, Dims<HS>::kLd16);
+      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+    }
+}
+
+// dst rows (stride ld, fp32) += the warp's 16 x HS accumulators, through the staging tile st.
+template <int HS>
+__device__ void add_rows(float* dst, int64_t ld, int64_t row0, int64_t T, FragC (&acc)[HS / 16],
+                         float* st) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int n = 0; n < HS / 16; ++n)
+    wmma::store_matrix_sync(st + n * 16, acc[n], Dims<HS>::kLdO, wmma::mem_row_major);
+  __syncwarp();
+  for (int i = lane; i < 16 * HS; i += 32) {
+    const int r = i / HS, c = i % HS;
+    if (row0 + r < T) dst[(row0 + r) * ld + c] += st[r * Dims<HS>::kLdO + c];
+  }
+  __syncwarp();
+}
+
+// dk and dv of a key tile: block (key tile, b * NH + h), warp w owns keys k0 + 16 w ...; walks the
+// query tiles from its own. Rows of the score tiles are keys, columns queries (S^T).
+template <class T16, int HS>
+__global__ void __launch_bounds__(kBlock)
+    bwd_kv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                  const float* Dv, int64_t T, int64_t Cc, int64_t NH, float scale) {
+  using D = Dims<HS>;
+  constexpr int kLdP = kTile + 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T16* Ks = reinterpret_cast<T16*>(smem);
+  T16* Vs = reinterpret_cast<T16*>(smem + D::k16);
+  T16* Qs = reinterpret_cast<T16*>(smem + 2 * D::k16);
+  T16* Os = reinterpret_cast<T16*>(smem + 3 * D::k16);  // dout, rounded
+  float* Ss = reinterpret_cast<float*>(smem + 4 * D::k16);
+  float* dPs = reinterpret_cast<float*>(smem + 4 * D::k16 + D::kS);
+  T16* P16 = reinterpret_cast<T16*>(smem + 4 * D::k16 + 2 * D::kS);
+  T16* dS16 = reinterpret_cast<T16*>(smem + 4 * D::k16 + 2 * D::kS + D::kP16);
+  float* Lq = reinterpret_cast<float*>(smem + 4 * D::k16 + 2 * D::kS + 2 * D::kP16);
+  float* Dq = Lq + kTile;
+  const int64_t kt = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int64_t C3 = 3 * Cc, k0 = kt * kTile, nt = (T + kTile - 1) / kTile;
+  const float* base = qkv + b * T * C3 + h * HS;
+  const float* obase = dout + b * T * Cc + h * HS;
+  const int warp = threadIdx.x / 32, r0 = warp * 16;
+  load_tile<T16, HS>(Ks, base + Cc, C3, k0, T);
+  load_tile<T16, HS>(Vs, base + 2 * Cc, C3, k0, T);
+  FragC dk[HS / 16], dv[HS / 16];
+#pragma unroll
+  for (int n = 0; n < HS / 16; ++n) {
+    wmma::fill_fragment(dk[n], 0.0f);
+    wmma::fill_fragment(dv[n], 0.0f);
+  }
+  for (int64_t qt = kt; qt < nt; ++qt) {
+    const int64_t q0 = qt * kTile;
+    __syncthreads();  // the previous query tile is no longer read
+    load_tile<T16, HS>(Qs, base, C3, q0, T);
+    load_tile<T16, HS>(Os, obase, Cc, q0, T);
+    if (threadIdx.x < kTile) {
+      const int64_t q = q0 + threadIdx.x;
+      Lq[threadIdx.x] = q < T ? lse[bh * T + q] : 0.0f;
+      Dq[threadIdx.x] = q < T ? Dv[bh * T + q] : 0.0f;
+    }
+    __syncthreads();
+    rows_times_tile_t<T16, HS>(Ss + r0 * kLdS, Ks + r0 * D::kLd16, D::kLd16, Qs, D::kLd16);
+    rows_times_tile_t<T16, HS>(dPs + r0 * kLdS, Vs + r0 * D::kLd16, D::kLd16, Os, D::kLd16);
+    __syncwarp();
+    probs_and_grad<T16>(Ss, dPs, reinterpret_cast<uint16_t*>(P16),
+                        reinterpret_cast<uint16_t*>(dS16), r0, scale, Lq, Dq,
+                        [&](int r, int c, int* qi) {
+                          *qi = c;
+                          const int64_t key = k0 + r, q = q0 + c;
+                          return key <= q && q < T && key < T;
+                        });
+    __syncwarp();
+    accumulate<T16, HS>(dv, P16 + r0 * kLdP, Os);
+    accumulate<T16, HS>(dk, dS16 + r0 * kLdP, Qs);
+  }
+  __syncthreads();
+  float* st = reinterpret_cast<float*>(smem + 4 * D::k16) + r0 * D::kLdO;  // Ss and dPs: free now
+  float* drow = dqkv + b * T * C3 + h * HS;
+  add_rows<HS>(drow + Cc, C3, k0 + r0, T, dk, st);
+  add_rows<HS>(drow + 2 * Cc, C3, k0 + r0, T, dv, st);
+}
+
+// dq of a query tile: block (query tile, b * NH + h), warp w owns queries q0 + 16 w ...; walks the
+// key tiles up to its own.
+template <class T16, int HS>
+__global__ void __launch_bounds__(kBlock)
+    bwd_q_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                 const float* Dv, int64_t T, int64_t Cc, int64_t NH, float scale) {
+  using D = Dims<HS>;
+  constexpr int kLdP = kTile + 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T16* Qs = reinterpret_cast<T16*>(smem);
+  T16* Os = reinterpret_cast<T16*>(smem + D::k16);  // dout, rounded
+  T16* Ks = reinterpret_cast<T16*>(smem + 2 * D::k16);
+  T16* Vs = reinterpret_cast<T16*>(smem + 3 * D::k16);
+  float* Ss = reinterpret_cast<float*>(smem + 4 * D::k16);
+  float* dPs = reinterpret_cast<float*>(smem + 4 * D::k16 + D::kS);
+  T16* dS16 = reinterpret_cast<T16*>(smem + 4 * D::k16 + 2 * D::kS);
+  float* Lq = reinterpret_cast<float*>(smem + 4 * D::k16 + 2 * D::kS + D::kP16);
+  float* Dq = Lq + kTile;
+  const int64_t qt = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int64_t C3 = 3 * Cc, q0 = qt * kTile;
+  const float* base = qkv + b * T * C3 + h * HS;
+  const int warp = threadIdx.x / 32, r0 = warp * 16;
+  load_tile<T16, HS>(Qs, base, C3, q0, T);
+  load_tile<T16, HS>(Os, dout + b * T * Cc + h * HS, Cc, q0, T);
+  if (threadIdx.x < kTile) {
+    const int64_t q = q0 + threadIdx.x;
+    Lq[threadIdx.x] = q < T ? lse[bh * T + q] : 0.0f;
+    Dq[threadIdx.x] = q < T ? Dv[bh * T + q] : 0.0f;
+  }
+  FragC dq[HS / 16];
+#pragma unroll
+  for (int n = 0; n < HS / 16; ++n) wmma::fill_fragment(dq[n], 0.0f);
+  for (int64_t kt = 0; kt <= qt; ++kt) {
+    const int64_t k0 = kt * kTile;
+    __syncthreads();  // the previous key tile is no longer read
+    load_tile<T16, HS>(Ks, base + Cc, C3, k0, T);
+    load_tile<T16, HS>(Vs, base + 2 * Cc, C3, k0, T);
+    __syncthreads();
+    rows_times_tile_t<T16, HS>(Ss + r0 * kLdS, Qs + r0 * D::kLd16, D::kLd16, Ks, D::kLd16);
+    rows_times_tile_t<T16, HS>(dPs + r0 * kLdS, Os + r0 * D::kLd16, D::kLd16, Vs, D::kLd16);
+    __syncwarp();
+    probs_and_grad<T16>(Ss, dPs, nullptr, reinterpret_cast<uint16_t*>(dS16), r0, scale, Lq, Dq,
+                        [&](int r, int c, int* qi) {
+                          *qi = r;
+                          const int64_t q = q0 + r, key = k0 + c;
+                          return key <= q && q < T;
+                        });
+    __syncwarp();
+    accumulate<T16, HS>(dq, dS16 + r0 * kLdP, Ks);
+  }
+  __syncthreads();
+  float* st = reinterpret_cast<float*>(smem + 4 * D::k16) + r0 * D::kLdO;
+  add_rows<HS>(dqkv + b * T * C3 + h * HS, C3, q0 + r0, T, dq, st);
+}
+
+// Dynamic shared memory above 48 KiB must be allowed per kernel and device, once (before any
+// capture: the first call of a shape runs eagerly, as grow_scratch already requires).
+template <auto Kernel>
+int allow_smem(void* ctx, const char* fn, size_t bytes) {
+  static std::atomic<uint64_t> done{0};
+  const uint64_t bit = uint64_t{1} << (C(ctx)->device & 63);
+  if (done.load() & bit) return DT_HAL_OK;
+  CU(ctx, fn,
+     cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          static_cast<int>(bytes)));
+  done.fetch_or(bit);
+  return DT_HAL_OK;
+}
+
+template <class T16, int HS>
+int fwd(void* ctx, const char* fn, float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+        int64_t Cc, int64_t NH) {
+  const size_t smem = Dims<HS>::fwd;
+  DT_HAL_TRY((allow_smem<fwd_kernel<T16, HS>>(ctx, fn, smem)));
+  const dim3 grid(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * NH));
+  fwd_kernel<T16, HS>
+      <<<grid, kBlock, smem, C(ctx)->stream>>>(out, lse, qkv, T, Cc, NH, 1.0f / sqrtf(float(HS)));
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+template <class T16, int HS>
+int bwd(void* ctx, const char* fn, float* dqkv, const float* Dv, const float* dout,
+        const float* qkv, const float* lse, int64_t B, int64_t T, int64_t Cc, int64_t NH) {
+  DT_HAL_TRY((allow_smem<bwd_kv_kernel<T16, HS>>(ctx, fn, Dims<HS>::bwd_kv)));
+  DT_HAL_TRY((allow_smem<bwd_q_kernel<T16, HS>>(ctx, fn, Dims<HS>::bwd_q)));
+  const dim3 grid(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * NH));
+  const float scale = 1.0f / sqrtf(float(HS));
+  bwd_kv_kernel<T16, HS><<<grid, kBlock, Dims<HS>::bwd_kv, C(ctx)->stream>>>(dqkv, dout, qkv, lse,
+                                                                             Dv, T, Cc, NH, scale);
+  LAUNCHED(ctx, fn);
+  bwd_q_kernel<T16, HS><<<grid, kBlock, Dims<HS>::bwd_q, C(ctx)->stream>>>(dqkv, dout, qkv, lse, Dv,
+                                                                           T, Cc, NH, scale);
+  LAUNCHED(ctx, fn);
+  return DT_HAL_OK;
+}
+
+// The tiled kernels for this call, or false (the fallback): a 16-bit type, heads of 64 or 128,
+// and DT_CUDA_FLASH not 0.
+bool tiled(dt_hal_dtype dtype, int64_t hs) {
+  static const bool off = [] {
+    const char* v = std::getenv("DT_CUDA_FLASH");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
+  return !off && dtype != DT_HAL_F32 && (hs == 64 || hs == 128);
+}
+
+template <class F>
+int dispatch(dt_hal_dtype dtype, int64_t hs, F&& f) {
+  if (dtype == DT_HAL_BF16)
+    return hs == 64 ? f(__nv_bfloat16{}, std::integral_constant<int, 64>{})
+                    : f(__nv_bfloat16{}, std::integral_constant<int, 128>{});
+  return hs == 64 ? f(__half{}, std::integral_constant<int, 64>{})
+                  : f(__half{}, std::integral_constant<int, 128>{});
+}
+
+}  // namespace flash
+
+int cuda_flash_attention_fwd(void* ctx, float* out, float* lse, const float* qkv, int64_t B,
+                             int64_t T, int64_t Cc, int64_t NH, dt_hal_dtype dtype) {
+  const char* fn = "flash_attention_fwd";
+  DT_HAL_TRY(check_attention(ctx, fn, B, T, Cc, NH));
+  if (!known_dtype(dtype))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
+  if (B * T == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, B * T * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "lse", lse, B * NH * T));
+  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * Cc));
+  const int64_t hs = Cc / NH;
+  if (flash::tiled(dtype, hs))
+    return flash::dispatch(dtype, hs, [&](auto t16, auto HS) {
+      return flash::fwd<decltype(t16), decltype(HS)::value>(ctx, fn, out, lse, qkv, B, T, Cc, NH);
+    });
+  Context* c = C(ctx);
+  DT_HAL_TRY(grow_scratch(ctx, fn, &c->fa, &c->fa_bytes,
+                          static_cast<size_t>(B * NH * T * T) * sizeof(float)));
+  return attention_fwd_run(ctx, fn, out, static_cast<float*>(c->fa), qkv, B, T, Cc, NH, dtype, lse);
+}
+
+int cuda_flash_attention_bwd(void* ctx, float* dqkv, float* scratch, const float* dout,
+                             const float* qkv, const void* out, dt_hal_dtype out_dtype,
+                             const float* lse, int64_t B, int64_t T, int64_t Cc, int64_t NH,
+                             dt_hal_dtype dtype) {
+  const char* fn = "flash_attention_bwd";
+  DT_HAL_TRY(check_attention(ctx, fn, B, T, Cc, NH));
+  if (!known_dtype(dtype))
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": unknown dtype ", static_cast<int>(dtype));
+  if (out_dtype != DT_HAL_F32 && out_dtype != dtype)
+    return fail(ctx, DT_HAL_ERR_INVALID, fn, ": out_dtype ", static_cast<int>(out_dtype),
+                " must be F32 or the products' dtype ", static_cast<int>(dtype));
+  if (B * T == 0) return DT_HAL_OK;
+  DT_HAL_TRY(need_ptr(ctx, fn, "dqkv", dqkv, B * T * 3 * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "scratch", scratch, B * NH * T));
+  DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, B * T * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "out", out, B * T * Cc));
+  DT_HAL_TRY(need_ptr(ctx, fn, "lse", lse, B * NH * T));
+  const int64_t hs = Cc / NH;
+  if (flash::tiled(dtype, hs)) {
+    flash::rowdot_kernel<<<blocks_for(B * NH * T), kThreads, 0, C(ctx)->stream>>>(
+        scratch, dout, out, static_cast<int>(out_dtype), B * NH * T, T, Cc, NH);
+    LAUNCHED(ctx, fn);
+    return flash::dispatch(dtype, hs, [&](auto t16, auto HS) {
+      return flash::bwd<decltype(t16), decltype(HS)::value>(ctx, fn, dqkv, scratch, dout, qkv, lse,
+                                                            B, T, Cc, NH);
+    });
+  }
+  // The probabilities again (the forward's bits), then attention_bwd_ex on them.
+  Context* c = C(ctx);
+  const int64_t TT = B * NH * T * T;
+  DT_HAL_TRY(
+      grow_scratch(ctx, fn, &c->fa, &c->fa_bytes, static_cast<size_t>(2 * TT) * sizeof(float)));
+  float* att = static_cast<float*>(c->fa);
+  DT_HAL_TRY(attention_fwd_run(ctx, fn, nullptr, att, qkv, B, T, Cc, NH, dtype));
+  return attention_bwd_run(ctx, fn, dqkv, att + TT, dout, qkv, att, B, T, Cc, NH, dtype);
 }
 
 int cuda_cast_f32_to_bf16(void* ctx, uint16_t* out, const float* in, int64_t n) {
@@ -1881,6 +2389,8 @@ constexpr const char* kProfNames[] = {
     "copy",
     "fill_zero",
     "graph_launch",
+    "flash_attention_fwd",
+    "flash_attention_bwd",
 };
 constexpr int kProfSlots = sizeof kProfNames / sizeof kProfNames[0];
 
@@ -2124,15 +2634,27 @@ const dt_hal_v3_t kCudaTableV3 = [] {
   return t;
 }();
 
-// The version-3 table with every work entry timed (DT_CUDA_PROFILE=1).
+// The version-4 table: the version-3 one (its version field aside) and attention that keeps the
+// log-sum-exp.
+const dt_hal_v4_t kCudaTableV4 = [] {
+  dt_hal_v4_t t{};
+  t.v3 = kCudaTableV3;
+  t.v3.v2.v1.api_version = DT_HAL_API_VERSION_4;
+  t.flash_attention_fwd = cuda_flash_attention_fwd;
+  t.flash_attention_bwd = cuda_flash_attention_bwd;
+  return t;
+}();
+
+// The version-4 table with every work entry timed (DT_CUDA_PROFILE=1).
 template <int Slot, class... A>
 constexpr Timed<Slot, A...> timed_for(int (*)(void*, A...)) {
   static_assert(Slot < kProfSlots, "a slot without a name");
   return {};
 }
 #define DT_TIMED(slot, fn) (&decltype(timed_for<slot>(fn))::template call<fn>)
-const dt_hal_v3_t kCudaTableProfiled = [] {
-  dt_hal_v3_t t = kCudaTableV3;
+const dt_hal_v4_t kCudaTableProfiled = [] {
+  dt_hal_v4_t t4 = kCudaTableV4;
+  dt_hal_v3_t& t = t4.v3;
   dt_hal_v1_t& v1 = t.v2.v1;
   v1.gemm = DT_TIMED(0, cuda_gemm);
   v1.bias_add = DT_TIMED(1, cuda_bias_add);
@@ -2162,7 +2684,9 @@ const dt_hal_v3_t kCudaTableProfiled = [] {
   v1.copy = DT_TIMED(25, cuda_copy);
   v1.fill_zero = DT_TIMED(26, cuda_fill_zero);
   t.v2.graph_launch = DT_TIMED(27, cuda_graph_launch);
-  return t;
+  t4.flash_attention_fwd = DT_TIMED(28, cuda_flash_attention_fwd);
+  t4.flash_attention_bwd = DT_TIMED(29, cuda_flash_attention_bwd);
+  return t4;
 }();
 #undef DT_TIMED
 
@@ -2175,5 +2699,13 @@ bool profile_requested() {
 
 extern "C" DT_CUDA_EXPORT const dt_hal_v2_t* dt_hal_plugin_v2(void) { return &kCudaTable; }
 extern "C" DT_CUDA_EXPORT const dt_hal_v3_t* dt_hal_plugin_v3(void) {
-  return profile_requested() ? &kCudaTableProfiled : &kCudaTableV3;
+  static const dt_hal_v3_t profiled = [] {  // its version field says 3
+    dt_hal_v3_t t = kCudaTableProfiled.v3;
+    t.v2.v1.api_version = DT_HAL_API_VERSION_3;
+    return t;
+  }();
+  return profile_requested() ? &profiled : &kCudaTableV3;
+}
+extern "C" DT_CUDA_EXPORT const dt_hal_v4_t* dt_hal_plugin_v4(void) {
+  return profile_requested() ? &kCudaTableProfiled : &kCudaTableV4;
 }

@@ -1,4 +1,4 @@
-/* A skeleton of a vendor NPU device plugin for dt (hal/dt_hal_v3.h), to copy and fill in.
+/* A skeleton of a vendor NPU device plugin for dt (hal/dt_hal_v4.h), to copy and fill in.
  *
  * What a port does, in order (Ascend CANN and Cambricon CNRT/CNNL names given as examples):
  *  1. Device and memory: open() picks the device and makes a context and a stream
@@ -12,7 +12,9 @@
  *     training starts (dt::require_training_kernels), never discovered mid-run.
  *  3. Mixed precision: gemm_ex, cast and scale_check_finite for bf16/fp16 training, then
  *     attention_fwd_ex/attention_bwd_ex so attention's products run in 16 bits too (without them
- *     dt runs attention in fp32).
+ *     dt runs attention in fp32), then flash_attention_fwd/flash_attention_bwd so attention keeps
+ *     one log-sum-exp per row instead of its T x T probabilities (without them dt keeps the
+ *     probabilities; the vendor's fused attention, aclnnFlashAttentionScore, fits here).
  *  4. Streams and events, then graph capture (aclmdlRI capture, cnrtQueueBeginCapture), if the
  *     runtime has them.
  *
@@ -30,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dt_hal_v3.h"
+#include "dt_hal_v4.h"
 
 #define TPL_EXPORT __attribute__((visibility("default")))
 
@@ -162,38 +164,42 @@ static int tpl_native_stream(void* ctx, void** h) {
 }
 
 /* Designated initialisers: every entry not named is NULL, which dt reports by name. */
-static const dt_hal_v3_t tpl_table = {
-    .v2 =
+static const dt_hal_v4_t tpl_table = {
+    .v3 =
         {
-            .v1 =
+            .v2 =
                 {
-                    .api_version = DT_HAL_API_VERSION_3,
-                    .name = "template",
-                    .open = tpl_open,
-                    .close = tpl_close,
-                    .last_error = tpl_last_error,
-                    .device_count = tpl_device_count,
-                    .alloc = tpl_alloc,
-                    .release = tpl_release,
-                    .copy = tpl_copy,
-                    .fill_zero = tpl_fill_zero,
-                    .synchronize = tpl_synchronize,
-                    .add = tpl_add,
-                    .scale = tpl_scale,
-                    /* gemm, bias_add, ..., adamw, casts: NULL until ported */
+                    .v1 =
+                        {
+                            .api_version = DT_HAL_API_VERSION_4,
+                            .name = "template",
+                            .open = tpl_open,
+                            .close = tpl_close,
+                            .last_error = tpl_last_error,
+                            .device_count = tpl_device_count,
+                            .alloc = tpl_alloc,
+                            .release = tpl_release,
+                            .copy = tpl_copy,
+                            .fill_zero = tpl_fill_zero,
+                            .synchronize = tpl_synchronize,
+                            .add = tpl_add,
+                            .scale = tpl_scale,
+                            /* gemm, bias_add, ..., adamw, casts: NULL until ported */
+                        },
+                    .describe = tpl_describe,
+                    .stream_create = tpl_handle_create,
+                    .stream_destroy = tpl_handle_destroy,
+                    .set_stream = tpl_handle_op,
+                    .native_stream = tpl_native_stream,
+                    .event_create = tpl_handle_create,
+                    .event_destroy = tpl_handle_destroy,
+                    .event_record = tpl_handle_op,
+                    .stream_wait_event = tpl_handle_op,
+                    .event_synchronize = tpl_handle_op,
                 },
-            .describe = tpl_describe,
-            .stream_create = tpl_handle_create,
-            .stream_destroy = tpl_handle_destroy,
-            .set_stream = tpl_handle_op,
-            .native_stream = tpl_native_stream,
-            .event_create = tpl_handle_create,
-            .event_destroy = tpl_handle_destroy,
-            .event_record = tpl_handle_op,
-            .stream_wait_event = tpl_handle_op,
-            .event_synchronize = tpl_handle_op,
+            /* attention_fwd_ex, attention_bwd_ex: NULL until ported */
         },
-    /* attention_fwd_ex, attention_bwd_ex: NULL until ported */
+    /* flash_attention_fwd, flash_attention_bwd: NULL until ported */
 };
 
-TPL_EXPORT const dt_hal_v3_t* dt_hal_plugin_v3(void) { return &tpl_table; }
+TPL_EXPORT const dt_hal_v4_t* dt_hal_plugin_v4(void) { return &tpl_table; }

@@ -1,11 +1,11 @@
-// dt::Device: one opened device plugin (hal/dt_hal_v3.h, ABI version 3, or an older version
-// through an adapter: hal/dt_hal_v2.h, hal/dt_hal.h) and its context.
+// dt::Device: one opened device plugin (hal/dt_hal_v4.h, ABI version 4, or an older version
+// through an adapter: hal/dt_hal_v3.h, hal/dt_hal_v2.h, hal/dt_hal.h) and its context.
 //
 // "cpu" is the built-in CPU device; any other NAME is loaded from libdt_hal_NAME.so found in the
 // plugin path. The built-in device goes through the same table as a loaded one. Every kernel call
 // goes through call(), which reports a missing (optional) entry or a failed status as a
 // dt::DeviceError naming the device, the entry and the plugin's own message. An older plugin is
-// seen through a version-3 table whose newer entries are NULL, so call() on one of them reports it
+// seen through a version-4 table whose newer entries are NULL, so call() on one of them reports it
 // missing like any optional entry.
 #pragma once
 
@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "dt_hal.h"
 #include "dt_hal_v2.h"
 #include "dt_hal_v3.h"
+#include "dt_hal_v4.h"
 
 namespace dt {
 
@@ -49,12 +51,14 @@ class Device {
   /// Where the table came from: "built-in" or the plugin file.
   const std::string& origin() const noexcept { return origin_; }
   /// The version-1 part of the table (every plugin has it).
-  const dt_hal_v1_t& table() const noexcept { return table_.v2.v1; }
+  const dt_hal_v1_t& table() const noexcept { return table_.v3.v2.v1; }
   /// The version-2 part; its own entries are NULL for a version-1 plugin.
-  const dt_hal_v2_t& table2() const noexcept { return table_.v2; }
-  /// The whole table; version-3 entries are NULL for an older plugin.
-  const dt_hal_v3_t& table3() const noexcept { return table_; }
-  /// ABI version of the plugin as loaded (1, 2 or 3).
+  const dt_hal_v2_t& table2() const noexcept { return table_.v3.v2; }
+  /// The version-3 part; its own entries are NULL for an older plugin.
+  const dt_hal_v3_t& table3() const noexcept { return table_.v3; }
+  /// The whole table; version-4 entries are NULL for an older plugin.
+  const dt_hal_v4_t& table4() const noexcept { return table_; }
+  /// ABI version of the plugin as loaded (1 to 4).
   int abi_version() const noexcept { return abi_version_; }
   /// The device index opened (the plugin's numbering: a CUDA device ordinal).
   int index() const noexcept { return index_; }
@@ -67,29 +71,28 @@ class Device {
   /// The plugin's describe() line, or "NAME (ORIGIN)" where it has none.
   std::string describe() const;
 
-  /// Calls table entry `entry` (named `what` in errors) with the context and `args`.
-  template <class... Fn, class... Args>
-  void call(int (*dt_hal_v1_t::*entry)(void*, Fn...), const char* what, Args&&... args) const {
-    auto fn = table_.v2.v1.*entry;
+  /// Calls table entry `entry` (named `what` in errors) with the context and `args`; `entry` is
+  /// a member of the table of any version (dt_hal_v1_t::gemm, dt_hal_v4_t::flash_attention_fwd).
+  template <class Table, class... Fn, class... Args>
+  void call(int (*Table::*entry)(void*, Fn...), const char* what, Args&&... args) const {
+    auto fn = part<Table>().*entry;
     if (!fn) missing(what);
     const int st = fn(ctx_, std::forward<Args>(args)...);
     if (st != DT_HAL_OK) failed(what, st);
   }
-  /// The same for a version-2 entry.
-  template <class... Fn, class... Args>
-  void call(int (*dt_hal_v2_t::*entry)(void*, Fn...), const char* what, Args&&... args) const {
-    auto fn = table_.v2.*entry;
-    if (!fn) missing(what);
-    const int st = fn(ctx_, std::forward<Args>(args)...);
-    if (st != DT_HAL_OK) failed(what, st);
-  }
-  /// The same for a version-3 entry.
-  template <class... Fn, class... Args>
-  void call(int (*dt_hal_v3_t::*entry)(void*, Fn...), const char* what, Args&&... args) const {
-    auto fn = table_.*entry;
-    if (!fn) missing(what);
-    const int st = fn(ctx_, std::forward<Args>(args)...);
-    if (st != DT_HAL_OK) failed(what, st);
+  /// The part of the table of version Table (dt_hal_v1_t .. dt_hal_v4_t).
+  template <class Table>
+  const Table& part() const noexcept {
+    if constexpr (std::is_same_v<Table, dt_hal_v1_t>) {
+      return table();
+    } else if constexpr (std::is_same_v<Table, dt_hal_v2_t>) {
+      return table2();
+    } else if constexpr (std::is_same_v<Table, dt_hal_v3_t>) {
+      return table3();
+    } else {
+      static_assert(std::is_same_v<Table, dt_hal_v4_t>, "not a dt device table");
+      return table4();
+    }
   }
 
   /// Bytes of device memory dt's Buffers hold in this process (all devices), and the most held at
@@ -155,7 +158,7 @@ class Device {
   std::string name_;
   std::string origin_;
   std::unique_ptr<Library> lib_;
-  dt_hal_v3_t table_{};  // a copy: the plugin's own table, or an adapter of an older one
+  dt_hal_v4_t table_{};  // a copy: the plugin's own table, or an adapter of an older one
   int abi_version_ = 0;
   int index_ = 0;
   void* ctx_ = nullptr;

@@ -32,6 +32,11 @@ struct GptConfig {
   /// of 16-byte multiples. The parameters keep `vocab` rows; the padding columns' logits are
   /// -inf (probability 0, gradient 0).
   int pad_vocab = 0;
+  /// Attention keeps one log-sum-exp per query row (B NH T floats a layer) instead of its
+  /// probabilities (B NH T T), and the backward recomputes them (model.attention=flash), on a
+  /// device with the flash_attention entries (ABI version 4); elsewhere it keeps the
+  /// probabilities (model.attention=full).
+  bool flash_attention = true;
 };
 
 /// The head's vocabulary: c.vocab rounded up to a multiple of c.pad_vocab (c.vocab when
@@ -181,6 +186,7 @@ class Gpt {
   std::unique_ptr<PaddedHead> head_;
   int B_ = 0, T_ = 0;
   bool have_targets_ = false;
+  bool flash_ = false;  // cfg_.flash_attention on a device that has it: att holds B NH T lse
   // pointers into act_buf_ / grad_act_buf_ (set in the constructor)
   struct Layer {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,

@@ -108,6 +108,7 @@ struct TrainConfig {
   std::string test_sim_placement = "block";  ///< testing only: block | cyclic
   RankSite site;  ///< where this rank runs (set by the app from the runtime)
   // mixed precision
+  std::string attention = "flash";  ///< model.attention: flash | full (GptConfig::flash_attention)
   std::string dtype = "fp32";  ///< fp32 | bf16 | fp16: storage of the compute weights and gradients
   std::string grad_reduce = "fp32";  ///< fp32 | bf16: what the data-parallel gradient all_reduce carries
   double loss_scale_initial = 65536;

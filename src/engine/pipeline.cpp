@@ -354,8 +354,9 @@ StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& mod
     if (n.op == "layernorm") {
       m.slot_floats += 2 * BT;
     } else if (n.op == "attention") {
-      const std::size_t att =
-          static_cast<std::size_t>(m.B) * static_cast<std::size_t>(n.attr("heads")) * m.T * m.T;
+      const std::size_t att = attention_state_floats(
+          flash_attention(dev_, n.attr_or("flash", 0) != 0), static_cast<std::size_t>(m.B),
+          static_cast<std::size_t>(n.attr("heads")), static_cast<std::size_t>(m.T));
       m.slot_floats += att;
       m.scratch_floats = std::max(m.scratch_floats, att);
     } else if (n.op == "xent") {
@@ -634,8 +635,8 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
       linear_fwd(dev_, &ws_, act(n.out[0]), act(n.in[0]), prm(n.in[1]),
                  bias ? prm(n.in[2]) : nullptr, BT, width(n.in[0]), width(n.out[0]));
     } else if (n.op == "attention") {
-      attention_forward(dev_, &ws_, act(n.out[0]), aux, act(n.in[0]), B, T, width(n.out[0]),
-                        n.attr("heads"));
+      attention_forward(dev_, &ws_, flash_attention(dev_, n.attr_or("flash", 0) != 0),
+                        act(n.out[0]), aux, act(n.in[0]), B, T, width(n.out[0]), n.attr("heads"));
     } else if (n.op == "gelu") {
       dev_.call(&dt_hal_v1_t::gelu_fwd, "gelu_fwd", act(n.out[0]),
                 static_cast<const float*>(act(n.in[0])), BT * width(n.out[0]));
@@ -770,8 +771,9 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
                   static_cast<std::size_t>(seg) * sizeof(float));
       }
     } else if (n.op == "attention") {
-      attention_backward(dev_, &ws_, grad(n.in[0]), m.scratch.as<float>(), grad(n.out[0]),
-                         act(n.in[0]), aux, B, T, width(n.out[0]), n.attr("heads"));
+      attention_backward(dev_, &ws_, flash_attention(dev_, n.attr_or("flash", 0) != 0),
+                         grad(n.in[0]), m.scratch.as<float>(), grad(n.out[0]), act(n.in[0]),
+                         act(n.out[0]), DType::f32, aux, B, T, width(n.out[0]), n.attr("heads"));
     } else if (n.op == "gelu") {
       dev_.call(&dt_hal_v1_t::gelu_bwd, "gelu_bwd", grad(n.in[0]), act(n.in[0]),
                 static_cast<const float*>(grad(n.out[0])), BT * width(n.out[0]));

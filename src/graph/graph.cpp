@@ -129,7 +129,9 @@ Graph build_gpt(const GptConfig& c, int B, int T) {
          {ln1, pid[h + "attn.c_attn.weight"], pid[h + "attn.c_attn.bias"]}, {qkv}, l,
          {{"parallel", 1}, {"blocks", 3}, {"zero_key_bias", 1}});
     const int atty = act(a + "attn", btc);
-    node("attention", h + "attn", {qkv}, {atty}, l, {{"heads", c.heads}});
+    // flash: the state kept for the backward is one log-sum-exp per row (GptConfig).
+    node("attention", h + "attn", {qkv}, {atty}, l,
+         {{"heads", c.heads}, {"flash", c.flash_attention ? 1 : 0}});
     const int proj = act(a + "attn.proj", btc);
     node("linear", h + "attn.c_proj",
          {atty, pid[h + "attn.c_proj.weight"], pid[h + "attn.c_proj.bias"]}, {proj}, l,
@@ -283,11 +285,12 @@ std::vector<NodeCost> costs(const Graph& g) {
     } else if (n.op == "attention") {
       const Shape& q = g.tensors[static_cast<std::size_t>(n.in[0])].shape;
       const double BT = static_cast<double>(q[0] * q[1]), Cl = static_cast<double>(q[2] / 3);
+      const bool flash = n.attr_or("flash", 0) != 0;
       const double att = static_cast<double>(q[0]) * static_cast<double>(n.attr("heads")) *
-                         static_cast<double>(q[1] * q[1]);
+                         static_cast<double>(q[1]) * (flash ? 1.0 : static_cast<double>(q[1]));
       c.fwd_flops = 4 * BT * static_cast<double>(q[1]) * Cl;
       c.bwd_flops = 2 * c.fwd_flops;
-      c.act_bytes += 4 * att;  // the probabilities
+      c.act_bytes += 4 * att;  // the probabilities, or one log-sum-exp per row (flash)
     } else if (n.op == "layernorm") {
       const Shape& x = g.tensors[static_cast<std::size_t>(n.in[0])].shape;
       c.fwd_flops = 8 * numel(n.in[0]);

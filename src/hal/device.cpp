@@ -65,13 +65,18 @@ std::string default_plugin_path() {
 }
 
 namespace {
-// The adapters: a version-3 table whose newer entries are NULL.
-dt_hal_v3_t adapt_v2(const dt_hal_v2_t& v2) {
-  dt_hal_v3_t t{};
-  t.v2 = v2;
+// The adapters: a version-4 table whose newer entries are NULL.
+dt_hal_v4_t adapt_v3(const dt_hal_v3_t& v3) {
+  dt_hal_v4_t t{};
+  t.v3 = v3;
   return t;
 }
-dt_hal_v3_t adapt_v1(const dt_hal_v1_t& v1) {
+dt_hal_v4_t adapt_v2(const dt_hal_v2_t& v2) {
+  dt_hal_v3_t t{};
+  t.v2 = v2;
+  return adapt_v3(t);
+}
+dt_hal_v4_t adapt_v1(const dt_hal_v1_t& v1) {
   dt_hal_v2_t t{};
   t.v1 = v1;
   return adapt_v2(t);
@@ -100,8 +105,8 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
   Device d;
   d.name_ = name;
   if (name == "cpu") {
-    d.table_ = *dt_hal_cpu_v3();
-    d.abi_version_ = DT_HAL_API_VERSION_3;
+    d.table_ = *dt_hal_cpu_v4();
+    d.abi_version_ = DT_HAL_API_VERSION_4;
     d.origin_ = "built-in";
   } else {
     DT_CHECK(ConfigError, !name.empty() && name.find('/') == std::string::npos, "device name '",
@@ -138,9 +143,13 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
                    r.c_str(), found.c_str());
     d.origin_ = found;
     // The newest version this dt knows first: a plugin may export several.
-    if (auto t3 = exported_table<dt_hal_v3_t>(d.lib_->handle, DT_HAL_PLUGIN_V3_SYMBOL,
-                                              DT_HAL_API_VERSION_3, name, found)) {
-      d.table_ = *t3;
+    if (auto t4 = exported_table<dt_hal_v4_t>(d.lib_->handle, DT_HAL_PLUGIN_V4_SYMBOL,
+                                              DT_HAL_API_VERSION_4, name, found)) {
+      d.table_ = *t4;
+      d.abi_version_ = DT_HAL_API_VERSION_4;
+    } else if (auto t3 = exported_table<dt_hal_v3_t>(d.lib_->handle, DT_HAL_PLUGIN_V3_SYMBOL,
+                                                     DT_HAL_API_VERSION_3, name, found)) {
+      d.table_ = adapt_v3(*t3);
       d.abi_version_ = DT_HAL_API_VERSION_3;
     } else if (auto t2 = exported_table<dt_hal_v2_t>(d.lib_->handle, DT_HAL_PLUGIN_V2_SYMBOL,
                                                      DT_HAL_API_VERSION_2, name, found)) {
@@ -151,23 +160,27 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
       d.table_ = adapt_v1(*t1);
       d.abi_version_ = DT_HAL_API_VERSION_1;
     } else {
-      for (int v = DT_HAL_API_VERSION_3 + 1; v < 16; ++v) {
+      for (int v = DT_HAL_API_VERSION_4 + 1; v < 16; ++v) {
         const std::string sym = "dt_hal_plugin_v" + std::to_string(v);
         if (dlsym(d.lib_->handle, sym.c_str()))
           DT_THROW(ConfigError, "device '", name, "': plugin ", found, " provides ABI version ", v,
-                   " (", sym, "), this dt supports ABI versions ", DT_HAL_API_VERSION_1, ", ",
-                   DT_HAL_API_VERSION_2, " and ", DT_HAL_API_VERSION_3);
+                   " (", sym, "), this dt supports ABI versions ", DT_HAL_API_VERSION_1, " to ",
+                   DT_HAL_API_VERSION_4);
       }
       DT_THROW(ConfigError, "device '", name, "': ", found, " is not a dt device plugin (no ",
-               DT_HAL_PLUGIN_V3_SYMBOL, ", ", DT_HAL_PLUGIN_V2_SYMBOL, " or ",
-               DT_HAL_PLUGIN_V1_SYMBOL, " symbol)");
+               DT_HAL_PLUGIN_V4_SYMBOL, ", ", DT_HAL_PLUGIN_V3_SYMBOL, ", ",
+               DT_HAL_PLUGIN_V2_SYMBOL, " or ", DT_HAL_PLUGIN_V1_SYMBOL, " symbol)");
     }
   }
   DT_CHECK(ConfigError,
-           (d.table_.attention_fwd_ex == nullptr) == (d.table_.attention_bwd_ex == nullptr),
+           (d.table_.v3.attention_fwd_ex == nullptr) == (d.table_.v3.attention_bwd_ex == nullptr),
            "device '", name, "': ", d.origin_,
            " provides only one of attention_fwd_ex and attention_bwd_ex (they go in pairs)");
-  const dt_hal_v1_t& t = d.table_.v2.v1;
+  DT_CHECK(ConfigError,
+           (d.table_.flash_attention_fwd == nullptr) == (d.table_.flash_attention_bwd == nullptr),
+           "device '", name, "': ", d.origin_,
+           " provides only one of flash_attention_fwd and flash_attention_bwd (they go in pairs)");
+  const dt_hal_v1_t& t = d.table_.v3.v2.v1;
   for (auto [fn, what] :
        {std::pair<const void*, const char*>{reinterpret_cast<const void*>(t.open), "open"},
         {reinterpret_cast<const void*>(t.close), "close"},
@@ -201,9 +214,9 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
 }
 
 std::string Device::describe() const {
-  if (table_.v2.describe) {
+  if (table_.v3.v2.describe) {
     char buf[256] = {0};
-    if (table_.v2.describe(ctx_, buf, sizeof buf) == DT_HAL_OK && buf[0]) return buf;
+    if (table_.v3.v2.describe(ctx_, buf, sizeof buf) == DT_HAL_OK && buf[0]) return buf;
   }
   return name_ + " (" + origin_ + ")";
 }
@@ -228,7 +241,7 @@ Device::Device(Device&& o) noexcept
 }
 
 Device::~Device() {
-  if (ctx_ && table_.v2.v1.close) table_.v2.v1.close(ctx_);
+  if (ctx_ && table_.v3.v2.v1.close) table_.v3.v2.v1.close(ctx_);
 }
 
 void Device::missing(const char* what) const {
@@ -236,7 +249,7 @@ void Device::missing(const char* what) const {
 }
 
 void Device::failed(const char* what, int status) const {
-  const char* msg = table_.v2.v1.last_error ? table_.v2.v1.last_error(ctx_) : "";
+  const char* msg = table_.v3.v2.v1.last_error ? table_.v3.v2.v1.last_error(ctx_) : "";
   DT_THROW(DeviceError, "device '", name_, "' (", origin_, "): ", what, " failed (",
            status_name(status), "): ", msg ? msg : "");
 }
@@ -255,7 +268,7 @@ std::size_t Device::allocated_bytes() noexcept { return g_allocated.load(); }
 std::size_t Device::max_allocated_bytes() noexcept { return g_max_allocated.load(); }
 
 Device::Buffer::Buffer(const Device& d, std::size_t bytes) : dev_(&d), bytes_(bytes) {
-  const int st = d.table_.v2.v1.alloc(d.ctx_, bytes, &ptr_);
+  const int st = d.table_.v3.v2.v1.alloc(d.ctx_, bytes, &ptr_);
   if (st != DT_HAL_OK) d.failed("alloc", st);
   count_alloc(bytes_);
   if (ptr_) ++d.holders_;
@@ -263,7 +276,7 @@ Device::Buffer::Buffer(const Device& d, std::size_t bytes) : dev_(&d), bytes_(by
 
 Device::Buffer::~Buffer() {
   if (ptr_ && dev_) {
-    dev_->table_.v2.v1.release(dev_->ctx_, ptr_);
+    dev_->table_.v3.v2.v1.release(dev_->ctx_, ptr_);
     g_allocated.fetch_sub(bytes_);
     --dev_->holders_;
   }
@@ -272,7 +285,7 @@ Device::Buffer::~Buffer() {
 Device::Buffer& Device::Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
     if (ptr_ && dev_) {
-      dev_->table_.v2.v1.release(dev_->ctx_, ptr_);
+      dev_->table_.v3.v2.v1.release(dev_->ctx_, ptr_);
       g_allocated.fetch_sub(bytes_);
       --dev_->holders_;
     }
@@ -287,7 +300,7 @@ Device::Buffer& Device::Buffer::operator=(Buffer&& o) noexcept {
 
 Device::Graph::~Graph() {
   if (graph_ && dev_) {
-    if (dev_->table_.v2.graph_destroy) dev_->table_.v2.graph_destroy(dev_->ctx_, graph_);
+    if (dev_->table_.v3.v2.graph_destroy) dev_->table_.v3.v2.graph_destroy(dev_->ctx_, graph_);
     --dev_->holders_;
   }
 }
@@ -295,7 +308,7 @@ Device::Graph::~Graph() {
 Device::Graph& Device::Graph::operator=(Graph&& o) noexcept {
   if (this != &o) {
     if (graph_ && dev_) {
-      if (dev_->table_.v2.graph_destroy) dev_->table_.v2.graph_destroy(dev_->ctx_, graph_);
+      if (dev_->table_.v3.v2.graph_destroy) dev_->table_.v3.v2.graph_destroy(dev_->ctx_, graph_);
       --dev_->holders_;
     }
     dev_ = o.dev_;
@@ -316,9 +329,9 @@ Device::Graph Device::capture(const std::function<void()>& work) const {
     work();
   } catch (...) {
     void* abandoned = nullptr;  // end the capture; the error above is the one to report
-    if (table_.v2.graph_end && table_.v2.graph_end(ctx_, &abandoned) == DT_HAL_OK && abandoned &&
-        table_.v2.graph_destroy)
-      table_.v2.graph_destroy(ctx_, abandoned);
+    if (table_.v3.v2.graph_end && table_.v3.v2.graph_end(ctx_, &abandoned) == DT_HAL_OK &&
+        abandoned && table_.v3.v2.graph_destroy)
+      table_.v3.v2.graph_destroy(ctx_, abandoned);
     throw;
   }
   Graph g;
@@ -344,7 +357,7 @@ dt_hal_dtype hal_dtype(DType t) {
 }
 
 bool Device::host_memory() const noexcept {
-  return table_.v2.v1.name != nullptr && std::strcmp(table_.v2.v1.name, "cpu") == 0;
+  return table_.v3.v2.v1.name != nullptr && std::strcmp(table_.v3.v2.v1.name, "cpu") == 0;
 }
 
 std::vector<std::string> missing_training_kernels(const Device& dev, DType compute, bool graphs) {

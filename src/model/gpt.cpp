@@ -119,10 +119,12 @@ Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, GptStorage storage)
   const std::size_t B = static_cast<std::size_t>(max_batch), T = static_cast<std::size_t>(c.block),
                     C = static_cast<std::size_t>(c.embd), V = static_cast<std::size_t>(Vp),
                     NH = static_cast<std::size_t>(c.heads), BT = B * T;
-  const std::size_t per_layer = BT * C * 16 + BT * 4 + B * NH * T * T;
+  flash_ = flash_attention(dev, c.flash_attention);
+  const std::size_t att = attention_state_floats(flash_, B, NH, T);
+  const std::size_t per_layer = BT * C * 16 + BT * 4 + att;
   const std::size_t acts = BT * C * 2 + BT * 3 + BT * V * 2 + per_layer * c.layers;
   act_buf_ = Device::Buffer(dev, acts * sizeof(float));
-  const std::size_t gacts = BT * C * 3 + BT * 3 * C + BT * 8 * C + B * NH * T * T + BT * V;
+  const std::size_t gacts = BT * C * 3 + BT * 3 * C + BT * 8 * C + att + BT * V;
   grad_act_buf_ = Device::Buffer(dev, gacts * sizeof(float));
   tokens_buf_ = Device::Buffer(dev, 2 * BT * sizeof(std::int32_t));
 
@@ -139,7 +141,7 @@ Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, GptStorage storage)
     l.ln1_mean = take(BT);
     l.ln1_rstd = take(BT);
     l.qkv = take(3 * BT * C);
-    l.att = take(B * NH * T * T);
+    l.att = take(att);
     l.atty = take(BT * C);
     l.res2 = take(BT * C);
     l.ln2 = take(BT * C);
@@ -164,7 +166,7 @@ Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, GptStorage storage)
   dqkv_ = take(3 * BT * C);
   dfch_ = take(4 * BT * C);
   dfch_gelu_ = take(4 * BT * C);
-  datt_ = take(B * NH * T * T);
+  datt_ = take(att);
   dlogits_ = take(BT * V);
   DT_ASSERT(static_cast<std::size_t>(p - grad_act_buf_.as<float>()) == gacts);
   head_ = std::make_unique<PaddedHead>();
@@ -350,7 +352,7 @@ void Gpt::run_forward() {
               W(l, LN1W), W(l, LN1B), BT, C);
     linear_fwd(dev_, ws_.get(), a.qkv, a.ln1, W(l, QKVW), W(l, QKVB), BT, C, 3 * C,
                round_into(a.ln1, BT * C));
-    attention_forward(dev_, ws_.get(), out32(a.atty), a.att, a.qkv, B, T, C, NH);
+    attention_forward(dev_, ws_.get(), flash_, out32(a.atty), a.att, a.qkv, B, T, C, NH);
     linear_fwd(dev_, ws_.get(), a.res2, a.atty, W(l, PROJW), W(l, PROJB), BT, C, C,
                round_into(a.atty, BT * C));
     dev_.call(&dt_hal_v1_t::add, "add", a.res2, a.res2, x, BT * C);
@@ -467,7 +469,8 @@ void Gpt::backward(float loss_scale, const GradReady& ready) {
                W(l, PROJW), BT, C, C, in16(a.atty));
     dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", static_cast<void*>(dqkv_),
               static_cast<std::size_t>(3 * BT * C) * sizeof(float));
-    attention_backward(dev_, ws_.get(), dqkv_, datt_, datty_, a.qkv, a.att, B, T, C, NH);
+    attention_backward(dev_, ws_.get(), flash_, dqkv_, datt_, datty_, a.qkv, a.atty,
+                       r16 ? ws_->compute : DType::f32, a.att, B, T, C, NH);
     linear_bwd(dev_, ws_.get(), dln_, 0.0f, dW(l, QKVW), dW(l, QKVB), dqkv_, a.ln1, W(l, QKVW), BT,
                C, 3 * C, in16(a.ln1));
     // The key bias adds q_i . b_k to every score of row i, which softmax ignores: its gradient

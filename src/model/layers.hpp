@@ -184,31 +184,57 @@ struct PaddedHead {
 };
 
 // Causal self-attention (the layout of the version-1 entries) with its matrix products in ws's
-// precision (null: fp32), as the device's version-3 attention_*_ex run them; a device without
-// them (an older plugin) runs the version-1 entries, all in fp32.
-inline void attention_forward(const Device& d, const GemmWorkspace* ws, float* out, float* att,
-                              const float* qkv, std::int64_t B, std::int64_t T, std::int64_t C,
-                              std::int64_t NH) {
-  const DType t = ws != nullptr ? ws->compute : DType::f32;
-  if (t != DType::f32 && d.table3().attention_fwd_ex != nullptr) {
-    d.call(&dt_hal_v3_t::attention_fwd_ex, "attention_fwd_ex", out, att, qkv, B, T, C, NH,
-           hal_dtype(t));
-    return;
-  }
-  d.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", out, att, qkv, B, T, C, NH);
+// precision (null: fp32). With `flash` (flash_attention of the device and the model), the state
+// the backward needs is one log-sum-exp per query row (ABI version 4's flash_attention_*);
+// otherwise the probabilities, from the version-3 attention_*_ex or, on a device without them
+// (an older plugin), from the version-1 entries, all in fp32.
+inline bool flash_attention(const Device& d, bool wanted) {
+  return wanted && d.table4().flash_attention_fwd != nullptr;
 }
-// dqkv += the gradient of attention_forward (scratch: B NH T T floats, overwritten).
-inline void attention_backward(const Device& d, const GemmWorkspace* ws, float* dqkv,
-                               float* scratch, const float* dout, const float* qkv,
-                               const float* att, std::int64_t B, std::int64_t T, std::int64_t C,
-                               std::int64_t NH) {
+// Floats of attention's state between forward and backward, and of the backward's scratch: B NH T
+// with flash, else B NH T T (the probabilities and their gradient).
+inline std::size_t attention_state_floats(bool flash, std::size_t B, std::size_t NH,
+                                          std::size_t T) {
+  return B * NH * T * (flash ? 1 : T);
+}
+inline void attention_forward(const Device& d, const GemmWorkspace* ws, bool flash, float* out,
+                              float* state, const float* qkv, std::int64_t B, std::int64_t T,
+                              std::int64_t C, std::int64_t NH) {
   const DType t = ws != nullptr ? ws->compute : DType::f32;
-  if (t != DType::f32 && d.table3().attention_bwd_ex != nullptr) {
-    d.call(&dt_hal_v3_t::attention_bwd_ex, "attention_bwd_ex", dqkv, scratch, dout, qkv, att, B, T,
-           C, NH, hal_dtype(t));
-    return;
+  if (flash) {
+    d.call(&dt_hal_v4_t::flash_attention_fwd, "flash_attention_fwd", out, state, qkv, B, T, C, NH,
+           hal_dtype(t));
+  } else if (t != DType::f32 && d.table3().attention_fwd_ex != nullptr) {
+    d.call(&dt_hal_v3_t::attention_fwd_ex, "attention_fwd_ex", out, state, qkv, B, T, C, NH,
+           hal_dtype(t));
+  } else {
+    d.call(&dt_hal_v1_t::attention_fwd, "attention_fwd", out, state, qkv, B, T, C, NH);
   }
-  d.call(&dt_hal_v1_t::attention_bwd, "attention_bwd", dqkv, scratch, dout, qkv, att, B, T, C, NH);
+}
+// dqkv += the gradient of attention_forward (scratch: attention_state_floats, overwritten). out is
+// the forward's output as the caller keeps it, in out_type (f32, or ws's 16-bit type); only flash
+// reads it, in ws's type (an fp32 out is rounded into ws->a first, so that both engines give the
+// same bits).
+inline void attention_backward(const Device& d, GemmWorkspace* ws, bool flash, float* dqkv,
+                               float* scratch, const float* dout, const float* qkv, const void* out,
+                               DType out_type, const float* state, std::int64_t B, std::int64_t T,
+                               std::int64_t C, std::int64_t NH) {
+  const DType t = ws != nullptr ? ws->compute : DType::f32;
+  if (flash) {
+    if (t != DType::f32 && out_type == DType::f32) {
+      ws->reserve(d, static_cast<std::size_t>(B * T * C));
+      out = operand16(d, ws, ws->a, static_cast<const float*>(out), B * T * C);
+      out_type = t;
+    }
+    d.call(&dt_hal_v4_t::flash_attention_bwd, "flash_attention_bwd", dqkv, scratch, dout, qkv, out,
+           hal_dtype(out_type), state, B, T, C, NH, hal_dtype(t));
+  } else if (t != DType::f32 && d.table3().attention_bwd_ex != nullptr) {
+    d.call(&dt_hal_v3_t::attention_bwd_ex, "attention_bwd_ex", dqkv, scratch, dout, qkv, state, B,
+           T, C, NH, hal_dtype(t));
+  } else {
+    d.call(&dt_hal_v1_t::attention_bwd, "attention_bwd", dqkv, scratch, dout, qkv, state, B, T, C,
+           NH);
+  }
 }
 
 }  // namespace dt

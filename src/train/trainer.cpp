@@ -80,6 +80,11 @@ void add_train_options(Options& o, TrainConfig& c) {
            "parameters keep model.vocab rows and the padding never gets probability (0, 1: no "
            "padding)",
            0, 1 << 16)
+      .add("model.attention", &c.attention, "flash",
+           "what attention keeps for its backward: flash, one log-sum-exp per query row (the "
+           "backward recomputes the probabilities; on a device without the flash_attention "
+           "kernels, ABI version 4, it falls back to full), or full, the T x T probabilities",
+           {"flash", "full"})
       .add("data.path", &c.data_path, "", "training text or token file (required)")
       .add("data.format", &c.data_format, "auto",
            "bytes: any file, vocab 256; llmc: llm.c token file (header, uint16 GPT-2 tokens); "
@@ -419,6 +424,7 @@ void check_same_options(Comm& world, const std::string& options) {
 }
 
 TokenFile validate_and_load(TrainConfig& c) {
+  c.model.flash_attention = c.attention == "flash";
   DT_CHECK(ConfigError, !c.data_path.empty(), "option --data.path is required (a text file or an ",
            "llm.c token file)");
   DT_CHECK(ConfigError, c.model.embd % c.model.heads == 0, "option --model.heads: ", c.model.heads,
@@ -503,6 +509,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   const std::vector<RankSite> sites = gather_sites(comm_, site_of(c_, comm_.rank(), comm_.size()));
   std::map<int, int> per_node;
   for (const RankSite& s : sites) ++per_node[s.node];
+  c_.model.flash_attention = flash_attention(dev_, c_.model.flash_attention);
   PlanRequest pr;
   pr.model = c_.model;
   pr.batch = c_.batch;
@@ -548,6 +555,11 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
            dev_.origin(), ") has no cast kernel to round the gradients with");
   if (graph_engine || c_.print_plan) mesh_ = std::make_unique<DeviceMesh>(comm_, L, sites);
   if (c_.print_plan) return;  // nothing is allocated: print_plan() is all this trainer does
+  if (c_.attention == "flash" && !flash_attention(dev_, true))
+    log("dt_train: device '" + dev_.name() + "' (ABI version " +
+        std::to_string(dev_.abi_version()) +
+        ") has no flash_attention kernels: attention keeps its probabilities "
+        "(model.attention=full)");
   if (c_.dtype != "fp32" && dev_.table3().attention_fwd_ex == nullptr)
     log("dt_train: device '" + dev_.name() + "' (ABI version " +
         std::to_string(dev_.abi_version()) + ") has no attention_fwd_ex: attention runs in fp32");

@@ -1,7 +1,7 @@
 // The CUDA device (libdt_hal_cuda.so) against the CPU device.
 //
 //   dt_cuda_test --load      CI on any machine: the plugin loads through dt::Device (symbols
-//                            resolve, ABI version 2 table); without a GPU, opening it fails with a
+//                            resolve, ABI version 4 table); without a GPU, opening it fails with a
 //                            message naming CUDA; with one, it opens and describes the GPU.
 //   dt_cuda_test             differential test of every CUDA kernel against the CPU device on
 //                            random inputs (same inputs, results compared within the tolerances
@@ -387,6 +387,72 @@ void test_attention_ex(Rig& r) {
              DT_HAL_F32);
   compare_rel("attention_bwd_ex f32 = attention_bwd", r.down<float>(dg2, g0.size()),
               r.down<float>(dg1, g0.size()), 0, 0);
+}
+
+// flash_attention_* (ABI version 4) against dt_test::flash_ref, the float64 values of the operands
+// the GPU must have used (qkv and dout rounded to the products' type, D from the fp32 dout and
+// the GPU's own out as passed): heads of 64 and 128 in bf16 and f16 take the tiled tensor-core
+// kernels (T not a multiple of the 64-row tile), the others (fp32, heads of 12) the fallback on
+// attention_*_ex. The GPU's out also agrees with the CPU device's within both bounds.
+void test_flash_attention(Rig& r) {
+  struct Case {
+    int64_t B, T, Cc, NH;
+  };
+  for (const Case& cs : {Case{2, 130, 128, 2}, Case{1, 70, 256, 2}, Case{2, 33, 48, 4}}) {
+    for (dt_hal_dtype type : {DT_HAL_BF16, DT_HAL_F16, DT_HAL_F32}) {
+      const int64_t B = cs.B, T = cs.T, Cc = cs.Cc, NH = cs.NH, C3 = 3 * Cc;
+      const std::string tn = std::string(type == DT_HAL_BF16  ? " bf16"
+                                         : type == DT_HAL_F16 ? " f16"
+                                                              : " f32") +
+                             " hs " + std::to_string(Cc / NH) + " T " + std::to_string(T);
+      const double uh = type == DT_HAL_BF16 ? 0x1p-8 : type == DT_HAL_F16 ? 0x1p-11 : 0.0;
+      const auto qkv = r.rand(B * T * C3, -2, 2);
+      const auto q16 = type == DT_HAL_F32 ? qkv : round16(r, qkv, type);
+      auto dq = r.up(qkv);
+      dt::Device::Buffer dout(r.gpu, B * T * Cc * 4), dlse(r.gpu, B * NH * T * 4);
+      r.gpu.call(&dt_hal_v4_t::flash_attention_fwd, "flash_attention_fwd", dout.as<float>(),
+                 dlse.as<float>(), dq.as<const float>(), B, T, Cc, NH, type);
+      const auto out_g = r.down<float>(dout, B * T * Cc);
+      const auto lse_g = r.down<float>(dlse, B * NH * T);
+      std::vector<float> out_c(out_g.size()), lse_c(lse_g.size());
+      r.cpu.call(&dt_hal_v4_t::flash_attention_fwd, "flash_attention_fwd", out_c.data(),
+                 lse_c.data(), static_cast<const float*>(qkv.data()), B, T, Cc, NH, type);
+      const auto go = r.rand(B * T * Cc), g0 = r.rand(B * T * C3);
+      const auto o16 = type == DT_HAL_F32 ? go : round16(r, go, type);
+      const dt_test::AttnShape shape{B, T, Cc, NH};
+      const dt_test::FlashRef ref = dt_test::flash_ref(shape, q16, go, o16, out_g, g0, uh);
+      auto tol_of = [](const std::vector<double>& t) {
+        return [&t](std::size_t i) { return t[i]; };
+      };
+      const std::vector<float> oref(ref.out.begin(), ref.out.end());
+      const std::vector<float> lref(ref.lse.begin(), ref.lse.end());
+      compare("flash_attention_fwd out" + tn, out_g, oref, tol_of(ref.out_tol));
+      compare("flash_attention_fwd lse" + tn, lse_g, lref, tol_of(ref.lse_tol));
+      compare("flash_attention_fwd out, cpu" + tn, out_g, out_c,
+              [&](std::size_t i) { return 2 * ref.out_tol[i]; });
+      // Backward, with out as the GPU left it: fp32, and for a 16-bit type also rounded.
+      for (const bool out16 : {false, true}) {
+        if (out16 && type == DT_HAL_F32) continue;
+        const auto ow = out16 ? round16(r, out_g, type) : out_g;
+        const dt_test::FlashRef bref =
+            out16 ? dt_test::flash_ref(shape, q16, go, o16, ow, g0, uh) : ref;
+        dt::Device::Buffer dow(r.gpu, out_g.size() * 4);
+        if (out16)
+          r.gpu.call(&dt_hal_v2_t::cast, "cast", dow.get(), type,
+                     static_cast<const void*>(dout.get()), DT_HAL_F32,
+                     static_cast<int64_t>(out_g.size()));
+        auto dgo = r.up(go), dgq = r.up(g0);
+        dt::Device::Buffer dscr(r.gpu, B * NH * T * 4);
+        r.gpu.call(&dt_hal_v4_t::flash_attention_bwd, "flash_attention_bwd", dgq.as<float>(),
+                   dscr.as<float>(), dgo.as<const float>(), dq.as<const float>(),
+                   static_cast<const void*>(out16 ? dow.get() : dout.get()),
+                   out16 ? type : DT_HAL_F32, dlse.as<const float>(), B, T, Cc, NH, type);
+        const std::vector<float> gref(bref.dqkv.begin(), bref.dqkv.end());
+        compare("flash_attention_bwd dqkv" + tn + (out16 ? " out16" : ""),
+                r.down<float>(dgq, g0.size()), gref, tol_of(bref.dqkv_tol));
+      }
+    }
+  }
 }
 
 void test_layers(Rig& r) {
@@ -924,7 +990,7 @@ int main(int argc, char** argv) {
   if (load_only) {
     try {
       dt::Device d = dt::Device::open("cuda", path);
-      if (d.abi_version() != 3) {
+      if (d.abi_version() != 4) {
         std::printf("FAIL: libdt_hal_cuda.so has ABI version %d\n", d.abi_version());
         return 1;
       }
@@ -958,6 +1024,7 @@ int main(int argc, char** argv) {
     test_elementwise(*rig);
     test_layers(*rig);
     test_attention_ex(*rig);
+    test_flash_attention(*rig);
     test_optim_and_mixed(*rig);
     test_streams_graphs(*rig);
     test_gemm_ex_forms(*rig);

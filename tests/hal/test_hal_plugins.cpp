@@ -34,12 +34,14 @@ std::string error_of(F&& f) {
 
 }  // namespace
 
-TEST_CASE("a version-3 plugin: the CPU device as a shared library matches the built-in one") {
+TEST_CASE("a version-4 plugin: the CPU device as a shared library matches the built-in one") {
   dt::Device shared = dt::Device::open("cpu_shared", kPlugins);
   dt::Device builtin = dt::Device::open("cpu", "");
-  CHECK(shared.abi_version() == 3);
-  CHECK(builtin.abi_version() == 3);
-  CHECK(shared.table().api_version == DT_HAL_API_VERSION_3);
+  CHECK(shared.abi_version() == 4);
+  CHECK(builtin.abi_version() == 4);
+  CHECK(shared.table().api_version == DT_HAL_API_VERSION_4);
+  CHECK(shared.has(reinterpret_cast<const void*>(shared.table4().flash_attention_fwd)));
+  CHECK(shared.has(reinterpret_cast<const void*>(shared.table4().flash_attention_bwd)));
   CHECK(shared.has(reinterpret_cast<const void*>(shared.table3().attention_fwd_ex)));
   CHECK(shared.has(reinterpret_cast<const void*>(shared.table3().attention_bwd_ex)));
   CHECK(shared.origin().find("libdt_hal_cpu_shared.so") != std::string::npos);
@@ -75,6 +77,26 @@ TEST_CASE("a version-2 plugin loads through the adapter and lacks the version-3 
   CHECK(msg.find("does not provide attention_fwd_ex") != std::string::npos);
 }
 
+TEST_CASE("a version-3 plugin loads through the adapter and lacks the version-4 entries") {
+  dt::Device d = dt::Device::open("cpu_v3", kTestPlugins);  // the CPU device's v3 table
+  CHECK(d.abi_version() == 3);
+  CHECK(d.table().api_version == DT_HAL_API_VERSION_3);
+  CHECK(d.has(reinterpret_cast<const void*>(d.table3().attention_fwd_ex)));
+  CHECK(!d.has(reinterpret_cast<const void*>(d.table4().flash_attention_fwd)));
+  CHECK(!d.has(reinterpret_cast<const void*>(d.table4().flash_attention_bwd)));
+  const std::string msg = error_of<dt::DeviceError>([&] {
+    float x = 0.0f;
+    d.call(&dt_hal_v4_t::flash_attention_fwd, "flash_attention_fwd", &x, &x,
+           static_cast<const float*>(&x), std::int64_t{1}, std::int64_t{1}, std::int64_t{1},
+           std::int64_t{1}, DT_HAL_F32);
+  });
+  CHECK(msg.find("does not provide flash_attention_fwd") != std::string::npos);
+  // The built-in device is version 4 and has them.
+  dt::Device cpu = dt::Device::open("cpu", "");
+  CHECK(cpu.abi_version() == 4);
+  CHECK(cpu.has(reinterpret_cast<const void*>(cpu.table4().flash_attention_bwd)));
+}
+
 TEST_CASE("a version-1 plugin loads through the adapter and lacks every version-2 entry") {
   dt::Device d = dt::Device::open("v1only", kTestPlugins);
   CHECK(d.abi_version() == 1);
@@ -106,8 +128,9 @@ TEST_CASE("a version-1 plugin loads through the adapter and lacks every version-
 
 TEST_CASE("the template NPU plugin loads, describes itself and is refused for training") {
   dt::Device d = dt::Device::open("template", kPlugins);
-  CHECK(d.abi_version() == 3);
+  CHECK(d.abi_version() == 4);
   CHECK(!d.has(reinterpret_cast<const void*>(d.table3().attention_fwd_ex)));
+  CHECK(!d.has(reinterpret_cast<const void*>(d.table4().flash_attention_fwd)));
   CHECK(d.describe().find("template NPU skeleton") != std::string::npos);
   // Its example kernels run.
   float x[3] = {1, 2, 3};
@@ -122,7 +145,7 @@ TEST_CASE("the template NPU plugin loads, describes itself and is refused for tr
   const std::string msg =
       error_of<dt::ConfigError>([&] { dt::require_training_kernels(d, dt::DType::f32); });
   CHECK(msg.find("device 'template' (" + kPlugins +
-                 "/libdt_hal_template.so, ABI version 3) "
+                 "/libdt_hal_template.so, ABI version 4) "
                  "cannot train in f32: it lacks the kernels gemm, bias_add, bias_grad, "
                  "sum_squares, embedding_fwd, embedding_bwd, layernorm_fwd, layernorm_bwd, "
                  "gelu_fwd, gelu_bwd, attention_fwd, attention_bwd, softmax_xent_fwd, "
@@ -141,9 +164,13 @@ TEST_CASE("plugins of another ABI version are refused, naming both versions") {
   CHECK(error_of<dt::ConfigError>([] {
           dt::Device::open("halfattn", kTestPlugins);
         }).find("provides only one of attention_fwd_ex and attention_bwd_ex") != std::string::npos);
-  CHECK(error_of<dt::ConfigError>([] { dt::Device::open("v4only", kTestPlugins); })
-            .find("provides ABI version 4 (dt_hal_plugin_v4), this dt supports ABI versions 1, 2 "
-                  "and 3") != std::string::npos);
+  CHECK(error_of<dt::ConfigError>([] {
+          dt::Device::open("halfflash", kTestPlugins);
+        }).find("provides only one of flash_attention_fwd and flash_attention_bwd") !=
+        std::string::npos);
+  CHECK(error_of<dt::ConfigError>([] { dt::Device::open("v5only", kTestPlugins); })
+            .find("provides ABI version 5 (dt_hal_plugin_v5), this dt supports ABI versions 1 to "
+                  "4") != std::string::npos);
   CHECK(error_of<dt::ConfigError>([] {
           dt::Device::open("nosuch", kTestPlugins);
         }).find("plugin libdt_hal_nosuch.so not found") != std::string::npos);

@@ -86,51 +86,70 @@ TEST_CASE("gpt initialisation: N(0, 0.02), scaled residual projections, unit nor
   CHECK(!std::equal(m.param_data(), m.param_data() + m.num_params(), m2b.param_data()));
 }
 
+// Attention keeping the log-sum-exp (the default) and keeping the probabilities.
 TEST_CASE("gpt gradient of every parameter tensor matches central finite differences") {
-  auto dev = dt::Device::open("cpu", "");
-  const dt::GptConfig c = micro();
-  const int B = 2, T = 7;  // T below the block size, odd
-  dt::Gpt m(dev, c, B);
-  m.init(3);
-  std::mt19937 rng(11);
-  // Move every parameter off its initial value (norm weights 1, biases 0) so that all paths
-  // carry signal.
-  std::normal_distribution<float> nd(0.0f, 0.05f);
-  for (std::size_t i = 0; i < m.num_params(); ++i) m.param_data()[i] += nd(rng);
-  std::uniform_int_distribution<int> tok(0, c.vocab - 1);
-  std::vector<std::int32_t> in(B * T), tg(B * T);
-  for (auto& t : in) t = tok(rng);
-  for (auto& t : tg) t = tok(rng);
+  for (const bool flash : {true, false}) {
+    auto dev = dt::Device::open("cpu", "");
+    dt::GptConfig c = micro();
+    c.flash_attention = flash;
+    CAPTURE(flash);
+    const int B = 2, T = 7;  // T below the block size, odd
+    dt::Gpt m(dev, c, B);
+    m.init(3);
+    std::mt19937 rng(11);
+    // Move every parameter off its initial value (norm weights 1, biases 0) so that all paths
+    // carry signal.
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    for (std::size_t i = 0; i < m.num_params(); ++i) m.param_data()[i] += nd(rng);
+    std::uniform_int_distribution<int> tok(0, c.vocab - 1);
+    std::vector<std::int32_t> in(B * T), tg(B * T);
+    for (auto& t : in) t = tok(rng);
+    for (auto& t : tg) t = tok(rng);
 
-  m.zero_grad();
-  m.forward(in.data(), tg.data(), B, T);
-  m.backward(1.0f);  // gradient of the loss SUM
-  std::vector<float> grad(m.grad_data(), m.grad_data() + m.num_params());
+    m.zero_grad();
+    m.forward(in.data(), tg.data(), B, T);
+    m.backward(1.0f);  // gradient of the loss SUM
+    std::vector<float> grad(m.grad_data(), m.grad_data() + m.num_params());
 
-  // For each tensor: the derivative along a random direction d restricted to that tensor,
-  // (L(p + h d) - L(p - h d)) / 2h, against grad . d. The loss is summed in double from float32
-  // per-token losses (about 1e-7 relative each), so with h = 1e-3 and |d| ~ sqrt(numel) the
-  // difference quotient carries an absolute error of roughly 14 * 3 * 1e-7 / 1e-3 = 4e-3 plus an
-  // O(h^2) truncation term; the bound below is 2% of |grad . d| plus 1e-2.
-  for (const auto& pi : m.params()) {
-    std::vector<float> d(pi.numel);
-    for (auto& x : d) x = nd(rng) * 20.0f;  // N(0, 1)
-    double an = 0;
-    for (std::size_t k = 0; k < pi.numel; ++k)
-      an += static_cast<double>(grad[pi.offset + k]) * d[k];
-    float* p = m.param_data() + pi.offset;
-    std::vector<float> saved(p, p + pi.numel);
-    const float h = 1e-3f;
-    for (std::size_t k = 0; k < pi.numel; ++k) p[k] = saved[k] + h * d[k];
-    const double lp = m.forward(in.data(), tg.data(), B, T);
-    for (std::size_t k = 0; k < pi.numel; ++k) p[k] = saved[k] - h * d[k];
-    const double lm = m.forward(in.data(), tg.data(), B, T);
-    std::copy(saved.begin(), saved.end(), p);
-    const double fd = (lp - lm) / (2.0 * h);
-    INFO(pi.name << ": analytic " << an << ", finite difference " << fd);
-    CHECK(std::abs(fd - an) <= 0.02 * std::abs(an) + 1e-2);
-    CHECK(std::abs(an) > 1e-3);  // the direction carries signal, so the check can fail
+    // For each tensor: the derivative along a random direction d restricted to that tensor,
+    // (L(p + h d) - L(p - h d)) / 2h, against grad . d. The loss is summed in double from float32
+    // per-token losses (about 1e-7 relative each), so with h = 1e-3 and |d| ~ sqrt(numel) the
+    // difference quotient carries an absolute error of roughly 14 * 3 * 1e-7 / 1e-3 = 4e-3 plus an
+    // O(h^2) truncation term; the bound below is 2% of |grad . d| plus 1e-2.
+    for (const auto& pi : m.params()) {
+      std::vector<float> d(pi.numel);
+      for (auto& x : d) x = nd(rng) * 20.0f;  // N(0, 1)
+      double an = 0;
+      for (std::size_t k = 0; k < pi.numel; ++k)
+        an += static_cast<double>(grad[pi.offset + k]) * d[k];
+      float* p = m.param_data() + pi.offset;
+      std::vector<float> saved(p, p + pi.numel);
+      const float h = 1e-3f;
+      for (std::size_t k = 0; k < pi.numel; ++k) p[k] = saved[k] + h * d[k];
+      const double lp = m.forward(in.data(), tg.data(), B, T);
+      for (std::size_t k = 0; k < pi.numel; ++k) p[k] = saved[k] - h * d[k];
+      const double lm = m.forward(in.data(), tg.data(), B, T);
+      std::copy(saved.begin(), saved.end(), p);
+      const double fd = (lp - lm) / (2.0 * h);
+      INFO(pi.name << ": analytic " << an << ", finite difference " << fd);
+      CHECK(std::abs(fd - an) <= 0.02 * std::abs(an) + 1e-2);
+      CHECK(std::abs(an) > 1e-3);  // the direction carries signal, so the check can fail
+    }
   }
+}
+
+TEST_CASE("gpt with flash attention keeps B NH T floats a layer for attention, not B NH T T") {
+  auto dev = dt::Device::open("cpu", "");
+  dt::GptConfig c = micro();
+  const int B = 3;
+  c.flash_attention = true;
+  const dt::Gpt flash(dev, c, B);
+  c.flash_attention = false;
+  const dt::Gpt full(dev, c, B);
+  // Per layer its state, and once the backward's scratch of the same size.
+  const std::size_t per = static_cast<std::size_t>(B) * c.heads * c.block;
+  const std::size_t saved = (c.layers + 1) * (per * c.block - per) * sizeof(float);
+  CHECK(full.activation_bytes() - flash.activation_bytes() == saved);
 }
 
 // The model's matrix products in bf16/f16 (src/model/layers.hpp): both operands rounded to the
@@ -194,7 +213,8 @@ TEST_CASE("matmul reads an operand inside the weights from their 16-bit copy, ca
   const std::int64_t M = 2, N = 3, K = 4;
   std::vector<float> weights(40, 1.0f);  // rounds to bf16 1.0
   std::vector<std::uint16_t> copy(40);
-  for (std::size_t i = 0; i < copy.size(); ++i) copy[i] = dt::bf16(2.0f + static_cast<float>(i)).bits;
+  for (std::size_t i = 0; i < copy.size(); ++i)
+    copy[i] = dt::bf16(2.0f + static_cast<float>(i)).bits;
   std::vector<float> x(static_cast<std::size_t>(M * K), 1.0f);
   dt::GemmWorkspace ws;
   ws.compute = dt::DType::bf16;
@@ -223,8 +243,8 @@ TEST_CASE("matmul reads an operand inside the weights from their 16-bit copy, ca
   std::vector<float> tail(44, 1.0f);
   ws.w32 = tail.data();
   ws.wn = 40;
-  for (const float* B : {static_cast<const float*>(tail.data() + 30),
-                         static_cast<const float*>(outside.data())}) {
+  for (const float* B :
+       {static_cast<const float*>(tail.data() + 30), static_cast<const float*>(outside.data())}) {
     const std::vector<float> C = product(B);
     for (float c : C) CHECK(c == static_cast<float>(K));  // ones, cast: K per entry
   }

@@ -244,6 +244,25 @@ TEST_CASE("graph infer_shapes: a wrong weight shape is refused, naming the node 
 // ---------------------------------------------------------------------------------------------
 // costs, layer_costs
 
+TEST_CASE("graph costs: attention keeps B NH T T probabilities, or B NH T with flash") {
+  dt::GptConfig c = tiny(2, 4, 32);
+  const double B = 3, T = 5, NH = c.heads;
+  for (const bool flash : {false, true}) {
+    c.flash_attention = flash;
+    const g::Graph gr = g::build_gpt(c, 3, 5);
+    const auto cost = g::costs(gr);
+    int seen = 0;
+    for (std::size_t i = 0; i < gr.nodes.size(); ++i) {
+      if (gr.nodes[i].op != "attention") continue;
+      ++seen;
+      CHECK(gr.nodes[i].attr("flash") == (flash ? 1 : 0));
+      // Its output activation (B T C floats) and its state.
+      CHECK(cost[i].act_bytes == 4 * (B * T * 32 + B * NH * T * (flash ? 1 : T)));
+    }
+    CHECK(seen == 2);
+  }
+}
+
 TEST_CASE("graph costs: linear FLOPs 2*B*T*in*out forward, 4x backward; layer costs add up") {
   const dt::GptConfig c = tiny(4, 4, 32);
   const double B = 3, T = 5, C = 32, V = 64;

@@ -4,8 +4,8 @@
 // operand and result types (first-order bound as in test_kernels.cpp: a float sum of K terms is
 // within K u sum|terms|, doubled for second-order terms; a 16-bit result adds half an ulp of its
 // format), scale_check_finite (bit-exact, plus the flag), adamw_multi (bit-exact against the
-// version-1 adamw, which test_kernels.cpp checks against float64), and attention with its
-// products in bf16 and f16 (at the end).
+// version-1 adamw, which test_kernels.cpp checks against float64), attention with its products
+// in bf16 and f16, and (version 4, at the end) attention that keeps the log-sum-exp.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -406,7 +406,7 @@ TEST_CASE("v2 adamw_multi: the same bits as the version-1 adamw per tensor") {
 
 TEST_CASE("v2 through dt::Device: the built-in CPU has every training kernel in every dtype") {
   dt::Device dev = dt::Device::open("cpu", "");
-  CHECK(dev.abi_version() == 3);
+  CHECK(dev.abi_version() == 4);
   for (dt::DType t : {dt::DType::f32, dt::DType::bf16, dt::DType::f16}) {
     CHECK(dt::missing_training_kernels(dev, t).empty());
     CHECK_NOTHROW(dt::require_training_kernels(dev, t));
@@ -706,4 +706,113 @@ TEST_CASE("v3 attention_fwd_ex / attention_bwd_ex: products on rounded operands,
         std::string::npos);
   CHECK(d.t->attention_bwd_ex(d.ctx, g2.data(), s2.data(), dout.data(), qkv.data(), a1.data(), B, T,
                               C, 3, DT_HAL_BF16) == DT_HAL_ERR_INVALID);
+}
+
+// ---- version 4: attention that keeps the log-sum-exp --------------------------------------------
+
+namespace {
+
+struct Dev4 {
+  const dt_hal_v4_t* t = dt_hal_cpu_v4();
+  void* ctx = nullptr;
+  Dev4() {
+    REQUIRE(t != nullptr);
+    REQUIRE(t->v3.v2.v1.api_version == DT_HAL_API_VERSION_4);
+    REQUIRE(t->v3.v2.v1.open(0, &ctx) == DT_HAL_OK);
+  }
+  ~Dev4() { t->v3.v2.v1.close(ctx); }
+  Dev4(const Dev4&) = delete;
+  Dev4& operator=(const Dev4&) = delete;
+  std::string err() const { return t->v3.v2.v1.last_error(ctx); }
+};
+
+}  // namespace
+
+// flash_attention_fwd is attention_fwd_ex without the probabilities: the same out, bit for bit,
+// and lse against float64; flash_attention_bwd against the float64 gradient of the rounded
+// operands (dt_test::flash_ref), with out passed in fp32 and, for a 16-bit type, rounded; in fp32
+// also against the version-1 attention_bwd (tested in test_kernels.cpp against finite differences).
+TEST_CASE("v4 flash_attention_fwd / flash_attention_bwd against attention_fwd_ex and float64") {
+  Dev4 d;
+  std::mt19937 rng(47);
+  const dt_hal_v1_t& v1 = d.t->v3.v2.v1;
+  struct Case {
+    dt_hal_dtype type;
+    Format fmt;
+    double uh;  // unit roundoff of the products' operands (0: fp32)
+  };
+  for (auto sh : {dt_test::AttnShape{2, 7, 12, 3}, dt_test::AttnShape{1, 70, 16, 2},
+                  dt_test::AttnShape{1, 33, 8, 1}}) {
+    for (const Case& k : {Case{DT_HAL_F32, kBf16, 0.0}, Case{DT_HAL_BF16, kBf16, 0x1p-8},
+                          Case{DT_HAL_F16, kF16, 0x1p-11}}) {
+      const int64_t B = sh.B, T = sh.T, C = sh.C, NH = sh.NH, C3 = 3 * C;
+      CAPTURE(T);
+      CAPTURE(static_cast<int>(k.type));
+      const bool r16 = k.type != DT_HAL_F32;
+      const auto qkv = rand_f(rng, B * T * C3, -2.0f, 2.0f);
+      const auto q16 = r16 ? rounded(qkv, k.fmt) : qkv;
+      std::vector<float> out(B * T * C), lse(B * NH * T), ox(out.size()), att(B * NH * T * T);
+      REQUIRE(d.t->flash_attention_fwd(d.ctx, out.data(), lse.data(), qkv.data(), B, T, C, NH,
+                                       k.type) == DT_HAL_OK);
+      REQUIRE(d.t->v3.attention_fwd_ex(d.ctx, ox.data(), att.data(), qkv.data(), B, T, C, NH,
+                                       k.type) == DT_HAL_OK);
+      CHECK(same_bits(out, ox));
+      const auto dout = rand_f(rng, B * T * C, -1.0f, 1.0f);
+      const auto o16 = r16 ? rounded(dout, k.fmt) : dout;
+      const auto dqkv0 = rand_f(rng, B * T * C3, -1.0f, 1.0f);
+      for (const bool out16 : {false, true}) {
+        if (out16 && !r16) continue;
+        CAPTURE(out16);
+        // out as the caller keeps it: fp32, or its 16-bit rounding (bits).
+        std::vector<uint16_t> out_bits(out.size());
+        if (out16)
+          REQUIRE(d.t->v3.v2.cast(d.ctx, out_bits.data(), k.type, out.data(), DT_HAL_F32,
+                                  static_cast<int64_t>(out.size())) == DT_HAL_OK);
+        const auto ow = out16 ? rounded(out, k.fmt) : out;
+        const dt_test::FlashRef ref = dt_test::flash_ref(sh, q16, dout, o16, ow, dqkv0, k.uh);
+        if (!out16) {
+          CHECK(outside("flash lse", lse, ref.lse, ref.lse_tol) == 0);
+          CHECK(outside("flash out", out, ref.out, ref.out_tol) == 0);
+        }
+        auto dqkv = dqkv0;
+        std::vector<float> scr(B * NH * T, std::nanf(""));
+        const void* op = out16 ? static_cast<const void*>(out_bits.data()) : out.data();
+        REQUIRE(d.t->flash_attention_bwd(d.ctx, dqkv.data(), scr.data(), dout.data(), qkv.data(),
+                                         op, out16 ? k.type : DT_HAL_F32, lse.data(), B, T, C, NH,
+                                         k.type) == DT_HAL_OK);
+        CHECK(outside("flash dqkv", dqkv, ref.dqkv, ref.dqkv_tol) == 0);
+        if (!r16) {  // the version-1 backward from the probabilities, within the same bound
+          auto g1 = dqkv0;
+          std::vector<float> s1(att.size());
+          REQUIRE(v1.attention_bwd(d.ctx, g1.data(), s1.data(), dout.data(), qkv.data(), att.data(),
+                                   B, T, C, NH) == DT_HAL_OK);
+          CHECK(outside("attention_bwd dqkv", g1, ref.dqkv, ref.dqkv_tol) == 0);
+        } else {  // the products' rounding is real: the fp32 bound does not hold
+          const dt_test::FlashRef tight = dt_test::flash_ref(sh, q16, dout, o16, ow, dqkv0, 0.0);
+          CHECK(outside("flash dqkv", dqkv, tight.dqkv, tight.dqkv_tol, true) > 0);
+        }
+      }
+    }
+  }
+  // Bad arguments are refused with the entry's name, and nothing is written.
+  const int64_t B = 1, T = 4, C = 8, NH = 2;
+  const auto qkv = rand_f(rng, B * T * 3 * C, -1.0f, 1.0f);
+  std::vector<float> out(B * T * C, 7.0f), lse(B * NH * T, 7.0f), g(qkv.size(), 0.0f),
+      scr(B * NH * T);
+  CHECK(d.t->flash_attention_fwd(d.ctx, out.data(), lse.data(), qkv.data(), B, T, C, NH,
+                                 static_cast<dt_hal_dtype>(9)) == DT_HAL_ERR_INVALID);
+  CHECK(d.err().find("flash_attention_fwd: unknown dtype 9") != std::string::npos);
+  CHECK(d.t->flash_attention_fwd(d.ctx, out.data(), lse.data(), qkv.data(), B, T, C, 3,
+                                 DT_HAL_F32) == DT_HAL_ERR_INVALID);
+  CHECK(d.err().find("flash_attention_fwd: NH = 3 does not divide C = 8") != std::string::npos);
+  CHECK(d.t->flash_attention_fwd(d.ctx, out.data(), nullptr, qkv.data(), B, T, C, NH, DT_HAL_F32) ==
+        DT_HAL_ERR_INVALID);
+  CHECK(d.err().find("flash_attention_fwd: lse is null") != std::string::npos);
+  CHECK(out[0] == 7.0f);
+  CHECK(d.t->flash_attention_bwd(d.ctx, g.data(), scr.data(), out.data(), qkv.data(), out.data(),
+                                 DT_HAL_F16, lse.data(), B, T, C, NH,
+                                 DT_HAL_BF16) == DT_HAL_ERR_INVALID);
+  CHECK(d.err().find("flash_attention_bwd: out_dtype 2 must be F32 or the products' dtype 1") !=
+        std::string::npos);
+  CHECK(g[0] == 0.0f);
 }
