@@ -102,6 +102,16 @@ if r=$(compare small_unpadded --model.pad-vocab=0 small_padded --model.pad-vocab
   padded="vocabulary 50257 $tu tok/s, padded to 50304 $tp tok/s"
 fi
 
+# 1c. Attention keeping its T x T probabilities (model.attention=full) against one log-sum-exp per
+#     row with the tiled tensor-core kernels (flash, the default), gpt-small padded.
+flash="not measured"
+flashratio="?"
+if r=$(compare small_full --model.attention=full small_flash --model.attention=flash "${small[@]}" \
+    --model.pad-vocab=64); then
+  IFS='|' read -r tu tf flashratio <<<"$r"
+  flash="full $tu tok/s, flash $tf tok/s"
+fi
+
 # 2. CUDA graph replay against eager launch, micro config.
 graphs="not measured"
 ratio="?"
@@ -148,6 +158,8 @@ Command: \`${DT_GPU_PAYLOAD:+DT_GPU_PAYLOAD=$DT_GPU_PAYLOAD }perf/bench_gpu.sh $
 | model FLOP utilisation against the cuBLAS bf16 rate (floor 50%) | $mfu |
 | gpt-small: the head over the vocabulary as it is against padded (model.pad-vocab=64) | $padded |
 | padded head speed-up per step | $padratio |
+| gpt-small padded: attention keeping its probabilities against flash attention (model.attention) | $flash |
+| flash attention speed-up per step | $flashratio |
 | micro config, 300 steps: CUDA graph replay against eager launch | $graphs |
 | graph replay speed-up per step (floor 1.3x) | $ratio |
 | the same through the stage engine (parallel.engine=graph), bf16 | $egraphs |

@@ -2113,13 +2113,13 @@ int bwd(void* ctx, const char* fn, float* dqkv, const float* Dv, const float* do
 }
 
 // The tiled kernels for this call, or false (the fallback): a 16-bit type, heads of 64 or 128,
-// and DT_CUDA_FLASH not 0.
-bool tiled(dt_hal_dtype dtype, int64_t hs) {
+// B NH within a grid's second dimension, and DT_CUDA_FLASH not 0.
+bool tiled(dt_hal_dtype dtype, int64_t hs, int64_t heads) {
   static const bool off = [] {
     const char* v = std::getenv("DT_CUDA_FLASH");
     return v != nullptr && std::strcmp(v, "0") == 0;
   }();
-  return !off && dtype != DT_HAL_F32 && (hs == 64 || hs == 128);
+  return !off && dtype != DT_HAL_F32 && (hs == 64 || hs == 128) && heads <= 65535;
 }
 
 template <class F>
@@ -2144,7 +2144,7 @@ int cuda_flash_attention_fwd(void* ctx, float* out, float* lse, const float* qkv
   DT_HAL_TRY(need_ptr(ctx, fn, "lse", lse, B * NH * T));
   DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * Cc));
   const int64_t hs = Cc / NH;
-  if (flash::tiled(dtype, hs))
+  if (flash::tiled(dtype, hs, B * NH))
     return flash::dispatch(dtype, hs, [&](auto t16, auto HS) {
       return flash::fwd<decltype(t16), decltype(HS)::value>(ctx, fn, out, lse, qkv, B, T, Cc, NH);
     });
@@ -2173,7 +2173,7 @@ int cuda_flash_attention_bwd(void* ctx, float* dqkv, float* scratch, const float
   DT_HAL_TRY(need_ptr(ctx, fn, "out", out, B * T * Cc));
   DT_HAL_TRY(need_ptr(ctx, fn, "lse", lse, B * NH * T));
   const int64_t hs = Cc / NH;
-  if (flash::tiled(dtype, hs)) {
+  if (flash::tiled(dtype, hs, B * NH)) {
     flash::rowdot_kernel<<<blocks_for(B * NH * T), kThreads, 0, C(ctx)->stream>>>(
         scratch, dout, out, static_cast<int>(out_dtype), B * NH * T, T, Cc, NH);
     LAUNCHED(ctx, fn);

@@ -882,6 +882,13 @@ void test_capture_kernels(Rig& r) {
       qkv(r.gpu, N * 3 * C * 4), att(r.gpu, B * NH * T * T * 4), y(r.gpu, N * C * 4),
       logits(r.gpu, N * V * 4), probs(r.gpu, N * V * 4), losses(r.gpu, N * 4),
       w16(r.gpu, 3 * C * C * 2), x16(r.gpu, N * C * 2), qkv2(r.gpu, N * 3 * C * 4);
+  // Flash attention on heads of 64 (the tiled kernels) and, on the block's own qkv, of 24 (the
+  // fallback, whose probabilities live in the context's buffer), forward and backward.
+  const int64_t FC = 128, FH = 2;
+  auto fq = r.up(r.rand(N * 3 * FC)), fdo = r.up(r.rand(N * FC));
+  dt::Device::Buffer fo(r.gpu, N * FC * 4), flse(r.gpu, B * FH * T * 4), fdq(r.gpu, N * 3 * FC * 4),
+      fscr(r.gpu, B * FH * T * 4), y2(r.gpu, N * C * 4), lse2(r.gpu, B * NH * T * 4),
+      dq2(r.gpu, N * 3 * C * 4), scr2(r.gpu, B * NH * T * 4);
   // The work of a small block: LayerNorm, the qkv product in fp32 and in bf16, attention, the
   // head and the loss.
   auto work = [&] {
@@ -903,10 +910,24 @@ void test_capture_kernels(Rig& r) {
                dH.as<const float>(), C, 0.0f, logits.as<float>(), V);
     r.gpu.call(&dt_hal_v1_t::softmax_xent_fwd, "softmax_xent_fwd", losses.as<float>(),
                probs.as<float>(), logits.as<const float>(), dtg.as<const std::int32_t>(), N, V);
+    r.gpu.call(&dt_hal_v4_t::flash_attention_fwd, "flash_attention_fwd", fo.as<float>(),
+               flse.as<float>(), fq.as<const float>(), B, T, FC, FH, DT_HAL_BF16);
+    r.gpu.call(&dt_hal_v1_t::fill_zero, "fill_zero", fdq.get(), fdq.bytes());
+    r.gpu.call(&dt_hal_v4_t::flash_attention_bwd, "flash_attention_bwd", fdq.as<float>(),
+               fscr.as<float>(), fdo.as<const float>(), fq.as<const float>(),
+               static_cast<const void*>(fo.get()), DT_HAL_F32, flse.as<const float>(), B, T, FC, FH,
+               DT_HAL_BF16);
+    r.gpu.call(&dt_hal_v4_t::flash_attention_fwd, "flash_attention_fwd", y2.as<float>(),
+               lse2.as<float>(), qkv.as<const float>(), B, T, C, NH, DT_HAL_BF16);
+    r.gpu.call(&dt_hal_v1_t::fill_zero, "fill_zero", dq2.get(), dq2.bytes());
+    r.gpu.call(&dt_hal_v4_t::flash_attention_bwd, "flash_attention_bwd", dq2.as<float>(),
+               scr2.as<float>(), y.as<const float>(), qkv.as<const float>(),
+               static_cast<const void*>(y2.get()), DT_HAL_F32, lse2.as<const float>(), B, T, C, NH,
+               DT_HAL_BF16);
   };
   auto results = [&] {
     std::vector<float> all;
-    for (const dt::Device::Buffer* b : {&qkv2, &y, &losses}) {
+    for (const dt::Device::Buffer* b : {&qkv2, &y, &losses, &fo, &flse, &fdq, &y2, &lse2, &dq2}) {
       auto v = r.down<float>(*b, b->bytes() / 4);
       all.insert(all.end(), v.begin(), v.end());
     }
@@ -919,7 +940,8 @@ void test_capture_kernels(Rig& r) {
   r.gpu.call(&dt_hal_v2_t::set_stream, "set_stream", s);
   bool same = true;
   for (int capture = 0; capture < 3; ++capture) {
-    for (dt::Device::Buffer* b : {&y, &qkv2, &logits, &probs, &losses})
+    for (dt::Device::Buffer* b :
+         {&y, &qkv2, &logits, &probs, &losses, &fo, &flse, &fdq, &y2, &lse2, &dq2})
       r.gpu.call(&dt_hal_v1_t::fill_zero, "fill_zero", b->get(), b->bytes());
     r.gpu.call(&dt_hal_v2_t::graph_begin, "graph_begin");
     work();
@@ -932,8 +954,8 @@ void test_capture_kernels(Rig& r) {
     t.graph_destroy(r.gpu.ctx(), graph);
   }
   report(
-      "layer kernels and cuBLAS captured on a caller's stream (3 captures x 2 replays) equal "
-      "eager launches",
+      "layer kernels, flash attention and cuBLAS captured on a caller's stream (3 captures x 2 "
+      "replays) equal eager launches",
       same);
   // Refused inside a capture, with DT_HAL_ERR_UNSUPPORTED, each in a capture of its own, which
   // graph_end then refuses too, naming the call (as the CPU device does).
