@@ -834,6 +834,18 @@ DT_INLINE void softmax_bwd_row(float* __restrict d, const float* __restrict a, i
   for (i = len; i < T; ++i) d[i] = 0.0f;
 }
 
+// Head h of batch entry b in a [B, T, 3C] tensor (q, k and v side by side, rows of 3C): where its
+// q, k and v columns start.
+template <class F>
+struct HeadQkv {
+  F *q, *k, *v;
+};
+template <class F>
+DT_INLINE HeadQkv<F> head_qkv(F* base, int64_t b, int64_t h, int64_t T, int64_t C, int64_t hs) {
+  F* q = base + b * T * 3 * C + h * hs;
+  return {q, q + C, q + 2 * C};
+}
+
 // Attention runs on sgemm per (b, head): rows of the causal score matrix go in blocks of
 // kAttnBlock queries, and block [r0, r1) needs keys [0, r1) only, so each GEMM skips the masked
 // columns right of its diagonal block. Measured at T = 128, hs = 64 (gpt-tiny, 64 heads, one
@@ -865,9 +877,7 @@ DT_KERNEL void attention_fwd_kernel(float* out, float* att, const float* qkv, in
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h) {
-      const float* q = qkv + b * T * C3 + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
+      const auto [q, k, v] = head_qkv(qkv, b, h, T, C, hs);
       float* A = att + (b * NH + h) * T * T;
       float* o = out + b * T * C + h * hs;
       for (int64_t r0 = 0; r0 < T; r0 += kAttnBlock) {
@@ -946,12 +956,8 @@ DT_KERNEL void attention_bwd_kernel(float* dqkv, float* scratch, const float* do
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h) {
-      const float* q = qkv + b * T * C3 + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* dq = dqkv + b * T * C3 + h * hs;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
+      const auto [q, k, v] = head_qkv(qkv, b, h, T, C, hs);
+      const auto [dq, dk, dv] = head_qkv(dqkv, b, h, T, C, hs);
       const float* dO = dout + b * T * C + h * hs;
       const float* A = att + (b * NH + h) * T * T;
       const float* Ap = A;  // A as the product A^T dO takes it
@@ -1326,9 +1332,7 @@ DT_KERNEL void flash_attention_fwd_kernel(float* out, float* lse, const float* q
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h) {
-      const float* q = qkv + b * T * C3 + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
+      const auto [q, k, v] = head_qkv(qkv, b, h, T, C, hs);
       float* o = out + b * T * C + h * hs;
       float* L = lse + (b * NH + h) * T;
       for (int64_t r0 = 0; r0 < T; r0 += kAttnBlock) {
@@ -1365,12 +1369,8 @@ DT_KERNEL void flash_attention_bwd_kernel(float* dqkv, float* D, const float* dO
   const size_t ob = dtype_bytes(out_dtype);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h) {
-      const float* q = qkv + b * T * C3 + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* dq = dqkv + b * T * C3 + h * hs;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
+      const auto [q, k, v] = head_qkv(qkv, b, h, T, C, hs);
+      const auto [dq, dk, dv] = head_qkv(dqkv, b, h, T, C, hs);
       const float* dO = dO_all + b * T * C + h * hs;
       const float* L = lse + (b * NH + h) * T;
       float* Dh = D + (b * NH + h) * T;
