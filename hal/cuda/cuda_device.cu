@@ -1722,6 +1722,14 @@ int cuda_attention_bwd_ex(void* ctx, float* dqkv, float* scratch, const float* d
 //    reused by every layer.
 namespace flash {
 
+// bf16 tensor-core fragments exist from sm_80 on: a build for older GPUs compiles the tiled
+// kernels empty, and tiled() never chooses them there (the fallback runs).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define DT_FLASH_ARCH 1
+#else
+#define DT_FLASH_ARCH 0
+#endif
+
 constexpr int kTile = 64;  // queries and keys per tile
 constexpr int kWarps = 4;  // each owns 16 rows of a tile
 constexpr int kBlock = 32 * kWarps;
@@ -1796,6 +1804,7 @@ template <class T16, int HS>
 __global__ void __launch_bounds__(kBlock)
     fwd_kernel(float* out, float* lse, const float* qkv, int64_t T, int64_t Cc, int64_t NH,
                float scale) {
+#if DT_FLASH_ARCH
   using D = Dims<HS>;
   extern __shared__ __align__(128) unsigned char smem[];
   T16* Qs = reinterpret_cast<T16*>(smem);
@@ -1885,6 +1894,7 @@ __global__ void __launch_bounds__(kBlock)
   }
   if (threadIdx.x < kTile && q0 + threadIdx.x < T)
     lse[bh * T + q0 + threadIdx.x] = Ms[threadIdx.x] + logf(Ls[threadIdx.x]);
+#endif
 }
 
 // D[bh, t] = dout_t . out_t over the head's columns (out in out_type).
@@ -1957,6 +1967,7 @@ template <class T16, int HS>
 __global__ void __launch_bounds__(kBlock)
     bwd_kv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                   const float* Dv, int64_t T, int64_t Cc, int64_t NH, float scale) {
+#if DT_FLASH_ARCH
   using D = Dims<HS>;
   constexpr int kLdP = kTile + 8;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -2013,6 +2024,7 @@ __global__ void __launch_bounds__(kBlock)
   float* drow = dqkv + b * T * C3 + h * HS;
   add_rows<HS>(drow + Cc, C3, k0 + r0, T, dk, st);
   add_rows<HS>(drow + 2 * Cc, C3, k0 + r0, T, dv, st);
+#endif
 }
 
 // dq of a query tile: block (query tile, b * NH + h), warp w owns queries q0 + 16 w ...; walks the
@@ -2021,6 +2033,7 @@ template <class T16, int HS>
 __global__ void __launch_bounds__(kBlock)
     bwd_q_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                  const float* Dv, int64_t T, int64_t Cc, int64_t NH, float scale) {
+#if DT_FLASH_ARCH
   using D = Dims<HS>;
   constexpr int kLdP = kTile + 8;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -2068,6 +2081,7 @@ __global__ void __launch_bounds__(kBlock)
   __syncthreads();
   float* st = reinterpret_cast<float*>(smem + 4 * D::k16) + r0 * D::kLdO;
   add_rows<HS>(dqkv + b * T * C3 + h * HS, C3, q0 + r0, T, dq, st);
+#endif
 }
 
 // Dynamic shared memory above 48 KiB must be allowed per kernel and device, once (before any
@@ -2113,13 +2127,18 @@ int bwd(void* ctx, const char* fn, float* dqkv, const float* Dv, const float* do
 }
 
 // The tiled kernels for this call, or false (the fallback): a 16-bit type, heads of 64 or 128,
-// B NH within a grid's second dimension, and DT_CUDA_FLASH not 0.
-bool tiled(dt_hal_dtype dtype, int64_t hs, int64_t heads) {
+// B NH within a grid's second dimension, a GPU of compute capability 8.0 or later, and
+// DT_CUDA_FLASH not 0.
+bool tiled(void* ctx, dt_hal_dtype dtype, int64_t hs, int64_t heads) {
   static const bool off = [] {
     const char* v = std::getenv("DT_CUDA_FLASH");
     return v != nullptr && std::strcmp(v, "0") == 0;
   }();
-  return !off && dtype != DT_HAL_F32 && (hs == 64 || hs == 128) && heads <= 65535;
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, C(ctx)->device) !=
+      cudaSuccess)
+    major = 0;
+  return !off && major >= 8 && dtype != DT_HAL_F32 && (hs == 64 || hs == 128) && heads <= 65535;
 }
 
 template <class F>
@@ -2144,7 +2163,7 @@ int cuda_flash_attention_fwd(void* ctx, float* out, float* lse, const float* qkv
   DT_HAL_TRY(need_ptr(ctx, fn, "lse", lse, B * NH * T));
   DT_HAL_TRY(need_ptr(ctx, fn, "qkv", qkv, B * T * 3 * Cc));
   const int64_t hs = Cc / NH;
-  if (flash::tiled(dtype, hs, B * NH))
+  if (flash::tiled(ctx, dtype, hs, B * NH))
     return flash::dispatch(dtype, hs, [&](auto t16, auto HS) {
       return flash::fwd<decltype(t16), decltype(HS)::value>(ctx, fn, out, lse, qkv, B, T, Cc, NH);
     });
@@ -2173,7 +2192,7 @@ int cuda_flash_attention_bwd(void* ctx, float* dqkv, float* scratch, const float
   DT_HAL_TRY(need_ptr(ctx, fn, "out", out, B * T * Cc));
   DT_HAL_TRY(need_ptr(ctx, fn, "lse", lse, B * NH * T));
   const int64_t hs = Cc / NH;
-  if (flash::tiled(dtype, hs, B * NH)) {
+  if (flash::tiled(ctx, dtype, hs, B * NH)) {
     flash::rowdot_kernel<<<blocks_for(B * NH * T), kThreads, 0, C(ctx)->stream>>>(
         scratch, dout, out, static_cast<int>(out_dtype), B * NH * T, T, Cc, NH);
     LAUNCHED(ctx, fn);
