@@ -8,8 +8,9 @@
 #   3. measures the cuBLAS bf16 GEMM rate through the plugin (perf/bench_gpu_gemm.cpp);
 #   4. measures dt_train on the CUDA device: tokens/s and model FLOP utilisation of gpt-small in
 #      bf16 against that GEMM rate (the head padded to 50304, model.pad-vocab=64; the model FLOPs
-#      count the 50257 real ones), the padded head against the unpadded one, and the micro config
-#      with engine.cuda_graphs against eager
+#      count the 50257 real ones), the padded head against the unpadded one, attention keeping
+#      its probabilities against flash attention (model.attention), batch 16 in one micro-batch,
+#      and the micro config with engine.cuda_graphs against eager
 #      launch (steady-state tokens/s of the same run length, one after the other), on the fused
 #      model and through the stage engine, and gpt-tiny in bf16 with the weights' 16-bit copy
 #      against casting them for every product.
@@ -112,6 +113,17 @@ if r=$(compare small_full --model.attention=full small_flash --model.attention=f
   flash="full $tu tok/s, flash $tf tok/s"
 fi
 
+# 1d. Larger micro-batches, which flash attention's smaller activations allow: batch 16 in one
+#     micro-batch (products of 16384 rows), against the batch 8 in micro-batches of 4 above.
+big="not measured"
+bigmfu="?"
+if done=$(run_train small_big "${small[@]}" --model.pad-vocab=64 --train.batch=16 \
+    --train.micro-batch=16); then
+  tok=$(tok_of "$done"); gf=$(gflops_of "$done")
+  big="$tok tok/s, $gf GFLOP/s"
+  [ -n "$gf" ] && [ -n "$rate" ] && bigmfu=$(awk -v g="$gf" -v r="$rate" 'BEGIN{printf "%.1f%%", 100*g/1000/r}')
+fi
+
 # 2. CUDA graph replay against eager launch, micro config.
 graphs="not measured"
 ratio="?"
@@ -160,6 +172,8 @@ Command: \`${DT_GPU_PAYLOAD:+DT_GPU_PAYLOAD=$DT_GPU_PAYLOAD }perf/bench_gpu.sh $
 | padded head speed-up per step | $padratio |
 | gpt-small padded: attention keeping its probabilities against flash attention (model.attention) | $flash |
 | flash attention speed-up per step | $flashratio |
+| dt_train bf16, gpt-small padded, batch 16 in one micro-batch | $big |
+| its model FLOP utilisation against the cuBLAS bf16 rate | $bigmfu |
 | micro config, 300 steps: CUDA graph replay against eager launch | $graphs |
 | graph replay speed-up per step (floor 1.3x) | $ratio |
 | the same through the stage engine (parallel.engine=graph), bf16 | $egraphs |
