@@ -124,6 +124,17 @@ if done=$(run_train small_big "${small[@]}" --model.pad-vocab=64 --train.batch=1
   [ -n "$gf" ] && [ -n "$rate" ] && bigmfu=$(awk -v g="$gf" -v r="$rate" 'BEGIN{printf "%.1f%%", 100*g/1000/r}')
 fi
 
+# 1e. The matrix products through cublasGemmEx (DT_CUDA_LT=0) against cuBLASLt with the
+#     algorithm timed per shape (the default), gpt-small padded.
+lt="not measured"
+ltratio="?"
+if a=$(DT_CUDA_LT=0 run_train small_gemmex "${small[@]}" --model.pad-vocab=64) &&
+    b=$(run_train small_lt "${small[@]}" --model.pad-vocab=64); then
+  ta=$(tok_of "$a"); tb=$(tok_of "$b")
+  lt="cublasGemmEx $ta tok/s, cuBLASLt $tb tok/s"
+  ltratio=$(awk -v x="$ta" -v y="$tb" 'BEGIN{printf "%.2fx", y/x}')
+fi
+
 # 2. CUDA graph replay against eager launch, micro config.
 graphs="not measured"
 ratio="?"
@@ -164,7 +175,7 @@ Command: \`${DT_GPU_PAYLOAD:+DT_GPU_PAYLOAD=$DT_GPU_PAYLOAD }perf/bench_gpu.sh $
 
 | what | value |
 |---|---|
-| CUDA checks (plugin load, kernels, NCCL on 1 and 2 ranks) | $checks |
+| CUDA checks (plugin load, kernels, kernels on the fallbacks, NCCL on 1 and 2 ranks) | $checks |
 | cuBLAS bf16 GEMM 8192^3 through libdt_hal_cuda.so (fp32 accumulation) | ${rate:-?} TFLOP/s |
 | dt_train bf16, gpt-small (12 layers x 768, seq 1024, vocab 50257, head padded to 50304), batch 8 in micro-batches of 4 | $train |
 | model FLOP utilisation against the cuBLAS bf16 rate (floor 50%) | $mfu |
@@ -172,6 +183,8 @@ Command: \`${DT_GPU_PAYLOAD:+DT_GPU_PAYLOAD=$DT_GPU_PAYLOAD }perf/bench_gpu.sh $
 | padded head speed-up per step | $padratio |
 | gpt-small padded: attention keeping its probabilities against flash attention (model.attention) | $flash |
 | flash attention speed-up per step | $flashratio |
+| gpt-small padded: products through cublasGemmEx against cuBLASLt's timed choice | $lt |
+| cuBLASLt speed-up per step | $ltratio |
 | dt_train bf16, gpt-small padded, batch 16 in one micro-batch | $big |
 | its model FLOP utilisation against the cuBLAS bf16 rate | $bigmfu |
 | micro config, 300 steps: CUDA graph replay against eager launch | $graphs |

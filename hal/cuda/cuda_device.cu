@@ -6,7 +6,8 @@
 //
 // Numerics (what tests/gpu/test_cuda_kernels.cpp holds the kernels to against the CPU device):
 //  - fp32 GEMMs run in full fp32 (no TF32: the cuBLAS default math mode); gemm_ex runs bf16 and
-//    fp16 operands on tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F).
+//    fp16 operands on tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F), through cuBLASLt
+//    with an algorithm timed once per shape (see "gemm_ex through cuBLASLt").
 //  - Reductions (LayerNorm, softmax, sums) accumulate in fp32 in a different order than the CPU;
 //    sum_squares accumulates in double. Exponentials use expf (the CPU its own, a few ulp off).
 //  - embedding_bwd adds rows of repeated tokens with atomicAdd: the order, and so the last bits,
@@ -24,6 +25,7 @@
 // checked on the device: a kernel that meets one out of range skips it and records it, and the next
 // synchronize() returns DT_HAL_ERR_INVALID naming the entry, the position and the value (the check
 // cannot be synchronous without a host wait).
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -37,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <new>
 #include <sstream>
@@ -68,12 +71,26 @@ struct DeviceError {
 };
 enum : int32_t { kBadToken = 1, kBadTokenBwd = 2, kBadTarget = 3, kBadTargetBwd = 4 };
 
+// gemm_ex through cuBLASLt: per shape, layout, types and alignment, the algorithm chosen once
+// (see lt_gemm) and the descriptors it runs with; ok false: that shape goes to cublasGemmEx.
+struct LtPlan {
+  bool ok = false;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+using LtKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
+                         uint32_t, uint32_t, uint32_t, bool>;
+
 struct Context {
   int device = 0;
   cudaStream_t own = nullptr;     // the default stream of this context (non-blocking)
   cudaStream_t stream = nullptr;  // current
   cublasHandle_t blas = nullptr;
   void* blas_ws = nullptr;
+  cublasLtHandle_t lt = nullptr;  // null: every gemm_ex through cublasGemmEx
+  std::mutex lt_mu;
+  std::map<LtKey, LtPlan> lt_plans;
   DeviceError* derr = nullptr;       // device memory
   DeviceError* derr_host = nullptr;  // page-locked: derr fetched behind a stream's work
   double* partials = nullptr;        // sum_squares' per-block sums (kSumBlocks + 1)
@@ -373,6 +390,7 @@ int cuda_open(int index, void** out) {
     return bail("cublasCreate", cublasGetStatusString(bs));
   if ((bs = bind_blas(c)) != CUBLAS_STATUS_SUCCESS)
     return bail("cublasSetStream/Workspace", cublasGetStatusString(bs));
+  if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) c->lt = nullptr;  // cublasGemmEx then
   if (profile_requested()) profile_start(c);
   *out = c;
   return DT_HAL_OK;
@@ -385,6 +403,14 @@ void cuda_close(void* ctx) {
   if (c->own) cudaStreamSynchronize(c->own);
   profile_finish(c);
   if (c->blas) cublasDestroy(c->blas);
+  for (auto& kv : c->lt_plans) {
+    LtPlan& p = kv.second;
+    if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+    if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+    if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+    if (p.op) cublasLtMatmulDescDestroy(p.op);
+  }
+  if (c->lt) cublasLtDestroy(c->lt);
   cudaFree(c->blas_ws);
   cudaFree(c->derr);
   cudaFreeHost(c->derr_host);
@@ -687,6 +713,145 @@ int align_operand(void* ctx, const char* fn, int which, const void** p, int64_t*
   return DT_HAL_OK;
 }
 
+// ---- gemm_ex through cuBLASLt ----------------------------------------------------------------
+//
+// cublasGemmEx takes cuBLAS's own choice of kernel. Here the product of a new shape (with its
+// layouts, types and operand alignment) asks cuBLASLt's heuristic for up to kLtCandidates
+// algorithms and, outside a capture and where beta is 0 (so that trying one leaves nothing
+// behind: the real call overwrites the result), times each once after a warm-up run and keeps
+// the fastest; inside a capture, or with beta != 0, the heuristic's first. On an H200 the qkv
+// product (4096 x 2304 x 768) ran at a third of the rate of fc (4096 x 3072 x 768) through
+// cublasGemmEx (perf/RESULTS.md). A shape cuBLASLt has no algorithm for, or whose call fails,
+// goes to cublasGemmEx from then on; DT_CUDA_LT=0 sends every product there, and
+// DT_CUDA_LT_TUNE=0 keeps the heuristic's first choice without timing. The first call of a
+// shape that is timed runs 2 kLtCandidates products more (DT_CUDA_PROFILE counts them in that
+// call).
+constexpr int kLtCandidates = 4;
+
+bool env_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "0") == 0;
+}
+
+// The alignment cuBLASLt may assume of a matrix: the largest power of two (at most 256) that
+// divides its address and its row pitch in bytes.
+uint32_t lt_alignment(const void* p, int64_t ld, size_t elem) {
+  const uint64_t v = reinterpret_cast<uintptr_t>(p) | static_cast<uint64_t>(ld * elem) | 256u;
+  return static_cast<uint32_t>(v & (~v + 1));
+}
+
+// Makes the descriptors and chooses the algorithm of plan p (see above); p->ok says whether it
+// can run.
+void lt_plan(Context* c, LtPlan* p, int ta, int tb, int64_t M, int64_t N, int64_t K,
+             const float* alpha, const void* A, int64_t lda, const void* B, int64_t ldb,
+             const float* beta, void* out, int64_t ldo, dt_hal_dtype ab, dt_hal_dtype ot,
+             uint32_t al_a, uint32_t al_b, uint32_t al_c) {
+  // Column-major, as cublasGemmEx is called in cuda_gemm_ex: the N x M result of op(B) op(A).
+  const cublasOperation_t opa = op(tb), opb = op(ta);
+  if (cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa) !=
+          CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb) !=
+          CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatrixLayoutCreate(&p->a, cuda_type(ab), tb ? K : N, tb ? N : K, ldb) !=
+          CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatrixLayoutCreate(&p->b, cuda_type(ab), ta ? M : K, ta ? K : M, lda) !=
+          CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatrixLayoutCreate(&p->c, cuda_type(ot), N, M, ldo) != CUBLAS_STATUS_SUCCESS)
+    return;
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return;
+  const uint64_t ws = kBlasWorkspace;
+  cublasLtMatmulHeuristicResult_t res[kLtCandidates] = {};
+  int n = 0;
+  const bool asked =
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                           sizeof ws) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_b,
+                                           sizeof al_b) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_a,
+                                           sizeof al_a) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                           sizeof al_c) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                           sizeof al_c) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->a, p->b, p->c, p->c, pref, kLtCandidates, res,
+                                     &n) == CUBLAS_STATUS_SUCCESS;
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (!asked || n <= 0) return;
+  int best = 0;
+  static const bool tune = !env_off("DT_CUDA_LT_TUNE");
+  if (tune && n > 1 && *beta == 0.0f && !capturing(c->stream)) {
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    float best_ms = 0.0f;
+    best = -1;
+    if (cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
+      for (int i = 0; i < n; ++i) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        auto run = [&] {
+          return cublasLtMatmul(c->lt, p->op, alpha, B, p->a, A, p->b, beta, out, p->c, out, p->c,
+                                &res[i].algo, c->blas_ws, kBlasWorkspace,
+                                c->stream) == CUBLAS_STATUS_SUCCESS;
+        };
+        float ms = 0.0f;
+        if (!run() || cudaEventRecord(e0, c->stream) != cudaSuccess || !run() ||
+            cudaEventRecord(e1, c->stream) != cudaSuccess ||
+            cudaEventSynchronize(e1) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+          continue;
+        if (best < 0 || ms < best_ms) {
+          best = i;
+          best_ms = ms;
+        }
+      }
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    (void)cudaGetLastError();
+    if (best < 0) return;
+  }
+  p->algo = res[best].algo;
+  p->ok = true;
+}
+
+// The product of cuda_gemm_ex (the same arguments, after its operand copies) through cuBLASLt;
+// *done false where it must go through cublasGemmEx instead.
+int lt_gemm(void* ctx, const char* fn, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+            const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* out,
+            int64_t ldo, dt_hal_dtype ab, dt_hal_dtype ot, bool* done) {
+  *done = false;
+  Context* c = C(ctx);
+  static const bool off = env_off("DT_CUDA_LT");
+  if (off || c->lt == nullptr || K == 0) return DT_HAL_OK;
+  const uint32_t al_a = lt_alignment(A, lda, size_of(ab)), al_b = lt_alignment(B, ldb, size_of(ab)),
+                 al_c = lt_alignment(out, ldo, size_of(ot));
+  const LtKey key{ta, tb, M, N, K, lda, ldb, ldo, ab, ot, al_a, al_b, al_c, beta == 0.0f};
+  LtPlan* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(c->lt_mu);
+    auto it = c->lt_plans.find(key);
+    if (it == c->lt_plans.end()) {
+      it = c->lt_plans.emplace(key, LtPlan{}).first;
+      lt_plan(c, &it->second, ta, tb, M, N, K, &alpha, A, lda, B, ldb, &beta, out, ldo, ab, ot,
+              al_a, al_b, al_c);
+    }
+    p = &it->second;
+  }
+  if (!p->ok) return DT_HAL_OK;
+  const cublasStatus_t st =
+      cublasLtMatmul(c->lt, p->op, &alpha, B, p->a, A, p->b, &beta, out, p->c, out, p->c, &p->algo,
+                     c->blas_ws, kBlasWorkspace, c->stream);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    if (capturing(c->stream))  // a failed call inside a capture: report it, as cuBLAS's would be
+      return fail(ctx, DT_HAL_ERR_DEVICE, fn, ": cublasLtMatmul: ", cublasGetStatusString(st));
+    std::lock_guard<std::mutex> lock(c->lt_mu);
+    p->ok = false;  // cublasGemmEx from now on
+    return DT_HAL_OK;
+  }
+  *done = true;
+  return DT_HAL_OK;
+}
+
 int cuda_gemm_ex(void* ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                  const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* Cm,
                  int64_t ldc, dt_hal_dtype ab_type, dt_hal_dtype c_type) {
@@ -726,11 +891,16 @@ int cuda_gemm_ex(void* ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, flo
       LAUNCHED(ctx, fn);
     }
   }
-  CUBLAS(ctx, fn,
-         cublasGemmEx(c->blas, op(tb), op(ta), static_cast<int>(N), static_cast<int>(M),
-                      static_cast<int>(K), &alpha, B, cuda_type(ab_type), static_cast<int>(ldb), A,
-                      cuda_type(ab_type), static_cast<int>(lda), &beta, out, cuda_type(otype),
-                      static_cast<int>(ldo), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  bool done = false;
+  if (ab_type != DT_HAL_F32)
+    DT_HAL_TRY(lt_gemm(ctx, fn, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, out, ldo, ab_type,
+                       otype, &done));
+  if (!done)
+    CUBLAS(ctx, fn,
+           cublasGemmEx(c->blas, op(tb), op(ta), static_cast<int>(N), static_cast<int>(M),
+                        static_cast<int>(K), &alpha, B, cuda_type(ab_type), static_cast<int>(ldb),
+                        A, cuda_type(ab_type), static_cast<int>(lda), &beta, out, cuda_type(otype),
+                        static_cast<int>(ldo), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (!direct) {
     narrow_matrix_kernel<<<matrix_grid(M, N), kThreads, 0, c->stream>>>(
         Cm, static_cast<const float*>(out), ldo, c_type, M, N, ldc);
