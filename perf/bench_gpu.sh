@@ -124,15 +124,17 @@ if done=$(run_train small_big "${small[@]}" --model.pad-vocab=64 --train.batch=1
   [ -n "$gf" ] && [ -n "$rate" ] && bigmfu=$(awk -v g="$gf" -v r="$rate" 'BEGIN{printf "%.1f%%", 100*g/1000/r}')
 fi
 
-# 1e. The matrix products through cublasGemmEx (DT_CUDA_LT=0) against cuBLASLt with the
-#     algorithm timed per shape (the default), gpt-small padded.
+# 1e. The matrix products through cublasGemmEx (DT_CUDA_LT=0) against cuBLASLt's heuristic (the
+#     default) and against cuBLASLt with its algorithms timed per shape (DT_CUDA_LT_TUNE=1),
+#     gpt-small padded, one after the other.
 lt="not measured"
 ltratio="?"
 if a=$(DT_CUDA_LT=0 run_train small_gemmex "${small[@]}" --model.pad-vocab=64) &&
-    b=$(run_train small_lt "${small[@]}" --model.pad-vocab=64); then
-  ta=$(tok_of "$a"); tb=$(tok_of "$b")
-  lt="cublasGemmEx $ta tok/s, cuBLASLt $tb tok/s"
-  ltratio=$(awk -v x="$ta" -v y="$tb" 'BEGIN{printf "%.2fx", y/x}')
+    b=$(run_train small_lt "${small[@]}" --model.pad-vocab=64) &&
+    t=$(DT_CUDA_LT_TUNE=1 run_train small_lt_tuned "${small[@]}" --model.pad-vocab=64); then
+  ta=$(tok_of "$a"); tb=$(tok_of "$b"); tt=$(tok_of "$t")
+  lt="cublasGemmEx $ta tok/s, cuBLASLt $tb tok/s, cuBLASLt timed $tt tok/s"
+  ltratio=$(awk -v x="$ta" -v y="$tb" -v z="$tt" 'BEGIN{printf "%.2fx, timed %.2fx", y/x, z/x}')
 fi
 
 # 2. CUDA graph replay against eager launch, micro config.
@@ -183,8 +185,8 @@ Command: \`${DT_GPU_PAYLOAD:+DT_GPU_PAYLOAD=$DT_GPU_PAYLOAD }perf/bench_gpu.sh $
 | padded head speed-up per step | $padratio |
 | gpt-small padded: attention keeping its probabilities against flash attention (model.attention) | $flash |
 | flash attention speed-up per step | $flashratio |
-| gpt-small padded: products through cublasGemmEx against cuBLASLt's timed choice | $lt |
-| cuBLASLt speed-up per step | $ltratio |
+| gpt-small padded: products through cublasGemmEx, cuBLASLt's heuristic, cuBLASLt timed per shape | $lt |
+| cuBLASLt speed-up per step over cublasGemmEx | $ltratio |
 | dt_train bf16, gpt-small padded, batch 16 in one micro-batch | $big |
 | its model FLOP utilisation against the cuBLAS bf16 rate | $bigmfu |
 | micro config, 300 steps: CUDA graph replay against eager launch | $graphs |

@@ -7,7 +7,8 @@
 // Numerics (what tests/gpu/test_cuda_kernels.cpp holds the kernels to against the CPU device):
 //  - fp32 GEMMs run in full fp32 (no TF32: the cuBLAS default math mode); gemm_ex runs bf16 and
 //    fp16 operands on tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F), through cuBLASLt
-//    with an algorithm timed once per shape (see "gemm_ex through cuBLASLt").
+//    (see "gemm_ex through cuBLASLt"; DT_CUDA_LT_TUNE=1 times its algorithms, which may make the
+//    last bits differ between runs).
 //  - Reductions (LayerNorm, softmax, sums) accumulate in fp32 in a different order than the CPU;
 //    sum_squares accumulates in double. Exponentials use expf (the CPU its own, a few ulp off).
 //  - embedding_bwd adds rows of repeated tokens with atomicAdd: the order, and so the last bits,
@@ -74,7 +75,7 @@ enum : int32_t { kBadToken = 1, kBadTokenBwd = 2, kBadTarget = 3, kBadTargetBwd 
 // gemm_ex through cuBLASLt: per shape, layout, types and alignment, the algorithm chosen once
 // (see lt_gemm) and the descriptors it runs with; ok false: that shape goes to cublasGemmEx.
 struct LtPlan {
-  bool ok = false;
+  std::atomic<bool> ok{false};
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
@@ -716,16 +717,16 @@ int align_operand(void* ctx, const char* fn, int which, const void** p, int64_t*
 // ---- gemm_ex through cuBLASLt ----------------------------------------------------------------
 //
 // cublasGemmEx takes cuBLAS's own choice of kernel. Here the product of a new shape (with its
-// layouts, types and operand alignment) asks cuBLASLt's heuristic for up to kLtCandidates
-// algorithms and, outside a capture and where beta is 0 (so that trying one leaves nothing
-// behind: the real call overwrites the result), times each once after a warm-up run and keeps
-// the fastest; inside a capture, or with beta != 0, the heuristic's first. On an H200 the qkv
-// product (4096 x 2304 x 768) ran at a third of the rate of fc (4096 x 3072 x 768) through
-// cublasGemmEx (perf/RESULTS.md). A shape cuBLASLt has no algorithm for, or whose call fails,
-// goes to cublasGemmEx from then on; DT_CUDA_LT=0 sends every product there, and
-// DT_CUDA_LT_TUNE=0 keeps the heuristic's first choice without timing. The first call of a
-// shape that is timed runs 2 kLtCandidates products more (DT_CUDA_PROFILE counts them in that
-// call).
+// layouts, types and operand alignment) runs the first algorithm of cuBLASLt's heuristic, which
+// is the same for the same shape, GPU and library, so runs stay bit for bit reproducible. With
+// DT_CUDA_LT_TUNE=1 it asks for up to kLtCandidates and, outside a capture and where beta is 0
+// (so that trying one leaves nothing behind: the real call overwrites the result), times each
+// once after a warm-up run and keeps the fastest; the choice, and so the last bits of a sum, may
+// then differ from one run to the next. On an H200 the qkv product (4096 x 2304 x 768) ran at a
+// third of the rate of fc (4096 x 3072 x 768) through cublasGemmEx (perf/RESULTS.md). A shape
+// cuBLASLt has no algorithm for, or refuses as not supported, goes to cublasGemmEx from then on;
+// DT_CUDA_LT=0 sends every product there. A timed first call runs 2 kLtCandidates products more
+// (DT_CUDA_PROFILE counts them in that call).
 constexpr int kLtCandidates = 4;
 
 bool env_off(const char* name) {
@@ -780,7 +781,10 @@ void lt_plan(Context* c, LtPlan* p, int ta, int tb, int64_t M, int64_t N, int64_
   cublasLtMatmulPreferenceDestroy(pref);
   if (!asked || n <= 0) return;
   int best = 0;
-  static const bool tune = !env_off("DT_CUDA_LT_TUNE");
+  static const bool tune = [] {
+    const char* v = std::getenv("DT_CUDA_LT_TUNE");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
   if (tune && n > 1 && *beta == 0.0f && !capturing(c->stream)) {
     cudaEvent_t e0 = nullptr, e1 = nullptr;
     float best_ms = 0.0f;
@@ -808,7 +812,7 @@ void lt_plan(Context* c, LtPlan* p, int ta, int tb, int64_t M, int64_t N, int64_
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
     (void)cudaGetLastError();
-    if (best < 0) return;
+    if (best < 0) best = 0;  // nothing could be timed: the heuristic's first
   }
   p->algo = res[best].algo;
   p->ok = true;
@@ -831,7 +835,7 @@ int lt_gemm(void* ctx, const char* fn, int ta, int tb, int64_t M, int64_t N, int
     std::lock_guard<std::mutex> lock(c->lt_mu);
     auto it = c->lt_plans.find(key);
     if (it == c->lt_plans.end()) {
-      it = c->lt_plans.emplace(key, LtPlan{}).first;
+      it = c->lt_plans.try_emplace(key).first;
       lt_plan(c, &it->second, ta, tb, M, N, K, &alpha, A, lda, B, ldb, &beta, out, ldo, ab, ot,
               al_a, al_b, al_c);
     }
@@ -842,10 +846,14 @@ int lt_gemm(void* ctx, const char* fn, int ta, int tb, int64_t M, int64_t N, int
       cublasLtMatmul(c->lt, p->op, &alpha, B, p->a, A, p->b, &beta, out, p->c, out, p->c, &p->algo,
                      c->blas_ws, kBlasWorkspace, c->stream);
   if (st != CUBLAS_STATUS_SUCCESS) {
-    if (capturing(c->stream))  // a failed call inside a capture: report it, as cuBLAS's would be
-      return fail(ctx, DT_HAL_ERR_DEVICE, fn, ": cublasLtMatmul: ", cublasGetStatusString(st));
-    std::lock_guard<std::mutex> lock(c->lt_mu);
-    p->ok = false;  // cublasGemmEx from now on
+    // Refused before it ran (C untouched): cublasGemmEx, now and from now on. Anything else, or
+    // any refusal inside a capture, is reported as cuBLAS's own errors are.
+    const bool refused = st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE;
+    if (!refused || capturing(c->stream))
+      return fail(ctx, st == CUBLAS_STATUS_NOT_SUPPORTED ? DT_HAL_ERR_UNSUPPORTED : DT_HAL_ERR_DEVICE,
+                  fn, ": cublasLtMatmul: ", cublasGetStatusString(st));
+    (void)cudaGetLastError();
+    p->ok = false;
     return DT_HAL_OK;
   }
   *done = true;
