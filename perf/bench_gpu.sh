@@ -83,6 +83,62 @@ if done=$(run_train small "${small[@]}" --model.pad-vocab=64); then
   [ -n "$gf" ] && [ -n "$rate" ] && mfu=$(awk -v g="$gf" -v r="$rate" 'BEGIN{printf "%.1f%%", 100*g/1000/r}')
 fi
 
+# vs_small LOG ARGS...: gpt-small with ARGS (which name model.pad-vocab) against the run above
+# (padded, flash attention, cuBLASLt's heuristic; the same run length, in the same script):
+# "tok/s|above tok/s / this".
+base_tok=$(tok_of "${done:-}")
+vs_small() {
+  local log=$1 a ta
+  shift
+  [ -n "$base_tok" ] || return 1
+  a=$(run_train "$log" "${small[@]}" "$@") || return 1
+  ta=$(tok_of "$a")
+  printf '%s|%s\n' "$ta" "$(awk -v x="$ta" -v y="$base_tok" 'BEGIN{printf "%.2fx", y/x}')"
+}
+
+# 1b. The head over 50257 columns (no dimension of the vocabulary's products a multiple of 8)
+#     against 50304.
+padded="not measured"
+padratio="?"
+if r=$(vs_small small_unpadded --model.pad-vocab=0); then
+  IFS='|' read -r tu padratio <<<"$r"
+  padded="vocabulary 50257 $tu tok/s, padded to 50304 $base_tok tok/s"
+fi
+
+# 1c. Attention keeping its T x T probabilities (model.attention=full) against one log-sum-exp per
+#     row with the tiled tensor-core kernels (flash, the default).
+flash="not measured"
+flashratio="?"
+if r=$(vs_small small_full --model.pad-vocab=64 --model.attention=full); then
+  IFS='|' read -r tu flashratio <<<"$r"
+  flash="full $tu tok/s, flash $base_tok tok/s"
+fi
+
+# 1d. The matrix products through cublasGemmEx (DT_CUDA_LT=0) against cuBLASLt's heuristic (the
+#     default), and cuBLASLt with its algorithms timed per shape (DT_CUDA_LT_TUNE=1).
+lt="not measured"
+ltratio="?"
+if r=$(DT_CUDA_LT=0 vs_small small_gemmex --model.pad-vocab=64); then
+  IFS='|' read -r tg ltratio <<<"$r"
+  lt="cublasGemmEx $tg tok/s, cuBLASLt $base_tok tok/s"
+  if r=$(DT_CUDA_LT_TUNE=1 vs_small small_lt_tuned --model.pad-vocab=64); then
+    IFS='|' read -r tt _ <<<"$r"
+    lt="$lt, cuBLASLt timed $tt tok/s"
+    ltratio="$ltratio, timed $(awk -v x="$tg" -v y="$tt" 'BEGIN{printf "%.2fx", y/x}')"
+  fi
+fi
+
+# 1e. Larger micro-batches, which flash attention's smaller activations allow: batch 16 in one
+#     micro-batch (products of 16384 rows), against the batch 8 in micro-batches of 4 above.
+big="not measured"
+bigmfu="?"
+if d=$(run_train small_big "${small[@]}" --model.pad-vocab=64 --train.batch=16 \
+    --train.micro-batch=16); then
+  tok=$(tok_of "$d"); gf=$(gflops_of "$d")
+  big="$tok tok/s, $gf GFLOP/s"
+  [ -n "$gf" ] && [ -n "$rate" ] && bigmfu=$(awk -v g="$gf" -v r="$rate" 'BEGIN{printf "%.1f%%", 100*g/1000/r}')
+fi
+
 # compare LOG_A OPTION_A LOG_B OPTION_B OPTIONS...: dt_train with OPTIONS and OPTION_A, then with
 # OPTIONS and OPTION_B (same run length, one after the other): "A tok/s|B tok/s|B/A".
 compare() {
@@ -93,49 +149,6 @@ compare() {
   printf '%s|%s|%s\n' "$ta" "$tb" "$(awk -v x="$ta" -v y="$tb" 'BEGIN{printf "%.2fx", y/x}')"
 }
 micro=(--config "$root/configs/micro.ini" --train.steps=300)
-
-# 1b. The head over 50257 columns (no dimension of the vocabulary's products a multiple of 8)
-#     against 50304.
-padded="not measured"
-padratio="?"
-if r=$(compare small_unpadded --model.pad-vocab=0 small_padded --model.pad-vocab=64 "${small[@]}"); then
-  IFS='|' read -r tu tp padratio <<<"$r"
-  padded="vocabulary 50257 $tu tok/s, padded to 50304 $tp tok/s"
-fi
-
-# 1c. Attention keeping its T x T probabilities (model.attention=full) against one log-sum-exp per
-#     row with the tiled tensor-core kernels (flash, the default), gpt-small padded.
-flash="not measured"
-flashratio="?"
-if r=$(compare small_full --model.attention=full small_flash --model.attention=flash "${small[@]}" \
-    --model.pad-vocab=64); then
-  IFS='|' read -r tu tf flashratio <<<"$r"
-  flash="full $tu tok/s, flash $tf tok/s"
-fi
-
-# 1d. Larger micro-batches, which flash attention's smaller activations allow: batch 16 in one
-#     micro-batch (products of 16384 rows), against the batch 8 in micro-batches of 4 above.
-big="not measured"
-bigmfu="?"
-if done=$(run_train small_big "${small[@]}" --model.pad-vocab=64 --train.batch=16 \
-    --train.micro-batch=16); then
-  tok=$(tok_of "$done"); gf=$(gflops_of "$done")
-  big="$tok tok/s, $gf GFLOP/s"
-  [ -n "$gf" ] && [ -n "$rate" ] && bigmfu=$(awk -v g="$gf" -v r="$rate" 'BEGIN{printf "%.1f%%", 100*g/1000/r}')
-fi
-
-# 1e. The matrix products through cublasGemmEx (DT_CUDA_LT=0) against cuBLASLt's heuristic (the
-#     default) and against cuBLASLt with its algorithms timed per shape (DT_CUDA_LT_TUNE=1),
-#     gpt-small padded, one after the other.
-lt="not measured"
-ltratio="?"
-if a=$(DT_CUDA_LT=0 run_train small_gemmex "${small[@]}" --model.pad-vocab=64) &&
-    b=$(run_train small_lt "${small[@]}" --model.pad-vocab=64) &&
-    t=$(DT_CUDA_LT_TUNE=1 run_train small_lt_tuned "${small[@]}" --model.pad-vocab=64); then
-  ta=$(tok_of "$a"); tb=$(tok_of "$b"); tt=$(tok_of "$t")
-  lt="cublasGemmEx $ta tok/s, cuBLASLt $tb tok/s, cuBLASLt timed $tt tok/s"
-  ltratio=$(awk -v x="$ta" -v y="$tb" -v z="$tt" 'BEGIN{printf "%.2fx, timed %.2fx", y/x, z/x}')
-fi
 
 # 2. CUDA graph replay against eager launch, micro config.
 graphs="not measured"
