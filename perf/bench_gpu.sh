@@ -9,7 +9,8 @@
 #   4. measures dt_train on the CUDA device: tokens/s and model FLOP utilisation of gpt-small in
 #      bf16 against that GEMM rate (the head padded to 50304, model.pad-vocab=64; the model FLOPs
 #      count the 50257 real ones), the padded head against the unpadded one, attention keeping
-#      its probabilities against flash attention (model.attention), batch 16 in one micro-batch,
+#      its probabilities against flash attention (model.attention) and the plugin's opt-in paths
+#      (tiled flash kernels, cuBLASLt) against its defaults, with batch 16 in one micro-batch too,
 #      and the micro config with engine.cuda_graphs against eager
 #      launch (steady-state tokens/s of the same run length, one after the other), on the fused
 #      model and through the stage engine, and gpt-tiny in bf16 with the weights' 16-bit copy
@@ -75,68 +76,82 @@ gflops_of() { sed -n 's/.* \([0-9.]*\) GFLOP\/s per rank.*/\1/p' <<<"$1"; }
 #    holds the config's windows of 1025 tokens.
 train="not measured: dt_train on cuda/bf16 failed (its last lines are on stderr)"
 mfu="?"
-small=(--config "$root/configs/gpt-small.ini" --train.dtype=bf16 --model.vocab=50257
-       --data.val-fraction=0.1 --train.batch=8 --train.micro-batch=4 --train.steps="$steps")
+small_model=(--config "$root/configs/gpt-small.ini" --train.dtype=bf16 --model.vocab=50257
+             --data.val-fraction=0.1 --train.steps="$steps")
+small=("${small_model[@]}" --train.batch=8 --train.micro-batch=4)
 if done=$(run_train small "${small[@]}" --model.pad-vocab=64); then
   tok=$(tok_of "$done"); gf=$(gflops_of "$done")
   train="$tok tok/s, $gf GFLOP/s"
   [ -n "$gf" ] && [ -n "$rate" ] && mfu=$(awk -v g="$gf" -v r="$rate" 'BEGIN{printf "%.1f%%", 100*g/1000/r}')
 fi
 
-# vs_small LOG ARGS...: gpt-small with ARGS (which name model.pad-vocab) against the run above
-# (padded, flash attention, cuBLASLt's heuristic; the same run length, in the same script):
-# "tok/s|above tok/s / this".
+# vs_small LOG ARGS...: tok/s of gpt-small with ARGS (which name model.pad-vocab; the plugin's
+# opt-in paths through the environment), run after the one above (padded, flash attention on the
+# plugin's default kernels, cublasGemmEx) with the same run length. ratio_of X Y: "X/Y".
 base_tok=$(tok_of "${done:-}")
 vs_small() {
-  local log=$1 a ta
+  local log=$1 a
   shift
   [ -n "$base_tok" ] || return 1
   a=$(run_train "$log" "${small[@]}" "$@") || return 1
-  ta=$(tok_of "$a")
-  printf '%s|%s\n' "$ta" "$(awk -v x="$ta" -v y="$base_tok" 'BEGIN{printf "%.2fx", y/x}')"
+  tok_of "$a"
 }
+ratio_of() { awk -v x="$1" -v y="$2" 'BEGIN{printf "%.2fx", x/y}'; }
 
 # 1b. The head over 50257 columns (no dimension of the vocabulary's products a multiple of 8)
 #     against 50304.
 padded="not measured"
 padratio="?"
-if r=$(vs_small small_unpadded --model.pad-vocab=0); then
-  IFS='|' read -r tu padratio <<<"$r"
-  padded="vocabulary 50257 $tu tok/s, padded to 50304 $base_tok tok/s"
+if t=$(vs_small small_unpadded --model.pad-vocab=0); then
+  padded="vocabulary 50257 $t tok/s, padded to 50304 $base_tok tok/s"
+  padratio=$(ratio_of "$base_tok" "$t")
 fi
 
 # 1c. Attention keeping its T x T probabilities (model.attention=full) against one log-sum-exp per
-#     row with the tiled tensor-core kernels (flash, the default).
+#     row (flash, the default), and flash on the tiled tensor-core kernels (DT_CUDA_FLASH=tiled).
 flash="not measured"
 flashratio="?"
-if r=$(vs_small small_full --model.pad-vocab=64 --model.attention=full); then
-  IFS='|' read -r tu flashratio <<<"$r"
-  flash="full $tu tok/s, flash $base_tok tok/s"
-fi
-
-# 1d. The matrix products through cublasGemmEx (DT_CUDA_LT=0) against cuBLASLt's heuristic (the
-#     default), and cuBLASLt with its algorithms timed per shape (DT_CUDA_LT_TUNE=1).
-lt="not measured"
-ltratio="?"
-if r=$(DT_CUDA_LT=0 vs_small small_gemmex --model.pad-vocab=64); then
-  IFS='|' read -r tg ltratio <<<"$r"
-  lt="cublasGemmEx $tg tok/s, cuBLASLt $base_tok tok/s"
-  if r=$(DT_CUDA_LT_TUNE=1 vs_small small_lt_tuned --model.pad-vocab=64); then
-    IFS='|' read -r tt _ <<<"$r"
-    lt="$lt, cuBLASLt timed $tt tok/s"
-    ltratio="$ltratio, timed $(awk -v x="$tg" -v y="$tt" 'BEGIN{printf "%.2fx", y/x}')"
+if t=$(vs_small small_full --model.pad-vocab=64 --model.attention=full); then
+  flash="full $t tok/s, flash $base_tok tok/s"
+  flashratio=$(ratio_of "$base_tok" "$t")
+  if tt=$(DT_CUDA_FLASH=tiled vs_small small_tiled --model.pad-vocab=64); then
+    flash="$flash, flash tiled $tt tok/s"
+    flashratio="$flashratio, tiled $(ratio_of "$tt" "$t")"
   fi
 fi
 
-# 1e. Larger micro-batches, which flash attention's smaller activations allow: batch 16 in one
-#     micro-batch (products of 16384 rows), against the batch 8 in micro-batches of 4 above.
+# 1d. The 16-bit products through cuBLASLt's heuristic (DT_CUDA_LT=1) and with its algorithms
+#     timed per shape (DT_CUDA_LT_TUNE=1) against cublasGemmEx (the default).
+lt="not measured"
+ltratio="?"
+if t=$(DT_CUDA_LT=1 vs_small small_lt --model.pad-vocab=64); then
+  lt="cublasGemmEx $base_tok tok/s, cuBLASLt $t tok/s"
+  ltratio=$(ratio_of "$t" "$base_tok")
+  if tt=$(DT_CUDA_LT=1 DT_CUDA_LT_TUNE=1 vs_small small_lt_tuned --model.pad-vocab=64); then
+    lt="$lt, cuBLASLt timed $tt tok/s"
+    ltratio="$ltratio, timed $(ratio_of "$tt" "$base_tok")"
+  fi
+fi
+
+# 1e. Both opt-in paths together, and then also larger micro-batches, which flash attention's
+#     smaller activations allow: batch 16 in one micro-batch (products of 16384 rows).
+both="not measured"
+bothmfu="?"
 big="not measured"
 bigmfu="?"
-if d=$(run_train small_big "${small[@]}" --model.pad-vocab=64 --train.batch=16 \
-    --train.micro-batch=16); then
-  tok=$(tok_of "$d"); gf=$(gflops_of "$d")
-  big="$tok tok/s, $gf GFLOP/s"
-  [ -n "$gf" ] && [ -n "$rate" ] && bigmfu=$(awk -v g="$gf" -v r="$rate" 'BEGIN{printf "%.1f%%", 100*g/1000/r}')
+mfu_of() {  # "... G GFLOP/s ..." -> MFU against the cuBLAS rate
+  local gf
+  gf=$(gflops_of "$1")
+  [ -n "$gf" ] && [ -n "$rate" ] && awk -v g="$gf" -v r="$rate" 'BEGIN{printf "%.1f%%", 100*g/1000/r}'
+}
+if d=$(DT_CUDA_FLASH=tiled DT_CUDA_LT=1 run_train small_new "${small[@]}" --model.pad-vocab=64); then
+  both="$(tok_of "$d") tok/s, $(gflops_of "$d") GFLOP/s"
+  bothmfu=$(mfu_of "$d") || bothmfu="?"
+fi
+if d=$(DT_CUDA_FLASH=tiled DT_CUDA_LT=1 run_train small_big "${small_model[@]}" \
+    --model.pad-vocab=64 --train.batch=16 --train.micro-batch=16); then
+  big="$(tok_of "$d") tok/s, $(gflops_of "$d") GFLOP/s"
+  bigmfu=$(mfu_of "$d") || bigmfu="?"
 fi
 
 # compare LOG_A OPTION_A LOG_B OPTION_B OPTIONS...: dt_train with OPTIONS and OPTION_A, then with
@@ -190,18 +205,20 @@ Command: \`${DT_GPU_PAYLOAD:+DT_GPU_PAYLOAD=$DT_GPU_PAYLOAD }perf/bench_gpu.sh $
 
 | what | value |
 |---|---|
-| CUDA checks (plugin load, kernels, kernels on the fallbacks, NCCL on 1 and 2 ranks) | $checks |
+| CUDA checks (plugin load, kernels, kernels on the opt-in tiled flash and cuBLASLt, NCCL on 1 and 2 ranks) | $checks |
 | cuBLAS bf16 GEMM 8192^3 through libdt_hal_cuda.so (fp32 accumulation) | ${rate:-?} TFLOP/s |
 | dt_train bf16, gpt-small (12 layers x 768, seq 1024, vocab 50257, head padded to 50304), batch 8 in micro-batches of 4 | $train |
 | model FLOP utilisation against the cuBLAS bf16 rate (floor 50%) | $mfu |
 | gpt-small: the head over the vocabulary as it is against padded (model.pad-vocab=64) | $padded |
 | padded head speed-up per step | $padratio |
-| gpt-small padded: attention keeping its probabilities against flash attention (model.attention) | $flash |
-| flash attention speed-up per step | $flashratio |
-| gpt-small padded: products through cublasGemmEx, cuBLASLt's heuristic, cuBLASLt timed per shape | $lt |
+| gpt-small padded: attention keeping its probabilities against flash attention (model.attention), and flash on the tiled kernels (DT_CUDA_FLASH=tiled) | $flash |
+| flash attention speed-up per step (over full) | $flashratio |
+| gpt-small padded: products through cublasGemmEx, cuBLASLt's heuristic (DT_CUDA_LT=1), cuBLASLt timed per shape (DT_CUDA_LT_TUNE=1) | $lt |
 | cuBLASLt speed-up per step over cublasGemmEx | $ltratio |
-| dt_train bf16, gpt-small padded, batch 16 in one micro-batch | $big |
-| its model FLOP utilisation against the cuBLAS bf16 rate | $bigmfu |
+| gpt-small padded with tiled flash and cuBLASLt | $both |
+| its model FLOP utilisation against the cuBLAS bf16 rate (floor 50%) | $bothmfu |
+| the same with batch 16 in one micro-batch | $big |
+| its model FLOP utilisation | $bigmfu |
 | micro config, 300 steps: CUDA graph replay against eager launch | $graphs |
 | graph replay speed-up per step (floor 1.3x) | $ratio |
 | the same through the stage engine (parallel.engine=graph), bf16 | $egraphs |

@@ -20,7 +20,7 @@ dt_gpu_build() {
 }
 
 # dt_gpu_checks LOGDIR MPIEXEC BIN RUN...: what ctest -R '^gpu\.' runs (the CUDA plugin's load
-# test, the kernel differential test, also on the plugin's fallbacks, NCCL on 1 and 2 ranks), the programs taken from BIN and each
+# test, the kernel differential test, also on the plugin's opt-in paths, NCCL on 1 and 2 ranks), the programs taken from BIN and each
 # started through RUN... (a wrapper such as a payload's dtenv, or env) within $DT_GPU_TIMEOUT
 # seconds (default 300). Each passes (exit 0) or skips (exit 77 with a SKIP line); a line per
 # check goes to stderr and its whole output to LOGDIR/check-NAME.log. Sets DT_GPU_PASSED, DT_GPU_SKIPPED and DT_GPU_FAILED to the
@@ -30,16 +30,16 @@ dt_gpu_checks() {
   shift 3
   DT_GPU_PASSED="" DT_GPU_SKIPPED="" DT_GPU_FAILED=""
   local name rc log
-  for name in cuda_plugin_load cuda_kernels cuda_kernels.fallbacks nccl.n1 nccl.n2; do
+  for name in cuda_plugin_load cuda_kernels cuda_kernels.tiled_lt nccl.n1 nccl.n2; do
     log=$logs/check-$name.log
     rc=0
     case $name in
       cuda_plugin_load) timeout "${DT_GPU_TIMEOUT:-300}" "$@" "$bin/dt_cuda_test" --load ;;
       cuda_kernels) timeout "${DT_GPU_TIMEOUT:-300}" "$@" "$bin/dt_cuda_test" ;;
-      # The same with the plugin's fallbacks: cublasGemmEx for every product, and flash
-      # attention on the attention_*_ex kernels.
-      cuda_kernels.fallbacks)
-        DT_CUDA_LT=0 DT_CUDA_FLASH=0 timeout "${DT_GPU_TIMEOUT:-300}" "$@" "$bin/dt_cuda_test" ;;
+      # The same with the plugin's opt-in paths: cuBLASLt for the 16-bit products, and flash
+      # attention on the tiled tensor-core kernels.
+      cuda_kernels.tiled_lt)
+        DT_CUDA_LT=1 DT_CUDA_FLASH=tiled timeout "${DT_GPU_TIMEOUT:-300}" "$@" "$bin/dt_cuda_test" ;;
       nccl.n*) timeout "${DT_GPU_TIMEOUT:-300}" "$@" "$mpiexec" -n "${name#nccl.n}" "$bin/dt_nccl_test" ;;
     esac >"$log" 2>&1 || rc=$?
     if [ $rc = 0 ]; then

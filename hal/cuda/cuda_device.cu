@@ -6,15 +6,16 @@
 //
 // Numerics (what tests/gpu/test_cuda_kernels.cpp holds the kernels to against the CPU device):
 //  - fp32 GEMMs run in full fp32 (no TF32: the cuBLAS default math mode); gemm_ex runs bf16 and
-//    fp16 operands on tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F), through cuBLASLt
-//    (see "gemm_ex through cuBLASLt"; DT_CUDA_LT_TUNE=1 times its algorithms, which may make the
-//    last bits differ between runs).
+//    fp16 operands on tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F), with DT_CUDA_LT=1
+//    through cuBLASLt (see "gemm_ex through cuBLASLt"; DT_CUDA_LT_TUNE=1 times its algorithms,
+//    which may make the last bits differ between runs).
 //  - Reductions (LayerNorm, softmax, sums) accumulate in fp32 in a different order than the CPU;
 //    sum_squares accumulates in double. Exponentials use expf (the CPU its own, a few ulp off).
 //  - embedding_bwd adds rows of repeated tokens with atomicAdd: the order, and so the last bits,
 //    may differ from run to run. Everything else is deterministic.
 //  - flash_attention_* (ABI version 4) in bf16 and fp16 with heads of 64 or 128 run tiled on
-//    tensor cores with an online softmax (see "attention without the probabilities").
+//    tensor cores with an online softmax with DT_CUDA_FLASH=tiled (see "attention without the
+//    probabilities").
 //  - casts and scale_check_finite are bit-exact with the CPU device (same bit-level rounding).
 //
 // Asynchrony: every entry enqueues on the context's current stream and returns; copies to the
@@ -716,6 +717,7 @@ int align_operand(void* ctx, const char* fn, int which, const void** p, int64_t*
 
 // ---- gemm_ex through cuBLASLt ----------------------------------------------------------------
 //
+// With DT_CUDA_LT=1 (opt-in until it has passed tests/gpu on a GPU; otherwise cublasGemmEx).
 // cublasGemmEx takes cuBLAS's own choice of kernel. Here the product of a new shape (with its
 // layouts, types and operand alignment) runs the first algorithm of cuBLASLt's heuristic, which
 // is the same for the same shape, GPU and library, so runs stay bit for bit reproducible. With
@@ -724,15 +726,10 @@ int align_operand(void* ctx, const char* fn, int which, const void** p, int64_t*
 // once after a warm-up run and keeps the fastest; the choice, and so the last bits of a sum, may
 // then differ from one run to the next. On an H200 the qkv product (4096 x 2304 x 768) ran at a
 // third of the rate of fc (4096 x 3072 x 768) through cublasGemmEx (perf/RESULTS.md). A shape
-// cuBLASLt has no algorithm for, or refuses as not supported, goes to cublasGemmEx from then on;
-// DT_CUDA_LT=0 sends every product there. A timed first call runs 2 kLtCandidates products more
+// cuBLASLt has no algorithm for, or refuses as not supported, goes to cublasGemmEx from then on.
+// A timed first call runs 2 kLtCandidates products more
 // (DT_CUDA_PROFILE counts them in that call).
 constexpr int kLtCandidates = 4;
-
-bool env_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "0") == 0;
-}
 
 // The alignment cuBLASLt may assume of a matrix: the largest power of two (at most 256) that
 // divides its address and its row pitch in bytes.
@@ -825,7 +822,10 @@ int lt_gemm(void* ctx, const char* fn, int ta, int tb, int64_t M, int64_t N, int
             int64_t ldo, dt_hal_dtype ab, dt_hal_dtype ot, bool* done) {
   *done = false;
   Context* c = C(ctx);
-  static const bool off = env_off("DT_CUDA_LT");
+  static const bool off = [] {
+    const char* v = std::getenv("DT_CUDA_LT");
+    return v == nullptr || std::strcmp(v, "1") != 0;
+  }();
   if (off || c->lt == nullptr || K == 0) return DT_HAL_OK;
   const uint32_t al_a = lt_alignment(A, lda, size_of(ab)), al_b = lt_alignment(B, ldb, size_of(ab)),
                  al_c = lt_alignment(out, ldo, size_of(ot));
@@ -1885,7 +1885,8 @@ int cuda_attention_bwd_ex(void* ctx, float* dqkv, float* scratch, const float* d
 // ---- attention without the probabilities (ABI version 4) ----------------------------------------
 //
 // Two ways, chosen per call:
-//  - Tiled (bf16 and fp16 with heads of 64 or 128, the shapes of GPT-2 and most models): the
+//  - Tiled (with DT_CUDA_FLASH=tiled, for bf16 and fp16 with heads of 64 or 128, the shapes of
+//    GPT-2 and most models; opt-in until these kernels have passed tests/gpu on a GPU): the
 //    method of FlashAttention-2 on tensor cores (WMMA 16x16x16, fp32 accumulation). The forward
 //    keeps a 64-query tile's scores, probabilities and output in shared memory and walks the key
 //    tiles with an online softmax: the output is rescaled as the running maximum grows and divided
@@ -1893,7 +1894,8 @@ int cuda_attention_bwd_ex(void* ctx, float* dqkv, float* scratch, const float* d
 //    rounded, not the normalised ones attention_fwd_ex rounds (the ABI allows it). The backward
 //    recomputes each tile's probabilities from lse, in two kernels so that no gradient needs an
 //    atomic add (deterministic): one per key tile for dk and dv, one per query tile for dq.
-//  - Otherwise (fp32, other head sizes): the kernels of attention_fwd_ex and attention_bwd_ex on
+//  - Otherwise (the default; fp32, other head sizes): the kernels of attention_fwd_ex and
+//    attention_bwd_ex on
 //    probabilities made for the call in the context's fa buffer, which the forward's softmax also
 //    leaves lse from; the backward recomputes them (the same bits as the forward's) and runs
 //    attention_bwd_ex on them. The state between the calls is still lse alone; the buffer is
@@ -2304,13 +2306,13 @@ int bwd(void* ctx, const char* fn, float* dqkv, const float* Dv, const float* do
   return DT_HAL_OK;
 }
 
-// The tiled kernels for this call, or false (the fallback): a 16-bit type, heads of 64 or 128,
-// B NH within a grid's second dimension, a GPU of compute capability 8.0 or later, and
-// DT_CUDA_FLASH not 0.
+// The tiled kernels for this call, or false (the fallback): DT_CUDA_FLASH=tiled, a 16-bit type,
+// heads of 64 or 128, B NH within a grid's second dimension, and a GPU of compute capability 8.0
+// or later.
 bool tiled(void* ctx, dt_hal_dtype dtype, int64_t hs, int64_t heads) {
   static const bool off = [] {
     const char* v = std::getenv("DT_CUDA_FLASH");
-    return v != nullptr && std::strcmp(v, "0") == 0;
+    return v == nullptr || std::strcmp(v, "tiled") != 0;
   }();
   int major = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, C(ctx)->device) !=
