@@ -17,8 +17,9 @@
 //    its own: all ranks pass it for a given call, or none does (a large reduce_scatter then runs
 //    MpiComm's point-to-point ring, polled, where a timeout takes MPI's non-blocking one).
 //  - A receive delivers exactly buf.numel elements; a shorter or longer message is a CommError.
-//  - ReduceOp::avg is sum followed by division by size(); integers divide truncating toward zero,
-//    bf16/f16 sum and divide in float and round once to the element type per step.
+//  - ReduceOp::avg is sum followed by division by size(); integers divide truncating toward zero
+//    after a sum in the element type (which wraps where ReduceOp::sum would), bf16/f16 sum and
+//    divide in float and round once to the element type per step.
 #pragma once
 
 #include <chrono>
