@@ -72,6 +72,21 @@ bool all_ok(Comm& c, bool ok) {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// Fault-injection seam for tests: DT_TEST_CKPT_READ_FAIL=RANK:TEXT makes every read of a tensor's
+// data on rank RANK, from a file whose path contains TEXT, fail as an I/O error on that rank's
+// node would (no real read failure on one rank only can be provoked on one machine).
+void injected_read_failure(const Comm& comm, const std::string& path) {
+  static const std::pair<int, std::string> spec = []() -> std::pair<int, std::string> {
+    const char* v = std::getenv("DT_TEST_CKPT_READ_FAIL");
+    const char* colon = v != nullptr ? std::strchr(v, ':') : nullptr;
+    if (colon == nullptr || colon[1] == '\0') return {-1, ""};
+    return {std::atoi(v), std::string(colon + 1)};
+  }();
+  if (spec.first == comm.rank() && path.find(spec.second) != std::string::npos)
+    DT_THROW(CheckpointError, path, ": H5Dread failed (DT_TEST_CKPT_READ_FAIL on rank ",
+             comm.rank(), ")");
+}
+
 // Renames checkpoint `path` out of its folder's checkpoints, to path.superseded (or
 // .superseded.N when that is taken), and returns the new name; where the rename fails the file
 // stays as it is, and the text says so. With `link_only` the file is linked there and stays at
@@ -1840,8 +1855,10 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
     std::vector<unsigned char> sums(k * 32 + 32);
     try {
       d = H5(h5(H5Dopen2(o.file, t.path.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
-      if (whole)
+      if (whole) {
+        injected_read_failure(comm, path);
         h5(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, o.dxpl, t.data), "H5Dread", path, 0);
+      }
       readable = true;
     } catch (const CheckpointError&) {
       readable = false;  // unreadable here: every chunk this rank checks counts as bad
@@ -1928,6 +1945,7 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
           H5 msp(h5(H5Screate_simple(1, &m, nullptr), "H5Screate_simple", path), H5Sclose);
           if (x0 == x1) h5(H5Sselect_none(msp), "H5Sselect_none", path, 0);
           float none = 0.0f;
+          injected_read_failure(comm, path);
           h5(H5Dread(d, H5T_NATIVE_FLOAT, msp, fsp, o.dxpl, x0 < x1 ? part.data() : &none),
              "H5Dread", path, 0);
         } catch (const CheckpointError&) {

@@ -12,6 +12,8 @@
 #                   changes nothing; --ckpt.resume=none then starts from step 0 exactly like a
 #                   fresh run (initial weights, empty optimiser state) and sets the damaged files
 #                   aside (*.superseded) as it saves its own
+#   read_error_one_rank  the data reads of step-6.h5 fail on one rank only (a test seam): every
+#                   rank refuses step-6.h5 and resumes at step 3
 # A resumed run continues the original run's losses (within 1e-5 relative).
 source "$(dirname "$0")/lib.sh"
 
@@ -118,6 +120,23 @@ case "$MODE" in
     [ "$(sha256sum <D/step-6.h5.superseded)" = "$sum6" ] ||
       fail "the set-aside step-6 is not the damaged file"
     expect_latest D step-6.h5
+    ;;
+  read_error_one_rank)
+    # The data reads of step-6.h5 fail on rank 1 only (DT_TEST_CKPT_READ_FAIL, as an I/O error on
+    # one node would), the file itself is sound: every rank refuses it and both resume at step 3,
+    # none waits for the other.
+    sum6=$(sha256sum <D/step-6.h5)
+    saved=("${MPIEXEC[@]}")
+    MPIEXEC=("${MPIEXEC[@]}" -x DT_TEST_CKPT_READ_FAIL=1:step-6.h5)
+    train R 2 "${RUN[@]}" --train.log-file=R.jsonl
+    MPIEXEC=("${saved[@]}")
+    expect_rc R 0
+    expect_report R "step-6\.h5" "checksum mismatch" "transformer.wte.weight"
+    expect_line R "resumed from .*D/step-3\.h5 at step 3 "
+    steplog steps R.jsonl 4 6
+    steplog same B.jsonl R.jsonl 4 6 1e-5
+    [ "$(sha256sum <D/step-6.h5.superseded)" = "$sum6" ] ||
+      fail "step-6.h5 was not set aside unchanged"
     ;;
   *)
     echo "unknown mode '$MODE'"
