@@ -72,17 +72,19 @@ bool all_ok(Comm& c, bool ok) {
 
 std::string errno_text() { return std::strerror(errno); }
 
-// Fault-injection seam for tests: DT_TEST_CKPT_READ_FAIL=RANK:TEXT makes every read of a tensor's
-// data on rank RANK, from a file whose path contains TEXT, fail as an I/O error on that rank's
-// node would (no real read failure on one rank only can be provoked on one machine).
+// Fault-injection seams for tests, for failures on one rank only that cannot be provoked on one
+// machine (an I/O error on one node): the environment variable `var` set to RANK:TEXT says that
+// the call fails on rank RANK for a file whose path contains TEXT.
+//   DT_TEST_CKPT_READ_FAIL    every read of a tensor's data (load and verify)
+//   DT_TEST_CKPT_CREATE_FAIL  the creation of the file a save writes
+bool injected_fault(const char* var, const Comm& comm, const std::string& path) {
+  const char* v = std::getenv(var);
+  const char* colon = v != nullptr ? std::strchr(v, ':') : nullptr;
+  return colon != nullptr && colon[1] != '\0' && std::atoi(v) == comm.rank() &&
+         path.find(colon + 1) != std::string::npos;
+}
 void injected_read_failure(const Comm& comm, const std::string& path) {
-  static const std::pair<int, std::string> spec = []() -> std::pair<int, std::string> {
-    const char* v = std::getenv("DT_TEST_CKPT_READ_FAIL");
-    const char* colon = v != nullptr ? std::strchr(v, ':') : nullptr;
-    if (colon == nullptr || colon[1] == '\0') return {-1, ""};
-    return {std::atoi(v), std::string(colon + 1)};
-  }();
-  if (spec.first == comm.rank() && path.find(spec.second) != std::string::npos)
+  if (injected_fault("DT_TEST_CKPT_READ_FAIL", comm, path))
     DT_THROW(CheckpointError, path, ": H5Dread failed (DT_TEST_CKPT_READ_FAIL on rank ",
              comm.rank(), ")");
 }
@@ -1165,9 +1167,14 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     // The creation itself is agreed on: where it failed on every rank, each unwinds (nothing to
     // close); where on some only, the others (which hold the file) abort through the guard.
     H5 f(H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
-    const std::string create_err = f.get() < 0 ? h5_message() : "";
-    if (!all_ok(comm, f.get() >= 0)) {
-      agreed = f.get() < 0;
+    bool created = f.get() >= 0;
+    std::string create_err = created ? "" : h5_message();
+    if (created && injected_fault("DT_TEST_CKPT_CREATE_FAIL", comm, partial)) {
+      created = false;  // as if this rank had no file (it still holds one, closed on unwinding)
+      create_err = "DT_TEST_CKPT_CREATE_FAIL on rank " + std::to_string(comm.rank());
+    }
+    if (!all_ok(comm, created)) {
+      agreed = !created;
       const AbortUnlessAgreed guard{agreed, partial, comm.rank()};
       DT_THROW(CheckpointError, "H5Fcreate(", partial, ") failed",
                create_err.empty() ? std::string(" on another rank") : ": " + create_err);
