@@ -42,7 +42,8 @@ typedef struct dt_hal_v4 {
   /* dqkv (acc) from dout[B,T,C], with qkv and lse as flash_attention_fwd took and left them and
    * out its output, stored in out_dtype (DT_HAL_F32, or `dtype`: the output rounded as the
    * caller keeps it). The probabilities P are recomputed from lse; with dP = dout v^T and
-   * D = rowsum(dout * out) (the output's form of rowsum(P * dP)), dS = scale P (dP - D), and
+   * D = rowsum(dout * out) (the output's form of rowsum(P * dP), which a device may compute
+   * instead: the same value up to rounding), dS = scale P (dP - D), and
    * dv += P^T dout, dq += dS k, dk += dS^T q, the products taking their operands (q, k, v, dout,
    * P and dS) rounded to `dtype` and accumulating in fp32. scratch[B,NH,T] is workspace (D). */
   int (*flash_attention_bwd)(void* ctx, float* dqkv, float* scratch, const float* dout,
