@@ -2592,6 +2592,16 @@ constexpr const char* kProfNames[] = {
     "flash_attention_bwd",
 };
 constexpr int kProfSlots = sizeof kProfNames / sizeof kProfNames[0];
+// The slot of an entry by its name (a compile-time error where there is none).
+constexpr bool same_name(const char* a, const char* b) {
+  while (*a != '\0' && *a == *b) ++a, ++b;
+  return *a == *b;
+}
+constexpr int prof_slot(const char* name) {
+  for (int i = 0; i < kProfSlots; ++i)
+    if (same_name(kProfNames[i], name)) return i;
+  return kProfSlots;  // refused by timed_for's static_assert
+}
 
 struct Profile {
   struct Pending {
@@ -2724,13 +2734,13 @@ void profile_finish(Context* c) {
 // Timed<Slot, A...>::call<Fn>: Fn, an entry taking (void* ctx, A...), between two events.
 template <int Slot, class... A>
 struct Timed {
-  // The shape of a matrix product (gemm, slot 0; gemm_ex, slot 19), under p.mu; else -1.
+  // The shape of a matrix product (gemm, gemm_ex), under p.mu; else -1.
   template <class... R>
   static int shape(Profile& p, int ta, int tb, int64_t M, int64_t N, int64_t K, R... rest) {
-    if constexpr (Slot == 19) {
+    if constexpr (Slot == prof_slot("gemm_ex")) {
       const dt_hal_dtype ab = std::get<sizeof...(R) - 2>(std::make_tuple(rest...));
       return p.shape_of(ta, tb, static_cast<int>(ab), M, N, K);
-    } else if constexpr (Slot == 0) {
+    } else if constexpr (Slot == prof_slot("gemm")) {
       return p.shape_of(ta, tb, static_cast<int>(DT_HAL_F32), M, N, K);
     }
     return -1;
@@ -2855,36 +2865,36 @@ const dt_hal_v4_t kCudaTableProfiled = [] {
   dt_hal_v4_t t4 = kCudaTableV4;
   dt_hal_v3_t& t = t4.v3;
   dt_hal_v1_t& v1 = t.v2.v1;
-  v1.gemm = DT_TIMED(0, cuda_gemm);
-  v1.bias_add = DT_TIMED(1, cuda_bias_add);
-  v1.bias_grad = DT_TIMED(2, cuda_bias_grad);
-  v1.add = DT_TIMED(3, cuda_add);
-  v1.scale = DT_TIMED(4, cuda_scale);
-  v1.sum_squares = DT_TIMED(5, cuda_sum_squares);
-  v1.embedding_fwd = DT_TIMED(6, cuda_embedding_fwd);
-  v1.embedding_bwd = DT_TIMED(7, cuda_embedding_bwd);
-  v1.layernorm_fwd = DT_TIMED(8, cuda_layernorm_fwd);
-  v1.layernorm_bwd = DT_TIMED(9, cuda_layernorm_bwd);
-  v1.gelu_fwd = DT_TIMED(10, cuda_gelu_fwd);
-  v1.gelu_bwd = DT_TIMED(11, cuda_gelu_bwd);
-  v1.attention_fwd = DT_TIMED(12, cuda_attention_fwd);
-  v1.attention_bwd = DT_TIMED(13, cuda_attention_bwd);
-  v1.softmax_xent_fwd = DT_TIMED(14, cuda_softmax_xent_fwd);
-  v1.softmax_xent_bwd = DT_TIMED(15, cuda_softmax_xent_bwd);
-  v1.adamw = DT_TIMED(16, cuda_adamw);
-  v1.cast_f32_to_bf16 = DT_TIMED(17, cuda_cast_f32_to_bf16);
-  v1.cast_bf16_to_f32 = DT_TIMED(18, cuda_cast_bf16_to_f32);
-  t.v2.gemm_ex = DT_TIMED(19, cuda_gemm_ex);
-  t.v2.cast = DT_TIMED(20, cuda_cast);
-  t.v2.scale_check_finite = DT_TIMED(21, cuda_scale_check_finite);
-  t.v2.adamw_multi = DT_TIMED(22, cuda_adamw_multi);
-  t.attention_fwd_ex = DT_TIMED(23, cuda_attention_fwd_ex);
-  t.attention_bwd_ex = DT_TIMED(24, cuda_attention_bwd_ex);
-  v1.copy = DT_TIMED(25, cuda_copy);
-  v1.fill_zero = DT_TIMED(26, cuda_fill_zero);
-  t.v2.graph_launch = DT_TIMED(27, cuda_graph_launch);
-  t4.flash_attention_fwd = DT_TIMED(28, cuda_flash_attention_fwd);
-  t4.flash_attention_bwd = DT_TIMED(29, cuda_flash_attention_bwd);
+  v1.gemm = DT_TIMED(prof_slot("gemm"), cuda_gemm);
+  v1.bias_add = DT_TIMED(prof_slot("bias_add"), cuda_bias_add);
+  v1.bias_grad = DT_TIMED(prof_slot("bias_grad"), cuda_bias_grad);
+  v1.add = DT_TIMED(prof_slot("add"), cuda_add);
+  v1.scale = DT_TIMED(prof_slot("scale"), cuda_scale);
+  v1.sum_squares = DT_TIMED(prof_slot("sum_squares"), cuda_sum_squares);
+  v1.embedding_fwd = DT_TIMED(prof_slot("embedding_fwd"), cuda_embedding_fwd);
+  v1.embedding_bwd = DT_TIMED(prof_slot("embedding_bwd"), cuda_embedding_bwd);
+  v1.layernorm_fwd = DT_TIMED(prof_slot("layernorm_fwd"), cuda_layernorm_fwd);
+  v1.layernorm_bwd = DT_TIMED(prof_slot("layernorm_bwd"), cuda_layernorm_bwd);
+  v1.gelu_fwd = DT_TIMED(prof_slot("gelu_fwd"), cuda_gelu_fwd);
+  v1.gelu_bwd = DT_TIMED(prof_slot("gelu_bwd"), cuda_gelu_bwd);
+  v1.attention_fwd = DT_TIMED(prof_slot("attention_fwd"), cuda_attention_fwd);
+  v1.attention_bwd = DT_TIMED(prof_slot("attention_bwd"), cuda_attention_bwd);
+  v1.softmax_xent_fwd = DT_TIMED(prof_slot("softmax_xent_fwd"), cuda_softmax_xent_fwd);
+  v1.softmax_xent_bwd = DT_TIMED(prof_slot("softmax_xent_bwd"), cuda_softmax_xent_bwd);
+  v1.adamw = DT_TIMED(prof_slot("adamw"), cuda_adamw);
+  v1.cast_f32_to_bf16 = DT_TIMED(prof_slot("cast_f32_to_bf16"), cuda_cast_f32_to_bf16);
+  v1.cast_bf16_to_f32 = DT_TIMED(prof_slot("cast_bf16_to_f32"), cuda_cast_bf16_to_f32);
+  t.v2.gemm_ex = DT_TIMED(prof_slot("gemm_ex"), cuda_gemm_ex);
+  t.v2.cast = DT_TIMED(prof_slot("cast"), cuda_cast);
+  t.v2.scale_check_finite = DT_TIMED(prof_slot("scale_check_finite"), cuda_scale_check_finite);
+  t.v2.adamw_multi = DT_TIMED(prof_slot("adamw_multi"), cuda_adamw_multi);
+  t.attention_fwd_ex = DT_TIMED(prof_slot("attention_fwd_ex"), cuda_attention_fwd_ex);
+  t.attention_bwd_ex = DT_TIMED(prof_slot("attention_bwd_ex"), cuda_attention_bwd_ex);
+  v1.copy = DT_TIMED(prof_slot("copy"), cuda_copy);
+  v1.fill_zero = DT_TIMED(prof_slot("fill_zero"), cuda_fill_zero);
+  t.v2.graph_launch = DT_TIMED(prof_slot("graph_launch"), cuda_graph_launch);
+  t4.flash_attention_fwd = DT_TIMED(prof_slot("flash_attention_fwd"), cuda_flash_attention_fwd);
+  t4.flash_attention_bwd = DT_TIMED(prof_slot("flash_attention_bwd"), cuda_flash_attention_bwd);
   return t4;
 }();
 #undef DT_TIMED
