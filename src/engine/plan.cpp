@@ -96,11 +96,11 @@ Plan build(const PlanRequest& r, Layout l) {
       graph::build_gpt(r.model, static_cast<int>(p.micro), r.model.block), l.tp);
   p.first_layer = graph::partition(graph::layer_costs(g), l.pp);
   p.full = graph::pipeline_split(g, p.first_layer);
+  const bool fused = l.tp == 1 && l.pp == 1 && !r.graph_engine;  // dt::Gpt, else the stage engine
   for (int s = 0; s < l.pp; ++s) {
     const graph::Graph sg = p.stage(s);
     graph::MemoryEstimate m = graph::estimate_memory(sg, p.in_flight(s));
     if (r.zero > 0) {  // the stage's state sharded layer by layer over the dp ranks
-      const bool fused = l.tp == 1 && l.pp == 1 && !r.graph_engine;
       const std::vector<ParamInfo> table =
           fused ? gpt_params(r.model) : StageEngine::param_table(sg);
       const std::vector<ZeroUnit> units = zero_units(
@@ -119,7 +119,6 @@ Plan build(const PlanRequest& r, Layout l) {
       if (r.grad_wire16 && l.dp > 1)
         m.grads += p32 / 2;  // the bf16 copy of the gradients the all_reduce carries
     }
-    const bool fused = l.tp == 1 && l.pp == 1 && !r.graph_engine;
     if (r.low_precision) {  // the two 16-bit operand buffers of the matrix products
       m.activations += 2.0 * 2.0 * static_cast<double>(graph::gemm_operand_elements(sg));
       // and the fused model's fp32 scratch for the widest input it rounds (Gpt::set_compute)
@@ -127,14 +126,14 @@ Plan build(const PlanRequest& r, Layout l) {
         m.activations += 4.0 * 4.0 * static_cast<double>(p.micro) *
                          static_cast<double>(r.model.block) * static_cast<double>(r.model.embd);
     }
-    // model.pad-vocab on the stage with the head: its padded weights (in the compute type), their
-    // fp32 gradient and bias (PaddedHead; the graph's logits are padded).
+    // model.pad-vocab on the stage with the head: its padded weights (in the compute type) and
+    // bias (PaddedHead; the graph's logits are padded).
     const double V = static_cast<double>(r.model.vocab),
                  Vp = static_cast<double>(padded_vocab(r.model));
     const bool has_head = std::any_of(sg.nodes.begin(), sg.nodes.end(),
                                       [](const graph::Node& n) { return n.op == "lm_head"; });
     if (has_head && Vp > V)
-      m.activations += Vp * r.model.embd * (4.0 + (r.low_precision ? 2.0 : 4.0)) + 4.0 * Vp;
+      m.activations += Vp * r.model.embd * (r.low_precision ? 2.0 : 4.0) + 4.0 * Vp;
     p.memory.push_back(m);
   }
   return p;

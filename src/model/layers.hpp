@@ -116,12 +116,12 @@ inline void linear_bwd(const Device& d, GemmWorkspace* ws, float* dx, float beta
 // model.pad-vocab: the head's products over Vp > V columns, which a GPU's fast matrix kernels
 // want (GPT-2's 50257 -> 50304). The embedding [V, C] is copied, or in a 16-bit compute type
 // rounded, into the first V rows of a [Vp, C] buffer whose last rows stay zero; a bias gives the
-// padding's logits -inf, so they get probability 0 and gradient 0; the weights' gradient is a
-// [Vp, C] product whose first V rows are added to the embedding's. Shared by dt::Gpt and the
-// stage engine.
+// padding's logits -inf, so they get probability 0 and gradient 0; the weights' gradient is the
+// product over the first V columns of the logits' gradient, added into the embedding's. Shared by
+// dt::Gpt and the stage engine.
 struct PaddedHead {
   std::int64_t V = 0, Vp = 0, C = 0;
-  Device::Buffer w, bias, dw;  // w: fp32, or the compute type after set_compute
+  Device::Buffer w, bias;  // w: fp32, or the compute type after set_compute
   DType type = DType::f32;
   bool on() const noexcept { return Vp > V; }
   void init(const Device& d, std::int64_t v, std::int64_t vp, std::int64_t c) {
@@ -129,7 +129,6 @@ struct PaddedHead {
     Vp = vp;
     C = c;
     if (!on()) return;
-    dw = Device::Buffer(d, static_cast<std::size_t>(Vp * C) * sizeof(float));
     std::vector<float> b(static_cast<std::size_t>(Vp), 0.0f);
     std::fill(b.begin() + V, b.end(), -std::numeric_limits<float>::infinity());
     bias = Device::Buffer(d, b.size() * sizeof(float));
@@ -145,7 +144,7 @@ struct PaddedHead {
     w = Device::Buffer(d, n);
     d.call(&dt_hal_v1_t::fill_zero, "fill_zero", w.get(), n);
   }
-  std::size_t bytes() const noexcept { return w.bytes() + bias.bytes() + dw.bytes(); }
+  std::size_t bytes() const noexcept { return w.bytes() + bias.bytes(); }
   // logits[BT, Vp] = x[BT, C] @ w^T + bias, w from the embedding's current values; x16: x rounded
   // to ws's 16-bit type already (or null).
   void forward(const Device& d, GemmWorkspace* ws, float* logits, const float* x, const void* x16,
@@ -163,31 +162,25 @@ struct PaddedHead {
     }
     d.call(&dt_hal_v1_t::bias_add, "bias_add", logits, bias.as<const float>(), BT, Vp);
   }
-  // dx[BT, C] (= or +=, by beta) dlogits @ w; dwte[V, C] += the first V rows of dlogits^T @ x, with
-  // w as the forward left it.
+  // dx[BT, C] (= or +=, by beta) dlogits @ w, with w as the forward left it; dwte[V, C] += the
+  // first V columns of dlogits, transposed, @ x (the padding's gradient is 0).
   void backward(const Device& d, GemmWorkspace* ws, float* dx, float beta, float* dwte,
                 const float* dlogits, const float* x, const void* x16, std::int64_t BT) {
-    float* g = dw.as<float>();
     if (type != DType::f32) {
       ws->reserve(d, static_cast<std::size_t>(std::max(BT * Vp, BT * C)));
       const void* dl16 = operand16(d, ws, ws->a, dlogits, BT * Vp);
       gemm16(d, ws, 0, 0, BT, C, Vp, 1.0f, dl16, Vp, w.get(), C, beta, dx, C);
       if (x16 == nullptr) x16 = operand16(d, ws, ws->b, x, BT * C);
-      gemm16(d, ws, 1, 0, Vp, C, BT, 1.0f, dl16, Vp, x16, C, 0.0f, g, C);
+      gemm16(d, ws, 1, 0, V, C, BT, 1.0f, dl16, Vp, x16, C, 1.0f, dwte, C);
     } else {
       matmul(d, ws, 0, 0, BT, C, Vp, 1.0f, dlogits, Vp, w.as<float>(), C, beta, dx, C);
-      matmul(d, ws, 1, 0, Vp, C, BT, 1.0f, dlogits, Vp, x, C, 0.0f, g, C);
+      matmul(d, ws, 1, 0, V, C, BT, 1.0f, dlogits, Vp, x, C, 1.0f, dwte, C);
     }
-    d.call(&dt_hal_v1_t::add, "add", dwte, static_cast<const float*>(dwte),
-           static_cast<const float*>(g), V * C);
   }
 };
 
-// Causal self-attention (the layout of the version-1 entries) with its matrix products in ws's
-// precision (null: fp32). With `flash` (flash_attention of the device and the model), the state
-// the backward needs is one log-sum-exp per query row (ABI version 4's flash_attention_*);
-// otherwise the probabilities, from the version-3 attention_*_ex or, on a device without them
-// (an older plugin), from the version-1 entries, all in fp32.
+// Whether attention on `d` keeps one log-sum-exp per row (model.attention=flash, `wanted`, on a
+// device with ABI version 4's flash_attention entries).
 inline bool flash_attention(const Device& d, bool wanted) {
   return wanted && d.table4().flash_attention_fwd != nullptr;
 }
@@ -197,6 +190,11 @@ inline std::size_t attention_state_floats(bool flash, std::size_t B, std::size_t
                                           std::size_t T) {
   return B * NH * T * (flash ? 1 : T);
 }
+// Causal self-attention (the layout of the version-1 entries) with its matrix products in ws's
+// precision (null: fp32). With `flash` (flash_attention() true), the state the backward needs is
+// one log-sum-exp per query row (flash_attention_*); otherwise the probabilities, from the
+// version-3 attention_*_ex or, on a device without them (an older plugin), from the version-1
+// entries, all in fp32.
 inline void attention_forward(const Device& d, const GemmWorkspace* ws, bool flash, float* out,
                               float* state, const float* qkv, std::int64_t B, std::int64_t T,
                               std::int64_t C, std::int64_t NH) {
