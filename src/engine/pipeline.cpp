@@ -177,6 +177,7 @@ struct StageEngine::Impl {
   // Per node: offset of its kernel state (layernorm mean+rstd, attention probabilities, loss
   // probabilities and per-token losses) in a slot's area.
   std::vector<std::size_t> aux_off;
+  std::vector<char> flash;  // per node: attention keeps one log-sum-exp per row (flash_attention)
   std::size_t slot_floats = 0, grad_floats = 0, scratch_floats = 0;
   std::vector<Device::Buffer> slot_buf;   // per slot: activations + kernel state
   std::vector<Device::Buffer> token_buf;  // per slot: inputs then targets (int32)
@@ -330,6 +331,7 @@ StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& mod
   m.act_off.assign(g_.tensors.size(), 0);
   m.grad_off.assign(g_.tensors.size(), 0);
   m.aux_off.assign(g_.nodes.size(), 0);
+  m.flash.assign(g_.nodes.size(), 0);
   for (std::size_t t = 0; t < g_.tensors.size(); ++t) {
     const TensorInfo& ti = g_.tensors[t];
     if (ti.role == Role::input && ti.shape.size() == 2) {
@@ -354,9 +356,10 @@ StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& mod
     if (n.op == "layernorm") {
       m.slot_floats += 2 * BT;
     } else if (n.op == "attention") {
-      const std::size_t att = attention_state_floats(
-          flash_attention(dev_, n.attr_or("flash", 0) != 0), static_cast<std::size_t>(m.B),
-          static_cast<std::size_t>(n.attr("heads")), static_cast<std::size_t>(m.T));
+      m.flash[i] = flash_attention(dev_, n.attr_or("flash", 0) != 0);
+      const std::size_t att =
+          attention_state_floats(m.flash[i] != 0, static_cast<std::size_t>(m.B),
+                                 static_cast<std::size_t>(n.attr("heads")), static_cast<std::size_t>(m.T));
       m.slot_floats += att;
       m.scratch_floats = std::max(m.scratch_floats, att);
     } else if (n.op == "xent") {
@@ -635,8 +638,7 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
       linear_fwd(dev_, &ws_, act(n.out[0]), act(n.in[0]), prm(n.in[1]),
                  bias ? prm(n.in[2]) : nullptr, BT, width(n.in[0]), width(n.out[0]));
     } else if (n.op == "attention") {
-      attention_forward(dev_, &ws_, flash_attention(dev_, n.attr_or("flash", 0) != 0),
-                        act(n.out[0]), aux, act(n.in[0]), B, T, width(n.out[0]), n.attr("heads"));
+      attention_forward(dev_, &ws_, m.flash[i] != 0, act(n.out[0]), aux, act(n.in[0]), B, T, width(n.out[0]), n.attr("heads"));
     } else if (n.op == "gelu") {
       dev_.call(&dt_hal_v1_t::gelu_fwd, "gelu_fwd", act(n.out[0]),
                 static_cast<const float*>(act(n.in[0])), BT * width(n.out[0]));
@@ -771,8 +773,7 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
                   static_cast<std::size_t>(seg) * sizeof(float));
       }
     } else if (n.op == "attention") {
-      attention_backward(dev_, &ws_, flash_attention(dev_, n.attr_or("flash", 0) != 0),
-                         grad(n.in[0]), m.scratch.as<float>(), grad(n.out[0]), act(n.in[0]),
+      attention_backward(dev_, &ws_, m.flash[k] != 0, grad(n.in[0]), m.scratch.as<float>(), grad(n.out[0]), act(n.in[0]),
                          act(n.out[0]), DType::f32, aux, B, T, width(n.out[0]), n.attr("heads"));
     } else if (n.op == "gelu") {
       dev_.call(&dt_hal_v1_t::gelu_bwd, "gelu_bwd", grad(n.in[0]), act(n.in[0]),

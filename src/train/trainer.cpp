@@ -384,8 +384,7 @@ void check_same_options(Comm& world, const std::string& options) {
     }
     return out;
   };
-  static const std::set<std::string> kNodeLocal = {"config",
-                                                   "data.path",
+  static const std::set<std::string> kNodeLocal = {"data.path",
                                                    "security.key_file",
                                                    "runtime.device",
                                                    "runtime.device-index",
@@ -555,7 +554,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
            dev_.origin(), ") has no cast kernel to round the gradients with");
   if (graph_engine || c_.print_plan) mesh_ = std::make_unique<DeviceMesh>(comm_, L, sites);
   if (c_.print_plan) return;  // nothing is allocated: print_plan() is all this trainer does
-  if (c_.attention == "flash" && !flash_attention(dev_, true))
+  if (c_.attention == "flash" && !c_.model.flash_attention)
     log("dt_train: device '" + dev_.name() + "' (ABI version " +
         std::to_string(dev_.abi_version()) +
         ") has no flash_attention kernels: attention keeps its probabilities "
