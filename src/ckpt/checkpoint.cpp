@@ -77,11 +77,26 @@ std::string errno_text() { return std::strerror(errno); }
 // the call fails on rank RANK for a file whose path contains TEXT.
 //   DT_TEST_CKPT_READ_FAIL    every read of a tensor's data (load and verify)
 //   DT_TEST_CKPT_CREATE_FAIL  the creation of the file a save writes
+// A malformed value (no RANK:TEXT) injects nothing.
+struct InjectedFault {
+  int rank = -1;
+  std::string text;
+  explicit InjectedFault(const char* var) {
+    const char* v = std::getenv(var);
+    const char* colon = v != nullptr ? std::strchr(v, ':') : nullptr;
+    char* end = nullptr;
+    const long r = colon != nullptr ? std::strtol(v, &end, 10) : -1;
+    if (colon == nullptr || end != colon || r < 0 || colon[1] == '\0') return;
+    rank = static_cast<int>(r);
+    text = colon + 1;
+  }
+  bool at(const Comm& comm, const std::string& path) const {
+    return rank == comm.rank() && path.find(text) != std::string::npos;
+  }
+};
 bool injected_fault(const char* var, const Comm& comm, const std::string& path) {
-  const char* v = std::getenv(var);
-  const char* colon = v != nullptr ? std::strchr(v, ':') : nullptr;
-  return colon != nullptr && colon[1] != '\0' && std::atoi(v) == comm.rank() &&
-         path.find(colon + 1) != std::string::npos;
+  static const InjectedFault read("DT_TEST_CKPT_READ_FAIL"), create("DT_TEST_CKPT_CREATE_FAIL");
+  return (std::strcmp(var, "DT_TEST_CKPT_READ_FAIL") == 0 ? read : create).at(comm, path);
 }
 void injected_read_failure(const Comm& comm, const std::string& path) {
   if (injected_fault("DT_TEST_CKPT_READ_FAIL", comm, path))
