@@ -19,7 +19,11 @@ run() {  # SEQ ATTENTION -> "tok/s activations peak"
   out=$("$build/apps/dt_train" --config "$root/configs/gpt-tiny.ini" \
     --data.path="$root/run/corpus.txt" --model.seq-len="$1" --model.attention="$2" \
     --train.batch=4 --train.micro-batch=4 --train.steps=6 --train.eval-every=0 \
-    --train.eval-windows=1 --train.log-every=1000 2>&1)
+    --train.eval-windows=1 --train.log-every=1000 2>&1) || {
+    echo "bench_attention: dt_train at seq $1 with model.attention=$2 failed:" >&2
+    tail -5 <<<"$out" >&2
+    exit 1
+  }
   local tps act peak
   tps=$(sed -nE 's/.* ([0-9]+) tok\/s \(steady state\).*/\1/p' <<<"$out")
   act=$(sed -nE 's/.*; activations ([0-9.]+ [KMG]?i?B).*/\1/p' <<<"$out")
@@ -55,4 +59,5 @@ print("%.2f %.2f %.2f %d %d" % (statistics.median(q), min(q), max(q), statistics
 done
 echo "command: $build/apps/dt_train --config configs/gpt-tiny.ini --data.path=run/corpus.txt" \
   "--model.seq-len=S --model.attention=full|flash --train.batch=4 --train.micro-batch=4" \
-  "--train.steps=6 --train.eval-every=0 --train.eval-windows=1 ($rounds rounds)"
+  "--train.steps=6 --train.eval-every=0 --train.eval-windows=1 --train.log-every=1000" \
+  "($rounds rounds)"

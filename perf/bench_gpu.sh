@@ -4,7 +4,8 @@
 #      DT_GPU_PAYLOAD=ARCHIVE, unpacks what perf/gpu_payload.sh built elsewhere and runs it through
 #      its dtenv (for a GPU machine that lacks dt's other dependencies: MPI, HDF5, UCX, ...);
 #   2. runs the CUDA checks (what ctest -R '^gpu\.' runs: plugin load, kernel differential test,
-#      NCCL on 1 and 2 ranks), each passing or skipping with exit 77;
+#      the same with the opt-in paths DT_CUDA_LT=1 DT_CUDA_FLASH=tiled, NCCL on 1 and 2 ranks),
+#      each passing or skipping with exit 77;
 #   3. measures the cuBLAS bf16 GEMM rate through the plugin (perf/bench_gpu_gemm.cpp);
 #   4. measures dt_train on the CUDA device: tokens/s and model FLOP utilisation of gpt-small in
 #      bf16 against that GEMM rate (the head padded to 50304, model.pad-vocab=64; the model FLOPs
@@ -194,9 +195,11 @@ if r=$(compare w16_cast --test.cast-weights=true w16_copy --test.cast-weights=fa
   w16="cast per product $tc tok/s, 16-bit copy $tw tok/s"
 fi
 
-# Figures go into RESULTS.md only from a machine whose GPU passed the kernel test.
+# Figures go into RESULTS.md only from a machine whose GPU passed the kernel test, on the
+# default paths and on the opt-in ones (whose figures the table holds too).
 results=$root/perf/RESULTS.md
-[[ " $DT_GPU_PASSED " == *" cuda_kernels "* ]] || results=/dev/null
+[[ " $DT_GPU_PASSED " == *" cuda_kernels "* && " $DT_GPU_PASSED " == *" cuda_kernels.tiled_lt "* ]] ||
+  results=/dev/null
 cat <<EOT | tee -a "$results"
 
 ## GPU: cuBLAS bf16 GEMM and training throughput, $(date -u +%F), ${device:-unknown GPU}

@@ -6,7 +6,8 @@
 # (the build the payload came from); then
 #   - shows that dt_train no longer starts without the payload (the hiding works);
 #   - runs through STAGE/dtenv the GPU checks of perf/gpu_lib.sh (the CUDA plugin's load test must
-#     pass; the kernel test and the NCCL test on 1 and 2 ranks pass, or skip without a GPU), and
+#     pass; the kernel test, on the default and the opt-in paths, and the NCCL test on 1 and 2
+#     ranks pass, or skip without a GPU), and
 #     dt_train on 2 MPI ranks for 20 steps with a checkpoint at step 10, then resumed from it for
 #     10 more.
 # Needs root (unshare -m). Exits non-zero, naming the step, on the first failure.

@@ -2550,7 +2550,8 @@ void cuda_graph_destroy(void* ctx, void* graph) {
 
 // ---- profile (DT_CUDA_PROFILE=1) -------------------------------------------------------------
 //
-// With DT_CUDA_PROFILE=1 in the environment when the plugin is loaded, dt_hal_plugin_v3 returns a
+// With DT_CUDA_PROFILE=1 in the environment when the plugin is loaded, dt_hal_plugin_v4 (and _v3)
+// returns a
 // table whose work entries record a CUDA event on the current stream before and after their work
 // (not while capturing: a graph's replay is timed as one graph_launch). The events are read at
 // every synchronize, every 4096 calls and at close, which prints to stderr, per entry, the calls,

@@ -391,8 +391,9 @@ void test_attention_ex(Rig& r) {
 
 // flash_attention_* (ABI version 4) against dt_test::flash_ref, the float64 values of the operands
 // the GPU must have used (qkv and dout rounded to the products' type, D from the fp32 dout and
-// the GPU's own out as passed): heads of 64 and 128 in bf16 and f16 take the tiled tensor-core
-// kernels (T not a multiple of the 64-row tile), the others (fp32, heads of 12) the fallback on
+// the GPU's own out as passed): with DT_CUDA_FLASH=tiled (gpu.cuda_kernels.tiled_lt) heads of 64
+// and 128 in bf16 and f16 take the tiled tensor-core kernels (T not a multiple of the 64-row
+// tile); the others (fp32, heads of 12), and every case without it, the default on
 // attention_*_ex. The GPU's out also agrees with the CPU device's within both bounds.
 void test_flash_attention(Rig& r) {
   struct Case {
@@ -882,8 +883,9 @@ void test_capture_kernels(Rig& r) {
       qkv(r.gpu, N * 3 * C * 4), att(r.gpu, B * NH * T * T * 4), y(r.gpu, N * C * 4),
       logits(r.gpu, N * V * 4), probs(r.gpu, N * V * 4), losses(r.gpu, N * 4),
       w16(r.gpu, 3 * C * C * 2), x16(r.gpu, N * C * 2), qkv2(r.gpu, N * 3 * C * 4);
-  // Flash attention on heads of 64 (the tiled kernels) and, on the block's own qkv, of 24 (the
-  // fallback, whose probabilities live in the context's buffer), forward and backward.
+  // Flash attention on heads of 64 (the tiled kernels with DT_CUDA_FLASH=tiled) and, on the
+  // block's own qkv, of 24 (the default path, whose probabilities live in the context's buffer),
+  // forward and backward.
   const int64_t FC = 128, FH = 2;
   auto fq = r.up(r.rand(N * 3 * FC)), fdo = r.up(r.rand(N * FC));
   dt::Device::Buffer fo(r.gpu, N * FC * 4), flse(r.gpu, B * FH * T * 4), fdq(r.gpu, N * 3 * FC * 4),
