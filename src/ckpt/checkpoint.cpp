@@ -1815,7 +1815,7 @@ void check_stored(hid_t d, const std::string& name, const Shape& shape, const st
 std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string& path,
                                         const std::vector<CkptTensor>& tensors,
                                         security::Aead* dec = nullptr, bool* tampered = nullptr) {
-  constexpr std::size_t K = kChunkElements, kLoadBatch = 16;
+  constexpr std::size_t K = kChunkElements, kLoadBatch = 16, kErrorText = 512;
   const std::size_t T = tensors.size();
   std::vector<std::size_t> numels;
   for (const auto& t : tensors) numels.push_back(t.numel());
@@ -1860,9 +1860,19 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
   std::vector<float> part(most);
   // bad[c]: chunk c fails its digest; bad[total + 1 + c]: it does not authenticate;
   // bad[2 * (total + 1) + c]: its nonce and tag fail their digest, or have none (files before it).
-  std::vector<std::uint8_t> bad(3 * (total + 1), 0);  // + 1: never empty
+  // bad[3 * (total + 1) + c]: a read of it failed (what bad[c] then says is not about the file).
+  std::vector<std::uint8_t> bad(4 * (total + 1), 0);  // + 1: never empty
   std::uint8_t* unauth = bad.data() + total + 1;
   std::uint8_t* row_bad = bad.data() + 2 * (total + 1);
+  std::uint8_t* unread = bad.data() + 3 * (total + 1);
+  // failed[i]: 1 + the highest rank whose read of tensor i failed, 0 where none did; read_error[i]:
+  // this rank's error.
+  std::vector<std::int64_t> failed(T + 1, 0);
+  std::vector<std::string> read_error(T);
+  auto read_failed = [&](std::size_t i, const CheckpointError& e) {
+    failed[i] = comm.rank() + 1;
+    if (read_error[i].empty()) read_error[i] = e.what();
+  };
   for (std::size_t i = 0; i < T; ++i) {
     const CkptTensor& t = tensors[i];
     const std::size_t n = numels[i], k = chunks_of(n);
@@ -1882,8 +1892,9 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
         h5(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, o.dxpl, t.data), "H5Dread", path, 0);
       }
       readable = true;
-    } catch (const CheckpointError&) {
+    } catch (const CheckpointError& e) {
       readable = false;  // unreadable here: every chunk this rank checks counts as bad
+      read_failed(i, e);
     }
     try {
       H5 c(H5Dopen2(o.file, checksum_path(t.path).c_str(), H5P_DEFAULT), H5Dclose);
@@ -1926,6 +1937,7 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
       if (!ok || !have ||
           !std::equal(dg.begin(), dg.end(), sums.begin() + static_cast<std::ptrdiff_t>(c * 32)))
         bad[base[i] + c] = 1;
+      if (!ok) unread[base[i] + c] = 1;
     };
     // Chunk c decrypted and authenticated in place.
     auto open = [&](std::size_t c, float* data) {
@@ -1970,8 +1982,9 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
           injected_read_failure(comm, path);
           h5(H5Dread(d, H5T_NATIVE_FLOAT, msp, fsp, o.dxpl, x0 < x1 ? part.data() : &none),
              "H5Dread", path, 0);
-        } catch (const CheckpointError&) {
+        } catch (const CheckpointError& e) {
           ok = false;
+          read_failed(i, e);
         }
       }
       for (std::size_t c = c0; c < c1; ++c) check(c, part.data() + (c * K - x0), ok);
@@ -1988,18 +2001,33 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
     }
   }
   comm.all_reduce(view_of(bad), ReduceOp::max);
+  comm.all_reduce(view_of(failed), ReduceOp::max);
   std::vector<std::string> problems;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    std::string chunks;
-    int nbad = 0;
-    for (std::size_t ch = 0; ch < chunks_of(tensors[i].numel()); ++ch)
-      if (bad[base[i] + ch]) {
-        chunks += (nbad++ ? "," : "") + std::to_string(ch);
+    const std::string of = " (of " + std::to_string(chunks_of(tensors[i].numel())) + ")";
+    // A read that failed (an I/O error, on one node maybe) says nothing of the file: named as
+    // such, with the error of the (highest) rank it failed on, which every rank then reports.
+    for (const bool read : {false, true}) {
+      std::string chunks;
+      int nbad = 0;
+      for (std::size_t ch = 0; ch < chunks_of(tensors[i].numel()); ++ch)
+        if (bad[base[i] + ch] && (unread[base[i] + ch] != 0) == read)
+          chunks += (nbad++ ? "," : "") + std::to_string(ch);
+      if (!nbad) continue;
+      const std::string which = std::string(nbad > 1 ? "chunks " : "chunk ") + chunks + of;
+      if (!read) {
+        problems.push_back(tensors[i].path + ": checksum mismatch in " + which);
+        continue;
       }
-    if (nbad)
-      problems.push_back(tensors[i].path + ": checksum mismatch in chunk" +
-                         (nbad > 1 ? "s " : " ") + chunks + " (of " +
-                         std::to_string(chunks_of(tensors[i].numel())) + ")");
+      const int root = static_cast<int>(failed[i]) - 1;
+      std::vector<std::uint8_t> text(kErrorText, 0);
+      if (comm.rank() == root)
+        std::memcpy(text.data(), read_error[i].data(),
+                    std::min(read_error[i].size(), text.size() - 1));
+      comm.broadcast(view_of(text), root);
+      problems.push_back(tensors[i].path + ": " + which + " could not be read on rank " +
+                         std::to_string(root) + ": " + reinterpret_cast<const char*>(text.data()));
+    }
     // Failing authentication: chunks that fail a checksum too, theirs or their nonce and tag's
     // (damage, or data from another file), and chunks that pass both (rewritten with their
     // checksums). Without the nonce and tag's checksums (files before them) it cannot be told.

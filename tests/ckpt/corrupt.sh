@@ -13,7 +13,8 @@
 #                   fresh run (initial weights, empty optimiser state) and sets the damaged files
 #                   aside (*.superseded) as it saves its own
 #   read_error_one_rank  the data reads of step-6.h5 fail on one rank only (a test seam): every
-#                   rank refuses step-6.h5 and resumes at step 3
+#                   rank refuses step-6.h5, naming the chunks that rank could not read and its
+#                   error (not a checksum mismatch), and resumes at step 3
 # A resumed run continues the original run's losses (within 1e-5 relative).
 source "$(dirname "$0")/lib.sh"
 
@@ -131,7 +132,8 @@ case "$MODE" in
     train R 2 "${RUN[@]}" --train.log-file=R.jsonl
     MPIEXEC=("${saved[@]}")
     expect_rc R 0
-    expect_report R "step-6\.h5" "checksum mismatch" "transformer.wte.weight"
+    expect_report R "step-6\.h5" "transformer.wte.weight: chunk" "could not be read on rank 1:" \
+      "H5Dread failed (DT_TEST_CKPT_READ_FAIL on rank 1"
     expect_line R "resumed from .*D/step-3\.h5 at step 3 "
     steplog steps R.jsonl 4 6
     steplog same B.jsonl R.jsonl 4 6 1e-5
