@@ -125,7 +125,9 @@ int main(int argc, char** argv) {
       }))
     return 2;
   if (!phase([&] { dt::check_same_data(rt.world(), data, cfg.data_path); })) return 2;
-  if (!phase([&] { dt::check_same_options(rt.world(), cfg.config_text); })) return 2;
+  if (!phase(
+          [&] { dt::check_same_options(rt.world(), cfg.config_text, opts.node_local_options()); }))
+    return 2;
   // This run's claim on its checkpoint folder (rank 0 writes the commits there), before anything
   // is allocated: a second run pointed at the same folder is refused, naming the first.
   // The other ranks wait for rank 0's claim in the phase's agreement (up to ckpt.lock-wait-s).

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dt {
@@ -28,12 +29,21 @@ class Options {
   Options& add(const std::string& name, std::string* target, std::string def, std::string help,
                std::vector<std::string> choices = {});
   Options& add(const std::string& name, bool* target, bool def, std::string help);
+  /// A setting of two words, `words.first` for true and `words.second` for false, held as a bool.
+  Options& add(const std::string& name, bool* target, bool def, std::string help,
+               const std::pair<std::string, std::string>& words);
   Options& add(const std::string& name, long* target, long def, std::string help,
                std::optional<long> min = std::nullopt, std::optional<long> max = std::nullopt);
   Options& add(const std::string& name, int* target, int def, std::string help,
                std::optional<int> min = std::nullopt, std::optional<int> max = std::nullopt);
   Options& add(const std::string& name, double* target, double def, std::string help,
                std::optional<double> min = std::nullopt, std::optional<double> max = std::nullopt);
+
+  /// Marks the option added last as node-local: its value may differ between the ranks of one
+  /// job (a path, a port, a device on the rank's own node).
+  Options& node_local();
+  /// The names of the node-local options, in the order they were added.
+  std::vector<std::string> node_local_options() const;
 
   /// Parses argv (argv[0] is skipped). Returns false when --help was given (help already printed
   /// to stdout); true when targets hold the settings. Throws dt::ConfigError on any bad input.

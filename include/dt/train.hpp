@@ -108,7 +108,6 @@ struct TrainConfig {
   std::string test_sim_placement = "block";  ///< testing only: block | cyclic
   RankSite site;  ///< where this rank runs (set by the app from the runtime)
   // mixed precision
-  std::string attention = "flash";  ///< model.attention: flash | full (GptConfig::flash_attention)
   std::string dtype = "fp32";  ///< fp32 | bf16 | fp16: storage of the compute weights and gradients
   std::string grad_reduce = "fp32";  ///< fp32 | bf16: what the data-parallel gradient all_reduce carries
   double loss_scale_initial = 65536;
@@ -156,8 +155,10 @@ void check_same_data(Comm& world, const TokenFile& data, const std::string& path
 /// differs between nodes, say). Options that name what is local to a node (the config file's
 /// path, the data's and the key file's paths, the device and its plugin path, threads and
 /// binding, the QoS files, the metrics port, host and textfile, the trace and dump folders, the
-/// step log) may differ: the data's content is checked by check_same_data.
-void check_same_options(Comm& world, const std::string& options);
+/// step log), those Options::node_local marks and `node_local` names, may differ: the data's
+/// content is checked by check_same_data.
+void check_same_options(Comm& world, const std::string& options,
+                        const std::vector<std::string>& node_local);
 
 /// One optimiser step's figures (identical on every rank).
 struct StepStats {

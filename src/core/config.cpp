@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -26,6 +27,8 @@ struct Options::Impl {
   std::vector<std::pair<std::string, std::function<std::string()>>> checks;
   std::vector<std::pair<std::string, std::string>> types;  // name -> expected kind
   std::vector<std::pair<std::string, std::function<std::string()>>> values;
+  std::vector<std::string> node_local;
+  std::deque<std::string> words;  // the text of each two-word setting, which Boost parses into
   std::string config_path;
 
   std::string expected(const std::string& name) const {
@@ -74,6 +77,34 @@ Options& Options::add(const std::string& name, bool* target, bool def, std::stri
   impl_->values.emplace_back(name, [target] { return *target ? "true" : "false"; });
   return *this;
 }
+
+Options& Options::add(const std::string& name, bool* target, bool def, std::string help,
+                      const std::pair<std::string, std::string>& words) {
+  const auto& [yes, no] = words;
+  const std::string list = yes + "|" + no;
+  std::string* text = &impl_->words.emplace_back(def ? yes : no);
+  *target = def;
+  impl_->types.emplace_back(name, "one of " + list);
+  // Checked and converted after parsing, with the other checks.
+  impl_->checks.emplace_back(name, [target, text, yes = yes, no = no, list]() -> std::string {
+    if (*text != yes && *text != no) return "'" + *text + "' is not one of " + list;
+    *target = *text == yes;
+    return {};
+  });
+  help += " {" + list + "}";
+  impl_->desc.add_options()(
+      name.c_str(), po::value<std::string>(text)->default_value(def ? yes : no), help.c_str());
+  impl_->values.emplace_back(name, [target, yes = yes, no = no] { return *target ? yes : no; });
+  return *this;
+}
+
+Options& Options::node_local() {
+  DT_CHECK(InvalidArgument, !impl_->values.empty(), "Options::node_local: no option added yet");
+  impl_->node_local.push_back(impl_->values.back().first);
+  return *this;
+}
+
+std::vector<std::string> Options::node_local_options() const { return impl_->node_local; }
 
 namespace {
 // Numbers as a user would write them: 0.1, 1e-08, 1048576.

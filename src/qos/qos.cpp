@@ -123,8 +123,10 @@ void add_options(Options& o, Settings& s) {
         "QoS tier record of the job (written by slurm/prolog): auto (the record of "
         "$SLURM_JOB_ID in qos.state-dir/$SLURM_CLUSTER_NAME or qos.state-dir, if any), none, "
         "or a file")
+      .node_local()
       .add("qos.state-dir", &s.state_dir, "/run/dt-qos",
-           "where slurm/prolog writes its records (its DT_QOS_STATE_DIR)");
+           "where slurm/prolog writes its records (its DT_QOS_STATE_DIR)")
+      .node_local();
 }
 
 std::string record_path(const Settings& s) {

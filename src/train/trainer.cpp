@@ -39,16 +39,22 @@ std::atomic<int> g_drain{0};
 static_assert(std::atomic<int>::is_always_lock_free, "the drain flag must be async-signal-safe");
 extern "C" void on_drain_signal(int) { g_drain.store(1, std::memory_order_relaxed); }
 
-// The value of option `name` in a config text of "name = value" lines (Options::dump, as a
-// checkpoint stores it); empty where the text lacks it.
-std::string config_value(const std::string& text, const std::string& name) {
-  const std::string key = name + " = ";
-  for (std::size_t at = 0; at < text.size();) {
-    const std::size_t end = std::min(text.find('\n', at), text.size());
-    if (text.compare(at, key.size(), key) == 0)
-      return text.substr(at + key.size(), end - at - key.size());
-    at = end + 1;
+// The (name, value) pairs of a config text of "name = value" lines (Options::dump, as a
+// checkpoint stores it), in order.
+std::vector<std::pair<std::string, std::string>> config_lines(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::istringstream is(text);
+  for (std::string line; std::getline(is, line);) {
+    const auto eq = line.find(" = ");
+    if (eq != std::string::npos) out.emplace_back(line.substr(0, eq), line.substr(eq + 3));
   }
+  return out;
+}
+
+// The value of option `name` in a config text; empty where the text lacks it.
+std::string config_value(const std::string& text, const std::string& name) {
+  for (auto& [n, v] : config_lines(text))
+    if (n == name) return v;
   return "";
 }
 
@@ -80,12 +86,13 @@ void add_train_options(Options& o, TrainConfig& c) {
            "parameters keep model.vocab rows and the padding never gets probability (0, 1: no "
            "padding)",
            0, 1 << 16)
-      .add("model.attention", &c.attention, "flash",
+      .add("model.attention", &c.model.flash_attention, true,
            "what attention keeps for its backward: flash, one log-sum-exp per query row (the "
            "backward recomputes the probabilities; on a device without the flash_attention "
            "kernels, ABI version 4, it falls back to full), or full, the T x T probabilities",
            {"flash", "full"})
       .add("data.path", &c.data_path, "", "training text or token file (required)")
+      .node_local()
       .add("data.format", &c.data_format, "auto",
            "bytes: any file, vocab 256; llmc: llm.c token file (header, uint16 GPT-2 tokens); "
            "u16: uint16 GPT-2 tokens without a header (nanoGPT's train.bin); auto: llmc or bytes",
@@ -103,6 +110,7 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("train.log-every", &c.log_every, 10, "steps between progress lines", 1L, 1L << 40)
       .add("train.log-file", &c.log_file, "",
            "append one JSON line per step (full-precision loss, lr, norm, val loss) to this file")
+      .node_local()
       .add("train.eval-every", &c.eval_every, 50,
            "steps between validation losses (0: only first and last)", 0L, 1L << 40)
       .add("train.eval-windows", &c.eval_windows, 32, "fixed validation windows per evaluation", 1L,
@@ -129,17 +137,23 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("sample.prompt", &c.sample_prompt, "\n", "text that starts the sample (byte vocab)")
       .add("runtime.device", &c.device, "cpu",
            "device plugin: cpu (built in) or NAME for libdt_hal_NAME.so")
+      .node_local()
       .add("runtime.device-index", &c.device_index, -1,
            "device of the plugin each rank opens (-1: the rank's local rank modulo the number of "
            "devices, so the ranks of a node spread over its GPUs)",
            -1L, 1L << 20)
+      .node_local()
       .add("runtime.plugin-path", &c.plugin_path, "",
            "colon-separated directories searched for device plugins (empty: next to the binary)")
+      .node_local()
       .add("runtime.threads", &c.threads, 1, "BLAS threads per rank", 1L, 1024L)
+      .node_local()
       .add("runtime.bind", &c.bind, "auto", "CPU binding of each local rank",
            {"auto", "cores", "none"})
+      .node_local()
       .add("runtime.pmix", &c.pmix, true, "use PMIx job information when the launcher provides it")
       .add("print-config", &c.print_config, false, "print the effective configuration and go on")
+      .node_local()
       .add("ckpt.dir", &c.ckpt_dir, "", "checkpoint directory (empty: no checkpoints)")
       .add("ckpt.every", &c.ckpt_every, 0, "steps between checkpoints (0: only at the end)", 0L,
            1L << 40)
@@ -180,6 +194,7 @@ void add_train_options(Options& o, TrainConfig& c) {
            0.0, 1e9)
       .add("comm.dump-dir", &c.comm_dump_dir, ".",
            "folder for the watchdog's dump dt-watchdog-rank<R>.json (the job's output folder)")
+      .node_local()
       .add("test.stall-rank", &c.test_stall_rank, -1,
            "testing only: this rank stops at the start of step test.skip-step, before its "
            "pipeline messages and collectives, so the others hang waiting for it and the "
@@ -298,6 +313,7 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("security.key_file", &c.key_file, "",
            "32-byte job key (owned by the job's user, no group or other permissions; distribute "
            "it with sbcast); needed by security.seal and ckpt.encrypt")
+      .node_local()
       .add("security.exempt-node-local", &c.seal_exempt_node_local, false,
            "traffic between ranks of one node (shared memory) stays unsealed")
       .add("security.shm", &c.seal_shm, true,
@@ -321,10 +337,13 @@ void add_train_options(Options& o, TrainConfig& c) {
         "HTTP /metrics of each rank on this port plus its local rank (0: off; -1: a free port, "
         "printed)",
         -1, 65535)
+      .node_local()
       .add("metrics.host", &c.metrics_host, "0.0.0.0", "address the /metrics endpoint listens on")
+      .node_local()
       .add("metrics.textfile", &c.metrics_textfile, "",
            "file for node_exporter's textfile collector, rewritten atomically every "
            "metrics.every steps and at the end; {rank} becomes the rank")
+      .node_local()
       .add("metrics.push-url", &c.metrics_push_url, "",
            "Pushgateway (http://HOST:PORT): each rank pushes every metrics.every steps and at the "
            "end, as job metrics.job, instance = rank; a failed push is a warning")
@@ -342,7 +361,8 @@ void add_train_options(Options& o, TrainConfig& c) {
            1.0, 1e18)
       .add("trace.dir", &c.trace_dir, "",
            "write a Chrome trace-event timeline of each rank to DIR/trace-rank<R>.json (empty: "
-           "off)");
+           "off)")
+      .node_local();
 }
 
 void check_same_data(Comm& world, const TokenFile& data, const std::string& path) {
@@ -366,7 +386,8 @@ void check_same_data(Comm& world, const TokenFile& data, const std::string& path
            ": every rank must read the same data");
 }
 
-void check_same_options(Comm& world, const std::string& options) {
+void check_same_options(Comm& world, const std::string& options,
+                        const std::vector<std::string>& node_local) {
   std::uint64_t len = options.size();
   world.broadcast(view_of(reinterpret_cast<std::uint8_t*>(&len), sizeof len), 0);
   std::vector<std::uint8_t> text(static_cast<std::size_t>(len));
@@ -374,33 +395,8 @@ void check_same_options(Comm& world, const std::string& options) {
   if (len > 0) world.broadcast(view_of(text), 0);
   const std::string first(text.begin(), text.end());
   if (first == options) return;
-  // "name = value" lines, in rank 0's order.
-  auto parse = [](const std::string& t) {
-    std::vector<std::pair<std::string, std::string>> out;
-    std::istringstream is(t);
-    for (std::string line; std::getline(is, line);) {
-      const auto eq = line.find(" = ");
-      if (eq != std::string::npos) out.emplace_back(line.substr(0, eq), line.substr(eq + 3));
-    }
-    return out;
-  };
-  static const std::set<std::string> kNodeLocal = {"data.path",
-                                                   "security.key_file",
-                                                   "runtime.device",
-                                                   "runtime.device-index",
-                                                   "runtime.plugin-path",
-                                                   "runtime.threads",
-                                                   "runtime.bind",
-                                                   "comm.dump-dir",
-                                                   "trace.dir",
-                                                   "metrics.textfile",
-                                                   "metrics.port",
-                                                   "metrics.host",
-                                                   "qos.file",
-                                                   "qos.state-dir",
-                                                   "train.log-file",
-                                                   "print-config"};
-  const auto theirs = parse(first), mine = parse(options);
+  const std::set<std::string> kNodeLocal(node_local.begin(), node_local.end());
+  const auto theirs = config_lines(first), mine = config_lines(options);  // rank 0's order
   const std::map<std::string, std::string> mine_by(mine.begin(), mine.end()),
       theirs_by(theirs.begin(), theirs.end());
   char host[256] = "?";
@@ -423,7 +419,6 @@ void check_same_options(Comm& world, const std::string& options) {
 }
 
 TokenFile validate_and_load(TrainConfig& c) {
-  c.model.flash_attention = c.attention == "flash";
   DT_CHECK(ConfigError, !c.data_path.empty(), "option --data.path is required (a text file or an ",
            "llm.c token file)");
   DT_CHECK(ConfigError, c.model.embd % c.model.heads == 0, "option --model.heads: ", c.model.heads,
@@ -508,7 +503,8 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   const std::vector<RankSite> sites = gather_sites(comm_, site_of(c_, comm_.rank(), comm_.size()));
   std::map<int, int> per_node;
   for (const RankSite& s : sites) ++per_node[s.node];
-  c_.model.flash_attention = flash_attention(dev_, c_.model.flash_attention);
+  const bool flash_wanted = c_.model.flash_attention;  // model.attention=flash
+  c_.model.flash_attention = flash_attention(dev_, flash_wanted);
   PlanRequest pr;
   pr.model = c_.model;
   pr.batch = c_.batch;
@@ -554,7 +550,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
            dev_.origin(), ") has no cast kernel to round the gradients with");
   if (graph_engine || c_.print_plan) mesh_ = std::make_unique<DeviceMesh>(comm_, L, sites);
   if (c_.print_plan) return;  // nothing is allocated: print_plan() is all this trainer does
-  if (c_.attention == "flash" && !c_.model.flash_attention)
+  if (flash_wanted && !c_.model.flash_attention)
     log("dt_train: device '" + dev_.name() + "' (ABI version " +
         std::to_string(dev_.abi_version()) +
         ") has no flash_attention kernels: attention keeps its probabilities "

@@ -352,6 +352,68 @@ TEST_CASE("Options: dump lists every option as parsed, in declaration order") {
         "train.mode = slow\n");
 }
 
+TEST_CASE("Options: a setting of two words held as a bool") {
+  TempDir dir;
+  auto parse = [](std::vector<const char*> args, bool def, bool& flash) {
+    dt::Options o{"app", "a test app"};
+    o.add("model.attention", &flash, def, "attention", {"flash", "full"});
+    args.insert(args.begin(), "app");
+    CHECK(o.parse(static_cast<int>(args.size()), args.data()));
+    return o.dump();
+  };
+  bool flash = false;
+  CHECK(parse({}, true, flash) == "model.attention = flash\n");
+  CHECK(flash);
+  CHECK(parse({}, false, flash) == "model.attention = full\n");
+  CHECK(!flash);
+  CHECK(parse({"--model.attention=full"}, true, flash) == "model.attention = full\n");
+  CHECK(!flash);
+  CHECK(parse({"--model.attention", "flash"}, false, flash) == "model.attention = flash\n");
+  CHECK(flash);
+  const std::string ini = dir.write("run.ini", "[model]\nattention = full\n");
+  CHECK(parse({"--config", ini.c_str()}, true, flash) == "model.attention = full\n");
+  CHECK(!flash);
+  // Neither word: refused, naming the option, the words and where the value came from; the
+  // target keeps its default until a value is accepted.
+  for (const auto& [arg, where] : std::vector<std::pair<std::string, std::string>>{
+           {"--model.attention=true", "command line"},
+           {"--model.attention=ful", "command line"},
+           {"--model.attention=Flash", "command line"}}) {
+    CAPTURE(arg);
+    dt::Options o{"app", "a test app"};
+    bool f = false;
+    o.add("model.attention", &f, true, "attention", {"flash", "full"});
+    const char* argv[] = {"app", arg.c_str()};
+    try {
+      o.parse(2, argv);
+      FAIL_CHECK("no ConfigError");
+    } catch (const dt::ConfigError& e) {
+      const std::string msg = e.message();
+      CAPTURE(msg);
+      CHECK(msg.find("--model.attention") != std::string::npos);
+      CHECK(msg.find("flash|full") != std::string::npos);
+      CHECK(msg.find(where) != std::string::npos);
+    }
+  }
+  {
+    dt::Options o{"app", "a test app"};
+    bool f = false;
+    o.add("model.attention", &f, true, "attention", {"flash", "full"});
+    CHECK(o.help().find("{flash|full}") != std::string::npos);
+  }
+}
+
+TEST_CASE("Options: node_local marks the option added last") {
+  std::string a, b, c;
+  dt::Options o{"app", "a test app"};
+  o.add("data.path", &a, "", "data").node_local().add("train.mode", &b, "x", "mode");
+  o.add("trace.dir", &c, "", "traces").node_local();
+  CHECK(o.node_local_options() == std::vector<std::string>{"data.path", "trace.dir"});
+  dt::Options none{"app", "a test app"};
+  CHECK(none.node_local_options().empty());
+  CHECK_THROWS_AS(none.node_local(), dt::InvalidArgument);
+}
+
 TEST_CASE("run_with_config_errors maps ConfigError to exit code 2") {
   CHECK(dt::run_with_config_errors("app", [] { return 0; }) == 0);
   CHECK(dt::run_with_config_errors("app", [] { return 5; }) == 5);
