@@ -395,14 +395,14 @@ void check_same_options(Comm& world, const std::string& options,
   if (len > 0) world.broadcast(view_of(text), 0);
   const std::string first(text.begin(), text.end());
   if (first == options) return;
-  const std::set<std::string> kNodeLocal(node_local.begin(), node_local.end());
+  const std::set<std::string> local(node_local.begin(), node_local.end());
   const auto theirs = config_lines(first), mine = config_lines(options);  // rank 0's order
   const std::map<std::string, std::string> mine_by(mine.begin(), mine.end()),
       theirs_by(theirs.begin(), theirs.end());
   char host[256] = "?";
   ::gethostname(host, sizeof host - 1);
   for (const auto& [name, value] : theirs) {
-    if (kNodeLocal.count(name)) continue;
+    if (local.count(name)) continue;
     const auto it = mine_by.find(name);
     DT_CHECK(ConfigError, it != mine_by.end(), "option --", name, " (", value,
              " on rank 0) is unknown to dt_train on this rank's node (", host,
@@ -413,7 +413,7 @@ void check_same_options(Comm& world, const std::string& options,
              "differs between nodes?)");
   }
   for (const auto& [name, value] : mine)
-    DT_CHECK(ConfigError, kNodeLocal.count(name) || theirs_by.count(name), "option --", name, " (",
+    DT_CHECK(ConfigError, local.count(name) || theirs_by.count(name), "option --", name, " (",
              value, " here, on node ", host,
              ") is unknown to rank 0's dt_train: every rank must run the same dt_train");
 }
