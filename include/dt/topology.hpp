@@ -9,7 +9,8 @@ namespace dt {
 
 /// How the runtime binds each local rank to cores.
 enum class BindMode {
-  automatic,  ///< keep a binding the launcher already made (srun --cpu-bind, mpirun), else cores
+  automatic,  ///< keep a binding the launcher made for each rank (srun --cpu-bind=cores), split
+              ///< one that several local ranks share (mpirun --bind-to socket), else cores
   cores,      ///< always bind local rank r to its own share of the node's cores
   none,       ///< never change the binding
 };
@@ -39,7 +40,8 @@ struct Placement {
 
 /// The CPU binding of this process after start-up.
 struct Binding {
-  std::string mode;  ///< "cores" (dt bound it), "launcher" (kept), "none" (unbound)
+  std::string mode;  ///< "cores" (dt bound it), "split" (dt split a launcher's binding that
+                     ///< several local ranks share), "launcher" (kept), "none" (unbound)
   std::string cpus;  ///< logical PU list, e.g. "0-1" or "2"
   std::string numa;  ///< NUMA nodes those PUs belong to, e.g. "0"
 };

@@ -4,6 +4,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "../comm/mpi_comm.hpp"
 #include "../topo/hwloc_topo.hpp"
@@ -75,6 +78,28 @@ Placement mpi_placement(MpiComm& world, MpiComm& node) {
   return p;
 }
 
+// Every local rank's CPU list `mine`, by local rank (`local_rank` of each, which PMIx may order
+// otherwise than `node`'s ranks).
+std::vector<std::string> local_masks(MpiComm& node, int local_rank, const std::string& mine) {
+  int longest = static_cast<int>(mine.size());
+  node.all_reduce(view_of(&longest, 1), ReduceOp::max);
+  const std::size_t width = sizeof(int) + static_cast<std::size_t>(longest);
+  std::vector<std::uint8_t> own(width, 0), all(width * static_cast<std::size_t>(node.size()));
+  std::memcpy(own.data(), &local_rank, sizeof(int));
+  std::memcpy(own.data() + sizeof(int), mine.data(), mine.size());
+  node.all_gather(view_of(own), view_of(all));
+  std::vector<std::string> masks(static_cast<std::size_t>(node.size()));
+  for (int r = 0; r < node.size(); ++r) {
+    const char* rec = reinterpret_cast<const char*>(all.data()) + width * static_cast<std::size_t>(r);
+    int lr = 0;
+    std::memcpy(&lr, rec, sizeof(int));
+    DT_ASSERT(lr >= 0 && lr < node.size(), "local rank ", lr, " of ", node.size());
+    masks[static_cast<std::size_t>(lr)].assign(rec + sizeof(int),
+                                               strnlen(rec + sizeof(int), width - sizeof(int)));
+  }
+  return masks;
+}
+
 }  // namespace
 
 struct Runtime::Impl {
@@ -126,7 +151,11 @@ struct Runtime::Impl {
     }
     HwlocTopology hw;
     topo.machine = hw.describe();
-    topo.binding = hw.bind(opts.bind, topo.placement.local_rank, topo.placement.local_size);
+    const std::vector<std::string> masks =
+        opts.bind == BindMode::automatic
+            ? local_masks(*node, topo.placement.local_rank, hw.current("launcher").cpus)
+            : std::vector<std::string>(static_cast<std::size_t>(topo.placement.local_size));
+    topo.binding = hw.bind(opts.bind, topo.placement.local_rank, masks);
   }
 
   ~Impl() {

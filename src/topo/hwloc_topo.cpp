@@ -7,6 +7,8 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "dt/error.hpp"
 
@@ -123,37 +125,62 @@ Binding HwlocTopology::current(const char* mode) const {
   return b;
 }
 
-Binding HwlocTopology::bind(BindMode mode, int local_rank, int local_size) {
+std::pair<int, int> share_of(int items, int index, int count) {
+  DT_ASSERT(items > 0 && count > 0 && index >= 0 && index < count, "share_of(", items, ", ",
+            index, ", ", count, ")");
+  if (count > items) return {index % items, index % items + 1};
+  return {static_cast<int>(static_cast<long>(index) * items / count),
+          static_cast<int>(static_cast<long>(index + 1) * items / count)};
+}
+
+std::pair<int, int> sharers_of(const std::vector<std::string>& masks, int me) {
+  DT_ASSERT(me >= 0 && static_cast<std::size_t>(me) < masks.size(), "local rank ", me, " of ",
+            masks.size());
+  int index = 0, count = 0;
+  for (std::size_t r = 0; r < masks.size(); ++r) {
+    if (masks[r] != masks[static_cast<std::size_t>(me)]) continue;
+    if (static_cast<int>(r) < me) ++index;
+    ++count;
+  }
+  return {index, count};
+}
+
+Binding HwlocTopology::bind(BindMode mode, int local_rank, const std::vector<std::string>& masks) {
   if (mode == BindMode::none) {
     return current("none");
   }
   Bitmap cur = make_bitmap();
   const bool have_cur = hwloc_get_cpubind(t_, cur.get(), HWLOC_CPUBIND_PROCESS) == 0;
   hwloc_const_cpuset_t allowed = hwloc_topology_get_allowed_cpuset(t_);
-  if (mode == BindMode::automatic && have_cur && !hwloc_bitmap_isincluded(allowed, cur.get()))
-    return current("launcher");
-
-  const int cores = hwloc_get_nbobjs_by_type(t_, HWLOC_OBJ_CORE);
-  if (cores <= 0 || local_size <= 0) return current("none");
-  int first, last;  // [first, last)
-  if (local_size <= cores) {
-    first = static_cast<int>(static_cast<long>(local_rank) * cores / local_size);
-    last = static_cast<int>(static_cast<long>(local_rank + 1) * cores / local_size);
-  } else {
-    first = local_rank % cores;
-    last = first + 1;
+  // What is split, among how many ranks: the node's cores among all local ranks, or the
+  // launcher's binding among the local ranks it was given to.
+  Bitmap region = make_bitmap();
+  hwloc_bitmap_copy(region.get(), allowed);
+  int index = local_rank, count = static_cast<int>(masks.size());
+  const char* done = "cores";
+  if (mode == BindMode::automatic && have_cur && !hwloc_bitmap_isincluded(allowed, cur.get())) {
+    std::tie(index, count) = sharers_of(masks, local_rank);
+    if (count <= 1) return current("launcher");
+    hwloc_bitmap_and(region.get(), cur.get(), allowed);
+    done = "split";
   }
+  std::vector<hwloc_obj_t> cores;
+  for (hwloc_obj_t c = hwloc_get_next_obj_by_type(t_, HWLOC_OBJ_CORE, nullptr); c;
+       c = hwloc_get_next_obj_by_type(t_, HWLOC_OBJ_CORE, c))
+    if (c->cpuset && hwloc_bitmap_intersects(c->cpuset, region.get())) cores.push_back(c);
+  if (cores.empty() || count <= 0) return current("none");
+  if (std::strcmp(done, "split") == 0 && cores.size() == 1) return current("launcher");
+  const auto [first, last] = share_of(static_cast<int>(cores.size()), index, count);
   Bitmap set = make_bitmap();
-  for (int c = first; c < last; ++c) {
-    hwloc_obj_t core = hwloc_get_obj_by_type(t_, HWLOC_OBJ_CORE, static_cast<unsigned>(c));
-    if (core && core->cpuset) hwloc_bitmap_or(set.get(), set.get(), core->cpuset);
-  }
+  for (int c = first; c < last; ++c)
+    hwloc_bitmap_or(set.get(), set.get(), cores[static_cast<std::size_t>(c)]->cpuset);
+  hwloc_bitmap_and(set.get(), set.get(), region.get());
   if (hwloc_set_cpubind(t_, set.get(), HWLOC_CPUBIND_PROCESS) != 0) {
     Binding b = current("none");
     b.mode = std::string("failed (") + std::strerror(errno) + ")";
     return b;
   }
-  return current("cores");
+  return current(done);
 }
 
 }  // namespace dt

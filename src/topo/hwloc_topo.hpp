@@ -3,9 +3,21 @@
 
 #include <hwloc.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "dt/topology.hpp"
 
 namespace dt {
+
+/// Member `index` of `count`'s share of `items` items, as [first, last): contiguous, near-equal
+/// and disjoint when count <= items; item index mod items (one each, shared) otherwise.
+std::pair<int, int> share_of(int items, int index, int count);
+
+/// The local ranks whose binding is local rank `me`'s (`masks[r]`: local rank r's CPU list):
+/// `me`'s position among them and their number.
+std::pair<int, int> sharers_of(const std::vector<std::string>& masks, int me);
 
 /// Move-only owner of a loaded hwloc topology (I/O devices included, for GPUs).
 class HwlocTopology {
@@ -20,10 +32,14 @@ class HwlocTopology {
 
   /// Counts packages, NUMA nodes, cores, PUs and GPUs this process may use.
   MachineInfo describe() const;
-  /// Applies `mode` for local rank `local_rank` of `local_size` and reports the result.
-  /// Cores are split into contiguous, near-equal shares; with more ranks than cores, rank r
-  /// gets core r mod cores. A failed bind call is reported (mode "failed: ..."), not thrown.
-  Binding bind(BindMode mode, int local_rank, int local_size);
+  /// Applies `mode` for local rank `local_rank` and reports the result. `masks` holds every local
+  /// rank's binding as the launcher left it (current().cpus, by local rank; its size is the
+  /// number of local ranks). The node's cores, or under BindMode::automatic a launcher's binding
+  /// that several local ranks share (mpirun's --bind-to socket or numa, say), are split among the
+  /// ranks that hold them (share_of over the cores, in local rank order): mode "cores" or
+  /// "split". A launcher's binding of this rank alone, or one core shared, is kept ("launcher").
+  /// A failed bind call is reported (mode "failed (...)"), not thrown.
+  Binding bind(BindMode mode, int local_rank, const std::vector<std::string>& masks);
   /// The binding as it is now.
   Binding current(const char* mode) const;
 

@@ -1,9 +1,11 @@
 // Runtime, topology and MPI error conversion under real ranks.
-//   test_runtime [cores|none|auto] [pmix|nopmix]
+//   test_runtime [cores|none|auto] [pmix|nopmix] [MODE]
+// MODE: the binding mode every rank must report (cores, launcher, split, none).
 #include <mpi.h>
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -59,6 +61,8 @@ int main(int argc, char** argv) {
   dt::RuntimeOptions ro;
   ro.bind = dt::parse_bind_mode(bind);
   ro.use_pmix = use_pmix;
+  const std::string want_mode = argc > 3 ? argv[3] : "";
+  const std::vector<int> launcher = affinity();  // as the launcher left it
   dt::Runtime rt(&argc, &argv, ro);
   me = rt.rank();
   const auto& t = rt.topology();
@@ -146,6 +150,15 @@ int main(int argc, char** argv) {
     }
   }
   if (bind == "none") EXPECT(t.binding.mode == "none", "mode '%s'", t.binding.mode.c_str());
+  if (!want_mode.empty())
+    EXPECT(t.binding.mode == want_mode, "mode '%s', expected '%s'", t.binding.mode.c_str(),
+           want_mode.c_str());
+  // A binding kept or split stays inside what the launcher gave.
+  if (t.binding.mode == "launcher") EXPECT(cpus == launcher, "launcher binding changed");
+  if (t.binding.mode == "split")
+    for (int c : cpus)
+      EXPECT(std::find(launcher.begin(), launcher.end(), c) != launcher.end(),
+             "cpu %d is outside the launcher's binding", c);
   MPI_Comm_free(&shm);
 
   // node_peers (which ranks a sealed channel may exempt as node-local): the other ranks whose

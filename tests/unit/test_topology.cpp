@@ -1,0 +1,146 @@
+// dt::HwlocTopology's binding: how cores are shared out, which ranks share a launcher's binding,
+// and bind() on this machine (read back with sched_getaffinity, as the kernel enforces it).
+#include <doctest/doctest.h>
+#include <sched.h>
+
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "topo/hwloc_topo.hpp"
+
+namespace {
+
+std::set<int> affinity() {
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  REQUIRE(sched_getaffinity(0, sizeof s, &s) == 0);
+  std::set<int> out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &s)) out.insert(c);
+  return out;
+}
+
+// Binds every thread of this process to `cpus`, as a launcher binds a process before it starts
+// (bind() reads the binding of the whole process: the union of its threads').
+void set_affinity(const std::set<int>& cpus) {
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  for (int c : cpus) CPU_SET(c, &s);
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task"))
+    REQUIRE(sched_setaffinity(std::stoi(task.path().filename().string()), sizeof s, &s) == 0);
+}
+
+std::string list(const std::set<int>& cpus) {
+  std::string s;
+  for (int c : cpus) s += (s.empty() ? "" : ",") + std::to_string(c);
+  return s;
+}
+
+// Restores this process's CPU set when a test case ends.
+struct KeepAffinity {
+  std::set<int> before = affinity();
+  ~KeepAffinity() { set_affinity(before); }
+};
+
+}  // namespace
+
+TEST_CASE("share_of: contiguous, disjoint shares that cover every item; round robin past that") {
+  for (int items = 1; items <= 9; ++items)
+    for (int count = 1; count <= items; ++count) {
+      int next = 0;
+      for (int i = 0; i < count; ++i) {
+        const auto [first, last] = dt::share_of(items, i, count);
+        CHECK(first == next);
+        CHECK(last > first);
+        CHECK(last - first <= (items + count - 1) / count);
+        next = last;
+      }
+      CHECK(next == items);
+    }
+  CHECK(dt::share_of(2, 0, 5) == std::pair<int, int>{0, 1});
+  CHECK(dt::share_of(2, 3, 5) == std::pair<int, int>{1, 2});
+  CHECK(dt::share_of(2, 4, 5) == std::pair<int, int>{0, 1});
+}
+
+TEST_CASE("sharers_of: the local ranks given the same binding, in local rank order") {
+  // mpirun --bind-to socket, 6 ranks by slot on two sockets of 8 cores: 0-2 on the first.
+  const std::vector<std::string> socket{"0-15", "0-15", "0-15", "16-31", "16-31", "16-31"};
+  CHECK(dt::sharers_of(socket, 0) == std::pair<int, int>{0, 3});
+  CHECK(dt::sharers_of(socket, 2) == std::pair<int, int>{2, 3});
+  CHECK(dt::sharers_of(socket, 3) == std::pair<int, int>{0, 3});
+  CHECK(dt::sharers_of(socket, 5) == std::pair<int, int>{2, 3});
+  // By node (round robin): the same masks interleaved.
+  const std::vector<std::string> rr{"0-15", "16-31", "0-15", "16-31"};
+  CHECK(dt::sharers_of(rr, 2) == std::pair<int, int>{1, 2});
+  CHECK(dt::sharers_of(rr, 1) == std::pair<int, int>{0, 2});
+  // srun --cpu-bind=cores: every rank its own.
+  const std::vector<std::string> own{"0", "1", "2", "3"};
+  for (int r = 0; r < 4; ++r) CHECK(dt::sharers_of(own, r) == std::pair<int, int>{0, 1});
+}
+
+TEST_CASE("bind: unbound ranks split the node; a launcher's binding of one rank or one core is kept") {
+  KeepAffinity keep;
+  const std::set<int> all = keep.before;
+  dt::HwlocTopology hw;
+  const std::string whole = hw.current("x").cpus;
+
+  SUBCASE("unbound ranks split the node's cores") {
+    const std::vector<std::string> masks(2, whole);
+    const dt::Binding b = hw.bind(dt::BindMode::automatic, 1, masks);
+    CHECK(b.mode == "cores");
+    const std::set<int> got = affinity();
+    if (all.size() >= 2) CHECK(got.size() < all.size());
+  }
+  if (all.size() < 2) return;
+  const int first = *all.begin();
+  SUBCASE("a binding this rank alone holds is kept") {
+    set_affinity({first});
+    const std::vector<std::string> masks{std::to_string(first), whole};
+    const dt::Binding b = hw.bind(dt::BindMode::automatic, 0, masks);
+    CHECK(b.mode == "launcher");
+    CHECK(affinity() == std::set<int>{first});
+  }
+  SUBCASE("one core shared: nothing to split, kept") {
+    set_affinity({first});
+    const std::vector<std::string> masks(3, std::to_string(first));
+    const dt::Binding b = hw.bind(dt::BindMode::automatic, 2, masks);
+    CHECK(b.mode == "launcher");
+    CHECK(affinity() == std::set<int>{first});
+  }
+  SUBCASE("cores mode ignores the launcher's binding") {
+    set_affinity({first});
+    const std::vector<std::string> masks{std::to_string(first)};
+    const dt::Binding b = hw.bind(dt::BindMode::cores, 0, masks);
+    CHECK(b.mode == "cores");
+    CHECK(affinity() == all);
+  }
+}
+
+TEST_CASE("bind: a launcher's binding of several cores shared by two ranks: disjoint halves") {
+  KeepAffinity keep;
+  const std::set<int> all = keep.before;
+  if (all.size() < 3) {
+    MESSAGE("SKIP: a shared launcher binding of 2+ cores that is not the whole node needs 3 CPUs "
+            "or more; this process may use ",
+            all.size());
+    return;
+  }
+  dt::HwlocTopology hw;
+  const std::string whole = hw.current("x").cpus;
+  const std::set<int> mine(std::next(all.begin()), all.end());  // all but the first
+  const std::vector<std::string> masks{whole, list(mine), list(mine)};
+  std::set<int> seen;
+  for (int lr = 1; lr <= 2; ++lr) {
+    set_affinity(mine);
+    const dt::Binding b = hw.bind(dt::BindMode::automatic, lr, masks);
+    CHECK(b.mode == "split");
+    const std::set<int> got = affinity();
+    CHECK(!got.empty());
+    for (int c : got) {
+      CHECK(mine.count(c) == 1);
+      CHECK(seen.insert(c).second);
+    }
+  }
+}
