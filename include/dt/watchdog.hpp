@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <mpi.h>
 
@@ -68,6 +69,12 @@ class LimitScope {
  private:
   double prev_;
 };
+
+/// Registers the world ranks of communicator `comm` (the name its records carry), so that a hang
+/// on it is judged among its members alone: a rank outside it has not "not reached" it. A name
+/// registered again takes the new members. Communicators without members registered are judged
+/// among every rank.
+void note_members(const std::string& comm, std::vector<int> world_ranks);
 
 /// What the calling rank is doing, for the dump ("forward", "checkpoint save"); `what` must be a
 /// string literal. `step` < 0: not in a step.

@@ -362,6 +362,11 @@ char* at(const void* p, std::size_t elems, DType t) {
 
 }  // namespace
 
+std::string split_name(const std::string& parent, int nth, int color) {
+  return parent + "/split" + (nth > 1 ? std::to_string(nth) : std::string()) + "(" +
+         std::to_string(color) + ")";
+}
+
 std::unique_ptr<MpiComm> MpiComm::dup(MPI_Comm parent, std::string name) {
   MPI_Comm c = MPI_COMM_NULL;
   int rank = 0;
@@ -375,6 +380,19 @@ MpiComm::MpiComm(MPI_Comm c, std::string name, std::shared_ptr<MpiOps> ops)
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  // The world ranks of the members, so that the hang watchdog judges a collective on this
+  // communicator among them alone.
+  MPI_Group g = MPI_GROUP_NULL, wg = MPI_GROUP_NULL;
+  if (MPI_Comm_group(comm_, &g) == MPI_SUCCESS && MPI_Comm_group(MPI_COMM_WORLD, &wg) == MPI_SUCCESS) {
+    std::vector<int> in(static_cast<std::size_t>(size_));
+    world_ranks_.resize(in.size());
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int>(i);
+    if (MPI_Group_translate_ranks(g, size_, in.data(), wg, world_ranks_.data()) != MPI_SUCCESS)
+      world_ranks_.clear();
+  }
+  if (g != MPI_GROUP_NULL) MPI_Group_free(&g);
+  if (wg != MPI_GROUP_NULL) MPI_Group_free(&wg);
+  if (!world_ranks_.empty()) watchdog::note_members(name_, world_ranks_);
 }
 
 MpiComm::~MpiComm() {
@@ -688,9 +706,11 @@ std::unique_ptr<Comm> MpiComm::split(int color, int key) { return split_mpi(colo
 std::unique_ptr<MpiComm> MpiComm::split_mpi(int color, int key) {
   MPI_Comm c = MPI_COMM_NULL;
   DT_MPI(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &c), rank_, name_);
+  // Every member calls split in the same order, so the count names a split alike on every rank:
+  // the first split of "world" gives "world/split(C)", its second "world/split2(C)", ...
+  ++splits_;
   if (c == MPI_COMM_NULL) return nullptr;
-  return std::unique_ptr<MpiComm>(
-      new MpiComm(c, name_ + "/split(" + std::to_string(color) + ")", ops_));
+  return std::unique_ptr<MpiComm>(new MpiComm(c, split_name(name_, splits_, color), ops_));
 }
 
 std::vector<int> MpiComm::node_peers() {

@@ -50,6 +50,11 @@ void on_every_rank(MPI_Comm comm, int rank, const std::string& name, const char*
 
 class MpiOps;
 
+/// The name of the `nth` split (counting from 1) of communicator `parent` for `color`:
+/// "PARENT/split(COLOR)" for the first, "PARENT/splitN(COLOR)" after it, so that communicators
+/// split from one parent never share a name (the hang watchdog tells them apart by it).
+std::string split_name(const std::string& parent, int nth, int color);
+
 class MpiComm final : public Comm {
  public:
   /// Duplicates `parent` (so dt traffic never matches user traffic), sets MPI_ERRORS_RETURN.
@@ -89,6 +94,8 @@ class MpiComm final : public Comm {
   /// (MPI_Comm_split_type SHARED, translated into this communicator's ranks): nothing gathered
   /// from other nodes decides it. Collective.
   std::vector<int> node_peers();
+  /// The world rank of each member (empty when MPI could not tell).
+  const std::vector<int>& world_ranks() const noexcept { return world_ranks_; }
 
   /// Largest element count passed to one MPI call for element-wise operations (all_reduce,
   /// broadcast, send/recv). Default 2^30; lowered only by tests to exercise the chunking.
@@ -108,6 +115,8 @@ class MpiComm final : public Comm {
   std::string name_;
   std::shared_ptr<MpiOps> ops_;
   std::size_t max_chunk_ = std::size_t{1} << 30;
+  std::vector<int> world_ranks_;
+  int splits_ = 0;  // split_mpi calls so far (collective: the same count on every member)
   std::uint64_t calls_ = 0;  // collectives called so far (the sequence number of the last)
 };
 

@@ -116,6 +116,7 @@ std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name
   c->name_ = std::move(name);
   c->cfg_ = cfg;
   c->mpi_ = MpiComm::dup(parent.handle(), c->name_ + "/mpi");
+  if (!c->mpi_->world_ranks().empty()) watchdog::note_members(c->name_, c->mpi_->world_ranks());
   const int rank = c->mpi_->rank(), size = c->mpi_->size();
   c->local_ = c->mpi_->split_shared();
   if (cfg.simulated_nodes > 0) {

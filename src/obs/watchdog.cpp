@@ -62,6 +62,7 @@ struct Recorder {
   std::vector<Entry> ring = std::vector<Entry>(kRecords);
   std::uint64_t next = 0;
   std::map<std::string, Progress> comms;
+  std::map<std::string, std::vector<int>> members;  // world ranks of each registered communicator
 };
 
 Recorder& recorder() {
@@ -236,6 +237,12 @@ void OpRecord::complete() noexcept {
   }
 }
 
+void note_members(const std::string& comm, std::vector<int> world_ranks) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.members[comm] = std::move(world_ranks);
+}
+
 void set_activity(const char* what, std::int64_t step) noexcept {
   g_activity.store(what);
   g_step.store(step);
@@ -259,6 +266,7 @@ struct Watchdog::Impl {
     std::string text;
   };
   std::vector<std::unique_ptr<Sent>> sent;
+  bool traced = false;  // the timeline was written on a query
 
   void post_query_recv() {
     MPI_Irecv(qbuf.data(), kMaxMessage, MPI_CHAR, MPI_ANY_SOURCE, kTagQuery, comm, &qreq);
@@ -278,6 +286,13 @@ struct Watchdog::Impl {
                 kTagReply, comm, &m->req);
       sent.push_back(std::move(m));
       post_query_recv();
+      // A rank investigating a hang asks: the job is about to be aborted. This rank's timeline
+      // (that of the rank a hang waits for, often) is written now, after the answer is on its
+      // way; MPI_Abort may end the writing, which then leaves the previous file (or none).
+      if (!traced) {
+        traced = true;
+        trace::write_noexcept();
+      }
     }
     for (auto it = sent.begin(); it != sent.end();) {
       int done = 0;
@@ -415,12 +430,37 @@ struct Watchdog::Impl {
     if (e.peer >= 0) dump["collective"]["peer"] = e.peer;
     const double limit_s = e.limit_ns < 0 ? s.timeout_s : static_cast<double>(e.limit_ns) * 1e-9;
     dump["timeout_s"] = limit_s;
+    // A collective is judged among its communicator's members (every rank when they are not
+    // known); a point-to-point operation by its peer.
+    std::vector<char> member(static_cast<std::size_t>(size), 1);
+    std::string members_text;
+    if (e.peer < 0) {
+      Recorder& r = recorder();
+      std::lock_guard<std::mutex> lk(r.mu);
+      const auto it = r.members.find(e.comm);
+      if (it != r.members.end() && static_cast<int>(it->second.size()) < size) {
+        std::fill(member.begin(), member.end(), 0);
+        std::ostringstream m;
+        for (std::size_t i = 0; i < it->second.size(); ++i) {
+          const int q = it->second[i];
+          if (q >= 0 && q < size) member[static_cast<std::size_t>(q)] = 1;
+          if (i < 16) m << (i ? "," : "") << q;
+        }
+        if (it->second.size() > 16) m << ",... (" << it->second.size() << " ranks)";
+        members_text = m.str();
+        dump["collective"]["members"] = it->second;
+      }
+    }
     json ranks = json::array();
     std::vector<int> missing;
     std::ostringstream detail;
     for (int q = 0; q < size; ++q) {
       const auto k = static_cast<std::size_t>(q);
       json st = json::parse(replies[k], nullptr, false);
+      if (!member[k]) {  // not in the communicator: its state is in the dump, no verdict on it
+        ranks.push_back(st.is_discarded() ? json{{"rank", q}, {"answer", nullptr}} : st);
+        continue;
+      }
       if (!answered[k] || st.is_discarded()) {
         missing.push_back(q);
         ranks.push_back({{"rank", q}, {"answer", nullptr}});
@@ -450,10 +490,12 @@ struct Watchdog::Impl {
       written = std::string("not written (") + ex.what() + ")";
     }
     std::ostringstream line;
-    line << "dt watchdog: rank " << rank << ": " << what << " has not completed after " << limit_s
-         << " s; ";
+    line << "dt watchdog: rank " << rank << ": " << what;
+    if (!members_text.empty()) line << " of world ranks " << members_text;
+    line << " has not completed after " << limit_s << " s; ";
     if (missing.empty()) {
-      line << "every rank has reached it (stuck inside the collective)";
+      line << (members_text.empty() ? "every rank" : "every member") 
+           << " has reached it (stuck inside the collective)";
     } else if (e.peer >= 0 && missing.size() == 1 && missing[0] == e.peer) {
       line << "rank " << e.peer << " has not sent it" << detail.str();
     } else {

@@ -89,7 +89,7 @@ class SealedComm final : public Comm {
   std::unique_ptr<Comm> split(int color, int key) override {
     std::unique_ptr<MpiComm> sub = mpi_->split_mpi(color, key);
     if (!sub) return nullptr;
-    return create(*sub, keys_, opts_, name_ + "/split(" + std::to_string(color) + ")");
+    return create(*sub, keys_, opts_, sub->name());  // split_name: unique among this one's
   }
 
  private:

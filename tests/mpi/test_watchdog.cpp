@@ -8,6 +8,13 @@
 //                        the watchdog aborts the job (exit 4) near 6 s, after the line "waiting"
 //                        at 4.5 s (so not at 3 s, as without the late thread) and before the
 //                        operation ends at 7.5 s.
+//   test_watchdog groups 4 ranks in two groups of each of two splits, as a mesh of tp=2 and dp=2
+//                        makes (dp first: {0,2} and {1,3}; then tp: {0,1} and {2,3}). Every rank
+//                        runs a dp all_reduce; then rank 0 waits in a tp all_reduce that rank 1
+//                        never joins, while ranks 2 and 3 run two of their own. The watchdog
+//                        (2 s) must name rank 1 alone, judging the members of rank 0's tp group
+//                        only: ranks 2 and 3 have no part in it, and rank 3 has run nothing on a
+//                        communicator named like it.
 #include <mpi.h>
 #include <signal.h>
 #include <spawn.h>
@@ -21,6 +28,7 @@
 #include <string>
 #include <thread>
 
+#include "comm/mpi_comm.hpp"
 #include "dt/watchdog.hpp"
 
 extern char** environ;
@@ -90,6 +98,34 @@ int late_case() {
   return 1;
 }
 
+int groups_case() {
+  dt::watchdog::Settings s;
+  s.timeout_s = 2;
+  s.dump_dir = "/tmp";
+  dt::watchdog::Watchdog wd(MPI_COMM_WORLD, s);
+  auto world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
+  const int me = world->rank();
+  if (world->size() != 4) {
+    std::printf("usage: mpiexec -n 4 test_watchdog groups\n");
+    return 2;
+  }
+  auto dp = world->split_mpi(me % 2, me);
+  auto tp = world->split_mpi(me / 2, me);
+  float x = 1;
+  dt::watchdog::set_activity("dp all_reduce");
+  dp->all_reduce(dt::view_of(&x, 1), dt::ReduceOp::sum);
+  if (me == 0) {
+    dt::watchdog::set_activity("tp all_reduce");
+    tp->all_reduce(dt::view_of(&x, 1), dt::ReduceOp::sum);  // rank 1 never comes
+  } else if (me >= 2) {
+    for (int i = 0; i < 2; ++i) tp->all_reduce(dt::view_of(&x, 1), dt::ReduceOp::sum);
+  }
+  dt::watchdog::set_activity(me == 1 ? "test: not joining the tp all_reduce" : "test: waiting");
+  std::this_thread::sleep_for(std::chrono::seconds(20));
+  std::printf("FAIL: rank %d: the watchdog did not end the job\n", me);
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -101,8 +137,10 @@ int main(int argc, char** argv) {
     rc = stop_case();
   } else if (mode == "late") {
     rc = late_case();
+  } else if (mode == "groups") {
+    rc = groups_case();
   } else {
-    std::printf("usage: test_watchdog stop|late\n");
+    std::printf("usage: test_watchdog stop|late|groups\n");
   }
   MPI_Finalize();
   return rc;

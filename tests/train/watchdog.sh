@@ -2,7 +2,8 @@
 # watchdog.sh MODE TIMEOUT DUMPDIR RANK -- CMD...
 # CMD is a dt_train job whose hang watchdog has TIMEOUT seconds, and in which rank RANK
 #   skip: never joins the loss all_reduce of a step (test.skip-collective): the watchdog must
-#         name that rank and that all_reduce on world;
+#         name that rank and that all_reduce on world, and every rank must have written its
+#         timeline (trace.dir): the rank that never came writes it when the watchdog asks;
 #   save: stops inside a checkpoint save (test.stall-during-save), so the other ranks hang inside
 #         HDF5's collective writes: the watchdog (with ckpt.timeout-s = TIMEOUT, the saves'
 #         limit, and comm.timeout-s = 0: no limit for other operations) must name the save and
@@ -20,7 +21,8 @@ mkdir -p "$dump"
 log=$dump/job.log
 comm_limit=$timeout_s
 case $mode in
-  skip) extra=(--test.skip-collective="$skip"); mark="rank $skip: test.skip-collective: skipping" ;;
+  skip) extra=(--test.skip-collective="$skip" --trace.dir="$dump/trace")
+        mark="rank $skip: test.skip-collective: skipping" ;;
   save) extra=(--test.stall-during-save="$skip" --ckpt.dir="$dump/ckpt" --ckpt.every=2
                --ckpt.timeout-s="$timeout_s")
         comm_limit=0
@@ -81,5 +83,10 @@ else:
     assert all(r["comms"]["checkpoint"]["started"] == 1 for r in ranks.values())
 for r in ranks.values():  # every rank sent its recent collectives
     assert r["records"] and all({"comm", "seq", "op", "bytes"} <= set(x) for x in r["records"])
+if mode == "skip":  # every rank's timeline, with its steps up to the hang
+    import os
+    for q in ranks:
+        t = json.load(open(os.path.join(os.path.dirname(sys.argv[1]), "trace", f"trace-rank{q}.json")))
+        assert any(e.get("name") == "step" for e in t["traceEvents"]), f"rank {q}: no step in its trace"
 PY
 echo "watchdog.sh: PASS ($mode): exit $rc after ${took} s"
