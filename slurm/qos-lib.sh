@@ -28,7 +28,9 @@ HOOK=$(basename "$0")
 # locked CMD...: runs CMD holding this node's QoS lock (a lock on STATE_DIR itself), so that the
 # prologs and epilogs of jobs that start and end together do not interleave their reads and
 # writes of the shared parent groups and their real-time budgets. Without flock, or when the lock
-# is not had within 60 s, CMD runs all the same (a hook must never hold a job up for long).
+# is not had within 60 s, CMD runs all the same (a hook must never hold a job up for long). CMD
+# runs in a subshell either way: a shell error that ends it half-way (bash's message goes to
+# stderr) leaves the caller running, to log it, and its exit code non-zero.
 locked() {
   if command -v flock >/dev/null 2>&1 && mkdir -p "$STATE_DIR" 2>/dev/null; then
     (
@@ -36,7 +38,7 @@ locked() {
       "$@"
     ) 9<"$STATE_DIR"
   else
-    "$@"
+    ( "$@" )
   fi
 }
 
@@ -46,26 +48,51 @@ qlog() {
   local line
   line="$(date '+%Y-%m-%dT%H:%M:%S') $(hostname -s 2>/dev/null) $HOOK job=${JOB:-?}: $*"
   { mkdir -p "$(dirname "$QOS_LOG")" && echo "$line" >>"$QOS_LOG"; } 2>/dev/null || true
-  echo "$line" >&2
+  { echo "$line" >&2; } 2>/dev/null || true
 }
 
-# ini_get SECTION KEY: the value of KEY in [SECTION] of DT_QOS_CONFIG ("" when absent).
-ini_get() {
-  awk -v sec="$1" -v key="$2" '
-    /^[ \t]*[#;]/ { next }
-    /^[ \t]*\[/ { s = $0; gsub(/^[ \t]*\[|\][ \t]*$/, "", s); next }
-    s == sec {
-      i = index($0, "=")
-      if (i == 0) next
-      k = substr($0, 1, i - 1); v = substr($0, i + 1)
-      gsub(/^[ \t]+|[ \t]+$/, "", k); gsub(/^[ \t]+|[ \t]+$/, "", v)
-      if (k == key) { print v; exit }
+# ini_lines: DT_QOS_CONFIG as dt's own INI reader (src/core/config.cpp) reads a config file, one
+# line per section header ("[NAME]") and per setting ("SECTION<tab>KEY<tab>VALUE"): CRLF line ends
+# and a UTF-8 byte order mark are taken; '#' or ';' first on a line and '#' after a space or tab
+# start a comment (any other '#', and a ';' after the start of the line, is part of the value);
+# spaces and tabs around names, keys and values go. Prints nothing for an unreadable file.
+ini_lines() {
+  LC_ALL=C awk '
+    function trim(t) { gsub(/^[ \t\r]+|[ \t\r]+$/, "", t); return t }
+    {
+      line = $0
+      if (NR == 1 && substr(line, 1, 3) == "\357\273\277") line = substr(line, 4)
+      if (match(line, /[ \t]#/)) line = substr(line, 1, RSTART)
+      line = trim(line)
+      if (line == "" || line ~ /^[#;]/) next
+      if (line ~ /^\[/) {
+        sec = (line ~ /\]$/) ? trim(substr(line, 2, length(line) - 2)) : ""
+        print "[" sec "]"
+        next
+      }
+      i = index(line, "=")
+      if (i > 1) print sec "\t" trim(substr(line, 1, i - 1)) "\t" trim(substr(line, i + 1))
     }' "$DT_QOS_CONFIG" 2>/dev/null
+}
+
+# ini_get SECTION KEY: the value of KEY in [SECTION] of DT_QOS_CONFIG ("" when absent; see
+# ini_lines for comments and line ends).
+ini_get() {
+  ini_lines | awk -F '\t' -v sec="$1" -v key="$2" '
+    NF >= 3 && $1 == sec && $2 == key { print substr($0, length($1) + length($2) + 3); exit }'
 }
 
 # ini_has_section SECTION
 ini_has_section() {
-  grep -Eq "^[[:space:]]*\[$1\][[:space:]]*$" "$DT_QOS_CONFIG" 2>/dev/null
+  ini_lines | grep -qxF "[$1]"
+}
+
+# dec VALUE: VALUE, digits only, as a decimal number without leading zeros (08 is 8 and 025 is 25,
+# where bash arithmetic refuses the one and reads the other as octal); fails, printing nothing,
+# for anything else and for more than 9 digits (past any value here, far from an overflow).
+dec() {
+  [[ "$1" =~ ^0*([0-9]{1,9})$ ]] || return 1
+  echo $((10#${BASH_REMATCH[1]}))
 }
 
 # cg_is_cgroupfs DIR: DIR lies on a real cgroup file system (not a test tree).

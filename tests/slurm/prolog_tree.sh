@@ -5,7 +5,10 @@
 # (or the default) gets its weight, cpuset and FIFO priority; an unknown tier falls back to
 # best_effort with a line in the log; every prolog exits 0, also without a config or a cgroup
 # controller; the epilog removes the groups and records, also when the record is missing (a
-# prolog that died); dt_train reads a record, joins its group and reports the tier.
+# prolog that died); dt_train reads a record, joins its group and reports the tier. qos.ini as
+# dt reads configs: numbers with leading zeros are decimal (08, 025), CRLF line ends and comments
+# after a value (" # ...") are taken; a value out of range or malformed gets a log line naming the
+# file, the key and the value, and the job its record with the fallback.
 source "$(dirname "$0")/lib.sh"
 
 T=$WORK/cg
@@ -30,6 +33,7 @@ job_line() {
 job_line 102 "(null)" "run 7, dt-qos=realtime"
 job_line 104 high
 job_line 108 normal
+job_line 304 normal
 mkdir -p "$WORK/numa/node0" "$WORK/numa/node1"
 echo 0-1 >"$WORK/numa/node0/cpulist"
 echo 2-3 >"$WORK/numa/node1/cpulist"
@@ -190,6 +194,76 @@ if [ "$MODE" = v1 ]; then
   [ -z "$left" ] || fail "groups left after the concurrent epilogs: $left"
 fi
 
+echo "=== qos.ini numbers with leading zeros are decimal (jobs 301, 302)"
+cat >"$WORK/zeros.ini" <<'INI'
+[zeros]
+weight = 60-09
+cpuset = numa:01
+fifo = 060-079
+rt-budget = 08
+[octal]
+weight = 10-025
+cpuset = all
+fifo = 010-59
+rt-budget = 010
+INI
+DT_QOS_CONFIG=$WORK/zeros.ini hook prolog 301 "dt-qos=zeros"
+DT_QOS_CONFIG=$WORK/zeros.ini hook prolog 302 "dt-qos=octal"
+grep "job=30[12]:" "$WORK/qos.log" | sed 's/^/    /'
+record_has 301 "tier=zeros"
+expect_tier 301 9 2-3 1 60 8
+record_has 302 "tier=octal"
+expect_tier 302 25 0-3 0-1 10 10  # read as octal: 21, 8, 8
+! grep -q "job=30[12]: error" "$WORK/qos.log" || fail "an error logged for jobs 301, 302"
+
+echo "=== qos.ini with CRLF line ends, a byte order mark and comments after values (jobs 303, 304)"
+# As dt reads configs: '#' after a space or tab starts a comment, any other '#' (all#1) and a ';'
+# after the value are part of the value, which then is no valid value (logged, with the file).
+printf '%s\r\n' $'\xEF\xBB\xBF# saved by a Windows editor' '[default]' $'tier = high\t# every job' \
+  '[slurm-qos]' 'normal = best_effort # the rest' '[ high ]' 'weight = 60-75 # cpu.weight 75' \
+  'cpuset = numa:1   # the second socket' $'fifo = 60-79\t# communication thread at 60' \
+  'rt-budget = 25 # percent' '; a comment' '[best_effort]' 'weight = 10-25' 'cpuset = all#1' \
+  'fifo = 1-59' 'rt-budget = 10 ; percent' >"$WORK/crlf.ini"
+DT_QOS_CONFIG=$WORK/crlf.ini hook prolog 303
+DT_QOS_CONFIG=$WORK/crlf.ini hook prolog 304
+grep "job=30[34]:" "$WORK/qos.log" | sed 's/^/    /'
+record_has 303 "tier=high"
+record_has 303 "source=default"
+expect_tier 303 75 2-3 1 60 25
+record_has 304 "tier=best_effort"
+record_has 304 "source=slurm-qos normal"
+expect_tier 304 25 0-3 0-1 1 5
+! grep -q "job=303: error" "$WORK/qos.log" || fail "an error logged for the tier of job 303"
+for line in "rt-budget = '10 ; percent' in $WORK/crlf.ini is not a percentage 0-95; using 5" \
+  "cpuset = 'all#1' in $WORK/crlf.ini is not all or numa:N; using all"; do
+  grep -qF "job=304: error: [best_effort] $line" "$WORK/qos.log" || fail "no log line '$line'"
+done
+
+echo "=== qos.ini values out of range or malformed (job 305): logged, the job keeps its record"
+cat >"$WORK/bad.ini" <<'INI'
+[bad]
+weight = 10-99999999999
+cpuset = numa:x
+fifo = 0-59
+rt-budget = 96
+INI
+DT_QOS_CONFIG=$WORK/bad.ini hook prolog 305 "dt-qos=bad"
+grep "job=305:" "$WORK/qos.log" | sed 's/^/    /'
+for line in "weight = '10-99999999999' in $WORK/bad.ini is not LOW-HIGH within 1-10000; using 100" \
+  "cpuset = 'numa:x' in $WORK/bad.ini is not all or numa:N; using all" \
+  "fifo = '0-59' in $WORK/bad.ini is not LOW-HIGH within 1-99;" \
+  "rt-budget = '96' in $WORK/bad.ini is not a percentage 0-95; using 5"; do
+  grep -qF "job=305: error: [bad] $line" "$WORK/qos.log" || fail "no log line '[bad] $line'"
+done
+record_has 305 "tier=bad"
+record_has 305 "weight=100"
+record_has 305 "fifo=0"
+record_has 305 "cpus=0-3"
+for j in 301 302 303 304 305; do hook epilog $j; done
+left=$(find "$T" -name 'job_3*' | tr '\n' ' ')
+[ -z "$left" ] || fail "groups left after the epilogs of jobs 301-305: $left"
+[ -z "$(ls -A "$WORK/state")" ] || fail "records left: $(ls -A "$WORK/state")"
+
 echo "=== no config, and no cgroup controller: the prolog still exits 0"
 DT_QOS_CONFIG=$WORK/missing.ini hook prolog 106 "dt-qos=high"
 grep -q "job=106: error: QoS config '$WORK/missing.ini' is not readable" "$WORK/qos.log" ||
@@ -200,7 +274,8 @@ record_has 107 "mode=none"
 record_has 107 "fifo=60"
 hook epilog 107
 [ ! -e "$WORK/state/job-107.conf" ] || fail "record of job 107 left"
-if [ -s "$WORK/hooks.err" ] && grep -qv " job=[12]0[0-9]: " "$WORK/hooks.err"; then
+! grep -q "stopped half-way" "$WORK/qos.log" || fail "a hook stopped half-way (see the log above)"
+if [ -s "$WORK/hooks.err" ] && grep -qv " job=[123]0[0-9]: " "$WORK/hooks.err"; then
   echo "hook stderr:"; sed 's/^/    /' "$WORK/hooks.err"
   fail "the hooks printed something other than their log lines"
 fi
