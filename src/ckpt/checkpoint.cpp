@@ -2079,6 +2079,33 @@ std::vector<std::string> all_datasets(hid_t file, const std::string& path) {
   return out;
 }
 
+// The datasets present, with the shapes the file declares, each checked against what the file
+// stores (check_stored); in a file of version 2 or later, also the list as a whole against the
+// one the save wrote (manifest_sha256). Throws dt::CheckpointError naming the file: a file that
+// fails here is damaged, whatever the model it is loaded into.
+std::vector<CkptTensor> present_tensors(const Opened& o, const std::string& path) {
+  std::vector<CkptTensor> ts;
+  for (const auto& name : all_datasets(o.file, path)) {
+    H5 d(h5(H5Dopen2(o.file, name.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
+    CkptTensor t;
+    t.path = name;
+    t.shape = dataset_shape(d, path);
+    check_stored(d, name, t.shape, path);  // before reading what the file declares
+    ts.push_back(t);
+  }
+  if (o.version >= 2) {
+    H5 root(h5(H5Gopen2(o.file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
+    const std::string want = string_attr_or_empty(root, "manifest_sha256", path);
+    const std::int64_t saved =
+        has_attr(root, "datasets") ? read_int_attr(root, "datasets", path) : -1;
+    DT_CHECK(CheckpointError, want == hex_sha256(manifest_text(ts)), path, ": the ", ts.size(),
+             " datasets present (names and shapes) are not the ", saved,
+             " the save wrote (manifest_sha256", want.empty() ? " missing" : "",
+             "): a tensor was lost, added or reshaped");
+  }
+  return ts;
+}
+
 }  // namespace
 
 CkptMeta load_checkpoint(Comm& comm, const std::string& path,
@@ -2099,23 +2126,25 @@ CkptMeta load_checkpoint(Comm& comm, const std::string& path,
   Opened o = open_read(mc, path);
   CkptMeta meta = read_meta(o, path);
   std::optional<security::Aead> dec = open_crypto(o.file, path, keys, true, meta, o.version);
+  // A file that lost, gained or reshaped a dataset is damaged (and skipped by resume), not a
+  // checkpoint of another model: the datasets are checked against the save's list first.
+  const std::vector<CkptTensor> present = present_tensors(o, path);
   // The model must match: name every tensor that is missing, extra or shaped differently.
   std::vector<std::string> diff;
-  const auto present = all_datasets(o.file, path);
   for (const auto& t : tensors) {
-    if (std::find(present.begin(), present.end(), t.path) == present.end()) {
+    const auto it = std::find_if(present.begin(), present.end(),
+                                 [&](const CkptTensor& p) { return p.path == t.path; });
+    if (it == present.end()) {
       diff.push_back(t.path + ": missing in the file (model " + shape_str(t.shape) + ")");
       continue;
     }
-    H5 d(h5(H5Dopen2(o.file, t.path.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
-    const Shape s = dataset_shape(d, path);
-    if (s != stored_shape(t.shape))
-      diff.push_back(t.path + ": file " + shape_str(s) + ", model " + shape_str(t.shape));
+    if (it->shape != stored_shape(t.shape))
+      diff.push_back(t.path + ": file " + shape_str(it->shape) + ", model " + shape_str(t.shape));
   }
   for (const auto& p : present)
     if (std::none_of(tensors.begin(), tensors.end(),
-                     [&](const CkptTensor& t) { return t.path == p; }))
-      diff.push_back(p + ": in the file, not in the model");
+                     [&](const CkptTensor& t) { return t.path == p.path; }))
+      diff.push_back(p.path + ": in the file, not in the model");
   if (!diff.empty()) {
     std::string msg;
     for (const auto& d : diff) msg += "\n  " + d;
@@ -2141,15 +2170,7 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path,
     Opened o = open_read(mc, path);
     const CkptMeta meta = read_meta(o, path);
     std::optional<security::Aead> dec = open_crypto(o.file, path, keys, false, meta, o.version);
-    std::vector<CkptTensor> ts;
-    for (const auto& name : all_datasets(o.file, path)) {
-      H5 d(h5(H5Dopen2(o.file, name.c_str(), H5P_DEFAULT), "H5Dopen2", path), H5Dclose);
-      CkptTensor t;
-      t.path = name;
-      t.shape = dataset_shape(d, path);
-      check_stored(d, name, t.shape, path);  // before reading what the file declares
-      ts.push_back(t);
-    }
+    std::vector<CkptTensor> ts = present_tensors(o, path);
     // Each rank reads and checks its share of every dataset's chunks, a batch at a time, into no
     // buffer of its own (read_and_check skips pieces without data): memory stays bounded by a
     // batch, whatever the file's size and however many ranks verify it.
@@ -2161,17 +2182,6 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path,
         ts[i].begin = std::min(mine[i].first * kChunkElements, numels[i]);
         ts[i].end = std::min(mine[i].second * kChunkElements, numels[i]);
       }
-    }
-    // Version 2: the datasets present (names and shapes) are the ones the save wrote.
-    if (o.version >= 2) {
-      H5 root(h5(H5Gopen2(o.file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
-      const std::string want = string_attr_or_empty(root, "manifest_sha256", path);
-      const std::int64_t saved =
-          has_attr(root, "datasets") ? read_int_attr(root, "datasets", path) : -1;
-      DT_CHECK(CheckpointError, want == hex_sha256(manifest_text(ts)), path, ": the ", ts.size(),
-               " datasets present (names and shapes) are not the ", saved,
-               " the save wrote (manifest_sha256", want.empty() ? " missing" : "",
-               "): a tensor was lost, added or reshaped");
     }
     return read_and_check(comm, o, path, ts, dec ? &*dec : nullptr);
   } catch (const CheckpointError& e) {

@@ -12,6 +12,9 @@
 #                   changes nothing; --ckpt.resume=none then starts from step 0 exactly like a
 #                   fresh run (initial weights, empty optimiser state) and sets the damaged files
 #                   aside (*.superseded) as it saves its own
+#   lost_dataset    /model/transformer.ln_f.bias unlinked from step-6.h5 (DT_H5_EDIT, a test tool):
+#                   step-6.h5 is reported as damaged ("a tensor was lost"), not as a checkpoint
+#                   of another model; resumes at step 3
 #   read_error_one_rank  the data reads of step-6.h5 fail on one rank only (a test seam): every
 #                   rank refuses step-6.h5, naming the chunks that rank could not read and its
 #                   error (not a checksum mismatch), and resumes at step 3
@@ -60,6 +63,17 @@ case "$MODE" in
     expect_rc V 0
     expect_line V "resumed from .*D/step-6\.h5 at step 6 "
     expect_no_line V "skipping"
+    ;;
+  lost_dataset)
+    "${DT_H5_EDIT:?the test tool h5_edit (DT_H5_EDIT)}" D/step-6.h5 unlink /model/transformer.ln_f.bias ||
+      { fail "h5_edit could not unlink a dataset of D/step-6.h5"; finish; }
+    train R 2 "${RUN[@]}" --train.log-file=R.jsonl
+    expect_rc R 0
+    expect_report R "step-6\.h5" "a tensor was lost, added or reshaped"
+    expect_no_line R "does not match the model"
+    expect_line R "resumed from .*D/step-3\.h5 at step 3 "
+    steplog steps R.jsonl 4 6
+    steplog same B.jsonl R.jsonl 4 6 1e-5
     ;;
   truncated)
     size=$(stat -c %s D/step-6.h5)
