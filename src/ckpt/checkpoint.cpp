@@ -1643,10 +1643,14 @@ Opened open_read(MpiComm& mc, const std::string& path) {
   static const Quiet quiet;
   struct stat st;
   const bool here = ::stat(path.c_str(), &st) == 0;
-  const std::string why = here ? "" : errno_text();
-  if (!all_ok(mc, here))
+  const bool file = here && S_ISREG(st.st_mode);
+  const std::string why = !here               ? errno_text()
+                          : S_ISDIR(st.st_mode) ? std::string("it is a folder: name a step-N.h5 file in it, or use --ckpt.dir=FOLDER --ckpt.resume=auto")
+                          : file               ? std::string()
+                                               : std::string("not a regular file");
+  if (!all_ok(mc, file))
     DT_THROW(CheckpointError, path, ": cannot read",
-             here ? std::string(" on another rank") : ": " + why);
+             file ? std::string(" on another rank") : ": " + why);
   Opened o;
   o.fapl = file_access(mc.handle(), path);
   o.file = H5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, o.fapl), H5Fclose);
