@@ -320,8 +320,8 @@ struct Probe {
 };
 
 /// Throws ConfigError (exit 2) for a file that is missing, unreadable, not HDF5 or not a dt
-/// checkpoint; returns opens=false for an HDF5 file that HDF5 cannot open (a damaged checkpoint:
-/// the verification reports it).
+/// checkpoint; returns opens=false for an HDF5 file that HDF5 cannot open, or whose datasets it
+/// cannot list (a damaged checkpoint: the verification reports it).
 Probe probe(const std::string& path) {
   struct stat st;
   DT_CHECK(ConfigError, ::stat(path.c_str(), &st) == 0, path, ": ", std::strerror(errno));
@@ -342,11 +342,15 @@ Probe probe(const std::string& path) {
     if (!f.ok()) return p;
   }
   CheckpointFile cf(path);  // throws when not a dt checkpoint
-  p.opens = true;
-  for (const auto& d : cf.datasets()) {
-    ++p.datasets;
-    p.chunks += chunks_of(dt::shape_numel(d.shape));
+  try {
+    for (const auto& d : cf.datasets()) {
+      ++p.datasets;
+      p.chunks += chunks_of(dt::shape_numel(d.shape));
+    }
+  } catch (const dt::Error&) {  // damaged groups or object headers: the verification reports it
+    return Probe{};
   }
+  p.opens = true;
   return p;
 }
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # verify: ok with the dataset and chunk counts h5ls gives; one flipped byte in the data of
-# /model/transformer.wte.weight is named with its chunk (exit 1); a truncated copy is named (exit 1).
+# /model/transformer.wte.weight is named with its chunk (exit 1); a truncated copy is named (exit 1);
+# a copy whose object header of /model/transformer.ln_f.bias is damaged (HDF5 opens the file but
+# cannot list its datasets) fails verification (exit 1), not as bad input (exit 2).
 . "$(dirname "$0")/common.sh"
 read -r ndata nchunks < <(h5ls -r "$CKPT" | grep ' Dataset {' | grep -v '^/checksums/' |
   sed -E 's/.*\{([^}]*)\}/\1/' |
@@ -23,4 +25,11 @@ cp "$CKPT" "$WORK/truncated.h5" && truncate -s $(($(stat -c %s "$CKPT") / 2)) "$
 run "$DT_CKPT" verify "$WORK/truncated.h5"
 expect_rc 1 "truncated copy"
 expect_line "$WORK/truncated\.h5: .*truncated"
+cp "$CKPT" "$WORK/header.h5" || fail copy
+addr=$(h5ls -v "$WORK/header.h5/model/transformer.ln_f.bias" | sed -nE 's/^ *Location: *[0-9]+:([0-9]+).*/\1/p')
+[ -n "$addr" ] || fail "h5ls gives no object header address of /model/transformer.ln_f.bias"
+printf '\x07' | dd of="$WORK/header.h5" bs=1 seek="$addr" conv=notrunc status=none || fail dd
+run "$DT_CKPT" verify "$WORK/header.h5"
+expect_rc 1 "damaged object header"
+expect_line "^FAILED: $WORK/header.h5 "
 pass "verify"
