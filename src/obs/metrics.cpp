@@ -1,6 +1,7 @@
 #include "dt/metrics.hpp"
 
 #include <httplib.h>
+#include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -557,6 +558,20 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
     m.server.Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {
       res.set_content(reg->render(), kContentType);
     });
+    // A host that does not resolve is named as such (the bind's errno would say nothing of it).
+    {
+      addrinfo hints{};
+      hints.ai_family = AF_UNSPEC;
+      hints.ai_socktype = SOCK_STREAM;
+      hints.ai_flags = AI_PASSIVE;
+      addrinfo* found = nullptr;
+      const int rc = ::getaddrinfo(m.o.host.empty() ? nullptr : m.o.host.c_str(), "0", &hints, &found);
+      if (found) ::freeaddrinfo(found);
+      DT_CHECK(ConfigError, rc == 0, "option --metrics.host: '", m.o.host,
+               "' is not an address of this host (", ::gai_strerror(rc),
+               "); expected a host name or address to listen on, e.g. 0.0.0.0 or 127.0.0.1");
+    }
+    errno = 0;
     if (m.o.port < 0) {
       port_ = m.server.bind_to_any_port(m.o.host);
     } else {
@@ -564,7 +579,8 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
     }
     DT_CHECK(ConfigError, port_ > 0, "option --metrics.port: cannot listen on ", m.o.host, ":",
              m.o.port < 0 ? std::string("(any port)") : std::to_string(m.o.port), ": ",
-             std::strerror(errno), " (port in use? --metrics.port=-1 picks a free one)");
+             errno != 0 ? std::strerror(errno) : "the address cannot be bound here",
+             " (port in use? --metrics.port=-1 picks a free one)");
     m.server_thread = std::thread([&m] { m.server.listen_after_bind(); });
     // stop() only works once the server runs: wait for it (microseconds; bounded).
     for (int i = 0; i < 5000 && !m.server.is_running(); ++i)
