@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include <thread>
 
 #include "dt/error.hpp"
+#include "dt/qos.hpp"
 
 namespace dt::metrics {
 
@@ -527,6 +529,15 @@ struct Exporter::Impl {
   }
 };
 
+namespace {
+// A thread of the exporter: named "dt-metrics" (top, /proc/PID/task/TID/comm) and of the io role
+// of a QoS tier (SCHED_BATCH), so that serving and writing metrics never take compute's time.
+void io_thread() noexcept {
+  pthread_setname_np(pthread_self(), "dt-metrics");
+  qos::apply_to_current_thread(qos::Role::io);
+}
+}  // namespace
+
 Exporter::Exporter(Registry& registry, ExporterOptions opts,
                    std::function<void(const std::string&)> warn)
     : impl_(std::make_unique<Impl>(registry, std::move(opts), std::move(warn))) {
@@ -556,6 +567,8 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
     });
     Registry* reg = &registry;
     m.server.Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {
+      static thread_local const bool named = (io_thread(), true);  // httplib's pool thread
+      (void)named;
       res.set_content(reg->render(), kContentType);
     });
     // A host that does not resolve is named as such (the bind's errno would say nothing of it).
@@ -581,12 +594,18 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
              m.o.port < 0 ? std::string("(any port)") : std::to_string(m.o.port), ": ",
              errno != 0 ? std::strerror(errno) : "the address cannot be bound here",
              " (port in use? --metrics.port=-1 picks a free one)");
-    m.server_thread = std::thread([&m] { m.server.listen_after_bind(); });
+    m.server_thread = std::thread([&m] {
+      io_thread();
+      m.server.listen_after_bind();
+    });
     // stop() only works once the server runs: wait for it (microseconds; bounded).
     for (int i = 0; i < 5000 && !m.server.is_running(); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  m.worker = std::thread([&m] { m.run_worker(); });
+  m.worker = std::thread([&m] {
+    io_thread();
+    m.run_worker();
+  });
 }
 
 Exporter::~Exporter() {

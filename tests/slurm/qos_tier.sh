@@ -4,8 +4,8 @@
 # FIFO 60); each of the job's groups has the tier's CPU weight (v2 cpu.weight, v1 cpu.shares =
 # weight * 1024 / 100) and the cpuset the record names; both ranks are in every group (the group's
 # cgroup.procs and the rank's /proc/PID/cgroup); each rank's main (compute) thread is SCHED_OTHER
-# and its communication progress thread "dt-progress" SCHED_FIFO at priority 60 (read from
-# /proc/PID/task/TID/stat). Then a detached process Slurm knows nothing of joins the job's groups,
+# and its communication progress thread "dt-progress" SCHED_FIFO at priority 60, its metrics
+# threads "dt-metrics" SCHED_BATCH (read from /proc/PID/task/TID/stat). Then a detached process Slurm knows nothing of joins the job's groups,
 # and a file named like the job's shared memory is put in /dev/shm; a rank is killed (SIGKILL):
 # the job fails, the epilog has killed the stray process (naming it in its log), removed the
 # file (and not another job's) and the groups and the record; the node is not drained.
@@ -13,7 +13,8 @@ source "$(dirname "$0")/lib.sh"
 need_cluster
 
 submit Q -n 2 --comment=dt-qos=high -- "$CONFIG" --data.path="$TEXT" --train.steps=1000000 \
-  --train.log-every=1000 --train.eval-every=0 --train.log-file="$WORK/Q.jsonl"
+  --train.log-every=1000 --train.eval-every=0 --train.log-file="$WORK/Q.jsonl" \
+  --metrics.textfile="$WORK/Q-{rank}.prom"
 [ -n "$JOB" ] || finish
 wait_lines Q.jsonl 5 || { sed 's/^/    /' Q.out; finish; }
 
@@ -89,6 +90,15 @@ for p in "${RANKS[@]}"; do
   done
   [ $found -eq 1 ] ||
     fail "rank $p has no thread named dt-progress (threads: $(cat /proc/"$p"/task/*/comm | sort | uniq -c | tr -s ' \n' ' '))"
+  found=0
+  for t in /proc/"$p"/task/*; do
+    [ "$(cat "$t/comm" 2>/dev/null)" = dt-metrics ] || continue
+    found=1
+    read -r pol prio nice <<<"$(sched "$p" "${t##*/}")"
+    echo "rank $p dt-metrics thread ${t##*/}: policy $pol nice $nice"
+    [ "$pol" = 3 ] || fail "rank $p: dt-metrics has policy $pol, expected 3 (SCHED_BATCH)"
+  done
+  [ $found -eq 1 ] || fail "rank $p has no thread named dt-metrics"
 done
 
 # A process in the job's groups that Slurm does not know of (started outside the job, detached):
