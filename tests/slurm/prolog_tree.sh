@@ -8,7 +8,9 @@
 # prolog that died); dt_train reads a record, joins its group and reports the tier. qos.ini as
 # dt reads configs: numbers with leading zeros are decimal (08, 025), CRLF line ends and comments
 # after a value (" # ...") are taken; a value out of range or malformed gets a log line naming the
-# file, the key and the value, and the job its record with the fallback.
+# file, the key and the value, and the job its record with the fallback. With comment = lower in
+# [default], a comment naming a tier above the job's tier without it (Slurm QOS, else [default])
+# is logged and that tier applies; an unknown value of comment is logged and acts as lower.
 source "$(dirname "$0")/lib.sh"
 
 T=$WORK/cg
@@ -264,6 +266,58 @@ left=$(find "$T" -name 'job_3*' | tr '\n' ' ')
 [ -z "$left" ] || fail "groups left after the epilogs of jobs 301-305: $left"
 [ -z "$(ls -A "$WORK/state")" ] || fail "records left: $(ls -A "$WORK/state")"
 
+echo "=== comment = lower (jobs 310-315): a comment names no tier above the job's tier without it"
+# (Job 101 above: without the key, as comment = any, a comment names any tier.)
+for v in lower any lowest; do
+  sed "/^\[default\]\$/a comment = $v" "$DT_ROOT/configs/qos.ini" >"$WORK/comment-$v.ini"
+done
+job_line 313 high
+job_line 314 high
+DT_QOS_CONFIG=$WORK/comment-lower.ini hook prolog 310 "dt-qos=high"
+DT_QOS_CONFIG=$WORK/comment-lower.ini hook prolog 311 "dt-qos=best_effort"
+DT_QOS_CONFIG=$WORK/comment-any.ini hook prolog 312 "dt-qos=high"
+DT_QOS_CONFIG=$WORK/comment-lower.ini hook prolog 313 "dt-qos=realtime"
+DT_QOS_CONFIG=$WORK/comment-lower.ini hook prolog 314 "dt-qos=best_effort"
+DT_QOS_CONFIG=$WORK/comment-lowest.ini hook prolog 315 "dt-qos=high"
+grep "job=31[0-5]:" "$WORK/qos.log" | sed 's/^/    /'
+# refused JOB ASKED GRANTED SOURCE INI CEILING_ASKED CEILING_GRANTED: the log has the line of a
+# comment refused under comment = lower.
+refused() {
+  local want="job=$1: comment asks for QoS tier '$2', granted '$3' ($4): with comment = lower in"
+  want+=" $5 a comment may only name a tier whose weight ceiling is at most that of the job's"
+  want+=" tier without it; the weight ceiling of $2 is $6, that of $3 is $7"
+  grep -qF "$want" "$WORK/qos.log" || fail "no log line '$want'"
+}
+record_has 310 "tier=best_effort"
+record_has 310 "source=default; the comment's high refused"
+expect_tier 310 25 0-3 0-1 1 10
+refused 310 high best_effort default "$WORK/comment-lower.ini" 75 25
+record_has 311 "tier=best_effort"
+record_has 311 "source=comment"
+expect_tier 311 25 0-3 0-1 1 10
+record_has 312 "tier=high"
+record_has 312 "source=comment"
+expect_tier 312 75 0-3 0-1 60 25
+record_has 313 "tier=high"
+record_has 313 "source=slurm-qos high; the comment's realtime refused"
+expect_tier 313 75 0-3 0-1 60 25
+refused 313 realtime high "slurm-qos high" "$WORK/comment-lower.ini" 100 75
+record_has 314 "tier=best_effort"
+record_has 314 "source=comment"
+! grep -q "job=31[124]: .*comment asks\|job=31[0-4]: error" "$WORK/qos.log" ||
+  fail "a comment of jobs 311, 312, 314 refused, or an error logged for jobs 310-314"
+record_has 315 "tier=best_effort"
+record_has 315 "source=default; the comment's high refused"
+expect_tier 315 25 0-3 0-1 1 10
+line="comment = 'lowest' in $WORK/comment-lowest.ini is not any or lower; using lower (the safe"
+line+=" side)"
+grep -qF "job=315: error: [default] $line" "$WORK/qos.log" || fail "no log line '$line'"
+refused 315 high best_effort default "$WORK/comment-lowest.ini" 75 25
+for j in 310 311 312 313 314 315; do hook epilog $j; done
+left=$(find "$T" -name 'job_31*' | tr '\n' ' ')
+[ -z "$left" ] || fail "groups left after the epilogs of jobs 310-315: $left"
+[ -z "$(ls -A "$WORK/state")" ] || fail "records left: $(ls -A "$WORK/state")"
+
 echo "=== no config, and no cgroup controller: the prolog still exits 0"
 DT_QOS_CONFIG=$WORK/missing.ini hook prolog 106 "dt-qos=high"
 grep -q "job=106: error: QoS config '$WORK/missing.ini' is not readable" "$WORK/qos.log" ||
@@ -275,7 +329,7 @@ record_has 107 "fifo=60"
 hook epilog 107
 [ ! -e "$WORK/state/job-107.conf" ] || fail "record of job 107 left"
 ! grep -q "stopped half-way" "$WORK/qos.log" || fail "a hook stopped half-way (see the log above)"
-if [ -s "$WORK/hooks.err" ] && grep -qv " job=[123]0[0-9]: " "$WORK/hooks.err"; then
+if [ -s "$WORK/hooks.err" ] && grep -qv " job=[123][01][0-9]: " "$WORK/hooks.err"; then
   echo "hook stderr:"; sed 's/^/    /' "$WORK/hooks.err"
   fail "the hooks printed something other than their log lines"
 fi
