@@ -41,9 +41,12 @@ class OpRecord {
   /// `op` and `backend` must be string literals. `timeout_s`: how long this operation may take
   /// before the watchdog calls it a hang (negative: the watchdog's timeout; 0: never). `peer`:
   /// for a point-to-point receive, the world rank it waits for (then `seq` is not counted as
-  /// the communicator's collectives are); -1 for a collective.
+  /// the communicator's collectives are); -1 for a collective. `communication`: false for an
+  /// operation watched for hangs that moves no tensors between ranks (a checkpoint save), which
+  /// the dt_comm_* metrics and the timeline's comm events then leave out.
   OpRecord(const std::string& comm, std::uint64_t seq, const char* op, const char* backend, DType t,
-           std::size_t count, double timeout_s = -1, int peer = -1) noexcept;
+           std::size_t count, double timeout_s = -1, int peer = -1,
+           bool communication = true) noexcept;
   OpRecord(OpRecord&& o) noexcept : slot_(o.slot_), gen_(o.gen_) { o.slot_ = -1; }
   OpRecord& operator=(OpRecord&& o) noexcept;
   OpRecord(const OpRecord&) = delete;

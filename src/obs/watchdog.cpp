@@ -49,6 +49,7 @@ struct Entry {
   std::int64_t stopped = 0;     // of which the process was stopped (SIGSTOP to SIGCONT)
   std::int64_t limit_ns = -1;   // how long it may take (-1: the watchdog's timeout; 0: any time)
   int peer = -1;                // point-to-point: the world rank it waits for
+  bool communication = true;    // counted in dt_comm_* and shown as a comm event
   std::uint64_t gen = 0;        // 0: slot unused
 };
 
@@ -166,7 +167,8 @@ LimitScope::LimitScope(double timeout_s) noexcept : prev_(t_limit_s) { t_limit_s
 LimitScope::~LimitScope() { t_limit_s = prev_; }
 
 OpRecord::OpRecord(const std::string& comm, std::uint64_t seq, const char* op, const char* backend,
-                   DType t, std::size_t count, double timeout_s, int peer) noexcept {
+                   DType t, std::size_t count, double timeout_s, int peer,
+                   bool communication) noexcept {
   Recorder& r = recorder();
   try {
     std::lock_guard<std::mutex> lk(r.mu);
@@ -185,6 +187,7 @@ OpRecord::OpRecord(const std::string& comm, std::uint64_t seq, const char* op, c
     e.limit_ns = timeout_s < 0 ? -1 : static_cast<std::int64_t>(timeout_s * 1e9);
     e.gen = g;
     e.peer = peer;
+    e.communication = communication;
     if (peer < 0) {
       Progress& p = r.comms[comm];
       p.started = std::max(p.started, seq);
@@ -226,7 +229,9 @@ void OpRecord::complete() noexcept {
     done.t0 = e.t0;
     done.t1 = e.t1;
     done.stopped = std::min(e.stopped, e.t1 - e.t0);
+    done.communication = e.communication;
   }
+  if (!done.communication) return;
   // The metrics count the time the operation ran; the timeline shows when it started and ended.
   metrics::record_comm(done.op, done.backend, done.count,
                        static_cast<double>(done.t1 - done.t0 - done.stopped) * 1e-9);

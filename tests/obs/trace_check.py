@@ -95,6 +95,10 @@ for rank in (0, 1):
     comm = [e for e in xs if e.get("cat") == "comm"]
     check(len(comm) >= STEPS, "%s: %d collectives (category comm) in the timeline for %d steps"
           % (path, len(comm), STEPS))
+    # A checkpoint save is watched for hangs like a collective, but moves no tensors between
+    # ranks: it is a ckpt.save region, not a comm event.
+    saves = [e["name"] for e in comm if e["name"] == "save"]
+    check(not saves, "%s: %d checkpoint saves among the comm events" % (path, len(saves)))
     if rank == 0:
         check(names["ckpt.commit"] == 2, "%s: %d ckpt.commit events" % (path, names["ckpt.commit"]))
     hash_threads = {thread_names.get(e["tid"]) for e in xs if e["name"] == "ckpt.hash"}
