@@ -74,31 +74,29 @@ done
 sched() {
   sed 's/^.*) //' "/proc/$1/task/$2/stat" 2>/dev/null | awk '{ print $39, $38, $17 }'
 }
+# expect_threads PID NAME POLICY [PRIORITY]: PID has a thread named NAME, and each such thread
+# has scheduling policy POLICY (0 SCHED_OTHER, 1 SCHED_FIFO, 3 SCHED_BATCH) and, if given,
+# real-time priority PRIORITY.
+expect_threads() {
+  local p=$1 name=$2 want_pol=$3 want_prio=${4:-} found=0 t pol prio nice
+  for t in /proc/"$p"/task/*; do
+    [ "$(cat "$t/comm" 2>/dev/null)" = "$name" ] || continue
+    found=1
+    read -r pol prio nice <<<"$(sched "$p" "${t##*/}")"
+    echo "rank $p $name thread ${t##*/}: policy $pol priority $prio nice $nice"
+    if [ "$pol" != "$want_pol" ] || { [ -n "$want_prio" ] && [ "$prio" != "$want_prio" ]; }; then
+      fail "rank $p: $name has policy $pol priority $prio, expected policy $want_pol${want_prio:+ priority $want_prio}"
+    fi
+  done
+  [ $found -eq 1 ] ||
+    fail "rank $p has no thread named $name (threads: $(cat /proc/"$p"/task/*/comm | sort | uniq -c | tr -s ' \n' ' '))"
+}
 for p in "${RANKS[@]}"; do
   read -r pol prio nice <<<"$(sched "$p" "$p")"
   echo "rank $p main thread: policy $pol priority $prio nice $nice"
   [ "$pol" = 0 ] || fail "rank $p: the main (compute) thread has policy $pol, expected 0 (SCHED_OTHER)"
-  found=0
-  for t in /proc/"$p"/task/*; do
-    [ "$(cat "$t/comm" 2>/dev/null)" = dt-progress ] || continue
-    found=1
-    read -r pol prio nice <<<"$(sched "$p" "${t##*/}")"
-    echo "rank $p dt-progress thread ${t##*/}: policy $pol priority $prio"
-    if [ "$pol" != 1 ] || [ "$prio" != 60 ]; then
-      fail "rank $p: dt-progress has policy $pol priority $prio, expected 1 (SCHED_FIFO) 60"
-    fi
-  done
-  [ $found -eq 1 ] ||
-    fail "rank $p has no thread named dt-progress (threads: $(cat /proc/"$p"/task/*/comm | sort | uniq -c | tr -s ' \n' ' '))"
-  found=0
-  for t in /proc/"$p"/task/*; do
-    [ "$(cat "$t/comm" 2>/dev/null)" = dt-metrics ] || continue
-    found=1
-    read -r pol prio nice <<<"$(sched "$p" "${t##*/}")"
-    echo "rank $p dt-metrics thread ${t##*/}: policy $pol nice $nice"
-    [ "$pol" = 3 ] || fail "rank $p: dt-metrics has policy $pol, expected 3 (SCHED_BATCH)"
-  done
-  [ $found -eq 1 ] || fail "rank $p has no thread named dt-metrics"
+  expect_threads "$p" dt-progress 1 60  # SCHED_FIFO at the tier's priority
+  expect_threads "$p" dt-metrics 3      # SCHED_BATCH
 done
 
 # A process in the job's groups that Slurm does not know of (started outside the job, detached):
