@@ -1644,10 +1644,15 @@ Opened open_read(MpiComm& mc, const std::string& path) {
   struct stat st;
   const bool here = ::stat(path.c_str(), &st) == 0;
   const bool file = here && S_ISREG(st.st_mode);
-  const std::string why = !here               ? errno_text()
-                          : S_ISDIR(st.st_mode) ? std::string("it is a folder: name a step-N.h5 file in it, or use --ckpt.dir=FOLDER --ckpt.resume=auto")
-                          : file               ? std::string()
-                                               : std::string("not a regular file");
+  std::string why;
+  if (!here)
+    why = errno_text();
+  else if (S_ISDIR(st.st_mode))
+    why =
+        "it is a folder: name a step-N.h5 file in it, or use --ckpt.dir=FOLDER "
+        "--ckpt.resume=auto";
+  else if (!file)
+    why = "not a regular file";
   if (!all_ok(mc, file))
     DT_THROW(CheckpointError, path, ": cannot read",
              file ? std::string(" on another rank") : ": " + why);

@@ -383,7 +383,8 @@ MpiComm::MpiComm(MPI_Comm c, std::string name, std::shared_ptr<MpiOps> ops)
   // The world ranks of the members, so that the hang watchdog judges a collective on this
   // communicator among them alone.
   MPI_Group g = MPI_GROUP_NULL, wg = MPI_GROUP_NULL;
-  if (MPI_Comm_group(comm_, &g) == MPI_SUCCESS && MPI_Comm_group(MPI_COMM_WORLD, &wg) == MPI_SUCCESS) {
+  if (MPI_Comm_group(comm_, &g) == MPI_SUCCESS &&
+      MPI_Comm_group(MPI_COMM_WORLD, &wg) == MPI_SUCCESS) {
     std::vector<int> in(static_cast<std::size_t>(size_));
     world_ranks_.resize(in.size());
     for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int>(i);

@@ -116,7 +116,7 @@ class MpiComm final : public Comm {
   std::shared_ptr<MpiOps> ops_;
   std::size_t max_chunk_ = std::size_t{1} << 30;
   std::vector<int> world_ranks_;
-  int splits_ = 0;  // split_mpi calls so far (collective: the same count on every member)
+  int splits_ = 0;           // split_mpi calls so far (collective: the same count on every member)
   std::uint64_t calls_ = 0;  // collectives called so far (the sequence number of the last)
 };
 

@@ -578,7 +578,8 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
       hints.ai_socktype = SOCK_STREAM;
       hints.ai_flags = AI_PASSIVE;
       addrinfo* found = nullptr;
-      const int rc = ::getaddrinfo(m.o.host.empty() ? nullptr : m.o.host.c_str(), "0", &hints, &found);
+      const int rc =
+          ::getaddrinfo(m.o.host.empty() ? nullptr : m.o.host.c_str(), "0", &hints, &found);
       if (found) ::freeaddrinfo(found);
       DT_CHECK(ConfigError, rc == 0, "option --metrics.host: '", m.o.host,
                "' is not an address of this host (", ::gai_strerror(rc),

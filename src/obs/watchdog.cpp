@@ -499,7 +499,7 @@ struct Watchdog::Impl {
     if (!members_text.empty()) line << " of world ranks " << members_text;
     line << " has not completed after " << limit_s << " s; ";
     if (missing.empty()) {
-      line << (members_text.empty() ? "every rank" : "every member") 
+      line << (members_text.empty() ? "every rank" : "every member")
            << " has reached it (stuck inside the collective)";
     } else if (e.peer >= 0 && missing.size() == 1 && missing[0] == e.peer) {
       line << "rank " << e.peer << " has not sent it" << detail.str();

@@ -90,7 +90,8 @@ std::vector<std::string> local_masks(MpiComm& node, int local_rank, const std::s
   node.all_gather(view_of(own), view_of(all));
   std::vector<std::string> masks(static_cast<std::size_t>(node.size()));
   for (int r = 0; r < node.size(); ++r) {
-    const char* rec = reinterpret_cast<const char*>(all.data()) + width * static_cast<std::size_t>(r);
+    const char* rec =
+        reinterpret_cast<const char*>(all.data()) + width * static_cast<std::size_t>(r);
     int lr = 0;
     std::memcpy(&lr, rec, sizeof(int));
     DT_ASSERT(lr >= 0 && lr < node.size(), "local rank ", lr, " of ", node.size());

@@ -126,8 +126,8 @@ Binding HwlocTopology::current(const char* mode) const {
 }
 
 std::pair<int, int> share_of(int items, int index, int count) {
-  DT_ASSERT(items > 0 && count > 0 && index >= 0 && index < count, "share_of(", items, ", ",
-            index, ", ", count, ")");
+  DT_ASSERT(items > 0 && count > 0 && index >= 0 && index < count, "share_of(", items, ", ", index,
+            ", ", count, ")");
   if (count > items) return {index % items, index % items + 1};
   return {static_cast<int>(static_cast<long>(index) * items / count),
           static_cast<int>(static_cast<long>(index + 1) * items / count)};

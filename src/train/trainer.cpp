@@ -1588,8 +1588,8 @@ void Trainer::save_checkpoint_now(bool sync) {
   // Its collectives, and those inside it, wait for the slowest rank's writes: ckpt.timeout-s.
   const watchdog::LimitScope save_limit(c_.ckpt_timeout_s);
   // Watched for hangs like a collective (ckpt.timeout-s), counted in dt_ckpt_* (not dt_comm_*).
-  const watchdog::OpRecord save_record("checkpoint", ++saves_, "save", "hdf5", DType::u8, 0, -1,
-                                       -1, false);
+  const watchdog::OpRecord save_record("checkpoint", ++saves_, "save", "hdf5", DType::u8, 0, -1, -1,
+                                       false);
   const SaveStats st = save_checkpoint(
       comm_, c_.ckpt_dir, state_tensors(), meta, static_cast<int>(c_.ckpt_keep),
       [die, stall, this, &fail_here] {

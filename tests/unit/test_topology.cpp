@@ -80,7 +80,8 @@ TEST_CASE("sharers_of: the local ranks given the same binding, in local rank ord
   for (int r = 0; r < 4; ++r) CHECK(dt::sharers_of(own, r) == std::pair<int, int>{0, 1});
 }
 
-TEST_CASE("bind: unbound ranks split the node; a launcher's binding of one rank or one core is kept") {
+TEST_CASE(
+    "bind: unbound ranks split the node; a launcher's binding of one rank or one core is kept") {
   KeepAffinity keep;
   const std::set<int> all = keep.before;
   dt::HwlocTopology hw;
@@ -122,9 +123,10 @@ TEST_CASE("bind: a launcher's binding of several cores shared by two ranks: disj
   KeepAffinity keep;
   const std::set<int> all = keep.before;
   if (all.size() < 3) {
-    MESSAGE("SKIP: a shared launcher binding of 2+ cores that is not the whole node needs 3 CPUs "
-            "or more; this process may use ",
-            all.size());
+    MESSAGE(
+        "SKIP: a shared launcher binding of 2+ cores that is not the whole node needs 3 CPUs "
+        "or more; this process may use ",
+        all.size());
     return;
   }
   dt::HwlocTopology hw;
