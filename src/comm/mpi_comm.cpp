@@ -362,6 +362,22 @@ char* at(const void* p, std::size_t elems, DType t) {
 
 }  // namespace
 
+// The rank in `to` of every rank of `from` (MPI_UNDEFINED where it is not in `to`); an MPI error
+// code in *rc (MPI_SUCCESS: the list is complete).
+std::vector<int> ranks_in(MPI_Comm from, MPI_Comm to, int* rc) {
+  MPI_Group fg = MPI_GROUP_NULL, tg = MPI_GROUP_NULL;
+  int n = 0;
+  MPI_Comm_size(from, &n);
+  std::vector<int> in(static_cast<std::size_t>(n)), out(in.size(), MPI_UNDEFINED);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int>(i);
+  *rc = MPI_Comm_group(from, &fg);
+  if (*rc == MPI_SUCCESS) *rc = MPI_Comm_group(to, &tg);
+  if (*rc == MPI_SUCCESS) *rc = MPI_Group_translate_ranks(fg, n, in.data(), tg, out.data());
+  if (fg != MPI_GROUP_NULL) MPI_Group_free(&fg);
+  if (tg != MPI_GROUP_NULL) MPI_Group_free(&tg);
+  return out;
+}
+
 std::string split_name(const std::string& parent, int nth, int color) {
   return parent + "/split" + (nth > 1 ? std::to_string(nth) : std::string()) + "(" +
          std::to_string(color) + ")";
@@ -382,17 +398,9 @@ MpiComm::MpiComm(MPI_Comm c, std::string name, std::shared_ptr<MpiOps> ops)
   MPI_Comm_size(comm_, &size_);
   // The world ranks of the members, so that the hang watchdog judges a collective on this
   // communicator among them alone.
-  MPI_Group g = MPI_GROUP_NULL, wg = MPI_GROUP_NULL;
-  if (MPI_Comm_group(comm_, &g) == MPI_SUCCESS &&
-      MPI_Comm_group(MPI_COMM_WORLD, &wg) == MPI_SUCCESS) {
-    std::vector<int> in(static_cast<std::size_t>(size_));
-    world_ranks_.resize(in.size());
-    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int>(i);
-    if (MPI_Group_translate_ranks(g, size_, in.data(), wg, world_ranks_.data()) != MPI_SUCCESS)
-      world_ranks_.clear();
-  }
-  if (g != MPI_GROUP_NULL) MPI_Group_free(&g);
-  if (wg != MPI_GROUP_NULL) MPI_Group_free(&wg);
+  int rc = MPI_SUCCESS;
+  world_ranks_ = ranks_in(comm_, MPI_COMM_WORLD, &rc);
+  if (rc != MPI_SUCCESS) world_ranks_.clear();
   if (!world_ranks_.empty()) watchdog::note_members(name_, world_ranks_);
 }
 
@@ -716,14 +724,8 @@ std::unique_ptr<MpiComm> MpiComm::split_mpi(int color, int key) {
 
 std::vector<int> MpiComm::node_peers() {
   const std::unique_ptr<MpiComm> local = split_shared();
-  MPI_Group lg = MPI_GROUP_NULL, g = MPI_GROUP_NULL;
-  DT_MPI(MPI_Comm_group(local->handle(), &lg), rank_, name_);
-  DT_MPI(MPI_Comm_group(comm_, &g), rank_, name_);
-  std::vector<int> in(static_cast<std::size_t>(local->size())), out(in.size());
-  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int>(i);
-  const int rc = MPI_Group_translate_ranks(lg, local->size(), in.data(), g, out.data());
-  MPI_Group_free(&lg);
-  MPI_Group_free(&g);
+  int rc = MPI_SUCCESS;
+  const std::vector<int> out = ranks_in(local->handle(), comm_, &rc);
   DT_MPI(rc, rank_, name_);
   std::vector<int> peers;
   for (int r : out)

@@ -530,9 +530,13 @@ struct Exporter::Impl {
 };
 
 namespace {
-// A thread of the exporter: named "dt-metrics" (top, /proc/PID/task/TID/comm) and of the io role
-// of a QoS tier (SCHED_BATCH), so that serving and writing metrics never take compute's time.
+// Makes the calling thread one of the exporter's (once per thread): named "dt-metrics" (top,
+// /proc/PID/task/TID/comm) and of the io role of a QoS tier (SCHED_BATCH), so that serving and
+// writing metrics never take compute's time.
 void io_thread() noexcept {
+  thread_local bool done = false;
+  if (done) return;
+  done = true;
   pthread_setname_np(pthread_self(), "dt-metrics");
   qos::apply_to_current_thread(qos::Role::io);
 }
@@ -567,8 +571,7 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
     });
     Registry* reg = &registry;
     m.server.Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {
-      static thread_local const bool named = (io_thread(), true);  // httplib's pool thread
-      (void)named;
+      io_thread();  // httplib's pool thread
       res.set_content(reg->render(), kContentType);
     });
     // A host that does not resolve is named as such (the bind's errno would say nothing of it).

@@ -157,19 +157,19 @@ Binding HwlocTopology::bind(BindMode mode, int local_rank, const std::vector<std
   Bitmap region = make_bitmap();
   hwloc_bitmap_copy(region.get(), allowed);
   int index = local_rank, count = static_cast<int>(masks.size());
-  const char* done = "cores";
-  if (mode == BindMode::automatic && have_cur && !hwloc_bitmap_isincluded(allowed, cur.get())) {
+  const bool split =
+      mode == BindMode::automatic && have_cur && !hwloc_bitmap_isincluded(allowed, cur.get());
+  if (split) {
     std::tie(index, count) = sharers_of(masks, local_rank);
     if (count <= 1) return current("launcher");
     hwloc_bitmap_and(region.get(), cur.get(), allowed);
-    done = "split";
   }
   std::vector<hwloc_obj_t> cores;
   for (hwloc_obj_t c = hwloc_get_next_obj_by_type(t_, HWLOC_OBJ_CORE, nullptr); c;
        c = hwloc_get_next_obj_by_type(t_, HWLOC_OBJ_CORE, c))
     if (c->cpuset && hwloc_bitmap_intersects(c->cpuset, region.get())) cores.push_back(c);
   if (cores.empty() || count <= 0) return current("none");
-  if (std::strcmp(done, "split") == 0 && cores.size() == 1) return current("launcher");
+  if (split && cores.size() == 1) return current("launcher");
   const auto [first, last] = share_of(static_cast<int>(cores.size()), index, count);
   Bitmap set = make_bitmap();
   for (int c = first; c < last; ++c)
@@ -180,7 +180,7 @@ Binding HwlocTopology::bind(BindMode mode, int local_rank, const std::vector<std
     b.mode = std::string("failed (") + std::strerror(errno) + ")";
     return b;
   }
-  return current(done);
+  return current(split ? "split" : "cores");
 }
 
 }  // namespace dt

@@ -16,12 +16,15 @@
 #include <string>
 #include <thread>
 
+#include "cpus.hpp"
 #include "dt/error.hpp"
 #include "dt/qos.hpp"
 #include "temp_dir.hpp"
 
 namespace {
 
+using dt::test::allow_cpus;
+using dt::test::allowed_cpus;
 using dt::test::TempDir;
 
 struct ThreadSched {
@@ -202,24 +205,6 @@ TEST_CASE("qos: each role gets its tier's policy") {
   CHECK(io.nice == std::min(19, base + 10));
   // The main thread itself was given the compute policy by configure().
   CHECK(read_sched(::syscall(SYS_gettid)).policy == SCHED_OTHER);
-}
-
-// The CPUs this thread may run on.
-std::vector<int> allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
-  std::vector<int> out;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) out.push_back(c);
-  return out;
-}
-
-void allow_cpus(const std::vector<int>& cpus) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int c : cpus) CPU_SET(c, &set);
-  REQUIRE(sched_setaffinity(0, sizeof set, &set) == 0);
 }
 
 std::vector<int> g_reset_to;  // what the move resets the affinity to (as kernels before 6.2 do)

@@ -4,49 +4,40 @@
 #include <sched.h>
 #include <stdlib.h>
 
-#include <filesystem>
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "cpus.hpp"
 #include "topo/hwloc_topo.hpp"
 
 namespace {
 
-std::set<int> affinity() {
-  cpu_set_t s;
-  CPU_ZERO(&s);
-  REQUIRE(sched_getaffinity(0, sizeof s, &s) == 0);
-  std::set<int> out;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &s)) out.insert(c);
-  return out;
-}
+using dt::test::allow_cpus;
+using dt::test::allowed_cpus;
 
-// Binds every thread of this process to `cpus`, as a launcher binds a process before it starts
-// (bind() reads the binding of the whole process: the union of its threads').
-void set_affinity(const std::set<int>& cpus) {
-  cpu_set_t s;
-  CPU_ZERO(&s);
-  for (int c : cpus) CPU_SET(c, &s);
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task"))
-    REQUIRE(sched_setaffinity(std::stoi(task.path().filename().string()), sizeof s, &s) == 0);
-}
-
-std::string list(const std::set<int>& cpus) {
+std::string list(const std::vector<int>& cpus) {
   std::string s;
   for (int c : cpus) s += (s.empty() ? "" : ",") + std::to_string(c);
   return s;
+}
+
+bool has(const std::vector<int>& cpus, int c) {
+  return std::find(cpus.begin(), cpus.end(), c) != cpus.end();
 }
 
 // Restores this process's CPU set when a test case ends. Also keeps hwloc's PCI component out:
 // binding needs no devices, and libpciaccess, which that component uses, keeps allocations past
 // the topology's end, which LeakSanitizer reports in the sanitizer build.
 struct KeepAffinity {
-  std::set<int> before = affinity();
+  std::vector<int> before = allowed_cpus();
   KeepAffinity() { setenv("HWLOC_COMPONENTS", "-pci", 1); }
   ~KeepAffinity() {
-    set_affinity(before);
+    try {
+      allow_cpus(before, true);
+    } catch (...) {  // a failed REQUIRE: reported already, and a destructor must not throw
+    }
     unsetenv("HWLOC_COMPONENTS");
   }
 };
@@ -90,7 +81,7 @@ TEST_CASE("sharers_of: the local ranks given the same binding, in local rank ord
 TEST_CASE(
     "bind: unbound ranks split the node; a launcher's binding of one rank or one core is kept") {
   KeepAffinity keep;
-  const std::set<int> all = keep.before;
+  const std::vector<int> all = keep.before;
   dt::HwlocTopology hw;
   const std::string whole = hw.current("x").cpus;
 
@@ -98,37 +89,37 @@ TEST_CASE(
     const std::vector<std::string> masks(2, whole);
     const dt::Binding b = hw.bind(dt::BindMode::automatic, 1, masks);
     CHECK(b.mode == "cores");
-    const std::set<int> got = affinity();
+    const std::vector<int> got = allowed_cpus();
     if (all.size() >= 2) CHECK(got.size() < all.size());
   }
   if (all.size() < 2) return;
-  const int first = *all.begin();
+  const int first = all.front();
   SUBCASE("a binding this rank alone holds is kept") {
-    set_affinity({first});
+    allow_cpus({first}, true);
     const std::vector<std::string> masks{std::to_string(first), whole};
     const dt::Binding b = hw.bind(dt::BindMode::automatic, 0, masks);
     CHECK(b.mode == "launcher");
-    CHECK(affinity() == std::set<int>{first});
+    CHECK(allowed_cpus() == std::vector<int>{first});
   }
   SUBCASE("one core shared: nothing to split, kept") {
-    set_affinity({first});
+    allow_cpus({first}, true);
     const std::vector<std::string> masks(3, std::to_string(first));
     const dt::Binding b = hw.bind(dt::BindMode::automatic, 2, masks);
     CHECK(b.mode == "launcher");
-    CHECK(affinity() == std::set<int>{first});
+    CHECK(allowed_cpus() == std::vector<int>{first});
   }
   SUBCASE("cores mode ignores the launcher's binding") {
-    set_affinity({first});
+    allow_cpus({first}, true);
     const std::vector<std::string> masks{std::to_string(first)};
     const dt::Binding b = hw.bind(dt::BindMode::cores, 0, masks);
     CHECK(b.mode == "cores");
-    CHECK(affinity() == all);
+    CHECK(allowed_cpus() == all);
   }
 }
 
 TEST_CASE("bind: a launcher's binding of several cores shared by two ranks: disjoint halves") {
   KeepAffinity keep;
-  const std::set<int> all = keep.before;
+  const std::vector<int> all = keep.before;
   if (all.size() < 3) {
     MESSAGE(
         "SKIP: a shared launcher binding of 2+ cores that is not the whole node needs 3 CPUs "
@@ -138,17 +129,17 @@ TEST_CASE("bind: a launcher's binding of several cores shared by two ranks: disj
   }
   dt::HwlocTopology hw;
   const std::string whole = hw.current("x").cpus;
-  const std::set<int> mine(std::next(all.begin()), all.end());  // all but the first
+  const std::vector<int> mine(all.begin() + 1, all.end());  // all but the first
   const std::vector<std::string> masks{whole, list(mine), list(mine)};
   std::set<int> seen;
   for (int lr = 1; lr <= 2; ++lr) {
-    set_affinity(mine);
+    allow_cpus(mine, true);
     const dt::Binding b = hw.bind(dt::BindMode::automatic, lr, masks);
     CHECK(b.mode == "split");
-    const std::set<int> got = affinity();
+    const std::vector<int> got = allowed_cpus();
     CHECK(!got.empty());
     for (int c : got) {
-      CHECK(mine.count(c) == 1);
+      CHECK(has(mine, c));
       CHECK(seen.insert(c).second);
     }
   }
