@@ -93,7 +93,8 @@ struct Settings {
   bool scoped_limits = false;
   std::string dump_dir = ".";
   int exit_code = 4;
-  double test_late_once_s = 0;  ///< testing only: the thread's first check is this much late
+  double test_late_once_s = 0;   ///< testing only: the thread's first check is this much late
+  double test_start_late_s = 0;  ///< testing only: the thread starts this much after construction
 };
 
 class Watchdog {

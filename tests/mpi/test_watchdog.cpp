@@ -3,6 +3,9 @@
 //                        operation with a 3.5 s limit is in flight: no hang. The record keeps its
 //                        real duration (6.5 s) and says how long the process was stopped. (Were
 //                        the stop counted, the watchdog would abort the job near 5.4 s.)
+//   test_watchdog stop_early   the same, with the watchdog thread starting 0.6 s late (as on a
+//                        loaded node): the stop begins before its first check and still does
+//                        not count.
 //   test_watchdog late   the watchdog thread itself runs 5 s late (kept off its CPU: no SIGCONT)
 //                        while an operation with a 3 s limit is in flight: that time counts, and
 //                        the watchdog aborts the job (exit 4) near 6 s, after the line "waiting"
@@ -43,9 +46,10 @@ void sleep_until_after(Clock::time_point t0, double seconds) {
   while (Clock::now() < until) std::this_thread::sleep_until(until);
 }
 
-int stop_case() {
+int stop_case(double start_late_s) {
   dt::watchdog::Settings s;
   s.timeout_s = 3.5;
+  s.test_start_late_s = start_late_s;
   s.dump_dir = "/tmp";
   dt::watchdog::Watchdog wd(MPI_COMM_WORLD, s);
   const auto t0 = Clock::now();
@@ -134,13 +138,15 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   int rc = 2;
   if (mode == "stop") {
-    rc = stop_case();
+    rc = stop_case(0);
+  } else if (mode == "stop_early") {
+    rc = stop_case(0.6);
   } else if (mode == "late") {
     rc = late_case();
   } else if (mode == "groups") {
     rc = groups_case();
   } else {
-    std::printf("usage: test_watchdog stop|late|groups\n");
+    std::printf("usage: test_watchdog stop|stop_early|late|groups\n");
   }
   MPI_Finalize();
   return rc;
