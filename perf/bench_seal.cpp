@@ -24,6 +24,8 @@
 //   all_reduce  16 MiB of f32 (sum) over MPI_Allreduce (dt::MpiComm), over dt's sealed
 //               communicator (again with and without the mailboxes), and over the same algorithm
 //               with every peer unsealed: GB/s algorithm bandwidth (bytes / time)
+// --aes auto|openssl|ipsec-mb picks the AES-GCM code of every seal and open (default auto; dt
+// before security.aes has OpenSSL alone and takes no --aes).
 // --cases picks some of local,p2p,all_reduce (default: all). Each figure is the median of --iters
 // timed repetitions after one warm-up. The ranks may sit on
 // one node or on two (srun): the unsealed dt communicator exempts every peer either way.
@@ -49,6 +51,21 @@ namespace {
 
 namespace sec = dt::security;
 using Clock = std::chrono::steady_clock;
+
+#ifdef DT_SECURITY_HAS_AES_IMPL
+sec::AesImpl g_aes = sec::AesImpl::automatic;
+sec::Aead make_aead(const sec::Key& k, bool encrypt) {
+  return sec::Aead(sec::SecretKey(k), encrypt, g_aes);
+}
+sec::Keys make_keys(const sec::Key& k) {
+  return sec::Keys(sec::SecretKey(k), sec::slurm_job_id(), g_aes);
+}
+#else
+sec::Aead make_aead(const sec::Key& k, bool encrypt) {
+  return sec::Aead(sec::SecretKey(k), encrypt);
+}
+sec::Keys make_keys(const sec::Key& k) { return sec::Keys(sec::SecretKey(k), sec::slurm_job_id()); }
+#endif
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -100,7 +117,7 @@ double reduce_rate(std::size_t bytes, int iters) {
 double seal_rate(std::size_t bytes, int iters, bool open) {
   sec::Key k{};
   k.fill(7);
-  sec::Aead enc(sec::SecretKey(k), true), dec(sec::SecretKey(k), false);
+  sec::Aead enc = make_aead(k, true), dec = make_aead(k, false);
   std::vector<std::uint8_t> in(bytes, 1), out(bytes + 16);
   std::uint8_t nonce[12] = {0}, aad[56] = {0}, tag[16];
   enc.seal(nonce, aad, sizeof aad, in.data(), bytes, out.data(), tag);
@@ -121,7 +138,7 @@ double streamed_rate(dt::Comm& world, std::size_t bytes, int window, std::size_t
   constexpr std::size_t kRecord = std::size_t{256} << 10;
   sec::Key k{};
   k.fill(7);
-  sec::Aead enc(sec::SecretKey(k), true), dec(sec::SecretKey(k), false);
+  sec::Aead enc = make_aead(k, true), dec = make_aead(k, false);
   std::vector<std::vector<std::uint8_t>> bufs(static_cast<std::size_t>(window),
                                               std::vector<std::uint8_t>(bytes, 1));
   ring = std::max(ring, kRecord) / kRecord * kRecord;
@@ -202,6 +219,9 @@ int main(int argc, char** argv) {
     if (a == "--record-bytes") record_bytes = std::strtoull(argv[i + 1], nullptr, 10);
     if (a == "--segment-bytes") segment_bytes = std::strtoull(argv[i + 1], nullptr, 10);
     if (a == "--shm-ring-bytes") ring_bytes = std::strtoull(argv[i + 1], nullptr, 10);
+#ifdef DT_SECURITY_HAS_AES_IMPL
+    if (a == "--aes") g_aes = sec::parse_aes_impl(argv[i + 1], "--aes");
+#endif
   }
   {
     auto world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
@@ -213,10 +233,17 @@ int main(int argc, char** argv) {
     }
     sec::Key k{};
     k.fill(42);
-    const sec::Keys keys(sec::SecretKey(k), sec::slurm_job_id());
+    const sec::Keys keys = make_keys(k);
     auto want = [&](const char* c) {
       return ("," + cases + ",").find(std::string(",") + c + ",") != std::string::npos;
     };
+#ifdef DT_SECURITY_HAS_AES_IMPL
+    if (lead)
+      std::printf("AES-256-GCM code: %s%s\n", sec::aes_impl_name(keys.aes()),
+                  keys.aes() == sec::AesImpl::ipsec_mb
+                      ? (", " + sec::ipsec_mb_arch() + " code").c_str()
+                      : "");
+#endif
     if (lead) std::printf("%-46s %8s\n", "case", "GB/s");
     if (lead && want("local")) {
       std::printf("memcpy 256 KiB (in cache, one core)            %8.2f\n",

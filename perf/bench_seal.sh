@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sealed tensor traffic against its ceilings and against a baseline, side by side in one run.
 #   perf/bench_seal.sh [BUILD_DIR] [BASELINE_BENCH]
+#   BASE_ARGS="--aes openssl" perf/bench_seal.sh [BUILD_DIR]
 # Each of ROUNDS rounds (default 3) records the load (uptime), then runs back to back:
 #   1. openssl speed -elapsed -evp aes-256-gcm, 1 MiB blocks, wall clock as bench_seal measures:
 #      one process on one core (taskset -c 0), and two processes at once (-multi 2; per process:
@@ -8,7 +9,8 @@
 #   2. bench_seal of BUILD_DIR (default build/; the bench_seal target is built first) on 2 ranks
 #   3. BASELINE_BENCH, if given: a bench_seal binary built from the same perf/bench_seal.cpp
 #      against another dt (the previous implementation), same arguments; its order with 2.
-#      alternates between rounds
+#      alternates between rounds; or, without BASELINE_BENCH and with BASE_ARGS set, this build's
+#      bench_seal again with BASE_ARGS added (another AES-GCM code: "--aes openssl")
 # and then prints per round and as medians over the rounds, for each sealed path of each binary
 # (this build: through the shared-memory mailboxes and through the transport alone, side by side
 # in the same process; a baseline before the mailboxes: its one path): sealed p2p as a fraction of
@@ -37,6 +39,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../build}
 baseline=${2:-}
+base_args=(${BASE_ARGS:-})
 rounds=${ROUNDS:-3}
 nodes=${NODES:-1}
 args=(${BENCH_ARGS:---iters 5})
@@ -68,13 +71,17 @@ for r in $(seq "$rounds"); do
     echo "round $r openssl-multi2 $("${own[@]}" openssl speed -elapsed -multi 2 -evp aes-256-gcm -seconds 2 \
       -bytes 1048576 2>/dev/null | tail -n 1)"
     order=(new)
-    if [ -n "$baseline" ]; then
+    if [ -n "$baseline" ] || [ ${#base_args[@]} -gt 0 ]; then
       if [ $((r % 2)) = 1 ]; then order=(new base); else order=(base new); fi
     fi
     for which in "${order[@]}"; do
       bin=$build/tests/security/bench_seal
-      [ "$which" = base ] && bin=$baseline
-      run "$bin" "${args[@]}" | sed "s/^/round $r $which /"
+      extra=()
+      if [ "$which" = base ]; then
+        [ -n "$baseline" ] && bin=$baseline
+        extra=(${base_args[@]+"${base_args[@]}"})
+      fi
+      run "$bin" "${args[@]}" ${extra[@]+"${extra[@]}"} | sed "s/^/round $r $which /"
     done
     echo "round $r load-after $(cut -d' ' -f1-3 /proc/loadavg)"
   } | tee -a "$out"

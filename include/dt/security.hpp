@@ -52,15 +52,16 @@
 // every check are those of the transport path, and so are the errors (a rejected record fails its
 // receive with dt::SecurityError naming the peer and the sequence number; every other pending
 // or later operation through the channel's mailboxes then fails too, a failed receive's buffer
-// keeps nothing of the records it opened, and none touches a caller's buffer any more). A message that arrives before its receive is posted waits in the mailbox;
-// it is copied aside (as MPI keeps unexpected messages) only when a receive of another tag waits
-// behind it, or when a wait has made no progress for a millisecond. Synchronisation is by atomics
-// in the segment: waits spin briefly, then yield the core; a wait that makes no progress fails with
-// dt::CommError when the peer's end was destroyed or its process is gone, instead of hanging. Sends
-// complete when every record is in the mailbox; every wait on the channel advances every pending
-// operation, and a helper thread seals pending sends when nobody has advanced them for a
-// millisecond (so a send completes while its caller computes or waits elsewhere, as MPI's do).
-// Tamper faults apply on this path as on the transport's.
+// keeps nothing of the records it opened, and none touches a caller's buffer any more). A message
+// that arrives before its receive is posted waits in the mailbox; it is copied aside (as MPI keeps
+// unexpected messages) only when a receive of another tag waits behind it, or when a wait has made
+// no progress for a millisecond. Synchronisation is by atomics in the segment: waits spin briefly,
+// then yield the core; a wait that makes no progress fails with dt::CommError when the peer's end
+// was destroyed or its process is gone, instead of hanging. Sends complete when every record is in
+// the mailbox; every wait on the channel advances every pending operation, and a helper thread
+// seals pending sends when nobody has advanced them for a millisecond (so a send completes while
+// its caller computes or waits elsewhere, as MPI's do). Tamper faults apply on this path as on the
+// transport's.
 //
 // Failure policy: a SecurityError must end the job (no rank may go on with bad data). Callers catch
 // it at the top of the rank and call abort_job(), which prints the reason and calls MPI_Abort, so
@@ -128,12 +129,36 @@ namespace detail {
 extern const Salt* salt_for_test;
 }  // namespace detail
 
+/// Defined where AesImpl exists (for code that also builds against older dt: perf/bench_seal.cpp).
+#define DT_SECURITY_HAS_AES_IMPL 1
+
+/// Which code computes AES-256-GCM. Both give the same bytes (the algorithm is the standard one),
+/// so ranks that use different ones still talk.
+enum class AesImpl {
+  automatic,  ///< ipsec_mb when dt was built with it and it has AVX-512 code for this CPU; else
+              ///< openssl
+  openssl,    ///< OpenSSL's EVP interface
+  ipsec_mb,   ///< Intel ipsec-mb (VAES and VPCLMULQDQ on CPUs that have them)
+};
+/// "auto", "openssl" or "ipsec-mb".
+const char* aes_impl_name(AesImpl a) noexcept;
+/// Parses aes_impl_name's text; throws dt::ConfigError naming `what` and the accepted values.
+AesImpl parse_aes_impl(const std::string& text, const std::string& what);
+/// Whether this build has it (automatic and openssl: always).
+bool aes_impl_available(AesImpl a) noexcept;
+/// What `automatic` means on this machine (openssl or ipsec_mb); others are returned unchanged.
+AesImpl resolve_aes_impl(AesImpl a) noexcept;
+/// The code path ipsec-mb chose for this CPU ("avx512", "avx2", ...), or "" without ipsec-mb.
+std::string ipsec_mb_arch();
+
 /// Key derivation from one job key.
 class Keys {
  public:
   /// `job_id` is mixed into every traffic key (use slurm_job_id()).
-  Keys(SecretKey job_key, std::string job_id);
+  Keys(SecretKey job_key, std::string job_id, AesImpl aes = AesImpl::automatic);
   const std::string& job_id() const noexcept { return job_id_; }
+  /// The AES-GCM code the Aeads of these keys use (resolved: openssl or ipsec_mb).
+  AesImpl aes() const noexcept { return aes_; }
   /// The key of messages from `sender` to `receiver` on `channel`, with the salts the two drew
   /// for this channel instance.
   SecretKey traffic_key(const std::string& channel, const Salt& sender_salt,
@@ -144,16 +169,18 @@ class Keys {
  private:
   SecretKey job_key_;
   std::string job_id_;
+  AesImpl aes_;
 };
 
 /// HKDF-SHA-256 (RFC 5869) of `ikm` with `salt` and `info` into 32 bytes.
 Key hkdf_sha256(const std::uint8_t* ikm, std::size_t ikm_len, const std::uint8_t* salt,
                 std::size_t salt_len, const std::uint8_t* info, std::size_t info_len);
 
-/// One AES-256-GCM key schedule in an OpenSSL EVP context (RAII, move-only). Not thread-safe.
+/// One AES-256-GCM key schedule (RAII, move-only). Not thread-safe. Throws dt::SecurityError when
+/// `impl` is ipsec_mb and this build has no ipsec-mb.
 class Aead {
  public:
-  Aead(const SecretKey& key, bool encrypt);
+  Aead(const SecretKey& key, bool encrypt, AesImpl impl = AesImpl::automatic);
   ~Aead();
   Aead(Aead&& o) noexcept;
   Aead& operator=(Aead&& o) noexcept;
@@ -167,9 +194,13 @@ class Aead {
   /// zeroed: no unverified byte stays where a caller that catches the error could use it).
   bool open(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t aad_len, const void* in,
             std::size_t n, void* out, const std::uint8_t* tag);
+  /// openssl or ipsec_mb.
+  AesImpl impl() const noexcept { return imb_ ? AesImpl::ipsec_mb : AesImpl::openssl; }
 
  private:
-  void* ctx_ = nullptr;  // EVP_CIPHER_CTX
+  void release() noexcept;
+  void* ctx_ = nullptr;  // EVP_CIPHER_CTX (openssl)
+  void* imb_ = nullptr;  // the key schedule and hash keys (ipsec_mb)
   bool encrypt_ = true;
 };
 

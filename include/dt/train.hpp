@@ -59,7 +59,7 @@ struct TrainConfig {
   std::int64_t ckpt_every = 0;  ///< steps between saves (0: only at the end and on drain)
   std::int64_t ckpt_keep = 3;
   double ckpt_lock_wait_s = 120;  ///< waiting for another run's claim on ckpt_dir (FolderLock)
-  double ckpt_timeout_s = 3600;  ///< a save or load's limit for the hang watchdog (0: none)
+  double ckpt_timeout_s = 3600;   ///< a save or load's limit for the hang watchdog (0: none)
   bool ckpt_async = false;
   std::string ckpt_resume = "auto";         ///< auto | none | PATH
   bool eval_only = false;                   ///< report the loss of the resumed weights and stop
@@ -68,48 +68,49 @@ struct TrainConfig {
   std::int64_t test_kill_during_save = -1;  ///< testing only: this rank SIGKILLs itself mid-save
   std::int64_t test_fail_save_at_step = 0;  ///< testing only: the save of this step fails
   // gradient reduction (data parallelism)
-  double bucket_mb = 25;             ///< bucket size; 0: one all_reduce per parameter tensor
-  std::string allreduce = "auto";    ///< auto | shm | mpi
-  std::int64_t shm_min_bytes = 0;    ///< smaller all_reduce messages go to MPI
-  std::int64_t test_sim_nodes = 0;   ///< testing only: ranks split into this many simulated nodes
+  double bucket_mb = 25;            ///< bucket size; 0: one all_reduce per parameter tensor
+  std::string allreduce = "auto";   ///< auto | shm | mpi
+  std::int64_t shm_min_bytes = 0;   ///< smaller all_reduce messages go to MPI
+  std::int64_t test_sim_nodes = 0;  ///< testing only: ranks split into this many simulated nodes
   // hang watchdog
-  double comm_timeout_s = 600;       ///< a collective in flight longer than this aborts the job
-  std::string comm_dump_dir = ".";   ///< where the watchdog writes its dump
-  std::int64_t test_stall_rank = -1;       ///< testing only: stops before step test.skip-step
-  std::int64_t test_skip_collective = -1;  ///< testing only: this rank never joins a collective
-  std::int64_t test_skip_step = 2;         ///< ... the loss all_reduce of this step
+  double comm_timeout_s = 600;        ///< a collective in flight longer than this aborts the job
+  std::string comm_dump_dir = ".";    ///< where the watchdog writes its dump
+  std::int64_t test_stall_rank = -1;  ///< testing only: stops before step test.skip-step
+  std::int64_t test_skip_collective = -1;    ///< testing only: this rank never joins a collective
+  std::int64_t test_skip_step = 2;           ///< ... the loss all_reduce of this step
   std::int64_t test_stall_during_save = -1;  ///< testing only: this rank stops mid-save
   double test_save_delay_s = 0;              ///< testing only: the last rank's saves wait this long
   std::int64_t test_hold_at_step = 0;  ///< testing only: wait for a drain signal after this step
   // metrics and timeline (include/dt/metrics.hpp, include/dt/trace.hpp)
   int metrics_port = 0;  ///< HTTP /metrics at port + local_rank; 0 off; -1 a free port
   std::string metrics_host = "0.0.0.0";
-  std::string metrics_textfile;  ///< node_exporter textfile; {rank} becomes the rank
-  std::string metrics_push_url;  ///< Pushgateway base URL
+  std::string metrics_textfile;         ///< node_exporter textfile; {rank} becomes the rank
+  std::string metrics_push_url;         ///< Pushgateway base URL
   double metrics_push_timeout_s = 2.0;  ///< connect / read / write timeout of one push
-  std::string metrics_job;       ///< push job label ("": $SLURM_JOB_ID, else dt_train)
+  std::string metrics_job;              ///< push job label ("": $SLURM_JOB_ID, else dt_train)
   std::int64_t metrics_every = 10;
   double peak_flops = 1e11;  ///< per rank, for model FLOP utilisation
   std::string trace_dir;     ///< "" off
   int local_rank = 0;        ///< set by the app from the runtime (metrics port offset)
   // parallel layout (include/dt/mesh.hpp): dp x tp x pp ranks
-  int par_dp = 0;                     ///< 0: world / (tp x pp)
+  int par_dp = 0;  ///< 0: world / (tp x pp)
   int par_tp = 1;
   int par_pp = 1;
   std::int64_t par_microbatches = 0;  ///< per data-parallel rank and step; 0: from micro_batch
-  int par_zero = 0;                   ///< ZeRO stage: 0 replicas, 1 optimizer, 2 + gradients, 3 + parameters
-  bool par_auto = false;              ///< choose the layout from world, topology and memory
-  std::string par_engine = "auto";    ///< auto: fused model when tp = pp = 1; graph: always graph
-  bool cuda_graphs = false;           ///< replay a micro-batch's device work from graphs
-  std::string mem_limit = "0";        ///< per-rank memory limit of a plan ("8G"; 0: none)
-  bool print_plan = false;            ///< print the per-rank plan, write plan_dot, and stop
+  int par_zero = 0;       ///< ZeRO stage: 0 replicas, 1 optimizer, 2 + gradients, 3 + parameters
+  bool par_auto = false;  ///< choose the layout from world, topology and memory
+  std::string par_engine = "auto";  ///< auto: fused model when tp = pp = 1; graph: always graph
+  bool cuda_graphs = false;         ///< replay a micro-batch's device work from graphs
+  std::string mem_limit = "0";      ///< per-rank memory limit of a plan ("8G"; 0: none)
+  bool print_plan = false;          ///< print the per-rank plan, write plan_dot, and stop
   std::string plan_dot = "dt-plan.dot";
-  std::string p2p = "mpi";            ///< pipeline point-to-point transport: mpi | ucx
+  std::string p2p = "mpi";                   ///< pipeline point-to-point transport: mpi | ucx
   std::string test_sim_placement = "block";  ///< testing only: block | cyclic
   RankSite site;  ///< where this rank runs (set by the app from the runtime)
   // mixed precision
   std::string dtype = "fp32";  ///< fp32 | bf16 | fp16: storage of the compute weights and gradients
-  std::string grad_reduce = "fp32";  ///< fp32 | bf16: what the data-parallel gradient all_reduce carries
+  std::string grad_reduce =
+      "fp32";  ///< fp32 | bf16: what the data-parallel gradient all_reduce carries
   double loss_scale_initial = 65536;
   std::int64_t loss_scale_growth_interval = 2000;
   int loss_scale_hysteresis = 1;
@@ -117,14 +118,15 @@ struct TrainConfig {
   std::int64_t test_inject_inf_rank = -1;  ///< testing only: this rank's gradient gets an Inf
   std::int64_t test_inject_inf_step = 2;   ///< ... at this step
   std::int64_t test_inject_inf_every = 0;  ///< ... and every this many steps after it (0: once)
-  bool test_cast_weights = false;  ///< testing only: no 16-bit weight copy for the products
+  bool test_cast_weights = false;          ///< testing only: no 16-bit weight copy for the products
   // security (include/dt/security.hpp)
-  std::string seal = "off";         ///< off | p2p (pipeline messages) | all (and collectives)
-  std::string key_file;             ///< 32-byte job key, owner-only permissions
+  std::string seal = "off";             ///< off | p2p (pipeline messages) | all (and collectives)
+  std::string key_file;                 ///< 32-byte job key, owner-only permissions
+  std::string aes = "auto";             ///< AES-256-GCM code: auto | openssl | ipsec-mb
   bool seal_exempt_node_local = false;  ///< traffic inside a node's shared memory stays plain
-  bool seal_shm = true;  ///< sealed traffic inside a node goes through shared-memory mailboxes
-  bool ckpt_encrypt = false;        ///< checkpoints encrypted at rest with the job key
-  std::string test_tamper = "none"; ///< testing only: flip:N | replay:N | reorder:N
+  bool seal_shm = true;       ///< sealed traffic inside a node goes through shared-memory mailboxes
+  bool ckpt_encrypt = false;  ///< checkpoints encrypted at rest with the job key
+  std::string test_tamper = "none";    ///< testing only: flip:N | replay:N | reorder:N
   std::int64_t test_tamper_rank = -1;  ///< testing only: the rank whose sends are tampered with
 };
 
@@ -167,8 +169,8 @@ struct StepStats {
   double lr = 0;
   double grad_norm = 0;  ///< before clipping (infinite on a skipped step)
   double seconds = 0;
-  bool skipped = false;    ///< mixed precision: the gradients overflowed, no update was made
-  double loss_scale = 1;   ///< the loss scale this step used
+  bool skipped = false;   ///< mixed precision: the gradients overflowed, no update was made
+  double loss_scale = 1;  ///< the loss scale this step used
 };
 
 class GradBuckets;

@@ -1108,7 +1108,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     try {
       const trace::Scope seal_scope("ckpt.seal", "ckpt");
       DT_CHECK(CheckpointError, tensors.size() < 0xFFFFFFFFu, "too many tensors to encrypt");
-      security::Aead enc(keys->checkpoint_key(salt), true);
+      security::Aead enc(keys->checkpoint_key(salt), true, keys->aes());
       for (std::size_t i = 0; i < tensors.size(); ++i) {
         Share& sh = shares[i];
         if (sh.whole) {
@@ -1778,7 +1778,7 @@ std::optional<security::Aead> open_crypto(hid_t file, const std::string& path,
       from_hex(salt_hex, salt.data(), salt.size()) && from_hex(check_hex, want.data(), want.size()),
       "checkpoint key: ", path, ": attributes key_salt/key_check are malformed");
   const security::SecretKey k = keys->checkpoint_key(salt);
-  security::Aead enc(k, true);
+  security::Aead enc(k, true, keys->aes());
   const auto got = key_check(enc);
   DT_CHECK(CheckpointError, got == want, "checkpoint key: wrong key for ", path,
            ": it was encrypted with another job key (security.key_file); nothing was decrypted");
@@ -1792,7 +1792,7 @@ std::optional<security::Aead> open_crypto(hid_t file, const std::string& path,
              "authentication although they match their checksum (meta_sha256)", kTampered);
   DT_CHECK(CheckpointError, meta_ok, path,
            ": the root attributes (step, tokens, config, ...) fail authentication: altered");
-  return security::Aead(k, false);
+  return security::Aead(k, false, keys->aes());
 }
 
 // A dataset's declared extent is believed only as far as the file backs it: float32 elements, and

@@ -1,4 +1,4 @@
-// Job keys, HKDF and the AES-256-GCM EVP wrapper.
+// Job keys, HKDF and AES-256-GCM (OpenSSL's EVP, or Intel ipsec-mb where dt was built with it).
 #include <fcntl.h>
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
@@ -18,6 +18,10 @@
 
 #include "dt/error.hpp"
 #include "dt/security.hpp"
+
+#ifdef DT_HAVE_IPSEC_MB
+#include <intel-ipsec-mb.h>
+#endif
 
 namespace dt::security {
 
@@ -74,8 +78,8 @@ SecretKey load_key_file(const std::string& path) {
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
       OPENSSL_cleanse(k.data(), k.size());
-      DT_THROW(ConfigError, "security.key_file: cannot read '", path, "': ",
-               r < 0 ? std::strerror(errno) : "file shorter than 32 bytes");
+      DT_THROW(ConfigError, "security.key_file: cannot read '", path,
+               "': ", r < 0 ? std::strerror(errno) : "file shorter than 32 bytes");
     }
     got += static_cast<std::size_t>(r);
   }
@@ -114,12 +118,12 @@ Key hkdf_sha256(const std::uint8_t* ikm, std::size_t ikm_len, const std::uint8_t
   OSSL_PARAM params[5];
   int k = 0;
   params[k++] = OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, digest, 0);
-  params[k++] = OSSL_PARAM_construct_octet_string(
-      OSSL_KDF_PARAM_KEY, const_cast<std::uint8_t*>(ikm), ikm_len);
-  params[k++] = OSSL_PARAM_construct_octet_string(
-      OSSL_KDF_PARAM_SALT, const_cast<std::uint8_t*>(salt), salt_len);
-  params[k++] = OSSL_PARAM_construct_octet_string(
-      OSSL_KDF_PARAM_INFO, const_cast<std::uint8_t*>(info), info_len);
+  params[k++] = OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY,
+                                                  const_cast<std::uint8_t*>(ikm), ikm_len);
+  params[k++] = OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_SALT,
+                                                  const_cast<std::uint8_t*>(salt), salt_len);
+  params[k++] = OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO,
+                                                  const_cast<std::uint8_t*>(info), info_len);
   params[k] = OSSL_PARAM_construct_end();
   Key out{};
   DT_CHECK(SecurityError, EVP_KDF_derive(ctx, out.data(), out.size(), params) == 1,
@@ -127,8 +131,12 @@ Key hkdf_sha256(const std::uint8_t* ikm, std::size_t ikm_len, const std::uint8_t
   return out;
 }
 
-Keys::Keys(SecretKey job_key, std::string job_id)
-    : job_key_(std::move(job_key)), job_id_(std::move(job_id)) {}
+Keys::Keys(SecretKey job_key, std::string job_id, AesImpl aes)
+    : job_key_(std::move(job_key)), job_id_(std::move(job_id)), aes_(resolve_aes_impl(aes)) {
+  DT_CHECK(ConfigError, aes_impl_available(aes_), "AES-256-GCM code '", aes_impl_name(aes_),
+           "' is not in this build of dt (expected auto or openssl; build with the Debian package "
+           "libipsec-mb-dev for ipsec-mb)");
+}
 
 namespace {
 void put_u32(std::string& s, std::uint32_t v) {
@@ -146,8 +154,8 @@ SecretKey derive(const SecretKey& ikm, const std::string& salt, const std::strin
 
 SecretKey Keys::traffic_key(const std::string& channel, const Salt& sender_salt,
                             const Salt& receiver_salt, int sender, int receiver) const {
-  DT_CHECK(InvalidArgument, sender >= 0 && sender <= kMaxRank && receiver >= 0 &&
-                                receiver <= kMaxRank,
+  DT_CHECK(InvalidArgument,
+           sender >= 0 && sender <= kMaxRank && receiver >= 0 && receiver <= kMaxRank,
            "sealed traffic between ranks ", sender, " and ", receiver, ": ranks above ", kMaxRank,
            " are not supported");
   // info = "dt/seal/v2" 0 sender-salt receiver-salt channel-length channel sender receiver:
@@ -164,20 +172,119 @@ SecretKey Keys::traffic_key(const std::string& channel, const Salt& sender_salt,
 }
 
 SecretKey Keys::checkpoint_key(const Salt& file_salt) const {
-  return derive(job_key_, std::string(reinterpret_cast<const char*>(file_salt.data()),
-                                      file_salt.size()),
+  return derive(job_key_,
+                std::string(reinterpret_cast<const char*>(file_salt.data()), file_salt.size()),
                 "dt/ckpt/v1");
+}
+
+// ---- which AES-GCM code ---------------------------------------------------------------------
+
+namespace {
+
+#ifdef DT_HAVE_IPSEC_MB
+// One manager for the process, set up once and only read afterwards: the GCM functions of the
+// direct API are pointers in it that keep no state of their own (each call has its own context).
+struct Imb {
+  IMB_MGR* mgr = nullptr;
+  IMB_ARCH arch = IMB_ARCH_NONE;
+};
+const Imb& imb() {
+  static const Imb m = [] {
+    Imb i;
+    i.mgr = alloc_mb_mgr(0);
+    if (i.mgr) init_mb_mgr_auto(i.mgr, &i.arch);
+    return i;
+  }();
+  return m;
+}
+const char* arch_name(IMB_ARCH a) {
+  switch (a) {
+    case IMB_ARCH_NOAESNI:
+      return "noaesni";
+    case IMB_ARCH_SSE:
+      return "sse";
+    case IMB_ARCH_AVX:
+      return "avx";
+    case IMB_ARCH_AVX2:
+      return "avx2";
+    case IMB_ARCH_AVX512:
+      return "avx512";
+    default:
+      return "";
+  }
+}
+constexpr std::size_t kImbKeyBytes = (sizeof(gcm_key_data) + 63) / 64 * 64;
+gcm_key_data* imb_key(void* p) { return static_cast<gcm_key_data*>(p); }
+#endif
+
+}  // namespace
+
+const char* aes_impl_name(AesImpl a) noexcept {
+  switch (a) {
+    case AesImpl::automatic:
+      return "auto";
+    case AesImpl::openssl:
+      return "openssl";
+    case AesImpl::ipsec_mb:
+      return "ipsec-mb";
+  }
+  return "?";
+}
+
+AesImpl parse_aes_impl(const std::string& text, const std::string& what) {
+  for (const AesImpl a : {AesImpl::automatic, AesImpl::openssl, AesImpl::ipsec_mb})
+    if (text == aes_impl_name(a)) return a;
+  DT_THROW(ConfigError, what, "='", text, "': expected auto, openssl or ipsec-mb");
+}
+
+bool aes_impl_available(AesImpl a) noexcept {
+#ifdef DT_HAVE_IPSEC_MB
+  if (a == AesImpl::ipsec_mb) return imb().mgr != nullptr;
+#else
+  if (a == AesImpl::ipsec_mb) return false;
+#endif
+  return true;
+}
+
+AesImpl resolve_aes_impl(AesImpl a) noexcept {
+  if (a != AesImpl::automatic) return a;
+#ifdef DT_HAVE_IPSEC_MB
+  // Its AVX-512 code (with VAES and VPCLMULQDQ where the CPU has them) runs several times faster
+  // than OpenSSL 3.0's AES-NI code; on older CPUs the two are alike, and OpenSSL stays.
+  if (imb().mgr && imb().arch == IMB_ARCH_AVX512) return AesImpl::ipsec_mb;
+#endif
+  return AesImpl::openssl;
+}
+
+std::string ipsec_mb_arch() {
+#ifdef DT_HAVE_IPSEC_MB
+  if (imb().mgr) return arch_name(imb().arch);
+#endif
+  return "";
 }
 
 // ---- Aead ---------------------------------------------------------------------------------------
 
-Aead::Aead(const SecretKey& key, bool encrypt) : encrypt_(encrypt) {
+Aead::Aead(const SecretKey& key, bool encrypt, AesImpl impl) : encrypt_(encrypt) {
+  impl = resolve_aes_impl(impl);
+  if (impl == AesImpl::ipsec_mb) {
+#ifdef DT_HAVE_IPSEC_MB
+    DT_CHECK(SecurityError, imb().mgr != nullptr, "ipsec-mb: its manager could not be set up");
+    void* k = std::aligned_alloc(64, kImbKeyBytes);
+    DT_CHECK(SecurityError, k != nullptr, "AES-256-GCM set-up: out of memory");
+    IMB_AES256_GCM_PRE(imb().mgr, key.bytes().data(), imb_key(k));
+    imb_ = k;
+    return;
+#else
+    DT_THROW(SecurityError, "AES-256-GCM: this build of dt has no ipsec-mb");
+#endif
+  }
   EVP_CIPHER_CTX* c = EVP_CIPHER_CTX_new();
   DT_CHECK(SecurityError, c != nullptr, "EVP_CIPHER_CTX_new failed: ", openssl_error());
   ctx_ = c;
-  const int ok = encrypt
-                     ? EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), nullptr, key.bytes().data(), nullptr)
-                     : EVP_DecryptInit_ex(c, EVP_aes_256_gcm(), nullptr, key.bytes().data(), nullptr);
+  const int ok =
+      encrypt ? EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), nullptr, key.bytes().data(), nullptr)
+              : EVP_DecryptInit_ex(c, EVP_aes_256_gcm(), nullptr, key.bytes().data(), nullptr);
   if (ok != 1) {
     EVP_CIPHER_CTX_free(c);
     ctx_ = nullptr;
@@ -185,16 +292,30 @@ Aead::Aead(const SecretKey& key, bool encrypt) : encrypt_(encrypt) {
   }
 }
 
-Aead::~Aead() {
+void Aead::release() noexcept {
   if (ctx_) EVP_CIPHER_CTX_free(cctx(ctx_));
+  ctx_ = nullptr;
+#ifdef DT_HAVE_IPSEC_MB
+  if (imb_) {
+    OPENSSL_cleanse(imb_, kImbKeyBytes);  // the expanded key and the hash key's powers
+    std::free(imb_);
+  }
+#endif
+  imb_ = nullptr;
 }
 
-Aead::Aead(Aead&& o) noexcept : ctx_(std::exchange(o.ctx_, nullptr)), encrypt_(o.encrypt_) {}
+Aead::~Aead() { release(); }
+
+Aead::Aead(Aead&& o) noexcept
+    : ctx_(std::exchange(o.ctx_, nullptr)),
+      imb_(std::exchange(o.imb_, nullptr)),
+      encrypt_(o.encrypt_) {}
 
 Aead& Aead::operator=(Aead&& o) noexcept {
   if (this != &o) {
-    if (ctx_) EVP_CIPHER_CTX_free(cctx(ctx_));
+    release();
     ctx_ = std::exchange(o.ctx_, nullptr);
+    imb_ = std::exchange(o.imb_, nullptr);
     encrypt_ = o.encrypt_;
   }
   return *this;
@@ -203,11 +324,26 @@ Aead& Aead::operator=(Aead&& o) noexcept {
 namespace {
 // EVP takes int lengths: feed large buffers in pieces.
 constexpr std::size_t kEvpPiece = std::size_t{1} << 30;
+// ipsec-mb checks its pointers even where nothing is read or written: empty input and AAD point
+// here instead of at null.
+std::uint8_t g_empty[16];
 }  // namespace
 
 void Aead::seal(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t aad_len,
                 const void* in, std::size_t n, void* out, std::uint8_t* tag) {
-  DT_ASSERT(ctx_ != nullptr && encrypt_, "seal on a moved-from or decrypting Aead");
+  DT_ASSERT((ctx_ != nullptr || imb_ != nullptr) && encrypt_,
+            "seal on a moved-from or decrypting Aead");
+  const auto* src = static_cast<const std::uint8_t*>(in);
+  auto* dst = static_cast<std::uint8_t*>(out);
+#ifdef DT_HAVE_IPSEC_MB
+  if (imb_) {
+    gcm_context_data gc;
+    IMB_AES256_GCM_ENC(imb().mgr, imb_key(imb_), &gc, n ? dst : g_empty, n ? src : g_empty, n,
+                       nonce, aad_len ? aad : g_empty, aad_len, tag, kTagBytes);
+    OPENSSL_cleanse(&gc, sizeof gc);
+    return;
+  }
+#endif
   EVP_CIPHER_CTX* c = cctx(ctx_);
   int len = 0;
   DT_CHECK(SecurityError, EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, nonce) == 1,
@@ -215,8 +351,6 @@ void Aead::seal(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t 
   DT_CHECK(SecurityError,
            aad_len == 0 || EVP_EncryptUpdate(c, nullptr, &len, aad, static_cast<int>(aad_len)) == 1,
            "AES-GCM AAD failed: ", openssl_error());
-  const auto* src = static_cast<const std::uint8_t*>(in);
-  auto* dst = static_cast<std::uint8_t*>(out);
   for (std::size_t off = 0; off < n; off += kEvpPiece) {
     const int piece = static_cast<int>(std::min(kEvpPiece, n - off));
     DT_CHECK(SecurityError, EVP_EncryptUpdate(c, dst + off, &len, src + off, piece) == 1,
@@ -231,7 +365,22 @@ void Aead::seal(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t 
 
 bool Aead::open(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t aad_len,
                 const void* in, std::size_t n, void* out, const std::uint8_t* tag) {
-  DT_ASSERT(ctx_ != nullptr && !encrypt_, "open on a moved-from or encrypting Aead");
+  DT_ASSERT((ctx_ != nullptr || imb_ != nullptr) && !encrypt_,
+            "open on a moved-from or encrypting Aead");
+  const auto* src = static_cast<const std::uint8_t*>(in);
+  auto* dst = static_cast<std::uint8_t*>(out);
+#ifdef DT_HAVE_IPSEC_MB
+  if (imb_) {
+    gcm_context_data gc;
+    std::uint8_t t[kTagBytes];
+    IMB_AES256_GCM_DEC(imb().mgr, imb_key(imb_), &gc, n ? dst : g_empty, n ? src : g_empty, n,
+                       nonce, aad_len ? aad : g_empty, aad_len, t, kTagBytes);
+    OPENSSL_cleanse(&gc, sizeof gc);
+    const bool ok = CRYPTO_memcmp(t, tag, kTagBytes) == 0;
+    if (!ok) OPENSSL_cleanse(dst, n);
+    return ok;
+  }
+#endif
   EVP_CIPHER_CTX* c = cctx(ctx_);
   int len = 0;
   DT_CHECK(SecurityError, EVP_DecryptInit_ex(c, nullptr, nullptr, nullptr, nonce) == 1,
@@ -239,8 +388,6 @@ bool Aead::open(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t 
   DT_CHECK(SecurityError,
            aad_len == 0 || EVP_DecryptUpdate(c, nullptr, &len, aad, static_cast<int>(aad_len)) == 1,
            "AES-GCM AAD failed: ", openssl_error());
-  const auto* src = static_cast<const std::uint8_t*>(in);
-  auto* dst = static_cast<std::uint8_t*>(out);
   for (std::size_t off = 0; off < n; off += kEvpPiece) {
     const int piece = static_cast<int>(std::min(kEvpPiece, n - off));
     DT_CHECK(SecurityError, EVP_DecryptUpdate(c, dst + off, &len, src + off, piece) == 1,

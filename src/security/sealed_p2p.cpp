@@ -333,7 +333,7 @@ class SealedRecvWork final : public WorkImpl {
   std::shared_ptr<SealedP2p::Peer> peer_;
   std::unique_ptr<std::uint8_t[]> trailers_;
   std::vector<Rec> recs_;
-  std::size_t next_ = 0;  // the first record not yet opened
+  std::size_t next_ = 0;    // the first record not yet opened
   bool withdrawn_ = false;  // every record not opened was given up: nothing writes any more
   std::exception_ptr error_;
 };
@@ -427,8 +427,8 @@ std::unique_ptr<SealedP2p> SealedP2p::create(std::unique_ptr<P2p> inner, const K
     auto st = std::make_shared<Peer>();
     if (!s->plain_[static_cast<std::size_t>(p)]) {
       const Salt theirs = salt_of(p);
-      st->enc.emplace(keys.traffic_key(opts.channel, own, theirs, me, p), true);
-      st->dec.emplace(keys.traffic_key(opts.channel, theirs, own, p, me), false);
+      st->enc.emplace(keys.traffic_key(opts.channel, own, theirs, me, p), true, keys.aes());
+      st->dec.emplace(keys.traffic_key(opts.channel, theirs, own, p, me), false, keys.aes());
     }
     s->peers_[static_cast<std::size_t>(p)] = std::move(st);
   }

@@ -314,6 +314,13 @@ void add_train_options(Options& o, TrainConfig& c) {
            "32-byte job key (owned by the job's user, no group or other permissions; distribute "
            "it with sbcast); needed by security.seal and ckpt.encrypt")
       .node_local()
+      .add("security.aes", &c.aes, "auto",
+           "AES-256-GCM code for sealing and encrypted checkpoints: openssl (OpenSSL's EVP); "
+           "ipsec-mb (Intel ipsec-mb: VAES and AVX-512 where the CPU has them); auto (ipsec-mb "
+           "where dt was built with it and it has AVX-512 code for this CPU, else openssl). The "
+           "bytes are the same either way",
+           {"auto", "openssl", "ipsec-mb"})
+      .node_local()
       .add("security.exempt-node-local", &c.seal_exempt_node_local, false,
            "traffic between ranks of one node (shared memory) stays unsealed")
       .add("security.shm", &c.seal_shm, true,
@@ -431,6 +438,10 @@ TokenFile validate_and_load(TrainConfig& c) {
              c.seal != "off" ? "--security.seal=" + c.seal : std::string("--ckpt.encrypt"));
     security::load_key_file(c.key_file);  // refused here, naming the file and its mode
   }
+  const security::AesImpl aes = security::parse_aes_impl(c.aes, "option --security.aes");
+  DT_CHECK(ConfigError, security::aes_impl_available(aes), "option --security.aes=", c.aes,
+           ": this build of dt has no ipsec-mb (expected auto or openssl; build dt with the "
+           "Debian package libipsec-mb-dev installed)");
   DT_CHECK(ConfigError, c.optim.min_lr <= c.optim.lr, "option --optim.min-lr: ", c.optim.min_lr,
            " is above --optim.lr=", c.optim.lr);
   DT_CHECK(ConfigError, c.dtype != "fp16" || c.loss_scale_min <= c.loss_scale_initial,
@@ -559,8 +570,14 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
     log("dt_train: device '" + dev_.name() + "' (ABI version " +
         std::to_string(dev_.abi_version()) + ") has no attention_fwd_ex: attention runs in fp32");
   if (c_.seal != "off" || c_.ckpt_encrypt)
-    keys_ = std::make_unique<security::Keys>(security::load_key_file(c_.key_file),
-                                             security::slurm_job_id());
+    keys_ = std::make_unique<security::Keys>(
+        security::load_key_file(c_.key_file), security::slurm_job_id(),
+        security::parse_aes_impl(c_.aes, "option --security.aes"));
+  if (keys_)
+    log(std::string("dt_train: AES-256-GCM by ") +
+        (keys_->aes() == security::AesImpl::ipsec_mb
+             ? "ipsec-mb (" + security::ipsec_mb_arch() + " code)"
+             : std::string("OpenSSL's EVP")));
   security::SealedCommOptions sealed;
   sealed.p2p = c_.p2p;
   sealed.exempt_node_local = c_.seal_exempt_node_local;

@@ -3,7 +3,9 @@
 # Sealed tensor traffic through dt_train (security.seal, security.key_file, ckpt.encrypt):
 #   same      seal=p2p and seal=all on dp=2 pp=2 give exactly the losses of the unsealed run
 #             (seal=all also with security.shm=false: through the transport, not the mailboxes;
-#             and with security.exempt-node-local: this node's ranks unsealed)
+#             and with security.exempt-node-local: this node's ranks unsealed; and with
+#             security.aes=openssl on every rank, or on ranks 0 and 1 only while 2 and 3 take
+#             auto (ipsec-mb where dt has it): the same bytes from either AES-GCM code)
 #   flip|replay|reorder  one rank's sealed pipeline (or, with pp=1, gradient) messages are
 #             tampered with: the receiver names the peer and sequence number, the job aborts
 #             (exit 5) and no rank hangs (bounded time)
@@ -44,13 +46,30 @@ case "$MODE" in
     # Between the ranks of this node sealed messages go through the shared-memory mailboxes;
     # all-transport (security.shm=false) sends them through MPI; all-exempt leaves the ranks of
     # this node (here: all) unsealed, as MPI knows them (security.exempt-node-local).
-    for seal in p2p all all-transport all-exempt; do
+    for seal in p2p all all-transport all-exempt all-openssl all-mixed; do
       opts=(--security.seal="${seal%%-*}")
       [ "$seal" = all-transport ] && opts+=(--security.shm=false)
       [ "$seal" = all-exempt ] && opts+=(--security.exempt-node-local=true)
-      run "$seal" 4 --parallel.pp=2 "${opts[@]}" \
-        --security.key_file=key.bin --train.log-file=$seal.jsonl
+      [ "$seal" = all-openssl ] && opts+=(--security.aes=openssl)
+      if [ "$seal" = all-mixed ]; then
+        # Two programs of one job (MPMD): ranks 0 and 1 through OpenSSL, 2 and 3 through auto.
+        args=(--config "$CONFIG" --data.path="$TEXT" --train.steps="${STEPS:-4}"
+          --train.log-every=1 --train.eval-every=0 --parallel.pp=2 "${opts[@]}"
+          --security.key_file=key.bin --train.log-file=$seal.jsonl)
+        timeout -k 5 120 "${MPIEXEC[@]}" -n 2 "$BIN" "${args[@]}" --security.aes=openssl : \
+          -n 2 "$BIN" "${args[@]}" >"$seal.out" 2>&1
+        RC=$?
+        sed 's/^/    /' "$seal.out"
+        echo "=== $seal: exit code $RC"
+      else
+        run "$seal" 4 --parallel.pp=2 "${opts[@]}" \
+          --security.key_file=key.bin --train.log-file=$seal.jsonl
+      fi
       [ "$RC" -eq 0 ] || FAIL "seal=$seal run failed"
+      if [ "$seal" = all-openssl ] || [ "$seal" = all-mixed ]; then
+        grep -q "AES-256-GCM by OpenSSL's EVP" "$seal.out" ||
+          FAIL "seal=$seal: rank 0 does not say it seals through OpenSSL"
+      fi
       # Loss, lr, norm of every step, bit for bit (the seconds differ).
       a=$(sed -E 's/"seconds": [0-9.e+-]+//' plain.jsonl)
       b=$(sed -E 's/"seconds": [0-9.e+-]+//' $seal.jsonl)

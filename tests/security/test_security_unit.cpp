@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -674,6 +675,173 @@ TEST_CASE("a message that fails authentication leaves zeros, not its unverified 
   std::fill(out.begin(), out.end(), 0x55);
   CHECK_FALSE(dec.open(nonce, nullptr, 0, wire.data(), wire.size(), out.data(), tag));
   CHECK(std::all_of(out.begin(), out.end(), [](std::uint8_t b) { return b == 0; }));
+}
+
+namespace {
+
+// The AES-GCM code this build has: OpenSSL always, ipsec-mb where dt was built with it.
+std::vector<AesImpl> impls() {
+  std::vector<AesImpl> v{AesImpl::openssl};
+  if (aes_impl_available(AesImpl::ipsec_mb)) {
+    v.push_back(AesImpl::ipsec_mb);
+  } else {
+    MESSAGE("SKIP (part): this build has no ipsec-mb; AES-GCM is tested through OpenSSL alone");
+  }
+  return v;
+}
+
+std::vector<std::uint8_t> hex(const char* h) {
+  std::vector<std::uint8_t> v;
+  for (std::size_t i = 0; h[i] && h[i + 1]; i += 2)
+    v.push_back(static_cast<std::uint8_t>(std::stoi(std::string(h + i, 2), nullptr, 16)));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("AES-256-GCM: the GCM specification's test vectors, through each implementation") {
+  // McGrew and Viega, "The Galois/Counter Mode of Operation", test cases 13 to 16 (AES-256).
+  struct Vector {
+    const char *key, *iv, *plain, *aad, *cipher, *tag;
+  };
+  const char* k0 = "0000000000000000000000000000000000000000000000000000000000000000";
+  const char* k1 = "feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308";
+  const char* p1 =
+      "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532fcf0e2449a6"
+      "b525b16aedf5aa0de657ba637b391aafd255";
+  const char* c1 =
+      "522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa8cb08e48590dbb3da7b08b1056"
+      "828838c5f61e6393ba7a0abcc9f662898015ad";
+  const Vector vectors[] = {
+      {k0, "000000000000000000000000", "", "", "", "530f8afbc74536b9a963b4f1c4cb738b"},
+      {k0, "000000000000000000000000", "00000000000000000000000000000000", "",
+       "cea7403d4d606b6e074ec5d3baf39d18", "d0d1c8a799996bf0265b98b5d48ab919"},
+      {k1, "cafebabefacedbaddecaf888", p1, "", c1, "b094dac5d93471bdec1a502270e3cc6c"},
+      {k1, "cafebabefacedbaddecaf888", "", "", "", ""},  // 16: p1 and c1 less 4 bytes, with AAD
+  };
+  for (const AesImpl impl : impls()) {
+    CAPTURE(aes_impl_name(impl));
+    for (int i = 0; i < 4; ++i) {
+      CAPTURE(i + 13);
+      Vector v = vectors[i];
+      std::vector<std::uint8_t> plain = hex(v.plain), aad = hex(v.aad), cipher = hex(v.cipher),
+                                want_tag = hex(v.tag);
+      if (i == 3) {
+        plain = hex(p1);
+        plain.resize(60);
+        cipher = hex(c1);
+        cipher.resize(60);
+        aad = hex("feedfacedeadbeeffeedfacedeadbeefabaddad2");
+        want_tag = hex("76fc6ece0f4e1768cddf8853bb2d551b");
+      }
+      const std::vector<std::uint8_t> key = hex(v.key), iv = hex(v.iv);
+      Key k{};
+      std::copy(key.begin(), key.end(), k.begin());
+      Aead enc(SecretKey(k), true, impl), dec(SecretKey(k), false, impl);
+      CHECK(enc.impl() == impl);
+      std::vector<std::uint8_t> out(plain.size() + 1, 0xEE), back(plain.size() + 1, 0xEE);
+      std::uint8_t tag[kTagBytes];
+      enc.seal(iv.data(), aad.data(), aad.size(), plain.data(), plain.size(), out.data(), tag);
+      CHECK(std::equal(cipher.begin(), cipher.end(), out.begin()));
+      CHECK(out[plain.size()] == 0xEE);  // nothing written past the end
+      CHECK(std::equal(want_tag.begin(), want_tag.end(), tag));
+      CHECK(dec.open(iv.data(), aad.data(), aad.size(), cipher.data(), cipher.size(), back.data(),
+                     want_tag.data()));
+      CHECK(std::equal(plain.begin(), plain.end(), back.begin()));
+      CHECK(back[plain.size()] == 0xEE);
+    }
+  }
+}
+
+TEST_CASE("AES-256-GCM: OpenSSL and ipsec-mb give the same bytes and open each other's") {
+  const auto all = impls();
+  if (all.size() < 2) return;
+  std::mt19937_64 rng(20261205);
+  auto fill = [&](std::vector<std::uint8_t>& v) {
+    for (auto& b : v) b = static_cast<std::uint8_t>(rng());
+  };
+  const std::size_t sizes[] = {
+      0, 1, 15, 16, 17, 63, 64, 255, 256, 257, 4095, 65536 + 3, (std::size_t{1} << 20) + 7};
+  for (const std::size_t n : sizes) {
+    for (const std::size_t aad_len : {std::size_t{0}, std::size_t{13}, std::size_t{80}}) {
+      CAPTURE(n);
+      CAPTURE(aad_len);
+      Key k{};
+      for (auto& b : k) b = static_cast<std::uint8_t>(rng());
+      std::vector<std::uint8_t> plain(n), aad(aad_len), nonce(kNonceBytes);
+      fill(plain);
+      fill(aad);
+      fill(nonce);
+      Aead e_ssl(SecretKey(k), true, AesImpl::openssl),
+          e_imb(SecretKey(k), true, AesImpl::ipsec_mb);
+      Aead d_ssl(SecretKey(k), false, AesImpl::openssl),
+          d_imb(SecretKey(k), false, AesImpl::ipsec_mb);
+      std::vector<std::uint8_t> c_ssl(n), c_imb(n);
+      std::uint8_t t_ssl[kTagBytes], t_imb[kTagBytes];
+      e_ssl.seal(nonce.data(), aad.data(), aad_len, plain.data(), n, c_ssl.data(), t_ssl);
+      e_imb.seal(nonce.data(), aad.data(), aad_len, plain.data(), n, c_imb.data(), t_imb);
+      CHECK(c_ssl == c_imb);
+      CHECK(std::memcmp(t_ssl, t_imb, kTagBytes) == 0);
+      if (n > 0) CHECK(c_imb != plain);
+      // Each opens the other's, in place as the mailboxes do.
+      std::vector<std::uint8_t> a = c_imb, b = c_ssl;
+      CHECK(d_ssl.open(nonce.data(), aad.data(), aad_len, a.data(), n, a.data(), t_imb));
+      CHECK(d_imb.open(nonce.data(), aad.data(), aad_len, b.data(), n, b.data(), t_ssl));
+      CHECK(a == plain);
+      CHECK(b == plain);
+      // In-place sealing gives the same bytes.
+      std::vector<std::uint8_t> in_place = plain;
+      std::uint8_t t2[kTagBytes];
+      e_imb.seal(nonce.data(), aad.data(), aad_len, in_place.data(), n, in_place.data(), t2);
+      CHECK(in_place == c_ssl);
+      CHECK(std::memcmp(t2, t_ssl, kTagBytes) == 0);
+      // A flipped bit of the ciphertext, the AAD or the tag fails, and leaves zeros.
+      for (int what = 0; what < 3; ++what) {
+        if ((what == 0 && n == 0) || (what == 1 && aad_len == 0)) continue;
+        CAPTURE(what);
+        std::vector<std::uint8_t> c = c_ssl, ad = aad;
+        std::uint8_t t[kTagBytes];
+        std::memcpy(t, t_ssl, kTagBytes);
+        if (what == 0) c[rng() % n] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
+        if (what == 1) ad[rng() % aad_len] ^= 0x80;
+        if (what == 2) t[rng() % kTagBytes] ^= 0x01;
+        for (Aead* d : {&d_ssl, &d_imb}) {
+          std::vector<std::uint8_t> out(n, 0x55);
+          CHECK_FALSE(d->open(nonce.data(), ad.data(), aad_len, c.data(), n, out.data(), t));
+          CHECK(std::all_of(out.begin(), out.end(), [](std::uint8_t x) { return x == 0; }));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("AES-256-GCM: which implementation, and a build without one refused by name") {
+  CHECK(parse_aes_impl("auto", "x") == AesImpl::automatic);
+  CHECK(parse_aes_impl("openssl", "x") == AesImpl::openssl);
+  CHECK(parse_aes_impl("ipsec-mb", "x") == AesImpl::ipsec_mb);
+  CHECK_THROWS_WITH_AS(
+      parse_aes_impl("aesni", "option --security.aes"),
+      doctest::Contains("option --security.aes='aesni': expected auto, openssl or ipsec-mb"),
+      dt::ConfigError);
+  const AesImpl a = resolve_aes_impl(AesImpl::automatic);
+  CHECK(a != AesImpl::automatic);
+  CHECK(resolve_aes_impl(AesImpl::openssl) == AesImpl::openssl);
+  CHECK(test_keys().aes() == a);
+  CHECK(Aead(SecretKey(Key{}), true).impl() == a);
+  if (aes_impl_available(AesImpl::ipsec_mb)) {
+    CHECK(!ipsec_mb_arch().empty());
+    // auto takes ipsec-mb exactly where it has AVX-512 code for this CPU.
+    CHECK((a == AesImpl::ipsec_mb) == (ipsec_mb_arch() == "avx512"));
+    MESSAGE("ipsec-mb code for this CPU: " << ipsec_mb_arch()
+                                           << "; auto: " << std::string(aes_impl_name(a)));
+  } else {
+    CHECK(a == AesImpl::openssl);
+    CHECK(ipsec_mb_arch().empty());
+    CHECK_THROWS_WITH_AS(Keys(SecretKey(Key{}), "1", AesImpl::ipsec_mb),
+                         doctest::Contains("'ipsec-mb' is not in this build of dt"),
+                         dt::ConfigError);
+    CHECK_THROWS_AS(Aead(SecretKey(Key{}), true, AesImpl::ipsec_mb), dt::SecurityError);
+  }
 }
 
 TEST_CASE("a genuine message refused as replayed or redirected leaves zeros in the buffer") {
