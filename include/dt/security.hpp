@@ -148,8 +148,11 @@ AesImpl parse_aes_impl(const std::string& text, const std::string& what);
 bool aes_impl_available(AesImpl a) noexcept;
 /// What `automatic` means on this machine (openssl or ipsec_mb); others are returned unchanged.
 AesImpl resolve_aes_impl(AesImpl a) noexcept;
-/// The code path ipsec-mb chose for this CPU ("avx512", "avx2", ...), or "" without ipsec-mb.
+/// The code path ipsec-mb chose for this CPU ("avx512+vaes", "avx512", "avx2", ...), or "" where
+/// it is not available.
 std::string ipsec_mb_arch();
+/// Why ipsec_mb is not available ("" when it is).
+std::string ipsec_mb_unavailable();
 
 /// Key derivation from one job key.
 class Keys {
@@ -194,7 +197,7 @@ class Aead {
   /// zeroed: no unverified byte stays where a caller that catches the error could use it).
   bool open(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t aad_len, const void* in,
             std::size_t n, void* out, const std::uint8_t* tag);
-  /// openssl or ipsec_mb.
+  /// openssl or ipsec_mb (openssl also for a moved-from Aead, which holds neither).
   AesImpl impl() const noexcept { return imb_ ? AesImpl::ipsec_mb : AesImpl::openssl; }
 
  private:

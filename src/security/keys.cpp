@@ -134,8 +134,7 @@ Key hkdf_sha256(const std::uint8_t* ikm, std::size_t ikm_len, const std::uint8_t
 Keys::Keys(SecretKey job_key, std::string job_id, AesImpl aes)
     : job_key_(std::move(job_key)), job_id_(std::move(job_id)), aes_(resolve_aes_impl(aes)) {
   DT_CHECK(ConfigError, aes_impl_available(aes_), "AES-256-GCM code '", aes_impl_name(aes_),
-           "' is not in this build of dt (expected auto or openssl; build with the Debian package "
-           "libipsec-mb-dev for ipsec-mb)");
+           "': ", ipsec_mb_unavailable(), " (expected auto or openssl)");
 }
 
 namespace {
@@ -184,15 +183,27 @@ namespace {
 #ifdef DT_HAVE_IPSEC_MB
 // One manager for the process, set up once and only read afterwards: the GCM functions of the
 // direct API are pointers in it that keep no state of their own (each call has its own context).
+// `mgr` is null when it could not be set up (`why` says why).
 struct Imb {
   IMB_MGR* mgr = nullptr;
   IMB_ARCH arch = IMB_ARCH_NONE;
+  std::string why;
 };
 const Imb& imb() {
   static const Imb m = [] {
     Imb i;
     i.mgr = alloc_mb_mgr(0);
-    if (i.mgr) init_mb_mgr_auto(i.mgr, &i.arch);
+    if (!i.mgr) {
+      i.why = "ipsec-mb could not allocate its manager";
+      return i;
+    }
+    init_mb_mgr_auto(i.mgr, &i.arch);
+    if (const int e = imb_get_errno(i.mgr); e != 0 || i.arch == IMB_ARCH_NONE) {
+      i.why = std::string("ipsec-mb could not set up its manager for this CPU: ") +
+              (e != 0 ? imb_get_strerror(e) : "no code path chosen");
+      free_mb_mgr(i.mgr);
+      i.mgr = nullptr;
+    }
     return i;
   }();
   return m;
@@ -238,27 +249,38 @@ AesImpl parse_aes_impl(const std::string& text, const std::string& what) {
 }
 
 bool aes_impl_available(AesImpl a) noexcept {
+  return a != AesImpl::ipsec_mb || ipsec_mb_unavailable().empty();
+}
+
+std::string ipsec_mb_unavailable() {
 #ifdef DT_HAVE_IPSEC_MB
-  if (a == AesImpl::ipsec_mb) return imb().mgr != nullptr;
+  return imb().why;
 #else
-  if (a == AesImpl::ipsec_mb) return false;
+  return "this build of dt has no ipsec-mb (build dt with the Debian package libipsec-mb-dev "
+         "installed)";
 #endif
-  return true;
 }
 
 AesImpl resolve_aes_impl(AesImpl a) noexcept {
   if (a != AesImpl::automatic) return a;
 #ifdef DT_HAVE_IPSEC_MB
-  // Its AVX-512 code (with VAES and VPCLMULQDQ where the CPU has them) runs several times faster
-  // than OpenSSL 3.0's AES-NI code; on older CPUs the two are alike, and OpenSSL stays.
-  if (imb().mgr && imb().arch == IMB_ARCH_AVX512) return AesImpl::ipsec_mb;
+  // Its AVX-512 code with VAES and VPCLMULQDQ (Ice Lake and later, Zen 4 and later) runs several
+  // times faster than OpenSSL 3.0's AES-NI code; without them (Skylake-SP, older CPUs) the two are
+  // alike, and OpenSSL stays.
+  constexpr std::uint64_t kWide = IMB_FEATURE_VAES | IMB_FEATURE_VPCLMULQDQ;
+  if (imb().mgr && imb().arch == IMB_ARCH_AVX512 && (imb().mgr->features & kWide) == kWide)
+    return AesImpl::ipsec_mb;
 #endif
   return AesImpl::openssl;
 }
 
 std::string ipsec_mb_arch() {
 #ifdef DT_HAVE_IPSEC_MB
-  if (imb().mgr) return arch_name(imb().arch);
+  if (imb().mgr) {
+    constexpr std::uint64_t kWide = IMB_FEATURE_VAES | IMB_FEATURE_VPCLMULQDQ;
+    return std::string(arch_name(imb().arch)) +
+           ((imb().mgr->features & kWide) == kWide ? "+vaes" : "");
+  }
 #endif
   return "";
 }
@@ -269,14 +291,15 @@ Aead::Aead(const SecretKey& key, bool encrypt, AesImpl impl) : encrypt_(encrypt)
   impl = resolve_aes_impl(impl);
   if (impl == AesImpl::ipsec_mb) {
 #ifdef DT_HAVE_IPSEC_MB
-    DT_CHECK(SecurityError, imb().mgr != nullptr, "ipsec-mb: its manager could not be set up");
+    DT_CHECK(SecurityError, imb().mgr != nullptr, "AES-256-GCM code 'ipsec-mb': ", imb().why);
     void* k = std::aligned_alloc(64, kImbKeyBytes);
     DT_CHECK(SecurityError, k != nullptr, "AES-256-GCM set-up: out of memory");
     IMB_AES256_GCM_PRE(imb().mgr, key.bytes().data(), imb_key(k));
     imb_ = k;
     return;
 #else
-    DT_THROW(SecurityError, "AES-256-GCM: this build of dt has no ipsec-mb");
+    DT_THROW(SecurityError, "AES-256-GCM code 'ipsec-mb': ", ipsec_mb_unavailable(),
+             " (expected auto or openssl)");
 #endif
   }
   EVP_CIPHER_CTX* c = EVP_CIPHER_CTX_new();
@@ -324,22 +347,24 @@ Aead& Aead::operator=(Aead&& o) noexcept {
 namespace {
 // EVP takes int lengths: feed large buffers in pieces.
 constexpr std::size_t kEvpPiece = std::size_t{1} << 30;
-// ipsec-mb checks its pointers even where nothing is read or written: empty input and AAD point
-// here instead of at null.
-std::uint8_t g_empty[16];
+// GCM's 32-bit block counter covers 2^32 - 2 blocks under one nonce (NIST SP 800-38D): past
+// that the keystream would repeat. OpenSSL refuses more; ipsec-mb does not check.
+constexpr std::uint64_t kGcmMaxBytes = (std::uint64_t{1} << 36) - 32;
 }  // namespace
 
 void Aead::seal(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t aad_len,
                 const void* in, std::size_t n, void* out, std::uint8_t* tag) {
   DT_ASSERT((ctx_ != nullptr || imb_ != nullptr) && encrypt_,
             "seal on a moved-from or decrypting Aead");
+  DT_CHECK(SecurityError, n <= kGcmMaxBytes, "AES-256-GCM: ", n,
+           " bytes under one nonce is more than GCM allows (", kGcmMaxBytes, ")");
   const auto* src = static_cast<const std::uint8_t*>(in);
   auto* dst = static_cast<std::uint8_t*>(out);
 #ifdef DT_HAVE_IPSEC_MB
   if (imb_) {
     gcm_context_data gc;
-    IMB_AES256_GCM_ENC(imb().mgr, imb_key(imb_), &gc, n ? dst : g_empty, n ? src : g_empty, n,
-                       nonce, aad_len ? aad : g_empty, aad_len, tag, kTagBytes);
+    IMB_AES256_GCM_ENC(imb().mgr, imb_key(imb_), &gc, dst, src, n, nonce, aad, aad_len, tag,
+                       kTagBytes);
     OPENSSL_cleanse(&gc, sizeof gc);
     return;
   }
@@ -367,16 +392,19 @@ bool Aead::open(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t 
                 const void* in, std::size_t n, void* out, const std::uint8_t* tag) {
   DT_ASSERT((ctx_ != nullptr || imb_ != nullptr) && !encrypt_,
             "open on a moved-from or encrypting Aead");
+  DT_CHECK(SecurityError, n <= kGcmMaxBytes, "AES-256-GCM: ", n,
+           " bytes under one nonce is more than GCM allows (", kGcmMaxBytes, ")");
   const auto* src = static_cast<const std::uint8_t*>(in);
   auto* dst = static_cast<std::uint8_t*>(out);
 #ifdef DT_HAVE_IPSEC_MB
   if (imb_) {
     gcm_context_data gc;
     std::uint8_t t[kTagBytes];
-    IMB_AES256_GCM_DEC(imb().mgr, imb_key(imb_), &gc, n ? dst : g_empty, n ? src : g_empty, n,
-                       nonce, aad_len ? aad : g_empty, aad_len, t, kTagBytes);
+    IMB_AES256_GCM_DEC(imb().mgr, imb_key(imb_), &gc, dst, src, n, nonce, aad, aad_len, t,
+                       kTagBytes);
     OPENSSL_cleanse(&gc, sizeof gc);
     const bool ok = CRYPTO_memcmp(t, tag, kTagBytes) == 0;
+    OPENSSL_cleanse(t, sizeof t);
     if (!ok) OPENSSL_cleanse(dst, n);
     return ok;
   }

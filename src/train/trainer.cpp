@@ -317,8 +317,8 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("security.aes", &c.aes, "auto",
            "AES-256-GCM code for sealing and encrypted checkpoints: openssl (OpenSSL's EVP); "
            "ipsec-mb (Intel ipsec-mb: VAES and AVX-512 where the CPU has them); auto (ipsec-mb "
-           "where dt was built with it and it has AVX-512 code for this CPU, else openssl). The "
-           "bytes are the same either way",
+           "where dt was built with it and the CPU has AVX-512 with VAES and VPCLMULQDQ, else "
+           "openssl). The bytes are the same either way",
            {"auto", "openssl", "ipsec-mb"})
       .node_local()
       .add("security.exempt-node-local", &c.seal_exempt_node_local, false,
@@ -439,9 +439,8 @@ TokenFile validate_and_load(TrainConfig& c) {
     security::load_key_file(c.key_file);  // refused here, naming the file and its mode
   }
   const security::AesImpl aes = security::parse_aes_impl(c.aes, "option --security.aes");
-  DT_CHECK(ConfigError, security::aes_impl_available(aes), "option --security.aes=", c.aes,
-           ": this build of dt has no ipsec-mb (expected auto or openssl; build dt with the "
-           "Debian package libipsec-mb-dev installed)");
+  DT_CHECK(ConfigError, security::aes_impl_available(aes), "option --security.aes=", c.aes, ": ",
+           security::ipsec_mb_unavailable(), " (expected auto or openssl)");
   DT_CHECK(ConfigError, c.optim.min_lr <= c.optim.lr, "option --optim.min-lr: ", c.optim.min_lr,
            " is above --optim.lr=", c.optim.lr);
   DT_CHECK(ConfigError, c.dtype != "fp16" || c.loss_scale_min <= c.loss_scale_initial,

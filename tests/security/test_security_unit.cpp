@@ -10,9 +10,11 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -815,6 +817,61 @@ TEST_CASE("AES-256-GCM: OpenSSL and ipsec-mb give the same bytes and open each o
   }
 }
 
+TEST_CASE("AES-256-GCM: moved, failing in place, and used from several threads at once") {
+  Key k{};
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<std::uint8_t>(i * 7 + 3);
+  std::vector<std::uint8_t> text(5000);
+  for (std::size_t i = 0; i < text.size(); ++i) text[i] = static_cast<std::uint8_t>(i * 31 + 5);
+  const std::uint8_t nonce[kNonceBytes] = {1, 2, 3}, aad[5] = {9, 8, 7, 6, 5};
+  // The reference: OpenSSL, unmoved.
+  std::vector<std::uint8_t> want(text.size());
+  std::uint8_t want_tag[kTagBytes];
+  Aead(SecretKey(k), true, AesImpl::openssl)
+      .seal(nonce, aad, sizeof aad, text.data(), text.size(), want.data(), want_tag);
+  for (const AesImpl impl : impls()) {
+    CAPTURE(aes_impl_name(impl));
+    // Moved into a std::optional, out of a function, and by assignment over another key.
+    std::optional<Aead> enc;
+    enc.emplace(Aead(SecretKey(k), true, impl));
+    Aead dec = Aead(SecretKey(Key{}), false, impl);
+    Aead moved(SecretKey(k), false, impl);
+    dec = std::move(moved);
+    CHECK(enc->impl() == impl);
+    CHECK(dec.impl() == impl);
+    std::vector<std::uint8_t> c(text.size());
+    std::uint8_t tag[kTagBytes];
+    enc->seal(nonce, aad, sizeof aad, text.data(), text.size(), c.data(), tag);
+    CHECK(c == want);
+    CHECK(std::memcmp(tag, want_tag, kTagBytes) == 0);
+    // A failed open in place leaves zeros where the ciphertext was.
+    std::vector<std::uint8_t> buf = c;
+    buf[4321] ^= 0x10;
+    CHECK_FALSE(dec.open(nonce, aad, sizeof aad, buf.data(), buf.size(), buf.data(), tag));
+    CHECK(std::all_of(buf.begin(), buf.end(), [](std::uint8_t b) { return b == 0; }));
+    buf = c;
+    CHECK(dec.open(nonce, aad, sizeof aad, buf.data(), buf.size(), buf.data(), tag));
+    CHECK(buf == text);
+    // Four threads, each with its own Aeads (one shared manager underneath), at once.
+    std::vector<int> ok(4, 0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] {
+        Aead e(SecretKey(k), true, impl), d(SecretKey(k), false, impl);
+        bool good = true;
+        for (int r = 0; r < 200 && good; ++r) {
+          std::vector<std::uint8_t> x(text.size()), y(text.size());
+          std::uint8_t g[kTagBytes];
+          e.seal(nonce, aad, sizeof aad, text.data(), text.size(), x.data(), g);
+          good = x == want && std::memcmp(g, want_tag, kTagBytes) == 0 &&
+                 d.open(nonce, aad, sizeof aad, x.data(), x.size(), y.data(), g) && y == text;
+        }
+        ok[static_cast<std::size_t>(t)] = good ? 1 : 0;
+      });
+    for (auto& th : threads) th.join();
+    CHECK(ok == std::vector<int>(4, 1));
+  }
+}
+
 TEST_CASE("AES-256-GCM: which implementation, and a build without one refused by name") {
   CHECK(parse_aes_impl("auto", "x") == AesImpl::automatic);
   CHECK(parse_aes_impl("openssl", "x") == AesImpl::openssl);
@@ -830,16 +887,30 @@ TEST_CASE("AES-256-GCM: which implementation, and a build without one refused by
   CHECK(Aead(SecretKey(Key{}), true).impl() == a);
   if (aes_impl_available(AesImpl::ipsec_mb)) {
     CHECK(!ipsec_mb_arch().empty());
-    // auto takes ipsec-mb exactly where it has AVX-512 code for this CPU.
-    CHECK((a == AesImpl::ipsec_mb) == (ipsec_mb_arch() == "avx512"));
+    // auto takes ipsec-mb exactly where it runs its AVX-512 code with VAES on this CPU.
+    CHECK((a == AesImpl::ipsec_mb) == (ipsec_mb_arch() == "avx512+vaes"));
+    // Of /proc/cpuinfo's flags, independently of ipsec-mb's own detection.
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string line, flags;
+    while (std::getline(cpuinfo, line))
+      if (line.rfind("flags", 0) == 0) {
+        flags = line + " ";
+        break;
+      }
+    if (!flags.empty()) {
+      const bool wide = flags.find(" avx512f ") != std::string::npos &&
+                        flags.find(" vaes ") != std::string::npos &&
+                        flags.find(" vpclmulqdq ") != std::string::npos;
+      CHECK((a == AesImpl::ipsec_mb) == wide);
+    }
     MESSAGE("ipsec-mb code for this CPU: " << ipsec_mb_arch()
                                            << "; auto: " << std::string(aes_impl_name(a)));
   } else {
     CHECK(a == AesImpl::openssl);
     CHECK(ipsec_mb_arch().empty());
     CHECK_THROWS_WITH_AS(Keys(SecretKey(Key{}), "1", AesImpl::ipsec_mb),
-                         doctest::Contains("'ipsec-mb' is not in this build of dt"),
-                         dt::ConfigError);
+                         doctest::Contains("AES-256-GCM code 'ipsec-mb': "), dt::ConfigError);
+    CHECK(!ipsec_mb_unavailable().empty());
     CHECK_THROWS_AS(Aead(SecretKey(Key{}), true, AesImpl::ipsec_mb), dt::SecurityError);
   }
 }
