@@ -108,6 +108,34 @@ struct ShmComm::Form {
 
 // --- creation ----------------------------------------------------------------------------------
 
+namespace {
+
+// Every rank must pass the same settings: the segment layout (staging, arena), the pipelining
+// chunks and the paths collectives take (min_bytes, simulated nodes) are computed by each rank
+// from its own, and a rank that differed would read the wrong place or wait on a path the others
+// do not take. Checked before anything else: every rank throws the same error.
+void agree_on_config(MpiComm& comm, const std::string& name, const ShmConfig& cfg) {
+  const std::pair<const char*, std::int64_t> fields[] = {
+      {"arena_bytes", static_cast<std::int64_t>(cfg.arena_bytes)},
+      {"staging_bytes", static_cast<std::int64_t>(cfg.staging_bytes)},
+      {"chunk_bytes", static_cast<std::int64_t>(cfg.chunk_bytes)},
+      {"min_bytes", static_cast<std::int64_t>(cfg.min_bytes)},
+      {"simulated_nodes", cfg.simulated_nodes}};
+  constexpr std::size_t kFields = sizeof fields / sizeof fields[0];
+  std::int64_t v[2 * kFields];  // the largest of each, then the largest of each negated
+  for (std::size_t i = 0; i < kFields; ++i) {
+    v[i] = fields[i].second;
+    v[kFields + i] = -fields[i].second;
+  }
+  comm.all_reduce(view_of(v, 2 * kFields), ReduceOp::max);
+  for (std::size_t i = 0; i < kFields; ++i)
+    DT_CHECK(InvalidArgument, v[i] == -v[kFields + i], "shared-memory communicator ", name,
+             ": the ranks passed different ", fields[i].first, " (from ", -v[kFields + i], " to ",
+             v[i], "); every rank must pass the same ShmConfig");
+}
+
+}  // namespace
+
 std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name,
                                          const ShmConfig& cfg) {
   DT_CHECK_GT(InvalidArgument, cfg.chunk_bytes, std::size_t{0}, "shm chunk bytes");
@@ -117,6 +145,7 @@ std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name
   c->cfg_ = cfg;
   c->mpi_ = MpiComm::dup(parent.handle(), c->name_ + "/mpi");
   if (!c->mpi_->world_ranks().empty()) watchdog::note_members(c->name_, c->mpi_->world_ranks());
+  agree_on_config(*c->mpi_, c->name_, cfg);
   const int rank = c->mpi_->rank(), size = c->mpi_->size();
   c->local_ = c->mpi_->split_shared();
   if (cfg.simulated_nodes > 0) {

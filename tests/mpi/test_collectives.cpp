@@ -1225,6 +1225,57 @@ void check_regular_mismatch(Comm& world, const dt::ShmConfig& cfg) {
   }
 }
 
+// Settings that differ between ranks (rank 0's one larger): every rank refuses the communicator,
+// naming the setting and the range the ranks passed, instead of mapping mismatched segments or
+// waiting on a path the others do not take.
+void check_config_mismatch(Comm& world, const dt::ShmConfig& cfg) {
+  const char* names[] = {"arena_bytes", "staging_bytes", "chunk_bytes", "min_bytes",
+                         "simulated_nodes"};
+  for (int f = 0; f < 5; ++f) {
+    dt::ShmConfig mine = cfg;
+    const bool odd = world.rank() == 0;
+    std::string range;
+    switch (f) {
+      case 0:
+        if (odd) mine.arena_bytes += 4096;
+        range = str(cfg.arena_bytes, " to ", cfg.arena_bytes + 4096);
+        break;
+      case 1:
+        if (odd) mine.staging_bytes *= 2;
+        range = str(cfg.staging_bytes, " to ", cfg.staging_bytes * 2);
+        break;
+      case 2:
+        if (odd) mine.chunk_bytes *= 2;
+        range = str(cfg.chunk_bytes, " to ", cfg.chunk_bytes * 2);
+        break;
+      case 3:
+        if (odd) mine.min_bytes += 1024;
+        range = str(cfg.min_bytes, " to ", cfg.min_bytes + 1024);
+        break;
+      default:
+        if (odd) mine.simulated_nodes += 1;
+        range = str(cfg.simulated_nodes, " to ", cfg.simulated_nodes + 1);
+        break;
+    }
+    if (world.size() == 1) range = "";  // nobody to differ from: it is created
+    const std::string what = str("ShmComm::create with ", names[f], " differing on rank 0");
+    if (world.size() == 1) {
+      H.expect(dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), "mismatch", mine) != nullptr,
+               what + " (one rank)", "not created");
+      continue;
+    }
+    expect_throw<dt::InvalidArgument>(
+        what, [&] { dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), "mismatch", mine); },
+        {str("passed different ", names[f], " (from ", range, ")"), "mismatch"});
+  }
+  // The communicator still works for settings that agree.
+  auto c = dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), "agreed", cfg);
+  std::vector<float> x(1000, 1.0f);
+  c->all_reduce(dt::view_of(x), ReduceOp::sum);
+  H.expect(x[999] == static_cast<float>(world.size()), "all_reduce after the refusals",
+           str("got ", x[999]));
+}
+
 // Local rank 0 gives up an all_reduce on its timeout (the others come late) and destroys the
 // communicator: the destruction returns at once, not when (or if) the peers arrive, and the
 // peers, arriving later, get a CommError naming rank 0 instead of waiting for it forever. The
@@ -1351,6 +1402,7 @@ int main(int argc, char** argv) {
         step("shm polled waits", [&] { check_polled_idle(*shm); });
         step("shm arena mismatch", [&] { check_arena_mismatch(*shm); });
         step("shm small mismatch", [&] { check_small_mismatch(world, cfg); });
+        step("shm config mismatch", [&] { check_config_mismatch(world, cfg); });
         step("shm give up", [&] { check_give_up(world, cfg); });
       }
     } else {
