@@ -1,6 +1,8 @@
 #include "grad_buckets.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <exception>
 #include <string>
 
 #include "dt/error.hpp"
@@ -103,7 +105,29 @@ void GradBuckets::launch_ready() {
 void GradBuckets::finish(Millis timeout) {
   std::fill(missing_.begin(), missing_.end(), 0);
   launch_ready();
-  for (Work& w : works_) w.wait(timeout);
+  // Every bucket is waited for, within one deadline for them all, also after one failed (the
+  // progress thread runs them in order: the later ones end soon after on a broken communicator);
+  // then the step is reset whatever happened, and the first error is rethrown.
+  const bool limited = timeout.count() >= 0 && timeout < kPolledWait;
+  const auto deadline = std::chrono::steady_clock::now() + (limited ? timeout : Millis(0));
+  std::exception_ptr first;
+  for (Work& w : works_) {
+    Millis left = timeout;
+    if (limited)
+      left =
+          std::max(Millis(0),
+                   std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now()));
+    try {
+      w.wait(left);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  reset_step();
+  if (first) std::rethrow_exception(first);
+}
+
+void GradBuckets::reset_step() {
   works_.clear();
   next_ = 0;
   std::fill(final_.begin(), final_.end(), 0);

@@ -56,12 +56,15 @@ class GradBuckets {
   std::size_t wire_bytes() const noexcept { return wire_buf_.bytes(); }
   /// Parameters [first, end) are final for this step.
   void ready(std::size_t first, std::size_t end);
-  /// Queues what is not queued yet, waits for every bucket (dt::CommError after `timeout`), and
-  /// resets for the next step.
+  /// Queues what is not queued yet, waits for every bucket (`timeout` for them all together), and
+  /// resets for the next step, also when a bucket failed or the time ran out: then the first
+  /// error (dt::CommError) is rethrown. Buckets still running after a timeout keep using the
+  /// gradient buffer (as any unfinished dt::Work does its buffers).
   void finish(Millis timeout = kNoTimeout);
 
  private:
   void launch_ready();
+  void reset_step();
   Comm& comm_;
   float* grads_;
   std::vector<Bucket> plan_;

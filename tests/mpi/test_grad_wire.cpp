@@ -19,6 +19,7 @@
 //   mpiexec -n N test_grad_wire TEST_PLUGIN_DIR
 #include <sys/resource.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -42,7 +43,8 @@ namespace {
 using dt_test::H;
 using dt_test::str;
 
-// Passes everything to `inner`, recording the dtype and size of each all_reduce.
+// Passes everything to `inner`, recording the dtype and size of each all_reduce; while `fail` is
+// set, every all_reduce throws dt::CommError instead (on every rank alike: nothing travels).
 class Recording final : public dt::Comm {
  public:
   explicit Recording(dt::Comm& inner) : inner_(inner) {}
@@ -50,12 +52,14 @@ class Recording final : public dt::Comm {
   int size() const noexcept override { return inner_.size(); }
   const std::string& name() const noexcept override { return inner_.name(); }
   dt::Work iall_reduce(dt::TensorView buf, dt::ReduceOp op) override {
+    DT_CHECK(dt::CommError, !fail.load(), "injected failure of all_reduce on ", name());
     {
       std::lock_guard<std::mutex> lock(mu_);
       seen_.push_back({buf.dtype, buf.numel});
     }
     return inner_.iall_reduce(buf, op);
   }
+  std::atomic<bool> fail{false};
   dt::Work ibroadcast(dt::TensorView buf, int root) override {
     return inner_.ibroadcast(buf, root);
   }
@@ -181,6 +185,41 @@ void run(dt::Comm& comm, const dt::Device& dev, float* grads, const std::string&
   }
 }
 
+// A step whose buckets all fail throws from finish (the first error, once), and the next step
+// over the same buckets runs whole and gives the right sums: the failed step left nothing behind.
+void check_failed_step(Recording& rec, float* grads, const std::string& what) {
+  const auto& params = table();
+  const std::size_t n = params.back().offset + params.back().numel;
+  const int me = rec.rank(), p = rec.size();
+  dt::GradBuckets buckets(rec, grads, params, 4096);
+  for (std::size_t i = 0; i < n; ++i) grads[i] = static_cast<float>(me + 1);
+  rec.fail = true;
+  buckets.ready(params.size() / 2, params.size());
+  dt_test::expect_throw<dt::CommError>(str(what, ": finish of a step whose buckets fail"),
+                                       [&] { buckets.finish(dt::Millis(60000)); },
+                                       {"injected failure"});
+  rec.fail = false;
+  rec.take();
+  for (std::size_t i = 0; i < n; ++i) grads[i] = static_cast<float>(me + 1);
+  buckets.ready(params.size() / 2, params.size());
+  buckets.ready(0, params.size() / 2);
+  bool ok = true;
+  try {
+    buckets.finish(dt::Millis(60000));
+  } catch (const std::exception& e) {
+    ok = false;
+    H.fail(str(what, ": the step after a failed one"), e.what());
+  }
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) bad += grads[i] != static_cast<float>(p * (p + 1) / 2);
+  std::size_t total = 0;
+  for (const auto& [type, count] : rec.take()) total += count;
+  if (ok)
+    H.expect(bad == 0 && total == n,
+             str(what, ": the step after a failed one sums every bucket once"),
+             str(bad, " of ", n, " wrong; ", total, " elements all-reduced"));
+}
+
 double process_cpu_s() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -230,6 +269,7 @@ int main(int argc, char** argv) {
       Recording rec(*world);
       std::vector<float> g(n);
       run(rec, cpu, g.data(), "cpu, MPI", &rec);
+      check_failed_step(rec, g.data(), "cpu, MPI");
     }
     {  // shared memory with the gradients in its arena (as dt_train places them)
       auto world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
