@@ -1,6 +1,7 @@
 #include "grad_buckets.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <string>
@@ -84,7 +85,11 @@ void GradBuckets::launch_ready() {
                        ") all_reduce on " + comm_.name();
     Comm* c = &comm_;
     const Device* dev = wire_.dev;
-    works_.push_back(queue_->submit(std::move(what), [c, v, g, n, narrow, dev] {
+    const std::atomic<std::uint64_t>* abandoned = &abandoned_;
+    const std::uint64_t step = step_;
+    works_.push_back(queue_->submit(std::move(what), [c, v, g, n, narrow, dev, abandoned, step] {
+      DT_CHECK(CommError, abandoned->load() < step,
+               "not started: an earlier bucket of this step failed");
       const dt_hal_dtype lp = narrow ? hal_dtype(v.dtype) : DT_HAL_F32;
       const auto count = static_cast<std::int64_t>(n);
       if (narrow)
@@ -105,22 +110,24 @@ void GradBuckets::launch_ready() {
 void GradBuckets::finish(Millis timeout) {
   std::fill(missing_.begin(), missing_.end(), 0);
   launch_ready();
-  // Every bucket is waited for, within one deadline for them all, also after one failed (the
-  // progress thread runs them in order: the later ones end soon after on a broken communicator);
-  // then the step is reset whatever happened, and the first error is rethrown.
-  const bool limited = timeout.count() >= 0 && timeout < kPolledWait;
-  const auto deadline = std::chrono::steady_clock::now() + (limited ? timeout : Millis(0));
+  // After a bucket fails, the buckets of this step not started yet are skipped (they would
+  // reduce into a step that is over), so waiting for them takes a moment (kSkipGrace at most:
+  // they may sit behind one that runs on); then the step is reset whatever happened.
+  constexpr Millis kSkipGrace{1000};
   std::exception_ptr first;
+  std::chrono::steady_clock::time_point grace{};
   for (Work& w : works_) {
     Millis left = timeout;
-    if (limited)
-      left =
-          std::max(Millis(0),
-                   std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now()));
+    if (first)
+      left = std::max(Millis(0),
+                      std::chrono::duration_cast<Millis>(grace - std::chrono::steady_clock::now()));
     try {
       w.wait(left);
     } catch (...) {
-      if (!first) first = std::current_exception();
+      if (first) continue;
+      first = std::current_exception();
+      abandoned_.store(step_);
+      grace = std::chrono::steady_clock::now() + kSkipGrace;
     }
   }
   reset_step();
@@ -129,6 +136,7 @@ void GradBuckets::finish(Millis timeout) {
 
 void GradBuckets::reset_step() {
   works_.clear();
+  ++step_;
   next_ = 0;
   std::fill(final_.begin(), final_.end(), 0);
   for (std::size_t b = 0; b < plan_.size(); ++b)

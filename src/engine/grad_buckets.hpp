@@ -19,6 +19,7 @@
 // thread). Failures of an all_reduce are rethrown by finish().
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -56,10 +57,10 @@ class GradBuckets {
   std::size_t wire_bytes() const noexcept { return wire_buf_.bytes(); }
   /// Parameters [first, end) are final for this step.
   void ready(std::size_t first, std::size_t end);
-  /// Queues what is not queued yet, waits for every bucket (`timeout` for them all together), and
-  /// resets for the next step, also when a bucket failed or the time ran out: then the first
-  /// error (dt::CommError) is rethrown. Buckets still running after a timeout keep using the
-  /// gradient buffer (as any unfinished dt::Work does its buffers).
+  /// Queues what is not queued yet, waits for every bucket (dt::CommError after `timeout`, each),
+  /// and resets for the next step, also when a bucket failed or ran out of time: then the
+  /// step's buckets not started yet are skipped and the first error is rethrown. A bucket still
+  /// running after a timeout keeps using the gradient buffer (as any unfinished dt::Work does).
   void finish(Millis timeout = kNoTimeout);
 
  private:
@@ -73,6 +74,8 @@ class GradBuckets {
   std::vector<char> final_;           // per parameter
   std::size_t next_ = 0;              // first bucket not queued yet
   std::vector<Work> works_;
+  std::uint64_t step_ = 1;                   // steps begun (the buckets' tasks know theirs)
+  std::atomic<std::uint64_t> abandoned_{0};  // last step whose unstarted buckets are skipped
   GradWire wire_;
   Device::Buffer wire_buf_;  // bf16: the rounded copy of the whole gradient buffer
   std::unique_ptr<ProgressQueue> queue_;
