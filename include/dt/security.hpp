@@ -202,6 +202,8 @@ class Aead {
 
  private:
   void release() noexcept;
+  // A usable Aead of the right direction, and n within GCM's limit (dt::SecurityError).
+  void check_call(bool sealing, std::size_t n) const;
   void* ctx_ = nullptr;  // EVP_CIPHER_CTX (openssl)
   void* imb_ = nullptr;  // the key schedule and hash keys (ipsec_mb)
   bool encrypt_ = true;

@@ -183,10 +183,12 @@ namespace {
 #ifdef DT_HAVE_IPSEC_MB
 // One manager for the process, set up once and only read afterwards: the GCM functions of the
 // direct API are pointers in it that keep no state of their own (each call has its own context).
-// `mgr` is null when it could not be set up (`why` says why).
+// `mgr` is null when it could not be set up (`why` says why). `wide`: its code for this CPU
+// uses VAES and VPCLMULQDQ.
 struct Imb {
   IMB_MGR* mgr = nullptr;
   IMB_ARCH arch = IMB_ARCH_NONE;
+  bool wide = false;
   std::string why;
 };
 const Imb& imb() {
@@ -203,7 +205,10 @@ const Imb& imb() {
               (e != 0 ? imb_get_strerror(e) : "no code path chosen");
       free_mb_mgr(i.mgr);
       i.mgr = nullptr;
+      return i;
     }
+    constexpr std::uint64_t kWide = IMB_FEATURE_VAES | IMB_FEATURE_VPCLMULQDQ;
+    i.wide = (i.mgr->features & kWide) == kWide;
     return i;
   }();
   return m;
@@ -267,20 +272,14 @@ AesImpl resolve_aes_impl(AesImpl a) noexcept {
   // Its AVX-512 code with VAES and VPCLMULQDQ (Ice Lake and later, Zen 4 and later) runs several
   // times faster than OpenSSL 3.0's AES-NI code; without them (Skylake-SP, older CPUs) the two are
   // alike, and OpenSSL stays.
-  constexpr std::uint64_t kWide = IMB_FEATURE_VAES | IMB_FEATURE_VPCLMULQDQ;
-  if (imb().mgr && imb().arch == IMB_ARCH_AVX512 && (imb().mgr->features & kWide) == kWide)
-    return AesImpl::ipsec_mb;
+  if (imb().mgr && imb().arch == IMB_ARCH_AVX512 && imb().wide) return AesImpl::ipsec_mb;
 #endif
   return AesImpl::openssl;
 }
 
 std::string ipsec_mb_arch() {
 #ifdef DT_HAVE_IPSEC_MB
-  if (imb().mgr) {
-    constexpr std::uint64_t kWide = IMB_FEATURE_VAES | IMB_FEATURE_VPCLMULQDQ;
-    return std::string(arch_name(imb().arch)) +
-           ((imb().mgr->features & kWide) == kWide ? "+vaes" : "");
-  }
+  if (imb().mgr) return std::string(arch_name(imb().arch)) + (imb().wide ? "+vaes" : "");
 #endif
   return "";
 }
@@ -352,12 +351,17 @@ constexpr std::size_t kEvpPiece = std::size_t{1} << 30;
 constexpr std::uint64_t kGcmMaxBytes = (std::uint64_t{1} << 36) - 32;
 }  // namespace
 
-void Aead::seal(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t aad_len,
-                const void* in, std::size_t n, void* out, std::uint8_t* tag) {
-  DT_ASSERT((ctx_ != nullptr || imb_ != nullptr) && encrypt_,
-            "seal on a moved-from or decrypting Aead");
+void Aead::check_call(bool sealing, std::size_t n) const {
+  DT_ASSERT((ctx_ != nullptr || imb_ != nullptr) && encrypt_ == sealing,
+            sealing ? "seal on a moved-from or decrypting Aead"
+                    : "open on a moved-from or encrypting Aead");
   DT_CHECK(SecurityError, n <= kGcmMaxBytes, "AES-256-GCM: ", n,
            " bytes under one nonce is more than GCM allows (", kGcmMaxBytes, ")");
+}
+
+void Aead::seal(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t aad_len,
+                const void* in, std::size_t n, void* out, std::uint8_t* tag) {
+  check_call(true, n);
   const auto* src = static_cast<const std::uint8_t*>(in);
   auto* dst = static_cast<std::uint8_t*>(out);
 #ifdef DT_HAVE_IPSEC_MB
@@ -390,10 +394,7 @@ void Aead::seal(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t 
 
 bool Aead::open(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t aad_len,
                 const void* in, std::size_t n, void* out, const std::uint8_t* tag) {
-  DT_ASSERT((ctx_ != nullptr || imb_ != nullptr) && !encrypt_,
-            "open on a moved-from or encrypting Aead");
-  DT_CHECK(SecurityError, n <= kGcmMaxBytes, "AES-256-GCM: ", n,
-           " bytes under one nonce is more than GCM allows (", kGcmMaxBytes, ")");
+  check_call(false, n);
   const auto* src = static_cast<const std::uint8_t*>(in);
   auto* dst = static_cast<std::uint8_t*>(out);
 #ifdef DT_HAVE_IPSEC_MB

@@ -29,15 +29,19 @@ FAIL() { echo "FAIL: $*"; fail=1; }
 umask 077
 head -c 32 /dev/urandom >key.bin
 head -c 32 /dev/urandom >other.bin
+COMMON=(--config "$CONFIG" --data.path="$TEXT" --train.log-every=1 --train.eval-every=0)
+launched() {  # launched NAME: after a launch into NAME.out, shows it and its exit code (in RC)
+  RC=$?
+  sed 's/^/    /' "$1.out"
+  echo "=== $1: exit code $RC"
+  [ "$RC" -ne 124 ] && [ "$RC" -ne 137 ] || FAIL "$1: timed out (hang)"
+}
 run() {  # run NAME RANKS ARGS...: output in NAME.out, exit code in RC
   local name=$1 n=$2
   shift 2
-  timeout -k 5 120 "${MPIEXEC[@]}" -n "$n" "$BIN" --config "$CONFIG" --data.path="$TEXT" \
-    --train.steps="${STEPS:-4}" --train.log-every=1 --train.eval-every=0 "$@" >"$name.out" 2>&1
-  RC=$?
-  sed 's/^/    /' "$name.out"
-  echo "=== $name: exit code $RC"
-  [ "$RC" -ne 124 ] && [ "$RC" -ne 137 ] || FAIL "$name: timed out (hang)"
+  timeout -k 5 120 "${MPIEXEC[@]}" -n "$n" "$BIN" "${COMMON[@]}" --train.steps="${STEPS:-4}" "$@" \
+    >"$name.out" 2>&1
+  launched "$name"
 }
 case "$MODE" in
   same)
@@ -59,15 +63,11 @@ case "$MODE" in
           echo "SKIP (part): no ipsec-mb on this machine; all-mixed runs OpenSSL on every rank"
           other=(--security.aes=openssl)
         fi
-        args=(--config "$CONFIG" --data.path="$TEXT" --train.steps="${STEPS:-4}"
-          --train.log-every=1 --train.eval-every=0 --parallel.pp=2 "${opts[@]}"
+        args=("${COMMON[@]}" --train.steps="${STEPS:-4}" --parallel.pp=2 "${opts[@]}"
           --security.key_file=key.bin --train.log-file=$seal.jsonl)
         timeout -k 5 120 "${MPIEXEC[@]}" -n 2 "$BIN" "${args[@]}" --security.aes=openssl : \
           -n 2 "$BIN" "${args[@]}" "${other[@]}" >"$seal.out" 2>&1
-        RC=$?
-        sed 's/^/    /' "$seal.out"
-        echo "=== $seal: exit code $RC"
-        [ "$RC" -ne 124 ] && [ "$RC" -ne 137 ] || FAIL "$seal: timed out (hang)"
+        launched "$seal"
       else
         run "$seal" 4 --parallel.pp=2 "${opts[@]}" \
           --security.key_file=key.bin --train.log-file=$seal.jsonl
