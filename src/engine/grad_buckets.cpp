@@ -85,23 +85,30 @@ void GradBuckets::launch_ready() {
                        ") all_reduce on " + comm_.name();
     Comm* c = &comm_;
     const Device* dev = wire_.dev;
-    const std::atomic<std::uint64_t>* abandoned = &abandoned_;
+    std::atomic<std::uint64_t>* abandoned = &abandoned_;
     const std::uint64_t step = step_;
     works_.push_back(queue_->submit(std::move(what), [c, v, g, n, narrow, dev, abandoned, step] {
+      // A failed bucket abandons its step here, on the progress thread, before the next bucket
+      // starts (finish also does when its wait runs out of time).
       DT_CHECK(CommError, abandoned->load() < step,
                "not started: an earlier bucket of this step failed");
-      const dt_hal_dtype lp = narrow ? hal_dtype(v.dtype) : DT_HAL_F32;
-      const auto count = static_cast<std::int64_t>(n);
-      if (narrow)
-        dev->call(&dt_hal_v2_t::cast, "cast", v.data, lp, static_cast<const void*>(g), DT_HAL_F32,
-                  count);
-      // A blocking MPI call would spin in MPI's progress loop for the whole wait, which a
-      // SCHED_FIFO progress thread must not do: every communicator waits by polling, sleeping
-      // between polls (the shared-memory one for what it sends through MPI across nodes).
-      c->all_reduce(v, ReduceOp::sum, CommOptions{kPolledWait});
-      if (narrow)
-        dev->call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(g), DT_HAL_F32,
-                  static_cast<const void*>(v.data), lp, count);
+      try {
+        const dt_hal_dtype lp = narrow ? hal_dtype(v.dtype) : DT_HAL_F32;
+        const auto count = static_cast<std::int64_t>(n);
+        if (narrow)
+          dev->call(&dt_hal_v2_t::cast, "cast", v.data, lp, static_cast<const void*>(g), DT_HAL_F32,
+                    count);
+        // A blocking MPI call would spin in MPI's progress loop for the whole wait, which a
+        // SCHED_FIFO progress thread must not do: every communicator waits by polling, sleeping
+        // between polls (the shared-memory one for what it sends through MPI across nodes).
+        c->all_reduce(v, ReduceOp::sum, CommOptions{kPolledWait});
+        if (narrow)
+          dev->call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(g), DT_HAL_F32,
+                    static_cast<const void*>(v.data), lp, count);
+      } catch (...) {
+        abandoned->store(step);
+        throw;
+      }
     }));
     ++next_;
   }
