@@ -850,7 +850,8 @@ int lt_gemm(void* ctx, const char* fn, int ta, int tb, int64_t M, int64_t N, int
     // any refusal inside a capture, is reported as cuBLAS's own errors are.
     const bool refused = st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE;
     if (!refused || capturing(c->stream))
-      return fail(ctx, st == CUBLAS_STATUS_NOT_SUPPORTED ? DT_HAL_ERR_UNSUPPORTED : DT_HAL_ERR_DEVICE,
+      return fail(ctx,
+                  st == CUBLAS_STATUS_NOT_SUPPORTED ? DT_HAL_ERR_UNSUPPORTED : DT_HAL_ERR_DEVICE,
                   fn, ": cublasLtMatmul: ", cublasGetStatusString(st));
     (void)cudaGetLastError();
     p->ok = false;
@@ -923,8 +924,52 @@ int cuda_gemm_ex(void* ctx, int ta, int tb, int64_t M, int64_t N, int64_t K, flo
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
 
+// Memory-bound work on the elements [0, n), U of them per thread a block's width apart (so that a
+// warp's accesses stay coalesced), all U loaded before any is stored: U loads per thread are in
+// flight, which a memory-bound kernel needs to come near the memory's bandwidth (one element per
+// thread leaves it at a third to a half). load(i) reads what element i needs and computes its
+// value, store(i, value) writes it; a thread reads its elements before it writes them, so calls
+// in place stay right. The thread starts at `first` and steps by `threads` (all threads that
+// share the work) times U.
+template <int U, class T, class Load, class Store>
+__device__ inline void unrolled(int64_t first, int64_t n, int64_t threads, Load load, Store store) {
+  for (int64_t base = first; base < n; base += threads * U) {
+    T v[U]{};
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const int64_t i = base + int64_t{k} * blockDim.x;
+      if (i < n) v[k] = load(i);
+    }
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const int64_t i = base + int64_t{k} * blockDim.x;
+      if (i < n) store(i, v[k]);
+    }
+  }
+}
+// unrolled() over [0, n) by the whole grid (launched with grid_for<U>(n) blocks of kThreads).
+template <int U, class T, class Load, class Store>
+__device__ inline void grid_unrolled(int64_t n, Load load, Store store) {
+  unrolled<U, T>(int64_t{blockIdx.x} * blockDim.x * U + threadIdx.x, n,
+                 int64_t{gridDim.x} * blockDim.x, load, store);
+}
+template <int U>
+unsigned grid_for(int64_t n) {
+  return blocks_for(n, kThreads * U);
+}
+// Blocks for one row each (grid-strided past the cap).
+unsigned rows_grid(int64_t rows) {
+  return static_cast<unsigned>(rows < 65535 * 16 ? (rows > 0 ? rows : 1) : 65535 * 16);
+}
+
+// A block per row (grid-strided), its threads over the row's columns.
 __global__ void bias_add_kernel(float* out, const float* bias, int64_t N, int64_t Cc) {
-  GRID_STRIDE(i, N * Cc) out[i] += bias[i % Cc];
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    float* row = out + r * Cc;
+    unrolled<4, float>(
+        threadIdx.x, Cc, blockDim.x, [&](int64_t j) { return row[j] + bias[j]; },
+        [&](int64_t j, float x) { row[j] = x; });
+  }
 }
 
 // Column sums: block (32 columns) x (32 row lanes); each lane sums a strided set of rows, the 32
@@ -952,7 +997,7 @@ int cuda_bias_add(void* ctx, float* out, const float* bias, int64_t N, int64_t C
   if (N == 0 || Cc == 0) return DT_HAL_OK;
   DT_HAL_TRY(need_ptr(ctx, fn, "out", out, N * Cc));
   DT_HAL_TRY(need_ptr(ctx, fn, "bias", bias, Cc));
-  bias_add_kernel<<<blocks_for(N * Cc), kThreads, 0, C(ctx)->stream>>>(out, bias, N, Cc);
+  bias_add_kernel<<<rows_grid(N), kThreads, 0, C(ctx)->stream>>>(out, bias, N, Cc);
   LAUNCHED(ctx, fn);
   return DT_HAL_OK;
 }
@@ -972,9 +1017,13 @@ int cuda_bias_grad(void* ctx, float* dbias, const float* dout, int64_t N, int64_
 }
 
 __global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
-  GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+  grid_unrolled<4, float>(
+      n, [&](int64_t i) { return a[i] + b[i]; }, [&](int64_t i, float x) { out[i] = x; });
 }
-__global__ void scale_kernel(float* x, float s, int64_t n) { GRID_STRIDE(i, n) x[i] *= s; }
+__global__ void scale_kernel(float* x, float s, int64_t n) {
+  grid_unrolled<4, float>(
+      n, [&](int64_t i) { return x[i] * s; }, [&](int64_t i, float y) { x[i] = y; });
+}
 
 int cuda_add(void* ctx, float* out, const float* a, const float* b, int64_t n) {
   const char* fn = "add";
@@ -984,7 +1033,7 @@ int cuda_add(void* ctx, float* out, const float* a, const float* b, int64_t n) {
   DT_HAL_TRY(need_ptr(ctx, fn, "a", a, n));
   DT_HAL_TRY(need_ptr(ctx, fn, "b", b, n));
   if (n == 0) return DT_HAL_OK;
-  add_kernel<<<blocks_for(n), kThreads, 0, C(ctx)->stream>>>(out, a, b, n);
+  add_kernel<<<grid_for<4>(n), kThreads, 0, C(ctx)->stream>>>(out, a, b, n);
   LAUNCHED(ctx, fn);
   return DT_HAL_OK;
 }
@@ -995,7 +1044,7 @@ int cuda_scale(void* ctx, float* x, float s, int64_t n) {
   DT_HAL_TRY(need_nonneg(ctx, fn, "n", n));
   DT_HAL_TRY(need_ptr(ctx, fn, "x", x, n));
   if (n == 0) return DT_HAL_OK;
-  scale_kernel<<<blocks_for(n), kThreads, 0, C(ctx)->stream>>>(x, s, n);
+  scale_kernel<<<grid_for<4>(n), kThreads, 0, C(ctx)->stream>>>(x, s, n);
   LAUNCHED(ctx, fn);
   return DT_HAL_OK;
 }
@@ -1239,20 +1288,28 @@ __device__ inline void gelu_parts(float x, float& s, float& e, float& sp) {
   s = u >= 0.0f ? sp : e * sp;
 }
 __global__ void gelu_fwd_kernel(float* out, const float* inp, int64_t n) {
-  GRID_STRIDE(i, n) {
-    float s, e, sp;
-    gelu_parts(inp[i], s, e, sp);
-    out[i] = inp[i] * s;
-  }
+  grid_unrolled<4, float>(
+      n,
+      [&](int64_t i) {
+        const float x = inp[i];
+        float s, e, sp;
+        gelu_parts(x, s, e, sp);
+        return x * s;
+      },
+      [&](int64_t i, float y) { out[i] = y; });
 }
 // d/dx GELU = s + 2 x s (1 - s) u'(x), with s (1 - s) = e sp^2 for either sign of u.
 __global__ void gelu_bwd_kernel(float* dinp, const float* inp, const float* dout, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const float x = inp[i];
-    float s, e, sp;
-    gelu_parts(x, s, e, sp);
-    dinp[i] += dout[i] * (s + 2.0f * x * (e * sp * sp) * kGeluK * (1.0f + 3.0f * kGeluA * x * x));
-  }
+  grid_unrolled<4, float>(
+      n,
+      [&](int64_t i) {
+        const float x = inp[i];
+        float s, e, sp;
+        gelu_parts(x, s, e, sp);
+        return dinp[i] +
+               dout[i] * (s + 2.0f * x * (e * sp * sp) * kGeluK * (1.0f + 3.0f * kGeluA * x * x));
+      },
+      [&](int64_t i, float y) { dinp[i] = y; });
 }
 
 int cuda_gelu_fwd(void* ctx, float* out, const float* inp, int64_t n) {
@@ -1262,7 +1319,7 @@ int cuda_gelu_fwd(void* ctx, float* out, const float* inp, int64_t n) {
   DT_HAL_TRY(need_ptr(ctx, fn, "out", out, n));
   DT_HAL_TRY(need_ptr(ctx, fn, "inp", inp, n));
   if (n == 0) return DT_HAL_OK;
-  gelu_fwd_kernel<<<blocks_for(n), kThreads, 0, C(ctx)->stream>>>(out, inp, n);
+  gelu_fwd_kernel<<<grid_for<4>(n), kThreads, 0, C(ctx)->stream>>>(out, inp, n);
   LAUNCHED(ctx, fn);
   return DT_HAL_OK;
 }
@@ -1275,7 +1332,7 @@ int cuda_gelu_bwd(void* ctx, float* dinp, const float* inp, const float* dout, i
   DT_HAL_TRY(need_ptr(ctx, fn, "inp", inp, n));
   DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, n));
   if (n == 0) return DT_HAL_OK;
-  gelu_bwd_kernel<<<blocks_for(n), kThreads, 0, C(ctx)->stream>>>(dinp, inp, dout, n);
+  gelu_bwd_kernel<<<grid_for<4>(n), kThreads, 0, C(ctx)->stream>>>(dinp, inp, dout, n);
   LAUNCHED(ctx, fn);
   return DT_HAL_OK;
 }
@@ -1507,20 +1564,26 @@ __global__ void softmax_xent_fwd_kernel(float* losses, float* probs, const float
   const int64_t n = blockIdx.x;
   const float* x = logits + n * V;
   float* p = probs + n * V;
+  // Each thread's elements in their order (threadIdx.x + k blockDim.x), kUnroll of them loaded
+  // ahead of their use.
+  constexpr int kUnroll = 4;
   MaxSum ms{-INFINITY, 0.0f};
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const float xi = x[i];
-    if (xi > ms.m) {
-      ms.s = ms.s * expf(ms.m - xi) + 1.0f;
-      ms.m = xi;
-    } else if (xi != -INFINITY) {  // -inf adds nothing (and e^(-inf - -inf) would be NaN)
-      ms.s += expf(xi - ms.m);
-    }
-  }
+  unrolled<kUnroll, float>(
+      threadIdx.x, V, blockDim.x, [&](int64_t i) { return x[i]; },
+      [&](int64_t, float xi) {
+        if (xi > ms.m) {
+          ms.s = ms.s * expf(ms.m - xi) + 1.0f;
+          ms.m = xi;
+        } else if (xi != -INFINITY) {  // -inf adds nothing (and e^(-inf - -inf) would be NaN)
+          ms.s += expf(xi - ms.m);
+        }
+      });
   ms = block_maxsum(ms);
   const float m = ms.m, s = ms.s;
   const float inv = 1.0f / s;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) p[i] = expf(x[i] - m) * inv;
+  unrolled<kUnroll, float>(
+      threadIdx.x, V, blockDim.x, [&](int64_t i) { return expf(x[i] - m) * inv; },
+      [&](int64_t i, float pi) { p[i] = pi; });
   if (threadIdx.x == 0) {
     const int32_t t = targets[n];
     if (t < 0 || t >= V) {
@@ -1532,17 +1595,23 @@ __global__ void softmax_xent_fwd_kernel(float* losses, float* probs, const float
   }
 }
 
+// A block per row (grid-strided).
 __global__ void softmax_xent_bwd_kernel(float* dlogits, const float* probs, const int32_t* targets,
                                         float dloss, int64_t N, int64_t V, DeviceError* err) {
-  GRID_STRIDE(i, N * V) {
-    const int64_t n = i / V, j = i % V;
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const int32_t t = targets[n];
+    const float* p = probs + n * V;
+    float* d = dlogits + n * V;
+    const auto put = [&](int64_t j, float x) { d[j] = x; };
     if (t < 0 || t >= V) {  // reported by the next wait on the host; the row is still written
-      if (j == 0) record_bad(err, kBadTargetBwd, n, t, V);
-      dlogits[i] = 0.0f;
+      if (threadIdx.x == 0) record_bad(err, kBadTargetBwd, n, t, V);
+      unrolled<4, float>(
+          threadIdx.x, V, blockDim.x, [](int64_t) { return 0.0f; }, put);
       continue;
     }
-    dlogits[i] = (probs[i] - (j == t ? 1.0f : 0.0f)) * dloss;
+    unrolled<4, float>(
+        threadIdx.x, V, blockDim.x,
+        [&](int64_t j) { return (p[j] - (j == t ? 1.0f : 0.0f)) * dloss; }, put);
   }
 }
 
@@ -1578,8 +1647,8 @@ int cuda_softmax_xent_bwd(void* ctx, float* dlogits, const float* probs, const i
   DT_HAL_TRY(need_ptr(ctx, fn, "dlogits", dlogits, N * V));
   DT_HAL_TRY(need_ptr(ctx, fn, "probs", probs, N * V));
   DT_HAL_TRY(need_ptr(ctx, fn, "targets", targets, N));
-  softmax_xent_bwd_kernel<<<blocks_for(N * V), kThreads, 0, C(ctx)->stream>>>(
-      dlogits, probs, targets, dloss, N, V, C(ctx)->derr);
+  softmax_xent_bwd_kernel<<<rows_grid(N), kThreads, 0, C(ctx)->stream>>>(dlogits, probs, targets,
+                                                                         dloss, N, V, C(ctx)->derr);
   LAUNCHED(ctx, fn);
   return DT_HAL_OK;
 }
@@ -1694,8 +1763,23 @@ int cuda_adamw_multi(void* ctx, int count, float* const* params, const float* co
   return DT_HAL_OK;
 }
 
-__global__ void cast_kernel(void* out, int out_type, const void* in, int in_type, int64_t n) {
-  GRID_STRIDE(i, n) store_from_f32(out, i, out_type, load_as_f32(in, i, in_type));
+// The types are template arguments, so that each element's conversion has no branch on them.
+constexpr int kCastUnroll = 8;
+template <int In, int Out>
+__global__ void cast_kernel(void* out, const void* in, int64_t n) {
+  grid_unrolled<kCastUnroll, float>(
+      n, [&](int64_t i) { return load_as_f32(in, i, In); },
+      [&](int64_t i, float x) { store_from_f32(out, i, Out, x); });
+}
+template <int In>
+void launch_cast(void* out, int out_type, const void* in, int64_t n, cudaStream_t s) {
+  const unsigned g = grid_for<kCastUnroll>(n);
+  if (out_type == DT_HAL_F32)
+    cast_kernel<In, DT_HAL_F32><<<g, kThreads, 0, s>>>(out, in, n);
+  else if (out_type == DT_HAL_BF16)
+    cast_kernel<In, DT_HAL_BF16><<<g, kThreads, 0, s>>>(out, in, n);
+  else
+    cast_kernel<In, DT_HAL_F16><<<g, kThreads, 0, s>>>(out, in, n);
 }
 
 int cuda_cast(void* ctx, void* out, dt_hal_dtype out_type, const void* in, dt_hal_dtype in_type,
@@ -1717,7 +1801,13 @@ int cuda_cast(void* ctx, void* out, dt_hal_dtype out_type, const void* in, dt_ha
     return DT_HAL_OK;
   }
   // Each element is read before it is written by the same thread: in == out (same size) is fine.
-  cast_kernel<<<blocks_for(n), kThreads, 0, C(ctx)->stream>>>(out, out_type, in, in_type, n);
+  const cudaStream_t st = C(ctx)->stream;
+  if (in_type == DT_HAL_F32)
+    launch_cast<DT_HAL_F32>(out, out_type, in, n, st);
+  else if (in_type == DT_HAL_BF16)
+    launch_cast<DT_HAL_BF16>(out, out_type, in, n, st);
+  else
+    launch_cast<DT_HAL_F16>(out, out_type, in, n, st);
   LAUNCHED(ctx, fn);
   return DT_HAL_OK;
 }
@@ -1755,7 +1845,7 @@ inline int64_t aligned8(int64_t n) { return (n + 7) / 8 * 8; }
 int narrow_into(void* ctx, const char* fn, uint16_t* out, const float* in, int64_t n,
                 dt_hal_dtype t) {
   if (n == 0) return DT_HAL_OK;
-  cast_kernel<<<blocks_for(n), kThreads, 0, C(ctx)->stream>>>(out, t, in, DT_HAL_F32, n);
+  launch_cast<DT_HAL_F32>(out, t, in, n, C(ctx)->stream);
   LAUNCHED(ctx, fn);
   return DT_HAL_OK;
 }
@@ -2400,11 +2490,12 @@ int cuda_cast_bf16_to_f32(void* ctx, float* out, const uint16_t* in, int64_t n) 
 
 __global__ void scale_check_kernel(float* x, float s, int64_t n, int32_t* found) {
   bool bad = false;
-  GRID_STRIDE(i, n) {
-    const float y = x[i] * s;
-    x[i] = y;
-    bad |= (bits_of(y) & 0x7f800000u) == 0x7f800000u;
-  }
+  grid_unrolled<4, float>(
+      n, [&](int64_t i) { return x[i] * s; },
+      [&](int64_t i, float y) {
+        x[i] = y;
+        bad |= (bits_of(y) & 0x7f800000u) == 0x7f800000u;
+      });
   if (__syncthreads_or(bad) && threadIdx.x == 0) *found = 1;
 }
 
@@ -2415,7 +2506,7 @@ int cuda_scale_check_finite(void* ctx, float* x, int64_t n, float s, int32_t* fo
   DT_HAL_TRY(need_ptr(ctx, fn, "x", x, n));
   if (found_inf == nullptr) return fail(ctx, DT_HAL_ERR_INVALID, fn, ": found_inf is null");
   if (n == 0) return DT_HAL_OK;
-  scale_check_kernel<<<blocks_for(n), kThreads, 0, C(ctx)->stream>>>(x, s, n, found_inf);
+  scale_check_kernel<<<grid_for<4>(n), kThreads, 0, C(ctx)->stream>>>(x, s, n, found_inf);
   LAUNCHED(ctx, fn);
   return DT_HAL_OK;
 }

@@ -40,7 +40,8 @@ class AdamW {
   /// `counted` (one flag per parameter; every global element counted on exactly one rank) summed
   /// over `comm`; every rank scales all of its gradients. Collective over `comm`.
   double clip_grad_norm(float* grads, double clip, const std::vector<char>& counted, Comm& comm);
-  /// One step (t is 1-based) with learning rate lr; decay only on params marked decay.
+  /// One step (t is 1-based) with learning rate lr; decay only on params marked decay. One fused
+  /// call (adamw_multi) where the device has it, else one adamw call per range of parameters.
   void step(float* params, const float* grads, double lr, const OptimConfig& c);
 
   std::int64_t steps() const noexcept { return t_; }
@@ -53,6 +54,11 @@ class AdamW {
   void clip_to(float* grads, double norm, double clip);
   const Device& dev_;
   std::vector<ParamInfo> params_;  // a copy: a temporary table may be passed
+  struct Range {
+    std::int64_t offset, numel;
+    bool decay;
+  };
+  std::vector<Range> ranges_;  // the parameters, neighbours with the same decay merged
   std::size_t n_;
   Device::Buffer m_, v_;
   std::int64_t t_ = 0;

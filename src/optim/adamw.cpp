@@ -24,6 +24,17 @@ AdamW::AdamW(const Device& dev, const std::vector<ParamInfo>& params, std::size_
     DT_CHECK(InvalidArgument, p.offset + p.numel <= numel, "AdamW: parameter ", p.name, " [",
              p.offset, ", ", p.offset + p.numel, ") lies outside the ", numel,
              " elements of the optimizer state");
+  // Neighbouring parameters with the same weight decay are one range of the update (AdamW is
+  // elementwise), all of them updated by one fused call where the device has it.
+  for (const ParamInfo& p : params_) {
+    if (p.numel == 0) continue;
+    const auto off = static_cast<std::int64_t>(p.offset), len = static_cast<std::int64_t>(p.numel);
+    if (!ranges_.empty() && ranges_.back().decay == p.decay &&
+        ranges_.back().offset + ranges_.back().numel == off)
+      ranges_.back().numel += len;
+    else
+      ranges_.push_back(Range{off, len, p.decay});
+  }
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", m_.get(), numel * sizeof(float));
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", v_.get(), numel * sizeof(float));
 }
@@ -63,11 +74,33 @@ void AdamW::clip_to(float* grads, double norm, double clip) {
 
 void AdamW::step(float* params, const float* grads, double lr, const OptimConfig& c) {
   ++t_;
-  for (const ParamInfo& p : params_)
-    dev_.call(&dt_hal_v1_t::adamw, "adamw", params + p.offset, grads + p.offset, m() + p.offset,
-              v() + p.offset, static_cast<std::int64_t>(p.numel), static_cast<float>(lr),
-              static_cast<float>(c.beta1), static_cast<float>(c.beta2), static_cast<float>(c.eps),
-              static_cast<float>(p.decay ? c.weight_decay : 0.0), t_);
+  const auto f = [](double x) { return static_cast<float>(x); };
+  const float wd = f(c.weight_decay);
+  if (dev_.table2().adamw_multi == nullptr) {  // a device without the fused entry
+    for (const Range& r : ranges_)
+      dev_.call(&dt_hal_v1_t::adamw, "adamw", params + r.offset, grads + r.offset, m() + r.offset,
+                v() + r.offset, r.numel, f(lr), f(c.beta1), f(c.beta2), f(c.eps),
+                r.decay ? wd : 0.0f, t_);
+    return;
+  }
+  const std::size_t n = ranges_.size();
+  std::vector<float*> pp(n), mp(n), vp(n);
+  std::vector<const float*> gp(n);
+  std::vector<std::int64_t> sizes(n);
+  std::vector<float> wds(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    const Range& r = ranges_[k];
+    pp[k] = params + r.offset;
+    gp[k] = grads + r.offset;
+    mp[k] = m() + r.offset;
+    vp[k] = v() + r.offset;
+    sizes[k] = r.numel;
+    wds[k] = r.decay ? wd : 0.0f;
+  }
+  dev_.call(&dt_hal_v2_t::adamw_multi, "adamw_multi", static_cast<int>(n), pp.data(),
+            static_cast<const float* const*>(gp.data()), mp.data(), vp.data(),
+            static_cast<const std::int64_t*>(sizes.data()), static_cast<const float*>(wds.data()),
+            f(lr), f(c.beta1), f(c.beta2), f(c.eps), t_);
 }
 
 }  // namespace dt

@@ -239,6 +239,126 @@ void test_elementwise(Rig& r) {
   }
 }
 
+// The memory-bound kernels take several elements per thread (and bias_add and softmax_xent_bwd a
+// block per row): every size's tail, pointers that start 1 or 3 elements into a buffer (so not
+// 16-byte aligned, input and output misaligned differently), and add in place, against the CPU
+// device, bit for bit where both devices do the same IEEE operations.
+void test_elementwise_offsets(Rig& r) {
+  auto name = [](const char* what, int64_t n, int64_t oi, int64_t oo) {
+    return std::string(what) + " n=" + std::to_string(n) + " offsets " + std::to_string(oi) + "/" +
+           std::to_string(oo);
+  };
+  const int64_t sizes[] = {1, 3, 5, 1031, 262147};
+  const int64_t offs[][2] = {{0, 0}, {1, 3}, {3, 1}};
+  for (int64_t n : sizes)
+    for (const auto& o : offs) {
+      const int64_t oi = o[0], oo = o[1];
+      auto a = r.rand(n, -6, 6), b = r.rand(n), c = r.rand(n);
+      a[static_cast<std::size_t>(n / 2)] = n > 2 ? INFINITY : a[0];
+      // add, out of place (out at another offset) and in place (out == a).
+      std::vector<float> sum(n), gsum(n);
+      r.cpu.call(&dt_hal_v1_t::add, "add", sum.data(), static_cast<const float*>(a.data()),
+                 static_cast<const float*>(b.data()), n);
+      std::vector<float> ap(oi, 0.0f), bp(oo, 0.0f);
+      ap.insert(ap.end(), a.begin(), a.end());
+      bp.insert(bp.end(), b.begin(), b.end());
+      auto da = r.up(ap), db = r.up(bp);
+      dt::Device::Buffer dout(r.gpu, (n + oo) * 4);
+      r.gpu.call(&dt_hal_v1_t::add, "add", dout.as<float>() + oo, da.as<const float>() + oi,
+                 db.as<const float>() + oo, n);
+      auto got = r.down<float>(dout, n + oo);
+      report(name("add", n, oi, oo), std::vector<float>(got.begin() + oo, got.end()) == sum);
+      r.gpu.call(&dt_hal_v1_t::add, "add", da.as<float>() + oi, da.as<const float>() + oi,
+                 db.as<const float>() + oo, n);
+      got = r.down<float>(da, n + oi);
+      report(name("add in place", n, oi, oo),
+             std::vector<float>(got.begin() + oi, got.end()) == sum);
+      // scale and scale_check_finite (a has an Inf in the middle).
+      auto x = b;
+      r.cpu.call(&dt_hal_v1_t::scale, "scale", x.data(), -0.7f, n);
+      auto dbs = r.up(bp);
+      r.gpu.call(&dt_hal_v1_t::scale, "scale", dbs.as<float>() + oo, -0.7f, n);
+      got = r.down<float>(dbs, n + oo);
+      compare_rel(name("scale", n, oi, oo), std::vector<float>(got.begin() + oo, got.end()), x, 0,
+                  0);
+      auto xc = a;
+      std::int32_t fc = 0;
+      r.cpu.call(&dt_hal_v2_t::scale_check_finite, "scale_check_finite", xc.data(), n, 0.5f, &fc);
+      auto dac = r.up(ap);
+      auto flag = r.up(std::vector<std::int32_t>{0});
+      r.gpu.call(&dt_hal_v2_t::scale_check_finite, "scale_check_finite", dac.as<float>() + oi, n,
+                 0.5f, flag.as<std::int32_t>());
+      got = r.down<float>(dac, n + oi);
+      report(name("scale_check_finite", n, oi, oo),
+             std::vector<float>(got.begin() + oi, got.end()) == xc &&
+                 r.down<std::int32_t>(flag, 1)[0] == fc);
+      // gelu forward into an output at another offset, backward accumulating.
+      std::vector<float> y(n);
+      r.cpu.call(&dt_hal_v1_t::gelu_fwd, "gelu_fwd", y.data(), static_cast<const float*>(c.data()),
+                 n);
+      std::vector<float> cp(oi, 0.0f);
+      cp.insert(cp.end(), c.begin(), c.end());
+      auto dc = r.up(cp);
+      dt::Device::Buffer dy(r.gpu, (n + oo) * 4);
+      r.gpu.call(&dt_hal_v1_t::gelu_fwd, "gelu_fwd", dy.as<float>() + oo, dc.as<const float>() + oi,
+                 n);
+      got = r.down<float>(dy, n + oo);
+      compare_rel(name("gelu_fwd", n, oi, oo), std::vector<float>(got.begin() + oo, got.end()), y,
+                  1e-6, 1e-5);
+      auto g = b;
+      r.cpu.call(&dt_hal_v1_t::gelu_bwd, "gelu_bwd", g.data(), static_cast<const float*>(c.data()),
+                 static_cast<const float*>(c.data()), n);
+      auto dg = r.up(bp);
+      r.gpu.call(&dt_hal_v1_t::gelu_bwd, "gelu_bwd", dg.as<float>() + oo, dc.as<const float>() + oi,
+                 dc.as<const float>() + oi, n);
+      got = r.down<float>(dg, n + oo);
+      compare_rel(name("gelu_bwd", n, oi, oo), std::vector<float>(got.begin() + oo, got.end()), g,
+                  1e-6, 1e-5);
+      // Casts: fp32 to each 16-bit type and back.
+      const dt_hal_dtype half[] = {DT_HAL_BF16, DT_HAL_F16};
+      for (dt_hal_dtype t : half) {
+        const std::string tn = t == DT_HAL_BF16 ? "bf16" : "f16";
+        std::vector<std::uint16_t> h(n);
+        dt::Device::Buffer dh(r.gpu, (n + oo) * 2);
+        r.gpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(dh.as<std::uint16_t>() + oo), t,
+                   static_cast<const void*>(da.as<float>() + oi), DT_HAL_F32, n);
+        // (da holds a + b now, with an Inf where a had one.)
+        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(h.data()), t,
+                   static_cast<const void*>(sum.data()), DT_HAL_F32, n);
+        auto gh = r.down<std::uint16_t>(dh, n + oo);
+        report(name(("cast f32 -> " + tn).c_str(), n, oi, oo),
+               std::vector<std::uint16_t>(gh.begin() + oo, gh.end()) == h);
+        std::vector<float> back(n);
+        r.cpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(back.data()), DT_HAL_F32,
+                   static_cast<const void*>(h.data()), t, n);
+        dt::Device::Buffer dback(r.gpu, (n + oi) * 4);
+        r.gpu.call(&dt_hal_v2_t::cast, "cast", static_cast<void*>(dback.as<float>() + oi),
+                   DT_HAL_F32, static_cast<const void*>(dh.as<std::uint16_t>() + oo), t, n);
+        got = r.down<float>(dback, n + oi);
+        report(name((std::string("cast ") + tn + " -> f32").c_str(), n, oi, oo),
+               std::memcmp(got.data() + oi, back.data(), n * 4) == 0);
+      }
+    }
+  // bias_add: a block per row, rows narrower and wider than a block's elements, misaligned.
+  const int64_t shapes[][2] = {{1, 1}, {3, 769}, {4097, 3}, {5, 5000}, {130, 768}};
+  for (const auto& sh : shapes) {
+    const int64_t N = sh[0], Cc = sh[1];
+    auto x = r.rand(N * Cc), bias = r.rand(Cc);
+    auto ref = x;
+    r.cpu.call(&dt_hal_v1_t::bias_add, "bias_add", ref.data(),
+               static_cast<const float*>(bias.data()), N, Cc);
+    std::vector<float> xp(1, 0.0f), bp(3, 0.0f);
+    xp.insert(xp.end(), x.begin(), x.end());
+    bp.insert(bp.end(), bias.begin(), bias.end());
+    auto dx = r.up(xp), dbias = r.up(bp);
+    r.gpu.call(&dt_hal_v1_t::bias_add, "bias_add", dx.as<float>() + 1, dbias.as<const float>() + 3,
+               N, Cc);
+    auto got = r.down<float>(dx, N * Cc + 1);
+    compare_rel("bias_add " + std::to_string(N) + " x " + std::to_string(Cc) + " offsets 1/3",
+                std::vector<float>(got.begin() + 1, got.end()), ref, 0, 0);
+  }
+}
+
 // softmax_xent_fwd and _bwd on N rows of V logits in [-8, 8] against the CPU device; `label`
 // is appended to the check names. The row sum's order differs between the devices: its relative
 // error is bounded by 2 V u to first order, which the probabilities carry relatively and the
@@ -1046,6 +1166,7 @@ int main(int argc, char** argv) {
   try {
     test_gemm(*rig);
     test_elementwise(*rig);
+    test_elementwise_offsets(*rig);
     test_layers(*rig);
     test_attention_ex(*rig);
     test_flash_attention(*rig);

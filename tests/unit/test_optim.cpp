@@ -110,3 +110,43 @@ TEST_CASE("StageEngine: backward after no forward, or after one without targets,
                        doctest::Contains("the forward pass of slot 0 had no targets"),
                        dt::InvalidArgument);
 }
+
+TEST_CASE("AdamW: the fused update gives the bits of one version-1 adamw per parameter") {
+  const dt::Device dev = dt::Device::open("cpu", "");
+  REQUIRE(static_cast<bool>(dev.table2().adamw_multi));
+  // Neighbours with equal decay (merged into one range), a change of decay, an empty parameter,
+  // and a gap of 5 elements that no parameter covers (left untouched).
+  const std::vector<dt::ParamInfo> params = {{"a", {40}, 0, 40, true},   {"b", {33}, 40, 33, true},
+                                             {"c", {7}, 73, 7, false},   {"d", {0}, 80, 0, true},
+                                             {"e", {19}, 80, 19, false}, {"f", {64}, 104, 64, true},
+                                             {"g", {3}, 168, 3, false}};
+  const std::size_t n = 171;
+  dt::OptimConfig c;
+  c.weight_decay = 0.3;
+  c.beta1 = 0.85;
+  c.beta2 = 0.97;
+  c.eps = 1e-6;
+  dt::AdamW opt(dev, params, n);
+  std::vector<float> p(n), rp, rm(n, 0.0f), rv(n, 0.0f), g(n);
+  for (std::size_t i = 0; i < n; ++i) p[i] = std::sin(0.37f * static_cast<float>(i));
+  rp = p;
+  for (int t = 1; t <= 4; ++t) {
+    for (std::size_t i = 0; i < n; ++i)
+      g[i] = std::cos(0.11f * static_cast<float>(i * static_cast<std::size_t>(t)) + 0.5f);
+    const double lr = 0.02 / t;
+    opt.step(p.data(), g.data(), lr, c);
+    for (const dt::ParamInfo& q : params)
+      dev.call(&dt_hal_v1_t::adamw, "adamw", rp.data() + q.offset,
+               static_cast<const float*>(g.data() + q.offset), rm.data() + q.offset,
+               rv.data() + q.offset, static_cast<std::int64_t>(q.numel), static_cast<float>(lr),
+               static_cast<float>(c.beta1), static_cast<float>(c.beta2), static_cast<float>(c.eps),
+               static_cast<float>(q.decay ? c.weight_decay : 0.0), std::int64_t{t});
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    CHECK(p[i] == rp[i]);  // bit for bit (the same kernel per element)
+    CHECK(opt.m()[i] == rm[i]);
+    CHECK(opt.v()[i] == rv[i]);
+  }
+  for (std::size_t i = 99; i < 104; ++i) CHECK(p[i] == std::sin(0.37f * static_cast<float>(i)));
+}
