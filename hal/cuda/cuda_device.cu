@@ -972,21 +972,35 @@ __global__ void bias_add_kernel(float* out, const float* bias, int64_t N, int64_
   }
 }
 
-// Column sums: block (32 columns) x (32 row lanes); each lane sums a strided set of rows, the 32
-// partial sums of a column are added in shared memory in a fixed order (deterministic).
-__global__ void column_sums_kernel(float* acc, const float* x, int64_t N, int64_t Cc) {
-  __shared__ float part[32][33];
-  const int64_t col = blockIdx.x * 32 + threadIdx.x;
-  float s = 0.0f;
-  if (col < Cc)
-    for (int64_t n = threadIdx.y; n < N; n += 32) s += x[n * Cc + col];
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < Cc) {
-    float t = 0.0f;
-    for (int j = 0; j < 32; ++j) t += part[j][threadIdx.x];
-    acc[col] += t;
+// Column sums: a block is kSumCols columns x kSumLanes row lanes; each lane sums a strided set of
+// rows, and the lanes' partial sums of a column are added in shared memory by a tree of fixed
+// shape (deterministic). Eight columns of fp32 are one 32-byte sector of memory, so a warp's loads
+// (four rows of eight columns) waste none, and a width of 768 columns gives 96 blocks, enough to
+// keep most of a large GPU's multiprocessors reading.
+constexpr int kSumCols = 8, kSumLanes = 128;
+const dim3 kSumBlock(kSumCols, kSumLanes);
+unsigned column_blocks(int64_t Cc) { return static_cast<unsigned>((Cc + kSumCols - 1) / kSumCols); }
+// Adds the lanes' partial sums part[lane][col] into part[0][col] (all threads of the block).
+__device__ inline void sum_lanes(float (*part)[kSumCols + 1]) {
+  for (int stride = kSumLanes / 2; stride > 0; stride /= 2) {
+    __syncthreads();
+    if (threadIdx.y < stride)
+      part[threadIdx.y][threadIdx.x] += part[threadIdx.y + stride][threadIdx.x];
   }
+  __syncthreads();
+}
+__global__ void __launch_bounds__(kSumCols* kSumLanes)
+    column_sums_kernel(float* acc, const float* x, int64_t N, int64_t Cc) {
+  __shared__ float part[kSumLanes][kSumCols + 1];
+  const int64_t col = int64_t{blockIdx.x} * kSumCols + threadIdx.x;
+  float s = 0.0f;
+  if (col < Cc) {
+#pragma unroll 4
+    for (int64_t n = threadIdx.y; n < N; n += kSumLanes) s += x[n * Cc + col];
+  }
+  part[threadIdx.y][threadIdx.x] = s;
+  sum_lanes(part);
+  if (threadIdx.y == 0 && col < Cc) acc[col] += part[0][threadIdx.x];
 }
 
 int cuda_bias_add(void* ctx, float* out, const float* bias, int64_t N, int64_t Cc) {
@@ -1010,8 +1024,7 @@ int cuda_bias_grad(void* ctx, float* dbias, const float* dout, int64_t N, int64_
   if (N == 0 || Cc == 0) return DT_HAL_OK;
   DT_HAL_TRY(need_ptr(ctx, fn, "dbias", dbias, Cc));
   DT_HAL_TRY(need_ptr(ctx, fn, "dout", dout, N * Cc));
-  column_sums_kernel<<<static_cast<unsigned>((Cc + 31) / 32), dim3(32, 32), 0, C(ctx)->stream>>>(
-      dbias, dout, N, Cc);
+  column_sums_kernel<<<column_blocks(Cc), kSumBlock, 0, C(ctx)->stream>>>(dbias, dout, N, Cc);
   LAUNCHED(ctx, fn);
   return DT_HAL_OK;
 }
@@ -1224,29 +1237,27 @@ __global__ void layernorm_bwd_dx_kernel(float* dinp, const float* dout, const fl
     dx[i] += (w[i] * d[i] - mg - (x[i] - m) * rs * mgx) * rs;
 }
 // dw += sum_n xh dout, db += sum_n dout (acc), column tiles as in column_sums_kernel.
-__global__ void layernorm_bwd_dwdb_kernel(float* dw, float* db, const float* dout, const float* inp,
-                                          const float* mean, const float* rstd, int64_t N,
-                                          int64_t Cc) {
-  __shared__ float pw[32][33], pb[32][33];
-  const int64_t col = blockIdx.x * 32 + threadIdx.x;
+__global__ void __launch_bounds__(kSumCols* kSumLanes)
+    layernorm_bwd_dwdb_kernel(float* dw, float* db, const float* dout, const float* inp,
+                              const float* mean, const float* rstd, int64_t N, int64_t Cc) {
+  __shared__ float pw[kSumLanes][kSumCols + 1], pb[kSumLanes][kSumCols + 1];
+  const int64_t col = int64_t{blockIdx.x} * kSumCols + threadIdx.x;
   float sw = 0.0f, sb = 0.0f;
-  if (col < Cc)
-    for (int64_t n = threadIdx.y; n < N; n += 32) {
+  if (col < Cc) {
+#pragma unroll 4
+    for (int64_t n = threadIdx.y; n < N; n += kSumLanes) {
       const float d = dout[n * Cc + col];
       sb += d;
       sw += (inp[n * Cc + col] - mean[n]) * rstd[n] * d;
     }
+  }
   pw[threadIdx.y][threadIdx.x] = sw;
   pb[threadIdx.y][threadIdx.x] = sb;
-  __syncthreads();
+  sum_lanes(pw);
+  sum_lanes(pb);
   if (threadIdx.y == 0 && col < Cc) {
-    float tw = 0.0f, tb = 0.0f;
-    for (int j = 0; j < 32; ++j) {
-      tw += pw[j][threadIdx.x];
-      tb += pb[j][threadIdx.x];
-    }
-    dw[col] += tw;
-    db[col] += tb;
+    dw[col] += pw[0][threadIdx.x];
+    db[col] += pb[0][threadIdx.x];
   }
 }
 
@@ -1270,8 +1281,8 @@ int cuda_layernorm_bwd(void* ctx, float* dinp, float* dw, float* db, const float
   layernorm_bwd_dx_kernel<<<static_cast<unsigned>((N + 7) / 8), dim3(32, 8), 0, s>>>(
       dinp, dout, inp, w, mean, rstd, N, Cc);
   LAUNCHED(ctx, fn);
-  layernorm_bwd_dwdb_kernel<<<static_cast<unsigned>((Cc + 31) / 32), dim3(32, 32), 0, s>>>(
-      dw, db, dout, inp, mean, rstd, N, Cc);
+  layernorm_bwd_dwdb_kernel<<<column_blocks(Cc), kSumBlock, 0, s>>>(dw, db, dout, inp, mean, rstd,
+                                                                    N, Cc);
   LAUNCHED(ctx, fn);
   return DT_HAL_OK;
 }
