@@ -8,8 +8,8 @@
 // SIGUSR1/SIGTERM after writing a checkpoint (requeue the job; it resumes from that checkpoint);
 // 5 a sealed message failed authentication (security.seal: the rank names the peer and sequence).
 #include <algorithm>
-#include <cstdio>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -36,7 +36,9 @@ int main(int argc, char** argv) {
       return 0;
     }
   dt::TrainConfig cfg;
-  dt::Options opts("dt_train", "Train a GPT-2-style model over MPI ranks with data, tensor and pipeline parallelism.");
+  dt::Options opts(
+      "dt_train",
+      "Train a GPT-2-style model over MPI ranks with data, tensor and pipeline parallelism.");
   dt::add_train_options(opts, cfg);
   dt::qos::Settings qos_settings;
   dt::qos::add_options(opts, qos_settings);
@@ -128,6 +130,8 @@ int main(int argc, char** argv) {
   if (!phase(
           [&] { dt::check_same_options(rt.world(), cfg.config_text, opts.node_local_options()); }))
     return 2;
+  // The same job key everywhere (after the options: whether there is one is an option).
+  if (!phase([&] { dt::check_same_key(rt.world(), cfg); })) return 2;
   // This run's claim on its checkpoint folder (rank 0 writes the commits there), before anything
   // is allocated: a second run pointed at the same folder is refused, naming the first.
   // The other ranks wait for rank 0's claim in the phase's agreement (up to ckpt.lock-wait-s).
@@ -163,9 +167,10 @@ int main(int argc, char** argv) {
             cfg.device, cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path,
             static_cast<int>(cfg.device_index), cfg.local_rank));
         // A device without every kernel training needs is refused here, naming what it lacks.
-        dt::require_training_kernels(*dev, cfg.dtype == "bf16"   ? dt::DType::bf16
-                                           : cfg.dtype == "fp16" ? dt::DType::f16
-                                                                 : dt::DType::f32,
+        dt::require_training_kernels(*dev,
+                                     cfg.dtype == "bf16"   ? dt::DType::bf16
+                                     : cfg.dtype == "fp16" ? dt::DType::f16
+                                                           : dt::DType::f32,
                                      cfg.cuda_graphs);
       }))
     return 2;

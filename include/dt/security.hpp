@@ -118,6 +118,11 @@ class SecretKey {
 /// 32 bytes.
 SecretKey load_key_file(const std::string& path);
 
+/// A fingerprint of `key` (16 hex digits, derived by HKDF with a label of its own, so it tells
+/// nothing about the key or the keys derived from it): equal keys give equal fingerprints, and
+/// ranks compare them to find one that read another key.
+std::string key_fingerprint(const SecretKey& key);
+
 /// The Slurm job id of this process (SLURM_JOB_ID), or "none" outside Slurm.
 std::string slurm_job_id();
 

@@ -151,6 +151,12 @@ TokenFile validate_and_load(TrainConfig& c);
 /// and both figures (a node-local copy of another version, say). Call after validate_and_load.
 void check_same_data(Comm& world, const TokenFile& data, const std::string& path);
 
+/// Collective over `world`, where c seals traffic or encrypts checkpoints: every rank read the
+/// job key rank 0 read (compared by security::key_fingerprint), else throws dt::ConfigError on
+/// each rank that differs, naming its key file and host. Without it, a node with another key
+/// would write checkpoint chunks that no key opens, or fail to open rank 0's.
+void check_same_key(Comm& world, const TrainConfig& c);
+
 /// Collective over `world`: every rank parsed the options rank 0 parsed (`options`: each rank's
 /// Options::dump()), else throws dt::ConfigError on each rank that differs, naming the first
 /// option that differs, its value there and on rank 0, and the rank's host (a config file that

@@ -131,6 +131,21 @@ Key hkdf_sha256(const std::uint8_t* ikm, std::size_t ikm_len, const std::uint8_t
   return out;
 }
 
+std::string key_fingerprint(const SecretKey& key) {
+  static const char kLabel[] = "dt key fingerprint v1";  // salt and info (OpenSSL needs a salt)
+  const auto* label = reinterpret_cast<const std::uint8_t*>(kLabel);
+  Key d = hkdf_sha256(key.bytes().data(), key.bytes().size(), label, sizeof kLabel - 1, label,
+                      sizeof kLabel - 1);
+  std::string hex;
+  for (int i = 0; i < 8; ++i) {
+    static const char kDigits[] = "0123456789abcdef";
+    hex += kDigits[d[static_cast<std::size_t>(i)] >> 4];
+    hex += kDigits[d[static_cast<std::size_t>(i)] & 15];
+  }
+  OPENSSL_cleanse(d.data(), d.size());
+  return hex;
+}
+
 Keys::Keys(SecretKey job_key, std::string job_id, AesImpl aes)
     : job_key_(std::move(job_key)), job_id_(std::move(job_id)), aes_(resolve_aes_impl(aes)) {
   DT_CHECK(ConfigError, aes_impl_available(aes_), "AES-256-GCM code '", aes_impl_name(aes_),

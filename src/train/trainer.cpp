@@ -2,6 +2,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -391,6 +392,21 @@ void check_same_data(Comm& world, const TokenFile& data, const std::string& path
   DT_THROW(ConfigError, "option --data.path: ", path, " on this rank's node (", host, ") holds ",
            describe(mine), "; rank 0's holds ", describe(first),
            ": every rank must read the same data");
+}
+
+void check_same_key(Comm& world, const TrainConfig& c) {
+  if (c.seal == "off" && !c.ckpt_encrypt) return;
+  const std::string mine = security::key_fingerprint(security::load_key_file(c.key_file));
+  std::array<char, 16> first{};
+  std::copy_n(mine.begin(), std::min(mine.size(), first.size()), first.begin());
+  world.broadcast(view_of(reinterpret_cast<std::uint8_t*>(first.data()), first.size()), 0);
+  const std::string theirs(first.begin(), first.end());
+  if (theirs == mine) return;
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  DT_THROW(ConfigError, "option --security.key_file: ", c.key_file, " on this rank's node (", host,
+           ") holds another key than rank 0's (fingerprints ", mine, " and ", theirs,
+           "): every rank must use the same job key");
 }
 
 void check_same_options(Comm& world, const std::string& options,

@@ -12,7 +12,9 @@
 #   device    seal=all on test-plugins/libdt_hal_devmem.so (device memory) equals the CPU run,
 #             and a flipped bit still aborts the job
 #   keys      a key file readable by others is refused (naming the file and 0644); an encrypted
-#             checkpoint does not load with another key, and the run does not start afresh
+#             checkpoint does not load with another key, and the run does not start afresh; a
+#             rank whose key file holds another key than rank 0's is refused on start (exit 2,
+#             naming its file), for encrypted checkpoints and for sealed traffic
 #   tampered  the newest encrypted checkpoint, rewritten without the key so that every digest
 #             still matches (two tensors swapped with their digests, nonces and tags; the tool in
 #             $CKPT_TAMPER), stops resume=auto: exit 2 naming the file as tampered, no training,
@@ -126,6 +128,23 @@ case "$MODE" in
     STEPS=6 run right 1 --ckpt.dir=D --ckpt.encrypt=true --security.key_file=key.bin
     [ "$RC" -eq 0 ] || FAIL "the right key: exit code $RC"
     grep -q "resumed from .*step-4.h5 at step 4" right.out || FAIL "the right key did not resume"
+    # One rank (one node, in a real job) with another key file: refused on start, before a
+    # checkpoint is read or written, naming that rank's file; the folder is untouched. Both
+    # for encrypted checkpoints (resuming D) and for sealed traffic alone.
+    before=$(cd D && find . -type f ! -name .dt-lock -exec sha256sum {} + | sort)
+    for what in ckpt seal; do
+      if [ "$what" = ckpt ]; then opts=(--ckpt.dir=D --ckpt.encrypt=true); else opts=(--security.seal=all); fi
+      args=("${COMMON[@]}" --train.steps=8 "${opts[@]}")
+      timeout -k 5 120 "${MPIEXEC[@]}" -n 1 "$BIN" "${args[@]}" --security.key_file=key.bin : \
+        -n 1 "$BIN" "${args[@]}" --security.key_file=other.bin >mixed-$what.out 2>&1
+      launched mixed-$what
+      [ "$RC" -eq 2 ] || FAIL "mixed keys ($what): exit code $RC, expected 2"
+      grep -q "rank 1: option --security.key_file: other.bin on this rank's node .* holds another key than rank 0's" \
+        mixed-$what.out || FAIL "mixed keys ($what): the refusal does not name rank 1's key file"
+      grep -qE "^step |resumed from|saved " mixed-$what.out && FAIL "mixed keys ($what): the run went on"
+    done
+    after=$(cd D && find . -type f ! -name .dt-lock -exec sha256sum {} + | sort)
+    [ "$before" = "$after" ] || FAIL "the refused runs changed the checkpoint folder"
     ;;
   tampered)
     [ -x "${CKPT_TAMPER:-}" ] || { echo "CKPT_TAMPER (the ckpt_tamper tool) is not set"; exit 2; }

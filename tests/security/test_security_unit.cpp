@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -154,6 +155,28 @@ TEST_CASE("HKDF-SHA-256 matches RFC 5869 test case 1") {
                                  0x64, 0xd0, 0x36, 0x2f, 0x2a, 0x2d, 0x2d, 0x0a, 0x90, 0xcf, 0x1a,
                                  0x5a, 0x4c, 0x5d, 0xb0, 0x2d, 0x56, 0xec, 0xc4, 0xc5, 0xbf};
   CHECK(std::memcmp(okm.data(), want, 32) == 0);
+}
+
+TEST_CASE("key fingerprint: 16 hex digits, equal for equal keys, another for any other key") {
+  using dt::security::Key;
+  Key a{};
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<std::uint8_t>(i * 37 + 11);
+  const std::string fa = dt::security::key_fingerprint(dt::security::SecretKey(a));
+  CHECK(fa.size() == 16);
+  CHECK(fa.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(dt::security::key_fingerprint(dt::security::SecretKey(a)) == fa);
+  // Independent of the key's bytes as they are: the HKDF of the key under its own label.
+  const Key d = dt::security::hkdf_sha256(
+      a.data(), a.size(), reinterpret_cast<const std::uint8_t*>("dt key fingerprint v1"), 21,
+      reinterpret_cast<const std::uint8_t*>("dt key fingerprint v1"), 21);
+  char hex[17];
+  for (int i = 0; i < 8; ++i) std::snprintf(hex + 2 * i, 3, "%02x", d[static_cast<std::size_t>(i)]);
+  CHECK(fa == std::string(hex));
+  for (std::size_t byte : {std::size_t{0}, std::size_t{17}, std::size_t{31}}) {
+    Key b = a;
+    b[byte] ^= 0x01;
+    CHECK(dt::security::key_fingerprint(dt::security::SecretKey(b)) != fa);
+  }
 }
 
 TEST_CASE("traffic keys differ per job, direction, channel and either rank's salt") {
