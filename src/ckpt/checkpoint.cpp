@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1062,6 +1063,30 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     DT_THROW(CheckpointError, err.empty() ? "rank 0 cannot prepare " + dir : err);
 
   for (const auto& t : tensors) stats.bytes += t.numel() * sizeof(float);
+  // Room for the whole file on its file system, as each rank sees it (statvfs; a file system
+  // that reports no size is not checked): a save that cannot fit is refused on every rank before
+  // the file exists, instead of failing part-way on some ranks (which ends the job; see the
+  // writes below). A disk that fills up during the save is still caught there.
+  {
+    std::uint64_t need = 1 << 20;  // the file's own metadata, with room to spare
+    for (const auto& t : tensors) {
+      const std::uint64_t chunks = chunks_of(t.numel());
+      need += t.numel() * sizeof(float) + chunks * 32 + 4 * 4096;  // data, digests, headers
+      if (keys) need += chunks * (kCryptoRow + 32);
+    }
+    struct statvfs fs {};
+    std::string short_of;
+    if (::statvfs(dir.c_str(), &fs) == 0 && fs.f_blocks > 0) {
+      const std::uint64_t avail = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+      if (avail < need)
+        short_of = "not enough space in " + dir + " on rank " + std::to_string(comm.rank()) +
+                   ": the file needs about " + std::to_string((need + (1 << 20) - 1) >> 20) +
+                   " MiB, " + std::to_string(avail >> 20) + " MiB are free";
+    }
+    if (!all_ok(comm, short_of.empty()))
+      DT_THROW(CheckpointError, "cannot save ", final_path, ": ",
+               short_of.empty() ? "not enough space in " + dir + " on another rank" : short_of);
+  }
   // The chunks this rank writes and digests: a share of all chunks read in place when every
   // tensor is replicated, else as sharded_shares assigns them.
   int sharded = 0;
@@ -1172,8 +1197,9 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       ~AbortUnlessAgreed() {
         if (std::uncaught_exceptions() == 0 || agreed) return;
         std::fprintf(stderr,
-                     "dt: rank %d: saving %s failed in a collective HDF5 call; aborting the job so "
-                     "that no rank waits forever (the previous checkpoint is intact)\n",
+                     "dt: rank %d: saving %s failed on some ranks only; aborting the job so that "
+                     "no rank waits forever in a collective HDF5 call (the previous checkpoint is "
+                     "intact)\n",
                      rank, file.c_str());
         std::fflush(stderr);
         MPI_Abort(MPI_COMM_WORLD, 3);
@@ -1338,7 +1364,18 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
         write_err = e.what();
       }
       if (!all_ok(comm, wrote)) {
-        agreed = true;  // every rank throws here: unwinding closes the file on all of them
+        // Where the writes failed on every rank, each unwinds, closing the file on all of them.
+        // Where on some only (a disk or quota that filled up under one rank's writes), HDF5's
+        // state differs between the ranks: a rank whose write failed skips the flush that the
+        // others enter when the file closes, and the close would hang. The guard then aborts the
+        // job, each failing rank saying why first.
+        agreed = all_ok(comm, !wrote);
+        if (!agreed && !wrote) {
+          std::fprintf(stderr,
+                       "dt: rank %d: writing %s failed: %s; the writes failed on some ranks only\n",
+                       comm.rank(), partial.c_str(), write_err.c_str());
+          std::fflush(stderr);
+        }
         DT_THROW(CheckpointError, "writing ", partial, " failed",
                  write_err.empty() ? std::string(" on another rank") : ": " + write_err);
       }

@@ -1492,6 +1492,13 @@ std::string Trainer::resume_from_checkpoint() {
     log("ckpt: no checkpoint in " + c_.ckpt_dir + ", starting from step 0");
     return "";
   }
+  // The head count splits the same weights another way: a checkpoint of another one has every
+  // tensor's shape and is another model (files without the setting, imported ones, are taken).
+  const std::string heads = config_value(m.config, "model.heads");
+  DT_CHECK(CheckpointError, heads.empty() || heads == std::to_string(c_.model.heads),
+           "checkpoint does not match the model: ", used, " was trained with --model.heads=", heads,
+           ", this run has --model.heads=", c_.model.heads,
+           " (the same tensor shapes, its attention split into other heads)");
   state_to_device();
   if (zero_) refresh_working_weights();  // the loaded shards into the compute parameters
   if (low_precision()) {

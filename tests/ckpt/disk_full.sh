@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# ckpt.disk_full: the checkpoint folder's file system (a tmpfs mounted for the test: root only,
+# else SKIP) holds the previous checkpoint but has no room for the next. The save is refused on
+# every rank before its file exists: exit code 3, naming the folder and the space needed and
+# free; no partial file is left, and the previous checkpoint and latest stay as they were.
+source "$(dirname "$0")/lib.sh"
+
+S=(--optim.decay-steps=6)
+train P 2 --train.steps=2 "${S[@]}" --ckpt.dir=D0
+expect_rc P 0
+expect_latest D0 step-2.h5
+size=$(stat -c %s D0/step-2.h5)
+mkdir -p M
+if ! mount -t tmpfs -o size=$((size + 256 * 1024)) dt-ckpt-test M 2>mount.err; then
+  echo "SKIP: cannot mount a tmpfs here (root only): $(cat mount.err)"
+  exit 77
+fi
+unmount() { umount M 2>/dev/null || umount -l M 2>/dev/null; }
+trap 'unmount; cleanup' EXIT
+cp -a D0 M/D
+before=$(sha256sum <M/D/step-2.h5)
+df -k M | sed 's/^/    /'
+
+train F 2 --train.steps=6 "${S[@]}" --ckpt.every=2 --ckpt.dir=M/D
+expect_rc F 3
+expect_line F "resumed from .*M/D/step-2\.h5 at step 2 "
+expect_line F "cannot save .*M/D/step-4\.h5: not enough space in .*M/D on rank [01]: the file needs about [0-9]+ MiB, [0-9]+ MiB are free"
+expect_no_line F "saved .*step-4\.h5"
+[ "$(files_in M/D)" = "latest step-2.h5" ] || fail "files in M/D: $(files_in M/D)"
+expect_latest M/D step-2.h5
+[ "$(sha256sum <M/D/step-2.h5)" = "$before" ] || fail "M/D/step-2.h5 changed"
+finish
