@@ -6,6 +6,7 @@
 // 3 a rank failed during training (the job is aborted so that no rank hangs); 4 the hang watchdog
 // found a collective stuck longer than comm.timeout-s (it names the missing ranks); 75 drained on
 // SIGUSR1/SIGTERM after writing a checkpoint (requeue the job; it resumes from that checkpoint);
+// 76 drained without ckpt.dir, nothing saved (not to be requeued);
 // 5 a sealed message failed authentication (security.seal: the rank names the peer and sequence).
 #include <algorithm>
 #include <cerrno>

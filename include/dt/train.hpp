@@ -133,6 +133,9 @@ struct TrainConfig {
 /// Exit code of a run that drained on SIGUSR1/SIGTERM after writing a checkpoint: job scripts
 /// requeue on it (EX_TEMPFAIL).
 inline constexpr int kExitDrained = 75;
+/// Exit code of a run that drained on SIGUSR1/SIGTERM with nothing to save it in (no ckpt.dir):
+/// not requeued, which would start it again from step 0.
+inline constexpr int kExitDrainedUnsaved = 76;
 
 /// Routes SIGUSR1 and SIGTERM to a drain request (a flag; nothing else happens in the handler).
 void install_drain_signals();

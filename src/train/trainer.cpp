@@ -1794,13 +1794,14 @@ int Trainer::run() {
     if (drain && step_ < c_.steps) {
       if (step_ != last_saved_) save_checkpoint_now(true);
       finish_checkpoints();
+      const int code = c_.ckpt_dir.empty() ? kExitDrainedUnsaved : kExitDrained;
       log("dt_train: drained at step " + std::to_string(step_) +
           (c_.ckpt_dir.empty() ? " (no ckpt.dir: nothing saved)"
                                : " (checkpoint in " + c_.ckpt_dir + ")") +
-          ", exit code " + std::to_string(kExitDrained));
+          ", exit code " + std::to_string(code));
       obs_->finish();
       comm_.barrier();
-      return kExitDrained;
+      return code;
     }
     if (c_.ckpt_every > 0 && step_ % c_.ckpt_every == 0 && step_ < c_.steps)
       save_checkpoint_now(false);

@@ -12,6 +12,8 @@
 # after_failed_async (SIGUSR1 to rank 1): background saves every 2 steps, the one of step 4 fails
 # (test.fail-save-at-step), and the job holds after step 5 for the signal: the drain still saves
 # step 5, after a warning naming the failed save, and exits 75; step-2.h5 stays.
+# no_dir (SIGUSR1 to rank 1, no --ckpt.dir): the run drains all the same, says that nothing was
+# saved, and exits 76, which job scripts do not requeue (a requeued run would start afresh).
 source "$(dirname "$0")/lib.sh"
 
 EXTRA=() WAIT_STEPS=3 STEPS=100000
@@ -21,6 +23,7 @@ case "$MODE" in
     ;;
   usr1 | log_complete) SIG=USR1 RANK=1 ;;
   term) SIG=TERM RANK=0 ;;
+  no_dir) SIG=USR1 RANK=1 ;;
   after_failed_async)
     SIG=USR1 RANK=1 WAIT_STEPS=5
     EXTRA=(--ckpt.async=true --ckpt.every=2 --test.fail-save-at-step=4 --test.hold-at-step=5)
@@ -29,9 +32,11 @@ case "$MODE" in
 esac
 
 D=$WORK/D
-echo "=== L: 2 ranks in the background: dt_train --train.steps=$STEPS --ckpt.dir=$D"
+DIR=(--ckpt.dir="$D")
+[ "$MODE" = no_dir ] && DIR=()
+echo "=== L: 2 ranks in the background: dt_train --train.steps=$STEPS ${DIR[*]}"
 timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
-  --train.steps="$STEPS" --train.log-every=1000 --ckpt.dir="$D" --train.log-file="$WORK/L.jsonl" \
+  --train.steps="$STEPS" --train.log-every=1000 "${DIR[@]}" --train.log-file="$WORK/L.jsonl" \
   "${EXTRA[@]}" >L.out 2>&1 &
 job=$!
 
@@ -44,8 +49,9 @@ done
 [ -f L.jsonl ] && [ "$(wc -l <L.jsonl)" -ge "$WAIT_STEPS" ] ||
   fail "the run logged fewer than $WAIT_STEPS steps"
 
-echo "rank processes: $(pgrep -f -- "^$BIN .*--ckpt\.dir=$D( |\$)" | tr '\n' ' ')"
-pid=$(rank_pid "$D" "$RANK")
+ranks_re="--train\.log-file=$WORK/L\.jsonl( |\$)"
+echo "rank processes: $(pgrep -f -- "^$BIN .*$ranks_re" | tr '\n' ' ')"
+pid=$(rank_pid_of "$ranks_re" "$RANK")
 if [ -z "$pid" ]; then
   fail "no process of rank $RANK found"
   kill -TERM "$job" 2>/dev/null  # timeout passes it on to mpiexec and the ranks
@@ -63,6 +69,12 @@ if [ "$MODE" = last_step ]; then
   expect_no_line L "drained at step"
   expect_line L "^dt_train: done: 5 steps"
   expect_latest "$D" "step-5.h5"
+  finish
+fi
+if [ "$MODE" = no_dir ]; then
+  expect_rc L 76
+  expect_line L "^dt_train: drained at step [0-9]+ \(no ckpt\.dir: nothing saved\), exit code 76"
+  expect_no_file "$D"
   finish
 fi
 expect_rc L 75

@@ -103,9 +103,11 @@ files_in() { (cd "$1" 2>/dev/null && ls -A | grep -vx '\.dt-lock' | sort | tr '\
 # rank_pid DIR RANK: the process of rank RANK of the dt_train run whose --ckpt.dir is DIR (a
 # command line that starts with the dt_train binary and names DIR: not mpiexec, not other tests'
 # runs).
-rank_pid() {
+rank_pid() { rank_pid_of "--ckpt\.dir=$1( |\$)" "$2"; }
+# rank_pid_of REGEX RANK: the same for a command line that matches REGEX after the binary.
+rank_pid_of() {
   local p r
-  for p in $(pgrep -f -- "^$BIN .*--ckpt\.dir=$1( |\$)"); do
+  for p in $(pgrep -f -- "^$BIN .*$1"); do
     r=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null |
         sed -n 's/^\(OMPI_COMM_WORLD_RANK\|PMIX_RANK\|PMI_RANK\)=//p' | head -n1)
     [ "$r" = "$2" ] && { echo "$p"; return; }
