@@ -154,14 +154,24 @@ int main(int argc, char** argv) {
           }
           if (!claim) return;
           ckpt_lock = std::make_unique<dt::FolderLock>(
-              cfg.ckpt_dir, "dt_train", cfg.ckpt_lock_wait_s, [](const std::string& line) {
+              cfg.ckpt_dir, "dt_train", cfg.ckpt_lock_wait_s,
+              [](const std::string& line) {
                 std::printf("dt_train: %s\n", line.c_str());
                 std::fflush(stdout);
-              });
+              },
+              [] { return dt::drain_requested(); });
           if (!ckpt_lock->warning().empty())
             std::fprintf(stderr, "dt_train: warning: %s\n", ckpt_lock->warning().c_str());
-        }))
-      return 2;
+        })) {
+      // A drain signal while rank 0 waited for the folder: nothing to save yet, so the run ends
+      // as drained with nothing saved (not requeued), not as refused.
+      int drained = dt::drain_requested() ? 1 : 0;
+      rt.world().all_reduce(dt::view_of(&drained, 1), dt::ReduceOp::max);
+      if (drained && lead)
+        std::printf("dt_train: drained before step 0 (nothing saved), exit code %d\n",
+                    dt::kExitDrainedUnsaved);
+      return drained ? dt::kExitDrainedUnsaved : 2;
+    }
   }
   if (!phase([&] {
         dev = std::make_unique<dt::Device>(dt::Device::open(

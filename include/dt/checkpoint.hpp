@@ -180,7 +180,8 @@ std::vector<CkptEntry> list_checkpoints(const std::string& dir);
 std::vector<std::string> list_partials(const std::string& dir);
 /// The checkpoints set aside as another line of training (step-N.h5.superseded[.K]), by name.
 std::vector<std::string> list_set_aside(const std::string& dir);
-/// The file `dir/latest` points to ("" if missing or unreadable).
+/// The file `dir/latest` points to ("" if missing or unreadable; where it holds no file name,
+/// such as binary bytes or a path, a description "dir/(latest holds no file name: N bytes)").
 std::string read_latest(const std::string& dir);
 
 /// Resolves --ckpt.resume: "none" -> "", a path -> that path, "auto" -> the newest checkpoint of
@@ -220,8 +221,12 @@ class FolderLock {
  public:
   /// `who`: what claims it ("dt_train", "dt_ckpt import"), written into the file with the host,
   /// process id, Slurm job id and time.
+  /// `stop`, asked while it waits, ends the wait with CheckpointError when it returns true (a
+  /// drain signal, say). A `latest` in `dir` that is not a file or a link (a folder) is refused
+  /// (CheckpointError): no commit could replace it.
   FolderLock(const std::string& dir, const std::string& who, double wait_s = 0,
-             const std::function<void(const std::string&)>& note = {});
+             const std::function<void(const std::string&)>& note = {},
+             const std::function<bool()>& stop = {});
   ~FolderLock();
   FolderLock(const FolderLock&) = delete;
   FolderLock& operator=(const FolderLock&) = delete;

@@ -61,4 +61,8 @@ class Options {
 /// Runs `body` and maps a ConfigError to "PROGRAM: error: ..." on stderr and exit code 2.
 int run_with_config_errors(const char* program, const std::function<int()>& body);
 
+/// Makes folder `dir` (with its parents) where it is missing and checks that this process may
+/// write there; throws dt::ConfigError naming `option` ("--trace.dir") and the reason otherwise.
+void ensure_writable_dir(const std::string& option, const std::string& dir);
+
 }  // namespace dt

@@ -1506,7 +1506,8 @@ std::string holder_text(int fd) {
 }  // namespace
 
 FolderLock::FolderLock(const std::string& dir, const std::string& who, double wait_s,
-                       const std::function<void(const std::string&)>& note) {
+                       const std::function<void(const std::string&)>& note,
+                       const std::function<bool()>& stop) {
   mkdirs(dir);
   const std::string path = dir + "/.dt-lock";
   // Mode 0666 less the umask: in a folder shared by a group, the file made by one member's run
@@ -1554,6 +1555,12 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who, double wa
                "failed can keep its claim on a shared file system for a while), remove ",
                path, " to break the claim");
     }
+    if (stop && stop()) {
+      ::close(fd_);
+      fd_ = -1;
+      DT_THROW(CheckpointError, "stopped waiting for checkpoint folder ", dir, " (in use by ",
+               holder, "): asked to stop");
+    }
     if (!told && note) {
       note("checkpoint folder " + dir + " is in use by " + holder + "; waiting up to " +
            std::to_string(static_cast<long>(wait_s)) + " s for it");
@@ -1562,6 +1569,17 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who, double wa
     const auto left = deadline - std::chrono::steady_clock::now();
     std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, left));
     pause = std::min(pause * 2, std::chrono::milliseconds(2000));
+  }
+  // Every commit renames latest.tmp over `latest`: where that is a folder (or anything but a
+  // file or a link), no save of this run could commit, so the claim is refused now.
+  struct stat lst {};
+  if (::lstat((dir + "/latest").c_str(), &lst) == 0 && !S_ISREG(lst.st_mode) &&
+      !S_ISLNK(lst.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    DT_THROW(CheckpointError, "checkpoint folder ", dir, ": ", dir,
+             "/latest is not a file (a folder?); it must be the pointer file to the newest "
+             "checkpoint (commits replace it): move it away");
   }
   if (!writable) return;  // (who holds it stays unsaid)
   char host[256] = {0};
@@ -1664,6 +1682,12 @@ std::string read_latest(const std::string& dir) {
   std::ifstream in(dir + "/latest");
   std::string name;
   if (!in || !std::getline(in, name) || name.empty()) return "";
+  // A pointer damaged into something that is no file name (binary bytes, a path) is described,
+  // not echoed: it names no checkpoint either way.
+  const bool printable = std::all_of(name.begin(), name.end(),
+                                     [](char ch) { return ch > ' ' && ch < 127 && ch != '/'; });
+  if (!printable || name.size() > 255)
+    return dir + "/(latest holds no file name: " + std::to_string(name.size()) + " bytes)";
   return dir + "/" + name;
 }
 

@@ -1,6 +1,7 @@
 #include "dt/config.hpp"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <boost/program_options.hpp>
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -313,6 +315,15 @@ int run_with_config_errors(const char* program, const std::function<int()>& body
               << program << ": run '" << program << " --help' for the list of options\n";
     return 2;
   }
+}
+
+void ensure_writable_dir(const std::string& option, const std::string& dir) {
+  DT_CHECK(ConfigError, !dir.empty(), "option ", option, ": an empty folder name");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  DT_CHECK(ConfigError, !ec, "option ", option, ": cannot create '", dir, "': ", ec.message());
+  DT_CHECK(ConfigError, ::access(dir.c_str(), W_OK) == 0, "option ", option, ": '", dir,
+           "' is not a writable directory: ", std::strerror(errno));
 }
 
 }  // namespace dt

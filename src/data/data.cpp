@@ -209,7 +209,9 @@ TokenFile load_tokens(const std::string& path, const std::string& format) {
            "unknown token file format '", format, "' for '", path,
            "' (expected auto, bytes, llmc or u16)");
   Fd fd;
-  fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO without a writer opens at once (and is refused below) instead of blocking
+  // the rank in open(); regular files ignore it.
+  fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd.fd < 0)
     DT_THROW(ConfigError, "cannot open token file '", path, "': ", std::strerror(errno));
   struct stat st {};

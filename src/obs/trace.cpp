@@ -13,6 +13,7 @@
 #include <set>
 #include <vector>
 
+#include "dt/config.hpp"
 #include "dt/error.hpp"
 #include "dt/metrics.hpp"
 
@@ -170,11 +171,7 @@ void start(int rank, const std::string& dir) {
   State& s = state();
   DT_CHECK(Error, !enabled(), "tracing is already on (rank ", s.rank, ", ", s.dir, ")");
   DT_CHECK(ConfigError, !dir.empty(), "option --trace.dir: an empty directory turns tracing off");
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  DT_CHECK(ConfigError, !ec, "option --trace.dir: cannot create '", dir, "': ", ec.message());
-  DT_CHECK(ConfigError, ::access(dir.c_str(), W_OK) == 0, "option --trace.dir: '", dir,
-           "' is not a writable directory: ", std::strerror(errno));
+  ensure_writable_dir("--trace.dir", dir);
   {
     std::lock_guard<std::mutex> lock(s.mu);
     s.bufs.clear();

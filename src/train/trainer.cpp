@@ -454,6 +454,9 @@ TokenFile validate_and_load(TrainConfig& c) {
              c.seal != "off" ? "--security.seal=" + c.seal : std::string("--ckpt.encrypt"));
     security::load_key_file(c.key_file);  // refused here, naming the file and its mode
   }
+  // The watchdog writes its dump there when a collective hangs, too late to say it cannot: a
+  // folder given is made and checked now (the default, the working folder, is checked then).
+  if (c.comm_dump_dir != ".") ensure_writable_dir("--comm.dump-dir", c.comm_dump_dir);
   const security::AesImpl aes = security::parse_aes_impl(c.aes, "option --security.aes");
   DT_CHECK(ConfigError, security::aes_impl_available(aes), "option --security.aes=", c.aes, ": ",
            security::ipsec_mb_unavailable(), " (expected auto or openssl)");

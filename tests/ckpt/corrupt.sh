@@ -6,6 +6,7 @@
 #                   and its own step-6.h5 replaces the damaged one, which is set aside unchanged
 #   truncated       step-6.h5 cut to half its size: reported by name; resumes at step 3
 #   latest_deleted  DIR/latest removed: reported; resumes from the newest valid file (step 6)
+#   latest_binary   DIR/latest overwritten with random bytes: described, not echoed; step 6 used
 #   renamed         step-3.h5 copied to step-9.h5, which latest names: skipped, its step attribute
 #                   named; resumes at step 6
 #   all_corrupt     both files damaged: both reported; the run refuses to start (exit 2) and
@@ -94,6 +95,17 @@ case "$MODE" in
     expect_line R "resumed from .*D/step-6\.h5 at step 6 "
     expect_no_line R "skipping"
     steplog steps R.jsonl 7 8
+    expect_latest D step-8.h5
+    ;;
+  latest_binary)
+    # latest overwritten with binary bytes: described by its size, never echoed; the newest
+    # valid file is used.
+    head -c 4096 /dev/urandom >D/latest
+    train R 2 --train.steps=8 --ckpt.dir=D --train.log-file=R.jsonl
+    expect_rc R 0
+    expect_line R "the pointer .*D/latest names .*D/\(latest holds no file name: [0-9]+ bytes\), which is not usable; using .*D/step-6\.h5"
+    expect_line R "resumed from .*D/step-6\.h5 at step 6 "
+    [ "$(wc -c <R.out)" -lt 20000 ] || fail "R.out holds $(wc -c <R.out) bytes: the pointer was echoed?"
     expect_latest D step-8.h5
     ;;
   renamed)

@@ -4,7 +4,8 @@
 # D (waiting 10 s) are refused with exit code 2, naming D and A (its host and the pid of its rank
 # 0), B before it allocates its model; D is left byte for byte. A run W that waits up to 60 s
 # starts as soon as A drains (exit 75) and trains on from A's checkpoint. A run killed with
-# SIGKILL leaves the folder free (the claim ends with the process).
+# SIGKILL leaves the folder free (the claim ends with the process). A run waiting for the
+# folder stops at a drain signal (exit 76); a folder whose latest is a folder is refused.
 source "$(dirname "$0")/lib.sh"
 D=$WORK/D
 CKPT_TOOL=$(dirname "$BIN")/dt_ckpt
@@ -51,6 +52,31 @@ grep -Eq "option --output: checkpoint folder .*/D is in use by another run \($ho
   fail "the refused import does not name the folder and its holder"
 [ "$(digest "$D")" = "$before" ] || fail "the refused import changed $D"
 
+# A run that waits for the folder and gets a drain signal (SIGTERM to its rank 0) stops waiting
+# at once: drained with nothing saved (exit 76), not refused, not started.
+echo "=== S: 2 ranks in the background: dt_train --ckpt.dir=$D --ckpt.lock-wait-s=61"
+timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
+  --train.steps=4 --ckpt.dir="$D" --ckpt.lock-wait-s=61 >S.out 2>&1 &
+s=$!
+for _ in $(seq 300); do
+  grep -q "waiting up to 61 s" S.out && break
+  sleep 0.1
+done
+grep -q "waiting up to 61 s" S.out || fail "S does not say it waits for the folder"
+s0=$(rank_pid_of "--ckpt\.lock-wait-s=61( |\$)" 0)
+t0=$SECONDS
+[ -n "$s0" ] && kill -TERM "$s0"
+wait "$s"
+RC=$?
+sed 's/^/    /' S.out
+echo "=== S: exit code $RC after $((SECONDS - t0)) s"
+expect_rc S 76
+expect_line S "stopped waiting for checkpoint folder .*/D \(in use by $holder.*\): asked to stop"
+expect_line S "drained before step 0 \(nothing saved\), exit code 76"
+expect_no_line S "dt_train: [0-9]+ parameters"
+[ $((SECONDS - t0)) -le 20 ] || fail "S took $((SECONDS - t0)) s to stop after the signal"
+[ "$(digest "$D")" = "$before" ] || fail "the stopped run changed $D"
+
 echo "=== W: 2 ranks in the background: dt_train --ckpt.dir=$D --ckpt.lock-wait-s=60"
 timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
   --train.steps=4 --ckpt.every=1 --ckpt.dir="$D" --ckpt.lock-wait-s=60 >W.out 2>&1 &
@@ -76,6 +102,14 @@ echo "=== W: exit code $RC"
 expect_rc W 0
 expect_line W "resumed from .*D/step-2\.h5 at step 2 "
 expect_latest "$D" step-4.h5
+
+# A folder whose `latest` is a folder itself: no commit could replace it, so the claim is
+# refused at once (exit 2), before the model exists, naming it.
+mkdir -p "$WORK/L/latest"
+train L 2 --train.steps=3 --ckpt.every=1 --ckpt.dir="$WORK/L"
+expect_rc L 2
+expect_line L "checkpoint folder .*/L: .*/L/latest is not a file"
+expect_no_line L "dt_train: [0-9]+ parameters"
 
 # A run that dies (SIGKILL on every rank) leaves no claim behind.
 start_held K "$WORK/K" || finish

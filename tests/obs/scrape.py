@@ -3,7 +3,7 @@
 /metrics; while it trains, both endpoints are scraped with a real HTTP client (urllib) and every
 line is parsed. The values must make sense (step counter moving, finite loss, positive tokens/s,
 consistent histograms, resident memory), another path is a 404, and after a drain (SIGUSR1 to
-mpiexec) the job exits 75 and the endpoints are gone."""
+mpiexec) the job exits 76 (drained, no ckpt.dir to save in) and the endpoints are gone."""
 import math
 import os
 import re
@@ -137,7 +137,7 @@ finally:
         job.wait()
     out.close()
 print(open("train.out").read(), flush=True)
-check(rc == 75, "exit code %s after the drain, expected 75" % rc)
+check(rc == 76, "exit code %s after the drain, expected 76 (no ckpt.dir)" % rc)
 for rank, url in sorted(urls.items()):
     status, _ = obslib.http_get(url, timeout=2)
     check(status == 0, "rank %d: %s still answers (%s) after the job ended" % (rank, url, status))

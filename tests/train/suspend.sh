@@ -4,7 +4,7 @@
 # The job holds after step 2, its ranks asking each other every 20 ms whether to drain. Rank 1 is
 # stopped first, so rank 0 waits for it inside a collective; a second later rank 0 is stopped too;
 # 6 s later (twice the 3 s timeout) both continue. The watchdog must not fire, and a drain signal
-# then ends the job as usual (exit 75).
+# then ends the job as usual (exit 76: drained, with no ckpt.dir to save in).
 #   suspend.sh CMD...   (CMD: an mpiexec of dt_train on 2 ranks)
 set -u
 log=$(mktemp)
@@ -41,6 +41,6 @@ kill -USR1 "$r0"
 wait "$job"
 rc=$?
 grep -q "^dt watchdog" "$log" && fail "the watchdog called the suspension a hang"
-[ "$rc" -eq 75 ] || fail "exit code $rc after the drain signal, expected 75"
+[ "$rc" -eq 76 ] || fail "exit code $rc after the drain signal, expected 76 (no ckpt.dir)"
 grep -q "drained at step 2" "$log" || fail "no drain at step 2"
 echo "suspend.sh: PASS: stopped for 6 s with a 3 s timeout, drained afterwards"

@@ -305,6 +305,11 @@ TEST_CASE("data: token file errors name the path and the problem") {
     check_load_error((dir.path / "nope.bin").string(), "auto", {"No such file or directory"});
   }
   SUBCASE("directory") { check_load_error(dir.path.string(), "bytes", {"not a regular file"}); }
+  SUBCASE("FIFO without a writer: refused at once, not waited on in open()") {
+    const std::string fifo = (dir.path / "fifo").string();
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    check_load_error(fifo, "auto", {"not a regular file"});
+  }
   SUBCASE("unreadable file") {
     const std::string p = dir.write("secret.bin", "abc");
     ::chmod(p.c_str(), 0);
