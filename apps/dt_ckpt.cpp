@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -380,8 +381,9 @@ struct Args {
   /// The keys of key_file (loaded on demand; nullptr without a key file).
   const dt::security::Keys* keys() const {
     if (key_file.empty()) return nullptr;
-    if (!keys_) keys_ = std::make_shared<dt::security::Keys>(dt::security::load_key_file(key_file),
-                                                             dt::security::slurm_job_id());
+    if (!keys_)
+      keys_ = std::make_shared<dt::security::Keys>(dt::security::load_key_file(key_file),
+                                                   dt::security::slurm_job_id());
     return keys_.get();
   }
 
@@ -887,6 +889,14 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
   std::ifstream in(a.input, std::ios::binary);
   DT_CHECK(ConfigError, in.good(), a.input, ": cannot be read: ", std::strerror(errno));
   for (const auto& p : params) read_tensor(in, f, f.tensors.at(p.name), weights.data() + p.offset);
+  // A weight that is Inf or NaN would only show as a NaN loss once training starts, far from its
+  // cause: refused here, naming the tensor and the element.
+  for (const auto& p : params) {
+    const float* w = weights.data() + p.offset;
+    const auto bad = std::find_if(w, w + p.numel, [](float x) { return !std::isfinite(x); });
+    DT_CHECK(ConfigError, bad == w + p.numel, a.input, ": ", p.name, " holds ", *bad,
+             " at element ", bad - w, ": dt imports finite weights only");
+  }
   if (lm_head) {
     std::vector<float> head(dt::shape_numel(lm_head->shape));
     read_tensor(in, f, *lm_head, head.data());
@@ -964,8 +974,8 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
 // ---- command line -------------------------------------------------------------------------------
 
 const std::set<std::string> kSubcommands = {"list", "inspect", "verify", "export", "import"};
-const std::set<std::string> kValueOptions = {"--format", "--output", "--heads", "--step",
-                                             "--config", "--security.key_file"};
+const std::set<std::string> kValueOptions = {"--format", "--output", "--heads",
+                                             "--step",   "--config", "--security.key_file"};
 
 // Parses argv into `a`; returns false when help was printed. Throws ConfigError on bad usage.
 bool parse_args(int argc, char** argv, Args& a) {

@@ -447,6 +447,11 @@ TokenFile validate_and_load(TrainConfig& c) {
   DT_CHECK(ConfigError, c.model.embd % c.model.heads == 0, "option --model.heads: ", c.model.heads,
            " does not divide --model.embd=", c.model.embd);
   check_model_split(c.par_tp, c.par_pp, c.model);
+  DT_CHECK(ConfigError, !c.par_auto || (c.par_dp == 0 && c.par_tp == 1 && c.par_pp == 1),
+           "option --parallel.auto chooses dp, tp and pp itself: it cannot be combined with "
+           "--parallel.dp=",
+           c.par_dp, ", --parallel.tp=", c.par_tp, ", --parallel.pp=", c.par_pp,
+           " (leave those at their defaults, or drop --parallel.auto to choose them yourself)");
   parse_bytes(c.mem_limit, "mem.limit");
   security::parse_tamper(c.test_tamper, "test.tamper");
   if (c.seal != "off" || c.ckpt_encrypt) {
@@ -1492,11 +1497,12 @@ std::string Trainer::resume_from_checkpoint() {
     host_state_.clear();
     init_weights();
     if (zero_) refresh_working_weights();  // the published weights into their 16-bit copy
-    log("ckpt: no checkpoint in " + c_.ckpt_dir + ", starting from step 0");
+    if (!c_.eval_only)  // (--eval-only is refused by its caller: nothing to evaluate)
+      log("ckpt: no checkpoint in " + c_.ckpt_dir + ", starting from step 0");
     return "";
   }
   // The head count splits the same weights another way: a checkpoint of another one has every
-  // tensor's shape and is another model (files without the setting, imported ones, are taken).
+  // tensor's shape and is another model (files without the setting are taken).
   const std::string heads = config_value(m.config, "model.heads");
   DT_CHECK(CheckpointError, heads.empty() || heads == std::to_string(c_.model.heads),
            "checkpoint does not match the model: ", used, " was trained with --model.heads=", heads,

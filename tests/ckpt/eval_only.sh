@@ -46,6 +46,7 @@ case "$MODE" in
     train N 1 --eval-only --ckpt.dir="$WORK/EMPTY" --eval.sequences=8
     expect_rc N 2
     expect_no_line N "eval-only: step"
+    expect_no_line N "starting from step 0"
     train M 2 --eval-only --ckpt.dir="$WORK/MISSING" --eval.sequences=8
     expect_rc M 2
     expect_no_line M "eval-only: step"

@@ -259,6 +259,11 @@ def make(kind, path):
     elif kind == "shape_mismatch":
         ts[4] = (ts[4][0], "F32", [4, 12], ts[4][3])  # transformer.h.0.attn.c_attn.weight, is [12, 4]
         write_st(path, ts, meta)
+    elif kind == "inf_weight":  # transformer.h.1.mlp.c_fc.weight, element 5: +Inf
+        name, dtype, shape, data = next(t for t in ts if t[0] == "transformer.h.1.mlp.c_fc.weight")
+        data = data[:20] + struct.pack("<f", float("inf")) + data[24:]
+        ts = [(n, d, s, data if n == name else b) for n, d, s, b in ts]
+        write_st(path, ts, meta)
     elif kind == "lm_head_differs":
         wte = ts[0]
         other = struct.pack("<32f", *[0.5] * 32)
