@@ -20,12 +20,7 @@ expect_no_line F "^step +[56] "
 expect_no_file D/step-4.h5
 expect_latest D step-2.h5
 
-train N 2 --train.steps=6 "${S[@]}" --ckpt.every=2 --ckpt.dir=D --train.log-file=N.jsonl
-expect_rc N 0
+resumes_like_uninterrupted 2 6 "${S[@]}" --ckpt.every=2
 expect_line N "ignoring interrupted save .*D/step-4\.h5\.partial"
-expect_line N "resumed from .*D/step-2\.h5 at step 2 "
-steplog steps N.jsonl 3 6
-steplog same U.jsonl N.jsonl 3 6 1e-5
-expect_latest D step-6.h5
 [ "$(files_in D)" = "latest step-2.h5 step-4.h5 step-6.h5" ] || fail "files at the end: $(files_in D)"
 finish

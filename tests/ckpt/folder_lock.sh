@@ -27,6 +27,21 @@ start_held() {
   return 1
 }
 digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum); }
+# start_waiting NAME WAIT ARGS...: a 2-rank run into D in the background (pid in $waiting) that
+# waits up to WAIT s for the folder; returns once it says so.
+start_waiting() {
+  local name=$1 wait_s=$2
+  shift 2
+  echo "=== $name: 2 ranks in the background: dt_train --ckpt.dir=$D --ckpt.lock-wait-s=$wait_s $*"
+  timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
+    --train.steps=4 --ckpt.dir="$D" --ckpt.lock-wait-s="$wait_s" "$@" >"$name.out" 2>&1 &
+  waiting=$!
+  for _ in $(seq 300); do
+    grep -q "waiting up to $wait_s s" "$name.out" && return 0
+    sleep 0.1
+  done
+  fail "$name does not say it waits for the folder"
+}
 
 start_held A "$D" || finish
 a0=$(rank_pid "$D" 0)
@@ -54,19 +69,11 @@ grep -Eq "option --output: checkpoint folder .*/D is in use by another run \($ho
 
 # A run that waits for the folder and gets a drain signal (SIGTERM to its rank 0) stops waiting
 # at once: drained with nothing saved (exit 76), not refused, not started.
-echo "=== S: 2 ranks in the background: dt_train --ckpt.dir=$D --ckpt.lock-wait-s=61"
-timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
-  --train.steps=4 --ckpt.dir="$D" --ckpt.lock-wait-s=61 >S.out 2>&1 &
-s=$!
-for _ in $(seq 300); do
-  grep -q "waiting up to 61 s" S.out && break
-  sleep 0.1
-done
-grep -q "waiting up to 61 s" S.out || fail "S does not say it waits for the folder"
+start_waiting S 61
 s0=$(rank_pid_of "--ckpt\.lock-wait-s=61( |\$)" 0)
 t0=$SECONDS
 [ -n "$s0" ] && kill -TERM "$s0"
-wait "$s"
+wait "$waiting"
 RC=$?
 sed 's/^/    /' S.out
 echo "=== S: exit code $RC after $((SECONDS - t0)) s"
@@ -77,15 +84,8 @@ expect_no_line S "dt_train: [0-9]+ parameters"
 [ $((SECONDS - t0)) -le 20 ] || fail "S took $((SECONDS - t0)) s to stop after the signal"
 [ "$(digest "$D")" = "$before" ] || fail "the stopped run changed $D"
 
-echo "=== W: 2 ranks in the background: dt_train --ckpt.dir=$D --ckpt.lock-wait-s=60"
-timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
-  --train.steps=4 --ckpt.every=1 --ckpt.dir="$D" --ckpt.lock-wait-s=60 >W.out 2>&1 &
-w=$!
-for _ in $(seq 300); do
-  grep -q "waiting up to 60 s" W.out && break
-  sleep 0.1
-done
-grep -q "waiting up to 60 s" W.out || fail "W does not say it waits for the folder"
+start_waiting W 60 --ckpt.every=1
+w=$waiting
 
 echo "sending SIGUSR1 to rank 0 of A (pid $a0)"
 kill -USR1 "$a0"
