@@ -139,6 +139,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<dt::FolderLock> ckpt_lock;
   const bool claim = !cfg.ckpt_dir.empty() && !cfg.eval_only && !cfg.print_plan;
   {
+    int stopped = 0;  // rank 0's wait for the folder ended by a drain signal
     const dt::watchdog::LimitScope claim_limit(
         cfg.comm_timeout_s > 0 ? std::max(cfg.comm_timeout_s, cfg.ckpt_lock_wait_s + 60) : 0);
     if (!phase([&] {
@@ -153,24 +154,33 @@ int main(int argc, char** argv) {
             std::fclose(f);
           }
           if (!claim) return;
-          ckpt_lock = std::make_unique<dt::FolderLock>(
-              cfg.ckpt_dir, "dt_train", cfg.ckpt_lock_wait_s,
-              [](const std::string& line) {
-                std::printf("dt_train: %s\n", line.c_str());
-                std::fflush(stdout);
-              },
-              [] { return dt::drain_requested(); });
+          try {
+            ckpt_lock = std::make_unique<dt::FolderLock>(
+                cfg.ckpt_dir, "dt_train", cfg.ckpt_lock_wait_s,
+                [](const std::string& line) {
+                  std::printf("dt_train: %s\n", line.c_str());
+                  std::fflush(stdout);
+                },
+                [] { return dt::drain_requested(); });
+          } catch (const dt::CheckpointError& e) {
+            // A drain signal ended the wait (FolderLock's `stop`): not an error, see below.
+            if (!dt::drain_requested() || e.message().rfind("stopped waiting", 0) != 0) throw;
+            stopped = 1;
+            std::printf("dt_train: %s\n", e.message().c_str());
+            return;
+          }
           if (!ckpt_lock->warning().empty())
             std::fprintf(stderr, "dt_train: warning: %s\n", ckpt_lock->warning().c_str());
-        })) {
-      // A drain signal while rank 0 waited for the folder: nothing to save yet, so the run ends
-      // as drained with nothing saved (not requeued), not as refused.
-      int drained = dt::drain_requested() ? 1 : 0;
-      rt.world().all_reduce(dt::view_of(&drained, 1), dt::ReduceOp::max);
-      if (drained && lead)
-        std::printf("dt_train: drained before step 0 (nothing saved), exit code %d\n",
-                    dt::kExitDrainedUnsaved);
-      return drained ? dt::kExitDrainedUnsaved : 2;
+        }))
+      return 2;
+    // A drain signal while rank 0 waited for the folder: nothing new to save, so the run ends as
+    // drained (exit 75: requeued, the next run resumes from the folder's checkpoints).
+    rt.world().all_reduce(dt::view_of(&stopped, 1), dt::ReduceOp::max);
+    if (stopped) {
+      if (lead)
+        std::printf("dt_train: drained before step 0 (nothing new saved), exit code %d\n",
+                    dt::kExitDrained);
+      return dt::kExitDrained;
     }
   }
   if (!phase([&] {

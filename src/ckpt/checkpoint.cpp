@@ -73,6 +73,19 @@ bool all_ok(Comm& c, bool ok) {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// Bytes as "512 KiB", "3.2 MiB", "1.50 GiB".
+std::string size_text(std::uint64_t bytes) {
+  char buf[32];
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (std::uint64_t{1} << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  else if (bytes >= (std::uint64_t{1} << 20))
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%llu KiB", static_cast<unsigned long long>(bytes >> 10));
+  return buf;
+}
+
 // Fault-injection seams for tests, for failures on one rank only that cannot be provoked on one
 // machine (an I/O error on one node): the environment variable `var` set to RANK:TEXT says that
 // the call fails on rank RANK for a file whose path contains TEXT.
@@ -1068,10 +1081,11 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
   // the file exists, instead of failing part-way on some ranks (which ends the job; see the
   // writes below). A disk that fills up during the save is still caught there.
   {
-    std::uint64_t need = 1 << 20;  // the file's own metadata, with room to spare
+    std::uint64_t need = 256 << 10;  // the superblock, groups and heaps, with room to spare
     for (const auto& t : tensors) {
       const std::uint64_t chunks = chunks_of(t.numel());
-      need += t.numel() * sizeof(float) + chunks * 32 + 4 * 4096;  // data, digests, headers
+      // data and digests, and up to 2 KiB of object header for each of its (up to 4) datasets
+      need += t.numel() * sizeof(float) + chunks * 32 + (keys ? 4 : 2) * 2048;
       if (keys) need += chunks * (kCryptoRow + 32);
     }
     struct statvfs fs {};
@@ -1080,8 +1094,8 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       const std::uint64_t avail = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
       if (avail < need)
         short_of = "not enough space in " + dir + " on rank " + std::to_string(comm.rank()) +
-                   ": the file needs about " + std::to_string((need + (1 << 20) - 1) >> 20) +
-                   " MiB, " + std::to_string(avail >> 20) + " MiB are free";
+                   ": the file needs about " + size_text(need) + ", " + size_text(avail) +
+                   " are free";
     }
     if (!all_ok(comm, short_of.empty()))
       DT_THROW(CheckpointError, "cannot save ", final_path, ": ",
@@ -1521,6 +1535,17 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who, double wa
   }
   DT_CHECK(CheckpointError, fd_ >= 0, "cannot open ", path, " to claim checkpoint folder ", dir,
            " for this run: ", errno_text());
+  // Every commit renames latest.tmp over `latest`: where that is a folder (or anything but a
+  // file or a link), no save of this run could commit, so the claim is refused now.
+  struct stat lst {};
+  if (::lstat((dir + "/latest").c_str(), &lst) == 0 && !S_ISREG(lst.st_mode) &&
+      !S_ISLNK(lst.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    DT_THROW(CheckpointError, "checkpoint folder ", dir, ": ", dir,
+             "/latest is not a file (a folder?); it must be the pointer file to the newest "
+             "checkpoint (commits replace it): move it away");
+  }
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(wait_s));
@@ -1569,17 +1594,6 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who, double wa
     const auto left = deadline - std::chrono::steady_clock::now();
     std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, left));
     pause = std::min(pause * 2, std::chrono::milliseconds(2000));
-  }
-  // Every commit renames latest.tmp over `latest`: where that is a folder (or anything but a
-  // file or a link), no save of this run could commit, so the claim is refused now.
-  struct stat lst {};
-  if (::lstat((dir + "/latest").c_str(), &lst) == 0 && !S_ISREG(lst.st_mode) &&
-      !S_ISLNK(lst.st_mode)) {
-    ::close(fd_);
-    fd_ = -1;
-    DT_THROW(CheckpointError, "checkpoint folder ", dir, ": ", dir,
-             "/latest is not a file (a folder?); it must be the pointer file to the newest "
-             "checkpoint (commits replace it): move it away");
   }
   if (!writable) return;  // (who holds it stays unsaid)
   char host[256] = {0};

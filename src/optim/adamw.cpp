@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include "dt/optim.hpp"
@@ -35,6 +36,14 @@ AdamW::AdamW(const Device& dev, const std::vector<ParamInfo>& params, std::size_
     else
       ranges_.push_back(Range{off, len, p.decay});
   }
+  // The fused update runs the ranges at once: no two parameters may share an element.
+  std::vector<Range> sorted = ranges_;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Range& a, const Range& b) { return a.offset < b.offset; });
+  for (std::size_t k = 1; k < sorted.size(); ++k)
+    DT_CHECK(InvalidArgument, sorted[k - 1].offset + sorted[k - 1].numel <= sorted[k].offset,
+             "AdamW: parameters overlap at element ", sorted[k].offset,
+             " of the optimizer state (each element belongs to one parameter)");
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", m_.get(), numel * sizeof(float));
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", v_.get(), numel * sizeof(float));
 }

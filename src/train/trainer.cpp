@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include <atomic>
 #include <csignal>
@@ -396,10 +397,18 @@ void check_same_data(Comm& world, const TokenFile& data, const std::string& path
 
 void check_same_key(Comm& world, const TrainConfig& c) {
   if (c.seal == "off" && !c.ckpt_encrypt) return;
-  const std::string mine = security::key_fingerprint(security::load_key_file(c.key_file));
+  // A key that fails to load here still takes part in the broadcast (as no fingerprint), so that
+  // no rank is left waiting in it; the error is thrown after.
+  std::string mine, load_error;
+  try {
+    mine = security::key_fingerprint(security::load_key_file(c.key_file));
+  } catch (const Error& e) {
+    load_error = e.message();
+  }
   std::array<char, 16> first{};
   std::copy_n(mine.begin(), std::min(mine.size(), first.size()), first.begin());
   world.broadcast(view_of(reinterpret_cast<std::uint8_t*>(first.data()), first.size()), 0);
+  DT_CHECK(ConfigError, load_error.empty(), load_error);
   const std::string theirs(first.begin(), first.end());
   if (theirs == mine) return;
   char host[256] = "?";
@@ -447,11 +456,19 @@ TokenFile validate_and_load(TrainConfig& c) {
   DT_CHECK(ConfigError, c.model.embd % c.model.heads == 0, "option --model.heads: ", c.model.heads,
            " does not divide --model.embd=", c.model.embd);
   check_model_split(c.par_tp, c.par_pp, c.model);
-  DT_CHECK(ConfigError, !c.par_auto || (c.par_dp == 0 && c.par_tp == 1 && c.par_pp == 1),
-           "option --parallel.auto chooses dp, tp and pp itself: it cannot be combined with "
-           "--parallel.dp=",
-           c.par_dp, ", --parallel.tp=", c.par_tp, ", --parallel.pp=", c.par_pp,
-           " (leave those at their defaults, or drop --parallel.auto to choose them yourself)");
+  if (c.par_auto) {
+    std::string given;
+    for (const auto& [name, value, unset] :
+         {std::tuple<const char*, std::int64_t, std::int64_t>{"dp", c.par_dp, 0},
+          {"tp", c.par_tp, 1},
+          {"pp", c.par_pp, 1}})
+      if (value != unset)
+        given += std::string(given.empty() ? "" : " and ") + "--parallel." + name + "=" +
+                 std::to_string(value);
+    DT_CHECK(ConfigError, given.empty(),
+             "option --parallel.auto chooses dp, tp and pp itself: it cannot be combined with ",
+             given, " (drop --parallel.auto to choose the layout yourself)");
+  }
   parse_bytes(c.mem_limit, "mem.limit");
   security::parse_tamper(c.test_tamper, "test.tamper");
   if (c.seal != "off" || c.ckpt_encrypt) {

@@ -100,7 +100,7 @@ case "$MODE" in
   latest_binary)
     # latest overwritten with binary bytes: described by its size, never echoed; the newest
     # valid file is used.
-    head -c 4096 /dev/urandom >D/latest
+    { printf '\001\376'; head -c 4094 /dev/urandom | tr -d '\n'; } >D/latest
     train R 2 --train.steps=8 --ckpt.dir=D --train.log-file=R.jsonl
     expect_rc R 0
     expect_line R "the pointer .*D/latest names .*D/\(latest holds no file name: [0-9]+ bytes\), which is not usable; using .*D/step-6\.h5"

@@ -5,7 +5,7 @@
 # 0), B before it allocates its model; D is left byte for byte. A run W that waits up to 60 s
 # starts as soon as A drains (exit 75) and trains on from A's checkpoint. A run killed with
 # SIGKILL leaves the folder free (the claim ends with the process). A run waiting for the
-# folder stops at a drain signal (exit 76); a folder whose latest is a folder is refused.
+# folder stops at a drain signal (exit 75); a folder whose latest is a folder is refused.
 source "$(dirname "$0")/lib.sh"
 D=$WORK/D
 CKPT_TOOL=$(dirname "$BIN")/dt_ckpt
@@ -68,7 +68,8 @@ grep -Eq "option --output: checkpoint folder .*/D is in use by another run \($ho
 [ "$(digest "$D")" = "$before" ] || fail "the refused import changed $D"
 
 # A run that waits for the folder and gets a drain signal (SIGTERM to its rank 0) stops waiting
-# at once: drained with nothing saved (exit 76), not refused, not started.
+# at once: drained with nothing new saved (exit 75: a requeued run resumes from the folder), not
+# refused, not started.
 start_waiting S 61
 s0=$(rank_pid_of "--ckpt\.lock-wait-s=61( |\$)" 0)
 t0=$SECONDS
@@ -77,9 +78,10 @@ wait "$waiting"
 RC=$?
 sed 's/^/    /' S.out
 echo "=== S: exit code $RC after $((SECONDS - t0)) s"
-expect_rc S 76
-expect_line S "stopped waiting for checkpoint folder .*/D \(in use by $holder.*\): asked to stop"
-expect_line S "drained before step 0 \(nothing saved\), exit code 76"
+expect_rc S 75
+expect_line S "^dt_train: stopped waiting for checkpoint folder .*/D \(in use by $holder.*\): asked to stop"
+expect_line S "drained before step 0 \(nothing new saved\), exit code 75"
+expect_no_line S "error|--help"
 expect_no_line S "dt_train: [0-9]+ parameters"
 [ $((SECONDS - t0)) -le 20 ] || fail "S took $((SECONDS - t0)) s to stop after the signal"
 [ "$(digest "$D")" = "$before" ] || fail "the stopped run changed $D"

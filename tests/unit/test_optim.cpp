@@ -67,6 +67,21 @@ TEST_CASE("AdamW: a temporary parameter table is copied; decay only where marked
   }
 }
 
+TEST_CASE(
+    "AdamW: parameters that share elements are refused (the fused update runs them at once)") {
+  const dt::Device dev = dt::Device::open("cpu", "");
+  const std::vector<dt::ParamInfo> overlapping = {{"w", {2, 3}, 0, 6, true},
+                                                  {"b", {3}, 4, 3, false}};
+  try {
+    dt::AdamW opt(dev, overlapping, 9);
+    FAIL_CHECK("no InvalidArgument");
+  } catch (const dt::InvalidArgument& e) {
+    const std::string msg = e.message();
+    CAPTURE(msg);
+    CHECK(msg.find("parameters overlap at element 4") != std::string::npos);
+  }
+}
+
 TEST_CASE("AdamW: a parameter outside the state is refused, naming it") {
   const dt::Device dev = dt::Device::open("cpu", "");
   try {
