@@ -183,6 +183,13 @@ int main(int argc, char** argv) {
       return dt::kExitDrained;
     }
   }
+  // Rank 0 alone writes the step log: one given on other nodes only would be ignored unsaid.
+  int log_elsewhere = rt.rank() != 0 && !cfg.log_file.empty() ? 1 : 0;
+  rt.world().all_reduce(dt::view_of(&log_elsewhere, 1), dt::ReduceOp::max);
+  if (lead && log_elsewhere && cfg.log_file.empty())
+    std::fprintf(stderr,
+                 "dt_train: warning: --train.log-file is given on other ranks but not on rank 0, "
+                 "which alone writes the step log: no step log is written\n");
   if (!phase([&] {
         dev = std::make_unique<dt::Device>(dt::Device::open(
             cfg.device, cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path,
