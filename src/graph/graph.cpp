@@ -115,9 +115,8 @@ Graph build_gpt(const GptConfig& c, int B, int T) {
   };
   const Shape btc{B, T, C};
   int x = act("wte+wpe", btc);
-  node("embedding", "transformer.wte+wpe", {tokens, pid["transformer.wte.weight"],
-                                            pid["transformer.wpe.weight"]},
-       {x}, -1);
+  node("embedding", "transformer.wte+wpe",
+       {tokens, pid["transformer.wte.weight"], pid["transformer.wpe.weight"]}, {x}, -1);
   for (int l = 0; l < c.layers; ++l) {
     const std::string h = "transformer.h." + std::to_string(l) + ".";
     const std::string a = "h." + std::to_string(l) + ".";
@@ -182,11 +181,11 @@ Graph infer_shapes(Graph g) {
   for (std::size_t i = 0; i < g.tensors.size(); ++i)
     known[i] = g.tensors[i].role != Role::activation && g.tensors[i].role != Role::output;
   auto T = [&](const Node& n, std::size_t k) -> TensorInfo& {
-    DT_CHECK(InvalidArgument, k < n.in.size(), "node ", n.name, " (", n.op, ") has ",
-             n.in.size(), " inputs, needs more than ", k);
+    DT_CHECK(InvalidArgument, k < n.in.size(), "node ", n.name, " (", n.op, ") has ", n.in.size(),
+             " inputs, needs more than ", k);
     TensorInfo& t = g.tensors[static_cast<std::size_t>(n.in[k])];
-    DT_CHECK(InvalidArgument, known[static_cast<std::size_t>(n.in[k])], "node ", n.name,
-             " reads ", t.name, " before any node produced it");
+    DT_CHECK(InvalidArgument, known[static_cast<std::size_t>(n.in[k])], "node ", n.name, " reads ",
+             t.name, " before any node produced it");
     return t;
   };
   auto rank_is = [&](const Node& n, const TensorInfo& t, std::size_t r, const char* what) {
@@ -271,7 +270,8 @@ std::vector<NodeCost> costs(const Graph& g) {
     for (int t : n.in) io += numel(t);
     for (int t : n.out) io += numel(t);
     for (int t : n.in)
-      if (g.tensors[static_cast<std::size_t>(t)].role == Role::param && seen_params.insert(t).second)
+      if (g.tensors[static_cast<std::size_t>(t)].role == Role::param &&
+          seen_params.insert(t).second)
         c.param_bytes += 4 * numel(t);
     for (int t : n.out)
       if (g.tensors[static_cast<std::size_t>(t)].role == Role::activation)
@@ -382,9 +382,14 @@ std::string to_text(const Graph& g) {
 
 std::string to_dot(const Graph& g, const std::string& title) {
   std::ostringstream os;
+  // A quoted DOT string: quotes and backslashes escaped, a newline as DOT's line break \n.
   auto q = [](const std::string& s) {
     std::string r = "\"";
     for (char ch : s) {
+      if (ch == '\n') {
+        r += "\\n";
+        continue;
+      }
       if (ch == '"' || ch == '\\') r += '\\';
       r += ch;
     }
@@ -398,9 +403,9 @@ std::string to_dot(const Graph& g, const std::string& title) {
        << ";\n";
     for (std::size_t i : ids) {
       const Node& n = g.nodes[i];
-      const bool comm = n.op == "tp_copy" || n.op == "tp_reduce" || n.op == "send" ||
-                        n.op == "recv";
-      os << "    n" << i << " [label=" << q(n.op + "\\n" + n.name)
+      const bool comm =
+          n.op == "tp_copy" || n.op == "tp_reduce" || n.op == "send" || n.op == "recv";
+      os << "    n" << i << " [label=" << q(n.op + "\n" + n.name)
          << (comm ? ", style=filled, fillcolor=lightblue" : "") << "];\n";
     }
     os << "  }\n";
@@ -412,8 +417,9 @@ std::string to_dot(const Graph& g, const std::string& title) {
     for (int t : g.nodes[i].in) {
       auto it = producer.find(t);
       if (it == producer.end()) continue;
-      os << "  n" << it->second << " -> n" << i << " [label="
-         << q(shape_str(g.tensors[static_cast<std::size_t>(t)].shape)) << ", fontsize=8];\n";
+      os << "  n" << it->second << " -> n" << i
+         << " [label=" << q(shape_str(g.tensors[static_cast<std::size_t>(t)].shape))
+         << ", fontsize=8];\n";
     }
   // Pipeline edges: each send to the recv with the same edge id.
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {

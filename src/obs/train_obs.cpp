@@ -46,8 +46,9 @@ void register_memory_collector(metrics::Registry& reg) {
         reg.gauge("dt_process_max_resident_bytes", "Peak resident memory of the rank's process.");
     Gauge& dev = reg.gauge("dt_device_allocated_bytes",
                            "Device memory dt holds through its device plugin (all devices).");
-    Gauge& dev_peak = reg.gauge("dt_device_max_allocated_bytes",
-                                "Most device memory dt has held at once through its device plugin.");
+    Gauge& dev_peak =
+        reg.gauge("dt_device_max_allocated_bytes",
+                  "Most device memory dt has held at once through its device plugin.");
     reg.on_collect([&rss, &peak, &dev, &dev_peak] {
       dev.set(static_cast<double>(Device::allocated_bytes()));
       dev_peak.set(static_cast<double>(Device::max_allocated_bytes()));
@@ -86,7 +87,7 @@ TrainTelemetry::TrainTelemetry(const TrainConfig& c, int rank, int world, double
   Metrics& m = *m_;
   m.step = &reg.gauge("dt_train_step", "Optimiser steps taken.");
   m.loss = &reg.gauge("dt_train_loss", "Mean training loss of the last step (global batch).");
-  m.val_loss = &reg.gauge("dt_train_val_loss", "Last validation loss.");
+  m.val_loss = nullptr;  // registered by the first evaluation: a run without one exports none
   m.lr = &reg.gauge("dt_train_learning_rate", "Learning rate of the last step.");
   m.grad_norm =
       &reg.gauge("dt_train_grad_norm", "Global gradient norm of the last step, before clipping.");
@@ -168,7 +169,11 @@ void TrainTelemetry::on_step(const StepStats& s) {
   if ((s.step + 1) % every_ == 0) exporter_->publish();
 }
 
-void TrainTelemetry::on_eval(double val_loss) { m_->val_loss->set(val_loss); }
+void TrainTelemetry::on_eval(double val_loss) {
+  if (!m_->val_loss)
+    m_->val_loss = &metrics::default_registry().gauge("dt_train_val_loss", "Last validation loss.");
+  m_->val_loss->set(val_loss);
+}
 
 void TrainTelemetry::on_checkpoint_blocked(double seconds) {
   m_->ckpt_block_s->inc(seconds);

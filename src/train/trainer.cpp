@@ -269,7 +269,7 @@ void add_train_options(Options& o, TrainConfig& c) {
            "activations), e.g. 8G; a plan over it is refused before training (0: no limit)")
       .add("print-plan", &c.print_plan, false,
            "print the parallel plan (placement, each stage's partitioned graph and memory "
-           "estimate), write it as Graphviz DOT to plan.dot, and stop")
+           "estimate), write it as Graphviz DOT to --plan.dot, and stop")
       .add("plan.dot", &c.plan_dot, "dt-plan.dot", "file --print-plan writes the DOT graph to")
       .add("comm.p2p", &c.p2p, "mpi",
            "point-to-point transport of pipeline activations and their gradients", {"mpi", "ucx"})
@@ -299,7 +299,9 @@ void add_train_options(Options& o, TrainConfig& c) {
            "with the weights untouched)",
            -1L, 1L << 30)
       .add("test.inject-inf-step", &c.test_inject_inf_step, 2,
-           "testing only: see test.inject-inf-rank", 0L, 1L << 40)
+           "testing only: see test.inject-inf-rank (counted from 0: 2 is the step printed as "
+           "step 3)",
+           0L, 1L << 40)
       .add("test.inject-inf-every", &c.test_inject_inf_every, 0,
            "testing only: with test.inject-inf-rank, also every this many steps after "
            "test.inject-inf-step (0: once)",
@@ -1051,7 +1053,8 @@ StepStats Trainer::step() {
   s.step = step_;
   s.loss = loss_sum / (static_cast<double>(c_.batch) * T);
   s.loss_scale = loss_scale;
-  DT_CHECK(Error, std::isfinite(s.loss), "training loss is ", s.loss, " at step ", step_,
+  // Steps are named as the progress lines, the step log and the checkpoints name them (from 1).
+  DT_CHECK(Error, std::isfinite(s.loss), "training loss is ", s.loss, " at step ", step_ + 1,
            " (diverged: lower --optim.lr or raise --optim.warmup)");
   const trace::Scope optimizer_scope("optimizer", "train");
   const std::size_t n = state_numel();
@@ -1081,9 +1084,11 @@ StepStats Trainer::step() {
   // The norm is global (every rank has the same): a non-finite gradient that no loss scaler
   // caught (fp32) ends the run on every rank before it reaches the weights, so no checkpoint of
   // them is written.
-  DT_CHECK(Error, std::isfinite(s.grad_norm), "gradient norm is ", s.grad_norm, " at step ", step_,
-           " (diverged: lower --optim.lr or raise --optim.warmup); the weights of step ", step_,
-           " are left as they were");
+  DT_CHECK(Error, std::isfinite(s.grad_norm), "gradient norm is ", s.grad_norm, " at step ",
+           step_ + 1,
+           " (diverged: lower --optim.lr or raise --optim.warmup); the weights stay as they were "
+           "after step ",
+           step_);
   s.lr = lr_at(c_.optim, step_);
   opt_->step(master_ptr(), grads_ptr(), s.lr, c_.optim);
   if (scaler_ || zero_) refresh_working_weights();
@@ -1715,12 +1720,14 @@ int Trainer::run() {
   report_memory();
   if (c_.eval_only) {
     char line[256];
+    const double loss = evaluate_in_order(c_.eval_sequences);
     std::snprintf(
         line, sizeof line,
         "dt_train: eval-only: step %ld, first %ld validation sequences in order, loss %.6f",
-        static_cast<long>(step_), static_cast<long>(c_.eval_sequences),
-        evaluate_in_order(c_.eval_sequences));
+        static_cast<long>(step_), static_cast<long>(c_.eval_sequences), loss);
     log(line);
+    obs_->on_eval(loss);
+    obs_->finish();  // the timeline and the last metrics export, as at the end of training
     return 0;
   }
   // Without a validation split (data.val-fraction=0) there is nothing to evaluate: no validation
