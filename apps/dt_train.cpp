@@ -154,19 +154,17 @@ int main(int argc, char** argv) {
             std::fclose(f);
           }
           if (!claim) return;
-          try {
-            ckpt_lock = std::make_unique<dt::FolderLock>(
-                cfg.ckpt_dir, "dt_train", cfg.ckpt_lock_wait_s,
-                [](const std::string& line) {
-                  std::printf("dt_train: %s\n", line.c_str());
-                  std::fflush(stdout);
-                },
-                [] { return dt::drain_requested(); });
-          } catch (const dt::CheckpointError& e) {
-            // A drain signal ended the wait (FolderLock's `stop`): not an error, see below.
-            if (!dt::drain_requested() || e.message().rfind("stopped waiting", 0) != 0) throw;
+          ckpt_lock = std::make_unique<dt::FolderLock>(
+              cfg.ckpt_dir, "dt_train", cfg.ckpt_lock_wait_s,
+              [](const std::string& line) {
+                std::printf("dt_train: %s\n", line.c_str());
+                std::fflush(stdout);
+              },
+              [] { return dt::drain_requested(); });
+          if (!ckpt_lock->stopped().empty()) {  // a drain signal ended the wait: see below
+            std::printf("dt_train: %s: a drain signal came\n", ckpt_lock->stopped().c_str());
+            ckpt_lock.reset();
             stopped = 1;
-            std::printf("dt_train: %s\n", e.message().c_str());
             return;
           }
           if (!ckpt_lock->warning().empty())

@@ -221,9 +221,9 @@ class FolderLock {
  public:
   /// `who`: what claims it ("dt_train", "dt_ckpt import"), written into the file with the host,
   /// process id, Slurm job id and time.
-  /// `stop`, asked while it waits, ends the wait with CheckpointError when it returns true (a
-  /// drain signal, say). A `latest` in `dir` that is not a file or a link (a folder) is refused
-  /// (CheckpointError): no commit could replace it.
+  /// `stop`, asked while it waits, ends the wait when it returns true (a drain signal, say): the
+  /// folder is then not claimed, and stopped() says why. A `latest` in `dir` that is not a file
+  /// or a link (a folder) is refused (CheckpointError): no commit could replace it.
   FolderLock(const std::string& dir, const std::string& who, double wait_s = 0,
              const std::function<void(const std::string&)>& note = {},
              const std::function<bool()>& stop = {});
@@ -232,10 +232,12 @@ class FolderLock {
   FolderLock& operator=(const FolderLock&) = delete;
   /// Why the folder could not be locked (the file system refused flock); empty when it is.
   const std::string& warning() const noexcept { return warning_; }
+  /// Why `stop` ended the wait ("" when it did not: the folder is claimed, or cannot be locked).
+  const std::string& stopped() const noexcept { return stopped_; }
 
  private:
   int fd_ = -1;
-  std::string warning_;
+  std::string warning_, stopped_;
 };
 
 /// Who holds `dir`'s FolderLock, in the holder's words ("" when nobody does, or where that

@@ -118,6 +118,9 @@ class SecretKey {
 /// 32 bytes.
 SecretKey load_key_file(const std::string& path);
 
+/// The n bytes at p as lowercase hex digits, two per byte.
+std::string to_hex(const std::uint8_t* p, std::size_t n);
+
 /// A fingerprint of `key` (16 hex digits, derived by HKDF with a label of its own, so it tells
 /// nothing about the key or the keys derived from it): equal keys give equal fingerprints, and
 /// ranks compare them to find one that read another key.

@@ -27,6 +27,7 @@
 #include <tuple>
 
 #include "../comm/mpi_comm.hpp"
+#include "../engine/plan.hpp"  // format_bytes
 #include "dt/qos.hpp"
 #include "dt/security.hpp"
 #include "dt/trace.hpp"
@@ -72,19 +73,6 @@ bool all_ok(Comm& c, bool ok) {
 }
 
 std::string errno_text() { return std::strerror(errno); }
-
-// Bytes as "512 KiB", "3.2 MiB", "1.50 GiB".
-std::string size_text(std::uint64_t bytes) {
-  char buf[32];
-  const double b = static_cast<double>(bytes);
-  if (bytes >= (std::uint64_t{1} << 30))
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
-  else if (bytes >= (std::uint64_t{1} << 20))
-    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
-  else
-    std::snprintf(buf, sizeof buf, "%llu KiB", static_cast<unsigned long long>(bytes >> 10));
-  return buf;
-}
 
 // Fault-injection seams for tests, for failures on one rank only that cannot be provoked on one
 // machine (an I/O error on one node): the environment variable `var` set to RANK:TEXT says that
@@ -959,15 +947,7 @@ std::array<std::uint8_t, security::kTagBytes> key_check(security::Aead& enc) {
   return tag;
 }
 
-std::string to_hex(const std::uint8_t* p, std::size_t n) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (std::size_t i = 0; i < n; ++i) {
-    s.push_back(d[p[i] >> 4]);
-    s.push_back(d[p[i] & 15]);
-  }
-  return s;
-}
+using security::to_hex;
 
 // The hex SHA-256 of `s` (root attributes meta_sha256, of meta_aad, and manifest_sha256).
 std::string hex_sha256(const std::string& s) {
@@ -1094,8 +1074,8 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       const std::uint64_t avail = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
       if (avail < need)
         short_of = "not enough space in " + dir + " on rank " + std::to_string(comm.rank()) +
-                   ": the file needs about " + size_text(need) + ", " + size_text(avail) +
-                   " are free";
+                   ": the file needs about " + format_bytes(static_cast<double>(need)) + ", " +
+                   format_bytes(static_cast<double>(avail)) + " are free";
     }
     if (!all_ok(comm, short_of.empty()))
       DT_THROW(CheckpointError, "cannot save ", final_path, ": ",
@@ -1583,8 +1563,8 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who, double wa
     if (stop && stop()) {
       ::close(fd_);
       fd_ = -1;
-      DT_THROW(CheckpointError, "stopped waiting for checkpoint folder ", dir, " (in use by ",
-               holder, "): asked to stop");
+      stopped_ = "stopped waiting for checkpoint folder " + dir + " (in use by " + holder + ")";
+      return;
     }
     if (!told && note) {
       note("checkpoint folder " + dir + " is in use by " + holder + "; waiting up to " +

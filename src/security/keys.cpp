@@ -131,17 +131,23 @@ Key hkdf_sha256(const std::uint8_t* ikm, std::size_t ikm_len, const std::uint8_t
   return out;
 }
 
+std::string to_hex(const std::uint8_t* p, std::size_t n) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string s;
+  s.reserve(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    s.push_back(kDigits[p[i] >> 4]);
+    s.push_back(kDigits[p[i] & 15]);
+  }
+  return s;
+}
+
 std::string key_fingerprint(const SecretKey& key) {
   static const char kLabel[] = "dt key fingerprint v1";  // salt and info (OpenSSL needs a salt)
   const auto* label = reinterpret_cast<const std::uint8_t*>(kLabel);
   Key d = hkdf_sha256(key.bytes().data(), key.bytes().size(), label, sizeof kLabel - 1, label,
                       sizeof kLabel - 1);
-  std::string hex;
-  for (int i = 0; i < 8; ++i) {
-    static const char kDigits[] = "0123456789abcdef";
-    hex += kDigits[d[static_cast<std::size_t>(i)] >> 4];
-    hex += kDigits[d[static_cast<std::size_t>(i)] & 15];
-  }
+  const std::string hex = to_hex(d.data(), 8);
   OPENSSL_cleanse(d.data(), d.size());
   return hex;
 }

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 
 #include <atomic>
 #include <csignal>
@@ -376,24 +377,38 @@ void add_train_options(Options& o, TrainConfig& c) {
       .node_local();
 }
 
+namespace {
+// Rank 0's `mine` (a value of plain bytes), on every rank. Collective over `world`.
+template <class T>
+T rank0_value(Comm& world, const T& mine) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  T first = mine;
+  world.broadcast(view_of(reinterpret_cast<std::uint8_t*>(&first), sizeof first), 0);
+  return first;
+}
+// This node's host name, for messages.
+std::string host_name() {
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+}  // namespace
+
 void check_same_data(Comm& world, const TokenFile& data, const std::string& path) {
   // Rank 0's figures: token count, digest, and the format as an index into kFormats.
   static const std::string kFormats[] = {"bytes", "llmc", "u16", "?"};
   const auto format =
       static_cast<std::uint64_t>(std::find(kFormats, kFormats + 3, data.format) - kFormats);
-  const std::uint64_t mine[3] = {data.size(), token_digest(data), format};
-  std::uint64_t first[3] = {mine[0], mine[1], mine[2]};
-  world.broadcast(view_of(reinterpret_cast<std::uint8_t*>(first), sizeof first), 0);
-  if (std::equal(mine, mine + 3, first)) return;
-  char host[256] = "?";
-  ::gethostname(host, sizeof host - 1);
-  auto describe = [](const std::uint64_t* f) {
+  const std::array<std::uint64_t, 3> mine = {data.size(), token_digest(data), format};
+  const std::array<std::uint64_t, 3> first = rank0_value(world, mine);
+  if (mine == first) return;
+  auto describe = [](const std::array<std::uint64_t, 3>& f) {
     char d[24];
     std::snprintf(d, sizeof d, "%016llx", static_cast<unsigned long long>(f[1]));
     return kFormats[f[2] < 3 ? f[2] : 3] + ", " + std::to_string(f[0]) + " tokens, digest " + d;
   };
-  DT_THROW(ConfigError, "option --data.path: ", path, " on this rank's node (", host, ") holds ",
-           describe(mine), "; rank 0's holds ", describe(first),
+  DT_THROW(ConfigError, "option --data.path: ", path, " on this rank's node (", host_name(),
+           ") holds ", describe(mine), "; rank 0's holds ", describe(first),
            ": every rank must read the same data");
 }
 
@@ -407,16 +422,14 @@ void check_same_key(Comm& world, const TrainConfig& c) {
   } catch (const Error& e) {
     load_error = e.message();
   }
-  std::array<char, 16> first{};
-  std::copy_n(mine.begin(), std::min(mine.size(), first.size()), first.begin());
-  world.broadcast(view_of(reinterpret_cast<std::uint8_t*>(first.data()), first.size()), 0);
+  std::array<char, 16> fp{};
+  std::copy_n(mine.begin(), std::min(mine.size(), fp.size()), fp.begin());
+  const std::array<char, 16> first = rank0_value(world, fp);
   DT_CHECK(ConfigError, load_error.empty(), load_error);
   const std::string theirs(first.begin(), first.end());
   if (theirs == mine) return;
-  char host[256] = "?";
-  ::gethostname(host, sizeof host - 1);
-  DT_THROW(ConfigError, "option --security.key_file: ", c.key_file, " on this rank's node (", host,
-           ") holds another key than rank 0's (fingerprints ", mine, " and ", theirs,
+  DT_THROW(ConfigError, "option --security.key_file: ", c.key_file, " on this rank's node (",
+           host_name(), ") holds another key than rank 0's (fingerprints ", mine, " and ", theirs,
            "): every rank must use the same job key");
 }
 
@@ -433,8 +446,7 @@ void check_same_options(Comm& world, const std::string& options,
   const auto theirs = config_lines(first), mine = config_lines(options);  // rank 0's order
   const std::map<std::string, std::string> mine_by(mine.begin(), mine.end()),
       theirs_by(theirs.begin(), theirs.end());
-  char host[256] = "?";
-  ::gethostname(host, sizeof host - 1);
+  const std::string host = host_name();
   for (const auto& [name, value] : theirs) {
     if (local.count(name)) continue;
     const auto it = mine_by.find(name);

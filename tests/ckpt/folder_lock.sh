@@ -73,13 +73,13 @@ grep -Eq "option --output: checkpoint folder .*/D is in use by another run \($ho
 start_waiting S 61
 s0=$(rank_pid_of "--ckpt\.lock-wait-s=61( |\$)" 0)
 t0=$SECONDS
-[ -n "$s0" ] && kill -TERM "$s0"
+if [ -n "$s0" ]; then kill -TERM "$s0"; else fail "rank 0 of S not found"; kill -TERM "$waiting"; fi
 wait "$waiting"
 RC=$?
 sed 's/^/    /' S.out
 echo "=== S: exit code $RC after $((SECONDS - t0)) s"
 expect_rc S 75
-expect_line S "^dt_train: stopped waiting for checkpoint folder .*/D \(in use by $holder.*\): asked to stop"
+expect_line S "^dt_train: stopped waiting for checkpoint folder .*/D \(in use by $holder.*\): a drain signal came"
 expect_line S "drained before step 0 \(nothing new saved\), exit code 75"
 expect_no_line S "error|--help"
 expect_no_line S "dt_train: [0-9]+ parameters"
