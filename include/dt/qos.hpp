@@ -4,7 +4,8 @@
 // best_effort), makes the job's cgroup with the tier's CPU weight and cpuset, and records what it
 // did in DT_QOS_STATE_DIR/job-<id>.conf (key=value lines, see slurm/prolog). A rank learns its
 // tier from that record (options qos.file and qos.state-dir), moves itself into the job's
-// cgroup(s), and then each of its threads takes the policy of its role:
+// cgroup(s) (never out of the group Slurm's cgroup plugins made for the job), and then each of
+// its threads takes the policy of its role:
 //
 //   Role::comm     the communication progress thread (named "dt-progress"): SCHED_FIFO at the
 //                  tier's priority (the low end of the tier's fifo range). It must block (condition
@@ -64,18 +65,25 @@ std::string record_path(const Settings& s);
 Tier read_record(const std::string& path);
 
 /// Makes `t` the process's tier (an empty name: none). Moves the whole process into each of
-/// t.cgroups (writes its pid to cgroup.procs); a group that refuses is warned about on stderr,
-/// once each, and the process goes on where it is. The calling thread keeps its CPU binding within
-/// what the groups allow (kernels before 6.2 reset it to the whole cpuset on the move). Applies
-/// Role::compute to the calling thread.
-/// Call from the main thread before the threads that call apply_to_current_thread start.
-/// Returns the warnings it printed (for tests). Never throws.
+/// t.cgroups (writes its pid to cgroup.procs) except those that would take it out of Slurm's
+/// group of the job (detail::leaves_slurm_job; warned about); a group that refuses is warned about
+/// on stderr, once each, and the process goes on where it is. The calling thread keeps its CPU
+/// binding within what the groups allow (kernels before 6.2 reset it to the whole cpuset on the
+/// move). Applies Role::compute to the calling thread. Call from the main thread before the threads
+/// that call apply_to_current_thread start. Returns the warnings it printed (for tests). Never
+/// throws.
 std::vector<std::string> configure(const Tier& t) noexcept;
 
 namespace detail {
 /// Testing only: called by configure() after it has moved the process into its groups (to stand
 /// for a kernel that resets the affinity there).
 extern void (*after_move_for_test)();
+/// Why moving this process into the cgroup directory `dir` would take it out of the group Slurm's
+/// cgroup plugins made for its job (a group job_<SLURM_JOB_ID> in the same hierarchy, which dir
+/// is not inside); "" when it would not, also where dir is on no cgroup file system.
+/// configure() leaves such a group alone: Slurm's cores, memory limit and accounting hold the
+/// rank, not the tier's cpuset.
+std::string leaves_slurm_job(const std::string& dir);
 }  // namespace detail
 
 /// The tier configure() installed (name "" when none).

@@ -68,6 +68,122 @@ std::string keep_affinity(const std::vector<unsigned char>& before) {
   return {};
 }
 
+// Splits `s` at `sep`, dropping empty pieces.
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at <= s.size()) {
+    const std::size_t end = std::min(s.find(sep, at), s.size());
+    if (end > at) out.push_back(s.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
+// The cgroup hierarchy a directory lies in: its path inside the hierarchy ("/a/b"), and how
+// /proc/PID/cgroup names the hierarchy (v2: ""; v1: its controllers, e.g. {"cpu", "cpuacct"}).
+struct CgroupPlace {
+  bool found = false;
+  bool v2 = false;
+  std::string path;
+  std::vector<std::string> controllers;
+};
+
+// Where `dir` lies among the cgroup file systems mounted (/proc/self/mountinfo; the mount whose
+// mount point is the longest prefix of dir). Not found: dir is on no cgroup file system (a test
+// tree standing for one).
+CgroupPlace cgroup_place(const std::string& dir) {
+  CgroupPlace best;
+  std::size_t best_len = 0;
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER-OPTIONS
+    const std::vector<std::string> f = split(line, ' ');
+    const auto dash = std::find(f.begin(), f.end(), "-");
+    if (f.size() < 5 || dash == f.end() || f.end() - dash < 4) continue;
+    const std::string& fstype = *(dash + 1);
+    if (fstype != "cgroup" && fstype != "cgroup2") continue;
+    const std::string &root = f[3], &point = f[4];
+    const bool under = dir == point || point == "/" ||
+                       (dir.compare(0, point.size(), point) == 0 && dir[point.size()] == '/');
+    if (!under || point.size() < best_len) continue;
+    best_len = point.size();
+    best.found = true;
+    best.v2 = fstype == "cgroup2";
+    std::string rel = dir.size() > point.size() ? dir.substr(point == "/" ? 0 : point.size()) : "";
+    best.path = (root == "/" ? std::string() : root) + rel;
+    if (best.path.empty()) best.path = "/";
+    best.controllers = best.v2 ? std::vector<std::string>{} : split(*(dash + 3), ',');
+  }
+  return best;
+}
+
+// This process's group in the hierarchy `h` (from /proc/self/cgroup; "" when not listed).
+std::string own_group(const CgroupPlace& h) {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(in, line)) {
+    // ID:CONTROLLERS:PATH (v2: 0::PATH)
+    const auto a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string ctrl = line.substr(a + 1, b - a - 1);
+    if (h.v2 ? ctrl.empty() && line.compare(0, a, "0") == 0 : !ctrl.empty()) {
+      if (!h.v2) {
+        bool same = false;
+        for (const std::string& c : split(ctrl, ','))
+          same = same ||
+                 std::find(h.controllers.begin(), h.controllers.end(), c) != h.controllers.end();
+        if (!same) continue;
+      }
+      return line.substr(b + 1);
+    }
+  }
+  return "";
+}
+
+// The group Slurm made for this job in `path` (a group path of this process): `path` up to its
+// component job_<SLURM_JOB_ID> (any job_<digits> when SLURM_JOB_ID is unset), "" when none.
+// Slurm's cgroup plugins put a job's tasks below such a group (v1: /slurm/uid_U/job_J/step_S,
+// v2: /system.slice/slurmstepd.scope/job_J/step_S/user/task_T).
+std::string slurm_job_group(const std::string& path) {
+  const char* id = std::getenv("SLURM_JOB_ID");
+  std::string prefix;
+  for (const std::string& c : split(path, '/')) {
+    prefix += "/" + c;
+    if (c.compare(0, 4, "job_") != 0 || c.size() == 4) continue;
+    const std::string n = c.substr(4);
+    if (id != nullptr && *id != '\0' ? n == id
+                                     : n.find_first_not_of("0123456789") == std::string::npos)
+      return prefix;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string detail::leaves_slurm_job(const std::string& dir) {
+  // As mounted: /sys/fs/cgroup/cpu is often a link to the hierarchy cpu,cpuacct.
+  char* real = ::realpath(dir.c_str(), nullptr);
+  const CgroupPlace to = cgroup_place(real != nullptr ? real : dir);
+  std::free(real);
+  if (!to.found) return "";
+  const std::string job = slurm_job_group(own_group(to));
+  if (job.empty()) return "";
+  if (to.path == job || to.path.compare(0, job.size() + 1, job + "/") == 0) return "";
+  std::string where = job;
+  if (!to.v2) {  // which v1 hierarchy: its controllers, as /proc/PID/cgroup lists them
+    where += " of the cgroup v1 hierarchy ";
+    for (const std::string& c : to.controllers)
+      if (c != "rw" && c != "ro") where += (where.back() == ' ' ? "" : ",") + c;
+  }
+  return "this rank is in " + where + ", the group Slurm made for the job; " + dir +
+         " lies outside it, and moving there would take the rank out of Slurm's limits "
+         "(cores, memory) and accounting";
+}
+
+namespace {
+
 constexpr int kIoNiceOffset = 10;
 
 pid_t thread_id() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
@@ -212,6 +328,13 @@ std::vector<std::string> configure(const Tier& t) noexcept {
     const std::string pid = std::to_string(::getpid());
     const std::vector<unsigned char> binding = affinity();
     for (const auto& g : t.cgroups) {
+      if (const std::string why = detail::leaves_slurm_job(g); !why.empty()) {
+        warnings.push_back(why +
+                           ": it stays where it is (the tier's settings of that group do "
+                           "not apply to it)");
+        std::fprintf(stderr, "dt: qos: warning: %s\n", warnings.back().c_str());
+        continue;
+      }
       const std::string procs = g + "/cgroup.procs";
       std::ofstream out(procs);
       if (out) out << pid << '\n';

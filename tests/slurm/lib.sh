@@ -181,6 +181,18 @@ node_healthy() {
   esac
 }
 
+# job_ranks JOB N: RANKS, the pids of JOB's dt_train processes (found by SLURM_JOB_ID in their
+# environment); fails unless there are N.
+job_ranks() {
+  local p
+  RANKS=()
+  for p in $(pgrep -x dt_train); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$1" && RANKS+=("$p")
+  done
+  echo "=== ranks of job $1: ${RANKS[*]}"
+  [ ${#RANKS[@]} -eq "$2" ] || fail "found ${#RANKS[*]} dt_train processes of job $1, expected $2"
+}
+
 # qos_state_dir / cgroup_root: what the cluster's prolog uses (its generated wrapper).
 hook_setting() {
   sed -n "s/^export $1='\\(.*\\)'\$/\\1/p" "$(dirname "$SLURM_CONF")/hooks/prolog"

@@ -35,13 +35,7 @@ if [ "$CGMODE" = none ]; then
 fi
 [ ${#GROUPS_[@]} -ge 1 ] || fail "the record names no cgroup (mode $CGMODE)"
 
-# The ranks: dt_train processes of this job.
-RANKS=()
-for p in $(pgrep -x dt_train); do
-  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$JOB" && RANKS+=("$p")
-done
-echo "=== ranks of job $JOB: ${RANKS[*]}"
-[ ${#RANKS[@]} -eq 2 ] || fail "found ${#RANKS[*]} dt_train processes of job $JOB, expected 2"
+job_ranks "$JOB" 2
 
 WEIGHTS=0 CPUSETS=0  # groups whose CPU weight and cpuset were checked
 for g in "${GROUPS_[@]}"; do

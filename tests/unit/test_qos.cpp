@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -244,4 +245,80 @@ TEST_CASE("qos: a group that refuses the rank is a warning, not an error") {
   REQUIRE(warnings.size() == 1);
   CHECK(warnings[0].find("cannot move this rank") != std::string::npos);
   CHECK(warnings[0].find(dir.path.string() + "/missing") != std::string::npos);
+}
+
+namespace {
+
+// The mount point of a cgroup v2 hierarchy ("" when none).
+std::string cgroup2_mount() {
+  std::ifstream in("/proc/self/mounts");
+  std::string dev, point, type, rest;
+  while (in >> dev >> point >> type && std::getline(in, rest))
+    if (type == "cgroup2") return point;
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("qos: a rank in Slurm's job group is not moved out of it (cgroup v2)") {
+  const std::string mount = cgroup2_mount();
+  if (mount.empty() || ::geteuid() != 0) {
+    MESSAGE("no cgroup v2 hierarchy this process may change: not tested here");
+    return;
+  }
+  // Slurm's cgroup/v2 layout of a job's task, and a group outside the job like the prolog's.
+  const std::string top = mount + "/dt-unit-" + std::to_string(::getpid());
+  const std::string job = top + "/slurmstepd.scope/job_4242", task = job + "/step_0/user/task_0";
+  const std::string outside = top + "/dt/job_4242", inside = job + "/step_0/user/task_1";
+  std::error_code ec;
+  std::filesystem::create_directories(task, ec);
+  std::filesystem::create_directories(inside, ec);
+  std::filesystem::create_directories(outside, ec);
+  if (ec) {
+    MESSAGE("cannot make groups under " << mount << " (" << ec.message() << "): not tested here");
+    std::filesystem::remove(top, ec);
+    return;
+  }
+  // A child joins the task's group (this process stays where it is) and reports each answer as
+  // a bit of its exit code.
+  const pid_t child = ::fork();
+  if (child == 0) {
+    std::ofstream(task + "/cgroup.procs") << ::getpid() << '\n';
+    int bits = 0;
+    ::setenv("SLURM_JOB_ID", "4242", 1);
+    const std::string why = dt::qos::detail::leaves_slurm_job(outside);
+    if (why.find("/dt-unit-" + std::to_string(::getppid()) + "/slurmstepd.scope/job_4242,") !=
+            std::string::npos &&
+        why.find(outside) != std::string::npos)
+      bits |= 1;
+    if (dt::qos::detail::leaves_slurm_job(inside).empty()) bits |= 2;
+    if (dt::qos::detail::leaves_slurm_job(job).empty()) bits |= 4;
+    // Named through a link (as /sys/fs/cgroup/cpu often is, to cpu,cpuacct): the same group.
+    const std::string link = "/tmp/dt-unit-cglink-" + std::to_string(::getpid());
+    if (::symlink(top.c_str(), link.c_str()) == 0 &&
+        !dt::qos::detail::leaves_slurm_job(link + "/dt/job_4242").empty())
+      bits |= 64;
+    ::unlink(link.c_str());
+    ::setenv("SLURM_JOB_ID", "4243", 1);  // another job's group: not this job's to keep
+    if (dt::qos::detail::leaves_slurm_job(outside).empty()) bits |= 8;
+    ::unsetenv("SLURM_JOB_ID");  // outside Slurm's environment: any job_<number> counts
+    if (!dt::qos::detail::leaves_slurm_job(outside).empty()) bits |= 16;
+    if (dt::qos::detail::leaves_slurm_job("/tmp").empty()) bits |= 32;  // no cgroup fs
+    ::_exit(bits);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  for (const std::string& g : {task, inside, job + "/step_0/user", job + "/step_0", job, outside,
+                               top + "/dt", top + "/slurmstepd.scope", top})
+    ::rmdir(g.c_str());
+  CHECK_FALSE(std::filesystem::exists(top));
+  REQUIRE(WIFEXITED(status));
+  const int bits = WEXITSTATUS(status);
+  CHECK_MESSAGE((bits & 1) != 0, "a group outside the job's is refused, naming both");
+  CHECK_MESSAGE((bits & 2) != 0, "a group inside the job's is allowed");
+  CHECK_MESSAGE((bits & 4) != 0, "the job's group itself is allowed");
+  CHECK_MESSAGE((bits & 8) != 0, "another job's number is no reason to stay");
+  CHECK_MESSAGE((bits & 16) != 0, "without SLURM_JOB_ID any job_<number> group is kept");
+  CHECK_MESSAGE((bits & 32) != 0, "a directory on no cgroup file system is allowed");
+  CHECK_MESSAGE((bits & 64) != 0, "a group named through a link is found as mounted");
 }
