@@ -29,6 +29,7 @@
 
 #include "attention16_ref.hpp"
 #include "dt/device.hpp"
+#include "dt/optim.hpp"
 
 namespace {
 
@@ -1049,6 +1050,72 @@ void test_large_shapes(Rig& r) {
   check_attention_fwd(r, 1, 300, 16, 1, r.rand(300 * 3 * 16), ", T = 300", out, att, dq, datt);
 }
 
+// More rows than one launch's grid has blocks (1,048,560): the rows past it are reached by the
+// kernels' grid-stride loop over rows. bias_add bit-exact; softmax_xent_bwd as check_xent's.
+void test_many_rows(Rig& r) {
+  const int64_t N = 1100000, Cc = 2;
+  auto x = r.rand(N * Cc), b = r.rand(Cc);
+  auto xc = x;
+  r.cpu.call(&dt_hal_v1_t::bias_add, "bias_add", xc.data(), static_cast<const float*>(b.data()), N,
+             Cc);
+  auto dx = r.up(x), db = r.up(b);
+  r.gpu.call(&dt_hal_v1_t::bias_add, "bias_add", dx.as<float>(), db.as<const float>(), N, Cc);
+  report("bias_add 1,100,000 x 2 rows (past one grid): bit-exact", r.down<float>(dx, N * Cc) == xc);
+  std::vector<std::int32_t> tgt(static_cast<std::size_t>(N));
+  for (int64_t n = 0; n < N; ++n) tgt[n] = static_cast<std::int32_t>(n % Cc);
+  auto probs = r.rand(N * Cc, 0, 1);
+  std::vector<float> ref(N * Cc);
+  r.cpu.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", ref.data(),
+             static_cast<const float*>(probs.data()), static_cast<const std::int32_t*>(tgt.data()),
+             0.25f, N, Cc);
+  auto dp = r.up(probs), dtg = r.up(tgt);
+  dt::Device::Buffer dd(r.gpu, N * Cc * 4);
+  r.gpu.call(&dt_hal_v1_t::softmax_xent_bwd, "softmax_xent_bwd", dd.as<float>(),
+             dp.as<const float>(), dtg.as<const std::int32_t>(), 0.25f, N, Cc);
+  compare_rel("softmax_xent_bwd 1,100,000 rows (past one grid)", r.down<float>(dd, N * Cc), ref, 0,
+              2 * kU);
+}
+
+// dt::AdamW (one fused adamw_multi over merged ranges, what the trainer calls) on the GPU against
+// the same on the CPU device: a table with neighbours of equal decay, a change of decay, an empty
+// parameter, a gap no parameter covers (left as it is) and one large tensor. rtol 1e-6: nvcc may
+// contract the update's multiply-adds.
+void test_adamw_class(Rig& r) {
+  const std::vector<dt::ParamInfo> params = {
+      {"a", {40}, 0, 40, true},    {"b", {33}, 40, 33, true},  {"c", {7}, 73, 7, false},
+      {"d", {0}, 80, 0, true},     {"e", {19}, 80, 19, false}, {"f", {300001}, 104, 300001, true},
+      {"g", {3}, 300105, 3, false}};
+  const std::size_t n = 300108;
+  dt::OptimConfig c;
+  c.weight_decay = 0.3;
+  c.beta1 = 0.85;
+  c.beta2 = 0.97;
+  c.eps = 1e-6;
+  dt::AdamW oc(r.cpu, params, n), og(r.gpu, params, n);
+  auto p = r.rand(n);
+  auto pc = p;
+  auto dp = r.up(p);
+  for (int t = 1; t <= 3; ++t) {
+    auto g = r.rand(n);
+    auto dg = r.up(g);
+    oc.step(pc.data(), g.data(), 0.02 / t, c);
+    og.step(dp.as<float>(), dg.as<const float>(), 0.02 / t, c);
+    r.gpu.call(&dt_hal_v1_t::synchronize, "synchronize");
+  }
+  const auto got = r.down<float>(dp, n);
+  compare_rel("dt::AdamW::step (fused) params, 3 steps", got, pc, 1e-7, 1e-6);
+  std::vector<float> gm(n), gv(n);
+  r.gpu.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(gm.data()),
+             static_cast<const void*>(og.m()), n * 4, DT_HAL_DEVICE_TO_HOST);
+  r.gpu.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(gv.data()),
+             static_cast<const void*>(og.v()), n * 4, DT_HAL_DEVICE_TO_HOST);
+  compare_rel("dt::AdamW::step (fused) m", gm, std::vector<float>(oc.m(), oc.m() + n), 1e-7, 1e-6);
+  compare_rel("dt::AdamW::step (fused) v", gv, std::vector<float>(oc.v(), oc.v() + n), 1e-9, 1e-6);
+  bool gap = true;
+  for (std::size_t i = 99; i < 104; ++i) gap = gap && got[i] == p[i];
+  report("dt::AdamW::step leaves the elements no parameter covers", gap);
+}
+
 // Capture on a stream of the caller's: cuBLAS (fp32 and bf16 tensor-core products) and the layer
 // kernels replayed twice equal eager launches, three captures in a row (a recapture must not
 // need memory of its own), and what a graph may not hold is refused as the CPU device refuses it.
@@ -1236,6 +1303,8 @@ int main(int argc, char** argv) {
     test_gemm_ex_forms(*rig);
     test_large_shapes(*rig);
     test_capture_kernels(*rig);
+    test_many_rows(*rig);
+    test_adamw_class(*rig);
   } catch (const std::exception& e) {
     report("exception", false, e.what());
   }
