@@ -9,12 +9,14 @@
 // 76 drained without ckpt.dir, nothing saved (not to be requeued);
 // 5 a sealed message failed authentication (security.seal: the rank names the peer and sequence).
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #ifdef DT_HAVE_NCCL
@@ -31,6 +33,9 @@
 #include "dt/watchdog.hpp"
 
 int main(int argc, char** argv) {
+  // A drain signal (preemption) from the first moment on: during start-up (options, data, MPI, a
+  // resume's load) it is kept and drains the run before its first step, instead of killing it.
+  dt::install_drain_signals();
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--version") {
       std::printf("dt_train (dt) %s\n", DT_VERSION);
@@ -52,6 +57,8 @@ int main(int argc, char** argv) {
   std::string local_error;
   int rc = dt::run_with_config_errors("dt_train", [&] {
     if (!opts.parse(argc, argv)) return 0;
+    if (cfg.test_start_delay_s > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double>(cfg.test_start_delay_s));
     try {
       data = dt::validate_and_load(cfg);
       const std::string record = dt::qos::record_path(qos_settings);
@@ -87,7 +94,7 @@ int main(int argc, char** argv) {
   wds.dump_dir = cfg.comm_dump_dir;
   wds.exit_code = 4;
   dt::watchdog::Watchdog watchdog(MPI_COMM_WORLD, wds);
-  dt::install_drain_signals();
+  dt::install_drain_signals();  // again, over any handler MPI's start-up installed
   std::unique_ptr<dt::Device> dev;
   std::unique_ptr<dt::Trainer> trainer;
   // Set-up runs in phases; after each, all ranks agree whether every rank succeeded before any

@@ -79,6 +79,7 @@ struct TrainConfig {
   std::int64_t test_skip_collective = -1;    ///< testing only: this rank never joins a collective
   std::int64_t test_skip_step = 2;           ///< ... the loss all_reduce of this step
   std::int64_t test_stall_during_save = -1;  ///< testing only: this rank stops mid-save
+  double test_start_delay_s = 0;             ///< testing only: start-up waits this long
   double test_save_delay_s = 0;              ///< testing only: the last rank's saves wait this long
   std::int64_t test_hold_at_step = 0;  ///< testing only: wait for a drain signal after this step
   // metrics and timeline (include/dt/metrics.hpp, include/dt/trace.hpp)

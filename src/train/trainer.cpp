@@ -213,6 +213,10 @@ void add_train_options(Options& o, TrainConfig& c) {
            "testing only: the last rank's synchronous saves wait this long after their writes, "
            "so the other ranks wait for it in the save's collectives, as behind a slow disk",
            0.0, 3600.0)
+      .add("test.start-delay-s", &c.test_start_delay_s, 0.0,
+           "testing only: every rank waits this long once its options are read, before it loads "
+           "the data and starts MPI, so that a test's signal arrives during start-up",
+           0.0, 3600.0)
       .add("test.stall-during-save", &c.test_stall_during_save, -1,
            "testing only: this rank stops in the middle of a synchronous save (inside HDF5's "
            "collective writes), so the others hang there and the watchdog must end the job",
@@ -1766,7 +1770,44 @@ int Trainer::run() {
   const std::int64_t first_step = step_;
   double val = val0, window_secs = 0, total_secs = 0, all_secs = 0, loss = 0;
   std::int64_t window_steps = 0;
+  // Preemption: a signal on any rank drains all of them at a step boundary, before the next
+  // step (so also one that came during start-up or during the save of the step before: that
+  // save is the drained checkpoint, not a second one a step later). With test.hold-at-step the
+  // ranks ask again every 20 ms after that step until one has it (the same count of polls
+  // everywhere ends the wait after about 300 s). Returns the exit code of a drain, or -1 (also
+  // for a signal after the last step: `done`, the run ends as done).
+  auto drain_point = [&](bool done) -> int {
+    const bool hold = step_ == c_.test_hold_at_step && step_ > first_step;
+    if (hold) {
+      log("dt_train: test.hold-at-step: step " + std::to_string(step_) +
+          " done, waiting for a drain signal");
+      watchdog::set_activity("test.hold-at-step", step_);
+    }
+    int drain = 0;
+    for (int poll = 0;; ++poll) {
+      drain = drain_requested() ? 1 : 0;
+      if (comm_.size() > 1) coll().all_reduce(view_of(&drain, 1), ReduceOp::max);
+      if (drain || !hold || poll == 15000) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!drain || done) return -1;
+    // Nothing trained in this run yet: the folder's newest checkpoint (or none: step 0) is where
+    // a requeued run starts anyway, so nothing is written.
+    if (step_ != last_saved_ && step_ > first_step) save_checkpoint_now(true);
+    finish_checkpoints();
+    const int code = c_.ckpt_dir.empty() ? kExitDrainedUnsaved : kExitDrained;
+    log("dt_train: drained at step " + std::to_string(step_) +
+        (c_.ckpt_dir.empty()   ? " (no ckpt.dir: nothing saved)"
+         : step_ == first_step ? " (before its first step: the checkpoints in " + c_.ckpt_dir +
+                                     " are where it resumes)"
+                               : " (checkpoint in " + c_.ckpt_dir + ")") +
+        ", exit code " + std::to_string(code));
+    obs_->finish();
+    comm_.barrier();
+    return code;
+  };
   while (step_ < c_.steps) {
+    if (const int code = drain_point(false); code >= 0) return code;
     const StepStats s = step();
     obs_->on_step(s);
     loss = s.loss;
@@ -1818,39 +1859,12 @@ int Trainer::run() {
       window_secs = 0;
       window_steps = 0;
     }
-    // Preemption: a signal on any rank drains all of them at this step boundary. With
-    // test.hold-at-step the ranks ask again every 20 ms after that step until one has it (the
-    // same count of polls everywhere ends the wait after about 300 s).
-    const bool hold = step_ == c_.test_hold_at_step;
-    if (hold) {
-      log("dt_train: test.hold-at-step: step " + std::to_string(step_) +
-          " done, waiting for a drain signal");
-      watchdog::set_activity("test.hold-at-step", step_);
-    }
-    int drain = 0;
-    for (int poll = 0;; ++poll) {
-      drain = drain_requested() ? 1 : 0;
-      if (comm_.size() > 1) coll().all_reduce(view_of(&drain, 1), ReduceOp::max);
-      if (drain || !hold || poll == 15000) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    // A signal during the last step: the run is done, so it ends as done (exit 0, final save
-    // and summary), not as drained (which asks the scheduler to requeue it).
-    if (drain && step_ < c_.steps) {
-      if (step_ != last_saved_) save_checkpoint_now(true);
-      finish_checkpoints();
-      const int code = c_.ckpt_dir.empty() ? kExitDrainedUnsaved : kExitDrained;
-      log("dt_train: drained at step " + std::to_string(step_) +
-          (c_.ckpt_dir.empty() ? " (no ckpt.dir: nothing saved)"
-                               : " (checkpoint in " + c_.ckpt_dir + ")") +
-          ", exit code " + std::to_string(code));
-      obs_->finish();
-      comm_.barrier();
-      return code;
-    }
     if (c_.ckpt_every > 0 && step_ % c_.ckpt_every == 0 && step_ < c_.steps)
       save_checkpoint_now(false);
   }
+  // A signal during the last step: the run is done, so it ends as done (exit 0, final save and
+  // summary), not as drained (which asks the scheduler to requeue it).
+  if (step_ == c_.test_hold_at_step) drain_point(true);
   if (step_ != last_saved_) save_checkpoint_now(false);
   finish_checkpoints();
   if (engine_ && plan_->layout.pp > 1) report_bubble();

@@ -14,6 +14,12 @@
 # step 5, after a warning naming the failed save, and exits 75; step-2.h5 stays.
 # no_dir (SIGUSR1 to rank 1, no --ckpt.dir): the run drains all the same, says that nothing was
 # saved, and exits 76, which job scripts do not requeue (a requeued run would start afresh).
+# startup (SIGUSR1 to rank 1 while it starts up, test.start-delay-s, before MPI starts): the
+# signal is kept, not fatal; the job drains before its first step, writes nothing (the folder has
+# nothing newer to resume from) and exits 75; the requeued run starts at step 0.
+# during_save (SIGUSR1 to rank 1 while the save of step 3 (ckpt.every=3) is slow,
+# test.save-delay-s): that save is the drained checkpoint; the job drains at step 3 without
+# training and saving step 4.
 source "$(dirname "$0")/lib.sh"
 
 EXTRA=() WAIT_STEPS=3 STEPS=100000
@@ -24,6 +30,8 @@ case "$MODE" in
   usr1 | log_complete) SIG=USR1 RANK=1 ;;
   term) SIG=TERM RANK=0 ;;
   no_dir) SIG=USR1 RANK=1 ;;
+  startup) SIG=USR1 RANK=1 WAIT_STEPS=0 EXTRA=(--test.start-delay-s=8) ;;
+  during_save) SIG=USR1 RANK=1 EXTRA=(--ckpt.every=3 --test.save-delay-s=4) ;;
   after_failed_async)
     SIG=USR1 RANK=1 WAIT_STEPS=5
     EXTRA=(--ckpt.async=true --ckpt.every=2 --test.fail-save-at-step=4 --test.hold-at-step=5)
@@ -41,15 +49,31 @@ timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data
 job=$!
 
 # Wait for WAIT_STEPS logged steps (the job is training) or for the job to end early.
-for _ in $(seq 600); do
-  [ -f L.jsonl ] && [ "$(wc -l <L.jsonl)" -ge "$WAIT_STEPS" ] && break
-  kill -0 "$job" 2>/dev/null || break
-  sleep 0.1
-done
-[ -f L.jsonl ] && [ "$(wc -l <L.jsonl)" -ge "$WAIT_STEPS" ] ||
-  fail "the run logged fewer than $WAIT_STEPS steps"
+if [ "$WAIT_STEPS" -gt 0 ]; then
+  for _ in $(seq 600); do
+    [ -f L.jsonl ] && [ "$(wc -l <L.jsonl)" -ge "$WAIT_STEPS" ] && break
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -f L.jsonl ] && [ "$(wc -l <L.jsonl)" -ge "$WAIT_STEPS" ] ||
+    fail "the run logged fewer than $WAIT_STEPS steps"
+fi
 
 ranks_re="--train\.log-file=$WORK/L\.jsonl( |\$)"
+if [ "$MODE" = startup ]; then
+  # Both ranks have started and caught SIGUSR1 (SigCgt bit 10), within their 8 s start-up wait.
+  for _ in $(seq 250); do
+    n=0
+    for p in $(pgrep -f -- "^$BIN .*$ranks_re"); do
+      mask=$(sed -n 's/^SigCgt:\s*//p' "/proc/$p/status" 2>/dev/null)
+      [ -n "$mask" ] && (((16#$mask >> 9) & 1)) && n=$((n + 1))
+    done
+    [ "$n" -ge 2 ] && break
+    sleep 0.02
+  done
+  [ "$n" -ge 2 ] || fail "the ranks did not start (or catch SIGUSR1) in time"
+  grep -q "starting from step\|^step " L.out && fail "the run was past its start-up: $(cat L.out)"
+fi
 echo "rank processes: $(pgrep -f -- "^$BIN .*$ranks_re" | tr '\n' ' ')"
 pid=$(rank_pid_of "$ranks_re" "$RANK")
 if [ -z "$pid" ]; then
@@ -78,6 +102,15 @@ if [ "$MODE" = no_dir ]; then
   finish
 fi
 expect_rc L 75
+if [ "$MODE" = startup ]; then
+  expect_line L "^dt_train: drained at step 0 \(before its first step: the checkpoints in .*/D are where it resumes\), exit code 75$"
+  [ -z "$(files_in "$D")" ] || fail "files in the checkpoint directory: $(files_in "$D")"
+  train R 2 --train.steps=3 --ckpt.dir="$D" --train.log-file="$WORK/R.jsonl"
+  expect_rc R 0
+  steplog steps R.jsonl 1 3
+  expect_latest "$D" "step-3.h5"
+  finish
+fi
 N=$(sed -n 's/.*drained at step \([0-9][0-9]*\).*/\1/p' L.out | head -n1)
 if [ -z "$N" ]; then
   fail "no 'drained at step N' line"
@@ -88,6 +121,10 @@ echo "drained at step $N"
 [ "$(grep -c 'drained at step' L.out)" -eq 1 ] || fail "more than one 'drained' line"
 expect_file "$D/step-$N.h5"
 expect_latest "$D" "step-$N.h5"
+if [ "$MODE" = during_save ]; then
+  [ "$N" -eq 3 ] || fail "drained at step $N, expected 3, whose save the signal came during"
+  [ "$(wc -l <L.jsonl)" -eq 3 ] || fail "the drained run logged $(wc -l <L.jsonl) steps, expected 3"
+fi
 if [ "$MODE" = after_failed_async ]; then
   [ "$N" -eq 5 ] || fail "drained at step $N, expected the held step 5"
   expect_line L "ckpt: warning: an earlier background save failed: .*test\.fail-save-at-step: the save of step 4 .*; saving step 5 now"

@@ -209,12 +209,13 @@ no_job_groups() {
     fail "QoS record of job $1 left behind: $(hook_setting DT_QOS_STATE_DIR)/job-$1.conf"
 }
 
-# reference NAME STEPS ARGS...: an uninterrupted 2-rank run under mpiexec, step log NAME.jsonl.
+# reference NAME STEPS ARGS...: an uninterrupted 2-rank run (REF_RANKS ranks) under mpiexec, step
+# log NAME.jsonl.
 reference() {
   local name=$1 steps=$2
   shift 2
-  echo "=== $name: uninterrupted reference, mpiexec -n 2 dt_train --train.steps=$steps $*"
-  timeout -k 10 120 "${MPIEXEC[@]}" -n 2 "$BIN_DIR/dt_train" --config "$CONFIG" \
+  echo "=== $name: uninterrupted reference, mpiexec -n ${REF_RANKS:-2} dt_train --train.steps=$steps $*"
+  timeout -k 10 120 "${MPIEXEC[@]}" -n "${REF_RANKS:-2}" "$BIN_DIR/dt_train" --config "$CONFIG" \
     --data.path="$TEXT" --train.steps="$steps" --train.log-file="$WORK/$name.jsonl" "$@" \
     --qos.file=none >"$name.out" 2>&1
   local rc=$?

@@ -5,7 +5,11 @@
 #   batch:  scancel --batch --signal=USR1: to the batch shell, the path of --signal=B:USR1@T; the
 #           script passes it on to the ranks;
 #   resize: scancel --signal=USR1: to the ranks directly; the job is requeued held
-#           (DT_REQUEUE=hold), resized to 1 task (scontrol update) and released.
+#           (DT_REQUEUE=hold), resized to 1 task (scontrol update) and released;
+#   term:   scancel --batch --signal=TERM: to the batch shell, which passes it on as SIGUSR1
+#           (srun would end the step on its own SIGTERM, killing the ranks);
+#   one_task: a 1-task job (sbatch -n 1 under the script's --ntasks-per-node=2, for which Slurm
+#           shows NumTasks=2), scancel --signal=USR1: the requeued run keeps its 1 task.
 # The ranks drain (checkpoint, exit 75), the script requeues the job, the requeued run resumes
 # from the drained checkpoint and finishes. Every step is logged once over both runs, and the
 # losses (every step's, so the final one too) equal an uninterrupted 2-rank run's: within 1e-6
@@ -17,15 +21,18 @@ need_cluster
 # A global batch of 32 sequences: about 20 ms a step here.
 STEPS=100
 ARGS=(--train.steps="$STEPS" --train.batch=32 --train.log-every=20 --train.eval-every=50)
-reference A "$STEPS" "${ARGS[@]:1}"
 
+TASKS=2
 case "$MODE" in
   batch) env=() scancel_args=(--batch --signal=USR1) rtol=1e-6 ;;
   resize) env=(DT_REQUEUE=hold) scancel_args=(--signal=USR1) rtol=1e-4 ;;
+  term) env=() scancel_args=(--batch --signal=TERM) rtol=1e-6 ;;
+  one_task) env=() scancel_args=(--signal=USR1) rtol=1e-6 TASKS=1 REF_RANKS=1 ;;
   *) echo "unknown mode '$MODE'"; exit 2 ;;
 esac
+reference A "$STEPS" "${ARGS[@]:1}"
 [ ${#env[@]} -eq 0 ] || export "${env[@]}"
-submit P -n 2 -- "$CONFIG" --data.path="$TEXT" "${ARGS[@]}" --ckpt.dir="$WORK/ck" \
+submit P -n "$TASKS" -- "$CONFIG" --data.path="$TEXT" "${ARGS[@]}" --ckpt.dir="$WORK/ck" \
   --train.log-file="$WORK/P.jsonl" --test.hold-at-step=15
 [ -n "$JOB" ] || finish
 # Mid-training: 15 steps logged, most still to come; the ranks wait there (test.hold-at-step)
@@ -55,6 +62,7 @@ echo "drained at step $N"
 [ "$N" = 15 ] || fail "drained at step $N, expected 15 (the run waits there for the signal)"
 expect_line P "^dt_train: test.hold-at-step: step 15 done, waiting for a drain signal"
 [ "$MODE" != batch ] || expect_line P "^dt-train: SIGUSR1: asking the ranks to drain"
+[ "$MODE" != term ] || expect_line P "^dt-train: SIGTERM: asking the ranks to drain"
 expect_line P "^dt-train: drained; requeueing job $JOB"
 expect_line P "^dt-train: job $JOB restart 1: resuming"
 expect_line P "ckpt: resumed from .*/ck/step-$N\\.h5 at step $N "
@@ -63,6 +71,11 @@ if [ "$MODE" = resize ]; then
   expect_line P "^dt-train: the job now has 1 tasks \\(the first run had 2\\)"
   # The first run's line says 2 ranks, the resumed run's 1.
   [ "$(grep -E '^dt_train: [0-9]+ ranks,' P.out | sed 's/ ranks,.*//; s/.* //' | tr '\n' ' ')" = "2 1 " ] ||
+    fail "rank counts of the two runs: $(grep -E '^dt_train: [0-9]+ ranks,' P.out | tr '\n' ';')"
+fi
+if [ "$MODE" = one_task ]; then
+  expect_line P "^dt-train: the job keeps its 1 tasks \\(Slurm counts 2: 2 per node x 1 node\\(s\\)\\)"
+  [ "$(grep -E '^dt_train: [0-9]+ ranks,' P.out | sed 's/ ranks,.*//; s/.* //' | tr '\n' ' ')" = "1 1 " ] ||
     fail "rank counts of the two runs: $(grep -E '^dt_train: [0-9]+ ranks,' P.out | tr '\n' ';')"
 fi
 steplog steps P.jsonl 1 "$STEPS"

@@ -124,6 +124,8 @@ hook prolog 103 "dt-qos=platinum"
 hook prolog 104
 hook prolog 108
 hook prolog 109
+# A comment with lines of its own, one shaped like the record's: the record gets no line from it.
+hook prolog 110 $'dt-qos=high=x\ntier=realtime\ndt-qos=requested=y\ncgroup=/tmp'
 sed 's/^/    /' "$WORK/qos.log"
 record_has 101 "tier=high"
 record_has 101 "source=comment"
@@ -142,6 +144,14 @@ record_has 108 "tier=best_effort"
 record_has 108 "source=slurm-qos normal"
 record_has 109 "tier=best_effort"
 record_has 109 "source=default"
+record_has 110 "tier=best_effort"
+# Each key of a record once (cgroup= once a group, each of this job), and requested= one word.
+bad=$(grep -v '^#' "$WORK/state/job-110.conf" | grep -Ev '^cgroup=.*/dt/job_110$' |
+  sed 's/=.*//' | sort | uniq -c | awk '$1 > 1 || $2 !~ /^(job|tier|requested|source|weight|fifo|cpus|mems|mode|rt_runtime_us)$/')
+[ -z "$bad" ] && ! grep -q '^cgroup=/tmp$' "$WORK/state/job-110.conf" ||
+  fail "the comment of job 110 put lines into its record: $(tr '\n' ';' <"$WORK/state/job-110.conf")"
+grep -Eq '^requested=[A-Za-z0-9_.+?-]+$' "$WORK/state/job-110.conf" ||
+  fail "job 110's requested= line is not one word: $(grep requested "$WORK/state/job-110.conf")"
 if [ "$MODE" = v2 ]; then
   for f in "$T/cgroup.subtree_control" "$T/dt/cgroup.subtree_control"; do
     for c in cpu cpuset; do grep -qw "$c" "$f" || fail "$f does not enable $c"; done
@@ -176,7 +186,7 @@ fi
 echo "=== a prolog that died before its record (job 105), and the epilogs"
 hook prolog 105 "dt-qos=high"
 rm -f "$WORK/state/job-105.conf"
-for j in 101 102 103 104 105 108 109; do hook epilog $j; done
+for j in 101 102 103 104 105 108 109 110; do hook epilog $j; done
 grep "epilog" "$WORK/qos.log" | sed 's/^/    /'
 left=$(find "$T" -name 'job_*' | tr '\n' ' ')
 [ -z "$left" ] || fail "groups left after the epilogs: $left"
