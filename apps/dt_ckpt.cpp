@@ -514,7 +514,14 @@ int verify_and_report(dt::Runtime& rt, const Args& a, const std::string& path,
   const Probe p = probe(path);
   const dt::security::Keys* keys = a.keys();
   const std::string enc = p.opens ? dt::checkpoint_encryption(path) : "";
-  const auto problems = dt::verify_file(rt.world(), path, keys);
+  auto problems = dt::verify_file(rt.world(), path, keys);
+  // The checks above read through MPI-IO; a file that HDF5's default driver cannot open (as
+  // h5py, h5dump, inspect and export open it: a damaged superblock field MPI-IO does not use,
+  // say) is damaged all the same.
+  if (!p.opens)
+    problems.push_back(
+        "HDF5's default (serial) driver cannot open the file or list its datasets: "
+        "its superblock or metadata is damaged");
   if (rt.rank() != 0) return problems.empty() ? 0 : 1;
   if (problems.empty()) {
     const std::string how =

@@ -124,6 +124,35 @@ json entry_json(const Entry& e, std::int64_t now) {
   return j;
 }
 
+// The operation a rank waits in, from its answer: the oldest of its records still in flight.
+struct Waiting {
+  bool found = false;
+  std::string comm, op;
+  std::uint64_t seq = 0;
+  int peer = -1;  // point-to-point: the rank it waits for
+  std::string text() const {
+    return op + (peer >= 0 ? " from rank " + std::to_string(peer) : " #" + std::to_string(seq)) +
+           " on " + comm;
+  }
+};
+Waiting waiting_in(const json& state) {
+  Waiting w;
+  if (!state.is_object() || !state.contains("records") || !state["records"].is_array()) return w;
+  double oldest = -1;
+  for (const json& r : state["records"]) {
+    if (!r.is_object() || !r.value("in_flight", false)) continue;
+    const double age = r.value("started_s_ago", 0.0);
+    if (age <= oldest) continue;
+    oldest = age;
+    w.found = true;
+    w.comm = r.value("comm", std::string());
+    w.op = r.value("op", std::string());
+    w.seq = r.value("seq", std::uint64_t{0});
+    w.peer = r.value("peer", -1);
+  }
+  return w;
+}
+
 std::string describe(const Entry& e) {
   std::ostringstream s;
   s << e.op;
@@ -150,6 +179,10 @@ std::string state_with(int rank, std::size_t max_records) {
   json comms = json::object();
   for (const auto& [name, p] : r.comms)
     comms[name] = {{"started", p.started}, {"completed", p.completed}, {"last_op", p.op}};
+  // A communicator this rank is a member of but never used: none started (a rank that others
+  // wait for there may never have come to it).
+  for (const auto& [name, world_ranks] : r.members)
+    if (!comms.contains(name)) comms[name] = {{"started", 0}, {"completed", 0}, {"last_op", ""}};
   j["comms"] = comms;
   json recs = json::array();
   const std::uint64_t n = std::min<std::uint64_t>({r.next, kRecords, max_records});
@@ -462,19 +495,26 @@ struct Watchdog::Impl {
       }
     }
     json ranks = json::array();
-    std::vector<int> missing;
+    std::vector<json> state(static_cast<std::size_t>(size));
+    std::vector<int> missing;  // the ranks the operation waits for: not reached it, or silent
+    std::vector<int> lagging, silent;
     std::ostringstream detail;
     for (int q = 0; q < size; ++q) {
       const auto k = static_cast<std::size_t>(q);
       json st = json::parse(replies[k], nullptr, false);
+      if (answered[k] && !st.is_discarded()) state[k] = st;
       if (!member[k]) {  // not in the communicator: its state is in the dump, no verdict on it
         ranks.push_back(st.is_discarded() ? json{{"rank", q}, {"answer", nullptr}} : st);
         continue;
       }
       if (!answered[k] || st.is_discarded()) {
-        missing.push_back(q);
+        // No answer says nothing about where it is: stopped, or stuck where its watchdog cannot
+        // reply (inside MPI, say). A point-to-point operation waits for its peer only.
+        if (e.peer < 0 || q == e.peer) {
+          missing.push_back(q);
+          silent.push_back(q);
+        }
         ranks.push_back({{"rank", q}, {"answer", nullptr}});
-        detail << "; rank " << q << ": no answer";
         continue;
       }
       std::uint64_t started = 0;
@@ -482,6 +522,7 @@ struct Watchdog::Impl {
         started = st["comms"][e.comm].value("started", std::uint64_t{0});
       if (e.peer >= 0 ? q == e.peer : started < e.seq) {
         missing.push_back(q);
+        lagging.push_back(q);
         detail << "; rank " << q << ": ";
         if (e.peer < 0) detail << "last " << e.comm << " collective #" << started << ", ";
         detail << "now " << st.value("activity", std::string("?"));
@@ -489,6 +530,70 @@ struct Watchdog::Impl {
         if (step >= 0) detail << " at step " << step;
       }
       ranks.push_back(st);
+    }
+    // A rank waited for may itself wait, in an operation of its own, for others (a pipeline
+    // stage for the stage before it, which waits in a tensor-parallel collective for a member
+    // that stopped): the waits are followed to the ranks that wait for nobody (busy elsewhere,
+    // silent, or stuck inside an operation the others have passed). Those are named.
+    std::vector<char> seen(static_cast<std::size_t>(size), 0);
+    seen[static_cast<std::size_t>(rank)] = 1;
+    for (int q : missing) seen[static_cast<std::size_t>(q)] = 1;
+    std::vector<int> todo = lagging, roots = silent;
+    std::ostringstream chain;
+    json waits = json::array();
+    for (std::size_t i = 0; i < todo.size(); ++i) {
+      const int q = todo[i];
+      const Waiting w = waiting_in(state[static_cast<std::size_t>(q)]);
+      std::vector<int> on;  // the ranks w waits for
+      if (w.found && w.peer >= 0 && w.peer < size && w.peer != q) {
+        on.push_back(w.peer);
+      } else if (w.found) {
+        for (int p = 0; p < size; ++p) {
+          const json& ps = state[static_cast<std::size_t>(p)];
+          if (p == q || !ps.is_object() || !ps.contains("comms") || !ps["comms"].contains(w.comm))
+            continue;
+          if (ps["comms"][w.comm].value("started", std::uint64_t{0}) < w.seq) on.push_back(p);
+        }
+      }
+      if (on.empty()) {
+        roots.push_back(q);
+        continue;
+      }
+      chain << "; rank " << q << " waits in " << w.text() << " for rank";
+      if (on.size() > 1) chain << "s";
+      for (std::size_t j = 0; j < on.size(); ++j) chain << (j ? "," : " ") << on[j];
+      waits.push_back({{"rank", q}, {"waits_in", w.text()}, {"for", on}});
+      for (int p : on) {
+        const auto k = static_cast<std::size_t>(p);
+        if (seen[k]) continue;
+        seen[k] = 1;
+        if (state[k].is_object()) {
+          todo.push_back(p);
+        } else {
+          roots.push_back(p);
+          chain << "; rank " << p << ": no answer";
+        }
+      }
+    }
+    std::sort(roots.begin(), roots.end());
+    roots.erase(std::unique(roots.begin(), roots.end()), roots.end());
+    const bool followed = waits.size() > 0;
+    if (followed) {
+      chain << "; the waits lead to rank";
+      if (roots.size() != 1) chain << "s";
+      for (std::size_t j = 0; j < roots.size(); ++j) chain << (j ? "," : " ") << roots[j];
+      for (int q : roots) {
+        const json& st = state[static_cast<std::size_t>(q)];
+        if (!st.is_object() || std::find(lagging.begin(), lagging.end(), q) != lagging.end())
+          continue;  // silent, or described above already
+        chain << "; rank " << q << ": now " << st.value("activity", std::string("?"));
+        const std::int64_t step = st.value("step", std::int64_t{-1});
+        if (step >= 0) chain << " at step " << step;
+        const Waiting w = waiting_in(st);
+        if (w.found) chain << ", inside " << w.text();
+      }
+      dump["waits"] = waits;
+      dump["root_ranks"] = roots;
     }
     dump["missing_ranks"] = missing;
     dump["ranks"] = ranks;
@@ -499,6 +604,12 @@ struct Watchdog::Impl {
     } catch (const std::exception& ex) {
       written = std::string("not written (") + ex.what() + ")";
     }
+    auto list = [](const std::vector<int>& v) {
+      std::ostringstream o;
+      o << (v.size() == 1 ? "rank " : "ranks ");
+      for (std::size_t i = 0; i < v.size(); ++i) o << (i ? "," : "") << v[i];
+      return o.str();
+    };
     std::ostringstream line;
     line << "dt watchdog: rank " << rank << ": " << what;
     if (!members_text.empty()) line << " of world ranks " << members_text;
@@ -506,13 +617,20 @@ struct Watchdog::Impl {
     if (missing.empty()) {
       line << (members_text.empty() ? "every rank" : "every member")
            << " has reached it (stuck inside the collective)";
-    } else if (e.peer >= 0 && missing.size() == 1 && missing[0] == e.peer) {
-      line << "rank " << e.peer << " has not sent it" << detail.str();
+    } else if (e.peer >= 0) {
+      line << "rank " << e.peer << " has not sent it"
+           << (silent.empty() ? ""
+                              : " and did not answer (stopped, or stuck where its watchdog "
+                                "cannot reply)");
     } else {
-      line << (missing.size() == 1 ? "rank " : "ranks ");
-      for (std::size_t i = 0; i < missing.size(); ++i) line << (i ? "," : "") << missing[i];
-      line << (missing.size() == 1 ? " has" : " have") << " not reached it" << detail.str();
+      if (!lagging.empty())
+        line << list(lagging) << (lagging.size() == 1 ? " has" : " have") << " not reached it";
+      if (!silent.empty())
+        line << (lagging.empty() ? "" : "; ") << list(silent)
+             << " did not answer (stopped, or stuck where "
+             << (silent.size() == 1 ? "its watchdog" : "their watchdogs") << " cannot reply)";
     }
+    line << detail.str() << chain.str();
     line << "; dump: " << written << "; aborting the job";
     std::fprintf(stderr, "%s\n", line.str().c_str());
     std::fflush(stderr);

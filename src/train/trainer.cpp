@@ -977,16 +977,17 @@ void Trainer::stall_for_test(const char* what) {
 }
 
 StepStats Trainer::step() {
+  // The watchdog's activities within a step name it as the progress lines do (from 1).
   const trace::Scope step_scope("step", "train", "step", step_);
   const auto t0 = std::chrono::steady_clock::now();
   const int T = c_.model.block;
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   const float scale = static_cast<float>(loss_scale / (static_cast<double>(c_.batch) * T));
   if (c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step) {
-    watchdog::set_activity("test.stall-rank: stopped before the step", step_);
+    watchdog::set_activity("test.stall-rank: stopped before the step", step_ + 1);
     stall_for_test("test.stall-rank: stopping before the step");
   }
-  watchdog::set_activity("forward and backward", step_);
+  watchdog::set_activity("forward and backward", step_ + 1);
   double loss_sum = 0;
   if (zero_) zero_->begin_step();
   if (engine_) {
@@ -1028,17 +1029,18 @@ StepStats Trainer::step() {
     }
   }
   if (zero_ && !engine_) {
-    watchdog::set_activity("gradient reduce_scatter wait", step_);
+    watchdog::set_activity("gradient reduce_scatter wait", step_ + 1);
     zero_->finish_grads();
   }
   if (comm_.size() > 1) {
     if (c_.test_skip_collective == comm_.rank() && step_ == c_.test_skip_step) {
-      watchdog::set_activity("test.skip-collective: waiting instead of the loss all_reduce", step_);
+      watchdog::set_activity("test.skip-collective: waiting instead of the loss all_reduce",
+                             step_ + 1);
       stall_for_test("test.skip-collective: skipping the loss all_reduce");
     }
-    watchdog::set_activity("loss all_reduce", step_);
+    watchdog::set_activity("loss all_reduce", step_ + 1);
     coll().all_reduce(view_of(&loss_sum, 1), ReduceOp::sum);
-    watchdog::set_activity("gradient all_reduce wait", step_);
+    watchdog::set_activity("gradient all_reduce wait", step_ + 1);
     const trace::Scope wait_scope("gradient all_reduce wait", "comm");
     if (buckets_) buckets_->finish();
     // A tensor used on the first and the last stage (wte) gets both stages' gradients
@@ -1051,7 +1053,7 @@ StepStats Trainer::step() {
         }
   }
   if (zero_ && engine_) {
-    watchdog::set_activity("gradient reduce_scatter wait", step_);
+    watchdog::set_activity("gradient reduce_scatter wait", step_ + 1);
     if (zero_->stage() == 1)  // the stage's gradients, tied ones complete: every unit at once
       for (int u = 0; u < static_cast<int>(zero_->units().size()); ++u)
         zero_->grads_final(u, engine_->grad_data() + zero_->unit_offset(u));
@@ -1064,7 +1066,7 @@ StepStats Trainer::step() {
           tied_comm().all_reduce(
               view_of(zero_->grads() + zero_->unit_local(u), zero_->unit_slice(u)), ReduceOp::sum);
   }
-  watchdog::set_activity("optimizer", step_);
+  watchdog::set_activity("optimizer", step_ + 1);
   StepStats s;
   s.step = step_;
   s.loss = loss_sum / (static_cast<double>(c_.batch) * T);
@@ -1190,6 +1192,7 @@ double Trainer::pipeline_step(float scale) {
 
 double Trainer::loss_over(const std::vector<std::size_t>& starts) {
   const trace::Scope eval_scope("evaluate", "train");
+  watchdog::set_activity("evaluation", step_);
   const int T = c_.model.block;
   const std::int64_t total = static_cast<std::int64_t>(starts.size());
   // Windows are shared out over the data-parallel ranks; a pipeline runs them stage by stage.
@@ -1234,6 +1237,7 @@ double Trainer::evaluate() { return eval_starts_.empty() ? std::nan("") : loss_o
 
 std::vector<std::int32_t> Trainer::sample(const std::vector<std::int32_t>& prompt, std::int64_t n,
                                           double temperature, std::uint64_t seed) {
+  watchdog::set_activity("sampling", step_);
   std::vector<std::int32_t> seq = prompt;
   if (seq.empty()) seq.push_back(0);
   std::uint64_t state = seed ^ 0x5851f42d4c957f2dULL;
@@ -1522,6 +1526,7 @@ void Trainer::state_to_device() {
 }
 
 std::string Trainer::resume_from_checkpoint() {
+  watchdog::set_activity("checkpoint load");
   if (c_.ckpt_resume == "none" || (c_.ckpt_resume == "auto" && c_.ckpt_dir.empty())) return "";
   std::string used;
   const watchdog::LimitScope limit(c_.ckpt_timeout_s);  // the reads wait for the slowest rank

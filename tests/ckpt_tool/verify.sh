@@ -32,4 +32,16 @@ printf '\x07' | dd of="$WORK/header.h5" bs=1 seek="$addr" conv=notrunc status=no
 run "$DT_CKPT" verify "$WORK/header.h5"
 expect_rc 1 "damaged object header"
 expect_line "^FAILED: $WORK/header.h5 "
+# One bit of the superblock's driver-information address (byte 53) flipped: MPI-IO, which the
+# checks read through, does not use it, but HDF5's default driver (inspect, export, h5py) cannot
+# open the file: damaged (exit 1), not "ok" with no datasets.
+cp "$CKPT" "$WORK/super.h5" || fail copy
+python3 -c "import sys; f = open(sys.argv[1], 'r+b'); f.seek(53); b = f.read(1)[0]; f.seek(53); f.write(bytes([b ^ 1]))" \
+  "$WORK/super.h5" || fail "flipping byte 53"
+run "$DT_CKPT" inspect "$WORK/super.h5"
+[ "$RC" -ne 0 ] ||
+  fail "inspect still opens the copy with byte 53 flipped (the superblock is laid out otherwise)"
+run "$DT_CKPT" verify "$WORK/super.h5"
+expect_rc 1 "superblock field flipped"
+expect_line "^  HDF5's default \(serial\) driver cannot open the file or list its datasets"
 pass "verify"

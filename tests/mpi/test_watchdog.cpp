@@ -18,6 +18,11 @@
 //                        (2 s) must name rank 1 alone, judging the members of rank 0's tp group
 //                        only: ranks 2 and 3 have no part in it, and rank 3 has run nothing on a
 //                        communicator named like it.
+//   test_watchdog chain  4 ranks, waits that lead to one rank: rank 3 receives from rank 2, which
+//                        receives from rank 0 (as pipeline stages do), which waits in a tp
+//                        all_reduce ({0,1}) that rank 1 never joins; rank 1 computes. Rank 3's
+//                        receive is the oldest, so rank 3's watchdog reports first: its peer is
+//                        rank 2, but the line must follow the waits and name rank 1.
 #include <mpi.h>
 #include <signal.h>
 #include <spawn.h>
@@ -143,6 +148,48 @@ int groups_case() {
   return 1;
 }
 
+int chain_case() {
+  dt::watchdog::Settings s;
+  s.timeout_s = 2;
+  s.dump_dir = "/tmp";
+  dt::watchdog::Watchdog wd(MPI_COMM_WORLD, s);
+  auto world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
+  const int me = world->rank();
+  if (world->size() != 4) {
+    std::printf("usage: mpiexec -n 4 test_watchdog chain\n");
+    return 2;
+  }
+  auto tp = world->split_mpi(me / 2, me);
+  MPI_Comm p2p;
+  MPI_Comm_dup(MPI_COMM_WORLD, &p2p);
+  world->barrier();
+  const auto t0 = Clock::now();
+  // A receive recorded as the pipeline records its own (the peer it waits for), that never ends.
+  auto receive_from = [&](int from) {
+    const dt::watchdog::OpRecord rec("pipeline", 0, "recv", "p2p", dt::DType::f32, 1, -1, from);
+    float x = 0;
+    MPI_Recv(&x, 1, MPI_FLOAT, from, 7, p2p, MPI_STATUS_IGNORE);
+  };
+  float x = 1;
+  if (me == 3) {
+    dt::watchdog::set_activity("test: receiving from rank 2");
+    receive_from(2);
+  } else if (me == 2) {
+    sleep_until_after(t0, 0.4);
+    dt::watchdog::set_activity("test: receiving from rank 0");
+    receive_from(0);
+  } else if (me == 0) {
+    sleep_until_after(t0, 0.8);
+    dt::watchdog::set_activity("test: tp all_reduce");
+    tp->all_reduce(dt::view_of(&x, 1), dt::ReduceOp::sum);  // rank 1 never comes
+  } else {
+    dt::watchdog::set_activity("test: computing", 3);
+    sleep_until_after(t0, 20);
+  }
+  std::printf("FAIL: rank %d: the watchdog did not end the job\n", me);
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,8 +205,10 @@ int main(int argc, char** argv) {
     rc = late_case();
   } else if (mode == "groups") {
     rc = groups_case();
+  } else if (mode == "chain") {
+    rc = chain_case();
   } else {
-    std::printf("usage: test_watchdog stop|stop_early|late|groups\n");
+    std::printf("usage: test_watchdog stop|stop_early|late|groups|chain\n");
   }
   MPI_Finalize();
   return rc;

@@ -73,6 +73,11 @@ if mode == "skip":
     assert c["op"] == "all_reduce" and c["comm"] == "world" and c["seq"] > 0, c
     assert ranks[skip]["comms"]["world"]["started"] < c["seq"]
     assert "skip-collective" in ranks[skip]["activity"]
+    # The others wait in the loss all_reduce of the step the progress lines call 3 (the third,
+    # test.skip-step 2 counted from 0).
+    for q, r in ranks.items():
+        if q != skip:
+            assert (r["activity"], r["step"]) == ("loss all_reduce", 3), (q, r["activity"], r["step"])
 elif mode == "pipe":
     assert d["missing_ranks"] == [skip], d["missing_ranks"]
     assert c["op"] == "recv" and c["comm"] == "pipeline" and c["peer"] == skip, c
