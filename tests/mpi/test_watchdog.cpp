@@ -32,6 +32,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -120,17 +121,31 @@ int late_case() {
   return 1;
 }
 
-int groups_case() {
-  dt::watchdog::Settings s;
-  s.timeout_s = 2;
-  s.dump_dir = "/tmp";
-  dt::watchdog::Watchdog wd(MPI_COMM_WORLD, s);
-  auto world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
-  const int me = world->rank();
-  if (world->size() != 4) {
-    std::printf("usage: mpiexec -n 4 test_watchdog groups\n");
-    return 2;
+// The 4-rank cases: a watchdog of 2 s and the world communicator ("world").
+struct FourRanks {
+  dt::watchdog::Watchdog wd;
+  std::unique_ptr<dt::MpiComm> world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
+  int me = world->rank();
+  static dt::watchdog::Settings settings() {
+    dt::watchdog::Settings s;
+    s.timeout_s = 2;
+    s.dump_dir = "/tmp";
+    return s;
   }
+  FourRanks() : wd(MPI_COMM_WORLD, settings()) {}
+  // False (with a usage line) unless the job has 4 ranks.
+  bool ok(const char* mode) const {
+    if (world->size() == 4) return true;
+    std::printf("usage: mpiexec -n 4 test_watchdog %s\n", mode);
+    return false;
+  }
+};
+
+int groups_case() {
+  FourRanks f;
+  if (!f.ok("groups")) return 2;
+  auto& world = f.world;
+  const int me = f.me;
   auto dp = world->split_mpi(me % 2, me);
   auto tp = world->split_mpi(me / 2, me);
   float x = 1;
@@ -149,16 +164,10 @@ int groups_case() {
 }
 
 int chain_case() {
-  dt::watchdog::Settings s;
-  s.timeout_s = 2;
-  s.dump_dir = "/tmp";
-  dt::watchdog::Watchdog wd(MPI_COMM_WORLD, s);
-  auto world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
-  const int me = world->rank();
-  if (world->size() != 4) {
-    std::printf("usage: mpiexec -n 4 test_watchdog chain\n");
-    return 2;
-  }
+  FourRanks f;
+  if (!f.ok("chain")) return 2;
+  auto& world = f.world;
+  const int me = f.me;
   auto tp = world->split_mpi(me / 2, me);
   MPI_Comm p2p;
   MPI_Comm_dup(MPI_COMM_WORLD, &p2p);
