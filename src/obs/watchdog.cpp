@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <map>
 #include <mutex>
@@ -306,6 +307,24 @@ struct Watchdog::Impl {
   };
   std::vector<std::unique_ptr<Sent>> sent;
   bool traced = false;  // the timeline was written on a query
+  std::vector<std::string> hosts;  // every rank's host, gathered at construction
+
+  // "rank 1 (on n2)", "ranks 2,3 (on n2)", "ranks 1,5 (on n1, n3)": the ranks a line names, with
+  // their hosts (known for ranks that do not answer too).
+  std::string ranks_on(const std::vector<int>& v) const {
+    std::ostringstream o;
+    std::vector<std::string> on;
+    o << (v.size() == 1 ? "rank " : "ranks ");
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      o << (i ? "," : "") << v[i];
+      const std::string& h = hosts.at(static_cast<std::size_t>(v[i]));
+      if (std::find(on.begin(), on.end(), h) == on.end()) on.push_back(h);
+    }
+    o << " (on ";
+    for (std::size_t i = 0; i < on.size(); ++i) o << (i ? ", " : "") << on[i];
+    o << ")";
+    return o.str();
+  }
 
   void post_query_recv() {
     MPI_Irecv(qbuf.data(), kMaxMessage, MPI_CHAR, MPI_ANY_SOURCE, kTagQuery, comm, &qreq);
@@ -579,9 +598,7 @@ struct Watchdog::Impl {
     roots.erase(std::unique(roots.begin(), roots.end()), roots.end());
     const bool followed = waits.size() > 0;
     if (followed) {
-      chain << "; the waits lead to rank";
-      if (roots.size() != 1) chain << "s";
-      for (std::size_t j = 0; j < roots.size(); ++j) chain << (j ? "," : " ") << roots[j];
+      chain << "; the waits lead to " << ranks_on(roots);
       for (int q : roots) {
         const json& st = state[static_cast<std::size_t>(q)];
         if (!st.is_object() || std::find(lagging.begin(), lagging.end(), q) != lagging.end())
@@ -604,12 +621,6 @@ struct Watchdog::Impl {
     } catch (const std::exception& ex) {
       written = std::string("not written (") + ex.what() + ")";
     }
-    auto list = [](const std::vector<int>& v) {
-      std::ostringstream o;
-      o << (v.size() == 1 ? "rank " : "ranks ");
-      for (std::size_t i = 0; i < v.size(); ++i) o << (i ? "," : "") << v[i];
-      return o.str();
-    };
     std::ostringstream line;
     line << "dt watchdog: rank " << rank << ": " << what;
     if (!members_text.empty()) line << " of world ranks " << members_text;
@@ -618,15 +629,15 @@ struct Watchdog::Impl {
       line << (members_text.empty() ? "every rank" : "every member")
            << " has reached it (stuck inside the collective)";
     } else if (e.peer >= 0) {
-      line << "rank " << e.peer << " has not sent it"
+      line << ranks_on({e.peer}) << " has not sent it"
            << (silent.empty() ? ""
                               : " and did not answer (stopped, or stuck where its watchdog "
                                 "cannot reply)");
     } else {
       if (!lagging.empty())
-        line << list(lagging) << (lagging.size() == 1 ? " has" : " have") << " not reached it";
+        line << ranks_on(lagging) << (lagging.size() == 1 ? " has" : " have") << " not reached it";
       if (!silent.empty())
-        line << (lagging.empty() ? "" : "; ") << list(silent)
+        line << (lagging.empty() ? "" : "; ") << ranks_on(silent)
              << " did not answer (stopped, or stuck where "
              << (silent.size() == 1 ? "its watchdog" : "their watchdogs") << " cannot reply)";
     }
@@ -649,6 +660,19 @@ Watchdog::Watchdog(MPI_Comm world, const Settings& s) : impl_(std::make_unique<I
   DT_CHECK(Error, MPI_Comm_dup(world, &m.comm) == MPI_SUCCESS, "watchdog: MPI_Comm_dup failed");
   MPI_Comm_rank(m.comm, &m.rank);
   MPI_Comm_size(m.comm, &m.size);
+  // Every rank's host, for the line that names the ranks a hang waits for: also those that will
+  // not answer then (a node that stopped).
+  constexpr int kHost = 64;
+  char host[kHost] = {0};
+  gethostname(host, kHost - 1);
+  std::vector<char> all(static_cast<std::size_t>(kHost) * static_cast<std::size_t>(m.size));
+  DT_CHECK(Error,
+           MPI_Allgather(host, kHost, MPI_CHAR, all.data(), kHost, MPI_CHAR, m.comm) == MPI_SUCCESS,
+           "watchdog: MPI_Allgather of the host names failed");
+  for (int q = 0; q < m.size; ++q) {
+    const char* h = all.data() + static_cast<std::size_t>(q) * kHost;
+    m.hosts.emplace_back(h, strnlen(h, kHost));
+  }
   m.born = now_ns();
   m.thread = std::thread([&m] { m.loop(); });
 }

@@ -11,7 +11,7 @@ D=$WORK/D
 CKPT_TOOL=$(dirname "$BIN")/dt_ckpt
 
 # start_held NAME DIR: a 2-rank run into DIR in the background (pid in $job) that holds after
-# step 2 (before its save of step 2: step-1.h5 is there); waits until it holds.
+# step 2 (and its save of step 2: step-2.h5 is there); waits until it holds.
 start_held() {
   echo "=== $1: 2 ranks in the background: dt_train --ckpt.dir=$2 --test.hold-at-step=2"
   timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
@@ -122,5 +122,5 @@ done
 wait "$job"
 train R 2 --train.steps=3 --ckpt.every=1 --ckpt.dir="$WORK/K"
 expect_rc R 0
-expect_line R "resumed from .*K/step-1\.h5 at step 1 "
+expect_line R "resumed from .*K/step-2\.h5 at step 2 "
 finish

@@ -23,6 +23,9 @@
 //                        all_reduce ({0,1}) that rank 1 never joins; rank 1 computes. Rank 3's
 //                        receive is the oldest, so rank 3's watchdog reports first: its peer is
 //                        rank 2, but the line must follow the waits and name rank 1.
+//   test_watchdog silent 4 ranks: rank 3 stops its whole process (SIGSTOP) while the others wait
+//                        for it in an all_reduce on world. Its watchdog cannot answer: the line
+//                        says rank 3 did not answer, with its host (from the start of the job).
 #include <mpi.h>
 #include <signal.h>
 #include <spawn.h>
@@ -31,6 +34,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -199,6 +203,21 @@ int chain_case() {
   return 1;
 }
 
+int silent_case() {
+  FourRanks f;
+  if (!f.ok("silent")) return 2;
+  f.world->barrier();
+  if (f.me == 3) {
+    raise(SIGSTOP);  // the job's abort kills it (continuing it first, maybe: then it just ends)
+    std::_Exit(0);
+  }
+  float x = 1;
+  dt::watchdog::set_activity("test: all_reduce");
+  f.world->all_reduce(dt::view_of(&x, 1), dt::ReduceOp::sum);
+  std::printf("FAIL: rank %d: the watchdog did not end the job\n", f.me);
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -216,8 +235,10 @@ int main(int argc, char** argv) {
     rc = groups_case();
   } else if (mode == "chain") {
     rc = chain_case();
+  } else if (mode == "silent") {
+    rc = silent_case();
   } else {
-    std::printf("usage: test_watchdog stop|stop_early|late|groups|chain\n");
+    std::printf("usage: test_watchdog stop|stop_early|late|groups|chain|silent\n");
   }
   MPI_Finalize();
   return rc;

@@ -9,7 +9,9 @@
 #   term:   scancel --batch --signal=TERM: to the batch shell, which passes it on as SIGUSR1
 #           (srun would end the step on its own SIGTERM, killing the ranks);
 #   one_task: a 1-task job (sbatch -n 1 under the script's --ntasks-per-node=2, for which Slurm
-#           shows NumTasks=2), scancel --signal=USR1: the requeued run keeps its 1 task.
+#           shows NumTasks=2), scancel --signal=USR1: the requeued run keeps its 1 task;
+#   grow:   the same 1-task job, requeued held and grown to 2 tasks (NumTasks, TasksPerNode and
+#           NumCPUs) before its release: the restart runs 2 ranks.
 # The ranks drain (checkpoint, exit 75), the script requeues the job, the requeued run resumes
 # from the drained checkpoint and finishes. Every step is logged once over both runs, and the
 # losses (every step's, so the final one too) equal an uninterrupted 2-rank run's: within 1e-6
@@ -28,6 +30,7 @@ case "$MODE" in
   resize) env=(DT_REQUEUE=hold) scancel_args=(--signal=USR1) rtol=1e-4 ;;
   term) env=() scancel_args=(--batch --signal=TERM) rtol=1e-6 ;;
   one_task) env=() scancel_args=(--signal=USR1) rtol=1e-6 TASKS=1 REF_RANKS=1 ;;
+  grow) env=(DT_REQUEUE=hold) scancel_args=(--signal=USR1) rtol=1e-4 TASKS=1 REF_RANKS=1 ;;
   *) echo "unknown mode '$MODE'"; exit 2 ;;
 esac
 reference A "$STEPS" "${ARGS[@]:1}"
@@ -41,12 +44,17 @@ wait_lines P.jsonl 15 || finish
 echo "=== scancel ${scancel_args[*]} $JOB after $(wc -l <P.jsonl) logged steps"
 scancel "${scancel_args[@]}" "$JOB" || fail "scancel ${scancel_args[*]} $JOB failed"
 
-if [ "$MODE" = resize ]; then
+if [ "$MODE" = resize ] || [ "$MODE" = grow ]; then
   wait_state "$JOB" PENDING 60
-  echo "=== requeued held ($(job_field "$JOB" Reason)); resizing to 1 task and releasing"
+  echo "=== requeued held ($(job_field "$JOB" Reason)); resizing and releasing"
   [ "$(job_field "$JOB" Reason)" = job_requeued_in_held_state ] ||
     fail "the job is pending for '$(job_field "$JOB" Reason)', not requeued held"
-  scontrol update JobId="$JOB" NumTasks=1 TasksPerNode=1 || fail "scontrol update NumTasks=1"
+  if [ "$MODE" = resize ]; then
+    scontrol update JobId="$JOB" NumTasks=1 TasksPerNode=1 || fail "scontrol update NumTasks=1"
+  else
+    scontrol update JobId="$JOB" NumTasks=2 TasksPerNode=2 NumCPUs=2 ||
+      fail "scontrol update NumTasks=2"
+  fi
   scontrol release "$JOB" || fail "scontrol release $JOB"
 fi
 expect_end P "$JOB" COMPLETED
@@ -73,8 +81,14 @@ if [ "$MODE" = resize ]; then
   [ "$(grep -E '^dt_train: [0-9]+ ranks,' P.out | sed 's/ ranks,.*//; s/.* //' | tr '\n' ' ')" = "2 1 " ] ||
     fail "rank counts of the two runs: $(grep -E '^dt_train: [0-9]+ ranks,' P.out | tr '\n' ';')"
 fi
+if [ "$MODE" = grow ]; then
+  expect_line P "^dt-train: the job now has 2 tasks \\(the first run had 1\\)"
+  [ "$(grep -E '^dt_train: [0-9]+ ranks,' P.out | sed 's/ ranks,.*//; s/.* //' | tr '\n' ' ')" = "1 2 " ] ||
+    fail "rank counts of the two runs: $(grep -E '^dt_train: [0-9]+ ranks,' P.out | tr '\n' ';')"
+fi
 if [ "$MODE" = one_task ]; then
-  expect_line P "^dt-train: the job keeps its 1 tasks \\(Slurm counts 2: 2 per node x 1 node\\(s\\)\\)"
+  expect_line P "^dt-train: Slurm shows NumTasks=2, but the job's 1 CPU\\(s\\) hold 1 task\\(s\\) of 1 CPU\\(s\\)"
+  expect_no_line P "^dt-train: the job now has"
   [ "$(grep -E '^dt_train: [0-9]+ ranks,' P.out | sed 's/ ranks,.*//; s/.* //' | tr '\n' ' ')" = "1 1 " ] ||
     fail "rank counts of the two runs: $(grep -E '^dt_train: [0-9]+ ranks,' P.out | tr '\n' ';')"
 fi

@@ -51,10 +51,10 @@ took=$(awk -v a="$t_end" -v b="$t_skip" 'BEGIN { printf "%.1f", a - b }')
 awk -v t="$took" -v l="$timeout_s" 'BEGIN { exit !(t <= l + 10) }' || fail "the job ended ${took} s after the skip (limit $timeout_s + 10 s)"
 line=$(grep -m1 '^dt watchdog: ' "$log") || fail "no watchdog line"
 if [ "$mode" = skip ]; then
-  echo "$line" | grep -qE "all_reduce #[0-9]+ on world .* rank $skip has not reached it" ||
+  echo "$line" | grep -qE "all_reduce #[0-9]+ on world .* rank $skip \\(on $(hostname)\\) has not reached it" ||
     fail "the watchdog line does not name rank $skip and the all_reduce on world"
 elif [ "$mode" = pipe ]; then
-  echo "$line" | grep -qE "recv from rank $skip on pipeline .* rank $skip has not sent it; rank $skip: now test.stall-rank" ||
+  echo "$line" | grep -qE "recv from rank $skip on pipeline .* rank $skip \\(on $(hostname)\\) has not sent it; rank $skip: now test.stall-rank" ||
     fail "the watchdog line does not name the receive from rank $skip and what rank $skip does"
 else
   echo "$line" | grep -qE "save #1 on checkpoint .* every rank has reached it" ||
