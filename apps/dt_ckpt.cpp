@@ -520,8 +520,8 @@ int verify_and_report(dt::Runtime& rt, const Args& a, const std::string& path,
   // say) is damaged all the same.
   if (!p.opens)
     problems.push_back(
-        "HDF5's default (serial) driver cannot open the file or list its datasets: "
-        "its superblock or metadata is damaged");
+        "HDF5's default (serial) driver cannot open the file or list its datasets (a damaged "
+        "superblock or metadata; or a file system that refused it, as h5ls would show)");
   if (rt.rank() != 0) return problems.empty() ? 0 : 1;
   if (problems.empty()) {
     const std::string how =

@@ -9,8 +9,8 @@
 // 76 drained without ckpt.dir, nothing saved (not to be requeued);
 // 5 a sealed message failed authentication (security.seal: the rank names the peer and sequence).
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

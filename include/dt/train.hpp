@@ -266,7 +266,8 @@ class Trainer {
   std::int64_t step_ = 0;
   std::unique_ptr<AsyncCheckpointer> async_;
   std::int64_t last_saved_ = -1;
-  std::uint64_t saves_ = 0;  // synchronous saves so far (the watchdog's sequence numbers)
+  bool test_save_failed_ = false;  // test.fail-save-at-step has failed its save
+  std::uint64_t saves_ = 0;        // synchronous saves so far (the watchdog's sequence numbers)
   void log(const std::string& line) const;
   /// Mean loss over the validation windows starting at `starts`, shared out over the ranks.
   double loss_over(const std::vector<std::size_t>& starts);

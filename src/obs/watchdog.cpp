@@ -128,6 +128,7 @@ json entry_json(const Entry& e, std::int64_t now) {
 // The operation a rank waits in, from its answer: the oldest of its records still in flight.
 struct Waiting {
   bool found = false;
+  json group;  // of its communicator, where the rank's answer gives it
   std::string comm, op;
   std::uint64_t seq = 0;
   int peer = -1;  // point-to-point: the rank it waits for
@@ -151,6 +152,8 @@ Waiting waiting_in(const json& state) {
     w.seq = r.value("seq", std::uint64_t{0});
     w.peer = r.value("peer", -1);
   }
+  if (w.found && state.contains("comms") && state["comms"].contains(w.comm))
+    w.group = state["comms"][w.comm].value("group", json());
   return w;
 }
 
@@ -184,6 +187,12 @@ std::string state_with(int rank, std::size_t max_records) {
   // wait for there may never have come to it).
   for (const auto& [name, world_ranks] : r.members)
     if (!comms.contains(name)) comms[name] = {{"started", 0}, {"completed", 0}, {"last_op", ""}};
+  // Which group a name stands for: communicators split alike on different ranks may share a
+  // name (each node's "world/node"); the lowest world rank and the size tell them apart.
+  for (const auto& [name, world_ranks] : r.members)
+    if (!world_ranks.empty())
+      comms[name]["group"] = {*std::min_element(world_ranks.begin(), world_ranks.end()),
+                              world_ranks.size()};
   j["comms"] = comms;
   json recs = json::array();
   const std::uint64_t n = std::min<std::uint64_t>({r.next, kRecords, max_records});
@@ -306,18 +315,21 @@ struct Watchdog::Impl {
     std::string text;
   };
   std::vector<std::unique_ptr<Sent>> sent;
-  bool traced = false;  // the timeline was written on a query
+  bool traced = false;             // the timeline was written on a query
   std::vector<std::string> hosts;  // every rank's host, gathered at construction
 
   // "rank 1 (on n2)", "ranks 2,3 (on n2)", "ranks 1,5 (on n1, n3)": the ranks a line names, with
   // their hosts (known for ranks that do not answer too).
   std::string ranks_on(const std::vector<int>& v) const {
+    if (v.empty()) return "no rank";
     std::ostringstream o;
     std::vector<std::string> on;
     o << (v.size() == 1 ? "rank " : "ranks ");
     for (std::size_t i = 0; i < v.size(); ++i) {
       o << (i ? "," : "") << v[i];
-      const std::string& h = hosts.at(static_cast<std::size_t>(v[i]));
+      const std::string h = v[i] >= 0 && static_cast<std::size_t>(v[i]) < hosts.size()
+                                ? hosts[static_cast<std::size_t>(v[i])]
+                                : "?";
       if (std::find(on.begin(), on.end(), h) == on.end()) on.push_back(h);
     }
     o << " (on ";
@@ -339,6 +351,7 @@ struct Watchdog::Impl {
       auto m = std::make_unique<Sent>();
       m->text = state_with(rank, 64);
       if (m->text.size() >= static_cast<std::size_t>(kMaxMessage)) m->text = state_with(rank, 8);
+      if (m->text.size() >= static_cast<std::size_t>(kMaxMessage)) m->text = state_with(rank, 0);
       m->text.resize(std::min<std::size_t>(m->text.size(), kMaxMessage - 1));
       MPI_Isend(m->text.data(), static_cast<int>(m->text.size()), MPI_CHAR, st.MPI_SOURCE,
                 kTagReply, comm, &m->req);
@@ -571,7 +584,9 @@ struct Watchdog::Impl {
           const json& ps = state[static_cast<std::size_t>(p)];
           if (p == q || !ps.is_object() || !ps.contains("comms") || !ps["comms"].contains(w.comm))
             continue;
-          if (ps["comms"][w.comm].value("started", std::uint64_t{0}) < w.seq) on.push_back(p);
+          const json& pc = ps["comms"][w.comm];
+          if (!w.group.is_null() && pc.value("group", json()) != w.group) continue;  // another
+          if (pc.value("started", std::uint64_t{0}) < w.seq) on.push_back(p);
         }
       }
       if (on.empty()) {
@@ -597,7 +612,18 @@ struct Watchdog::Impl {
     std::sort(roots.begin(), roots.end());
     roots.erase(std::unique(roots.begin(), roots.end()), roots.end());
     const bool followed = waits.size() > 0;
-    if (followed) {
+    if (followed && roots.empty()) {
+      // Every rank waited for waits for another one of them: a cycle (two ranks calling
+      // collectives in different orders, or receiving from each other).
+      std::vector<int> in_cycle;
+      for (const json& w : waits) in_cycle.push_back(w.value("rank", -1));
+      if (std::find(in_cycle.begin(), in_cycle.end(), rank) == in_cycle.end())
+        in_cycle.push_back(rank);
+      std::sort(in_cycle.begin(), in_cycle.end());
+      chain << "; the waits form a cycle among " << ranks_on(in_cycle);
+      dump["waits"] = waits;
+      dump["cycle_ranks"] = in_cycle;
+    } else if (followed) {
       chain << "; the waits lead to " << ranks_on(roots);
       for (int q : roots) {
         const json& st = state[static_cast<std::size_t>(q)];

@@ -80,6 +80,23 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
+// A path as /proc/self/mountinfo writes it, with space, tab, newline and backslash as octal
+// escapes (\040 ...), decoded.
+std::string unescape(const std::string& s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const bool octal =
+        s[i] == '\\' && i + 3 < s.size() && s.find_first_not_of("01234567", i + 1) > i + 3;
+    if (octal) {
+      out += static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
 // The cgroup hierarchy a directory lies in: its path inside the hierarchy ("/a/b"), and how
 // /proc/PID/cgroup names the hierarchy (v2: ""; v1: its controllers, e.g. {"cpu", "cpuacct"}).
 struct CgroupPlace {
@@ -100,11 +117,12 @@ CgroupPlace cgroup_place(const std::string& dir) {
   while (std::getline(in, line)) {
     // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER-OPTIONS
     const std::vector<std::string> f = split(line, ' ');
-    const auto dash = std::find(f.begin(), f.end(), "-");
-    if (f.size() < 5 || dash == f.end() || f.end() - dash < 4) continue;
+    if (f.size() < 6) continue;
+    const auto dash = std::find(f.begin() + 6, f.end(), "-");  // after the optional fields
+    if (dash == f.end() || f.end() - dash < 4) continue;
     const std::string& fstype = *(dash + 1);
     if (fstype != "cgroup" && fstype != "cgroup2") continue;
-    const std::string &root = f[3], &point = f[4];
+    const std::string root = unescape(f[3]), point = unescape(f[4]);
     const bool under = dir == point || point == "/" ||
                        (dir.compare(0, point.size(), point) == 0 && dir[point.size()] == '/');
     if (!under || point.size() < best_len) continue;
@@ -163,7 +181,8 @@ std::string slurm_job_group(const std::string& path) {
 }  // namespace
 
 std::string detail::leaves_slurm_job(const std::string& dir) {
-  // As mounted: /sys/fs/cgroup/cpu is often a link to the hierarchy cpu,cpuacct.
+  // As mounted: /sys/fs/cgroup/cpu is often a link to the hierarchy cpu,cpuacct. (A directory
+  // that does not exist is taken as named: the move into it fails anyway, and is warned about.)
   char* real = ::realpath(dir.c_str(), nullptr);
   const CgroupPlace to = cgroup_place(real != nullptr ? real : dir);
   std::free(real);

@@ -222,16 +222,18 @@ void add_train_options(Options& o, TrainConfig& c) {
            "collective writes), so the others hang there and the watchdog must end the job",
            -1L, 1L << 30)
       .add("test.hold-at-step", &c.test_hold_at_step, 0,
-           "testing only: after step N the ranks wait until any of them gets a drain signal "
-           "(at most 300 s), so that a test's signal drains the job at step N (0: off)",
+           "testing only: after step N (and its ckpt.every save) the ranks wait until any of them "
+           "gets a drain signal (at most 300 s), so that a test's signal drains the job at step "
+           "N (0: off)",
            0L, 1L << 40)
       .add("test.simulated-nodes", &c.test_sim_nodes, 0,
            "testing only: treat blocks of consecutive ranks as this many nodes for the "
            "hierarchical all_reduce (0: the real nodes)",
            0L, 1L << 20)
       .add("test.fail-save-at-step", &c.test_fail_save_at_step, 0,
-           "testing only: the checkpoint save of this step fails on every rank once its data is "
-           "written, before anything is committed (0: none), in the background with ckpt.async",
+           "testing only: the first checkpoint save of this step fails on every rank once its "
+           "data is written, before anything is committed (0: none), in the background with "
+           "ckpt.async; a second save of the step (a drain's) succeeds",
            0L, 1L << 62)
       .add("test.kill-during-save", &c.test_kill_during_save, -1,
            "testing only: this rank kills itself (SIGKILL) in the middle of a synchronous save",
@@ -1643,9 +1645,13 @@ void Trainer::save_checkpoint_now(bool sync) {
   meta.config = c_.config_text;
   meta.layout = plan_->layout.str();
   char line[256];
-  // test.fail-save-at-step: every rank fails this save the same way, before the commit.
-  auto fail_here = [step = step_, fail = c_.test_fail_save_at_step] {
-    if (fail > 0 && step == fail)
+  // test.fail-save-at-step: every rank fails the first save of this step the same way, before
+  // the commit (a second save of it, a drain's, succeeds).
+  const bool fail =
+      c_.test_fail_save_at_step > 0 && step_ == c_.test_fail_save_at_step && !test_save_failed_;
+  test_save_failed_ = test_save_failed_ || fail;
+  auto fail_here = [step = step_, fail] {
+    if (fail)
       DT_THROW(CheckpointError, "test.fail-save-at-step: the save of step ", step,
                " fails here (testing only)");
   };
@@ -1751,6 +1757,61 @@ int Trainer::run() {
     obs_->finish();  // the timeline and the last metrics export, as at the end of training
     return 0;
   }
+  const std::int64_t first_step = step_;
+  // Preemption: a signal on any rank drains all of them at a step boundary, before the next
+  // step (so also one that came during start-up or during the save of the step before: that
+  // save is the drained checkpoint, not a second one a step later). With test.hold-at-step the
+  // ranks ask again every 20 ms after that step until one has it (the same count of polls
+  // everywhere ends the wait after about 300 s). Returns the exit code of a drain, or -1 (also
+  // for a signal after the last step: `done`, the run ends as done).
+  auto drain_point = [&](bool done) -> int {
+    const bool hold = step_ == c_.test_hold_at_step && step_ > first_step;
+    if (hold) {
+      log("dt_train: test.hold-at-step: step " + std::to_string(step_) +
+          " done, waiting for a drain signal");
+      watchdog::set_activity("test.hold-at-step", step_);
+    } else {
+      watchdog::set_activity("drain check", step_);
+    }
+    int drain = 0;
+    for (int poll = 0;; ++poll) {
+      drain = drain_requested() ? 1 : 0;
+      if (comm_.size() > 1) coll().all_reduce(view_of(&drain, 1), ReduceOp::max);
+      if (drain || !hold || poll == 15000) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!drain || done) return -1;
+    // Nothing trained in this run yet, and it started where a requeued run (--ckpt.resume=auto)
+    // starts too: at the folder's newest checkpoint, or at step 0 in an empty folder. Nothing is
+    // written. A start from elsewhere (a named checkpoint, resume=none) is saved, so that the
+    // requeued run goes on from it.
+    const bool from_folder = step_ == first_step && c_.ckpt_resume == "auto";
+    if (!from_folder && (step_ != last_saved_ || step_ == first_step)) {
+      save_checkpoint_now(true);
+    } else if (!from_folder && async_) {
+      // This step's save runs in the background: if it failed, the step is saved now.
+      try {
+        finish_checkpoints();
+      } catch (const std::exception& e) {
+        log("ckpt: warning: the background save of step " + std::to_string(step_) +
+            " failed: " + message_of(e) + "; saving it now");
+        save_checkpoint_now(true);
+      }
+    }
+    finish_checkpoints();
+    const int code = c_.ckpt_dir.empty() ? kExitDrainedUnsaved : kExitDrained;
+    log("dt_train: drained at step " + std::to_string(step_) +
+        (c_.ckpt_dir.empty() ? " (no ckpt.dir: nothing saved)"
+         : from_folder       ? " (before its first step: the checkpoints in " + c_.ckpt_dir +
+                             " are where it resumes)"
+                       : " (checkpoint in " + c_.ckpt_dir + ")") +
+        ", exit code " + std::to_string(code));
+    obs_->finish();
+    comm_.barrier();
+    return code;
+  };
+  // A drain signal during start-up: before the first evaluation, which it need not wait for.
+  if (const int code = drain_point(false); code >= 0) return code;
   // Without a validation split (data.val-fraction=0) there is nothing to evaluate: no validation
   // loss is printed, logged or exported.
   const bool validating = !eval_starts_.empty();
@@ -1772,45 +1833,8 @@ int Trainer::run() {
       if (f) std::fclose(f);
     }
   } closer{jsonl};
-  const std::int64_t first_step = step_;
   double val = val0, window_secs = 0, total_secs = 0, all_secs = 0, loss = 0;
   std::int64_t window_steps = 0;
-  // Preemption: a signal on any rank drains all of them at a step boundary, before the next
-  // step (so also one that came during start-up or during the save of the step before: that
-  // save is the drained checkpoint, not a second one a step later). With test.hold-at-step the
-  // ranks ask again every 20 ms after that step until one has it (the same count of polls
-  // everywhere ends the wait after about 300 s). Returns the exit code of a drain, or -1 (also
-  // for a signal after the last step: `done`, the run ends as done).
-  auto drain_point = [&](bool done) -> int {
-    const bool hold = step_ == c_.test_hold_at_step && step_ > first_step;
-    if (hold) {
-      log("dt_train: test.hold-at-step: step " + std::to_string(step_) +
-          " done, waiting for a drain signal");
-      watchdog::set_activity("test.hold-at-step", step_);
-    }
-    int drain = 0;
-    for (int poll = 0;; ++poll) {
-      drain = drain_requested() ? 1 : 0;
-      if (comm_.size() > 1) coll().all_reduce(view_of(&drain, 1), ReduceOp::max);
-      if (drain || !hold || poll == 15000) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (!drain || done) return -1;
-    // Nothing trained in this run yet: the folder's newest checkpoint (or none: step 0) is where
-    // a requeued run starts anyway, so nothing is written.
-    if (step_ != last_saved_ && step_ > first_step) save_checkpoint_now(true);
-    finish_checkpoints();
-    const int code = c_.ckpt_dir.empty() ? kExitDrainedUnsaved : kExitDrained;
-    log("dt_train: drained at step " + std::to_string(step_) +
-        (c_.ckpt_dir.empty()   ? " (no ckpt.dir: nothing saved)"
-         : step_ == first_step ? " (before its first step: the checkpoints in " + c_.ckpt_dir +
-                                     " are where it resumes)"
-                               : " (checkpoint in " + c_.ckpt_dir + ")") +
-        ", exit code " + std::to_string(code));
-    obs_->finish();
-    comm_.barrier();
-    return code;
-  };
   while (step_ < c_.steps) {
     if (const int code = drain_point(false); code >= 0) return code;
     const StepStats s = step();

@@ -17,6 +17,11 @@
 # startup (SIGUSR1 to rank 1 while it starts up, test.start-delay-s, before MPI starts): the
 # signal is kept, not fatal; the job drains before its first step, writes nothing (the folder has
 # nothing newer to resume from) and exits 75; the requeued run starts at step 0.
+# during_failed_async (SIGUSR1 to rank 1 while the run holds after step 3, whose background save
+# (ckpt.async, ckpt.every=3) fails): the drain saves step 3 again, after a warning, and exits 75.
+# startup_named (as startup, with --ckpt.resume naming a checkpoint outside the folder): the
+# drain before the first step saves that start into the folder, where the requeued run
+# (resume=auto) finds it.
 # during_save (SIGUSR1 to rank 1 while the save of step 3 (ckpt.every=3) is slow,
 # test.save-delay-s): that save is the drained checkpoint; the job drains at step 3 without
 # training and saving step 4.
@@ -32,6 +37,17 @@ case "$MODE" in
   no_dir) SIG=USR1 RANK=1 ;;
   startup) SIG=USR1 RANK=1 WAIT_STEPS=0 EXTRA=(--test.start-delay-s=8) ;;
   during_save) SIG=USR1 RANK=1 EXTRA=(--ckpt.every=3 --test.save-delay-s=4) ;;
+  during_failed_async)
+    SIG=USR1 RANK=1
+    EXTRA=(--ckpt.async=true --ckpt.every=3 --test.fail-save-at-step=3 --test.hold-at-step=3)
+    ;;
+  startup_named)
+    # A checkpoint of step 2 outside the folder to start from.
+    train P 1 --train.steps=2 --ckpt.dir="$WORK/P"
+    expect_rc P 0
+    SIG=USR1 RANK=1 WAIT_STEPS=0
+    EXTRA=(--test.start-delay-s=8 --ckpt.resume="$WORK/P/step-2.h5")
+    ;;
   after_failed_async)
     SIG=USR1 RANK=1 WAIT_STEPS=5
     EXTRA=(--ckpt.async=true --ckpt.every=2 --test.fail-save-at-step=4 --test.hold-at-step=5)
@@ -60,7 +76,7 @@ if [ "$WAIT_STEPS" -gt 0 ]; then
 fi
 
 ranks_re="--train\.log-file=$WORK/L\.jsonl( |\$)"
-if [ "$MODE" = startup ]; then
+if [ "$MODE" = startup ] || [ "$MODE" = startup_named ]; then
   # Both ranks have started and caught SIGUSR1 (SigCgt bit 10), within their 8 s start-up wait.
   for _ in $(seq 250); do
     n=0
@@ -111,6 +127,14 @@ if [ "$MODE" = startup ]; then
   expect_latest "$D" "step-3.h5"
   finish
 fi
+if [ "$MODE" = startup_named ]; then
+  expect_line L "^dt_train: drained at step 2 \(checkpoint in .*/D\), exit code 75$"
+  [ "$(files_in "$D")" = "latest step-2.h5" ] || fail "files in the checkpoint directory: $(files_in "$D")"
+  train R 2 --train.steps=4 --ckpt.dir="$D" --train.log-file="$WORK/R.jsonl"
+  expect_rc R 0
+  expect_line R "resumed from .*D/step-2\.h5 at step 2 "
+  finish
+fi
 N=$(sed -n 's/.*drained at step \([0-9][0-9]*\).*/\1/p' L.out | head -n1)
 if [ -z "$N" ]; then
   fail "no 'drained at step N' line"
@@ -121,6 +145,10 @@ echo "drained at step $N"
 [ "$(grep -c 'drained at step' L.out)" -eq 1 ] || fail "more than one 'drained' line"
 expect_file "$D/step-$N.h5"
 expect_latest "$D" "step-$N.h5"
+if [ "$MODE" = during_failed_async ]; then
+  [ "$N" -eq 3 ] || fail "drained at step $N, expected the held step 3"
+  expect_line L "ckpt: warning: the background save of step 3 failed: .*test\.fail-save-at-step: the save of step 3 .*; saving it now"
+fi
 if [ "$MODE" = during_save ]; then
   [ "$N" -eq 3 ] || fail "drained at step $N, expected 3, whose save the signal came during"
   [ "$(wc -l <L.jsonl)" -eq 3 ] || fail "the drained run logged $(wc -l <L.jsonl) steps, expected 3"

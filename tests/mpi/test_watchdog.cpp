@@ -26,6 +26,9 @@
 //   test_watchdog silent 4 ranks: rank 3 stops its whole process (SIGSTOP) while the others wait
 //                        for it in an all_reduce on world. Its watchdog cannot answer: the line
 //                        says rank 3 did not answer, with its host (from the start of the job).
+//   test_watchdog cycle  2 ranks receive from each other (as stages that wait in the wrong order
+//                        would): neither waits for a third, and the line says the waits form a
+//                        cycle among ranks 0 and 1.
 #include <mpi.h>
 #include <signal.h>
 #include <spawn.h>
@@ -203,6 +206,28 @@ int chain_case() {
   return 1;
 }
 
+int cycle_case() {
+  dt::watchdog::Settings s;
+  s.timeout_s = 2;
+  s.dump_dir = "/tmp";
+  dt::watchdog::Watchdog wd(MPI_COMM_WORLD, s);
+  int me = 0, n = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  if (n != 2) {
+    std::printf("usage: mpiexec -n 2 test_watchdog cycle\n");
+    return 2;
+  }
+  MPI_Comm p2p;
+  MPI_Comm_dup(MPI_COMM_WORLD, &p2p);
+  dt::watchdog::set_activity("test: receiving");
+  const dt::watchdog::OpRecord rec("pipeline", 0, "recv", "p2p", dt::DType::f32, 1, -1, 1 - me);
+  float x = 0;
+  MPI_Recv(&x, 1, MPI_FLOAT, 1 - me, 7, p2p, MPI_STATUS_IGNORE);
+  std::printf("FAIL: rank %d: the watchdog did not end the job\n", me);
+  return 1;
+}
+
 int silent_case() {
   FourRanks f;
   if (!f.ok("silent")) return 2;
@@ -237,8 +262,10 @@ int main(int argc, char** argv) {
     rc = chain_case();
   } else if (mode == "silent") {
     rc = silent_case();
+  } else if (mode == "cycle") {
+    rc = cycle_case();
   } else {
-    std::printf("usage: test_watchdog stop|stop_early|late|groups|chain|silent\n");
+    std::printf("usage: test_watchdog stop|stop_early|late|groups|chain|silent|cycle\n");
   }
   MPI_Finalize();
   return rc;

@@ -36,6 +36,7 @@ job_line 102 "(null)" "run 7, dt-qos=realtime"
 job_line 104 high
 job_line 108 normal
 job_line 304 normal
+job_line 111 normal "x QOS=high"  # a comment may not choose the Slurm QOS
 mkdir -p "$WORK/numa/node0" "$WORK/numa/node1"
 echo 0-1 >"$WORK/numa/node0/cpulist"
 echo 2-3 >"$WORK/numa/node1/cpulist"
@@ -124,6 +125,7 @@ hook prolog 103 "dt-qos=platinum"
 hook prolog 104
 hook prolog 108
 hook prolog 109
+hook prolog 111
 # A comment with lines of its own, one shaped like the record's: the record gets no line from it.
 hook prolog 110 $'dt-qos=high=x\ntier=realtime\ndt-qos=requested=y\ncgroup=/tmp'
 sed 's/^/    /' "$WORK/qos.log"
@@ -144,6 +146,8 @@ record_has 108 "tier=best_effort"
 record_has 108 "source=slurm-qos normal"
 record_has 109 "tier=best_effort"
 record_has 109 "source=default"
+record_has 111 "tier=best_effort"
+record_has 111 "source=slurm-qos normal"
 record_has 110 "tier=best_effort"
 # Each key of a record once (cgroup= once a group, each of this job), and requested= one word.
 bad=$(grep -v '^#' "$WORK/state/job-110.conf" | grep -Ev '^cgroup=.*/dt/job_110$' |
@@ -186,7 +190,7 @@ fi
 echo "=== a prolog that died before its record (job 105), and the epilogs"
 hook prolog 105 "dt-qos=high"
 rm -f "$WORK/state/job-105.conf"
-for j in 101 102 103 104 105 108 109 110; do hook epilog $j; done
+for j in 101 102 103 104 105 108 109 110 111; do hook epilog $j; done
 grep "epilog" "$WORK/qos.log" | sed 's/^/    /'
 left=$(find "$T" -name 'job_*' | tr '\n' ' ')
 [ -z "$left" ] || fail "groups left after the epilogs: $left"

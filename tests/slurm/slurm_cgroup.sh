@@ -12,6 +12,11 @@ if [ -f "$STATE/unavailable" ]; then
   cat "$STATE/unavailable"
   exit 77
 fi
+if ! awk '$3 == "cgroup" && $4 ~ /(^|,)cpuset(,|$)/ { found = 1 } END { exit !found }' /proc/mounts
+then
+  echo "slurm.slurm_cgroup: skipped: no cgroup v1 cpuset hierarchy here (the test reads Slurm's v1 groups)"
+  exit 77
+fi
 export DT_SLURM_DIR=$WORK/slurm
 if ! "$DT_ROOT/scripts/slurm-local" up --cgroup >up.out 2>&1; then
   sed 's/^/    /' up.out
