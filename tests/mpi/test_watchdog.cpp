@@ -29,6 +29,10 @@
 //   test_watchdog cycle  2 ranks receive from each other (as stages that wait in the wrong order
 //                        would): neither waits for a third, and the line says the waits form a
 //                        cycle among ranks 0 and 1.
+//   test_watchdog samename  4 ranks in two groups {0,1} and {2,3} whose communicators have one
+//                        name ("group", as each node's "world/node"): rank 3 receives from rank 0,
+//                        which waits in an all_reduce of its group for rank 1. Rank 2 has run
+//                        nothing on its own "group": it is not of rank 0's, and is not named.
 #include <mpi.h>
 #include <signal.h>
 #include <spawn.h>
@@ -228,6 +232,32 @@ int cycle_case() {
   return 1;
 }
 
+int samename_case() {
+  FourRanks f;
+  if (!f.ok("samename")) return 2;
+  MPI_Comm half;
+  MPI_Comm_split(MPI_COMM_WORLD, f.me / 2, f.me, &half);
+  auto group = dt::MpiComm::dup(half, "group");
+  MPI_Comm p2p;
+  MPI_Comm_dup(MPI_COMM_WORLD, &p2p);
+  f.world->barrier();
+  float x = 1;
+  if (f.me == 3) {
+    dt::watchdog::set_activity("test: receiving from rank 0");
+    const dt::watchdog::OpRecord rec("pipeline", 0, "recv", "p2p", dt::DType::f32, 1, -1, 0);
+    MPI_Recv(&x, 1, MPI_FLOAT, 0, 7, p2p, MPI_STATUS_IGNORE);
+  } else if (f.me == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    dt::watchdog::set_activity("test: group all_reduce");
+    group->all_reduce(dt::view_of(&x, 1), dt::ReduceOp::sum);  // rank 1 never comes
+  } else {
+    dt::watchdog::set_activity("test: computing", 3);
+    std::this_thread::sleep_for(std::chrono::seconds(20));
+  }
+  std::printf("FAIL: rank %d: the watchdog did not end the job\n", f.me);
+  return 1;
+}
+
 int silent_case() {
   FourRanks f;
   if (!f.ok("silent")) return 2;
@@ -264,8 +294,10 @@ int main(int argc, char** argv) {
     rc = silent_case();
   } else if (mode == "cycle") {
     rc = cycle_case();
+  } else if (mode == "samename") {
+    rc = samename_case();
   } else {
-    std::printf("usage: test_watchdog stop|stop_early|late|groups|chain|silent|cycle\n");
+    std::printf("usage: test_watchdog stop|stop_early|late|groups|chain|silent|cycle|samename\n");
   }
   MPI_Finalize();
   return rc;
