@@ -43,6 +43,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -132,8 +134,8 @@ int late_case() {
   return 1;
 }
 
-// The 4-rank cases: a watchdog of 2 s and the world communicator ("world").
-struct FourRanks {
+// The cases of several ranks: a watchdog of 2 s and the world communicator ("world").
+struct Ranks {
   dt::watchdog::Watchdog wd;
   std::unique_ptr<dt::MpiComm> world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
   int me = world->rank();
@@ -143,18 +145,26 @@ struct FourRanks {
     s.dump_dir = "/tmp";
     return s;
   }
-  FourRanks() : wd(MPI_COMM_WORLD, settings()) {}
-  // False (with a usage line) unless the job has 4 ranks.
-  bool ok(const char* mode) const {
-    if (world->size() == 4) return true;
-    std::printf("usage: mpiexec -n 4 test_watchdog %s\n", mode);
+  MPI_Comm p2p = MPI_COMM_NULL;  // for receives that never end
+  Ranks() : wd(MPI_COMM_WORLD, settings()) { MPI_Comm_dup(MPI_COMM_WORLD, &p2p); }
+  // A receive from world rank `from` that never ends, recorded as the pipeline records its own
+  // (with the peer it waits for).
+  void receive_forever(int from) const {
+    const dt::watchdog::OpRecord rec("pipeline", 0, "recv", "p2p", dt::DType::f32, 1, -1, from);
+    float x = 0;
+    MPI_Recv(&x, 1, MPI_FLOAT, from, 7, p2p, MPI_STATUS_IGNORE);
+  }
+  // False (with a usage line) unless the job has n ranks.
+  bool ok(int n, const char* mode) const {
+    if (world->size() == n) return true;
+    std::printf("usage: mpiexec -n %d test_watchdog %s\n", n, mode);
     return false;
   }
 };
 
 int groups_case() {
-  FourRanks f;
-  if (!f.ok("groups")) return 2;
+  Ranks f;
+  if (!f.ok(4, "groups")) return 2;
   auto& world = f.world;
   const int me = f.me;
   auto dp = world->split_mpi(me % 2, me);
@@ -175,29 +185,20 @@ int groups_case() {
 }
 
 int chain_case() {
-  FourRanks f;
-  if (!f.ok("chain")) return 2;
-  auto& world = f.world;
+  Ranks f;
+  if (!f.ok(4, "chain")) return 2;
   const int me = f.me;
-  auto tp = world->split_mpi(me / 2, me);
-  MPI_Comm p2p;
-  MPI_Comm_dup(MPI_COMM_WORLD, &p2p);
-  world->barrier();
+  auto tp = f.world->split_mpi(me / 2, me);
+  f.world->barrier();
   const auto t0 = Clock::now();
-  // A receive recorded as the pipeline records its own (the peer it waits for), that never ends.
-  auto receive_from = [&](int from) {
-    const dt::watchdog::OpRecord rec("pipeline", 0, "recv", "p2p", dt::DType::f32, 1, -1, from);
-    float x = 0;
-    MPI_Recv(&x, 1, MPI_FLOAT, from, 7, p2p, MPI_STATUS_IGNORE);
-  };
   float x = 1;
   if (me == 3) {
     dt::watchdog::set_activity("test: receiving from rank 2");
-    receive_from(2);
+    f.receive_forever(2);
   } else if (me == 2) {
     sleep_until_after(t0, 0.4);
     dt::watchdog::set_activity("test: receiving from rank 0");
-    receive_from(0);
+    f.receive_forever(0);
   } else if (me == 0) {
     sleep_until_after(t0, 0.8);
     dt::watchdog::set_activity("test: tp all_reduce");
@@ -211,41 +212,26 @@ int chain_case() {
 }
 
 int cycle_case() {
-  dt::watchdog::Settings s;
-  s.timeout_s = 2;
-  s.dump_dir = "/tmp";
-  dt::watchdog::Watchdog wd(MPI_COMM_WORLD, s);
-  int me = 0, n = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &me);
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  if (n != 2) {
-    std::printf("usage: mpiexec -n 2 test_watchdog cycle\n");
-    return 2;
-  }
-  MPI_Comm p2p;
-  MPI_Comm_dup(MPI_COMM_WORLD, &p2p);
+  Ranks f;
+  if (!f.ok(2, "cycle")) return 2;
+  f.world->barrier();
   dt::watchdog::set_activity("test: receiving");
-  const dt::watchdog::OpRecord rec("pipeline", 0, "recv", "p2p", dt::DType::f32, 1, -1, 1 - me);
-  float x = 0;
-  MPI_Recv(&x, 1, MPI_FLOAT, 1 - me, 7, p2p, MPI_STATUS_IGNORE);
-  std::printf("FAIL: rank %d: the watchdog did not end the job\n", me);
+  f.receive_forever(1 - f.me);
+  std::printf("FAIL: rank %d: the watchdog did not end the job\n", f.me);
   return 1;
 }
 
 int samename_case() {
-  FourRanks f;
-  if (!f.ok("samename")) return 2;
+  Ranks f;
+  if (!f.ok(4, "samename")) return 2;
   MPI_Comm half;
   MPI_Comm_split(MPI_COMM_WORLD, f.me / 2, f.me, &half);
   auto group = dt::MpiComm::dup(half, "group");
-  MPI_Comm p2p;
-  MPI_Comm_dup(MPI_COMM_WORLD, &p2p);
   f.world->barrier();
   float x = 1;
   if (f.me == 3) {
     dt::watchdog::set_activity("test: receiving from rank 0");
-    const dt::watchdog::OpRecord rec("pipeline", 0, "recv", "p2p", dt::DType::f32, 1, -1, 0);
-    MPI_Recv(&x, 1, MPI_FLOAT, 0, 7, p2p, MPI_STATUS_IGNORE);
+    f.receive_forever(0);
   } else if (f.me == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(400));
     dt::watchdog::set_activity("test: group all_reduce");
@@ -259,8 +245,8 @@ int samename_case() {
 }
 
 int silent_case() {
-  FourRanks f;
-  if (!f.ok("silent")) return 2;
+  Ranks f;
+  if (!f.ok(4, "silent")) return 2;
   f.world->barrier();
   if (f.me == 3) {
     raise(SIGSTOP);  // the job's abort kills it (continuing it first, maybe: then it just ends)
@@ -279,25 +265,22 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   const std::string mode = argc > 1 ? argv[1] : "";
+  const std::map<std::string, std::function<int()>> cases = {
+      {"stop", [] { return stop_case(0); }},
+      {"stop_early", [] { return stop_case(0.6); }},
+      {"late", late_case},
+      {"groups", groups_case},
+      {"chain", chain_case},
+      {"silent", silent_case},
+      {"cycle", cycle_case},
+      {"samename", samename_case}};
   int rc = 2;
-  if (mode == "stop") {
-    rc = stop_case(0);
-  } else if (mode == "stop_early") {
-    rc = stop_case(0.6);
-  } else if (mode == "late") {
-    rc = late_case();
-  } else if (mode == "groups") {
-    rc = groups_case();
-  } else if (mode == "chain") {
-    rc = chain_case();
-  } else if (mode == "silent") {
-    rc = silent_case();
-  } else if (mode == "cycle") {
-    rc = cycle_case();
-  } else if (mode == "samename") {
-    rc = samename_case();
+  if (const auto it = cases.find(mode); it != cases.end()) {
+    rc = it->second();
   } else {
-    std::printf("usage: test_watchdog stop|stop_early|late|groups|chain|silent|cycle|samename\n");
+    std::printf("usage: test_watchdog");
+    for (const auto& [name, run] : cases) std::printf(" %s", name.c_str());
+    std::printf("\n");
   }
   MPI_Finalize();
   return rc;
