@@ -73,9 +73,10 @@ struct TrainConfig {
   std::int64_t shm_min_bytes = 0;   ///< smaller all_reduce messages go to MPI
   std::int64_t test_sim_nodes = 0;  ///< testing only: ranks split into this many simulated nodes
   // hang watchdog
-  double comm_timeout_s = 600;        ///< a collective in flight longer than this aborts the job
-  std::string comm_dump_dir = ".";    ///< where the watchdog writes its dump
-  std::int64_t test_stall_rank = -1;  ///< testing only: stops before step test.skip-step
+  double comm_timeout_s = 600;         ///< a collective in flight longer than this aborts the job
+  std::string comm_dump_dir = ".";     ///< where the watchdog writes its dump
+  std::int64_t test_stall_rank = -1;   ///< testing only: stops before step test.skip-step
+  std::string test_stall_at = "step";  ///< ... or before the evaluation after it
   std::int64_t test_skip_collective = -1;    ///< testing only: this rank never joins a collective
   std::int64_t test_skip_step = 2;           ///< ... the loss all_reduce of this step
   std::int64_t test_stall_during_save = -1;  ///< testing only: this rank stops mid-save

@@ -203,6 +203,10 @@ void add_train_options(Options& o, TrainConfig& c) {
            "pipeline messages and collectives, so the others hang waiting for it and the "
            "watchdog must name it",
            -1L, 1L << 30)
+      .add("test.stall-at", &c.test_stall_at, "step",
+           "testing only: where test.stall-rank stops: before step test.skip-step + 1 (step), or "
+           "before the evaluation after step test.skip-step (evaluation)",
+           {"step", "evaluation"})
       .add("test.skip-collective", &c.test_skip_collective, -1,
            "testing only: this rank never joins the loss all_reduce of step test.skip-step (it "
            "waits instead), so the others hang there and the watchdog must name it",
@@ -985,7 +989,8 @@ StepStats Trainer::step() {
   const int T = c_.model.block;
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   const float scale = static_cast<float>(loss_scale / (static_cast<double>(c_.batch) * T));
-  if (c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step) {
+  if (c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step &&
+      c_.test_stall_at == "step") {
     watchdog::set_activity("test.stall-rank: stopped before the step", step_ + 1);
     stall_for_test("test.stall-rank: stopping before the step");
   }
@@ -1195,6 +1200,11 @@ double Trainer::pipeline_step(float scale) {
 double Trainer::loss_over(const std::vector<std::size_t>& starts) {
   const trace::Scope eval_scope("evaluate", "train");
   watchdog::set_activity("evaluation", step_);
+  if (c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step &&
+      c_.test_stall_at == "evaluation") {
+    watchdog::set_activity("test.stall-rank: stopped before the evaluation", step_);
+    stall_for_test("test.stall-rank: stopping before the evaluation");
+  }
   const int T = c_.model.block;
   const std::int64_t total = static_cast<std::int64_t>(starts.size());
   // Windows are shared out over the data-parallel ranks; a pipeline runs them stage by stage.

@@ -10,7 +10,10 @@
 #         say every rank is in it;
 #   pipe: a pipeline stage (pp=2) stops before a step (test.stall-rank), so the other stage waits
 #         for its gradients in a point-to-point receive: the watchdog must name the receive, the
-#         rank it waits for and what that rank is doing.
+#         rank it waits for and what that rank is doing;
+#   eval: the rank stops before the evaluation after step 2 (test.stall-at=evaluation), so the
+#         others wait in the evaluation's all_reduce: the dump must say so (activity
+#         "evaluation" at step 2) and the line must name the stopped rank and what it does.
 # Either way the job must end within TIMEOUT + 10 s of the stall, exit non-zero, print one
 # watchdog line and leave a dump that says the same.
 set -u
@@ -29,6 +32,8 @@ case $mode in
         mark="rank $skip: in the checkpoint save" ;;
   pipe) extra=(--test.stall-rank="$skip" --parallel.pp=2)
         mark="rank $skip: test.stall-rank: stopping before the step" ;;
+  eval) extra=(--test.stall-rank="$skip" --test.stall-at=evaluation --train.eval-every=2)
+        mark="rank $skip: test.stall-rank: stopping before the evaluation" ;;
   *) echo "watchdog.sh: unknown mode $mode"; exit 2 ;;
 esac
 "$@" --comm.timeout-s="$comm_limit" --comm.dump-dir="$dump" "${extra[@]}" >"$log" 2>&1 &
@@ -53,6 +58,9 @@ line=$(grep -m1 '^dt watchdog: ' "$log") || fail "no watchdog line"
 if [ "$mode" = skip ]; then
   echo "$line" | grep -qE "all_reduce #[0-9]+ on world .* rank $skip \\(on $(hostname)\\) has not reached it" ||
     fail "the watchdog line does not name rank $skip and the all_reduce on world"
+elif [ "$mode" = eval ]; then
+  echo "$line" | grep -qE "all_reduce #[0-9]+ on world .* rank $skip \\(on $(hostname)\\) has not reached it; rank $skip: last world collective #[0-9]+, now test.stall-rank: stopped before the evaluation at step 2" ||
+    fail "the watchdog line does not name rank $skip, the all_reduce on world and what rank $skip does"
 elif [ "$mode" = pipe ]; then
   echo "$line" | grep -qE "recv from rank $skip on pipeline .* rank $skip \\(on $(hostname)\\) has not sent it; rank $skip: now test.stall-rank" ||
     fail "the watchdog line does not name the receive from rank $skip and what rank $skip does"
@@ -78,6 +86,13 @@ if mode == "skip":
     for q, r in ranks.items():
         if q != skip:
             assert (r["activity"], r["step"]) == ("loss all_reduce", 3), (q, r["activity"], r["step"])
+elif mode == "eval":
+    assert d["missing_ranks"] == [skip], d["missing_ranks"]
+    assert c["op"] == "all_reduce" and c["comm"] == "world", c
+    assert "before the evaluation" in ranks[skip]["activity"], ranks[skip]["activity"]
+    for q, r in ranks.items():
+        if q != skip:
+            assert (r["activity"], r["step"]) == ("evaluation", 2), (q, r["activity"], r["step"])
 elif mode == "pipe":
     assert d["missing_ranks"] == [skip], d["missing_ranks"]
     assert c["op"] == "recv" and c["comm"] == "pipeline" and c["peer"] == skip, c
