@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -688,7 +689,7 @@ Watchdog::Watchdog(MPI_Comm world, const Settings& s) : impl_(std::make_unique<I
   MPI_Comm_size(m.comm, &m.size);
   // Every rank's host, for the line that names the ranks a hang waits for: also those that will
   // not answer then (a node that stopped).
-  constexpr int kHost = 64;
+  constexpr int kHost = HOST_NAME_MAX + 1;  // Linux's longest host name and its terminator
   char host[kHost] = {0};
   gethostname(host, kHost - 1);
   std::vector<char> all(static_cast<std::size_t>(kHost) * static_cast<std::size_t>(m.size));
