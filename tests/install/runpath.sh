@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# install.runpath: the programs, libdt and the device plugins dt installs carry a RUNPATH whose
+# every entry is an absolute folder or one relative to the file ($ORIGIN), in the build tree and
+# once installed; an empty entry would make the dynamic loader search the working directory. The
+# installed dt_train and dt_topo load every library they need from their own prefix and the
+# system's folders.
+#   runpath.sh WORKDIR BUILD_DIR FILE...   (FILE: the build tree's copies of what is installed)
+set -u
+[ $# -ge 3 ] || { echo "usage: $0 WORKDIR BUILD_DIR FILE..." >&2; exit 2; }
+WORK=$1 BUILD=$2
+shift 2
+FAILED=0
+fail() { echo "FAIL: $*"; FAILED=1; }
+# check FILE: every RUNPATH/RPATH entry of FILE is absolute or starts with $ORIGIN.
+check() {
+  local f=$1 path entry
+  path=$(readelf -d "$f" | sed -n 's/.*(\(RUNPATH\|RPATH\)).*\[\(.*\)\]$/\2/p')
+  echo "  $f: [${path}]"
+  # An empty path as a whole, or any empty entry (a leading, trailing or doubled colon).
+  [ -z "$path" ] && return 0
+  [[ $path == :* || $path == *: || $path == *::* ]] && { fail "$f: an empty RUNPATH entry"; return; }
+  local IFS=:
+  for entry in $path; do
+    case $entry in /* | '$ORIGIN' | '$ORIGIN/'*) ;; *) fail "$f: RUNPATH entry '$entry' is relative" ;; esac
+  done
+}
+rm -rf "$WORK"
+mkdir -p "$WORK"
+trap '[ -n "${DT_KEEP_TEST_DIR:-}" ] || rm -rf "$WORK"' EXIT
+echo "=== build tree"
+for f in "$@"; do
+  [ -f "$f" ] || { fail "$f does not exist"; continue; }
+  check "$f"
+done
+P=$WORK/prefix
+echo "=== cmake --install $BUILD --prefix $P"
+cmake --install "$BUILD" --prefix "$P" >"$WORK/install.out" 2>&1 ||
+  { cat "$WORK/install.out"; fail "cmake --install failed"; }
+n=0
+for f in "$P"/bin/* "$P"/lib/*.so* "$P"/lib/dt/plugins/*.so; do
+  [ -f "$f" ] && [ ! -L "$f" ] || continue
+  check "$f"
+  n=$((n + 1))
+done
+[ "$n" -ge "$#" ] || fail "$n files installed, fewer than the $# built"
+# The installed programs resolve every library, libdt from the prefix, from another folder.
+cd "$WORK" || exit 1
+for prog in dt_train dt_topo; do
+  out=$(ldd "$P/bin/$prog" 2>&1)
+  echo "$out" | grep -q "not found" && fail "$prog: $(echo "$out" | grep 'not found')"
+  lib=$(echo "$out" | awk '$1 == "libdt.so.0" { print $3 }')
+  [ -n "$lib" ] && [ "$(realpath "$lib")" = "$(realpath "$P/lib/libdt.so.0")" ] ||
+    fail "$prog loads libdt from '$lib', not from $P/lib"
+done
+"$P/bin/dt_train" --version || fail "the installed dt_train does not start"
+[ $FAILED -eq 0 ] && { echo "runpath.sh: PASS"; exit 0; }
+echo "runpath.sh: FAIL"
+exit 1
