@@ -1,7 +1,31 @@
 -- Lmod module of dt 0.1.0, installed by `cmake --install` as PREFIX/modulefiles/dt/0.1.0.lua.
--- PREFIX is taken from this file's own location, so an installation can be moved or copied.
 --   module use PREFIX/modulefiles; module load dt; dt_train --version
-local prefix = (myFileName():gsub("/modulefiles/dt/[^/]+$", ""))
+-- PREFIX is the first of these that holds bin/dt_train: the one this file's own location names
+-- (an installation moved or copied whole), the one its real location names (a site's module
+-- folder holding a link to PREFIX/modulefiles/dt or to this file), and the prefix it was
+-- installed into (a copy of this file elsewhere). A load finding none stops with an error.
+local function prefix_of(file)
+  return file and file:match("^(.*)/modulefiles/dt/[^/]+$") or ""
+end
+local tried = {}
+for _, p in ipairs({prefix_of(myFileName()), prefix_of(abspath and abspath(myFileName())),
+                    "@DT_INSTALL_PREFIX@"}) do  -- the last replaced by `cmake --install`
+  if p ~= "" and p ~= tried[#tried] then tried[#tried + 1] = p end
+end
+local prefix
+for _, p in ipairs(tried) do
+  if isFile(pathJoin(p, "bin/dt_train")) then
+    prefix = p
+    break
+  end
+end
+if not prefix then
+  if mode() == "load" then
+    LmodError("dt: no installation of dt found for the module " .. myFileName() .. ": none of " ..
+              table.concat(tried, ", ") .. " holds bin/dt_train")
+  end
+  prefix = tried[1] or ""
+end
 
 whatis("Name: dt")
 whatis("Version: 0.1.0")
