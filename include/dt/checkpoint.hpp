@@ -15,7 +15,9 @@
 // many datasets the save wrote and the SHA-256 of their names and shapes, which verify_file
 // checks, so that a tensor lost with its digests is found (version-1 files have none of these);
 // from version 3, loss_scale_growth_tracker, loss_scale_hysteresis_left and steps_skipped (the
-// loss scaler's schedule, also covered by meta_sha256).
+// loss scaler's schedule, also covered by meta_sha256); from version 4, data: what the run trained
+// on (format, token count, dt::token_digest), which a resume compares with its own data (also
+// covered by meta_sha256).
 //
 // Encryption at rest (ckpt.encrypt, with the job key of dt/security.hpp): every chunk of every
 // dataset is sealed with AES-256-GCM under a per-file key (HKDF of the job key and a random
@@ -49,7 +51,7 @@ class Keys;
 }
 
 inline constexpr const char* kCheckpointFormat = "dt-checkpoint";
-inline constexpr int kCheckpointVersion = 3;
+inline constexpr int kCheckpointVersion = 4;
 /// Elements per checksum chunk (1 MiB of float32).
 inline constexpr std::size_t kChunkElements = std::size_t{1} << 18;
 
@@ -113,6 +115,9 @@ struct CkptMeta {
   std::int64_t steps_skipped = -1;
   std::string config;  ///< effective config, "name = value" lines
   std::string layout;  ///< parallel layout that wrote it, e.g. "dp=2"
+  /// The training data: "FORMAT, N tokens, digest HEX" (dt::data_identity). Empty: not recorded
+  /// (files of format version 3 and older, imported checkpoints).
+  std::string data;
 };
 
 /// Timings of one save.

@@ -77,11 +77,11 @@ class TokenStore {
 /// uses it (as with any memory-mapped data set, a file cut short then ends the process).
 struct TokenFile {
   std::string path;
-  std::string format;            ///< the format actually read: "bytes", "llmc" or "u16"
-  std::string note;              ///< a warning about how the file was read ("" when none)
-  TokenStore tokens;             ///< never empty after load_tokens
-  int vocab = 0;                 ///< 256 for bytes, 50257 for llmc
-  int max_token_plus_one = 0;    ///< largest token present + 1 (<= vocab)
+  std::string format;          ///< the format actually read: "bytes", "llmc" or "u16"
+  std::string note;            ///< a warning about how the file was read ("" when none)
+  TokenStore tokens;           ///< never empty after load_tokens
+  int vocab = 0;               ///< 256 for bytes, 50257 for llmc
+  int max_token_plus_one = 0;  ///< largest token present + 1 (<= vocab)
 
   size_t size() const { return tokens.size(); }
   TokenRange all() const { return {0, tokens.size()}; }
@@ -100,6 +100,10 @@ constexpr int kGpt2Vocab = 50257;
 /// evenly over the tokens, the first and the last included (a file of up to 64 Ki tokens whole).
 /// Cheap on any size; copies that differ only between the blocks are not told apart.
 std::uint64_t token_digest(const TokenFile& f);
+/// What a data set is, for messages and checkpoints: "FORMAT, N tokens, digest HEX" (the digest
+/// of token_digest, 16 hex digits).
+std::string data_identity(const std::string& format, std::uint64_t tokens, std::uint64_t digest);
+std::string data_identity(const TokenFile& f);
 
 /// Reads a token file. format: "auto", "bytes", "llmc" or "u16". An llm.c or u16 file is mapped
 /// (on little-endian machines) and checked in place; a byte file is read into its vector.

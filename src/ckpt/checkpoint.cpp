@@ -906,9 +906,11 @@ std::string chunk_aad(const std::string& path, const Shape& shape, std::uint64_t
 constexpr const char* kKeyCheckAad = "dt-ckpt-key-check";
 
 // The root attributes a checkpoint's meta data is read from, serialised for authentication, as
-// format `version` has them (version 3 added the loss scaler's schedule).
+// format `version` has them (version 3 added the loss scaler's schedule, version 4 the data).
 std::string meta_aad(const CkptMeta& m, std::int64_t version) {
-  std::string a = version >= 3 ? "dt-ckpt-meta-v3" : "dt-ckpt-meta-v1";
+  std::string a = version >= 4   ? "dt-ckpt-meta-v4"
+                  : version >= 3 ? "dt-ckpt-meta-v3"
+                                 : "dt-ckpt-meta-v1";
   a.push_back('\0');
   for (std::int64_t v : {m.step, m.tokens, m.optimizer_step, m.data_position, m.rng_seed})
     put_u64(a, static_cast<std::uint64_t>(v));
@@ -924,6 +926,10 @@ std::string meta_aad(const CkptMeta& m, std::int64_t version) {
   a += m.config;
   put_u64(a, m.layout.size());
   a += m.layout;
+  if (version >= 4) {
+    put_u64(a, m.data.size());
+    a += m.data;
+  }
   return a;
 }
 
@@ -1387,6 +1393,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       write_attr(root, "steps_skipped", meta.steps_skipped, partial);
       write_attr(root, "config", meta.config, partial);
       write_attr(root, "layout", meta.layout, partial);
+      write_attr(root, "data", meta.data, partial);
       write_attr(root, "dt_version", std::string(DT_VERSION), partial);
       write_attr(root, "chunk_elements", static_cast<std::int64_t>(kChunkElements), partial);
       write_attr(root, "datasets", static_cast<std::int64_t>(tensors.size()), partial);
@@ -1735,7 +1742,8 @@ Opened open_read(MpiComm& mc, const std::string& path) {
       {"datasets", 2},
       {"loss_scale_growth_tracker", 3},
       {"loss_scale_hysteresis_left", 3},
-      {"steps_skipped", 3}};
+      {"steps_skipped", 3},
+      {"data", 4}};
   for (const auto& [name, since] : kIntroduced)
     DT_CHECK(CheckpointError, o.version >= since || !has_attr(root, name), path,
              ": format_version ", o.version, " is lower than its attributes say (", name,
@@ -1759,6 +1767,7 @@ CkptMeta read_meta(const Opened& o, const std::string& path) {
   }
   m.config = read_string_attr(root, "config", path);
   m.layout = read_string_attr(root, "layout", path);
+  if (o.version >= 4) m.data = read_string_attr(root, "data", path);
   const auto ce = read_int_attr(root, "chunk_elements", path);
   DT_CHECK(CheckpointError, ce == static_cast<std::int64_t>(kChunkElements), path, ": chunk size ",
            ce, " differs from this dt's ", kChunkElements);

@@ -265,6 +265,16 @@ std::uint64_t token_digest(const TokenFile& f) {
   return h;
 }
 
+std::string data_identity(const std::string& format, std::uint64_t tokens, std::uint64_t digest) {
+  char d[24];
+  std::snprintf(d, sizeof d, "%016llx", static_cast<unsigned long long>(digest));
+  return format + ", " + std::to_string(tokens) + " tokens, digest " + d;
+}
+
+std::string data_identity(const TokenFile& f) {
+  return data_identity(f.format, f.size(), token_digest(f));
+}
+
 Split split(const TokenFile& file, double val_fraction) {
   DT_CHECK(ConfigError, std::isfinite(val_fraction) && val_fraction >= 0 && val_fraction < 1,
            "validation fraction must be in [0, 1), got ", val_fraction, " (for '", file.path, "')");

@@ -413,9 +413,7 @@ void check_same_data(Comm& world, const TokenFile& data, const std::string& path
   const std::array<std::uint64_t, 3> first = rank0_value(world, mine);
   if (mine == first) return;
   auto describe = [](const std::array<std::uint64_t, 3>& f) {
-    char d[24];
-    std::snprintf(d, sizeof d, "%016llx", static_cast<unsigned long long>(f[1]));
-    return kFormats[f[2] < 3 ? f[2] : 3] + ", " + std::to_string(f[0]) + " tokens, digest " + d;
+    return data_identity(kFormats[f[2] < 3 ? f[2] : 3], f[0], f[1]);
   };
   DT_THROW(ConfigError, "option --data.path: ", path, " on this rank's node (", host_name(),
            ") holds ", describe(mine), "; rank 0's holds ", describe(first),
@@ -1600,12 +1598,16 @@ std::string Trainer::resume_from_checkpoint() {
     log("ckpt: warning: the checkpoint was trained with seed " + std::to_string(m.rng_seed) +
         ", this run uses " + std::to_string(c_.seed) + ": the data order differs");
   // Settings that decide the data order and the learning rate schedule: a run that changes them
-  // does not continue the one it resumes (allowed: extending a run, say, but said).
+  // does not continue the one it resumes (allowed: extending a run, say, but said). The data is
+  // compared by what it holds where the checkpoint recorded it (format version 4): a copy at
+  // another path continues the run, other data at the same path does not; by its path otherwise.
   std::string changed;
-  const std::string now = c_.config_text;
+  const std::string now = c_.config_text, data_now = data_identity(data_);
+  if (!m.data.empty() && m.data != data_now) changed = "data " + m.data + " -> " + data_now;
   for (const char* k :
        {"train.batch", "model.seq-len", "data.path", "data.val-fraction", "train.steps", "optim.lr",
         "optim.min-lr", "optim.warmup", "optim.decay-steps", "train.dtype"}) {
+    if (!m.data.empty() && std::strcmp(k, "data.path") == 0) continue;
     const std::string was = config_value(m.config, k), is = config_value(now, k);
     if (!was.empty() && !is.empty() && was != is)
       changed += std::string(changed.empty() ? "" : ", ") + k + " " + was + " -> " + is;
@@ -1654,6 +1656,7 @@ void Trainer::save_checkpoint_now(bool sync) {
   }
   meta.config = c_.config_text;
   meta.layout = plan_->layout.str();
+  meta.data = data_identity(data_);
   char line[256];
   // test.fail-save-at-step: every rank fails the first save of this step the same way, before
   // the commit (a second save of it, a drain's, succeeds).

@@ -7,8 +7,8 @@ expect_rc 0 "inspect"
 for a in $(h5dump -H "$CKPT" | sed -nE 's/^   ATTRIBUTE "([^"]+)".*/\1/p'); do
   printf '%s\n' "$OUT" | grep -Eq "^  $a( = |:$)" || fail "attribute $a is not shown"
 done
-[ "$(h5dump -H "$CKPT" | grep -c '^   ATTRIBUTE')" -eq 18 ] || fail "h5dump does not see 18 attributes"
-for line in "  format = dt-checkpoint" "  format_version = 3" "  step = 4" "  tokens = 1024" \
+[ "$(h5dump -H "$CKPT" | grep -c '^   ATTRIBUTE')" -eq 19 ] || fail "h5dump does not see 19 attributes"
+for line in "  format = dt-checkpoint" "  format_version = 4" "  step = 4" "  tokens = 1024" \
             "  optimizer_step = 4" "  data_position = 4" "  rng_seed = 1337" "  loss_scale = 1" \
             "  loss_scale_growth_tracker = -1" "  loss_scale_hysteresis_left = -1" "  steps_skipped = -1" \
             "  layout = dp=1 tp=1 pp=1" "  chunk_elements = 262144" "  config:" "    model.embd = 32" \

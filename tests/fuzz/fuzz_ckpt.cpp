@@ -93,7 +93,8 @@ const char* kAttrs[] = {"format",     "format_version", "step",
                         "layout",     "dt_version",     "chunk_elements",
                         "encryption", "key_salt",       "key_check",
                         "meta_tag",   "meta_sha256",    "manifest_sha256",
-                        "datasets",   "steps_skipped",  "loss_scale_growth_tracker"};
+                        "datasets",   "steps_skipped",  "loss_scale_growth_tracker",
+                        "data"};
 const char* kSets[] = {"/model/w",           "/model/b",           "/model/big",
                        "/optim/exp_avg/w",   "/checksums/model/w", "/checksums/model/big",
                        "/crypto/model/w",    "/crypto/model/big",  "/model/extra",

@@ -202,7 +202,7 @@ void flip_hex_attr(const std::string& file, const char* name) {
 void make_version1(const std::string& file) {
   hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   for (const char* a : {"meta_sha256", "manifest_sha256", "datasets", "loss_scale_growth_tracker",
-                        "loss_scale_hysteresis_left", "steps_skipped"})
+                        "loss_scale_hysteresis_left", "steps_skipped", "data"})
     H5Adelete_by_name(f, "/", a, H5P_DEFAULT);
   H5Fclose(f);
   set_int_attr(file, "format_version", 1);
@@ -452,6 +452,7 @@ int run(const std::string& dir, int world_rank) {
       H.expect(m.loss_scale_growth_tracker == -1 && m.loss_scale_hysteresis_left == -1 &&
                    m.steps_skipped == -1,
                "version-1 load", "a loss scaler schedule read from a file without one");
+      H.expect(m.data.empty(), "version-1 load", "a data identity read from a file without one");
       const auto pv = dt::verify_file(*world, v1);
       H.expect(pv.empty(), "a version-1 file verifies", pv.empty() ? "" : pv[0]);
     });
@@ -462,13 +463,16 @@ int run(const std::string& dir, int world_rank) {
     // lowered one (with the attributes of its real version still there) is refused, also when
     // the meta data it would have let through was altered.
     const std::string low1 = bad_dir + "/plain-lowered-1.h5",
-                      low2 = bad_dir + "/plain-lowered-2.h5";
+                      low2 = bad_dir + "/plain-lowered-2.h5",
+                      low3 = bad_dir + "/plain-lowered-3.h5";
     if (me == 0) {
       copy_file(plain_dir + "/step-3.h5", low1);
       set_int_attr(low1, "format_version", 1);
       set_int_attr(low1, "tokens", 999);
       copy_file(plain_dir + "/step-3.h5", low2);
       set_int_attr(low2, "format_version", 2);
+      copy_file(plain_dir + "/step-3.h5", low3);
+      set_int_attr(low3, "format_version", 3);
     }
     world->barrier();
     expect_throw<dt::CheckpointError>(
@@ -479,6 +483,10 @@ int run(const std::string& dir, int world_rank) {
         "a file whose format_version was lowered to 2",
         [&] { dt::load_checkpoint(*world, low2, got.tensors); },
         {"format_version 2 is lower than its attributes say", "loss_scale_growth_tracker"});
+    expect_throw<dt::CheckpointError>(
+        "a file whose format_version was lowered to 3",
+        [&] { dt::load_checkpoint(*world, low3, got.tensors); },
+        {"format_version 3 is lower than its attributes say", "(data is written from version 4)"});
     const auto plow = dt::verify_file(*world, low1);
     H.expect(plow.size() == 1 && contains(plow[0], "lower than its attributes say"),
              "verify of a lowered format_version", plow.empty() ? "no problem" : plow[0]);
