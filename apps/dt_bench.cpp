@@ -117,22 +117,12 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-// "64M", "1K", "8", "2GiB": bytes with an optional binary K/M/G suffix.
+// A size option: dt::parse_size, at most 16G.
 std::size_t parse_size(const std::string& option, const std::string& text) {
-  std::size_t i = 0;
-  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
-  std::string suffix = text.substr(i);
-  for (auto& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  int shift = -1;
-  if (suffix.empty() || suffix == "B") shift = 0;
-  for (const auto& [s, v] : {std::pair<const char*, int>{"K", 10}, {"M", 20}, {"G", 30}})
-    if (suffix == s || suffix == std::string(s) + "B" || suffix == std::string(s) + "IB") shift = v;
-  DT_CHECK(ConfigError, i > 0 && i <= 12 && shift >= 0, "option --", option, ": '", text,
-           "' is not a size (bytes, with an optional K, M or G suffix: 8, 64K, 16M, 1G)");
-  const std::size_t v = std::stoull(text.substr(0, i)) << shift;
-  DT_CHECK(ConfigError, v <= (std::size_t{16} << 30), "option --", option, ": ", text,
+  const std::uint64_t v = dt::parse_size(option, text);
+  DT_CHECK(ConfigError, v <= (std::uint64_t{16} << 30), "option --", option, ": ", text,
            " is above the maximum of 16G");
-  return v;
+  return static_cast<std::size_t>(v);
 }
 
 void parse_settings(Settings& s) {

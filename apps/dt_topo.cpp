@@ -30,6 +30,7 @@ using Clock = std::chrono::steady_clock;
 struct Settings {
   std::string bind;
   bool pmix = true;
+  std::string latency_bytes_s, bandwidth_bytes_s;  // sizes as given (dt::parse_size)
   long latency_bytes = 8;
   long latency_iters = 200;
   long bandwidth_bytes = 16 << 20;
@@ -360,6 +361,18 @@ class Checker {
   std::set<int> bad_ranks_;
 };
 
+// The value of size option `name` (dt::parse_size), within [min, max] (max_text: max as written
+// in the help).
+long size_option(const char* name, const std::string& text, long min, long max,
+                 const char* max_text) {
+  const std::uint64_t v = dt::parse_size(name, text);
+  DT_CHECK(dt::ConfigError, v >= static_cast<std::uint64_t>(min), "option --", name, ": ", text,
+           " is below the minimum ", min);
+  DT_CHECK(dt::ConfigError, v <= static_cast<std::uint64_t>(max), "option --", name, ": ", text,
+           " is above the maximum ", max_text);
+  return static_cast<long>(v);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -370,12 +383,12 @@ int main(int argc, char** argv) {
       .add("runtime.pmix", &s.pmix, true, "use PMIx job information when the launcher provides it")
       .add("check.elements", &s.check_elems, 1 << 20,
            "f32 elements per rank in the all_reduce, all_gather and ring checks", 1L, 1L << 28)
-      .add("check.latency-bytes", &s.latency_bytes, 8, "message size of the latency ping-pong", 1L,
-           1L << 20)
+      .add("check.latency-bytes", &s.latency_bytes_s, "8",
+           "message size of the latency ping-pong (bytes; K, M, G suffixes) [1..1M]")
       .add("check.latency-iters", &s.latency_iters, 200, "ping-pong round trips per pair", 1L,
            1000000L)
-      .add("check.bandwidth-bytes", &s.bandwidth_bytes, 16L << 20,
-           "message size of the bandwidth test (a multiple of 4)", 4L, 1L << 30)
+      .add("check.bandwidth-bytes", &s.bandwidth_bytes_s, "16M",
+           "message size of the bandwidth test (bytes; K, M, G suffixes; a multiple of 4) [4..1G]")
       .add("check.bandwidth-iters", &s.bandwidth_iters, 4,
            "messages per pair in the bandwidth test", 1L, 10000L)
       .add("check.timeout", &s.timeout_s, 60.0,
@@ -387,8 +400,10 @@ int main(int argc, char** argv) {
            {"mpi", "ucx"});
   const int rc = dt::run_with_config_errors("dt_topo", [&] {
     if (!opts.parse(argc, argv)) return 0;
-    DT_CHECK(dt::ConfigError, s.bandwidth_bytes % 4 == 0,
-             "option --check.bandwidth-bytes: ", s.bandwidth_bytes, " is not a multiple of 4");
+    s.latency_bytes = size_option("check.latency-bytes", s.latency_bytes_s, 1, 1 << 20, "1M");
+    s.bandwidth_bytes = size_option("check.bandwidth-bytes", s.bandwidth_bytes_s, 4, 1 << 30, "1G");
+    DT_CHECK(dt::ConfigError, s.bandwidth_bytes % 4 == 0, "option --check.bandwidth-bytes: ",
+             s.bandwidth_bytes_s, " is not a multiple of 4");
     return -1;
   });
   if (rc >= 0) return rc;

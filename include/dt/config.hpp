@@ -10,6 +10,7 @@
 // so apps parse before MPI starts and exit with code 2 on a ConfigError.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -60,6 +61,11 @@ class Options {
 
 /// Runs `body` and maps a ConfigError to "PROGRAM: error: ..." on stderr and exit code 2.
 int run_with_config_errors(const char* program, const std::function<int()>& body);
+
+/// "64M", "1K", "8", "2GiB", "16KB": bytes with an optional binary K, M or G suffix (also with
+/// B, iB). Throws dt::ConfigError "option --OPTION: 'TEXT' is not a size ..." for anything else,
+/// and for a value above 2^64 - 1; the caller checks its own range.
+std::uint64_t parse_size(const std::string& option, const std::string& text);
 
 /// Makes folder `dir` (with its parents) where it is missing and checks that this process may
 /// write there; throws dt::ConfigError naming `option` ("--trace.dir") and the reason otherwise.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <boost/program_options.hpp>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <type_traits>
 
@@ -315,6 +317,23 @@ int run_with_config_errors(const char* program, const std::function<int()>& body
               << program << ": run '" << program << " --help' for the list of options\n";
     return 2;
   }
+}
+
+std::uint64_t parse_size(const std::string& option, const std::string& text) {
+  std::size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  std::string suffix = text.substr(i);
+  for (auto& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  int shift = -1;
+  if (suffix.empty() || suffix == "B") shift = 0;
+  for (const auto& [s, v] : {std::pair<const char*, int>{"K", 10}, {"M", 20}, {"G", 30}})
+    if (suffix == s || suffix == std::string(s) + "B" || suffix == std::string(s) + "IB") shift = v;
+  DT_CHECK(ConfigError, i > 0 && i <= 19 && shift >= 0, "option --", option, ": '", text,
+           "' is not a size (bytes, with an optional K, M or G suffix: 8, 64K, 16M, 1G)");
+  const std::uint64_t n = std::stoull(text.substr(0, i));
+  DT_CHECK(ConfigError, n <= (std::numeric_limits<std::uint64_t>::max() >> shift), "option --",
+           option, ": ", text, " is too large");
+  return n << shift;
 }
 
 void ensure_writable_dir(const std::string& option, const std::string& dir) {
