@@ -93,6 +93,9 @@ const char* backend_name(Backend b) {
   return "?";
 }
 
+// The operations measured when --ops is not given.
+constexpr const char* kDefaultOps = "all_reduce,all_gather,reduce_scatter,broadcast,sendrecv";
+
 struct Settings {
   std::string ops, backends, min_bytes_s, max_bytes_s, dtype_s, op_s;
   std::string shm_chunk_s, shm_staging_s, shm_min_s, grad_set;
@@ -144,6 +147,27 @@ void parse_settings(Settings& s) {
       s.backend_list.push_back(*it);
   }
   DT_CHECK(ConfigError, !s.backend_list.empty(), "option --backends: no backend given");
+  // ucx is point-to-point: a collective named in --ops (or the gradient set's all_reduce) that no
+  // other backend runs would measure nothing. The default --ops keeps what the backends run.
+  const bool only_ucx = s.backend_list == std::vector<Backend>{Backend::ucx};
+  if (only_ucx && !s.grad_set.empty())
+    DT_THROW(ConfigError, "option --backends: ucx is point-to-point only, and --grad-set ",
+             "measures all_reduce: choose mpi, shm or shm-copy");
+  if (only_ucx) {
+    std::vector<Op> kept;
+    std::string refused;
+    for (Op o : s.op_list) {
+      if (o == Op::sendrecv)
+        kept.push_back(o);
+      else
+        refused += std::string(refused.empty() ? "" : ", ") + op_name(o);
+    }
+    DT_CHECK(ConfigError, refused.empty() || s.ops == kDefaultOps, "option --ops: ", refused,
+             " cannot run on --backends=ucx (UCX is point-to-point only: sendrecv); add mpi, shm "
+             "or shm-copy to --backends, or leave ",
+             refused, " out of --ops");
+    s.op_list = kept;
+  }
   s.min_bytes = parse_size("min-bytes", s.min_bytes_s);
   s.max_bytes = parse_size("max-bytes", s.max_bytes_s);
   DT_CHECK(ConfigError, s.min_bytes <= s.max_bytes, "option --min-bytes: ", s.min_bytes_s,
@@ -233,6 +257,8 @@ std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a;
 
 // Element counts and buffer layout of one call of `op` at nominal `bytes`, as nccl-tests counts
 // them: `size` is the larger of the send and receive bytes, `count` the per-rank parameter count.
+// Counts are rounded down to whole elements (all_gather, reduce_scatter: whole elements per
+// rank), or up with `up`.
 struct Shape {
   std::size_t in = 0, out = 0;  // elements
   bool in_place = false;
@@ -241,9 +267,12 @@ struct Shape {
   double bus_factor = 1;
 };
 
-Shape shape_of(Op op, std::size_t bytes, std::size_t es, int n) {
+Shape shape_of(Op op, std::size_t bytes, std::size_t es, int n, bool up = false) {
   Shape s;
-  const std::size_t c = bytes / es, un = static_cast<std::size_t>(n);
+  const std::size_t un = static_cast<std::size_t>(n);
+  const bool per_rank = op == Op::all_gather || op == Op::reduce_scatter;
+  const std::size_t unit = per_rank ? es * un : es;
+  const std::size_t c = (up ? bytes + unit - 1 : bytes) / unit;  // per rank when per_rank
   switch (op) {
     case Op::all_reduce:
     case Op::broadcast:
@@ -254,14 +283,14 @@ Shape shape_of(Op op, std::size_t bytes, std::size_t es, int n) {
       s.bus_factor = op == Op::all_reduce ? 2.0 * (n - 1) / n : 1.0;
       break;
     case Op::all_gather:
-      s.in = c / un;
+      s.in = c;
       s.out = s.in * un;
       s.size_bytes = s.out * es;
       s.count = s.in;
       s.bus_factor = static_cast<double>(n - 1) / n;
       break;
     case Op::reduce_scatter:
-      s.out = c / un;
+      s.out = c;
       s.in = s.out * un;
       s.size_bytes = s.in * es;
       s.count = s.out;
@@ -277,6 +306,15 @@ Shape shape_of(Op op, std::size_t bytes, std::size_t es, int n) {
   s.out_off = s.in_place ? 0 : round_up(s.in * es, 64);
   s.total = s.in_place ? s.in * es : s.out_off + s.out * es;
   return s;
+}
+
+// The shape measured at sweep size `bytes`: rounded down to whole elements, unless that falls
+// below --min-bytes (3 bytes of f32 would be 0): then the smallest whole count at or above it,
+// which may pass --max-bytes by less than an element (per rank) where no whole count lies
+// between the two.
+Shape measured_shape(Op op, std::size_t bytes, std::size_t es, int n, std::size_t min_bytes) {
+  const Shape down = shape_of(op, bytes, es, n);
+  return down.size_bytes >= min_bytes ? down : shape_of(op, bytes, es, n, true);
 }
 
 std::vector<std::size_t> sizes_of(const Settings& s) {
@@ -386,7 +424,9 @@ class Bench {
   std::size_t buffer_bytes() const {
     if (!s_.grad_set.empty()) return g_.numel * es_;
     std::size_t need = 0;
-    for (Op o : s_.op_list) need = std::max(need, shape_of(o, s_.max_bytes, es_, n_).total);
+    for (Op o : s_.op_list)
+      for (std::size_t bytes : sizes_of(s_))
+        need = std::max(need, measured_shape(o, bytes, es_, n_, s_.min_bytes).total);
     return need;
   }
 
@@ -636,7 +676,7 @@ class Bench {
       const bool reduces = op == Op::all_reduce || op == Op::reduce_scatter;
       std::size_t last = SIZE_MAX;
       for (std::size_t bytes : sizes) {
-        const Shape sh = shape_of(op, bytes, es_, n_);
+        const Shape sh = measured_shape(op, bytes, es_, n_, s_.min_bytes);
         if (sh.size_bytes == last) continue;  // rounded to the same element counts
         last = sh.size_bytes;
         for (Backend b : bs) {
@@ -789,8 +829,10 @@ int main(int argc, char** argv) {
   for (DType t : dt::kAllDTypes) dtypes.emplace_back(dt::dtype_name(t));
   dt::Options opts("dt_bench",
                    "Collective and point-to-point bandwidth of dt's transports (nccl-tests format).");
-  opts.add("ops", &s.ops, "all_reduce,all_gather,reduce_scatter,broadcast,sendrecv",
-           "comma-separated operations: all_reduce, all_gather, reduce_scatter, broadcast, sendrecv")
+  opts.add("ops", &s.ops, kDefaultOps,
+           "comma-separated operations: all_reduce, all_gather, reduce_scatter, broadcast, "
+           "sendrecv (with --backends=ucx alone the default is sendrecv; a collective named here "
+           "is refused)")
       .add("backends", &s.backends, "mpi,shm,shm-copy,ucx",
            "comma-separated backends: mpi, shm (buffers in the shared arena), shm-copy (user "
            "buffers through the staging area), ucx (sendrecv only)")
