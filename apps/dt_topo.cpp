@@ -398,14 +398,23 @@ int main(int argc, char** argv) {
       .add("comm.p2p", &s.p2p, "mpi",
            "point-to-point transport of the ring check and the pair measurements",
            {"mpi", "ucx"});
-  const int rc = dt::run_with_config_errors("dt_topo", [&] {
-    if (!opts.parse(argc, argv)) return 0;
-    s.latency_bytes = size_option("check.latency-bytes", s.latency_bytes_s, 1, 1 << 20, "1M");
-    s.bandwidth_bytes = size_option("check.bandwidth-bytes", s.bandwidth_bytes_s, 4, 1 << 30, "1G");
-    DT_CHECK(dt::ConfigError, s.bandwidth_bytes % 4 == 0, "option --check.bandwidth-bytes: ",
-             s.bandwidth_bytes_s, " is not a multiple of 4");
-    return -1;
-  });
+  // Errors of the command line are the same on every rank: the launcher's rank 0 reports them.
+  // A --config file is read on each rank's node, and every rank reports its own.
+  bool from_file = false;
+  for (int i = 1; i < argc; ++i) from_file = from_file || std::strncmp(argv[i], "--config", 8) == 0;
+  const int rc = dt::run_with_config_errors(
+      "dt_topo",
+      [&] {
+        if (!opts.parse(argc, argv)) return 0;
+        s.latency_bytes = size_option("check.latency-bytes", s.latency_bytes_s, 1, 1 << 20, "1M");
+        s.bandwidth_bytes =
+            size_option("check.bandwidth-bytes", s.bandwidth_bytes_s, 4, 1 << 30, "1G");
+        DT_CHECK(dt::ConfigError, s.bandwidth_bytes % 4 == 0,
+                 "option --check.bandwidth-bytes: ", s.bandwidth_bytes_s,
+                 " is not a multiple of 4");
+        return -1;
+      },
+      dt::launcher_rank() > 0 && !from_file);
   if (rc >= 0) return rc;
 
   dt::RuntimeOptions ro;

@@ -59,8 +59,17 @@ class Options {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Runs `body` and maps a ConfigError to "PROGRAM: error: ..." on stderr and exit code 2.
-int run_with_config_errors(const char* program, const std::function<int()>& body);
+/// Runs `body` and maps a ConfigError to "PROGRAM: error: ..." on stderr and exit code 2. The
+/// message goes out in one write, so that the lines of ranks failing together do not interleave;
+/// with `quiet` it is not printed at all (the exit code stays 2): for the ranks other than the
+/// launcher's rank 0 (see launcher_rank) when the error can only come from the command line,
+/// which every rank shares.
+int run_with_config_errors(const char* program, const std::function<int()>& body,
+                           bool quiet = false);
+
+/// The rank the launcher gave this process before MPI starts (OMPI_COMM_WORLD_RANK, PMIX_RANK,
+/// PMI_RANK or SLURM_PROCID, the first that is set and a number); -1 when none is.
+int launcher_rank();
 
 /// "64M", "1K", "8", "2GiB", "16KB": bytes with an optional binary K, M or G suffix (also with
 /// B, iB). Throws dt::ConfigError "option --OPTION: 'TEXT' is not a size ..." for anything else,

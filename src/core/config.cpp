@@ -8,6 +8,8 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -309,14 +311,34 @@ bool Options::parse(int argc, const char* const* argv) {
   return true;
 }
 
-int run_with_config_errors(const char* program, const std::function<int()>& body) {
+int run_with_config_errors(const char* program, const std::function<int()>& body, bool quiet) {
   try {
     return body();
   } catch (const ConfigError& e) {
-    std::cerr << program << ": error: " << e.message() << "\n"
-              << program << ": run '" << program << " --help' for the list of options\n";
+    if (quiet) return 2;
+    const std::string p = program;
+    const std::string text = p + ": error: " + e.message() + "\n" + p + ": run '" + p +
+                             " --help' for the list of options\n";
+    std::fflush(stderr);
+    for (std::size_t done = 0; done < text.size();) {
+      const ssize_t n = ::write(STDERR_FILENO, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<std::size_t>(n);
+    }
     return 2;
   }
+}
+
+int launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) continue;
+    char* end = nullptr;
+    const long r = std::strtol(v, &end, 10);
+    if (*end == '\0' && r >= 0 && r <= std::numeric_limits<int>::max()) return static_cast<int>(r);
+  }
+  return -1;
 }
 
 std::uint64_t parse_size(const std::string& option, const std::string& text) {
