@@ -17,6 +17,7 @@
 // dataset and chunk); 2 bad usage or input (the message names the input and what is wrong); 3 a
 // rank could not start (dt::start_runtime).
 // Under mpiexec every rank takes part in the verification and only rank 0 prints.
+#include <fcntl.h>
 #include <hdf5.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -551,6 +552,41 @@ void write_all(std::FILE* f, const void* p, std::size_t n, const std::string& pa
            ": write failed: ", std::strerror(errno));
 }
 
+// Why `path`, an existing file, is not a safetensors file ("" when it is one): an 8-byte
+// little-endian header length, then that many bytes of a JSON object.
+std::string not_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) return std::string("cannot be read: ") + std::strerror(errno);
+  unsigned char len[8];
+  in.read(reinterpret_cast<char*>(len), 8);
+  if (in.gcount() != 8) return "shorter than the 8-byte header length";
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  if (n < 2 || n > kMaxHeader) return "no safetensors header length";
+  std::string text(static_cast<std::size_t>(n), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(n));
+  if (static_cast<std::uint64_t>(in.gcount()) != n) return "the header runs past the end";
+  const auto h = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return h.is_object() ? "" : "the header is not a JSON object";
+}
+
+// An existing --output is replaced only when it is a safetensors file (an earlier export, say);
+// anything else (a checkpoint, a directory, any other file) is refused and left as it is.
+void check_export_output(const std::string& out) {
+  struct stat st;
+  if (::stat(out.c_str(), &st) != 0) {
+    DT_CHECK(ConfigError, errno == ENOENT, "option --output: ", out, ": ", std::strerror(errno));
+    return;
+  }
+  DT_CHECK(ConfigError, !S_ISDIR(st.st_mode), "option --output: ", out,
+           " is a directory; name the file to write (OUT.safetensors)");
+  const std::string why =
+      S_ISREG(st.st_mode) ? not_safetensors(out) : std::string("not a regular file");
+  DT_CHECK(ConfigError, why.empty(), "option --output: ", out,
+           " exists and is not a safetensors file (", why,
+           "); nothing was written: remove it or name another --output");
+}
+
 int cmd_export(dt::Runtime& rt, const Args& a) {
   struct stat src = {}, dst = {};
   DT_CHECK(ConfigError,
@@ -558,6 +594,7 @@ int cmd_export(dt::Runtime& rt, const Args& a) {
              src.st_dev == dst.st_dev && src.st_ino == dst.st_ino),
            "option --output: ", a.output, " is the checkpoint being exported (", a.input,
            "); nothing was written");
+  check_export_output(a.output);
   // A file HDF5 cannot open is for the verification to report (exit 1, like verify).
   const bool encrypted = probe(a.input).opens && !dt::checkpoint_encryption(a.input).empty();
   DT_CHECK(ConfigError, !encrypted || a.keys(), a.input,
@@ -615,10 +652,22 @@ int cmd_export(dt::Runtime& rt, const Args& a) {
   for (int i = 0; i < 8; ++i)
     len[i] = static_cast<unsigned char>(static_cast<std::uint64_t>(text.size()) >> (8 * i));
 
-  const std::string tmp = a.output + ".tmp";
-  std::FILE* out = std::fopen(tmp.c_str(), "wb");
-  DT_CHECK(ConfigError, out != nullptr, "option --output: cannot create ", tmp, ": ",
+  // Checked again: the verification took a while. The temporary file is this process's own
+  // (O_EXCL), so that no file of the user's is truncated on the way.
+  check_export_output(a.output);
+  struct stat before;
+  const bool replacing = ::stat(a.output.c_str(), &before) == 0;
+  const std::string tmp = a.output + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  DT_CHECK(ConfigError, fd >= 0, "option --output: cannot create ", tmp, ": ",
            std::strerror(errno));
+  std::FILE* out = ::fdopen(fd, "wb");
+  if (!out) {
+    const std::string err = std::strerror(errno);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    DT_THROW(ConfigError, "option --output: cannot write ", tmp, ": ", err);
+  }
   try {
     write_all(out, len, 8, tmp);
     write_all(out, text.data(), text.size(), tmp);
@@ -636,8 +685,9 @@ int cmd_export(dt::Runtime& rt, const Args& a) {
     ::unlink(tmp.c_str());
     DT_THROW(ConfigError, "option --output: cannot write ", a.output, ": ", err);
   }
-  std::printf("exported %zu tensors (%s MB of F32) from %s to %s\n", tensors.size(),
-              mb(offset).c_str(), a.input.c_str(), a.output.c_str());
+  std::printf("exported %zu tensors (%s MB of F32) from %s to %s%s\n", tensors.size(),
+              mb(offset).c_str(), a.input.c_str(), a.output.c_str(),
+              replacing ? " (replacing the safetensors file there)" : "");
   return 0;
 }
 
@@ -1026,7 +1076,9 @@ bool parse_args(int argc, char** argv, Args& a) {
   dt::Options opts("dt_ckpt " + a.sub, summary);
   if (a.sub == "export")
     opts.add("format", &a.format, "safetensors", "output format", {"safetensors"})
-        .add("output", &a.output, "", "output file (required); written as OUT.tmp, then renamed");
+        .add("output", &a.output, "",
+             "output file (required); written as OUT.tmp.PID, then renamed; an existing OUT is "
+             "replaced only when it is a safetensors file");
   if (a.sub == "verify" || a.sub == "list" || a.sub == "export")
     opts.add("security.key_file", &a.key_file, "",
              "job key of encrypted checkpoints (ckpt.encrypt): 32 bytes, mode 0600, owned by you; "
