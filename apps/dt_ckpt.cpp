@@ -429,6 +429,15 @@ int cmd_list(dt::Runtime& rt, const Args& a) {
     try {
       probe(e.path);  // not a dt checkpoint at all: reported like a failed verification
       problems = dt::verify_file(rt.world(), e.path, a.keys());
+      // The step comes from the name; a file renamed or copied by hand holds another, and would
+      // be taken for the step its name says (by dt_train --ckpt.resume=auto too).
+      if (problems.empty()) {
+        const std::string stored = CheckpointFile(e.path).string_attr("step");
+        if (stored != std::to_string(e.step))
+          problems.push_back(
+              (stored.empty() ? std::string("holds no step") : "holds step " + stored) +
+              ", its name says step " + std::to_string(e.step) + " (renamed or copied by hand?)");
+      }
     } catch (const ConfigError& err) {
       problems = {err.message()};
     }
@@ -452,7 +461,15 @@ int cmd_list(dt::Runtime& rt, const Args& a) {
   std::uint64_t aside_bytes = 0;
   for (const auto& p : set_aside) aside_bytes += other(p, "set aside");
   if (lead) {
-    if (latest.empty() && !entries.empty())
+    struct stat ls;
+    const std::string latest_file = a.input + "/latest";
+    const bool latest_dir = ::stat(latest_file.c_str(), &ls) == 0 && S_ISDIR(ls.st_mode);
+    if (latest_dir)
+      std::printf(
+          "note: %s is a directory, not the file naming the newest checkpoint; dt_train cannot "
+          "write it there: remove it\n",
+          latest_file.c_str());
+    else if (latest.empty() && !entries.empty())
       std::printf("note: %s/latest is missing or unreadable\n", a.input.c_str());
     else if (!latest.empty() &&
              std::none_of(entries.begin(), entries.end(),

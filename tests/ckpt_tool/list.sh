@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # list: newest first, sizes, verified yes, latest marked; then a corrupt checkpoint (NO, exit 1)
 # and an interrupted save in a copy of the folder; then two set-aside files and a writer holding
-# the folder's lock (a real flock on .dt-lock, taken by flock(1)).
+# the folder's lock (a real flock on .dt-lock, taken by flock(1)); last a checkpoint whose name
+# says another step than it holds, and a `latest` that is a directory.
 . "$(dirname "$0")/common.sh"
 run "$DT_CKPT" list "$CKPTS"
 expect_rc 0 "all checkpoints verify"
@@ -41,4 +42,15 @@ expect_line "^in use by dt_train on node7, pid 4242, since 2026-01-01T00:00:00Z$
 expect_line "^ +- +step-4\.h5\.superseded +$(mb "$CKPTS/step-4.h5") +- +set aside$"
 expect_line "^ +- +step-2\.h5\.superseded\.2 +$(mb "$CKPTS/step-2.h5") +- +set aside$"
 expect_line "^note: the 2 set-aside files \([0-9.]+ MB\) are of another line of training"
+
+# A checkpoint whose name says another step than it holds (renamed or copied by hand) fails, and
+# a `latest` that is a directory is named as one.
+named=$WORK/renamed
+mkdir -p "$named/latest" && cp "$CKPTS/step-4.h5" "$named/step-007.h5" || fail "set-up"
+run "$DT_CKPT" list "$named"
+expect_rc 1 "the step in a checkpoint's name is not the one it holds"
+expect_line "^ +7 +step-007\.h5 +[0-9.]+ +NO *$"
+expect_line "^  step-007\.h5: holds step 4, its name says step 7 \(renamed or copied by hand\?\)$"
+expect_line "^note: $named/latest is a directory, not the file naming the newest checkpoint"
+expect_count 0 "missing or unreadable"
 pass "list"
