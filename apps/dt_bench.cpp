@@ -449,9 +449,10 @@ class Bench {
 
   void print_header() {
     if (me_ != 0) return;
-    std::printf("# dt_bench: %d ranks, dtype %s, op %s, root %ld, iters %ld, warmup %ld, check %s\n",
-                n_, dt::dtype_name(s_.dtype), dt::reduce_op_name(s_.rop), s_.root, s_.iters,
-                s_.warmup, s_.check ? "on" : "off");
+    std::printf(
+        "# dt_bench: %d rank%s, dtype %s, op %s, root %ld, iters %ld, warmup %ld, check %s\n", n_,
+        n_ == 1 ? "" : "s", dt::dtype_name(s_.dtype), dt::reduce_op_name(s_.rop), s_.root, s_.iters,
+        s_.warmup, s_.check ? "on" : "off");
     std::printf("# backends:");
     for (Backend b : s_.backend_list) {
       const char* what = b == Backend::mpi        ? "dt::MpiComm"

@@ -479,9 +479,10 @@ int cmd_list(dt::Runtime& rt, const Args& a) {
     for (const auto& n : notes) std::printf("  %s\n", n.c_str());
     if (!set_aside.empty())
       std::printf(
-          "note: the %zu set-aside files (%s MB) are of another line of training in this folder "
+          "note: the %zu set-aside file%s (%s MB) %s of another line of training in this folder "
           "(a run resumed from an older step, or started afresh); dt never deletes them\n",
-          set_aside.size(), mb(aside_bytes).c_str());
+          set_aside.size(), set_aside.size() == 1 ? "" : "s", mb(aside_bytes).c_str(),
+          set_aside.size() == 1 ? "is" : "are");
   }
   return rc;
 }

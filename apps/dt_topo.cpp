@@ -41,6 +41,8 @@ struct Settings {
   std::string p2p = "mpi";
 };
 
+const char* plural(std::size_t n) { return n == 1 ? "" : "s"; }
+
 std::string range_list(const std::vector<int>& v) {
   std::ostringstream os;
   for (std::size_t i = 0; i < v.size();) {
@@ -150,7 +152,8 @@ class Checker {
                    (f[8] == "cores" ? "" : "(" + f[8] + ")");
     }
     if (w_.rank() != 0) return;
-    std::printf("dt_topo: %d ranks on %zu nodes (placement from %s)\n", w_.size(), nodes.size(),
+    std::printf("dt_topo: %d rank%s on %zu node%s (placement from %s)\n", w_.size(),
+                plural(static_cast<std::size_t>(w_.size())), nodes.size(), plural(nodes.size()),
                 nodes.empty() ? "?" : nodes.begin()->second.source.c_str());
     std::printf("%-5s %-20s %-10s %-8s %-5s %-5s %-4s %-12s %s\n", "node", "host", "ranks",
                 "packages", "cores", "pus", "numa", "gpus", "binding (rank:cpus)");
@@ -341,7 +344,8 @@ class Checker {
     if (w_.rank() == 0) {
       for (const auto& f : failures_) std::printf("dt_topo: FAILED: %s\n", f.c_str());
       if (failures_.empty()) {
-        std::printf("dt_topo: all checks passed on %d ranks\n", w_.size());
+        std::printf("dt_topo: all checks passed on %d rank%s\n", w_.size(),
+                    plural(static_cast<std::size_t>(w_.size())));
       } else {
         std::vector<int> v(bad_ranks_.begin(), bad_ranks_.end());
         std::printf("dt_topo: failing ranks: %s\n", range_list(v).c_str());

@@ -47,7 +47,15 @@ struct Trace {
   std::set<std::int64_t> pids;
 };
 
+// "1 process", "2 processes".
+std::string count(std::size_t n, const char* one, const char* many) {
+  return std::to_string(n) + " " + (n == 1 ? one : many);
+}
+
 Trace load(const std::string& path) {
+  std::error_code ec;
+  DT_CHECK(ConfigError, !std::filesystem::is_directory(path, ec), path,
+           ": is a directory, not a trace file");
   std::ifstream in(path, std::ios::binary);
   DT_CHECK(ConfigError, in.good(), path, ": cannot be read: ", std::strerror(errno));
   std::stringstream ss;
@@ -136,8 +144,9 @@ int cmd_merge(const std::vector<std::string>& args) {
   } catch (const dt::Error& e) {
     DT_THROW(ConfigError, e.message());
   }
-  std::printf("dt_trace merge: %zu events of %zu processes from %zu files -> %s\n", n, owner.size(),
-              traces.size(), out.c_str());
+  std::printf("dt_trace merge: %s of %s from %s -> %s\n", count(n, "event", "events").c_str(),
+              count(owner.size(), "process", "processes").c_str(),
+              count(traces.size(), "file", "files").c_str(), out.c_str());
   return 0;
 }
 
@@ -196,8 +205,9 @@ int cmd_summary(const std::vector<std::string>& args) {
   for (auto& [k, r] : rows) sorted.push_back(r);
   std::sort(sorted.begin(), sorted.end(),
             [](const Row& a, const Row& b) { return a.total > b.total; });
-  std::printf("dt_trace summary: %s: %zu processes, %zu events, %.3f s from first to last\n",
-              file.c_str(), t.pids.size(), t.events.size(), any ? (last - first) / 1e6 : 0.0);
+  std::printf("dt_trace summary: %s: %s, %s, %.3f s from first to last\n", file.c_str(),
+              count(t.pids.size(), "process", "processes").c_str(),
+              count(t.events.size(), "event", "events").c_str(), any ? (last - first) / 1e6 : 0.0);
   std::printf("%12s %8s %10s %10s %6s  %-10s %s\n", "total ms", "calls", "mean ms", "max ms",
               "ranks", "category", "name");
   for (std::size_t i = 0; i < sorted.size() && static_cast<long>(i) < top; ++i) {

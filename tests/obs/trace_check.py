@@ -160,6 +160,7 @@ cases = [
     (["nottrace.json"], "nottrace.json: not a Chrome trace"),
     (["badevent.json"], "badevent.json: event 0"),
     (["tr/trace-rank0.json", "tr/trace-rank1.json", "merged.json"], "merged.json: rank (pid) 0 also appears"),
+    (["tr/trace-rank0.json", "."], ".: is a directory, not a trace file"),
 ]
 for inputs, want in cases:
     rc, out = obslib.run([a.trace, "merge", "out.json"] + inputs)
@@ -181,6 +182,12 @@ check(rc == 2 and "OUT merged.json is also an input (merged.json)" in out,
 check(open("merged.json").read() == merged_text, "merge into one of its inputs changed it")
 rc, out = obslib.run([a.trace, "merge", "merged.json", "tr/trace-rank1.json", "tr/trace-rank0.json"])
 check(rc == 0, "merge over an earlier merge: exit code %s" % rc)
+# Counts of one are singular.
+rc, out = obslib.run([a.trace, "merge", "one.json", "tr/trace-rank1.json"])
+check(rc == 0 and re.search(r"events? of 1 process from 1 file -> one\.json$", out, re.M),
+      "merge of one file: exit code %s, expected 'of 1 process from 1 file'" % rc)
+rc, out = obslib.run([a.trace, "summary", "one.json"])
+check(rc == 0 and ": 1 process, " in out, "summary of one rank: exit code %s, expected '1 process'" % rc)
 rc, out = obslib.run([a.trace, "merge", "never.json"])
 check(rc == 2 and not os.path.exists("never.json"), "merge without inputs: exit code %s" % rc)
 rc, out = obslib.run([a.trace, "summary", "merged.json", "--top"])
