@@ -319,13 +319,9 @@ int run_with_config_errors(const char* program, const std::function<int()>& body
     const std::string p = program;
     const std::string text = p + ": error: " + e.message() + "\n" + p + ": run '" + p +
                              " --help' for the list of options\n";
-    std::fflush(stderr);
-    for (std::size_t done = 0; done < text.size();) {
-      const ssize_t n = ::write(STDERR_FILENO, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      done += static_cast<std::size_t>(n);
-    }
+    // One string in one insertion: std::cerr is unbuffered, so it reaches stderr in one write
+    // and lines of ranks sharing the terminal do not run into each other.
+    std::cerr << text << std::flush;
     return 2;
   }
 }
