@@ -108,6 +108,14 @@ class Registry {
 /// Never destroyed, so exporter threads may read it until the process exits.
 Registry& default_registry();
 
+/// This process's resident memory and its peak, in bytes, as the kernel counts them exactly
+/// (VmRSS and VmHWM of /proc/self/status; getrusage's ru_maxrss lags behind, below the current
+/// figure). 0 where they cannot be read.
+struct ResidentMemory {
+  double now = 0, peak = 0;
+};
+ResidentMemory resident_memory();
+
 /// The hook the communication layer calls once per completed collective or point-to-point
 /// operation: adds 1 to dt_comm_calls_total, `bytes` to dt_comm_bytes_total and `seconds` to
 /// dt_comm_seconds_total, each with labels op and backend, in default_registry(). `op` and

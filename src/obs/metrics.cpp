@@ -292,6 +292,21 @@ std::string Registry::render(const Labels& extra) const {
   return out;
 }
 
+ResidentMemory resident_memory() {
+  ResidentMemory m;
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return m;
+  char line[256];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long long kib = 0;
+    if (std::sscanf(line, "VmRSS: %llu kB", &kib) == 1) m.now = static_cast<double>(kib) * 1024.0;
+    if (std::sscanf(line, "VmHWM: %llu kB", &kib) == 1) m.peak = static_cast<double>(kib) * 1024.0;
+  }
+  std::fclose(f);
+  m.peak = std::max(m.peak, m.now);
+  return m;
+}
+
 Registry& default_registry() {
   static Registry* r = new Registry();  // never destroyed: exporter threads may outlive main
   return *r;

@@ -1,11 +1,7 @@
 #include "obs/train_obs.hpp"
 
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <mutex>
 
 #include "dt/device.hpp"
@@ -52,12 +48,9 @@ void register_memory_collector(metrics::Registry& reg) {
     reg.on_collect([&rss, &peak, &dev, &dev_peak] {
       dev.set(static_cast<double>(Device::allocated_bytes()));
       dev_peak.set(static_cast<double>(Device::max_allocated_bytes()));
-      std::ifstream statm("/proc/self/statm");
-      long size = 0, resident = 0;
-      if (statm >> size >> resident)
-        rss.set(static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)));
-      rusage ru{};
-      if (::getrusage(RUSAGE_SELF, &ru) == 0) peak.set(static_cast<double>(ru.ru_maxrss) * 1024.0);
+      const metrics::ResidentMemory m = metrics::resident_memory();
+      rss.set(m.now);
+      peak.set(m.peak);
     });
   });
 }

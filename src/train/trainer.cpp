@@ -1,4 +1,3 @@
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
@@ -22,6 +21,7 @@
 #include "comm/shm_comm.hpp"
 #include "comm/staged_comm.hpp"
 #include "dt/loss_scale.hpp"
+#include "dt/metrics.hpp"
 #include "dt/p2p.hpp"
 #include "dt/security.hpp"
 #include "dt/trace.hpp"
@@ -2001,9 +2001,7 @@ void Trainer::report_memory() {
 }
 
 void Trainer::report_peak_memory() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  std::vector<double> mine{static_cast<double>(ru.ru_maxrss) * 1024.0};  // Linux: KiB
+  std::vector<double> mine{metrics::resident_memory().peak};
   std::vector<double> all(static_cast<std::size_t>(comm_.size()));
   comm_.all_gather(view_of(mine), view_of(all));
   if (comm_.rank() != 0) return;

@@ -100,6 +100,8 @@ try:
         check(abs(v("dt_train_step_seconds_count") - steps) <= 1,
               "rank %d: step_seconds_count %s after %s steps" % (rank, v("dt_train_step_seconds_count"), steps))
         check((v("dt_process_resident_bytes") or 0) > 1e6, "rank %d: resident bytes %s" % (rank, v("dt_process_resident_bytes")))
+        check((v("dt_process_max_resident_bytes") or 0) >= (v("dt_process_resident_bytes") or 0),
+              "rank %d: resident peak %s below current %s" % (rank, v("dt_process_max_resident_bytes"), v("dt_process_resident_bytes")))
         # parameters, gradients (unless in the shared arena), moments and activations of micro
         check((v("dt_device_allocated_bytes") or 0) > 4 * 34688 * 3, "rank %d: device bytes %s" % (rank, v("dt_device_allocated_bytes")))
         check((v("dt_device_max_allocated_bytes") or 0) >= (v("dt_device_allocated_bytes") or 0), "rank %d: device peak below current" % rank)
