@@ -1,10 +1,11 @@
 // dt::Runtime: owns MPI, the topology and the job's communicators for one rank (RAII).
 //
 // Construction initialises MPI with MPI_THREAD_MULTIPLE (dt::CommError when the library cannot
-// provide it), duplicates MPI_COMM_WORLD so dt traffic never matches user traffic, discovers the
-// topology and binds the rank. Destruction frees dt's communicators and finalises MPI; if MPI was
-// already initialised by the caller, the caller finalises it. A rank that has failed and must take
-// the job down calls abort(), never a plain exit, so that no peer hangs.
+// provide it, or when MPI has been finalised already: MPI starts once per process), duplicates
+// MPI_COMM_WORLD so dt traffic never matches user traffic, discovers the topology and binds the
+// rank. Destruction frees dt's communicators and finalises MPI; if MPI was already initialised by
+// the caller, the caller finalises it. A rank that has failed and must take the job down calls
+// abort(), never a plain exit, so that no peer hangs.
 #pragma once
 
 #include <memory>

@@ -35,6 +35,15 @@ const char* thread_level_name(int level) {
 struct MpiSession {
   bool owns = false;
   MpiSession(int* argc, char*** argv) {
+    // MPI starts once per process: after MPI_Finalize (an earlier Runtime's, or the caller's)
+    // even MPI_Query_thread is erroneous, and Open MPI aborts the process on it.
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (fin)
+      DT_THROW(CommError,
+               "MPI has already been finalised in this process (by an earlier dt::Runtime or by "
+               "the caller) and cannot be started again: keep one dt::Runtime for the whole "
+               "program");
     int init = 0;
     MPI_Initialized(&init);
     int provided = MPI_THREAD_SINGLE;
