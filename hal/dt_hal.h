@@ -31,6 +31,14 @@ extern "C" {
 
 #define DT_HAL_API_VERSION_1 1
 
+/* Marks a plugin's entry function for export, so a plugin built with -fvisibility=hidden still
+ * exports it; the declarations below carry it, so a definition needs nothing more. */
+#if defined(__GNUC__) || defined(__clang__)
+#define DT_HAL_PLUGIN_EXPORT __attribute__((visibility("default")))
+#else
+#define DT_HAL_PLUGIN_EXPORT
+#endif
+
 typedef enum {
   DT_HAL_OK = 0,
   DT_HAL_ERR_INVALID = 1,    /* bad argument */
@@ -128,7 +136,10 @@ typedef struct dt_hal_v1 {
   int (*cast_bf16_to_f32)(void* ctx, float* out, const uint16_t* in, int64_t n);
 } dt_hal_v1_t;
 
-/* The one symbol a plugin exports. */
+/* The one symbol a plugin exports. Declared here with C linkage, so a plugin written in C++
+ * defines it unmangled without an extern "C" of its own; a plugin defines the entries of the
+ * versions it provides and no others. */
+DT_HAL_PLUGIN_EXPORT const dt_hal_v1_t* dt_hal_plugin_v1(void);
 typedef const dt_hal_v1_t* (*dt_hal_plugin_v1_fn)(void);
 #define DT_HAL_PLUGIN_V1_SYMBOL "dt_hal_plugin_v1"
 

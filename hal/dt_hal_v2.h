@@ -102,6 +102,8 @@ typedef struct dt_hal_v2 {
   void (*graph_destroy)(void* ctx, void* graph);
 } dt_hal_v2_t;
 
+/* The entry of a version-2 plugin (C linkage and exported, as in dt_hal.h). */
+DT_HAL_PLUGIN_EXPORT const dt_hal_v2_t* dt_hal_plugin_v2(void);
 typedef const dt_hal_v2_t* (*dt_hal_plugin_v2_fn)(void);
 #define DT_HAL_PLUGIN_V2_SYMBOL "dt_hal_plugin_v2"
 

@@ -43,6 +43,8 @@ typedef struct dt_hal_v3 {
                           int64_t NH, dt_hal_dtype dtype);
 } dt_hal_v3_t;
 
+/* The entry of a version-3 plugin (C linkage and exported, as in dt_hal.h). */
+DT_HAL_PLUGIN_EXPORT const dt_hal_v3_t* dt_hal_plugin_v3(void);
 typedef const dt_hal_v3_t* (*dt_hal_plugin_v3_fn)(void);
 #define DT_HAL_PLUGIN_V3_SYMBOL "dt_hal_plugin_v3"
 

@@ -52,6 +52,8 @@ typedef struct dt_hal_v4 {
                              dt_hal_dtype dtype);
 } dt_hal_v4_t;
 
+/* The entry of a version-4 plugin (C linkage and exported, as in dt_hal.h). */
+DT_HAL_PLUGIN_EXPORT const dt_hal_v4_t* dt_hal_plugin_v4(void);
 typedef const dt_hal_v4_t* (*dt_hal_plugin_v4_fn)(void);
 #define DT_HAL_PLUGIN_V4_SYMBOL "dt_hal_plugin_v4"
 

@@ -156,6 +156,17 @@ TEST_CASE("the template NPU plugin loads, describes itself and is refused for tr
   CHECK(msg16.find("adamw, gemm_ex, cast, scale_check_finite") != std::string::npos);
 }
 
+TEST_CASE("a plugin in C++ needs no extern \"C\" nor export attribute of its own") {
+  // tests/hal/cxx_plugin.cpp, built with hidden visibility: the header's declaration of
+  // dt_hal_plugin_v4 makes its definition an exported C symbol.
+  dt::Device d = dt::Device::open("cxx", kTestPlugins);
+  CHECK(d.abi_version() == 4);
+  CHECK(std::string(d.table().name) == "cxx");
+  float x[2] = {1, -2};
+  d.call(&dt_hal_v1_t::scale, "scale", x, 3.0f, std::int64_t{2});
+  CHECK(x[1] == -6.0f);
+}
+
 TEST_CASE("plugins of another ABI version are refused, naming both versions") {
   CHECK(error_of<dt::ConfigError>([] {
           dt::Device::open("wrongver", kTestPlugins);
