@@ -157,8 +157,8 @@ TEST_CASE("the template NPU plugin loads, describes itself and is refused for tr
 }
 
 TEST_CASE("a plugin in C++ needs no extern \"C\" nor export attribute of its own") {
-  // tests/hal/cxx_plugin.cpp, built with hidden visibility: the header's declaration of
-  // dt_hal_plugin_v4 makes its definition an exported C symbol.
+  // tests/install/consumer/cxx_plugin.cpp, built with hidden visibility: the header's declaration
+  // of dt_hal_plugin_v4 makes its definition an exported C symbol.
   dt::Device d = dt::Device::open("cxx", kTestPlugins);
   CHECK(d.abi_version() == 4);
   CHECK(std::string(d.table().name) == "cxx");

@@ -1,7 +1,8 @@
-// libdt_hal_cxx.so: a plugin written in C++ whose entry is defined as plainly as the header
+// libdt_hal_cxx.so: a device plugin written in C++ whose entry is defined as plainly as the header
 // declares it, without an extern "C" or a visibility attribute of its own, and built with hidden
 // visibility. The declaration in dt_hal_v4.h gives it C linkage and exports it, so dt finds
-// dt_hal_plugin_v4 (a mangled or hidden symbol would be "not a dt device plugin").
+// dt_hal_plugin_v4 (a mangled or hidden symbol would be "not a dt device plugin"). Built by the
+// consumer project against the installed dt::hal, and by tests/hal against the source tree.
 #include <cstdlib>
 #include <new>
 
