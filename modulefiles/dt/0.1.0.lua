@@ -31,10 +31,11 @@ whatis("Name: dt")
 whatis("Version: 0.1.0")
 whatis("Description: distributed tensor computing and GPT training for Slurm clusters with MPI")
 help([[
-dt 0.1.0: dt_train, dt_topo, dt_ckpt and dt_trace in PREFIX/bin, the library and headers for
-your own programs (CMAKE_PREFIX_PATH), device plugins in PREFIX/lib/dt/plugins (DT_PLUGIN_PATH),
-configs in PREFIX/share/dt/configs ($DT_CONFIGS) and Slurm job scripts, prolog and epilog in
-PREFIX/share/dt/slurm ($DT_SLURM):
+dt 0.1.0: dt_train, dt_topo, dt_ckpt, dt_trace and dt_bench in PREFIX/bin, the library and
+headers for your own programs (CMAKE_PREFIX_PATH: find_package(dt CONFIG), dt::dt), device
+plugins in PREFIX/lib/dt/plugins (DT_PLUGIN_PATH) and the skeleton of a new one in
+PREFIX/share/dt/hal, configs in PREFIX/share/dt/configs ($DT_CONFIGS) and Slurm job scripts,
+prolog and epilog in PREFIX/share/dt/slurm ($DT_SLURM):
   sbatch $DT_SLURM/train.sbatch $DT_CONFIGS/gpt-tiny.ini --data.path=... --ckpt.dir=...
 ]])
 

@@ -2,8 +2,9 @@
 # install.package: dt installed into a fresh prefix is a CMake package. A project of a user's own
 # (tests/install/consumer) finds it with find_package(dt CONFIG REQUIRED), links dt::dt, and its
 # program runs on 2 ranks: a dt::Runtime, an all_reduce, the built-in CPU device, the installed
-# CPU plugin and a plugin in C++ that the project builds against dt::hal. The package's exported
-# interface names none of libdt's private dependencies.
+# CPU plugin, a plugin in C++ that the project builds against dt::hal, and the installed template
+# plugin (share/dt/hal) built in a C project against dt::hal. The package's exported interface
+# names none of libdt's private dependencies.
 #   package.sh WORKDIR BUILD_DIR CONSUMER_SRC CXX_COMPILER MPIEXEC [CXX_FLAGS]
 set -u
 [ $# -ge 5 ] || { echo "usage: $0 WORKDIR BUILD_DIR CONSUMER_SRC CXX_COMPILER MPIEXEC [CXX_FLAGS]" >&2; exit 2; }
@@ -49,6 +50,15 @@ if ! cmake --build "$WORK/consumer" >"$WORK/build.out" 2>&1; then
   fail "the consumer project does not build against $P"
   finish
 fi
+# The installed template, built in a C project against dt::hal alone (hal/README.md).
+T=$P/share/dt/hal/template_device.c
+[ -f "$T" ] && [ -f "$P/share/dt/hal/README.md" ] || fail "$P/share/dt/hal lacks the template or README.md"
+if ! cmake -S "$SRC/npu" -B "$WORK/npu" "${generator[@]}" -DCMAKE_PREFIX_PATH="$P" \
+  -DDT_TEMPLATE="$T" -DCMAKE_C_FLAGS="$FLAGS" -DCMAKE_MODULE_LINKER_FLAGS="$FLAGS" \
+  >"$WORK/npu.out" 2>&1 || ! cmake --build "$WORK/npu" >>"$WORK/npu.out" 2>&1; then
+  cat "$WORK/npu.out"
+  fail "the installed template does not build against dt::hal"
+fi
 # It links libdt and MPI alone (the link line, as the linker may drop what is not used), loads libdt from the prefix (not from the build tree), and its
 # plugin exports its entry.
 if [ -f "$WORK/consumer/CMakeFiles/dt_consumer.dir/link.txt" ]; then
@@ -67,7 +77,7 @@ nm -D --defined-only "$WORK/consumer/libdt_hal_cxx.so" | grep -w dt_hal_plugin_v
   fail "libdt_hal_cxx.so does not export dt_hal_plugin_v4: $(nm -D --defined-only "$WORK/consumer/libdt_hal_cxx.so" | grep plugin)"
 echo "=== mpiexec -n 2 dt_consumer"
 cd "$WORK" || exit 1
-out=$("$MPIEXEC" -n 2 "$WORK/consumer/dt_consumer" "$P/lib/dt/plugins" "$WORK/consumer" 2>&1)
+out=$("$MPIEXEC" -n 2 "$WORK/consumer/dt_consumer" "$P/lib/dt/plugins" "$WORK/consumer:$WORK/npu" 2>&1)
 rc=$?
 echo "$out"
 [ $rc -eq 0 ] || fail "dt_consumer exited with $rc"

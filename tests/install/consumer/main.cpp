@@ -1,7 +1,8 @@
-// A dt user's program: a dt::Runtime, an all_reduce whose sum it checks, the built-in CPU device
-// and the plugins of the installation and of its own build. Prints "consumer: rank R: ok" on
-// every rank that passed and exits 1 on a failed check.
-//   dt_consumer INSTALLED_PLUGIN_DIR OWN_PLUGIN_DIR
+// A dt user's program: a dt::Runtime, an all_reduce whose sum it checks, the built-in CPU device,
+// the installation's CPU plugin, and the plugins built against the installation: cxx (its own
+// project's) and npu (the installed template, built by npu/). Prints "consumer: rank R of N: ok"
+// on every rank that passed and exits 1 on a failed check.
+//   dt_consumer INSTALLED_PLUGIN_DIR OWN_PLUGIN_PATH (colon-separated: cxx's and npu's folders)
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -25,7 +26,7 @@ void check(bool ok, int rank, const std::string& what) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s INSTALLED_PLUGIN_DIR OWN_PLUGIN_DIR\n", argv[0]);
+    std::fprintf(stderr, "usage: %s INSTALLED_PLUGIN_DIR OWN_PLUGIN_PATH\n", argv[0]);
     return 2;
   }
   const std::string installed = argv[1], own = argv[2];
@@ -50,6 +51,11 @@ int main(int argc, char** argv) {
   dt::Device cxx = dt::Device::open("cxx", own);
   cxx.call(&dt_hal_v1_t::scale, "scale", v, 0.5f, std::int64_t{3});
   check(cxx.abi_version() == DT_HAL_API_VERSION_4 && v[2] == 3.0f, rank, "its own plugin, cxx");
+
+  dt::Device npu = dt::Device::open("npu", own);
+  npu.call(&dt_hal_v1_t::scale, "scale", v, 2.0f, std::int64_t{3});
+  check(npu.describe().find("template NPU skeleton") != std::string::npos && v[2] == 6.0f, rank,
+        "the installed template built as npu: " + npu.describe());
 
   if (failures == 0) std::printf("consumer: rank %d of %d: ok\n", rank, size);
   return failures == 0 ? 0 : 1;
