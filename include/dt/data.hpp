@@ -4,9 +4,11 @@
 // Token files come in three formats:
 //   bytes  every byte of any file is one token (vocab 256).
 //   llmc   the llm.c format: a header of 256 little-endian int32 (magic 20240520, version 1,
-//          token count), then that many little-endian uint16 tokens (GPT-2, vocab 50257).
+//          token count), then that many little-endian uint16 tokens (GPT-2's, vocab 50257).
 //   u16    little-endian uint16 GPT-2 tokens without a header (nanoGPT's prepare.py writes
 //          train.bin and val.bin so).
+// llmc and u16 files may hold another tokenizer's tokens (up to 65535) where model.vocab is
+// given to fit them.
 // "auto" picks llmc when the file starts with the magic, bytes otherwise (a headerless file
 // cannot be told from bytes: a *.bin file read as bytes gets a note that says so). Every problem
 // with a file throws dt::ConfigError naming the path and what is wrong.
@@ -77,11 +79,13 @@ class TokenStore {
 /// uses it (as with any memory-mapped data set, a file cut short then ends the process).
 struct TokenFile {
   std::string path;
-  std::string format;          ///< the format actually read: "bytes", "llmc" or "u16"
-  std::string note;            ///< a warning about how the file was read ("" when none)
-  TokenStore tokens;           ///< never empty after load_tokens
-  int vocab = 0;               ///< 256 for bytes, 50257 for llmc
-  int max_token_plus_one = 0;  ///< largest token present + 1 (<= vocab)
+  std::string format;  ///< the format actually read: "bytes", "llmc" or "u16"
+  std::string note;    ///< a warning about how the file was read ("" when none)
+  TokenStore tokens;   ///< never empty after load_tokens
+  /// The vocabulary the format stands for: 256 for bytes, GPT-2's 50257 for llmc and u16 (the
+  /// default of model.vocab); tokens of another tokenizer may go up to 65535 (max_token_plus_one).
+  int vocab = 0;
+  int max_token_plus_one = 0;  ///< largest token present + 1
 
   size_t size() const { return tokens.size(); }
   TokenRange all() const { return {0, tokens.size()}; }
@@ -109,8 +113,7 @@ std::string data_identity(const TokenFile& f);
 /// (on little-endian machines) and checked in place; a byte file is read into its vector.
 /// Throws dt::ConfigError naming the path on: an unknown format, a missing / unreadable /
 /// non-regular file, an empty file, an llmc magic mismatch, an unsupported version, a header token
-/// count that disagrees with the file size, a truncated file, a u16 file of an odd size, a token
-/// >= 50257 in an llmc or u16 file.
+/// count that disagrees with the file size, a truncated file, a u16 file of an odd size.
 TokenFile load_tokens(const std::string& path, const std::string& format = "auto");
 
 /// The train part (first) and the validation part (last) of a token file.

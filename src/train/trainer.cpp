@@ -518,10 +518,16 @@ TokenFile validate_and_load(TrainConfig& c) {
            "option --test.hold-at-step: ", c.test_hold_at_step, " is above --train.steps=", c.steps,
            " (the run never reaches it)");
   TokenFile data = load_tokens(c.data_path, c.data_format);
-  if (c.model.vocab == 0) c.model.vocab = data.vocab;
+  const bool vocab_given = c.model.vocab != 0;
+  if (!vocab_given) c.model.vocab = data.vocab;
   DT_CHECK(ConfigError, data.max_token_plus_one <= c.model.vocab,
-           "option --model.vocab: ", c.model.vocab, " is smaller than the largest token in ",
-           c.data_path, " (", data.max_token_plus_one - 1, ")");
+           "option --model.vocab: ", c.model.vocab,
+           vocab_given ? std::string()
+                       : " (the default for " + data.format + " data" +
+                             (data.format == "bytes" ? "" : ", GPT-2's") + ")",
+           " is too small for ", c.data_path, ", whose largest token is ",
+           data.max_token_plus_one - 1, ": give --model.vocab=", data.max_token_plus_one,
+           " or more");
   const Split s = split(data, c.val_fraction);
   // Constructing these checks that seq-len fits both parts (ConfigError naming the numbers).
   Sampler(data.data(s.train), s.train.size(), c.model.block, static_cast<std::uint64_t>(c.seed),
