@@ -128,9 +128,13 @@ TrainTelemetry::TrainTelemetry(const TrainConfig& c, int rank, int world, double
     std::fflush(stderr);
   });
   if (exporter_->port() > 0) {
-    const bool everywhere = eo.host == "0.0.0.0";
-    std::printf("dt_train: rank %d: metrics at http://%s:%d/metrics%s\n", rank,
-                everywhere ? "localhost" : eo.host.c_str(), exporter_->port(),
+    const bool everywhere = eo.host == "0.0.0.0" || eo.host == "::";
+    // An IPv6 address goes in brackets in a URL (http://[::1]:9400/metrics).
+    const std::string host = everywhere                               ? std::string("localhost")
+                             : eo.host.find(':') != std::string::npos ? "[" + eo.host + "]"
+                                                                      : eo.host;
+    std::printf("dt_train: rank %d: metrics at http://%s:%d/metrics%s\n", rank, host.c_str(),
+                exporter_->port(),
                 everywhere ? " (served on every interface; --metrics.host=127.0.0.1 keeps it on "
                              "this node)"
                            : "");

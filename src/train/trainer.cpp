@@ -1755,6 +1755,11 @@ int Trainer::run() {
                 data_.format.c_str(), data_.size(), split_.train.size(), split_.val.size());
     if (!plan_->why.empty()) std::printf("dt_train: %s\n", plan_->why.c_str());
     if (!data_.note.empty()) std::printf("dt_train: warning: %s\n", data_.note.c_str());
+    if (c_.sample_tokens > 0 && data_.format != "bytes" && c_.sample_prompt != "\n")
+      std::printf(
+          "dt_train: warning: --sample.prompt is text, which only byte data reads: the "
+          "sample of this %s data starts without a prompt\n",
+          data_.format.c_str());
     if (!c_.eval_only && c_.optim.warmup >= c_.steps)
       std::printf(
           "dt_train: warning: --optim.warmup=%ld is not below --train.steps=%ld: the learning "
@@ -1970,7 +1975,7 @@ int Trainer::run() {
         std::printf("dt_train: sample:\n%s%s\n", decode_bytes(prompt.data(), prompt.size()).c_str(),
                     decode_bytes(out.data(), out.size()).c_str());
       } else {
-        std::printf("dt_train: sample (GPT-2 token ids):");
+        std::printf("dt_train: sample (token ids):");
         for (auto t : out) std::printf(" %d", t);
         std::printf("\n");
       }
