@@ -45,6 +45,8 @@ struct Trace {
   std::string path;
   json events;  // array
   std::set<std::int64_t> pids;
+  std::string run;         // otherData.run: the id dt_train gives the files of one run ("": none)
+  std::int64_t world = 0;  // otherData.world: the run's ranks (0: not said)
 };
 
 // "1 process", "2 processes".
@@ -74,6 +76,12 @@ Trace load(const std::string& path) {
     t.events = std::move(doc);
   } else if (doc.is_object() && doc.contains("traceEvents") && doc["traceEvents"].is_array()) {
     t.events = std::move(doc["traceEvents"]);
+    if (doc.contains("otherData") && doc["otherData"].is_object()) {
+      const json& o = doc["otherData"];
+      if (o.contains("run") && o["run"].is_string()) t.run = o["run"].get<std::string>();
+      if (o.contains("world") && o["world"].is_number_integer())
+        t.world = o["world"].get<std::int64_t>();
+    }
   } else {
     DT_THROW(ConfigError, path,
              ": not a Chrome trace (expected an object with a \"traceEvents\" array, or an array "
@@ -112,6 +120,25 @@ int cmd_merge(const std::vector<std::string>& args) {
                ": merging would mix two processes into one");
     }
   }
+  // The files of one run only: a trace folder that held an earlier run's files (of more ranks,
+  // or of ranks that did not start this time) would otherwise join two runs into one timeline.
+  std::map<std::string, std::vector<std::string>> runs;  // run -> its files
+  std::map<std::string, std::int64_t> worlds;
+  for (const Trace& t : traces) {
+    if (t.run.empty()) continue;
+    runs[t.run].push_back(t.path);
+    if (t.world > 0) worlds[t.run] = t.world;
+  }
+  if (runs.size() > 1) {
+    std::string which;
+    for (const auto& [run, files] : runs) {
+      which += (which.empty() ? "" : "; ") + std::string("run ") + run + ": ";
+      for (std::size_t i = 0; i < files.size(); ++i) which += (i ? ", " : "") + files[i];
+    }
+    DT_THROW(ConfigError, "the inputs come from ", runs.size(), " different runs (", which,
+             "): a folder holding an earlier run's files too? Name one run's files; nothing was "
+             "written");
+  }
   // OUT is replaced only when it is new or a merge of ours: `dt_trace merge trace-rank*.json`
   // (OUT forgotten) must not overwrite rank 0's trace with the others'.
   std::error_code ec;
@@ -139,6 +166,10 @@ int cmd_merge(const std::vector<std::string>& args) {
   }
   merged["displayTimeUnit"] = "ms";
   merged["otherData"] = {{"merged_from", sources}, {"events", n}};
+  if (runs.size() == 1) {
+    merged["otherData"]["run"] = runs.begin()->first;
+    if (worlds.count(runs.begin()->first)) merged["otherData"]["world"] = worlds.begin()->second;
+  }
   try {
     dt::metrics::write_file_atomically(out, merged.dump() + "\n");
   } catch (const dt::Error& e) {
@@ -147,6 +178,10 @@ int cmd_merge(const std::vector<std::string>& args) {
   std::printf("dt_trace merge: %s of %s from %s -> %s\n", count(n, "event", "events").c_str(),
               count(owner.size(), "process", "processes").c_str(),
               count(traces.size(), "file", "files").c_str(), out.c_str());
+  if (!worlds.empty() && static_cast<std::int64_t>(owner.size()) < worlds.begin()->second)
+    std::printf("dt_trace merge: note: the run had %s; the timeline holds %s\n",
+                count(static_cast<std::size_t>(worlds.begin()->second), "rank", "ranks").c_str(),
+                count(owner.size(), "of them", "of them").c_str());
   return 0;
 }
 

@@ -39,7 +39,10 @@ inline bool enabled() noexcept { return detail::g_enabled.load(std::memory_order
 /// Starts recording for rank `rank` into directory `dir` (created if missing). Throws
 /// dt::ConfigError naming the directory when it cannot be created or written, and dt::Error when
 /// tracing is already on. Events recorded earlier (by an earlier start) are discarded.
-void start(int rank, const std::string& dir);
+/// `world` and `run` (a job's ranks share one run id, and no other job has it), when given, go
+/// into the file, so that `dt_trace merge` refuses to join the files of different runs (a folder
+/// holding files of an earlier, larger job).
+void start(int rank, const std::string& dir, int world = 0, const std::string& run = "");
 /// Writes <dir>/trace-rank<R>.json with every event so far (atomically: temporary file, then
 /// rename); recording goes on. Returns the path. Throws dt::Error naming the file on failure;
 /// does nothing (returns "") when start() was never called.

@@ -88,8 +88,8 @@ struct State {
   std::mutex mu;
   std::vector<std::shared_ptr<ThreadBuf>> bufs;
   bool started = false;
-  int rank = 0;
-  std::string dir;
+  int rank = 0, world = 0;
+  std::string dir, run;
   std::int64_t wall_minus_steady_ns = 0;
   std::atomic<std::uint64_t> generation{0};
 };
@@ -167,7 +167,7 @@ void record(const char* name, const char* category, const char* arg_name, std::i
 }
 }  // namespace detail
 
-void start(int rank, const std::string& dir) {
+void start(int rank, const std::string& dir, int world, const std::string& run) {
   State& s = state();
   DT_CHECK(Error, !enabled(), "tracing is already on (rank ", s.rank, ", ", s.dir, ")");
   DT_CHECK(ConfigError, !dir.empty(), "option --trace.dir: an empty directory turns tracing off");
@@ -177,7 +177,9 @@ void start(int rank, const std::string& dir) {
     s.bufs.clear();
     s.started = true;
     s.rank = rank;
+    s.world = world;
     s.dir = dir;
+    s.run = run;
     const auto wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
                           std::chrono::system_clock::now().time_since_epoch())
                           .count();
@@ -227,14 +229,16 @@ std::string write() {
   std::vector<std::size_t> owner;  // index into threads, per event
   std::vector<Thread> threads;
   std::size_t dropped = 0;
-  int rank;
-  std::string dir;
+  int rank, world;
+  std::string dir, run;
   std::int64_t offset;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.started) return "";
     rank = s.rank;
+    world = s.world;
     dir = s.dir;
+    run = s.run;
     offset = s.wall_minus_steady_ns;
     for (const auto& b : s.bufs) {
       threads.push_back(Thread{b->tid, b->get_name()});
@@ -287,7 +291,13 @@ std::string write() {
   }
   out += "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"rank\":" + pid +
          ",\"events\":" + std::to_string(events.size()) +
-         ",\"dropped\":" + std::to_string(dropped) + ",\"clock\":\"wall\"}}\n";
+         ",\"dropped\":" + std::to_string(dropped) + ",\"clock\":\"wall\"";
+  if (world > 0) out += ",\"world\":" + std::to_string(world);
+  if (!run.empty()) {
+    out += ",\"run\":";
+    json_string(out, run.c_str());
+  }
+  out += "}}\n";
   const std::string path = dir + "/trace-rank" + pid + ".json";
   metrics::write_file_atomically(path, out);
   return path;

@@ -64,7 +64,8 @@ struct TrainTelemetry::Metrics {
   Gauge *ckpt_last_save_s, *ckpt_last_block_s, *ckpt_last_bytes;
 };
 
-TrainTelemetry::TrainTelemetry(const TrainConfig& c, int rank, int world, double flops_per_token)
+TrainTelemetry::TrainTelemetry(const TrainConfig& c, int rank, int world, double flops_per_token,
+                               const std::string& run)
     : m_(std::make_unique<Metrics>()),
       rank_(rank),
       every_(c.metrics_every),
@@ -141,7 +142,7 @@ TrainTelemetry::TrainTelemetry(const TrainConfig& c, int rank, int world, double
     std::fflush(stdout);
   }
   if (!c.trace_dir.empty()) {
-    trace::start(rank, c.trace_dir);
+    trace::start(rank, c.trace_dir, world, run);
     tracing_ = true;
   }
 }

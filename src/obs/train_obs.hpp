@@ -20,8 +20,10 @@ class TrainTelemetry {
  public:
   /// Registers the metrics, starts the exporters and the trace. Every rank prints the address of
   /// its HTTP endpoint. Throws dt::ConfigError naming the option (a port in use, a textfile
-  /// pattern without {rank} on several ranks, a trace directory that cannot be made).
-  TrainTelemetry(const TrainConfig& c, int rank, int world, double flops_per_token);
+  /// pattern without {rank} on several ranks, a trace directory that cannot be made). `run`: the
+  /// id the run's ranks share, written into their timelines.
+  TrainTelemetry(const TrainConfig& c, int rank, int world, double flops_per_token,
+                 const std::string& run = "");
   /// Stops the exporters and the trace without writing anything more.
   ~TrainTelemetry();
   TrainTelemetry(const TrainTelemetry&) = delete;

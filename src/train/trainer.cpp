@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -723,8 +724,18 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   const std::size_t bt = static_cast<std::size_t>(micro_) * c_.model.block;
   inputs_.resize(bt);
   targets_.resize(bt);
-  obs_ = std::make_unique<obs::TrainTelemetry>(c_, comm_.rank(), comm_.size(),
-                                               gpt_flops_per_token(c_.model, c_.model.block));
+  // One id for the timelines of this run's ranks (dt_trace merge refuses files of other runs).
+  std::uint64_t run = 0;
+  if (comm_.rank() == 0) {
+    std::random_device rd;
+    run = (static_cast<std::uint64_t>(rd()) << 32 | rd()) ^
+          static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  }
+  run = rank0_value(comm_, run);
+  char run_id[24];
+  std::snprintf(run_id, sizeof run_id, "%016llx", static_cast<unsigned long long>(run));
+  obs_ = std::make_unique<obs::TrainTelemetry>(
+      c_, comm_.rank(), comm_.size(), gpt_flops_per_token(c_.model, c_.model.block), run_id);
 }
 
 void Trainer::setup_engine(const security::SealedCommOptions& sealed,

@@ -5,7 +5,10 @@ have non-negative durations and nest properly on every thread (B/E pairs, if any
 the expected regions are there: steps, forward and backward per layer, micro-batches, optimizer,
 checkpoint phases on their own named threads. dt_trace merge keeps every event of both files in
 one trace with two processes; on a missing file, a file that is not JSON, JSON that is not a
-trace, or two files of the same rank it exits 2 naming the file and leaves OUT untouched."""
+trace, or two files of the same rank it exits 2 naming the file and leaves OUT untouched. The
+files of one run share a run id and say the run's size; a later 1-rank run into the same folder
+leaves rank 1's file of the earlier run, and merging the folder's files is refused, naming both
+runs, while the new run's file alone merges with a note that the run had 1 rank."""
 import collections
 import json
 import os
@@ -194,6 +197,29 @@ rc, out = obslib.run([a.trace, "summary", "merged.json", "--top"])
 check(rc == 2 and "option --top needs a number" in out, "summary with a bare --top: exit code %s" % rc)
 rc, out = obslib.run([a.trace, "summary", "merged.json", "--tpo", "3"])
 check(rc == 2 and "unknown option '--tpo'" in out, "summary with an unknown option: exit code %s" % rc)
+# One run id for both ranks' files, and the run's size.
+runs = {r: d.get("otherData", {}).get("run") for r, d in docs.items()}
+check(len(set(runs.values())) == 1 and re.fullmatch(r"[0-9a-f]{16}", str(runs.get(0))),
+      "the ranks' files do not share one run id: %s" % runs)
+check(all(d.get("otherData", {}).get("world") == 2 for d in docs.values()), "a file does not say world 2")
+check(json.load(open("merged.json")).get("otherData", {}).get("run") == runs.get(0),
+      "the merge does not keep the run id")
+# A later run of 1 rank into the same folder: rank 1's file is the earlier run's.
+rc, out = obslib.run(a.train_cmd(1, "--train.steps=1", "--trace.dir=tr", "--train.eval-every=0"))
+check(rc == 0, "the 1-rank dt_train exit code %s, expected 0" % rc)
+new_run = json.load(open("tr/trace-rank0.json")).get("otherData", {}).get("run")
+check(new_run and new_run != runs.get(0), "the second run has the first one's id %s" % new_run)
+with open("mixed.json", "w") as f:
+    f.write("previous")
+rc, out = obslib.run([a.trace, "merge", "mixed.json", "tr/trace-rank0.json", "tr/trace-rank1.json"])
+check(rc == 2 and "the inputs come from 2 different runs" in out and str(new_run) in out and
+      str(runs.get(0)) in out, "merge of two runs' files: exit code %s: %s" % (rc, out.strip()))
+check(open("mixed.json").read() == "previous", "merge of two runs' files changed its OUT")
+rc, out = obslib.run([a.trace, "merge", "alone.json", "tr/trace-rank0.json"])
+check(rc == 0 and "the run had 1 rank" not in out, "merge of the 1-rank run: exit code %s: %s" % (rc, out))
+rc, out = obslib.run([a.trace, "merge", "half.json", "tr/trace-rank1.json"])
+check(rc == 0 and "note: the run had 2 ranks; the timeline holds 1 of them" in out,
+      "merge of one rank of two: exit code %s: %s" % (rc, out.strip()))
 rc, out = obslib.run([a.trace, "frobnicate"])
 check(rc == 2 and "unknown subcommand 'frobnicate'" in out, "unknown subcommand: exit code %s" % rc)
 obslib.finish(a)
