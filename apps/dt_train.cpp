@@ -239,11 +239,13 @@ int main(int argc, char** argv) {
     dt::security::abort_job(e);  // a message failed authentication: no rank goes on (exit 5)
   } catch (const dt::Error& e) {
     std::fprintf(stderr, "dt_train: rank %d: %s\n", rt.rank(), e.what());
-    dt::trace::write_noexcept();  // the timeline up to the failure
+    dt::trace::write_noexcept();  // the timeline up to the failure, and the other ranks' too
+    dt::watchdog::collect_timelines("rank " + std::to_string(rt.rank()) + " failed");
     rt.abort(3);
   } catch (const std::exception& e) {  // out of memory on one rank, say: the others must not wait
     std::fprintf(stderr, "dt_train: rank %d: %s\n", rt.rank(), e.what());
     dt::trace::write_noexcept();
+    dt::watchdog::collect_timelines("rank " + std::to_string(rt.rank()) + " failed");
     rt.abort(3);
   }
 }

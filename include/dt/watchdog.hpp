@@ -97,6 +97,12 @@ struct Settings {
   double test_start_late_s = 0;  ///< testing only: the thread starts this much after construction
 };
 
+/// For a rank that failed and is about to abort the job: asks every other rank, through the
+/// running watchdog's thread, to write its timeline (--trace.dir; dt::trace::write), and waits
+/// until all have answered or `wait_s` passed. `why` goes with the question. Does nothing
+/// without a running watchdog or on one rank.
+void collect_timelines(const std::string& why, double wait_s = 5.0) noexcept;
+
 class Watchdog {
  public:
   /// Collective over `world` (duplicates it). Starts the thread unless timeout_s is 0 and
@@ -107,8 +113,9 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
- private:
   struct Impl;
+
+ private:
   std::unique_ptr<Impl> impl_;
 };
 

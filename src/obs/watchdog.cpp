@@ -31,6 +31,9 @@ using nlohmann::json;
 
 constexpr std::size_t kRecords = 256;
 constexpr int kTagQuery = 1, kTagReply = 2;
+// A query that starts so comes from a rank that failed (collect_timelines): the asked rank
+// writes its timeline before it answers, as the failed rank aborts the job once all have.
+constexpr char kFailedQuery[] = "failed: ";
 constexpr int kMaxMessage = 1 << 16;
 
 // CLOCK_MONOTONIC in ns (also read in the SIGCONT handler, where only clock_gettime may be used).
@@ -301,6 +304,9 @@ std::string state_json(int rank) { return state_with(rank, 64); }
 
 // --- watchdog ----------------------------------------------------------------------------------
 
+// The watchdog whose thread runs (collect_timelines asks through it), or null.
+std::atomic<Watchdog::Impl*> g_running{nullptr};
+
 struct Watchdog::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1;
@@ -349,6 +355,14 @@ struct Watchdog::Impl {
     MPI_Status st;
     if (qreq != MPI_REQUEST_NULL) MPI_Test(&qreq, &flag, &st);
     if (flag) {
+      int n = 0;
+      MPI_Get_count(&st, MPI_CHAR, &n);
+      const bool failed = n >= static_cast<int>(sizeof kFailedQuery - 1) &&
+                          std::memcmp(qbuf.data(), kFailedQuery, sizeof kFailedQuery - 1) == 0;
+      if (failed && !traced) {
+        traced = true;
+        trace::write_noexcept();
+      }
       auto m = std::make_unique<Sent>();
       m->text = state_with(rank, 64);
       if (m->text.size() >= static_cast<std::size_t>(kMaxMessage)) m->text = state_with(rank, 8);
@@ -702,11 +716,43 @@ Watchdog::Watchdog(MPI_Comm world, const Settings& s) : impl_(std::make_unique<I
   }
   m.born = now_ns();
   m.thread = std::thread([&m] { m.loop(); });
+  g_running.store(&m);
+}
+
+void collect_timelines(const std::string& why, double wait_s) noexcept {
+  Watchdog::Impl* m = g_running.load();
+  if (m == nullptr || m->size < 2) return;
+  try {
+    const std::string what = kFailedQuery + why;
+    const auto n = static_cast<std::size_t>(m->size);
+    std::vector<std::vector<char>> bufs(n);
+    std::vector<MPI_Request> reqs;
+    for (int q = 0; q < m->size; ++q) {
+      if (q == m->rank) continue;
+      bufs[static_cast<std::size_t>(q)].resize(kMaxMessage);
+      reqs.push_back(MPI_REQUEST_NULL);
+      MPI_Irecv(bufs[static_cast<std::size_t>(q)].data(), kMaxMessage, MPI_CHAR, q, kTagReply,
+                m->comm, &reqs.back());
+      reqs.push_back(MPI_REQUEST_NULL);
+      MPI_Isend(what.data(), static_cast<int>(what.size()), MPI_CHAR, q, kTagQuery, m->comm,
+                &reqs.back());
+    }
+    // Until every rank answered (having written its timeline) or the wait is over; what is still
+    // pending is left to the abort that follows.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+    int done = 0;
+    while (!done && std::chrono::steady_clock::now() < deadline) {
+      MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  } catch (...) {  // an allocation that failed: the job is aborted anyway
+  }
 }
 
 Watchdog::~Watchdog() {
   Impl& m = *impl_;
   if (!m.thread.joinable()) return;
+  g_running.store(nullptr);
   m.stop = true;
   m.thread.join();
   int fin = 0;

@@ -8,7 +8,9 @@ one trace with two processes; on a missing file, a file that is not JSON, JSON t
 trace, or two files of the same rank it exits 2 naming the file and leaves OUT untouched. The
 files of one run share a run id and say the run's size; a later 1-rank run into the same folder
 leaves rank 1's file of the earlier run, and merging the folder's files is refused, naming both
-runs, while the new run's file alone merges with a note that the run had 1 rank."""
+runs, while the new run's file alone merges with a note that the run had 1 rank. A rank that
+fails (a non-finite gradient on rank 1 in fp32, exit 3) has every rank write its timeline before
+the job is aborted."""
 import collections
 import json
 import os
@@ -220,6 +222,17 @@ check(rc == 0 and "the run had 1 rank" not in out, "merge of the 1-rank run: exi
 rc, out = obslib.run([a.trace, "merge", "half.json", "tr/trace-rank1.json"])
 check(rc == 0 and "note: the run had 2 ranks; the timeline holds 1 of them" in out,
       "merge of one rank of two: exit code %s: %s" % (rc, out.strip()))
+# A failure on one rank: every rank's timeline is written before the abort.
+rc, out = obslib.run(a.train_cmd(2, "--train.steps=5", "--trace.dir=failed", "--train.eval-every=0",
+                                 "--test.inject-inf-rank=1", "--test.inject-inf-step=2"))
+check(rc == 3, "the failing run: exit code %s, expected 3" % rc)
+for rank in (0, 1):
+    path = "failed/trace-rank%d.json" % rank
+    try:
+        d = json.load(open(path))
+        check(any(e.get("name") == "step" for e in d["traceEvents"]), "%s: no step" % path)
+    except (OSError, ValueError, KeyError) as e:
+        fail("after a failure on rank 1: %s: %s" % (path, e))
 rc, out = obslib.run([a.trace, "frobnicate"])
 check(rc == 2 and "unknown subcommand 'frobnicate'" in out, "unknown subcommand: exit code %s" % rc)
 obslib.finish(a)
