@@ -180,9 +180,50 @@ std::string Options::help() const {
   return os.str();
 }
 
+namespace {
+// Whether a value must be written in quotes to read back the same from a config file: it holds a
+// line break, a tab, a '"' first, a comment (" #") or spaces at either end, or starts as a comment.
+bool needs_quotes(const std::string& v) {
+  if (v.empty()) return false;
+  if (v.find_first_of("\n\r\t") != std::string::npos || v.front() == '"' || v.front() == '#' ||
+      v.front() == ';' || v.front() == ' ' || v.back() == ' ')
+    return true;
+  return v.find(" #") != std::string::npos;
+}
+// "..." with \\, \", \n, \r and \t escaped.
+std::string quoted(const std::string& v) {
+  std::string q = "\"";
+  for (char c : v) {
+    switch (c) {
+      case '\\':
+        q += "\\\\";
+        break;
+      case '"':
+        q += "\\\"";
+        break;
+      case '\n':
+        q += "\\n";
+        break;
+      case '\r':
+        q += "\\r";
+        break;
+      case '\t':
+        q += "\\t";
+        break;
+      default:
+        q += c;
+    }
+  }
+  return q + "\"";
+}
+}  // namespace
+
 std::string Options::dump() const {
   std::ostringstream os;
-  for (const auto& [n, v] : impl_->values) os << n << " = " << v() << "\n";
+  for (const auto& [n, v] : impl_->values) {
+    const std::string text = v();
+    os << n << " = " << (needs_quotes(text) ? quoted(text) : text) << "\n";
+  }
   return os.str();
 }
 
@@ -216,6 +257,39 @@ po::parsed_options read_ini(std::istream& in, const po::options_description& des
   std::string line, prefix;
   for (int no = 1; std::getline(in, line); ++no) {
     if (no == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 BOM
+    // A value in quotes (as Options::dump writes one that needs them) is read to its closing
+    // quote, escapes and all; only blanks and a comment may follow.
+    std::string quoted_value;
+    bool has_quoted = false;
+    if (const auto eq = line.find('='); eq != std::string::npos) {
+      const auto q = line.find_first_not_of(" \t", eq + 1);
+      const auto first = line.find_first_not_of(" \t");
+      if (q != std::string::npos && line[q] == '"' && line[first] != '#' && line[first] != ';' &&
+          line[first] != '[') {
+        const std::string at = " in config file '" + path + "' line " + std::to_string(no);
+        std::size_t i = q + 1;
+        for (; i < line.size() && line[i] != '"'; ++i) {
+          if (line[i] != '\\') {
+            quoted_value += line[i];
+            continue;
+          }
+          DT_CHECK(ConfigError, i + 1 < line.size(), "a quoted value ends in '\\'", at);
+          const char e = line[++i];
+          const char* from = "\\\"nrt";
+          const char* to = "\\\"\n\r\t";
+          const char* k = std::strchr(from, e);
+          DT_CHECK(ConfigError, e != '\0' && k != nullptr, "unknown escape '\\", std::string(1, e),
+                   "' in a quoted value (\\\\, \\\", \\n, \\r, \\t)", at);
+          quoted_value += to[k - from];
+        }
+        DT_CHECK(ConfigError, i < line.size(), "a quoted value has no closing '\"'", at);
+        const std::string after = trim(line.substr(i + 1));
+        DT_CHECK(ConfigError, after.empty() || after[0] == '#' || after[0] == ';', "'", after,
+                 "' after a quoted value", at);
+        line = line.substr(0, eq + 1) + " \"\"";
+        has_quoted = true;
+      }
+    }
     for (std::size_t i = 1; i < line.size(); ++i)
       if (line[i] == '#' && (line[i - 1] == ' ' || line[i - 1] == '\t')) {
         line.erase(i);
@@ -239,7 +313,7 @@ po::parsed_options read_ini(std::istream& in, const po::options_description& des
              "'", at);
     DT_CHECK(ConfigError, name != "config" && name != "help", "option '", name,
              "' belongs on the command line, not in a config file", at);
-    po::option o(name, {trim(line.substr(eq + 1))});
+    po::option o(name, {has_quoted ? quoted_value : trim(line.substr(eq + 1))});
     o.original_tokens = {name, o.value[0]};
     out.options.push_back(std::move(o));
   }

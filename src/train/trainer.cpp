@@ -999,7 +999,7 @@ void Trainer::stall_for_test(const char* what) {
 
 StepStats Trainer::step() {
   // The watchdog's activities within a step name it as the progress lines do (from 1).
-  const trace::Scope step_scope("step", "train", "step", step_);
+  const trace::Scope step_scope("step", "train", "step", step_ + 1);
   const auto t0 = std::chrono::steady_clock::now();
   const int T = c_.model.block;
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;

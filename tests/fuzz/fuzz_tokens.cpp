@@ -1,7 +1,9 @@
 // Fuzz target: the token-file reader and the samplers (src/data/data.cpp).
-// Contract checked: any file either loads into tokens below the vocabulary and non-empty, or
-// throws dt::ConfigError naming it; splitting and sampling a loaded file either works with windows
+// Contract checked: any file either loads into a non-empty run of tokens, all below
+// max_token_plus_one (which model.vocab must reach: the format's vocabulary or more), or throws
+// dt::ConfigError naming it; splitting and sampling a loaded file either works with windows
 // inside the file or throws dt::ConfigError.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -24,9 +26,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const dt::ConfigError&) {
     return 0;
   }
-  if (f.tokens.empty() || f.max_token_plus_one > f.vocab) std::abort();
-  for (auto t : f.tokens)
-    if (t >= f.vocab) std::abort();
+  if (f.tokens.empty() || f.max_token_plus_one > 65536) std::abort();
+  if (f.format == "bytes" && f.max_token_plus_one > f.vocab) std::abort();
+  int top = 0;
+  for (auto t : f.tokens) top = std::max<int>(top, t);
+  if (top + 1 != f.max_token_plus_one) std::abort();
+  const int vocab = std::max(f.vocab, f.max_token_plus_one);  // model.vocab given to fit them
   const double frac = (b % 10) / 10.0;
   const int seq_len = 1 + (a >> 2) % 16;
   try {
@@ -37,7 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         y(static_cast<std::size_t>(seq_len) * 2);
     smp.fill(b, 0, 2, x.data(), y.data());
     for (std::size_t i = 0; i < x.size(); ++i)
-      if (x[i] < 0 || x[i] >= f.vocab || y[i] < 0 || y[i] >= f.vocab) std::abort();
+      if (x[i] < 0 || x[i] >= vocab || y[i] < 0 || y[i] >= vocab) std::abort();
     if (!s.val.empty()) {
       const auto starts = dt::eval_windows(s.val.size(), seq_len, 2, "validation split");
       for (auto st : starts)

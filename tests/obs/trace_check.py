@@ -94,7 +94,8 @@ for rank in (0, 1):
     layers = sorted({e["args"]["layer"] for e in xs if e["name"] in ("forward", "backward")})
     check(layers == list(range(LAYERS)), "%s: layer arguments %s" % (path, layers))
     steps = sorted(e["args"]["step"] for e in xs if e["name"] == "step")
-    check(steps == list(range(STEPS)), "%s: step arguments %s" % (path, steps))
+    # Numbered from 1, as the progress lines and the step log number them.
+    check(steps == list(range(1, STEPS + 1)), "%s: step arguments %s" % (path, steps))
     for region in ("ckpt.save", "ckpt.write", "ckpt.hash", "ckpt.fsync"):
         check(names[region] == 2, "%s: %d %s events, expected 2 (steps 2 and 4)" % (path, names[region], region))
     comm = [e for e in xs if e.get("cat") == "comm"]

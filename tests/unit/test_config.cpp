@@ -352,6 +352,48 @@ TEST_CASE("Options: dump lists every option as parsed, in declaration order") {
         "train.mode = slow\n");
 }
 
+// What dump writes reads back as the same settings (--print-config's output as a config file):
+// values with a line break, a tab, spaces at either end, a comment in them, or a quote first are
+// written in quotes with escapes.
+TEST_CASE("Options: dump reads back as the same settings") {
+  TempDir dir;
+  for (const std::string& name :
+       {std::string("plain"), std::string("\n"), std::string("  lead # not a comment ; x = y"),
+        std::string("tab\there\r"), std::string("\"quoted\" and \\back\\"), std::string("#first"),
+        std::string(";first"), std::string("trail "), std::string("run#3")}) {
+    App a;
+    const std::string arg = "--name=" + name;
+    REQUIRE(a.parse({arg.c_str(), "--check.iters=9"}));
+    const std::string text = a.opts.dump();
+    const std::string ini = dir.write("dump.ini", text);
+    App b;
+    REQUIRE(b.parse({"--config", ini.c_str()}));
+    CHECK_MESSAGE(b.name == name, "dump: ", text);
+    CHECK(b.iters == 9);
+    CHECK(b.opts.dump() == text);
+  }
+  App a;
+  REQUIRE(a.parse({"--name=\n"}));
+  CHECK(a.opts.dump().rfind("name = \"\\n\"\n", 0) == 0);
+  auto check_file = [&](const std::string& text, std::vector<std::string> needles) {
+    const std::string arg = "--config=" + dir.write("q.ini", text);
+    expect_error({arg.c_str()}, needles);
+  };
+  check_file("name = \"open\n", {"no closing '\"'", "line 1"});
+  check_file("name = \"a\\qb\"\n", {"unknown escape '\\q'"});
+  check_file("name = \"a\" b\n", {"'b' after a quoted value"});
+  App c;
+  const std::string ini = dir.write("c.ini", "name = \"x # y\"  # a comment\n");
+  REQUIRE(c.parse({"--config", ini.c_str()}));
+  CHECK(c.name == "x # y");
+  // An empty value (a string option's default, say) is written and read as such.
+  App e;
+  const std::string empty = dir.write("e.ini", "name =\n");
+  REQUIRE(e.parse({"--config", empty.c_str()}));
+  CHECK(e.name.empty());
+  CHECK(e.opts.dump().rfind("name = \n", 0) == 0);
+}
+
 TEST_CASE("Options: a setting of two words held as a bool") {
   TempDir dir;
   auto parse = [](std::vector<const char*> args, bool def, bool& flash) {
