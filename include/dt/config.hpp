@@ -51,8 +51,13 @@ class Options {
   bool parse(int argc, const char* const* argv);
   /// The --help text.
   std::string help() const;
-  /// "name = value" lines of every option as parsed, for run logs.
+  /// "name = value" lines of every option as parsed, for run logs, and a config file that reads
+  /// back as the same settings: a value with a line break, a tab, a comment (" #"), spaces at
+  /// its ends or a quote first is written in double quotes with \\, \", \n, \r and \t escaped.
   std::string dump() const;
+  /// A value as dump() writes it, read back: one in double quotes unquoted and unescaped, any
+  /// other as it is. Throws dt::ConfigError for an unknown escape or a quote left open.
+  static std::string unquote(const std::string& value);
 
  private:
   struct Impl;

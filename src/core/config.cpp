@@ -218,6 +218,24 @@ std::string quoted(const std::string& v) {
 }
 }  // namespace
 
+std::string Options::unquote(const std::string& value) {
+  if (value.size() < 2 || value.front() != '"' || value.back() != '"') return value;
+  std::string out;
+  for (std::size_t i = 1; i + 1 < value.size(); ++i) {
+    if (value[i] != '\\') {
+      out += value[i];
+      continue;
+    }
+    static const char from[] = "\\\"nrt", to[] = "\\\"\n\r\t";
+    const char e = i + 2 < value.size() ? value[++i] : '\0';
+    const char* k = e ? std::strchr(from, e) : nullptr;
+    DT_CHECK(ConfigError, k != nullptr, "unknown escape '\\", std::string(e ? 1 : 0, e),
+             "' in the quoted value ", value, " (\\\\, \\\", \\n, \\r, \\t)");
+    out += to[k - from];
+  }
+  return out;
+}
+
 std::string Options::dump() const {
   std::ostringstream os;
   for (const auto& [n, v] : impl_->values) {
@@ -267,22 +285,14 @@ po::parsed_options read_ini(std::istream& in, const po::options_description& des
       if (q != std::string::npos && line[q] == '"' && line[first] != '#' && line[first] != ';' &&
           line[first] != '[') {
         const std::string at = " in config file '" + path + "' line " + std::to_string(no);
-        std::size_t i = q + 1;
-        for (; i < line.size() && line[i] != '"'; ++i) {
-          if (line[i] != '\\') {
-            quoted_value += line[i];
-            continue;
-          }
-          DT_CHECK(ConfigError, i + 1 < line.size(), "a quoted value ends in '\\'", at);
-          const char e = line[++i];
-          const char* from = "\\\"nrt";
-          const char* to = "\\\"\n\r\t";
-          const char* k = std::strchr(from, e);
-          DT_CHECK(ConfigError, e != '\0' && k != nullptr, "unknown escape '\\", std::string(1, e),
-                   "' in a quoted value (\\\\, \\\", \\n, \\r, \\t)", at);
-          quoted_value += to[k - from];
-        }
+        std::size_t i = q + 1;  // to the closing quote, past escaped characters
+        while (i < line.size() && line[i] != '"') i += line[i] == '\\' ? 2 : 1;
         DT_CHECK(ConfigError, i < line.size(), "a quoted value has no closing '\"'", at);
+        try {
+          quoted_value = Options::unquote(line.substr(q, i + 1 - q));
+        } catch (const ConfigError& e) {
+          DT_THROW(ConfigError, e.message(), at);
+        }
         const std::string after = trim(line.substr(i + 1));
         DT_CHECK(ConfigError, after.empty() || after[0] == '#' || after[0] == ';', "'", after,
                  "' after a quoted value", at);

@@ -78,7 +78,8 @@ void load_bytes(int fd, size_t size, TokenFile& f) {
 }
 
 // The `count` little-endian uint16 tokens at byte `offset` of the file (of `size` bytes) into f:
-// mapped (read and swapped on a big-endian host), every token checked against the GPT-2 vocabulary.
+// mapped (read and swapped on a big-endian host), its largest token noted (model.vocab must hold
+// it: GPT-2's 50257 by default, more for another tokenizer's tokens).
 void map_tokens(int fd, size_t size, size_t offset, size_t count, TokenFile& f) {
   const std::string& path = f.path;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__

@@ -381,7 +381,9 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   const std::string tmp =
       path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(++calls);
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) DT_THROW(Error, "cannot write ", path, " (its temporary file ", tmp, "): ", std::strerror(errno));
+  if (!f)
+    DT_THROW(Error, "cannot write ", path, " (its temporary file ", tmp,
+             "): ", std::strerror(errno));
   const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
   const int werr = errno;
   const bool closed = std::fclose(f) == 0;

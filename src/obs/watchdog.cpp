@@ -30,9 +30,10 @@ namespace {
 using nlohmann::json;
 
 constexpr std::size_t kRecords = 256;
-constexpr int kTagQuery = 1, kTagReply = 2;
+constexpr int kTagQuery = 1, kTagReply = 2, kTagWritten = 3;
 // A query that starts so comes from a rank that failed (collect_timelines): the asked rank
-// writes its timeline before it answers, as the failed rank aborts the job once all have.
+// writes its timeline, then answers with one byte on kTagWritten (not its state), as the failed
+// rank aborts the job once all have.
 constexpr char kFailedQuery[] = "failed: ";
 constexpr int kMaxMessage = 1 << 16;
 
@@ -351,39 +352,51 @@ struct Watchdog::Impl {
 
   // Answers a query that arrived (if any) with this rank's state.
   void serve() {
-    int flag = 0;
-    MPI_Status st;
-    if (qreq != MPI_REQUEST_NULL) MPI_Test(&qreq, &flag, &st);
-    if (flag) {
-      int n = 0;
-      MPI_Get_count(&st, MPI_CHAR, &n);
-      const bool failed = n >= static_cast<int>(sizeof kFailedQuery - 1) &&
-                          std::memcmp(qbuf.data(), kFailedQuery, sizeof kFailedQuery - 1) == 0;
-      if (failed && !traced) {
-        traced = true;
-        trace::write_noexcept();
-      }
-      auto m = std::make_unique<Sent>();
-      m->text = state_with(rank, 64);
-      if (m->text.size() >= static_cast<std::size_t>(kMaxMessage)) m->text = state_with(rank, 8);
-      if (m->text.size() >= static_cast<std::size_t>(kMaxMessage)) m->text = state_with(rank, 0);
-      m->text.resize(std::min<std::size_t>(m->text.size(), kMaxMessage - 1));
-      MPI_Isend(m->text.data(), static_cast<int>(m->text.size()), MPI_CHAR, st.MPI_SOURCE,
-                kTagReply, comm, &m->req);
-      sent.push_back(std::move(m));
-      post_query_recv();
-      // A rank investigating a hang asks: the job is about to be aborted. This rank's timeline
-      // (that of the rank a hang waits for, often) is written now, after the answer is on its
-      // way; MPI_Abort may end the writing, which then leaves the previous file (or none).
-      if (!traced) {
-        traced = true;
-        trace::write_noexcept();
-      }
+    // Every query that has arrived (all ranks of a job that failed everywhere at once ask).
+    for (int flag = 1; flag && qreq != MPI_REQUEST_NULL;) {
+      MPI_Status st;
+      MPI_Test(&qreq, &flag, &st);
+      if (flag) answer(st);
     }
     for (auto it = sent.begin(); it != sent.end();) {
       int done = 0;
       MPI_Test(&(*it)->req, &done, MPI_STATUS_IGNORE);
       it = done ? sent.erase(it) : it + 1;
+    }
+  }
+
+  // Answers the query that arrived (status `st`, text in qbuf) and waits for the next one.
+  void answer(const MPI_Status& st) {
+    int n = 0;
+    MPI_Get_count(&st, MPI_CHAR, &n);
+    const bool failed = n >= static_cast<int>(sizeof kFailedQuery - 1) &&
+                        std::memcmp(qbuf.data(), kFailedQuery, sizeof kFailedQuery - 1) == 0;
+    auto m = std::make_unique<Sent>();
+    if (failed) {
+      if (!traced) {
+        traced = true;
+        trace::write_noexcept();
+      }
+      m->text = "w";
+      MPI_Isend(m->text.data(), 1, MPI_CHAR, st.MPI_SOURCE, kTagWritten, comm, &m->req);
+      sent.push_back(std::move(m));
+      post_query_recv();
+      return;
+    }
+    m->text = state_with(rank, 64);
+    if (m->text.size() >= static_cast<std::size_t>(kMaxMessage)) m->text = state_with(rank, 8);
+    if (m->text.size() >= static_cast<std::size_t>(kMaxMessage)) m->text = state_with(rank, 0);
+    m->text.resize(std::min<std::size_t>(m->text.size(), kMaxMessage - 1));
+    MPI_Isend(m->text.data(), static_cast<int>(m->text.size()), MPI_CHAR, st.MPI_SOURCE, kTagReply,
+              comm, &m->req);
+    sent.push_back(std::move(m));
+    post_query_recv();
+    // A rank investigating a hang asks: the job is about to be aborted. This rank's timeline
+    // (that of the rank a hang waits for, often) is written now, after the answer is on its
+    // way; MPI_Abort may end the writing, which then leaves the previous file (or none).
+    if (!traced) {
+      traced = true;
+      trace::write_noexcept();
     }
   }
 
@@ -722,37 +735,47 @@ Watchdog::Watchdog(MPI_Comm world, const Settings& s) : impl_(std::make_unique<I
 void collect_timelines(const std::string& why, double wait_s) noexcept {
   Watchdog::Impl* m = g_running.load();
   if (m == nullptr || m->size < 2) return;
-  try {
-    const std::string what = kFailedQuery + why;
-    const auto n = static_cast<std::size_t>(m->size);
-    std::vector<std::vector<char>> bufs(n);
+  // What the requests use lives on the heap and is let go only once they are all done: after
+  // the wait a late answer may still arrive (the job is aborted right after).
+  struct Asked {
+    std::string what;
+    std::vector<char> acks;
     std::vector<MPI_Request> reqs;
-    for (int q = 0; q < m->size; ++q) {
-      if (q == m->rank) continue;
-      bufs[static_cast<std::size_t>(q)].resize(kMaxMessage);
-      reqs.push_back(MPI_REQUEST_NULL);
-      MPI_Irecv(bufs[static_cast<std::size_t>(q)].data(), kMaxMessage, MPI_CHAR, q, kTagReply,
-                m->comm, &reqs.back());
-      reqs.push_back(MPI_REQUEST_NULL);
-      MPI_Isend(what.data(), static_cast<int>(what.size()), MPI_CHAR, q, kTagQuery, m->comm,
-                &reqs.back());
-    }
-    // Until every rank answered (having written its timeline) or the wait is over; what is still
-    // pending is left to the abort that follows.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
-    int done = 0;
-    while (!done && std::chrono::steady_clock::now() < deadline) {
-      MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
-      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  } catch (...) {  // an allocation that failed: the job is aborted anyway
+  };
+  Asked* a = nullptr;
+  try {
+    a = new Asked;
+    a->what = kFailedQuery + why;
+    a->acks.resize(static_cast<std::size_t>(m->size));
+    a->reqs.reserve(2 * static_cast<std::size_t>(m->size));
+  } catch (...) {  // out of memory: the job is aborted without the others' timelines
+    delete a;
+    return;
   }
+  for (int q = 0; q < m->size; ++q) {
+    if (q == m->rank) continue;
+    a->reqs.push_back(MPI_REQUEST_NULL);
+    MPI_Irecv(&a->acks[static_cast<std::size_t>(q)], 1, MPI_CHAR, q, kTagWritten, m->comm,
+              &a->reqs.back());
+    a->reqs.push_back(MPI_REQUEST_NULL);
+    MPI_Isend(a->what.data(), static_cast<int>(a->what.size()), MPI_CHAR, q, kTagQuery, m->comm,
+              &a->reqs.back());
+  }
+  // Until every rank has written its timeline and said so, or the wait is over.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+  int done = 0;
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    MPI_Testall(static_cast<int>(a->reqs.size()), a->reqs.data(), &done, MPI_STATUSES_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (done) delete a;
 }
 
 Watchdog::~Watchdog() {
   Impl& m = *impl_;
   if (!m.thread.joinable()) return;
-  g_running.store(nullptr);
+  Impl* running = &m;
+  g_running.compare_exchange_strong(running, nullptr);
   m.stop = true;
   m.thread.join();
   int fin = 0;

@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -50,7 +49,15 @@ std::vector<std::pair<std::string, std::string>> config_lines(const std::string&
   std::istringstream is(text);
   for (std::string line; std::getline(is, line);) {
     const auto eq = line.find(" = ");
-    if (eq != std::string::npos) out.emplace_back(line.substr(0, eq), line.substr(eq + 3));
+    if (eq == std::string::npos) continue;
+    // Values as they were set: dump quotes some (a path with spaces at its ends, say), and
+    // checkpoints of format 3 and older hold them unquoted.
+    std::string v = line.substr(eq + 3);
+    try {
+      v = Options::unquote(v);
+    } catch (const ConfigError&) {  // not a value dump wrote: compared as it is
+    }
+    out.emplace_back(line.substr(0, eq), v);
   }
   return out;
 }
@@ -581,6 +588,15 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   const std::int64_t n = comm.size();
   // The plan (layout, micro-batches, stages, memory estimate) is checked before any allocation.
   const std::vector<RankSite> sites = gather_sites(comm_, site_of(c_, comm_.rank(), comm_.size()));
+  // One id for the timelines of this run's ranks (dt_trace merge refuses files of other runs),
+  // drawn here, next to the collective before it, before anything that may fail on one rank.
+  std::uint64_t run = 0;
+  if (comm_.rank() == 0)
+    run = static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) ^
+          (static_cast<std::uint64_t>(::getpid()) << 40) ^ std::hash<std::string>{}(host_name());
+  run = rank0_value(comm_, run);
+  char run_id[24];
+  std::snprintf(run_id, sizeof run_id, "%016llx", static_cast<unsigned long long>(run));
   std::map<int, int> per_node;
   for (const RankSite& s : sites) ++per_node[s.node];
   const bool flash_wanted = c_.model.flash_attention;  // model.attention=flash
@@ -724,16 +740,6 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   const std::size_t bt = static_cast<std::size_t>(micro_) * c_.model.block;
   inputs_.resize(bt);
   targets_.resize(bt);
-  // One id for the timelines of this run's ranks (dt_trace merge refuses files of other runs).
-  std::uint64_t run = 0;
-  if (comm_.rank() == 0) {
-    std::random_device rd;
-    run = (static_cast<std::uint64_t>(rd()) << 32 | rd()) ^
-          static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-  }
-  run = rank0_value(comm_, run);
-  char run_id[24];
-  std::snprintf(run_id, sizeof run_id, "%016llx", static_cast<unsigned long long>(run));
   obs_ = std::make_unique<obs::TrainTelemetry>(
       c_, comm_.rank(), comm_.size(), gpt_flops_per_token(c_.model, c_.model.block), run_id);
 }

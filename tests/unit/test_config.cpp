@@ -386,6 +386,11 @@ TEST_CASE("Options: dump reads back as the same settings") {
   const std::string ini = dir.write("c.ini", "name = \"x # y\"  # a comment\n");
   REQUIRE(c.parse({"--config", ini.c_str()}));
   CHECK(c.name == "x # y");
+  // unquote reads a dumped value back (checkpoints' config text is compared so).
+  CHECK(dt::Options::unquote("\"a\\nb \\\"c\\\" \\\\\"") == "a\nb \"c\" \\");
+  CHECK(dt::Options::unquote("plain #x") == "plain #x");
+  CHECK(dt::Options::unquote("\"") == "\"");
+  CHECK_THROWS_AS(dt::Options::unquote("\"a\\qb\""), dt::ConfigError);
   // An empty value (a string option's default, say) is written and read as such.
   App e;
   const std::string empty = dir.write("e.ini", "name =\n");
