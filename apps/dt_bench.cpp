@@ -128,10 +128,9 @@ std::size_t parse_size(const std::string& option, const std::string& text) {
   return static_cast<std::size_t>(v);
 }
 
-void parse_settings(Settings& s) {
+void parse_settings(Settings& s, bool ops_given) {
   for (const auto& o : split_list(s.ops)) {
-    auto it = std::find_if(std::begin(kOps), std::end(kOps),
-                           [&](Op x) { return o == op_name(x); });
+    auto it = std::find_if(std::begin(kOps), std::end(kOps), [&](Op x) { return o == op_name(x); });
     DT_CHECK(ConfigError, it != std::end(kOps), "option --ops: '", o,
              "' is not one of all_reduce, all_gather, reduce_scatter, broadcast, sendrecv");
     if (std::find(s.op_list.begin(), s.op_list.end(), *it) == s.op_list.end())
@@ -148,7 +147,7 @@ void parse_settings(Settings& s) {
   }
   DT_CHECK(ConfigError, !s.backend_list.empty(), "option --backends: no backend given");
   // ucx is point-to-point: a collective named in --ops (or the gradient set's all_reduce) that no
-  // other backend runs would measure nothing. The default --ops keeps what the backends run.
+  // other backend runs would measure nothing. --ops not given keeps what the backends run.
   const bool only_ucx = s.backend_list == std::vector<Backend>{Backend::ucx};
   if (only_ucx && !s.grad_set.empty())
     DT_THROW(ConfigError, "option --backends: ucx is point-to-point only, and --grad-set ",
@@ -162,7 +161,7 @@ void parse_settings(Settings& s) {
       else
         refused += std::string(refused.empty() ? "" : ", ") + op_name(o);
     }
-    DT_CHECK(ConfigError, refused.empty() || s.ops == kDefaultOps, "option --ops: ", refused,
+    DT_CHECK(ConfigError, refused.empty() || !ops_given, "option --ops: ", refused,
              " cannot run on --backends=ucx (UCX is point-to-point only: sendrecv); add mpi, shm "
              "or shm-copy to --backends, or leave ",
              refused, " out of --ops");
@@ -179,7 +178,7 @@ void parse_settings(Settings& s) {
            " is below the minimum of 64");
   s.shm_min = parse_size("shm.min-bytes", s.shm_min_s);
   s.dtype = dt::parse_dtype(s.dtype_s);  // the choice list has already checked the name
-  s.rop = s.op_s == "sum" ? ReduceOp::sum
+  s.rop = s.op_s == "sum"   ? ReduceOp::sum
           : s.op_s == "avg" ? ReduceOp::avg
           : s.op_s == "max" ? ReduceOp::max
                             : ReduceOp::min;
@@ -208,9 +207,9 @@ class Values {
   }
   // `salt` separates inputs (0) from the filler written into outputs before a call (1).
   long operator()(int rank, std::size_t i, long iter, unsigned salt = 0) const {
-    const std::uint64_t h =
-        mix(mix(mix((static_cast<std::uint64_t>(rank) << 8) ^ salt) ^ static_cast<std::uint64_t>(iter)) ^
-            i);
+    const std::uint64_t h = mix(mix(mix((static_cast<std::uint64_t>(rank) << 8) ^ salt) ^
+                                    static_cast<std::uint64_t>(iter)) ^
+                                i);
     return lo_ + static_cast<long>(h % static_cast<std::uint64_t>(hi_ - lo_ + 1));
   }
 
@@ -414,8 +413,7 @@ class Bench {
 
  private:
   bool wants(Backend b) const {
-    return std::find(s_.backend_list.begin(), s_.backend_list.end(), b) !=
-           s_.backend_list.end();
+    return std::find(s_.backend_list.begin(), s_.backend_list.end(), b) != s_.backend_list.end();
   }
   bool wants(Op o) const {
     return std::find(s_.op_list.begin(), s_.op_list.end(), o) != s_.op_list.end();
@@ -466,9 +464,8 @@ class Bench {
       std::printf(
           "# shm: %d node(s) x %d local ranks%s, chunk %zu B, staging %zu B, min %zu B, arena %zu "
           "B per rank\n",
-          shm_->num_nodes(), shm_->local_size(),
-          s_.simulated_nodes > 0 ? " (simulated)" : "", s_.shm_chunk, s_.shm_staging, s_.shm_min,
-          shm_->arena_bytes());
+          shm_->num_nodes(), shm_->local_size(), s_.simulated_nodes > 0 ? " (simulated)" : "",
+          s_.shm_chunk, s_.shm_staging, s_.shm_min, shm_->arena_bytes());
     if (shm_ && s_.grad_set.empty())
       std::printf(
           "# shm: only all_reduce reads arena buffers in place; all_gather, reduce_scatter and "
@@ -478,7 +475,8 @@ class Bench {
         s_.iters, s_.warmup,
         s_.check ? " (with --check: sum of each call's own time; inputs and checks off the clock)"
                  : " (no barrier in the loop)");
-    std::printf("# path: what each call took: shm, hier (shm inside nodes, MPI across), mpi, ucx\n");
+    std::printf(
+        "# path: what each call took: shm, hier (shm inside nodes, MPI across), mpi, ucx\n");
     std::fflush(stdout);
   }
 
@@ -753,11 +751,11 @@ class Bench {
 
   void run_grad_set() {
     if (me_ == 0) {
-      std::printf("#\n# gradient set of %s: %zu tensors, %zu %s elements (%.2f MiB); %zu bucket(s) "
-                  "of at most %g MiB in reverse parameter order\n",
-                  s_.grad_set.c_str(), g_.params.size(), g_.numel, dt::dtype_name(s_.dtype),
-                  static_cast<double>(g_.numel * es_) / (1 << 20), g_.buckets.size(),
-                  s_.bucket_mb);
+      std::printf(
+          "#\n# gradient set of %s: %zu tensors, %zu %s elements (%.2f MiB); %zu bucket(s) "
+          "of at most %g MiB in reverse parameter order\n",
+          s_.grad_set.c_str(), g_.params.size(), g_.numel, dt::dtype_name(s_.dtype),
+          static_cast<double>(g_.numel * es_) / (1 << 20), g_.buckets.size(), s_.bucket_mb);
       std::printf("# %-8s %9s %9s %16s %14s %8s %6s  %s\n", "backend", "calls", "buckets",
                   "per-tensor (us)", "bucketed (us)", "speedup", "#wrong", "path (largest call)");
     }
@@ -774,9 +772,9 @@ class Bench {
       for (const auto& bk : g_.buckets) largest = std::max(largest, bk.second);
       Shape sh;
       sh.in = largest;
-      const double busbw = buck.us > 0 ? static_cast<double>(g_.numel * es_) / buck.us / 1e3 *
-                                             2.0 * (n_ - 1) / n_
-                                       : 0;
+      const double busbw =
+          buck.us > 0 ? static_cast<double>(g_.numel * es_) / buck.us / 1e3 * 2.0 * (n_ - 1) / n_
+                      : 0;
       all_busbw_.push_back(busbw);
       if (me_ == 0) {
         std::printf("  %-8s %9zu %9zu %16.1f %14.1f %8.2f %6ld  %s\n", backend_name(b),
@@ -794,7 +792,8 @@ class Bench {
       for (const auto& [k, v] : busbw_) {
         double sum = 0;
         for (double x : v) sum += x;
-        std::printf("# Avg bus bandwidth %-24s: %.4f\n", k.c_str(), sum / static_cast<double>(v.size()));
+        std::printf("# Avg bus bandwidth %-24s: %.4f\n", k.c_str(),
+                    sum / static_cast<double>(v.size()));
       }
       if (s_.check)
         std::printf("# Out of bounds values : %ld %s\n", wrong_, wrong_ ? "FAILED" : "OK");
@@ -828,8 +827,9 @@ int main(int argc, char** argv) {
   GradSet grad;
   std::vector<std::string> dtypes;
   for (DType t : dt::kAllDTypes) dtypes.emplace_back(dt::dtype_name(t));
-  dt::Options opts("dt_bench",
-                   "Collective and point-to-point bandwidth of dt's transports (nccl-tests format).");
+  dt::Options opts(
+      "dt_bench",
+      "Collective and point-to-point bandwidth of dt's transports (nccl-tests format).");
   opts.add("ops", &s.ops, kDefaultOps,
            "comma-separated operations: all_reduce, all_gather, reduce_scatter, broadcast, "
            "sendrecv (with --backends=ucx alone the default is sendrecv; a collective named here "
@@ -838,7 +838,8 @@ int main(int argc, char** argv) {
            "comma-separated backends: mpi, shm (buffers in the shared arena), shm-copy (user "
            "buffers through the staging area), ucx (sendrecv only)")
       .add("min-bytes", &s.min_bytes_s, "8", "smallest size (bytes; K, M, G suffixes)")
-      .add("max-bytes", &s.max_bytes_s, "64M", "largest size (bytes; K, M, G suffixes; at most 16G)")
+      .add("max-bytes", &s.max_bytes_s, "64M",
+           "largest size (bytes; K, M, G suffixes; at most 16G)")
       .add("step-factor", &s.step_factor, 2, "each size is the previous one times this", 2L, 1024L)
       .add("iters", &s.iters, 20, "timed calls per size", 1L, 1000000L)
       .add("warmup", &s.warmup, 5, "untimed calls per size before the timed ones", 0L, 1000000L)
@@ -873,7 +874,7 @@ int main(int argc, char** argv) {
       "dt_bench",
       [&] {
         if (!opts.parse(argc, argv)) return 0;
-        parse_settings(s);
+        parse_settings(s, opts.given("ops"));
         return -1;
       },
       dt::launcher_rank() > 0 && !from_files);
@@ -889,7 +890,8 @@ int main(int argc, char** argv) {
   // Checks that need the job size: every rank decides alike, before any benchmark traffic.
   if (s.root >= rt.size()) {
     if (rt.rank() == 0)
-      std::fprintf(stderr, "dt_bench: error: option --root: %ld is not a rank of this %d-rank job\n",
+      std::fprintf(stderr,
+                   "dt_bench: error: option --root: %ld is not a rank of this %d-rank job\n",
                    s.root, rt.size());
     return 2;
   }

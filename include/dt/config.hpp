@@ -49,6 +49,9 @@ class Options {
   /// Parses argv (argv[0] is skipped). Returns false when --help was given (help already printed
   /// to stdout); true when targets hold the settings. Throws dt::ConfigError on any bad input.
   bool parse(int argc, const char* const* argv);
+  /// Whether the last parse() took option `name` from the command line or the config file (not
+  /// its default).
+  bool given(const std::string& name) const;
   /// The --help text.
   std::string help() const;
   /// "name = value" lines of every option as parsed, for run logs, and a config file that reads

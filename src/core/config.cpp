@@ -36,6 +36,7 @@ struct Options::Impl {
   std::vector<std::string> node_local;
   std::deque<std::string> words;  // the text of each two-word setting, which Boost parses into
   std::string config_path;
+  std::vector<std::string> given;  // options the last parse() set from the command line or file
 
   std::string expected(const std::string& name) const {
     for (const auto& [n, t] : types)
@@ -392,7 +393,14 @@ bool Options::parse(int argc, const char* const* argv) {
       where = file_source;
     DT_THROW(ConfigError, "option --", name, ": ", problem, " in ", where);
   }
+  impl_->given.clear();
+  for (const auto& [name, value] : vm)
+    if (!value.defaulted() && name != "config") impl_->given.push_back(name);
   return true;
+}
+
+bool Options::given(const std::string& name) const {
+  return std::find(impl_->given.begin(), impl_->given.end(), name) != impl_->given.end();
 }
 
 int run_with_config_errors(const char* program, const std::function<int()>& body, bool quiet) {

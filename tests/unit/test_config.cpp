@@ -337,6 +337,20 @@ TEST_CASE("Options: a stray bare word on the command line is an error, not silen
   CHECK(app.iters == 3);
 }
 
+TEST_CASE("Options: given tells a setting from a default") {
+  TempDir dir;
+  const std::string ini = dir.write("g.ini", "[train]\nlr = 0.5\n");
+  App app;
+  CHECK(app.parse({"--config", ini.c_str(), "--name=default-name"}));
+  CHECK(app.opts.given("name"));      // the default's value, but given
+  CHECK(app.opts.given("train.lr"));  // from the file
+  CHECK_FALSE(app.opts.given("check.iters"));
+  CHECK_FALSE(app.opts.given("config"));
+  App none;
+  CHECK(none.parse({}));
+  CHECK_FALSE(none.opts.given("name"));
+}
+
 TEST_CASE("Options: dump lists every option as parsed, in declaration order") {
   App app;
   CHECK(app.parse(
