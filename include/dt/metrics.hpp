@@ -172,6 +172,9 @@ class Exporter {
   void publish();
   /// Returns true when every enabled export of this call succeeded.
   bool publish_now();
+  /// Whether a push to the Pushgateway has failed, or has waited more than 0.1 s for its answer
+  /// now (one that never answers holds each push for up to ExporterOptions::push_timeout_s).
+  bool push_waits() const noexcept;
 
  private:
   struct Impl;

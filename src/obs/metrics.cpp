@@ -477,6 +477,9 @@ struct Exporter::Impl {
   std::thread worker;
   std::mutex export_mu;  // one export at a time (worker and publish_now)
   bool warned_textfile = false, warned_push = false;
+  std::atomic<bool> push_failed{false};        // a push has failed (Exporter::push_waits)
+  std::atomic<int> pushing{0};                 // pushes waiting for the gateway now
+  std::atomic<std::int64_t> push_start_ns{0};  // steady clock at the start of the latest push
 
   Impl(Registry& r, ExporterOptions opts, std::function<void(const std::string&)> w)
       : reg(r), o(std::move(opts)), warn(std::move(w)) {}
@@ -513,6 +516,14 @@ struct Exporter::Impl {
         cli.set_connection_timeout(us);
         cli.set_read_timeout(us);
         cli.set_write_timeout(us);
+        struct InFlight {
+          std::atomic<int>& n;
+          explicit InFlight(std::atomic<int>& c) : n(c) { ++n; }
+          ~InFlight() { --n; }
+        } in_flight(pushing);
+        push_start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
         auto res = cli.Put(path, reg.render(), kContentType);
         if (!res)
           why = "no reply (" + httplib::to_string(res.error()) + " error)";
@@ -525,6 +536,7 @@ struct Exporter::Impl {
         pushes->inc();
       } else {
         ok = false;
+        push_failed = true;
         push_failures->inc();
         while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
         warn_once(warned_push, "metrics push to " + push_base + path + " failed: " + why +
@@ -654,5 +666,16 @@ void Exporter::publish() {
 }
 
 bool Exporter::publish_now() { return impl_->export_once(); }
+
+bool Exporter::push_waits() const noexcept {
+  const Impl& m = *impl_;
+  if (m.push_failed.load()) return true;
+  // A gateway answers within milliseconds: a push waiting longer than 0.1 s waits for one that
+  // may never answer.
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count();
+  return m.pushing.load() > 0 && now - m.push_start_ns.load() > 100'000'000;
+}
 
 }  // namespace dt::metrics
