@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "dt/config.hpp"
@@ -37,6 +38,10 @@ struct Event {
   const char* arg_name;
   std::int64_t arg;
   std::int64_t t0, t1;  // steady clock, ns
+  // A communication operation's (record_comm; comm null otherwise).
+  const char* comm = nullptr;
+  const char* backend = nullptr;
+  std::int64_t bytes = 0;
 };
 
 // One thread's events: written by that thread only, without a lock, in chunks that never move;
@@ -165,6 +170,22 @@ void record(const char* name, const char* category, const char* arg_name, std::i
     // Out of memory: the event is lost, the job goes on.
   }
 }
+void record_comm(const char* op, const char* comm, const char* backend, std::int64_t seq,
+                 std::int64_t bytes, std::int64_t t0_ns, std::int64_t t1_ns) noexcept {
+  if (!enabled()) return;
+  try {
+    my_buffer()->append(Event{op, "comm", "seq", seq, t0_ns, t1_ns, comm, backend, bytes});
+  } catch (...) {
+    // Out of memory: the event is lost, the job goes on.
+  }
+}
+
+const char* intern(const std::string& s) {
+  static std::mutex mu;
+  static auto* names = new std::set<std::string>();  // never destroyed: events point into it
+  std::lock_guard<std::mutex> lock(mu);
+  return names->insert(s).first->c_str();
+}
 }  // namespace detail
 
 void start(int rank, const std::string& dir, int world, const std::string& run) {
@@ -285,7 +306,15 @@ std::string write() {
     if (e.arg_name) {
       out += ",\"args\":{";
       json_string(out, e.arg_name);
-      out += ":" + std::to_string(e.arg) + "}";
+      out += ":" + std::to_string(e.arg);
+      if (e.comm) {
+        out += ",\"comm\":";
+        json_string(out, e.comm);
+        out += ",\"backend\":";
+        json_string(out, e.backend ? e.backend : "");
+        out += ",\"bytes\":" + std::to_string(e.bytes);
+      }
+      out += "}";
     }
     out += '}';
   }

@@ -278,6 +278,7 @@ void OpRecord::complete() noexcept {
     done.t1 = e.t1;
     done.stopped = std::min(e.stopped, e.t1 - e.t0);
     done.communication = e.communication;
+    if (done.communication && trace::enabled()) done.comm = e.comm;
   }
   if (!done.communication) return;
   // The metrics count the time the operation ran; the timeline shows when it started and ended.
@@ -285,8 +286,13 @@ void OpRecord::complete() noexcept {
                        static_cast<double>(done.t1 - done.t0 - done.stopped) * 1e-9);
   if (trace::enabled()) {
     const std::int64_t shift = trace::detail::now_ns() - now_ns();  // to the timeline's clock
-    trace::detail::record(done.op, "comm", "seq", static_cast<std::int64_t>(done.seq),
-                          done.t0 + shift, done.t1 + shift);
+    try {
+      trace::detail::record_comm(done.op, trace::detail::intern(done.comm), done.backend,
+                                 static_cast<std::int64_t>(done.seq),
+                                 static_cast<std::int64_t>(done.count), done.t0 + shift,
+                                 done.t1 + shift);
+    } catch (...) {  // out of memory: the event is lost
+    }
   }
 }
 

@@ -101,6 +101,21 @@ for rank in (0, 1):
     comm = [e for e in xs if e.get("cat") == "comm"]
     check(len(comm) >= STEPS, "%s: %d collectives (category comm) in the timeline for %d steps"
           % (path, len(comm), STEPS))
+    # Each operation the flight recorder saw (a seq; the rest are waits of the training thread)
+    # names its communicator, backend and bytes besides its sequence number there, as the
+    # recorder and the watchdog's dump do; (comm, seq) identifies it.
+    ops = [e for e in comm if "seq" in e.get("args", {})]
+    check(len(ops) >= STEPS, "%s: %d recorded operations for %d steps" % (path, len(ops), STEPS))
+    for e in ops:
+        args = e.get("args", {})
+        if not check(isinstance(args.get("comm"), str) and args["comm"] and
+                     isinstance(args.get("backend"), str) and args.get("bytes", -1) >= 0 and
+                     isinstance(args.get("seq"), int), "%s: comm event without comm, backend, bytes or seq: %s" % (path, e)):
+            break
+    keys = [(e["args"].get("comm"), e["args"].get("seq")) for e in ops]
+    check(len(keys) == len(set(keys)), "%s: two comm events share a communicator and sequence number" % path)
+    check(any(e["args"].get("comm") == "world" and e["name"] == "all_reduce" and e["args"]["bytes"] > 0
+              for e in ops), "%s: no all_reduce on world with its bytes" % path)
     # A checkpoint save is watched for hangs like a collective, but moves no tensors between
     # ranks: it is a ckpt.save region, not a comm event.
     saves = [e["name"] for e in comm if e["name"] == "save"]
