@@ -50,7 +50,9 @@ declare -A pkgs=()
 for p in openmpi-bin openmpi-common libopenmpi3 libpmix2 libucx0 libhwloc15 libhwloc-plugins; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' && pkgs[$p]=1
 done
-for f in "$stage"/bin/* "$stage"/plugins/*; do
+# (ldd of the build's own files: their RUNPATH, $ORIGIN/../lib, finds libdt in the build tree)
+for f in "$build"/bin/* "$build/plugins/libdt_hal_cuda.so"; do
+  f=$(readlink -f "$f")
   ldd "$f" >"$work/ldd"
   if grep 'not found' "$work/ldd" >&2; then die "$f loads libraries this machine lacks (above)"; fi
   awk '/=> \//{print $1, $3}' "$work/ldd"
