@@ -79,9 +79,10 @@ int run_with_config_errors(const char* program, const std::function<int()>& body
 /// PMI_RANK or SLURM_PROCID, the first that is set and a number); -1 when none is.
 int launcher_rank();
 
-/// "64M", "1K", "8", "2GiB", "16KB": bytes with an optional binary K, M or G suffix (also with
-/// B, iB). Throws dt::ConfigError "option --OPTION: 'TEXT' is not a size ..." for anything else,
-/// and for a value above 2^64 - 1; the caller checks its own range.
+/// "64M", "1.5G", "8", "2GiB", "16KB", "1T": bytes with an optional binary K, M, G or T suffix
+/// (also with B or iB, in any case), a fraction of a unit rounded down to whole bytes. Throws
+/// dt::ConfigError "option --OPTION: 'TEXT' is not a size ..." for anything else, and for a value
+/// above 2^64 - 1; the caller checks its own range.
 std::uint64_t parse_size(const std::string& option, const std::string& text);
 
 /// Makes folder `dir` (with its parents) where it is missing and checks that this process may

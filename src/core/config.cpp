@@ -430,20 +430,37 @@ int launcher_rank() {
 }
 
 std::uint64_t parse_size(const std::string& option, const std::string& text) {
+  // DIGITS[.DIGITS][K|M|G|T][B|iB], the suffix in any case.
   std::size_t i = 0;
   while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
-  std::string suffix = text.substr(i);
+  const std::size_t whole = i;
+  if (i < text.size() && text[i] == '.')
+    for (++i; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]));) ++i;
+  const std::size_t number = i;
+  std::string suffix = text.substr(number);
   for (auto& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  int shift = -1;
-  if (suffix.empty() || suffix == "B") shift = 0;
-  for (const auto& [s, v] : {std::pair<const char*, int>{"K", 10}, {"M", 20}, {"G", 30}})
+  int shift = suffix.empty() || suffix == "B" ? 0 : -1;
+  for (const auto& [s, v] : {std::pair<const char*, int>{"K", 10}, {"M", 20}, {"G", 30}, {"T", 40}})
     if (suffix == s || suffix == std::string(s) + "B" || suffix == std::string(s) + "IB") shift = v;
-  DT_CHECK(ConfigError, i > 0 && i <= 19 && shift >= 0, "option --", option, ": '", text,
-           "' is not a size (bytes, with an optional K, M or G suffix: 8, 64K, 16M, 1G)");
-  const std::uint64_t n = std::stoull(text.substr(0, i));
-  DT_CHECK(ConfigError, n <= (std::numeric_limits<std::uint64_t>::max() >> shift), "option --",
-           option, ": ", text, " is too large");
-  return n << shift;
+  const bool digits = whole > 0 || number > whole + 1;  // "8", "8.5", ".5"; not "." or ""
+  DT_CHECK(ConfigError, digits && shift >= 0, "option --", option, ": '", text,
+           "' is not a size (bytes, with an optional K, M, G or T suffix: 8, 64K, 1.5G)");
+  // The whole part exactly, the fraction of a unit rounded down.
+  std::uint64_t n = 0;
+  bool fits = true;
+  for (std::size_t k = 0; k < whole; ++k) {
+    const auto d = static_cast<std::uint64_t>(text[k] - '0');
+    fits = fits && n <= (std::numeric_limits<std::uint64_t>::max() - d) / 10;
+    n = n * 10 + d;
+  }
+  fits = fits && n <= (std::numeric_limits<std::uint64_t>::max() >> shift);
+  DT_CHECK(ConfigError, fits, "option --", option, ": ", text, " is too large");
+  const long double fraction =
+      number > whole + 1 ? std::strtold(text.substr(whole, number - whole).c_str(), nullptr) : 0;
+  const auto extra = static_cast<std::uint64_t>(std::ldexp(fraction, shift));
+  DT_CHECK(ConfigError, (n << shift) <= std::numeric_limits<std::uint64_t>::max() - extra,
+           "option --", option, ": ", text, " is too large");
+  return (n << shift) + extra;
 }
 
 void ensure_writable_dir(const std::string& option, const std::string& dir) {

@@ -15,32 +15,6 @@ int Plan::in_flight(int stage) const {
   return std::max(1, std::min(layout.pp - stage, microbatches));
 }
 
-double parse_bytes(const std::string& text, const char* option) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  double unit = 1;
-  std::string rest = end ? std::string(end) : "";
-  if (rest == "K" || rest == "KiB")
-    unit = 1024.0;
-  else if (rest == "M" || rest == "MiB")
-    unit = 1024.0 * 1024;
-  else if (rest == "G" || rest == "GiB")
-    unit = 1024.0 * 1024 * 1024;
-  else if (rest == "T" || rest == "TiB")
-    unit = 1024.0 * 1024 * 1024 * 1024;
-  else if (!rest.empty())
-    unit = -1;
-  // Plain decimal only: strtod would also take leading spaces, hex ("0x10") and "inf".
-  const bool decimal = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) ||
-                                         text[0] == '.') &&
-                       text.find_first_of("xXpP") == std::string::npos;
-  DT_CHECK(ConfigError, decimal && end != text.c_str() && unit > 0 && std::isfinite(v) && v >= 0,
-           "option --",
-           option, ": '", text,
-           "' is not a size (a number of bytes, optionally with K, M, G or T, e.g. 8G; 0: no limit)");
-  return v * unit;
-}
-
 std::string format_bytes(double b) {
   char buf[32];
   if (b >= 1024.0 * 1024 * 1024)
@@ -71,16 +45,16 @@ Plan build(const PlanRequest& r, Layout l) {
   const std::string share = std::to_string(p.local_batch) + " sequences of each of " +
                             std::to_string(l.dp) + " ranks (data-parallel degree)";
   if (r.microbatches > 0) {
-    DT_CHECK(ConfigError, p.local_batch % r.microbatches == 0, "option --parallel.microbatches: ",
-             r.microbatches, " does not divide the ", share);
+    DT_CHECK(ConfigError, p.local_batch % r.microbatches == 0,
+             "option --parallel.microbatches: ", r.microbatches, " does not divide the ", share);
     p.micro = p.local_batch / r.microbatches;
     DT_CHECK(ConfigError, r.micro_batch == 0 || r.micro_batch == p.micro,
-             "options --parallel.microbatches=", r.microbatches, " and --train.micro-batch=",
-             r.micro_batch, " disagree: ", r.microbatches, " micro-batches of the ", share,
-             " have ", p.micro, " sequences each");
+             "options --parallel.microbatches=", r.microbatches,
+             " and --train.micro-batch=", r.micro_batch, " disagree: ", r.microbatches,
+             " micro-batches of the ", share, " have ", p.micro, " sequences each");
   } else if (r.micro_batch > 0) {
-    DT_CHECK(ConfigError, p.local_batch % r.micro_batch == 0, "option --train.micro-batch: ",
-             r.micro_batch, " does not divide the ", share);
+    DT_CHECK(ConfigError, p.local_batch % r.micro_batch == 0,
+             "option --train.micro-batch: ", r.micro_batch, " does not divide the ", share);
     p.micro = r.micro_batch;
   } else if (l.pp > 1) {
     // Enough micro-batches to keep the bubble (p-1)/(m+p-1) small, not so many that they get tiny.
@@ -92,8 +66,8 @@ Plan build(const PlanRequest& r, Layout l) {
     p.micro = p.local_batch;
   }
   p.microbatches = static_cast<int>(p.local_batch / p.micro);
-  const graph::Graph g = graph::tp_rewrite(
-      graph::build_gpt(r.model, static_cast<int>(p.micro), r.model.block), l.tp);
+  const graph::Graph g =
+      graph::tp_rewrite(graph::build_gpt(r.model, static_cast<int>(p.micro), r.model.block), l.tp);
   p.first_layer = graph::partition(graph::layer_costs(g), l.pp);
   p.full = graph::pipeline_split(g, p.first_layer);
   const bool fused = l.tp == 1 && l.pp == 1 && !r.graph_engine;  // dt::Gpt, else the stage engine
@@ -105,8 +79,8 @@ Plan build(const PlanRequest& r, Layout l) {
           fused ? gpt_params(r.model) : StageEngine::param_table(sg);
       const std::vector<ZeroUnit> units = zero_units(
           r.zero, fused ? gpt_units(r.model) : layer_units(table), table, r.bucket_bytes);
-      const ZeroMemory z = zero_memory(r.zero, table, units, l.dp, embedding_unit(units, table),
-                                       r.low_precision);
+      const ZeroMemory z =
+          zero_memory(r.zero, table, units, l.dp, embedding_unit(units, table), r.low_precision);
       m.params = static_cast<double>(z.params);
       m.grads = static_cast<double>(z.grads);
       m.optim = static_cast<double>(z.optimizer);
@@ -148,9 +122,9 @@ int worst_stage(const Plan& p) {
 std::string memory_text(const Plan& p, int stage) {
   const graph::MemoryEstimate& m = p.memory[static_cast<std::size_t>(stage)];
   return format_bytes(m.total()) + " (parameters " + format_bytes(m.params) + ", gradients " +
-         format_bytes(m.grads) + ", optimizer state " + format_bytes(m.optim) + ", activations of " +
-         std::to_string(p.in_flight(stage)) + " micro-batches " + format_bytes(m.activations) +
-         ")";
+         format_bytes(m.grads) + ", optimizer state " + format_bytes(m.optim) +
+         ", activations of " + std::to_string(p.in_flight(stage)) + " micro-batches " +
+         format_bytes(m.activations) + ")";
 }
 }  // namespace
 
@@ -159,8 +133,8 @@ Plan make_plan(const PlanRequest& r) {
     Layout l = r.layout;
     if (l.dp == 0) {
       DT_CHECK(ConfigError, l.tp >= 1 && l.pp >= 1 && r.world % (l.tp * l.pp) == 0,
-               "options --parallel.tp=", l.tp, " and --parallel.pp=", l.pp, ": tp x pp = ",
-               l.tp * l.pp, " does not divide the ", r.world, " ranks of the job");
+               "options --parallel.tp=", l.tp, " and --parallel.pp=", l.pp,
+               ": tp x pp = ", l.tp * l.pp, " does not divide the ", r.world, " ranks of the job");
       l.dp = r.world / (l.tp * l.pp);
     }
     Plan p = build(r, l);
@@ -198,8 +172,9 @@ Plan make_plan(const PlanRequest& r) {
            " ranks suits the model (", r.model.heads, " heads, ", r.model.layers,
            " layers), --train.batch=", r.batch, " and the micro-batch settings, with ",
            r.ranks_per_node, " ranks per node for tensor parallelism");
-  DT_CHECK(ConfigError, !fits.empty(), "option --parallel.auto: no layout fits --mem.limit=",
-           format_bytes(r.mem_limit), "; the smallest, ", smallest.layout.str(), ", needs ",
+  DT_CHECK(ConfigError, !fits.empty(),
+           "option --parallel.auto: no layout fits --mem.limit=", format_bytes(r.mem_limit),
+           "; the smallest, ", smallest.layout.str(), ", needs ",
            memory_text(smallest, worst_stage(smallest)), " per rank");
   // Most data parallelism first (least communication per step), then tensor parallelism inside a
   // node before pipeline stages (no bubble).

@@ -13,19 +13,19 @@ namespace dt {
 
 struct PlanRequest {
   GptConfig model;
-  std::int64_t batch = 8;        ///< global sequences per step
-  std::int64_t micro_batch = 0;  ///< train.micro-batch (0: from microbatches or the share)
-  std::int64_t microbatches = 0; ///< parallel.microbatches (0: from micro_batch)
-  Layout layout;                 ///< dp 0: world / (tp * pp)
-  int zero = 0;                  ///< parallel.zero: state sharded over the dp ranks
-  bool graph_engine = false;     ///< parallel.engine=graph (else the fused model at tp = pp = 1)
-  std::size_t bucket_bytes = 0;  ///< train.bucket-mb (ZeRO-1's buckets)
-  bool automatic = false;        ///< parallel.auto
-  bool low_precision = false;    ///< train.dtype bf16/fp16: fp32 master copy, 16-bit GEMM operands
-  bool grad_wire16 = false;      ///< train.grad-reduce=bf16: a 16-bit copy of the gradients (dp > 1)
-  double mem_limit = 0;          ///< bytes per rank (0: none)
+  std::int64_t batch = 8;         ///< global sequences per step
+  std::int64_t micro_batch = 0;   ///< train.micro-batch (0: from microbatches or the share)
+  std::int64_t microbatches = 0;  ///< parallel.microbatches (0: from micro_batch)
+  Layout layout;                  ///< dp 0: world / (tp * pp)
+  int zero = 0;                   ///< parallel.zero: state sharded over the dp ranks
+  bool graph_engine = false;      ///< parallel.engine=graph (else the fused model at tp = pp = 1)
+  std::size_t bucket_bytes = 0;   ///< train.bucket-mb (ZeRO-1's buckets)
+  bool automatic = false;         ///< parallel.auto
+  bool low_precision = false;     ///< train.dtype bf16/fp16: fp32 master copy, 16-bit GEMM operands
+  bool grad_wire16 = false;  ///< train.grad-reduce=bf16: a 16-bit copy of the gradients (dp > 1)
+  double mem_limit = 0;      ///< bytes per rank (0: none)
   int world = 1;
-  int ranks_per_node = 1;        ///< smallest number of ranks on a node
+  int ranks_per_node = 1;  ///< smallest number of ranks on a node
 };
 
 struct Plan {
@@ -36,7 +36,7 @@ struct Plan {
   std::vector<int> first_layer;  ///< first layer of each stage
   graph::Graph full;             ///< tensor-parallel rewrite, pipeline split (all stages)
   std::vector<graph::MemoryEstimate> memory;  ///< per stage
-  std::string why;               ///< parallel.auto: the reasoning, one line
+  std::string why;                            ///< parallel.auto: the reasoning, one line
   /// Micro-batches of activations stage s keeps at once under 1F1B.
   int in_flight(int stage) const;
   graph::Graph stage(int s) const { return graph::stage_graph(full, s); }
@@ -46,9 +46,6 @@ struct Plan {
 /// (layout, micro-batches, memory over mem.limit) before anything is allocated.
 Plan make_plan(const PlanRequest& r);
 
-/// "512M", "8G", "1.5T", "123456" (bytes), "0" (no limit): bytes; dt::ConfigError naming
-/// `option` otherwise.
-double parse_bytes(const std::string& text, const char* option);
 /// "12.3 MiB"
 std::string format_bytes(double bytes);
 

@@ -499,7 +499,7 @@ TokenFile validate_and_load(TrainConfig& c) {
              "option --parallel.auto chooses dp, tp and pp itself: it cannot be combined with ",
              given, " (drop --parallel.auto to choose the layout yourself)");
   }
-  parse_bytes(c.mem_limit, "mem.limit");
+  parse_size("mem.limit", c.mem_limit);
   security::parse_tamper(c.test_tamper, "test.tamper");
   if (c.seal != "off" || c.ckpt_encrypt) {
     DT_CHECK(ConfigError, !c.key_file.empty(), "option --security.key_file is required by ",
@@ -613,7 +613,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   pr.automatic = c_.par_auto;
   pr.low_precision = c_.dtype != "fp32";
   pr.grad_wire16 = c_.grad_reduce == "bf16";
-  pr.mem_limit = parse_bytes(c_.mem_limit, "mem.limit");
+  pr.mem_limit = static_cast<double>(parse_size("mem.limit", c_.mem_limit));
   pr.world = comm_.size();
   pr.ranks_per_node = comm_.size();
   for (const auto& kv : per_node) pr.ranks_per_node = std::min(pr.ranks_per_node, kv.second);

@@ -475,6 +475,47 @@ TEST_CASE("Options: node_local marks the option added last") {
   CHECK_THROWS_AS(none.node_local(), dt::InvalidArgument);
 }
 
+namespace {
+// The message of parse_size's ConfigError for `text` ("" when it returns).
+std::string size_error(const char* text, const char* option = "x") {
+  try {
+    dt::parse_size(option, text);
+  } catch (const dt::ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+}  // namespace
+
+TEST_CASE("parse_size: sizes with units and fractions, 0, and refused text") {
+  CHECK(dt::parse_size("mem.limit", "8G") == 8ull << 30);
+  CHECK(dt::parse_size("mem.limit", "512M") == 512ull << 20);
+  CHECK(dt::parse_size("mem.limit", "0") == 0);
+  CHECK(dt::parse_size("mem.limit", "123456") == 123456);
+  CHECK(dt::parse_size("mem.limit", "1.5T") == 3ull << 39);
+  CHECK(dt::parse_size("mem.limit", "4K") == 4096);
+  CHECK(dt::parse_size("mem.limit", "8GB") == 8ull << 30);
+  CHECK(dt::parse_size("mem.limit", "2gib") == 2ull << 30);
+  CHECK(dt::parse_size("mem.limit", "0.3K") == 307);  // a fraction of a unit, rounded down
+  CHECK(dt::parse_size("mem.limit", ".5M") == 512ull << 10);
+  CHECK(dt::parse_size("x", "18446744073709551615") == 18446744073709551615ull);
+  CHECK(dt::parse_size("x", "16777215T") == 16777215ull << 40);
+  for (const char* big : {"18446744073709551616", "16777216T", "99999999999999999999999"}) {
+    CAPTURE(big);
+    CHECK(contains(size_error(big), "is too large"));
+  }
+  for (const char* bad :
+       {"8X", "lots", "", "-1G", "G", ".", "0x10", " 8G", "inf", "nan", "8 G", "1e3", "8KK"}) {
+    CAPTURE(bad);
+    const std::string m = size_error(bad, "mem.limit");
+    CHECK(contains(m, "option --mem.limit: '"));
+    CHECK(contains(m, "is not a size"));
+  }
+}
+
 TEST_CASE("run_with_config_errors maps ConfigError to exit code 2") {
   CHECK(dt::run_with_config_errors("app", [] { return 0; }) == 0);
   CHECK(dt::run_with_config_errors("app", [] { return 5; }) == 5);

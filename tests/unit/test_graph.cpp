@@ -969,7 +969,7 @@ TEST_CASE("placement check_layout: errors are dt::ConfigError naming the options
 }
 
 // ---------------------------------------------------------------------------------------------
-// make_plan, estimate_memory, parse_bytes
+// make_plan, estimate_memory
 
 namespace {
 dt::PlanRequest request(int world, dt::Layout l, std::int64_t batch) {
@@ -1221,18 +1221,4 @@ TEST_CASE("plan estimate_memory: in-flight micro-batches add activations, tp shr
   const g::Graph full = g::pipeline_split(gr, {0, 1});
   CHECK(g::estimate_memory(g::stage_graph(full, 0), 1).params < m1.params);
   CHECK(g::estimate_memory(g::stage_graph(full, 1), 1).params < m1.params);
-}
-
-TEST_CASE("plan parse_bytes: sizes with units, 0, and refused text") {
-  CHECK(dt::parse_bytes("8G", "mem.limit") == 8.0 * 1024 * 1024 * 1024);
-  CHECK(dt::parse_bytes("512M", "mem.limit") == 512.0 * 1024 * 1024);
-  CHECK(dt::parse_bytes("0", "mem.limit") == 0);
-  CHECK(dt::parse_bytes("123456", "mem.limit") == 123456);
-  CHECK(dt::parse_bytes("1.5T", "mem.limit") == 1.5 * 1024 * 1024 * 1024 * 1024);
-  CHECK(dt::parse_bytes("4K", "mem.limit") == 4096);
-  for (const char* bad : {"8X", "lots", "", "-1G", "8GB", "G", "0x10", " 8G", "inf", "nan"}) {
-    CAPTURE(bad);
-    const std::string m = error_of<dt::ConfigError>([&] { dt::parse_bytes(bad, "mem.limit"); });
-    CHECK(has(m, "mem.limit"));
-  }
 }
