@@ -371,39 +371,36 @@ struct Watchdog::Impl {
     }
   }
 
-  // Answers the query that arrived (status `st`, text in qbuf) and waits for the next one.
+  // Answers the query that arrived (status `st`, text in qbuf) and waits for the next one. A rank
+  // investigating a hang gets this rank's state; a rank that failed (kFailedQuery) one byte, once
+  // this rank's timeline is written. Either way the job is about to be aborted: the timeline is
+  // written once, after a hang's answer is on its way (MPI_Abort may end the writing, which then
+  // leaves the previous file, or none).
   void answer(const MPI_Status& st) {
     int n = 0;
     MPI_Get_count(&st, MPI_CHAR, &n);
     const bool failed = n >= static_cast<int>(sizeof kFailedQuery - 1) &&
                         std::memcmp(qbuf.data(), kFailedQuery, sizeof kFailedQuery - 1) == 0;
-    auto m = std::make_unique<Sent>();
-    if (failed) {
-      if (!traced) {
-        traced = true;
-        trace::write_noexcept();
-      }
-      m->text = "w";
-      MPI_Isend(m->text.data(), 1, MPI_CHAR, st.MPI_SOURCE, kTagWritten, comm, &m->req);
-      sent.push_back(std::move(m));
-      post_query_recv();
-      return;
-    }
-    m->text = state_with(rank, 64);
-    if (m->text.size() >= static_cast<std::size_t>(kMaxMessage)) m->text = state_with(rank, 8);
-    if (m->text.size() >= static_cast<std::size_t>(kMaxMessage)) m->text = state_with(rank, 0);
-    m->text.resize(std::min<std::size_t>(m->text.size(), kMaxMessage - 1));
-    MPI_Isend(m->text.data(), static_cast<int>(m->text.size()), MPI_CHAR, st.MPI_SOURCE, kTagReply,
-              comm, &m->req);
-    sent.push_back(std::move(m));
-    post_query_recv();
-    // A rank investigating a hang asks: the job is about to be aborted. This rank's timeline
-    // (that of the rank a hang waits for, often) is written now, after the answer is on its
-    // way; MPI_Abort may end the writing, which then leaves the previous file (or none).
-    if (!traced) {
+    auto write_timeline = [this] {
+      if (traced) return;
       traced = true;
       trace::write_noexcept();
+    };
+    auto m = std::make_unique<Sent>();
+    if (failed) {
+      write_timeline();
+      m->text = "w";
+    } else {
+      m->text = state_with(rank, 64);
+      if (m->text.size() >= static_cast<std::size_t>(kMaxMessage)) m->text = state_with(rank, 8);
+      if (m->text.size() >= static_cast<std::size_t>(kMaxMessage)) m->text = state_with(rank, 0);
+      m->text.resize(std::min<std::size_t>(m->text.size(), kMaxMessage - 1));
     }
+    MPI_Isend(m->text.data(), static_cast<int>(m->text.size()), MPI_CHAR, st.MPI_SOURCE,
+              failed ? kTagWritten : kTagReply, comm, &m->req);
+    sent.push_back(std::move(m));
+    post_query_recv();
+    write_timeline();
   }
 
   // A stretch of time in which the watchdog did not run (its check came late): a stop of the
