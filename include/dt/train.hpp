@@ -251,6 +251,8 @@ class Trainer {
   const Device& dev_;
   TrainConfig c_;
   const TokenFile& data_;
+  const std::string
+      data_id_;  ///< data_identity(data_): what checkpoints record and resume compares
   Split split_;
   std::unique_ptr<Sampler> sampler_;
   std::vector<std::size_t> eval_starts_;

@@ -583,6 +583,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
       dev_(dev),
       c_(c),
       data_(data),
+      data_id_(data_identity(data)),
       split_(split(data, c.val_fraction)),
       device_comm_(std::move(device_comm)) {
   const std::int64_t n = comm.size();
@@ -1625,8 +1626,8 @@ std::string Trainer::resume_from_checkpoint() {
   // compared by what it holds where the checkpoint recorded it (format version 4): a copy at
   // another path continues the run, other data at the same path does not; by its path otherwise.
   std::string changed;
-  const std::string now = c_.config_text, data_now = data_identity(data_);
-  if (!m.data.empty() && m.data != data_now) changed = "data " + m.data + " -> " + data_now;
+  const std::string now = c_.config_text;
+  if (!m.data.empty() && m.data != data_id_) changed = "data " + m.data + " -> " + data_id_;
   for (const char* k :
        {"train.batch", "model.seq-len", "data.path", "data.val-fraction", "train.steps", "optim.lr",
         "optim.min-lr", "optim.warmup", "optim.decay-steps", "train.dtype"}) {
@@ -1679,7 +1680,7 @@ void Trainer::save_checkpoint_now(bool sync) {
   }
   meta.config = c_.config_text;
   meta.layout = plan_->layout.str();
-  meta.data = data_identity(data_);
+  meta.data = data_id_;
   char line[256];
   // test.fail-save-at-step: every rank fails the first save of this step the same way, before
   // the commit (a second save of it, a drain's, succeeds).
