@@ -865,11 +865,8 @@ int main(int argc, char** argv) {
       .add("test.corrupt-rank", &s.corrupt_rank, -1,
            "testing only: this rank perturbs one element of its result after every call", -1L,
            1L << 30);
-  // Errors of the command line are the same on every rank: the launcher's rank 0 reports them.
-  // Files (--config, --grad-set) are read on each rank's node, and every rank reports its own.
-  bool from_files = false;
-  for (int i = 1; i < argc; ++i)
-    from_files = from_files || std::strncmp(argv[i], "--config", 8) == 0;
+  // Option errors: reported once (dt::quiet_option_errors); the gradient set's, read on each
+  // rank's node, by every rank.
   int rc = dt::run_with_config_errors(
       "dt_bench",
       [&] {
@@ -877,7 +874,7 @@ int main(int argc, char** argv) {
         parse_settings(s, opts.given("ops"));
         return -1;
       },
-      dt::launcher_rank() > 0 && !from_files);
+      dt::quiet_option_errors(argc, argv));
   if (rc >= 0) return rc;
   rc = dt::run_with_config_errors("dt_bench", [&] {
     if (!s.grad_set.empty()) grad = load_grad_set(s.grad_set, s.bucket_mb, dt::dtype_size(s.dtype));

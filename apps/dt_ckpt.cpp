@@ -1129,17 +1129,14 @@ bool parse_args(int argc, char** argv, Args& a) {
 int main(int argc, char** argv) {
   Args a;
   bool help = false;
-  // The command line is the same on every rank: the launcher's rank 0 reports its errors. A
-  // --config file is read on each rank's node, and every rank reports its own.
-  bool from_file = false;
-  for (int i = 1; i < argc; ++i) from_file = from_file || std::strncmp(argv[i], "--config", 8) == 0;
+  // Option errors: reported once (dt::quiet_option_errors).
   int rc = dt::run_with_config_errors(
       "dt_ckpt",
       [&] {
         help = !parse_args(argc, argv, a);
         return help ? 0 : -1;
       },
-      dt::launcher_rank() > 0 && !from_file);
+      dt::quiet_option_errors(argc, argv));
   if (rc >= 0) return rc;
   DT_ASSERT(host_is_little_endian(), "dt_ckpt assumes a little-endian host");
 

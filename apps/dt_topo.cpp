@@ -79,11 +79,7 @@ float sum_pattern(int r, std::size_t i) {
 class Checker {
  public:
   Checker(dt::Runtime& rt, const Settings& s, dt::P2p& p2p)
-      : rt_(rt),
-        w_(rt.world()),
-        p_(p2p),
-        s_(s),
-        timeout_(static_cast<long>(s.timeout_s * 1000)) {}
+      : rt_(rt), w_(rt.world()), p_(p2p), s_(s), timeout_(static_cast<long>(s.timeout_s * 1000)) {}
 
   int run() {
     print_table();
@@ -400,12 +396,8 @@ int main(int argc, char** argv) {
       .add("test.corrupt-rank", &s.corrupt_rank, -1,
            "testing only: this rank sends a wrong buffer in every check", -1L, 1L << 30)
       .add("comm.p2p", &s.p2p, "mpi",
-           "point-to-point transport of the ring check and the pair measurements",
-           {"mpi", "ucx"});
-  // Errors of the command line are the same on every rank: the launcher's rank 0 reports them.
-  // A --config file is read on each rank's node, and every rank reports its own.
-  bool from_file = false;
-  for (int i = 1; i < argc; ++i) from_file = from_file || std::strncmp(argv[i], "--config", 8) == 0;
+           "point-to-point transport of the ring check and the pair measurements", {"mpi", "ucx"});
+  // Option errors: reported once (dt::quiet_option_errors).
   const int rc = dt::run_with_config_errors(
       "dt_topo",
       [&] {
@@ -418,7 +410,7 @@ int main(int argc, char** argv) {
                  " is not a multiple of 4");
         return -1;
       },
-      dt::launcher_rank() > 0 && !from_file);
+      dt::quiet_option_errors(argc, argv));
   if (rc >= 0) return rc;
 
   dt::RuntimeOptions ro;

@@ -79,6 +79,12 @@ int run_with_config_errors(const char* program, const std::function<int()>& body
 /// PMI_RANK or SLURM_PROCID, the first that is set and a number); -1 when none is.
 int launcher_rank();
 
+/// The `quiet` of run_with_config_errors for a program started with argv: true on the ranks other
+/// than the launcher's rank 0 when no --config is given, as then an option error comes from the
+/// command line, which every rank shares (a config file is read on each rank's node, and every
+/// rank reports its own).
+bool quiet_option_errors(int argc, const char* const* argv);
+
 /// "64M", "1.5G", "8", "2GiB", "16KB", "1T": bytes with an optional binary K, M, G or T suffix
 /// (also with B or iB, in any case), a fraction of a unit rounded down to whole bytes. Throws
 /// dt::ConfigError "option --OPTION: 'TEXT' is not a size ..." for anything else, and for a value

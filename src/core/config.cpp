@@ -429,6 +429,12 @@ int launcher_rank() {
   return -1;
 }
 
+bool quiet_option_errors(int argc, const char* const* argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strncmp(argv[i], "--config", 8) == 0) return false;
+  return launcher_rank() > 0;
+}
+
 std::uint64_t parse_size(const std::string& option, const std::string& text) {
   // DIGITS[.DIGITS][K|M|G|T][B|iB], the suffix in any case.
   std::size_t i = 0;
