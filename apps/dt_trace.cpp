@@ -123,12 +123,8 @@ int cmd_merge(const std::vector<std::string>& args) {
   // The files of one run only: a trace folder that held an earlier run's files (of more ranks,
   // or of ranks that did not start this time) would otherwise join two runs into one timeline.
   std::map<std::string, std::vector<std::string>> runs;  // run -> its files
-  std::map<std::string, std::int64_t> worlds;
-  for (const Trace& t : traces) {
-    if (t.run.empty()) continue;
-    runs[t.run].push_back(t.path);
-    if (t.world > 0) worlds[t.run] = t.world;
-  }
+  for (const Trace& t : traces)
+    if (!t.run.empty()) runs[t.run].push_back(t.path);
   if (runs.size() > 1) {
     std::string which;
     for (const auto& [run, files] : runs) {
@@ -139,6 +135,9 @@ int cmd_merge(const std::vector<std::string>& args) {
              "): a folder holding an earlier run's files too? Name one run's files; nothing was "
              "written");
   }
+  const std::string run = runs.empty() ? "" : runs.begin()->first;
+  std::int64_t world = 0;  // the run's ranks, as its files say
+  for (const Trace& t : traces) world = std::max(world, t.world);
   // OUT is replaced only when it is new or a merge of ours: `dt_trace merge trace-rank*.json`
   // (OUT forgotten) must not overwrite rank 0's trace with the others'.
   std::error_code ec;
@@ -166,10 +165,8 @@ int cmd_merge(const std::vector<std::string>& args) {
   }
   merged["displayTimeUnit"] = "ms";
   merged["otherData"] = {{"merged_from", sources}, {"events", n}};
-  if (runs.size() == 1) {
-    merged["otherData"]["run"] = runs.begin()->first;
-    if (worlds.count(runs.begin()->first)) merged["otherData"]["world"] = worlds.begin()->second;
-  }
+  if (!run.empty()) merged["otherData"]["run"] = run;
+  if (world > 0) merged["otherData"]["world"] = world;
   try {
     dt::metrics::write_file_atomically(out, merged.dump() + "\n");
   } catch (const dt::Error& e) {
@@ -178,10 +175,9 @@ int cmd_merge(const std::vector<std::string>& args) {
   std::printf("dt_trace merge: %s of %s from %s -> %s\n", count(n, "event", "events").c_str(),
               count(owner.size(), "process", "processes").c_str(),
               count(traces.size(), "file", "files").c_str(), out.c_str());
-  if (!worlds.empty() && static_cast<std::int64_t>(owner.size()) < worlds.begin()->second)
-    std::printf("dt_trace merge: note: the run had %s; the timeline holds %s\n",
-                count(static_cast<std::size_t>(worlds.begin()->second), "rank", "ranks").c_str(),
-                count(owner.size(), "of them", "of them").c_str());
+  if (static_cast<std::int64_t>(owner.size()) < world)
+    std::printf("dt_trace merge: note: the run had %s; the timeline holds %zu of them\n",
+                count(static_cast<std::size_t>(world), "rank", "ranks").c_str(), owner.size());
   return 0;
 }
 
