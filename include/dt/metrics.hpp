@@ -175,6 +175,7 @@ class Exporter {
   /// Whether a push to the Pushgateway has failed, or has waited more than 0.1 s for its answer
   /// now (one that never answers holds each push for up to ExporterOptions::push_timeout_s).
   bool push_waits() const noexcept;
+  double push_timeout_s() const noexcept;
 
  private:
   struct Impl;

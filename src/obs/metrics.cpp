@@ -458,6 +458,14 @@ std::string push_path(const std::string& job, const std::string& instance) {
   return "/metrics" + grouping("job", job) + grouping("instance", instance);
 }
 
+namespace {
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
 struct Exporter::Impl {
   Registry& reg;
   ExporterOptions o;
@@ -477,9 +485,8 @@ struct Exporter::Impl {
   std::thread worker;
   std::mutex export_mu;  // one export at a time (worker and publish_now)
   bool warned_textfile = false, warned_push = false;
-  std::atomic<bool> push_failed{false};        // a push has failed (Exporter::push_waits)
-  std::atomic<int> pushing{0};                 // pushes waiting for the gateway now
-  std::atomic<std::int64_t> push_start_ns{0};  // steady clock at the start of the latest push
+  std::atomic<bool> push_failed{false};     // a push has failed (Exporter::push_waits)
+  std::atomic<std::int64_t> push_since{0};  // steady_ns() at the start of the push in flight, or 0
 
   Impl(Registry& r, ExporterOptions opts, std::function<void(const std::string&)> w)
       : reg(r), o(std::move(opts)), warn(std::move(w)) {}
@@ -516,14 +523,11 @@ struct Exporter::Impl {
         cli.set_connection_timeout(us);
         cli.set_read_timeout(us);
         cli.set_write_timeout(us);
-        struct InFlight {
-          std::atomic<int>& n;
-          explicit InFlight(std::atomic<int>& c) : n(c) { ++n; }
-          ~InFlight() { --n; }
-        } in_flight(pushing);
-        push_start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch())
-                            .count();
+        struct InFlight {  // push_since while the push waits for the gateway
+          std::atomic<std::int64_t>& since;
+          explicit InFlight(std::atomic<std::int64_t>& s) : since(s) { since = steady_ns(); }
+          ~InFlight() { since = 0; }
+        } in_flight(push_since);
         auto res = cli.Put(path, reg.render(), kContentType);
         if (!res)
           why = "no reply (" + httplib::to_string(res.error()) + " error)";
@@ -668,14 +672,12 @@ void Exporter::publish() {
 bool Exporter::publish_now() { return impl_->export_once(); }
 
 bool Exporter::push_waits() const noexcept {
-  const Impl& m = *impl_;
-  if (m.push_failed.load()) return true;
   // A gateway answers within milliseconds: a push waiting longer than 0.1 s waits for one that
   // may never answer.
-  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::steady_clock::now().time_since_epoch())
-                               .count();
-  return m.pushing.load() > 0 && now - m.push_start_ns.load() > 100'000'000;
+  const std::int64_t since = impl_->push_since.load();
+  return impl_->push_failed.load() || (since > 0 && steady_ns() - since > 100'000'000);
 }
+
+double Exporter::push_timeout_s() const noexcept { return impl_->o.push_timeout_s; }
 
 }  // namespace dt::metrics

@@ -122,7 +122,6 @@ TrainTelemetry::TrainTelemetry(const TrainConfig& c, int rank, int world, double
            " plus local rank ", c.local_rank, " is above 65535");
   eo.push_url = c.metrics_push_url;
   eo.push_timeout_s = c.metrics_push_timeout_s;
-  push_timeout_s_ = c.metrics_push_timeout_s;
   eo.job = job;
   eo.instance = std::to_string(rank);
   exporter_ = std::make_unique<metrics::Exporter>(reg, eo, [rank](const std::string& w) {
@@ -196,7 +195,7 @@ void TrainTelemetry::finish() noexcept {
       std::fprintf(stderr,
                    "dt_train: rank %d: the last metrics push waits up to %g s for the "
                    "Pushgateway (--metrics.push-timeout-s), which has failed or not yet answered\n",
-                   rank_, push_timeout_s_);
+                   rank_, exporter_->push_timeout_s());
     exporter_->publish_now();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dt_train: rank %d: warning: metrics not exported: %s\n", rank_, e.what());

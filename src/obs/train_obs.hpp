@@ -51,7 +51,6 @@ class TrainTelemetry {
   double tokens_per_step_, flops_per_token_, peak_flops_;
   int world_;
   bool tracing_ = false;
-  double push_timeout_s_ = 0;  ///< metrics.push-timeout-s
 };
 
 }  // namespace dt::obs
