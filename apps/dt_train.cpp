@@ -19,10 +19,7 @@
 #include <thread>
 #include <vector>
 
-#ifdef DT_HAVE_NCCL
-#include "comm/mpi_comm.hpp"
-#include "comm/nccl_comm.hpp"
-#endif
+#include "comm/nccl_module.hpp"
 #include "dt/config.hpp"
 #include "dt/device.hpp"
 #include "dt/qos.hpp"
@@ -195,31 +192,29 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "dt_train: warning: --train.log-file is given on other ranks but not on rank 0, "
                  "which alone writes the step log: no step log is written\n");
+  const std::string plugin_path =
+      cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path;
+  // Collectives of CUDA tensors go through NCCL, bootstrapped over MPI on the trainer's stream.
+  dt::Trainer::DeviceCommFactory device_comm;
   if (!phase([&] {
         dev = std::make_unique<dt::Device>(dt::Device::open(
-            cfg.device, cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path,
-            static_cast<int>(cfg.device_index), cfg.local_rank));
+            cfg.device, plugin_path, static_cast<int>(cfg.device_index), cfg.local_rank));
         // A device without every kernel training needs is refused here, naming what it lacks.
         dt::require_training_kernels(*dev,
                                      cfg.dtype == "bf16"   ? dt::DType::bf16
                                      : cfg.dtype == "fp16" ? dt::DType::f16
                                                            : dt::DType::f32,
                                      cfg.cuda_graphs);
+        if (!dev->host_memory() && dev->name() == "cuda") {
+          const dt::NcclModule& nccl = dt::NcclModule::load(plugin_path);
+          device_comm = [&nccl, &dev](dt::Comm& group, const std::string& name) {
+            void* stream = nullptr;
+            dev->call(&dt_hal_v2_t::native_stream, "native_stream", &stream);
+            return nccl.create(group, dev->index(), stream, name);
+          };
+        }
       }))
     return 2;
-  // Gradients of CUDA tensors are reduced by NCCL, bootstrapped over MPI on the trainer's stream.
-  dt::Trainer::DeviceCommFactory device_comm;
-#ifdef DT_HAVE_NCCL
-  if (!dev->host_memory() && dev->name() == "cuda")
-    device_comm = [&](dt::Comm& group, const std::string& name) -> std::unique_ptr<dt::Comm> {
-      auto* mpi = dynamic_cast<dt::MpiComm*>(&group);
-      DT_CHECK(dt::ConfigError, mpi != nullptr, "NCCL over ", group.name(),
-               " needs an MPI communicator to bootstrap from");
-      void* stream = nullptr;
-      dev->call(&dt_hal_v2_t::native_stream, "native_stream", &stream);
-      return dt::NcclComm::create(*mpi, dev->index(), stream, name);
-    };
-#endif
   if (!phase([&] {
         trainer = std::make_unique<dt::Trainer>(rt.world(), *dev, cfg, data, device_comm);
       }))

@@ -1,14 +1,14 @@
 # Shared by perf/bench_gpu.sh, perf/gpu_payload.sh and perf/gpu_payload_check.sh (sourced).
 
 # dt_gpu_build DIR LOGDIR: configures dt with DT_WITH_CUDA=ON (Release) in DIR, builds what the
-# GPU checks and benchmark run (dt_train, the CUDA plugin, the GPU tests, perf/bench_gpu_gemm) and
+# GPU checks and benchmark run (dt_train, the CUDA plugin, the NCCL communicator, the GPU tests, perf/bench_gpu_gemm) and
 # links the four programs into DIR/bin. Logs go to LOGDIR; on failure their tail is printed.
 dt_gpu_build() {
   local dir=$1 logs=$2 src
   src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DDT_WITH_CUDA=ON >"$logs/cmake.log" 2>&1 ||
     { cat "$logs/cmake.log" >&2; echo "configuring $dir failed" >&2; return 1; }
-  cmake --build "$dir" -j"$(nproc)" --target dt_hal_cuda dt_cuda_test dt_nccl_test dt_train \
+  cmake --build "$dir" -j"$(nproc)" --target dt_hal_cuda dt_nccl dt_cuda_test dt_nccl_test dt_train \
     >"$logs/build.log" 2>&1 ||
     { tail -50 "$logs/build.log" >&2; echo "building in $dir failed" >&2; return 1; }
   # Each step returns on failure itself: a caller's `||` turns errexit off in here.

@@ -6,7 +6,7 @@
 #   perf/gpu_payload.sh [ARCHIVE]      default: build-gpu-payload/dt-gpu.tar.xz
 #
 # 1. builds dt with DT_WITH_CUDA=ON (Release) in $DT_BUILD_DIR (default build-gpu/): dt_train,
-#    the CUDA plugin, the GPU tests and perf/bench_gpu_gemm;
+#    the CUDA plugin, the NCCL communicator (libdt_nccl.so), the GPU tests and perf/bench_gpu_gemm;
 # 2. stages them, stripped, under dt/ with every library they load that is not glibc's,
 #    libstdc++'s or CUDA's, taken whole from its Debian package (Open MPI with orted, its
 #    components and help files, PMIx, UCX, hwloc, HDF5, OpenBLAS, Boost, OpenSSL, ...) under
@@ -36,7 +36,7 @@ dt_gpu_build "$build" "$work" || die "the build failed (above)"
 # 2. Stage.
 mkdir -p "$stage/bin" "$stage/plugins" "$stage/lib" "$stage/share" "$stage/root"
 cp "$build"/bin/* "$stage/bin/"
-cp "$build/plugins/libdt_hal_cuda.so" "$stage/plugins/"
+cp "$build/plugins/libdt_hal_cuda.so" "$build/plugins/libdt_nccl.so" "$stage/plugins/"
 cp /usr/share/common-licenses/GPL-3 "$stage/share/train.txt"
 
 # Everything the programs load, by resolved path: dt's own libraries go to dt/lib, CUDA's stay
@@ -51,7 +51,7 @@ for p in openmpi-bin openmpi-common libopenmpi3 libpmix2 libucx0 libhwloc15 libh
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' && pkgs[$p]=1
 done
 # (ldd of the build's own files: their RUNPATH, $ORIGIN/../lib, finds libdt in the build tree)
-for f in "$build"/bin/* "$build/plugins/libdt_hal_cuda.so"; do
+for f in "$build"/bin/* "$build/plugins/libdt_hal_cuda.so" "$build/plugins/libdt_nccl.so"; do
   f=$(readlink -f "$f")
   ldd "$f" >"$work/ldd"
   if grep 'not found' "$work/ldd" >&2; then die "$f loads libraries this machine lacks (above)"; fi

@@ -441,3 +441,15 @@ std::unique_ptr<Comm> NcclComm::split(int color, int key) {
 }
 
 }  // namespace dt
+
+// The entry points of libdt_nccl.so, which libdt loads only for a run on CUDA devices
+// (comm/nccl_module.cpp): its version, which must be libdt's, and NcclComm::create. Errors leave
+// as the C++ exceptions NcclComm::create throws (libdt and this library share one C++ runtime).
+extern "C" __attribute__((visibility("default"))) const char* dt_nccl_module_version() {
+  return DT_VERSION;
+}
+
+extern "C" __attribute__((visibility("default"))) dt::Comm* dt_nccl_module_create(
+    dt::MpiComm* bootstrap, int cuda_device, void* stream, const char* name) {
+  return dt::NcclComm::create(*bootstrap, cuda_device, stream, name).release();
+}

@@ -16,6 +16,7 @@
 
 #include "cpu_device.h"
 #include "dt/dtype.hpp"
+#include "hal/library_path.hpp"
 
 namespace dt {
 
@@ -44,13 +45,43 @@ std::vector<std::string> split_path(const std::string& p) {
 }
 }  // namespace
 
-// Owns a dlopen handle.
-struct Device::Library {
-  void* handle = nullptr;
-  ~Library() {
-    if (handle) dlclose(handle);
+struct Device::Library final : detail::SharedLibrary {};
+
+namespace detail {
+SharedLibrary::~SharedLibrary() {
+  if (handle) dlclose(handle);
+}
+
+void load_from_path(const std::string& file, const std::string& search_path,
+                    const std::string& what, SharedLibrary& out) {
+  std::vector<std::string> refused;  // "FILE: why"
+  for (const auto& dir : split_path(search_path)) {
+    const std::string path = dir + "/" + file;
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) continue;
+    out.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (out.handle != nullptr) {
+      out.path = path;
+      break;
+    }
+    const char* why = dlerror();
+    refused.push_back(path + ": " + (why ? why : "dlopen failed"));
   }
-};
+  if (out.handle == nullptr) {
+    std::string all;
+    for (const auto& r : refused) all += (all.empty() ? "" : "; ") + r;
+    DT_CHECK(ConfigError, !refused.empty(), what, ": plugin ", file,
+             " not found in the plugin path '", search_path, "'");
+    DT_THROW(ConfigError, what, ": no copy of ", file, " in the plugin path '", search_path,
+             "' could be loaded: ", all);
+  }
+  for (const auto& r : refused)
+    std::fprintf(stderr, "dt: warning: %s: skipped %s (using %s)\n", what.c_str(), r.c_str(),
+                 out.path.c_str());
+}
+
+void* find_symbol(const SharedLibrary& lib, const char* name) { return dlsym(lib.handle, name); }
+}  // namespace detail
 
 std::string default_plugin_path() {
   // Set by the dt module (modulefiles/dt): the plugins of the installation the user loaded.
@@ -111,36 +142,10 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
   } else {
     DT_CHECK(ConfigError, !name.empty() && name.find('/') == std::string::npos, "device name '",
              name, "' must be a plain name such as cpu or cuda");
-    const std::string file = "libdt_hal_" + name + ".so";
-    // The first copy in the path that loads, as the dynamic linker searches a library path: a
-    // copy that cannot be loaded (built for another machine, missing a library of its own) is
-    // skipped with a warning naming it and why, so a stale one does not hide a good one.
-    std::string found;
-    std::vector<std::string> refused;  // "FILE: why"
     d.lib_ = std::make_unique<Library>();
-    for (const auto& dir : split_path(plugin_path)) {
-      const std::string path = dir + "/" + file;
-      struct stat st;
-      if (::stat(path.c_str(), &st) != 0) continue;
-      d.lib_->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (d.lib_->handle != nullptr) {
-        found = path;
-        break;
-      }
-      const char* why = dlerror();
-      refused.push_back(path + ": " + (why ? why : "dlopen failed"));
-    }
-    if (found.empty()) {
-      std::string all;
-      for (const auto& r : refused) all += (all.empty() ? "" : "; ") + r;
-      DT_CHECK(ConfigError, !refused.empty(), "device '", name, "': plugin ", file,
-               " not found in the plugin path '", plugin_path, "'");
-      DT_THROW(ConfigError, "device '", name, "': no copy of ", file, " in the plugin path '",
-               plugin_path, "' could be loaded: ", all);
-    }
-    for (const auto& r : refused)
-      std::fprintf(stderr, "dt: warning: device '%s': skipped %s (using %s)\n", name.c_str(),
-                   r.c_str(), found.c_str());
+    detail::load_from_path("libdt_hal_" + name + ".so", plugin_path, "device '" + name + "'",
+                           *d.lib_);
+    const std::string& found = d.lib_->path;
     d.origin_ = found;
     // The newest version this dt knows first: a plugin may export several.
     if (auto t4 = exported_table<dt_hal_v4_t>(d.lib_->handle, DT_HAL_PLUGIN_V4_SYMBOL,

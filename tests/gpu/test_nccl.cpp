@@ -1,19 +1,25 @@
-// NcclComm on real ranks, one GPU each: every collective against values computed on the host,
+// NcclComm on real ranks, one GPU each, made through libdt_nccl.so as dt_train makes it
+// (dt::NcclModule): every collective against values computed on the host,
 // point-to-point around a ring, split, stream order (a kernel-free check: a copy enqueued after
 // the all_reduce on the same stream sees its result), and argument errors before any traffic.
-// Without one GPU per local rank every rank exits 77 after rank 0 prints one SKIP line.
+// Without one GPU per local rank every rank exits 77 after rank 0 prints one SKIP line, once the
+// module has loaded (it needs no GPU): a build or payload without a loadable libdt_nccl.so fails.
+// The module is looked for in the build's plugins/ folder, then in $DT_PLUGIN_PATH.
 #include <cuda_runtime.h>
 #include <mpi.h>
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "../mpi/check_harness.hpp"
 #include "comm/mpi_comm.hpp"
-#include "comm/nccl_comm.hpp"
+#include "comm/nccl_module.hpp"
+#include "dt/error.hpp"
 
 namespace {
 
@@ -51,6 +57,17 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const char* env = std::getenv("DT_PLUGIN_PATH");
+  const std::string plugin_path =
+      std::string(DT_PLUGIN_DIR) + (env && *env ? ":" + std::string(env) : "");
+  const dt::NcclModule* module = nullptr;
+  try {
+    module = &dt::NcclModule::load(plugin_path);
+  } catch (const dt::Error& e) {
+    std::fprintf(stderr, "FAIL nccl: rank %d: %s\n", rank, e.what());
+    MPI_Finalize();
+    return 1;
+  }
   MPI_Comm local;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
   int local_rank = 0, local_size = 1;
@@ -77,7 +94,7 @@ int main(int argc, char** argv) {
     cudaStream_t stream;
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     auto world = dt::MpiComm::dup(MPI_COMM_WORLD, "world");
-    auto nc = dt::NcclComm::create(*world, local_rank, stream, "world-nccl");
+    auto nc = module->create(*world, local_rank, stream, "world-nccl");
     h.expect(nc->rank() == rank && nc->size() == size, "rank and size", "");
     const std::size_t n = 1 << 16;
     // all_reduce in every op, f32; sum in bf16 and i32.

@@ -3,7 +3,8 @@
 # every entry is an absolute folder or one relative to the file ($ORIGIN), in the build tree and
 # once installed; an empty entry would make the dynamic loader search the working directory. The
 # installed dt_train and dt_topo load every library they need from their own prefix and the
-# system's folders.
+# system's folders, as does the NCCL communicator (lib/dt/plugins/libdt_nccl.so) where CUDA is
+# built; no program nor libdt needs a CUDA or NCCL library (only the plugins do).
 #   runpath.sh WORKDIR BUILD_DIR FILE...   (FILE: the build tree's copies of what is installed)
 set -u
 [ $# -ge 3 ] || { echo "usage: $0 WORKDIR BUILD_DIR FILE..." >&2; exit 2; }
@@ -51,6 +52,19 @@ for prog in dt_train dt_topo; do
   lib=$(echo "$out" | awk '$1 == "libdt.so.0" { print $3 }')
   [ -n "$lib" ] && [ "$(realpath "$lib")" = "$(realpath "$P/lib/libdt.so.0")" ] ||
     fail "$prog loads libdt from '$lib', not from $P/lib"
+done
+if [ -f "$P/lib/dt/plugins/libdt_nccl.so" ]; then
+  out=$(ldd "$P/lib/dt/plugins/libdt_nccl.so" 2>&1)
+  echo "$out" | grep -q "not found" && fail "libdt_nccl.so: $(echo "$out" | grep 'not found')"
+  lib=$(echo "$out" | awk '$1 == "libdt.so.0" { print $3 }')
+  [ -n "$lib" ] && [ "$(realpath "$lib")" = "$(realpath "$P/lib/libdt.so.0")" ] ||
+    fail "libdt_nccl.so loads libdt from '$lib', not from $P/lib"
+fi
+for f in "$P"/bin/* "$P"/lib/libdt.so*; do
+  [ -f "$f" ] && [ ! -L "$f" ] || continue
+  needed=$(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]$/\1/p' |
+           grep -E '^lib(cuda|cudart|cublas|cublasLt|nccl)\.so' | tr '\n' ' ')
+  [ -z "$needed" ] || fail "$f needs ${needed}(a node without CUDA could not start it)"
 done
 "$P/bin/dt_train" --version || fail "the installed dt_train does not start"
 [ $FAILED -eq 0 ] && { echo "runpath.sh: PASS"; exit 0; }

@@ -1,0 +1,61 @@
+#include "comm/nccl_module.hpp"
+
+#include <mutex>
+
+#include "comm/mpi_comm.hpp"
+#include "dt/error.hpp"
+#include "hal/library_path.hpp"
+
+#ifndef DT_VERSION
+#define DT_VERSION "0.1.0"
+#endif
+
+namespace dt {
+
+namespace {
+// The entry points of libdt_nccl.so (end of comm/nccl_comm.cpp).
+using VersionFn = const char* (*)();
+using CreateFn = Comm* (*)(MpiComm* bootstrap, int cuda_device, void* stream, const char* name);
+constexpr const char* kFile = "libdt_nccl.so";
+constexpr const char* kVersionSymbol = "dt_nccl_module_version";
+constexpr const char* kCreateSymbol = "dt_nccl_module_create";
+}  // namespace
+
+struct NcclModule::Impl {
+  detail::SharedLibrary lib;
+  CreateFn create = nullptr;
+};
+
+NcclModule::NcclModule(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+const NcclModule& NcclModule::load(const std::string& plugin_path) {
+  static std::mutex mu;
+  static const NcclModule* loaded = nullptr;  // never unloaded (see the header)
+  std::lock_guard<std::mutex> lock(mu);
+  if (loaded) return *loaded;
+  auto impl = std::make_unique<Impl>();
+  detail::load_from_path(kFile, plugin_path, "NCCL communicator", impl->lib);
+  const std::string& file = impl->lib.path;
+  const auto version = reinterpret_cast<VersionFn>(detail::find_symbol(impl->lib, kVersionSymbol));
+  impl->create = reinterpret_cast<CreateFn>(detail::find_symbol(impl->lib, kCreateSymbol));
+  DT_CHECK(ConfigError, version != nullptr && impl->create != nullptr, "NCCL communicator: ", file,
+           " is not dt's NCCL communicator (no ", kVersionSymbol, " or ", kCreateSymbol, ")");
+  DT_CHECK(ConfigError, std::string(version()) == DT_VERSION, "NCCL communicator: ", file,
+           " belongs to dt ", version(), ", this is dt ", DT_VERSION,
+           ": install both from one build");
+  // Intentionally leaked: see the header.
+  loaded = new NcclModule(std::move(impl));
+  return *loaded;
+}
+
+std::unique_ptr<Comm> NcclModule::create(Comm& bootstrap, int cuda_device, void* stream,
+                                         const std::string& name) const {
+  auto* mpi = dynamic_cast<MpiComm*>(&bootstrap);
+  DT_CHECK(ConfigError, mpi != nullptr, "NCCL over ", bootstrap.name(),
+           " needs an MPI communicator to bootstrap from");
+  return std::unique_ptr<Comm>(impl_->create(mpi, cuda_device, stream, name.c_str()));
+}
+
+const std::string& NcclModule::path() const noexcept { return impl_->lib.path; }
+
+}  // namespace dt

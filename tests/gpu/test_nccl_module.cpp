@@ -1,0 +1,88 @@
+// dt::NcclModule: libdt loads the NCCL communicator (libdt_nccl.so) from the plugin path as it
+// loads device plugins, and refuses clearly what it cannot use: no copy in the path, a file that
+// is not a shared library, a shared library that is not the communicator, one of another dt
+// version, and the communicator without NCCL. No GPU is needed: loading touches no device.
+//
+// DT_TEST_NCCL_HIDDEN=1 (set by cpu_node.sh, in a namespace that hides the CUDA libraries): the
+// build's own libdt_nccl.so must be refused, naming the NCCL library it lacks. Otherwise it must
+// load, and stay the module for later calls.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <stdlib.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "comm/nccl_module.hpp"
+#include "dt/error.hpp"
+
+namespace {
+
+const std::string kPlugins = DT_PLUGIN_DIR;       // the build's libdt_nccl.so
+const std::string kOldModule = DT_OLD_NCCL_DIR;   // a libdt_nccl.so of dt 0.0.0
+const std::string kForeign = DT_FOREIGN_LIBRARY;  // a shared library that is not the module
+
+std::string load_error(const std::string& path) {
+  try {
+    dt::NcclModule::load(path);
+  } catch (const dt::ConfigError& e) {
+    return e.message();
+  }
+  return "(no error)";
+}
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/dt-nccl-module-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+bool hidden() {
+  const char* e = std::getenv("DT_TEST_NCCL_HIDDEN");
+  return e != nullptr && std::string(e) == "1";
+}
+
+}  // namespace
+
+TEST_CASE("a path without libdt_nccl.so is refused, naming the file and the path") {
+  const std::string dir = temp_dir();
+  const std::string e = load_error(dir + ":/nonexistent");
+  CHECK(e.find("NCCL communicator: plugin libdt_nccl.so not found in the plugin path '" + dir +
+               ":/nonexistent'") != std::string::npos);
+}
+
+TEST_CASE("a libdt_nccl.so that is no shared library is refused, naming it and why") {
+  const std::string dir = temp_dir(), bad = dir + "/libdt_nccl.so";
+  std::ofstream(bad) << "not an ELF file\n";
+  const std::string e = load_error(dir);
+  CHECK(e.find("no copy of libdt_nccl.so in the plugin path '" + dir + "' could be loaded: " + bad +
+               ": ") != std::string::npos);
+}
+
+TEST_CASE("a shared library that is not the communicator, or of another dt, is refused") {
+  const std::string dir = temp_dir(), lib = dir + "/libdt_nccl.so";
+  std::ifstream src(kForeign, std::ios::binary);
+  REQUIRE(src.good());
+  std::ofstream(lib, std::ios::binary) << src.rdbuf();
+  CHECK(load_error(dir).find(lib + " is not dt's NCCL communicator (no dt_nccl_module_version") !=
+        std::string::npos);
+  CHECK(
+      load_error(kOldModule).find(kOldModule + "/libdt_nccl.so belongs to dt 0.0.0, this is dt ") !=
+      std::string::npos);
+}
+
+TEST_CASE("the build's communicator: loaded once, or refused naming NCCL where it is missing") {
+  if (hidden()) {
+    const std::string e = load_error(kPlugins);
+    CHECK(e.find("could be loaded: " + kPlugins + "/libdt_nccl.so: libnccl.so") !=
+          std::string::npos);
+    MESSAGE(e);
+    return;
+  }
+  const dt::NcclModule& m = dt::NcclModule::load("/nonexistent:" + kPlugins);
+  CHECK(m.path() == kPlugins + "/libdt_nccl.so");
+  // Loaded once per process: a later call, whatever its path, returns the same module.
+  CHECK(&dt::NcclModule::load("/nonexistent") == &m);
+}
