@@ -37,7 +37,21 @@ double worst(const Plan& p, int* stage = nullptr) {
   return w;
 }
 
-Plan build(const PlanRequest& r, Layout l) {
+// --eval-only: the request with a batch that divides over l.dp (rounded up), and the micro-batch
+// settings kept only where they divide the share.
+PlanRequest for_evaluation(PlanRequest r, const Layout& l) {
+  if (!r.evaluation_only || l.dp < 1) return r;
+  const std::int64_t share = (r.batch + l.dp - 1) / l.dp;
+  r.batch = share * l.dp;
+  if (r.micro_batch > 0 && share % r.micro_batch != 0) r.micro_batch = 0;
+  if (r.microbatches > 0 && share % r.microbatches != 0) r.microbatches = 0;
+  if (r.micro_batch > 0 && r.microbatches > 0 && share / r.microbatches != r.micro_batch)
+    r.microbatches = 0;
+  return r;
+}
+
+Plan build(const PlanRequest& request, Layout l) {
+  const PlanRequest r = for_evaluation(request, l);
   Plan p;
   check_layout(l, r.world, r.model, r.batch);
   p.layout = l;

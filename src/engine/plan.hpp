@@ -26,6 +26,10 @@ struct PlanRequest {
   double mem_limit = 0;      ///< bytes per rank (0: none)
   int world = 1;
   int ranks_per_node = 1;  ///< smallest number of ranks on a node
+  /// --eval-only: no training step is taken, so a batch that does not divide over the
+  /// data-parallel ranks is rounded up to one that does (and a micro-batch size or count that
+  /// does not divide the share is left to the plan) instead of being refused.
+  bool evaluation_only = false;
 };
 
 struct Plan {

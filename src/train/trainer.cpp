@@ -616,6 +616,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   pr.grad_wire16 = c_.grad_reduce == "bf16";
   pr.mem_limit = static_cast<double>(parse_size("mem.limit", c_.mem_limit));
   pr.world = comm_.size();
+  pr.evaluation_only = c_.eval_only;
   pr.ranks_per_node = comm_.size();
   for (const auto& kv : per_node) pr.ranks_per_node = std::min(pr.ranks_per_node, kv.second);
   plan_ = std::make_unique<Plan>(make_plan(pr));

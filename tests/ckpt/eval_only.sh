@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ckpt.eval_only (MODE -): --eval-only --ckpt.resume=PATH --eval.sequences=8 prints
-# "eval-only: step N ... loss X" and exits 0, with the same loss on 1 and 2 ranks (1e-6
-# relative); it trains and saves nothing. --eval-only without any checkpoint option exits 2.
+# "eval-only: step N ... loss X" and exits 0, with the same loss on 1, 2 and 3 ranks (1e-6
+# relative; 3 ranks do not divide the training batch of 8, which evaluation does not need, also
+# with --train.micro-batch=4); it trains and saves nothing. --eval-only without any checkpoint option exits 2.
 # ckpt.eval_only_empty_dir (MODE empty_dir): --eval-only with --ckpt.dir naming a directory
 # without checkpoints (auto-resume finds nothing) has no checkpoint to evaluate either: exit 2,
 # instead of reporting the loss of the random initial weights.
@@ -13,8 +14,11 @@ case "$MODE" in
     expect_rc C 0
     expect_file D/step-4.h5
     before=$(files_in D)
-    for R in 1 2; do
-      train E$R "$R" --eval-only --ckpt.resume="$WORK/D/step-4.h5" --eval.sequences=8 --ckpt.dir=X$R
+    for R in 1 2 3 3m; do
+      micro=()
+      [ "$R" = 3m ] && micro=(--train.micro-batch=4)
+      train E$R "${R%m}" --eval-only --ckpt.resume="$WORK/D/step-4.h5" --eval.sequences=8 \
+        --ckpt.dir=X$R "${micro[@]}"
       expect_rc E$R 0
       expect_line E$R "eval-only: step 4,.* loss [0-9]+\.[0-9]+"
       expect_line E$R "resumed from .*D/step-4\.h5 at step 4 "
@@ -28,6 +32,10 @@ case "$MODE" in
     else
       fail "no eval-only loss (1 rank '$l1', 2 ranks '$l2')"
     fi
+    for R in 3 3m; do
+      l3=$(eval_loss E$R)
+      if [ -n "$l3" ] && [ -n "$l1" ]; then steplog close "$l3" "$l1" 1e-6; else fail "E$R: no eval-only loss"; fi
+    done
     # Auto-resume of the directory evaluates the same file.
     train EA 2 --eval-only --ckpt.dir=D --eval.sequences=8
     expect_rc EA 0
