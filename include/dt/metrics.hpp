@@ -162,7 +162,8 @@ class Exporter {
   /// push_url is not an http:// URL.
   Exporter(Registry& registry, ExporterOptions opts,
            std::function<void(const std::string&)> warn = {});
-  /// Stops the server and the background thread (a publish in flight finishes first).
+  /// Stops the server and the background thread (a textfile write in flight finishes first, a
+  /// push in flight is stopped).
   ~Exporter();
   Exporter(const Exporter&) = delete;
   Exporter& operator=(const Exporter&) = delete;
@@ -170,7 +171,9 @@ class Exporter {
   /// The port the HTTP endpoint listens on (0 when off).
   int port() const noexcept { return port_; }
   void publish();
-  /// Returns true when every enabled export of this call succeeded.
+  /// Returns true when every enabled export of this call succeeded. A push still in flight in
+  /// the background is stopped first (this one sends newer values), so the call returns within
+  /// about ExporterOptions::push_timeout_s even where the gateway never answers.
   bool publish_now();
   /// Whether a push to the Pushgateway has failed, or has waited more than 0.1 s for its answer
   /// now (one that never answers holds each push for up to ExporterOptions::push_timeout_s).

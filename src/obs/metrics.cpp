@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 
 #include "dt/error.hpp"
@@ -483,25 +485,57 @@ struct Exporter::Impl {
   std::condition_variable cv;
   bool pending = false, stopping = false;
   std::thread worker;
-  std::mutex export_mu;  // one export at a time (worker and publish_now)
-  bool warned_textfile = false, warned_push = false;
+  std::timed_mutex export_mu;         // one export at a time (worker and publish_now)
+  std::mutex active_mu;               // guards `active`
+  httplib::Client* active = nullptr;  // the push in flight, which publish_now may stop
+  bool active_stopped = false;        // ... and has stopped: its failure is no failure
+  std::atomic<int> superseding{0};    // publish_now calls under way: background exports skip
+  std::atomic<bool> warned_textfile{false}, warned_push{false};
   std::atomic<bool> push_failed{false};     // a push has failed (Exporter::push_waits)
   std::atomic<std::int64_t> push_since{0};  // steady_ns() at the start of the push in flight, or 0
 
   Impl(Registry& r, ExporterOptions opts, std::function<void(const std::string&)> w)
       : reg(r), o(std::move(opts)), warn(std::move(w)) {}
 
-  void warn_once(bool& flag, const std::string& msg) {
-    if (flag) return;
-    flag = true;
+  void warn_once(std::atomic<bool>& flag, const std::string& msg) {
+    if (flag.exchange(true)) return;
     if (warn)
       warn(msg);
     else
       std::fprintf(stderr, "dt: warning: %s\n", msg.c_str());
   }
 
-  bool export_once() {
-    std::lock_guard<std::mutex> lock(export_mu);
+  // Stops the push in flight, if any (httplib shuts its socket down, and it fails at once).
+  void stop_active() {
+    std::lock_guard<std::mutex> lock(active_mu);
+    if (!active) return;
+    active_stopped = true;
+    active->stop();
+  }
+
+  // One export. The background thread's (no deadline) waits for its turn, and is skipped while a
+  // publish_now is under way. publish_now's (a deadline) stops whatever push holds the turn until
+  // it has it, and its push must end by the deadline: its timeouts are cut to the time left, and
+  // it fails, naming why, when none is left.
+  bool export_once(std::chrono::steady_clock::time_point deadline =
+                       std::chrono::steady_clock::time_point::max()) {
+    const bool background = deadline == std::chrono::steady_clock::time_point::max();
+    std::unique_lock<std::timed_mutex> lock(export_mu, std::defer_lock);
+    if (background) {
+      lock.lock();
+      if (superseding.load() > 0) return true;  // publish_now exports newer values
+    } else {
+      for (;;) {
+        stop_active();
+        if (lock.try_lock_for(std::chrono::milliseconds(10))) break;
+        if (std::chrono::steady_clock::now() >= deadline) {
+          warn_once(warned_push, "metrics push to " + push_base +
+                                     " not sent: the push before it still waited to connect "
+                                     "after --metrics.push-timeout-s");
+          return false;
+        }
+      }
+    }
     bool ok = true;
     if (!o.textfile.empty()) {
       try {
@@ -516,19 +550,37 @@ struct Exporter::Impl {
     if (!push_base.empty()) {
       const std::string path = push_prefix + push_path(o.job, o.instance);
       std::string why;
+      auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+          std::chrono::duration<double>(o.push_timeout_s));
+      if (deadline != std::chrono::steady_clock::time_point::max())
+        us = std::min(us, std::chrono::duration_cast<std::chrono::microseconds>(
+                              deadline - std::chrono::steady_clock::now()));
       try {
+        if (us.count() <= 0) throw std::runtime_error("no time left before the exit");
         httplib::Client cli(push_base);
-        const auto to = std::chrono::duration<double>(o.push_timeout_s);
-        const auto us = std::chrono::duration_cast<std::chrono::microseconds>(to);
         cli.set_connection_timeout(us);
         cli.set_read_timeout(us);
         cli.set_write_timeout(us);
-        struct InFlight {  // push_since while the push waits for the gateway
-          std::atomic<std::int64_t>& since;
-          explicit InFlight(std::atomic<std::int64_t>& s) : since(s) { since = steady_ns(); }
-          ~InFlight() { since = 0; }
-        } in_flight(push_since);
+        struct InFlight {  // push_since and `active` while the push waits for the gateway
+          Impl& m;
+          InFlight(Impl& impl, httplib::Client& c) : m(impl) {
+            m.push_since = steady_ns();
+            std::lock_guard<std::mutex> lock(m.active_mu);
+            m.active = &c;
+            m.active_stopped = false;
+          }
+          bool stopped() {
+            std::lock_guard<std::mutex> lock(m.active_mu);
+            return m.active_stopped;
+          }
+          ~InFlight() {
+            std::lock_guard<std::mutex> lock(m.active_mu);
+            m.active = nullptr;
+            m.push_since = 0;
+          }
+        } in_flight(*this, cli);
         auto res = cli.Put(path, reg.render(), kContentType);
+        if (!res && in_flight.stopped()) return ok;  // superseded by publish_now, or shut down
         if (!res)
           why = "no reply (" + httplib::to_string(res.error()) + " error)";
         else if (res->status / 100 != 2)
@@ -653,6 +705,7 @@ Exporter::~Exporter() {
     m.stopping = true;
   }
   m.cv.notify_all();
+  m.stop_active();  // a push still in flight: its values were published since, or never will be
   if (m.worker.joinable()) m.worker.join();
   if (m.server_thread.joinable()) {
     m.server.stop();
@@ -669,7 +722,21 @@ void Exporter::publish() {
   impl_->cv.notify_one();
 }
 
-bool Exporter::publish_now() { return impl_->export_once(); }
+bool Exporter::publish_now() {
+  // The push in flight in the background sends older values than this one: it is stopped rather
+  // than waited for, so this call ends within the push timeout (a gateway that never answers held
+  // the caller for that push's wait and then this one's).
+  Impl& m = *impl_;
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(m.o.push_timeout_s));
+  struct Superseding {
+    std::atomic<int>& n;
+    explicit Superseding(std::atomic<int>& c) : n(c) { ++n; }
+    ~Superseding() { --n; }
+  } superseding(m.superseding);
+  return m.export_once(deadline);
+}
 
 bool Exporter::push_waits() const noexcept {
   // A gateway answers within milliseconds: a push waiting longer than 0.1 s waits for one that

@@ -189,8 +189,8 @@ void TrainTelemetry::on_checkpoint_written(double seconds, std::uint64_t bytes) 
 void TrainTelemetry::finish() noexcept {
   try {
     // The last push waits for the gateway like every other: said where a push failed or still
-    // waits, as a gateway that never answers holds the exit for that long (and the push in
-    // flight for as long).
+    // waits, as a gateway that never answers holds the exit for that long (the push in flight,
+    // which sends older values, is stopped).
     if (exporter_->push_waits())
       std::fprintf(stderr,
                    "dt_train: rank %d: the last metrics push waits up to %g s for the "
