@@ -314,8 +314,8 @@ void add_train_options(Options& o, TrainConfig& c) {
            "train.dtype=fp16: the scale never falls below this", 1e-30, 1e30)
       .add("test.inject-inf-rank", &c.test_inject_inf_rank, -1,
            "testing only: this rank puts an Inf into its gradients at step test.inject-inf-step "
-           "(with a loss scaler every rank must skip that step; in fp32 the run must end there "
-           "with the weights untouched)",
+           "(with a loss scaler every rank must skip that step; in fp32, where it reaches every "
+           "rank through the reduction, the run must end there with the weights untouched)",
            -1L, 1L << 30)
       .add("test.inject-inf-step", &c.test_inject_inf_step, 2,
            "testing only: see test.inject-inf-rank (counted from 0: 2 is the step printed as "
@@ -1108,7 +1108,13 @@ StepStats Trainer::step() {
   const std::size_t n = state_numel();
   if (scaler_) round_to_dtype(grads_ptr(), n);  // as c_.dtype stores them (fp16: Inf past 65504)
   const std::int64_t since = step_ - c_.test_inject_inf_step, every = c_.test_inject_inf_every;
-  if (c_.test_inject_inf_rank == comm_.rank() &&
+  // The seam: rank test.inject-inf-rank's gradient holds an Inf. With a loss scaler that rank
+  // alone writes it, before the overflow check that all ranks decide together. In fp32 the
+  // gradients here are already reduced, so an Inf that rank contributed is in every replica:
+  // every rank writes it (one rank alone would make replicas disagree, which no real overflow
+  // does, and ranks whose norm does not count that copy would step on).
+  if (c_.test_inject_inf_rank >= 0 && c_.test_inject_inf_rank < comm_.size() &&
+      (scaler_ == nullptr || c_.test_inject_inf_rank == comm_.rank()) &&
       (since == 0 || (every > 0 && since > 0 && since % every == 0))) {
     const float inf = INFINITY;
     dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(grads_ptr()),
