@@ -2289,8 +2289,14 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
     for (const auto& p : list_partials(dir)) log("ignoring interrupted save " + p);
     const std::string latest = read_latest(dir);
     std::vector<CkptEntry> all = list_checkpoints(dir);
-    if (!all.empty() && latest.empty())
-      log("the pointer " + dir + "/latest is missing; using the newest checkpoint that verifies");
+    if (!all.empty() && latest.empty()) {
+      struct stat st {};
+      const std::string p = dir + "/latest";
+      const char* what = ::stat(p.c_str(), &st) != 0 ? "is missing"
+                         : S_ISDIR(st.st_mode)       ? "is a folder, not the pointer file"
+                                                     : "names no checkpoint (it is empty)";
+      log("the pointer " + p + " " + what + "; using the newest checkpoint that verifies");
+    }
     listing = latest + "\n";
     for (const auto& e : all)
       if (e.path == latest) listing += e.path + "\n";  // what the last save committed comes first

@@ -500,6 +500,9 @@ TokenFile validate_and_load(TrainConfig& c) {
              given, " (drop --parallel.auto to choose the layout yourself)");
   }
   parse_size("mem.limit", c.mem_limit);
+  DT_CHECK(ConfigError, !c.ckpt_resume.empty(),
+           "option --ckpt.resume is empty: expected auto (the newest checkpoint in --ckpt.dir), "
+           "none, or a checkpoint file");
   security::parse_tamper(c.test_tamper, "test.tamper");
   if (c.seal != "off" || c.ckpt_encrypt) {
     DT_CHECK(ConfigError, !c.key_file.empty(), "option --security.key_file is required by ",
@@ -1987,6 +1990,20 @@ int Trainer::run() {
         "train loss %.4f, %s\n",
         static_cast<long>(c_.steps), resumed.c_str(), duration_str(all_secs).c_str(), tps,
         tps * gpt_flops_per_token(c_.model, T) / comm_.size() / 1e9, loss, val_text);
+    // Skipped steps change no weight: said, so that a run that skipped them all does not pass
+    // for one that trained.
+    if (scaler_ && scaler_->steps_skipped() > 0) {
+      const std::int64_t skipped = scaler_->steps_skipped();
+      char scale[64] = "";
+      if (scaler_->config().dynamic)
+        std::snprintf(scale, sizeof scale, "; the loss scale is now %g",
+                      static_cast<double>(scaler_->scale()));
+      std::printf(
+          "dt_train: %s%lld of %ld steps skipped: their gradients were not finite "
+          "(train.dtype=%s)%s\n",
+          skipped >= c_.steps ? "warning: nothing was trained: " : "",
+          static_cast<long long>(skipped), static_cast<long>(c_.steps), c_.dtype.c_str(), scale);
+    }
     if (c_.sample_tokens > 0) {
       // What the ids mean is the data's format, not the model's vocabulary (a byte file may
       // train a model of more than 256 ids; those print as "\{N}").

@@ -97,6 +97,14 @@ case "$MODE" in
     steplog steps R.jsonl 7 8
     expect_latest D step-8.h5
     ;;
+  latest_empty)
+    : >D/latest
+    train R 2 --train.steps=8 --ckpt.dir=D --train.log-file=R.jsonl
+    expect_rc R 0
+    expect_line R "latest names no checkpoint \(it is empty\)"
+    expect_no_line R "latest is missing"
+    expect_line R "resumed from .*D/step-6\.h5 at step 6 "
+    ;;
   latest_binary)
     # latest overwritten with binary bytes: described by its size, never echoed; the newest
     # valid file is used.
