@@ -16,8 +16,10 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -478,8 +480,17 @@ struct Exporter::Impl {
   std::string push_base;    // scheme://host:port of push_url
   std::string push_prefix;  // path of push_url (without a trailing slash)
 
-  httplib::Server server;
-  std::thread server_thread;
+  // The HTTP server, apart from the rest: a client that never finishes its request holds one of
+  // the server's threads, and the exit does not wait for it (see ~Exporter).
+  struct Serving {
+    httplib::Server server;
+    std::thread thread;
+    std::promise<void> done;  // set when the server's thread ends
+    std::shared_mutex gate;   // handlers read the registry under it while `closed` is false
+    bool closed = false;
+    Registry* reg = nullptr;
+  };
+  std::unique_ptr<Serving> serving;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -648,17 +659,29 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
     while (!m.push_prefix.empty() && m.push_prefix.back() == '/') m.push_prefix.pop_back();
   }
   if (m.o.port != 0) {
-    m.server.new_task_queue = [] { return new httplib::ThreadPool(1); };
+    m.serving = std::make_unique<Impl::Serving>();
+    Impl::Serving* sv = m.serving.get();
+    sv->reg = &registry;
+    httplib::Server& server = sv->server;
+    // A few connections at once, each given a second to send its request: clients that connect
+    // and say nothing (or trickle) do not hold a scrape up for long.
+    server.new_task_queue = [] { return new httplib::ThreadPool(4); };
+    server.set_read_timeout(1, 0);
+    server.set_keep_alive_timeout(1);
     // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second rank on the
     // same port would silently share it instead of failing.
-    m.server.set_socket_options([](socket_t sock) {
+    server.set_socket_options([](socket_t sock) {
       int yes = 1;
       ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     });
-    Registry* reg = &registry;
-    m.server.Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {
+    server.Get("/metrics", [sv](const httplib::Request&, httplib::Response& res) {
       io_thread();  // httplib's pool thread
-      res.set_content(reg->render(), kContentType);
+      std::shared_lock<std::shared_mutex> open(sv->gate);
+      if (sv->closed) {
+        res.status = 503;
+        return;
+      }
+      res.set_content(sv->reg->render(), kContentType);
     });
     // A host that does not resolve is named as such (the bind's errno would say nothing of it).
     {
@@ -676,20 +699,21 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
     }
     errno = 0;
     if (m.o.port < 0) {
-      port_ = m.server.bind_to_any_port(m.o.host);
+      port_ = server.bind_to_any_port(m.o.host);
     } else {
-      port_ = m.server.bind_to_port(m.o.host, m.o.port) ? m.o.port : -1;
+      port_ = server.bind_to_port(m.o.host, m.o.port) ? m.o.port : -1;
     }
     DT_CHECK(ConfigError, port_ > 0, "option --metrics.port: cannot listen on ", m.o.host, ":",
              m.o.port < 0 ? std::string("(any port)") : std::to_string(m.o.port), ": ",
              errno != 0 ? std::strerror(errno) : "the address cannot be bound here",
              " (port in use? --metrics.port=-1 picks a free one)");
-    m.server_thread = std::thread([&m] {
+    sv->thread = std::thread([sv] {
       io_thread();
-      m.server.listen_after_bind();
+      sv->server.listen_after_bind();
+      sv->done.set_value();
     });
     // stop() only works once the server runs: wait for it (microseconds; bounded).
-    for (int i = 0; i < 5000 && !m.server.is_running(); ++i)
+    for (int i = 0; i < 5000 && !server.is_running(); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   m.worker = std::thread([&m] {
@@ -707,9 +731,24 @@ Exporter::~Exporter() {
   m.cv.notify_all();
   m.stop_active();  // a push still in flight: its values were published since, or never will be
   if (m.worker.joinable()) m.worker.join();
-  if (m.server_thread.joinable()) {
-    m.server.stop();
-    m.server_thread.join();
+  if (m.serving && m.serving->thread.joinable()) {
+    Impl::Serving& sv = *m.serving;
+    {
+      std::unique_lock<std::shared_mutex> shut(sv.gate);  // a scrape being answered ends first
+      sv.closed = true;
+    }
+    std::future<void> ended = sv.done.get_future();
+    sv.server.stop();
+    // The server's thread ends once its connections have: a client that never finishes its
+    // request would hold the exit. After a second it is left to the process's end, with the
+    // server it uses (deliberately not freed); its handlers no longer read the registry.
+    if (ended.wait_for(std::chrono::seconds(1)) == std::future_status::ready) {
+      sv.thread.join();
+    } else {
+      sv.thread.detach();
+      static std::vector<Impl::Serving*> left;  // reachable, as the thread still uses it
+      left.push_back(m.serving.release());
+    }
   }
 }
 

@@ -3,13 +3,16 @@
 /metrics; while it trains, both endpoints are scraped with a real HTTP client (urllib) and every
 line is parsed. The values must make sense (step counter moving, finite loss, positive tokens/s,
 consistent histograms, resident memory), another path is a 404, and after a drain (SIGUSR1 to
-mpiexec) the job exits 76 (drained, no ckpt.dir to save in) and the endpoints are gone."""
+mpiexec) the job exits 76 (drained, no ckpt.dir to save in) and the endpoints are gone. Clients
+that connect and never finish a request neither keep a scrape from its answer nor hold the exit."""
 import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import obslib
@@ -126,13 +129,57 @@ try:
             time.sleep(0.05)
         check(moved, "rank 0: dt_train_step did not move past %s" % first_step[0])
 
+    # Clients that connect and never finish a request: two that say nothing and one that sends
+    # a byte every 0.5 s for as long as the test runs. A scrape still gets its answer, and they do
+    # not hold the exit after the drain, which they did for as long as they kept the connection:
+    # from the drained line to the exit within 8 s (about 1 s without them, and the exporter
+    # waits 1 s for its server's connections).
+    held = []
+    trickling = threading.Event()
+    if 0 in urls:
+        host, port = re.match(r"http://\[?([^\]/]+?)\]?:(\d+)/", urls[0]).groups()
+        for _ in range(2):
+            held.append(socket.create_connection((host, int(port)), timeout=5))
+
+        def trickle():
+            try:
+                c = socket.create_connection((host, int(port)), timeout=5)
+                held.append(c)
+                c.sendall(b"GET /metrics HTTP/1.1\r\n")
+                while not trickling.wait(0.5):
+                    c.sendall(b"X")
+            except OSError:
+                pass
+
+        threading.Thread(target=trickle, daemon=True).start()
+        time.sleep(0.5)
+        t0 = time.time()
+        status, body = obslib.http_get(urls[0], timeout=10)
+        check(status == 200 and time.time() - t0 < 3,
+              "rank 0: a scrape with 3 clients holding connections: status %s after %.1f s"
+              % (status, time.time() - t0))
     print("=== drain: SIGUSR1 to mpiexec (pid %d)" % job.pid, flush=True)
     job.send_signal(signal.SIGUSR1)
+    drained_at = None
     try:
-        rc = job.wait(timeout=60)
+        deadline = time.time() + 60
+        while job.poll() is None and time.time() < deadline:
+            if drained_at is None and "drained at step" in open("train.out").read():
+                drained_at = time.time()
+            time.sleep(0.05)
+        rc = job.wait(timeout=max(1, deadline - time.time()))
+        end = time.time()
+        if drained_at is None:
+            drained_at = end
+        check(end - drained_at < 8,
+              "the exit came %.1f s after the drained line: clients holding connections "
+              "held it" % (end - drained_at))
     except subprocess.TimeoutExpired:
         rc = None
         fail("the job did not drain within 60 s")
+    trickling.set()
+    for c in held:
+        c.close()
 finally:
     if job.poll() is None:
         obslib.stop_process_group(job)
