@@ -114,12 +114,23 @@ Options& Options::node_local() {
 std::vector<std::string> Options::node_local_options() const { return impl_->node_local; }
 
 namespace {
-// Numbers as a user would write them: 0.1, 1e-08, 1048576.
+// Numbers as a user would write them: 0.1, 1e-08, 1048576; a floating value with as many digits
+// as it needs to read back as itself (0.0012345678, not 0.00123457), so that --print-config and
+// the comparison of options between ranks keep every digit given.
 template <class T>
 std::string short_text(T v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
+  if constexpr (std::is_floating_point_v<T>) {
+    char buf[40];
+    for (int digits = 6; digits <= 17; ++digits) {
+      std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(v));
+      if (std::strtod(buf, nullptr) == static_cast<double>(v)) break;
+    }
+    return buf;
+  } else {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  }
 }
 
 template <class T>
@@ -165,11 +176,7 @@ Options& Options::add(const std::string& name, double* target, double def, std::
                       std::optional<double> min, std::optional<double> max) {
   impl_->types.emplace_back(name, "a number");
   add_number(impl_->desc, impl_->checks, name, target, def, help, min, max);
-  impl_->values.emplace_back(name, [target] {
-    std::ostringstream os;
-    os << *target;
-    return os.str();
-  });
+  impl_->values.emplace_back(name, [target] { return short_text(*target); });
   return *this;
 }
 

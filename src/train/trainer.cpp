@@ -520,7 +520,11 @@ TokenFile validate_and_load(TrainConfig& c) {
   DT_CHECK(ConfigError, c.dtype != "fp16" || c.loss_scale_min <= c.loss_scale_initial,
            "option --loss-scale.min: ", c.loss_scale_min,
            " is above --loss-scale.initial=", c.loss_scale_initial);
-  DT_CHECK(ConfigError, c.optim.decay_steps == 0 || c.optim.decay_steps >= c.optim.warmup,
+  // Refused where the fall comes within the run; a decay past the run's end changes nothing in
+  // it (and is what --print-config writes for a run whose warmup outlasts it).
+  DT_CHECK(ConfigError,
+           c.optim.decay_steps == 0 || c.optim.decay_steps >= c.optim.warmup ||
+               c.optim.decay_steps >= c.steps,
            "option --optim.decay-steps: ", c.optim.decay_steps,
            " is below --optim.warmup=", c.optim.warmup,
            " (the learning rate would fall before it reached --optim.lr)");

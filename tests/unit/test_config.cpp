@@ -413,6 +413,33 @@ TEST_CASE("Options: dump reads back as the same settings") {
   CHECK(e.opts.dump().rfind("name = \n", 0) == 0);
 }
 
+// Numbers keep every digit given: --print-config and the comparison of options between ranks
+// read the dump, where six significant digits made 0.0012345678 and 0.0012345671 the same.
+TEST_CASE("Options: dump writes numbers with the digits they need to read back") {
+  TempDir dir;
+  for (const char* v : {"0.0012345678", "0.1", "3e-08", "0.30000000000000004", "1e+300",
+                        "9.8912345678e+14", "2.5"}) {
+    App a;
+    const std::string arg = std::string("--train.scale=") + v;
+    REQUIRE(a.parse({arg.c_str()}));
+    const std::string text = a.opts.dump();
+    const std::size_t at = text.find("train.scale = ");
+    REQUIRE(at != std::string::npos);
+    const std::string written = text.substr(at + 14, text.find('\n', at) - at - 14);
+    CHECK_MESSAGE(std::strtod(written.c_str(), nullptr) == std::strtod(v, nullptr), v,
+                  " written as ", written);
+    CHECK_MESSAGE(written.size() <= std::string(v).size() + 1, v, " written as ", written);
+    App b;
+    const std::string ini = dir.write("n.ini", text);
+    REQUIRE(b.parse({"--config", ini.c_str()}));
+    CHECK(b.scale == a.scale);
+  }
+  App c, d;
+  REQUIRE(c.parse({"--train.lr=0.0012345678"}));
+  REQUIRE(d.parse({"--train.lr=0.0012345671"}));
+  CHECK(c.opts.dump() != d.opts.dump());
+}
+
 TEST_CASE("Options: a setting of two words held as a bool") {
   TempDir dir;
   auto parse = [](std::vector<const char*> args, bool def, bool& flash) {
