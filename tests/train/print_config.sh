@@ -11,11 +11,15 @@ fail() { echo "FAIL: $*"; FAILED=1; }
 rm -rf "$WORK"
 mkdir -p "$WORK"
 cd "$WORK" || exit 1
-"$TRAIN" "$@" --print-config >a.out 2>&1 || fail "the first run exited $?"
+"$TRAIN" "$@" --print-config >a.out 2>&1
+rc=$?
+[ $rc -eq 0 ] || { cat a.out; fail "the first run exited $rc"; }
 grep -E '^[a-z0-9_.-]+ = ' a.out | grep -v '^print-config = ' >printed.ini
 [ -s printed.ini ] || fail "no settings printed"
 grep -q '^optim.lr = 0.0012345678$' printed.ini || fail "optim.lr printed as '$(grep '^optim.lr' printed.ini)'"
-"$TRAIN" --config printed.ini --print-config >b.out 2>&1 || { cat b.out; fail "the printed config exited $?"; }
+"$TRAIN" --config printed.ini --print-config >b.out 2>&1
+rc=$?
+[ $rc -eq 0 ] || { cat b.out; fail "the printed config exited $rc"; }
 grep -E '^[a-z0-9_.-]+ = ' b.out | grep -v '^print-config = ' >again.ini
 diff printed.ini again.ini || fail "the settings read back differ (above)"
 diff <(grep -oE '^step .*\| norm [0-9.]+' a.out) <(grep -oE '^step .*\| norm [0-9.]+' b.out) || fail "the runs' steps differ (above)"
