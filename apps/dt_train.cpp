@@ -52,19 +52,23 @@ int main(int argc, char** argv) {
   // one node only: that failure is kept and agreed on once MPI has started, so that every rank
   // exits 2 with it instead of the others waiting for the missing rank.
   std::string local_error;
-  int rc = dt::run_with_config_errors("dt_train", [&] {
-    if (!opts.parse(argc, argv)) return 0;
-    if (cfg.test_start_delay_s > 0)
-      std::this_thread::sleep_for(std::chrono::duration<double>(cfg.test_start_delay_s));
-    try {
-      data = dt::validate_and_load(cfg);
-      const std::string record = dt::qos::record_path(qos_settings);
-      if (!record.empty()) tier = dt::qos::read_record(record);
-    } catch (const std::exception& e) {
-      local_error = dt::message_of(e);
-    }
-    return -1;
-  });
+  // Option errors: reported once (dt::quiet_option_errors).
+  int rc = dt::run_with_config_errors(
+      "dt_train",
+      [&] {
+        if (!opts.parse(argc, argv)) return 0;
+        if (cfg.test_start_delay_s > 0)
+          std::this_thread::sleep_for(std::chrono::duration<double>(cfg.test_start_delay_s));
+        try {
+          data = dt::validate_and_load(cfg);
+          const std::string record = dt::qos::record_path(qos_settings);
+          if (!record.empty()) tier = dt::qos::read_record(record);
+        } catch (const std::exception& e) {
+          local_error = dt::message_of(e);
+        }
+        return -1;
+      },
+      dt::quiet_option_errors(argc, argv));
   if (rc >= 0) return rc;
   // Into the job's cgroup before MPI starts its threads; this (compute) thread gets its policy.
   dt::qos::configure(tier);
