@@ -234,15 +234,22 @@ int main(int argc, char** argv) {
   try {
     return trainer->run();
   } catch (const dt::SecurityError& e) {
+    // A message failed authentication: no rank goes on (exit 5). First the metrics (the failure
+    // counted), this rank's timeline and the other ranks'.
+    trainer->publish_metrics();
     dt::trace::write_noexcept();
-    dt::security::abort_job(e);  // a message failed authentication: no rank goes on (exit 5)
+    dt::watchdog::collect_timelines("rank " + std::to_string(rt.rank()) +
+                                    " rejected a sealed message");
+    dt::security::abort_job(e);
   } catch (const dt::Error& e) {
     std::fprintf(stderr, "dt_train: rank %d: %s\n", rt.rank(), e.what());
+    trainer->publish_metrics();
     dt::trace::write_noexcept();  // the timeline up to the failure, and the other ranks' too
     dt::watchdog::collect_timelines("rank " + std::to_string(rt.rank()) + " failed");
     rt.abort(3);
   } catch (const std::exception& e) {  // out of memory on one rank, say: the others must not wait
     std::fprintf(stderr, "dt_train: rank %d: %s\n", rt.rank(), e.what());
+    trainer->publish_metrics();
     dt::trace::write_noexcept();
     dt::watchdog::collect_timelines("rank " + std::to_string(rt.rank()) + " failed");
     rt.abort(3);

@@ -294,6 +294,10 @@ Header open_message(Aead& dec, const std::uint8_t* wire, std::size_t wire_bytes,
 
 /// Adds one to dt_security_auth_failures_total{reason}.
 void count_failure(Reject r) noexcept;
+/// Registers dt_security_auth_failures_total for every reason at 0, so that a sealed run exports
+/// the series from its start (a counter that first appears at its first failure is hard to
+/// alert on).
+void register_failure_counters() noexcept;
 
 // ---- sealed point-to-point ------------------------------------------------------------------
 

@@ -66,6 +66,8 @@ struct TrainConfig {
   std::int64_t eval_sequences = 64;         ///< --eval-only: first K validation sequences, in order
   std::string config_text;                  ///< effective config, stored in checkpoints
   std::int64_t test_kill_during_save = -1;  ///< testing only: this rank SIGKILLs itself mid-save
+  std::int64_t test_fail_rank = -1;         ///< testing only: this rank fails (dt::Error) at ...
+  std::int64_t test_fail_step = 2;          ///< ... this step (from 0), while the others go on
   std::int64_t test_fail_save_at_step = 0;  ///< testing only: the save of this step fails
   // gradient reduction (data parallelism)
   double bucket_mb = 25;            ///< bucket size; 0: one all_reduce per parameter tensor
@@ -243,6 +245,9 @@ class Trainer {
   /// Prints the per-rank plan and the placement and writes the DOT file (rank 0; the other ranks
   /// do nothing). Throws dt::ConfigError when the DOT file cannot be written.
   void print_plan();
+  /// The metrics' textfile write and push, now (a rank that fails, before the abort). Never
+  /// throws.
+  void publish_metrics() noexcept;
   AdamW& optimizer() noexcept { return *opt_; }
   std::int64_t next_step() const noexcept { return step_; }
 

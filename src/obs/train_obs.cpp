@@ -6,6 +6,7 @@
 
 #include "dt/device.hpp"
 #include "dt/error.hpp"
+#include "dt/security.hpp"
 #include "dt/trace.hpp"
 
 #ifndef DT_VERSION
@@ -106,6 +107,7 @@ TrainTelemetry::TrainTelemetry(const TrainConfig& c, int rank, int world, double
   m.ckpt_last_block_s = &reg.gauge("dt_ckpt_last_blocking_seconds",
                                    "Seconds training was blocked by the last checkpoint save.");
   m.ckpt_last_bytes = &reg.gauge("dt_ckpt_last_bytes", "Tensor bytes of the last checkpoint.");
+  if (c.seal != "off") security::register_failure_counters();
 
   DT_CHECK(ConfigError,
            c.metrics_textfile.empty() || world == 1 ||
@@ -184,6 +186,14 @@ void TrainTelemetry::on_checkpoint_written(double seconds, std::uint64_t bytes) 
   m_->ckpt_bytes->inc(static_cast<double>(bytes));
   m_->ckpt_last_save_s->set(seconds);
   m_->ckpt_last_bytes->set(static_cast<double>(bytes));
+}
+
+void TrainTelemetry::publish_now() noexcept {
+  try {
+    exporter_->publish_now();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dt_train: rank %d: warning: metrics not exported: %s\n", rank_, e.what());
+  }
 }
 
 void TrainTelemetry::finish() noexcept {

@@ -41,6 +41,9 @@ class TrainTelemetry {
   /// At the end of the run or on a drain: a last textfile write and push, in this thread, and the
   /// trace file. Never throws (failures are warnings).
   void finish() noexcept;
+  /// A textfile write and push in this thread, now: what a rank that fails exports before the
+  /// job is aborted. Never throws.
+  void publish_now() noexcept;
 
  private:
   struct Metrics;

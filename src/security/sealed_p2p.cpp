@@ -80,13 +80,27 @@ void BufferPool::put(std::unique_ptr<Buf> b) noexcept {
 
 // ---- metrics ------------------------------------------------------------------------------------
 
+namespace {
+metrics::Counter& failure_counter(Reject r) {
+  return metrics::default_registry().counter(
+      "dt_security_auth_failures_total",
+      "Sealed messages rejected (bad tag, replay, reorder, redirect, malformed)",
+      {{"reason", reject_name(r)}});
+}
+}  // namespace
+
 void count_failure(Reject r) noexcept {
   try {
-    metrics::default_registry()
-        .counter("dt_security_auth_failures_total",
-                 "Sealed messages rejected (bad tag, replay, reorder, redirect, malformed)",
-                 {{"reason", reject_name(r)}})
-        .inc();
+    failure_counter(r).inc();
+  } catch (...) {
+  }
+}
+
+void register_failure_counters() noexcept {
+  try {
+    for (Reject r :
+         {Reject::malformed, Reject::authentication, Reject::sequence, Reject::redirected})
+      failure_counter(r);
   } catch (...) {
   }
 }

@@ -250,6 +250,13 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("test.kill-during-save", &c.test_kill_during_save, -1,
            "testing only: this rank kills itself (SIGKILL) in the middle of a synchronous save",
            -1L, 1L << 30)
+      .add("test.fail-rank", &c.test_fail_rank, -1,
+           "testing only: this rank fails (an error, exit 3) before the optimizer of step "
+           "test.fail-step while the others go on: a failure of one rank",
+           -1L, 1L << 30)
+      .add("test.fail-step", &c.test_fail_step, 2,
+           "testing only: see test.fail-rank (counted from 0: 2 is the step printed as step 3)", 0L,
+           1L << 40)
       .add("parallel.dp", &c.par_dp, 0,
            "data-parallel ranks (0: the ranks left by tp and pp); dp x tp x pp = ranks", 0, 1 << 20)
       .add("parallel.tp", &c.par_tp, 1,
@@ -1112,6 +1119,8 @@ StepStats Trainer::step() {
   DT_CHECK(Error, std::isfinite(s.loss), "training loss is ", s.loss, " at step ", step_ + 1,
            " (diverged: lower --optim.lr or raise --optim.warmup)");
   const trace::Scope optimizer_scope("optimizer", "train");
+  DT_CHECK(Error, c_.test_fail_rank != comm_.rank() || step_ != c_.test_fail_step,
+           "test.fail-rank: failing at step ", step_ + 1);
   const std::size_t n = state_numel();
   if (scaler_) round_to_dtype(grads_ptr(), n);  // as c_.dtype stores them (fp16: Inf past 65504)
   const std::int64_t since = step_ - c_.test_inject_inf_step, every = c_.test_inject_inf_every;
@@ -2031,6 +2040,10 @@ int Trainer::run() {
   obs_->finish();
   comm_.barrier();
   return 0;
+}
+
+void Trainer::publish_metrics() noexcept {
+  if (obs_) obs_->publish_now();
 }
 
 void Trainer::report_memory() {

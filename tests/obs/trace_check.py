@@ -9,8 +9,9 @@ trace, or two files of the same rank it exits 2 naming the file and leaves OUT u
 files of one run share a run id and say the run's size; a later 1-rank run into the same folder
 leaves rank 1's file of the earlier run, and merging the folder's files is refused, naming both
 runs, while the new run's file alone merges with a note that the run had 1 rank. A rank that
-fails (a non-finite gradient on rank 1 in fp32, exit 3) has every rank write its timeline before
-the job is aborted."""
+fails (the seam test.fail-rank=1, exit 3) has every rank write its timeline before the job is
+aborted; so does a sealed message that fails authentication (exit 5), whose rank also exports its
+metrics with the failure counted."""
 import collections
 import json
 import os
@@ -240,8 +241,9 @@ check(rc == 0 and "note: the run had 2 ranks; the timeline holds 1 of them" in o
       "merge of one rank of two: exit code %s: %s" % (rc, out.strip()))
 # A failure on one rank: every rank's timeline is written before the abort.
 rc, out = obslib.run(a.train_cmd(2, "--train.steps=5", "--trace.dir=failed", "--train.eval-every=0",
-                                 "--test.inject-inf-rank=1", "--test.inject-inf-step=2"))
+                                 "--test.fail-rank=1", "--test.fail-step=2"))
 check(rc == 3, "the failing run: exit code %s, expected 3" % rc)
+check("test.fail-rank: failing at step 3" in out, "rank 1 did not fail at step 3")
 for rank in (0, 1):
     path = "failed/trace-rank%d.json" % rank
     try:
@@ -249,6 +251,34 @@ for rank in (0, 1):
         check(any(e.get("name") == "step" for e in d["traceEvents"]), "%s: no step" % path)
     except (OSError, ValueError, KeyError) as e:
         fail("after a failure on rank 1: %s: %s" % (path, e))
+# A sealed message that fails authentication (rank 1 flips a bit of its 6th sealed message, rank
+# 0 rejects it): exit 5, every rank's timeline written, and the rejecting rank's metrics exported
+# with the failure counted; the other rank's textfile holds the counter at 0 from the start.
+key = os.path.join(a.work, "job.key")
+with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+    f.write(os.urandom(32))
+rc, out = obslib.run(a.train_cmd(2, "--train.steps=5", "--trace.dir=sealed", "--train.eval-every=0",
+                                 "--security.seal=all", "--security.key_file=" + key,
+                                 "--test.tamper=flip:5", "--test.tamper-rank=1",
+                                 "--metrics.every=1", "--metrics.textfile=sealed-{rank}.prom"))
+check(rc == 5, "the tampered run: exit code %s, expected 5" % rc)
+for rank in (0, 1):
+    path = "sealed/trace-rank%d.json" % rank
+    try:
+        json.load(open(path))
+    except (OSError, ValueError) as e:
+        fail("after a rejected sealed message: %s: %s" % (path, e))
+counts = {}
+for rank in (0, 1):
+    try:
+        samples = obslib.parse_prometheus(open("sealed-%d.prom" % rank).read())[2]
+        counts[rank] = sum(v for n, l, v in samples if n == "dt_security_auth_failures_total")
+        check(any(n == "dt_security_auth_failures_total" and l.get("reason") == "authentication"
+                  for n, l, v in samples), "sealed-%d.prom: no auth failure series" % rank)
+    except (OSError, obslib.ParseError) as e:
+        fail("sealed-%d.prom: %s" % (rank, e))
+check(counts.get(0, 0) >= 1 and counts.get(1) == 0,
+      "auth failures counted per rank %s, expected rank 0 >= 1 and rank 1 0" % counts)
 rc, out = obslib.run([a.trace, "frobnicate"])
 check(rc == 2 and "unknown subcommand 'frobnicate'" in out, "unknown subcommand: exit code %s" % rc)
 obslib.finish(a)
