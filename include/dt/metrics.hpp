@@ -145,6 +145,7 @@ struct ExporterOptions {
   std::string job;               ///< Pushgateway grouping key: job
   std::string instance;          ///< Pushgateway grouping key: instance
   double push_timeout_s = 2.0;   ///< connect / read / write timeout of one push
+  std::string push_user, push_password;  ///< basic authentication of pushes (empty user: none)
 };
 
 /// The URL path of a push: /metrics/job/<job>/instance/<instance>, each value percent-encoded, or

@@ -68,11 +68,14 @@
 // ranks waiting for the rejected data do not hang.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dt/comm.hpp"
@@ -117,6 +120,18 @@ class SecretKey {
 /// permission bit set (the message shows the mode in octal, e.g. 0644), or does not hold exactly
 /// 32 bytes.
 SecretKey load_key_file(const std::string& path);
+
+/// Opens a file that holds a secret (read only, not following a link) and checks that it is a
+/// regular file of this process's user that group and others cannot access; returns its
+/// descriptor (the caller closes it) and fills *st. Throws dt::ConfigError naming `option`, the
+/// path and what is wrong (with the chmod that mends it).
+int open_private_file(const std::string& option, const std::string& path, struct stat* st);
+
+/// The credentials of --metrics.push-auth-file: one line "USER:PASSWORD" (a trailing line
+/// break allowed) in a private file (open_private_file). Throws dt::ConfigError naming the
+/// option and the file, never the password.
+std::pair<std::string, std::string> load_basic_auth_file(const std::string& option,
+                                                         const std::string& path);
 
 /// The n bytes at p as lowercase hex digits, two per byte.
 std::string to_hex(const std::uint8_t* p, std::size_t n);

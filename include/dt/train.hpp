@@ -88,8 +88,10 @@ struct TrainConfig {
   // metrics and timeline (include/dt/metrics.hpp, include/dt/trace.hpp)
   int metrics_port = 0;  ///< HTTP /metrics at port + local_rank; 0 off; -1 a free port
   std::string metrics_host = "0.0.0.0";
-  std::string metrics_textfile;         ///< node_exporter textfile; {rank} becomes the rank
-  std::string metrics_push_url;         ///< Pushgateway base URL
+  std::string metrics_textfile;        ///< node_exporter textfile; {rank} becomes the rank
+  std::string metrics_push_url;        ///< Pushgateway base URL
+  std::string metrics_push_auth_file;  ///< USER:PASSWORD of the Pushgateway's basic auth
+  std::string metrics_push_user, metrics_push_password;  ///< read from it by validate_and_load
   double metrics_push_timeout_s = 2.0;  ///< connect / read / write timeout of one push
   std::string metrics_job;              ///< push job label ("": $SLURM_JOB_ID, else dt_train)
   std::int64_t metrics_every = 10;

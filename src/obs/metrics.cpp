@@ -572,6 +572,7 @@ struct Exporter::Impl {
         cli.set_connection_timeout(us);
         cli.set_read_timeout(us);
         cli.set_write_timeout(us);
+        if (!o.push_user.empty()) cli.set_basic_auth(o.push_user, o.push_password);
         struct InFlight {  // push_since and `active` while the push waits for the gateway
           Impl& m;
           InFlight(Impl& impl, httplib::Client& c) : m(impl) {
@@ -650,10 +651,18 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
   m.pushes = &registry.counter("dt_metrics_pushes_total", "Successful pushes to the Pushgateway.");
   if (!m.o.push_url.empty()) {
     const std::string& u = m.o.push_url;
+    const std::size_t slash = u.find('/', 7);
+    // Credentials in the URL would be printed in warnings and kept with the run's settings (in
+    // checkpoints too): refused, without repeating them.
+    const std::size_t at = u.rfind('@', slash);
+    DT_CHECK(ConfigError, u.rfind("http://", 0) != 0 || at == std::string::npos || at < 7,
+             "option --metrics.push-url: http://", u.substr(std::min<std::size_t>(slash, at + 1)),
+             " is given with credentials (USER:PASSWORD@), which would be printed and kept with "
+             "the run's settings: put USER:PASSWORD in a file of your own (chmod 600) and name it "
+             "with --metrics.push-auth-file");
     DT_CHECK(ConfigError, u.rfind("http://", 0) == 0 && u.size() > 7,
              "option --metrics.push-url: '", u,
              "' is not an http:// URL (expected http://HOST:PORT, e.g. http://gateway:9091)");
-    const std::size_t slash = u.find('/', 7);
     m.push_base = u.substr(0, slash);
     m.push_prefix = slash == std::string::npos ? "" : u.substr(slash);
     while (!m.push_prefix.empty() && m.push_prefix.back() == '/') m.push_prefix.pop_back();

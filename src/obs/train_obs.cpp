@@ -124,6 +124,8 @@ TrainTelemetry::TrainTelemetry(const TrainConfig& c, int rank, int world, double
            " plus local rank ", c.local_rank, " is above 65535");
   eo.push_url = c.metrics_push_url;
   eo.push_timeout_s = c.metrics_push_timeout_s;
+  eo.push_user = c.metrics_push_user;
+  eo.push_password = c.metrics_push_password;
   eo.job = job;
   eo.instance = std::to_string(rank);
   exporter_ = std::make_unique<metrics::Exporter>(reg, eo, [rank](const std::string& w) {

@@ -47,27 +47,35 @@ EVP_CIPHER_CTX* cctx(void* p) { return static_cast<EVP_CIPHER_CTX*>(p); }
 
 SecretKey::~SecretKey() { OPENSSL_cleanse(k_.data(), k_.size()); }
 
-SecretKey load_key_file(const std::string& path) {
+int open_private_file(const std::string& option, const std::string& path, struct stat* st) {
   // O_NONBLOCK: a FIFO planted at the path fails the regular-file check below instead of
   // blocking the rank in open() (for a regular file it changes nothing).
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0)
-    DT_THROW(ConfigError, "security.key_file: cannot open '", path, "': ", std::strerror(errno));
+  if (fd < 0) DT_THROW(ConfigError, option, ": cannot open '", path, "': ", std::strerror(errno));
+  try {
+    if (::fstat(fd, st) != 0)
+      DT_THROW(ConfigError, option, ": cannot stat '", path, "': ", std::strerror(errno));
+    DT_CHECK(ConfigError, S_ISREG(st->st_mode), option, ": '", path, "' is not a regular file");
+    DT_CHECK(ConfigError, st->st_uid == ::geteuid(), option, ": '", path, "' is owned by uid ",
+             st->st_uid, ", not by this job's user (uid ", ::geteuid(),
+             "); the file must belong to the job's user");
+    DT_CHECK(ConfigError, (st->st_mode & 077) == 0, option, ": '", path, "' has mode ",
+             octal_mode(st->st_mode),
+             ": group and others must have no access (chmod 600 or 400 the file)");
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  return fd;
+}
+
+SecretKey load_key_file(const std::string& path) {
+  struct stat st {};
+  const int fd = open_private_file("security.key_file", path, &st);
   struct FdCloser {
     int fd;
     ~FdCloser() { ::close(fd); }
   } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0)
-    DT_THROW(ConfigError, "security.key_file: cannot stat '", path, "': ", std::strerror(errno));
-  DT_CHECK(ConfigError, S_ISREG(st.st_mode), "security.key_file: '", path,
-           "' is not a regular file");
-  DT_CHECK(ConfigError, st.st_uid == ::geteuid(), "security.key_file: '", path,
-           "' is owned by uid ", st.st_uid, ", not by this job's user (uid ", ::geteuid(),
-           "); the key file must belong to the job's user");
-  DT_CHECK(ConfigError, (st.st_mode & 077) == 0, "security.key_file: '", path, "' has mode ",
-           octal_mode(st.st_mode),
-           ": group and others must have no access (chmod 600 or 400 the file)");
   DT_CHECK(ConfigError, st.st_size == static_cast<off_t>(kKeyBytes), "security.key_file: '", path,
            "' holds ", st.st_size, " bytes; a job key is exactly ", kKeyBytes,
            " random bytes (head -c 32 /dev/urandom)");
@@ -85,6 +93,34 @@ SecretKey load_key_file(const std::string& path) {
   }
   SecretKey out(k);
   OPENSSL_cleanse(k.data(), k.size());
+  return out;
+}
+
+std::pair<std::string, std::string> load_basic_auth_file(const std::string& option,
+                                                         const std::string& path) {
+  struct stat st {};
+  const int fd = open_private_file(option, path, &st);
+  std::string text(4097, '\0');
+  std::size_t got = 0;
+  for (;;) {
+    const ssize_t r = ::read(fd, &text[got], text.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += static_cast<std::size_t>(r);
+    if (got == text.size()) break;
+  }
+  ::close(fd);
+  text.resize(got);
+  DT_CHECK(ConfigError, got < 4097, option, ": '", path, "' is longer than 4096 bytes");
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  if (!text.empty() && text.back() == '\r') text.pop_back();
+  const std::size_t colon = text.find(':');
+  DT_CHECK(ConfigError,
+           colon != std::string::npos && colon > 0 && text.find('\n') == std::string::npos, option,
+           ": '", path,
+           "' must hold one line USER:PASSWORD (the Pushgateway's basic authentication)");
+  std::pair<std::string, std::string> out{text.substr(0, colon), text.substr(colon + 1)};
+  OPENSSL_cleanse(&text[0], text.size());
   return out;
 }
 

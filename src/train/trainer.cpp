@@ -384,6 +384,11 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("metrics.push-url", &c.metrics_push_url, "",
            "Pushgateway (http://HOST:PORT): each rank pushes every metrics.every steps and at the "
            "end, as job metrics.job, instance = rank; a failed push is a warning")
+      .add("metrics.push-auth-file", &c.metrics_push_auth_file, "",
+           "file holding USER:PASSWORD for a Pushgateway behind basic authentication (private "
+           "to the job's user, as security.key_file; credentials in metrics.push-url are "
+           "refused)")
+      .node_local()
       .add("metrics.push-timeout-s", &c.metrics_push_timeout_s, 2.0,
            "seconds one push may take to connect, send and be answered before it counts as "
            "failed",
@@ -511,6 +516,12 @@ TokenFile validate_and_load(TrainConfig& c) {
            "option --ckpt.resume is empty: expected auto (the newest checkpoint in --ckpt.dir), "
            "none, or a checkpoint file");
   security::parse_tamper(c.test_tamper, "test.tamper");
+  if (!c.metrics_push_auth_file.empty()) {
+    DT_CHECK(ConfigError, !c.metrics_push_url.empty(),
+             "option --metrics.push-auth-file is given without --metrics.push-url");
+    std::tie(c.metrics_push_user, c.metrics_push_password) =
+        security::load_basic_auth_file("option --metrics.push-auth-file", c.metrics_push_auth_file);
+  }
   if (c.seal != "off" || c.ckpt_encrypt) {
     DT_CHECK(ConfigError, !c.key_file.empty(), "option --security.key_file is required by ",
              c.seal != "off" ? "--security.seal=" + c.seal : std::string("--ckpt.encrypt"));
