@@ -27,6 +27,7 @@
 #include "dt/config.hpp"
 #include "dt/error.hpp"
 #include "dt/metrics.hpp"
+#include "dt/trace.hpp"
 
 namespace {
 
@@ -45,13 +46,25 @@ struct Trace {
   std::string path;
   json events;  // array
   std::set<std::int64_t> pids;
-  std::string run;         // otherData.run: the id dt_train gives the files of one run ("": none)
-  std::int64_t world = 0;  // otherData.world: the run's ranks (0: not said)
+  std::string run;           // otherData.run: the id dt_train gives the files of one run ("": none)
+  std::int64_t world = 0;    // otherData.world: the run's ranks (0: not said)
+  std::int64_t dropped = 0;  // otherData.dropped: events past dt's per-thread limit, not kept
 };
 
 // "1 process", "2 processes".
 std::string count(std::size_t n, const char* one, const char* many) {
   return std::to_string(n) + " " + (n == 1 ? one : many);
+}
+
+// The note of a timeline that lost events (dt_train keeps each thread's first events).
+void note_dropped(const char* cmd, std::int64_t dropped) {
+  if (dropped > 0)
+    std::printf(
+        "dt_trace %s: warning: the timeline lacks %s that came after the first %zu of "
+        "their thread (dt_train's limit per thread): the later part of the run is "
+        "missing there\n",
+        cmd, count(static_cast<std::size_t>(dropped), "event", "events").c_str(),
+        dt::trace::kMaxEventsPerThread);
 }
 
 Trace load(const std::string& path) {
@@ -81,6 +94,8 @@ Trace load(const std::string& path) {
       if (o.contains("run") && o["run"].is_string()) t.run = o["run"].get<std::string>();
       if (o.contains("world") && o["world"].is_number_integer())
         t.world = o["world"].get<std::int64_t>();
+      if (o.contains("dropped") && o["dropped"].is_number_integer())
+        t.dropped = o["dropped"].get<std::int64_t>();
     }
   } else {
     DT_THROW(ConfigError, path,
@@ -158,13 +173,15 @@ int cmd_merge(const std::vector<std::string>& args) {
   json& all = merged["traceEvents"];
   json sources = json::array();
   std::size_t n = 0;
+  std::int64_t dropped = 0;
   for (auto& t : traces) {
     n += t.events.size();
+    dropped += t.dropped;
     for (auto& e : t.events) all.push_back(std::move(e));
     sources.push_back(t.path);
   }
   merged["displayTimeUnit"] = "ms";
-  merged["otherData"] = {{"merged_from", sources}, {"events", n}};
+  merged["otherData"] = {{"merged_from", sources}, {"events", n}, {"dropped", dropped}};
   if (!run.empty()) merged["otherData"]["run"] = run;
   if (world > 0) merged["otherData"]["world"] = world;
   try {
@@ -178,6 +195,7 @@ int cmd_merge(const std::vector<std::string>& args) {
   if (static_cast<std::int64_t>(owner.size()) < world)
     std::printf("dt_trace merge: note: the run had %s; the timeline holds %zu of them\n",
                 count(static_cast<std::size_t>(world), "rank", "ranks").c_str(), owner.size());
+  note_dropped("merge", dropped);
   return 0;
 }
 
@@ -239,6 +257,7 @@ int cmd_summary(const std::vector<std::string>& args) {
   std::printf("dt_trace summary: %s: %s, %s, %.3f s from first to last\n", file.c_str(),
               count(t.pids.size(), "process", "processes").c_str(),
               count(t.events.size(), "event", "events").c_str(), any ? (last - first) / 1e6 : 0.0);
+  note_dropped("summary", t.dropped);
   std::printf("%12s %8s %10s %10s %6s  %-10s %s\n", "total ms", "calls", "mean ms", "max ms",
               "ranks", "category", "name");
   for (std::size_t i = 0; i < sorted.size() && static_cast<long>(i) < top; ++i) {

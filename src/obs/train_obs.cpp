@@ -215,6 +215,11 @@ void TrainTelemetry::finish() noexcept {
   if (tracing_) {
     try {
       const std::string path = trace::write();
+      if (const std::size_t lost = trace::dropped_count())
+        std::fprintf(stderr,
+                     "dt_train: rank %d: warning: the timeline keeps the first %zu events of each "
+                     "thread: %zu later ones are not in it\n",
+                     rank_, trace::kMaxEventsPerThread, lost);
       if (rank_ == 0) {
         std::printf(
             "dt_train: timeline written to %s (one file per rank; dt_trace merge joins them)\n",

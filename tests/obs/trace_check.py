@@ -166,6 +166,22 @@ check(len(step) == 1 and step[0][1:3] == (8, 2),
       "dt_trace summary: expected one row 'step' of 8 calls on 2 ranks (4 steps a rank), got %s" % step)
 check([r[0] for r in rows] == sorted((r[0] for r in rows), reverse=True),
       "dt_trace summary: rows not by total time, largest first")
+check("warning" not in out, "dt_trace summary warns of a complete timeline: %s" % out)
+# A timeline that lost events past dt_train's per-thread limit (otherData.dropped, as dt_train
+# writes it) says so in summary and merge, and the merge keeps the count.
+for rank, lost in ((0, 7), (1, 5)):
+    with open("tr/trace-rank%d.json" % rank) as f:
+        d = json.load(f)
+    d["otherData"]["dropped"] = lost
+    with open("lossy-%d.json" % rank, "w") as f:
+        json.dump(d, f)
+rc, out = obslib.run([a.trace, "summary", "lossy-0.json"])
+check(rc == 0 and "warning: the timeline lacks 7 events that came after the first 1048576" in out,
+      "dt_trace summary of a timeline that lost events: exit code %s: %s" % (rc, out))
+rc, out = obslib.run([a.trace, "merge", "lossy.json", "lossy-0.json", "lossy-1.json"])
+check(rc == 0 and "lacks 12 events" in out, "dt_trace merge of timelines that lost events: %s" % out)
+check(json.load(open("lossy.json"))["otherData"].get("dropped") == 12,
+      "the merged timeline does not count the events lost")
 # The time a region takes depends on the load of the machine; --top keeps the largest N.
 rc, out5 = obslib.run([a.trace, "summary", "merged.json", "--top", "5"])
 check(rc == 0 and summary_rows(out5) == rows[:5],
