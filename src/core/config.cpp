@@ -470,6 +470,8 @@ std::uint64_t parse_size(const std::string& option, const std::string& text) {
   DT_CHECK(ConfigError, fits, "option --", option, ": ", text, " is too large");
   const long double fraction =
       number > whole + 1 ? std::strtold(text.substr(whole, number - whole).c_str(), nullptr) : 0;
+  DT_CHECK(ConfigError, shift > 0 || fraction == 0, "option --", option, ": ", text,
+           " is not a whole number of bytes (a fraction takes a unit: 1.5K, 0.5M)");
   const auto extra = static_cast<std::uint64_t>(std::ldexp(fraction, shift));
   DT_CHECK(ConfigError, (n << shift) <= std::numeric_limits<std::uint64_t>::max() - extra,
            "option --", option, ": ", text, " is too large");

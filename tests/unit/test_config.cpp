@@ -528,6 +528,8 @@ TEST_CASE("parse_size: sizes with units and fractions, 0, and refused text") {
   CHECK(dt::parse_size("mem.limit", "2gib") == 2ull << 30);
   CHECK(dt::parse_size("mem.limit", "0.3K") == 307);  // a fraction of a unit, rounded down
   CHECK(dt::parse_size("mem.limit", ".5M") == 512ull << 10);
+  CHECK(dt::parse_size("mem.limit", "8.0") == 8);  // a fraction of 0 bytes is whole
+  CHECK(dt::parse_size("mem.limit", "8.00B") == 8);
   CHECK(dt::parse_size("x", "18446744073709551615") == 18446744073709551615ull);
   CHECK(dt::parse_size("x", "16777215T") == 16777215ull << 40);
   for (const char* big : {"18446744073709551616", "16777216T", "99999999999999999999999"}) {
@@ -540,6 +542,12 @@ TEST_CASE("parse_size: sizes with units and fractions, 0, and refused text") {
     const std::string m = size_error(bad, "mem.limit");
     CHECK(contains(m, "option --mem.limit: '"));
     CHECK(contains(m, "is not a size"));
+  }
+  // A fraction of a byte: refused, not rounded down (4.9 passed a multiple-of-4 check as 4).
+  for (const char* part : {"1.5", "0.5", "4.9B", ".1"}) {
+    CAPTURE(part);
+    CHECK(contains(size_error(part, "min-bytes"),
+                   "option --min-bytes: " + std::string(part) + " is not a whole number of bytes"));
   }
 }
 
