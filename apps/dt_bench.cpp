@@ -25,6 +25,7 @@
 //
 // Exit codes: 0 good, 1 a wrong result (--check), 2 bad options, 3 a rank hit an error.
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -48,6 +49,7 @@
 #include "dt/config.hpp"
 #include "dt/gpt.hpp"
 #include "dt/runtime.hpp"
+#include "dt/train.hpp"
 
 namespace {
 
@@ -336,47 +338,32 @@ struct GradSet {
 
 GradSet load_grad_set(const std::string& path, double bucket_mb, std::size_t es) {
   GradSet g;
-  std::ifstream f(path);
-  DT_CHECK(ConfigError, f.good(), "option --grad-set: '", path, "' cannot be read");
-  dt::GptConfig c;
-  c.vocab = 256;  // byte tokens, as dt_train reads plain text
-  std::string line, section;
-  auto trim = [](const std::string& x) {
-    const auto a = x.find_first_not_of(" \t\r"), e = x.find_last_not_of(" \t\r");
-    return a == std::string::npos ? std::string() : x.substr(a, e - a + 1);
-  };
-  while (std::getline(f, line)) {
-    line = trim(line.substr(0, line.find_first_of("#;")));
-    if (line.empty()) continue;
-    if (line.front() == '[') {
-      section = trim(line.substr(1, line.find(']') - 1));
-      continue;
-    }
-    const auto eq = line.find('=');
-    if (section != "model" || eq == std::string::npos) continue;
-    const std::string key = trim(line.substr(0, eq)), val = trim(line.substr(eq + 1));
-    int* target = key == "seq-len"  ? &c.block
-                  : key == "layers" ? &c.layers
-                  : key == "heads"  ? &c.heads
-                  : key == "embd"   ? &c.embd
-                  : key == "vocab"  ? &c.vocab
-                                    : nullptr;
-    if (!target) continue;
-    std::size_t used = 0;
-    try {
-      *target = std::stoi(val, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    DT_CHECK(ConfigError, used == val.size() && !val.empty(), "option --grad-set: ", path,
-             ": model.", key, " = '", val, "' is not an integer");
-    DT_CHECK(ConfigError, *target > 0 || (key == "vocab" && *target == 0),
-             "option --grad-set: ", path, ": model.", key, " must be positive",
-             key == "vocab" ? " (or 0: 256)" : "");
+  // The file is read as dt_train reads its config (a config of dt_train's serves as it is):
+  // unknown keys and sections, repeated keys and values out of range are refused alike.
+  dt::TrainConfig tc;
+  dt::Options o("dt_bench --grad-set", "the model of a gradient set");
+  dt::add_train_options(o, tc);
+  const std::string arg = "--config=" + path;
+  const char* argv[] = {"dt_bench", arg.c_str()};
+  try {
+    o.parse(2, argv);
+    DT_CHECK(ConfigError, tc.model.embd % tc.model.heads == 0, "model.heads: ", tc.model.heads,
+             " does not divide model.embd=", tc.model.embd);
+  } catch (const dt::ConfigError& e) {
+    DT_THROW(ConfigError, "option --grad-set: ", path, ": ", e.message());
   }
-  if (c.vocab == 0) c.vocab = 256;
+  dt::GptConfig c = tc.model;
+  if (c.vocab == 0) c.vocab = 256;  // byte tokens, as dt_train reads plain text
   g.params = dt::gpt_params(c);
   for (const auto& p : g.params) g.numel = std::max(g.numel, p.offset + p.numel);
+  // One buffer of the set (two with the shared-memory arena): refused where a node cannot hold
+  // it, instead of failing to allocate it.
+  const double bytes = static_cast<double>(g.numel) * static_cast<double>(es);
+  const double memory =
+      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  DT_CHECK(ConfigError, memory <= 0 || 2 * bytes <= memory, "option --grad-set: ", path,
+           ": the model's gradients take ", bytes / (1 << 30), " GiB, and this node has ",
+           memory / (1 << 30), " GiB of memory for them and their copy");
   // Buckets: reverse parameter order, closed before they would exceed the bucket size.
   const std::size_t cap =
       std::max<std::size_t>(1, static_cast<std::size_t>(bucket_mb * (1 << 20)) / es);
