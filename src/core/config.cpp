@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <type_traits>
 
@@ -281,8 +282,19 @@ po::parsed_options read_ini(std::istream& in, const po::options_description& des
                             const std::string& path) {
   po::parsed_options out(&desc);
   std::string line, prefix;
+  std::map<std::string, int> seen;  // option -> the line that set it
+  // A line as messages show it: at most 80 characters.
+  auto shown = [](const std::string& l) { return l.size() <= 80 ? l : l.substr(0, 77) + "..."; };
   for (int no = 1; std::getline(in, line); ++no) {
     if (no == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 BOM
+    // Text only: a binary file (a program given as --config, say) is named, not echoed.
+    for (unsigned char ch : line)
+      if ((ch < 0x20 && ch != '\t' && ch != '\r') || ch == 0x7f) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "0x%02x", ch);
+        DT_THROW(ConfigError, "config file '", path, "' is not a text file (byte ", hex,
+                 " in line ", no, ")");
+      }
     // A value in quotes (as Options::dump writes one that needs them) is read to its closing
     // quote, escapes and all; only blanks and a comment may follow.
     std::string quoted_value;
@@ -317,20 +329,24 @@ po::parsed_options read_ini(std::istream& in, const po::options_description& des
     if (line.empty() || line[0] == '#' || line[0] == ';') continue;
     const std::string at = " in config file '" + path + "' line " + std::to_string(no);
     if (line[0] == '[') {
-      DT_CHECK(ConfigError, line.back() == ']' && line.size() > 2, "section header '", line,
+      DT_CHECK(ConfigError, line.back() == ']' && line.size() > 2, "section header '", shown(line),
                "' is not '[name]'", at);
       prefix = trim(line.substr(1, line.size() - 2)) + ".";
       continue;
     }
     const auto eq = line.find('=');
-    DT_CHECK(ConfigError, eq != std::string::npos && eq > 0, "'", line, "' is not 'key = value'",
-             at);
+    DT_CHECK(ConfigError, eq != std::string::npos && eq > 0, "'", shown(line),
+             "' is not 'key = value'", at);
     const std::string key = trim(line.substr(0, eq));
     const std::string name = prefix + key;
-    DT_CHECK(ConfigError, desc.find_nothrow(name, false) != nullptr, "unrecognised option '", name,
-             "'", at);
+    DT_CHECK(ConfigError, desc.find_nothrow(name, false) != nullptr, "unrecognised option '",
+             shown(name), "'", at);
     DT_CHECK(ConfigError, name != "config" && name != "help", "option '", name,
-             "' belongs on the command line, not in a config file", at);
+             "' belongs on the command line, not in a config file (config file '", path, "' line ",
+             no, ")");
+    const auto [was, fresh] = seen.emplace(name, no);
+    DT_CHECK(ConfigError, fresh, "option '", name, "' is set twice in config file '", path,
+             "' (lines ", was->second, " and ", no, ")");
     po::option o(name, {has_quoted ? quoted_value : trim(line.substr(eq + 1))});
     o.original_tokens = {name, o.value[0]};
     out.options.push_back(std::move(o));

@@ -288,13 +288,25 @@ TEST_CASE("Options: INI problems name the option and the file") {
   check_file("too_small.ini", "[train]\nlr = -2\n", {"train.lr", "minimum"});
   check_file("bad_choice.ini", "[train]\nmode = medium\n",
              {"train.mode", "medium", "fast|slow|exact"});
-  check_file("twice.ini", "[check]\niters = 3\niters = 4\n", {"check.iters"});
+  check_file("twice.ini", "[check]\niters = 3\niters = 4\n",
+             {"option 'check.iters' is set twice in config file", "(lines 2 and 3)"});
+  check_file("binary.ini",
+             std::string("\x7f"
+                         "ELF\x02\x01\x01\0\0junk\n",
+                         14),
+             {"is not a text file (byte 0x7f in line 1)"});
+  check_file("escape.ini", "[check]\niters = 3\x1b[2J\n",
+             {"is not a text file (byte 0x1b in line 2)"});
+  check_file("long_line.ini", "[check]\n" + std::string(5000, 'x') + "\n",
+             {"'" + std::string(77, 'x') + "...' is not 'key = value'", "line 2"});
   check_file("line_no.ini", "# x\n\n[check]\nitersx = 3\n", {"'check.itersx'", "line 4"});
   check_file("no_equals.ini", "[check]\niters 3\n", {"'iters 3' is not 'key = value'", "line 2"});
   check_file("no_key.ini", "= 3\n", {"'= 3' is not 'key = value'", "line 1"});
   check_file("bad_section.ini", "[check\niters = 3\n", {"'[check' is not '[name]'", "line 1"});
   check_file("empty_section.ini", "[]\niters = 3\n", {"'[]' is not '[name]'"});
-  check_file("config_key.ini", "config = other.ini\n", {"'config' belongs on the command line"});
+  check_file(
+      "config_key.ini", "config = other.ini\n",
+      {"'config' belongs on the command line, not in a config file (config file '", "' line 1)"});
   check_file("help_key.ini", "help = 1\n", {"'help' belongs on the command line"});
 
   // The same range problem on the command line does not blame the file.
