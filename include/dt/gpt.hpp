@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dt/device.hpp"
@@ -114,6 +115,12 @@ class Gpt {
   std::int64_t weight_copy_reads() const noexcept;
   /// Bytes of the activation and activation-gradient buffers (and the 16-bit GEMM operands).
   std::size_t activation_bytes() const noexcept;
+  /// Floats of the two buffers a Gpt of `c` allocates for micro-batches of `max_batch`: the
+  /// forward's activations (kept for the backward) and the backward's gradients of them. `flash`:
+  /// whether attention keeps one log-sum-exp per row (flash_attention() of the device) instead of
+  /// its probabilities. The plan's memory estimate of the fused model counts these.
+  static std::pair<std::size_t, std::size_t> activation_floats(const GptConfig& c, int max_batch,
+                                                               bool flash);
 
   const GptConfig& config() const noexcept { return cfg_; }
   const std::vector<ParamInfo>& params() const noexcept { return params_; }

@@ -284,7 +284,8 @@ class Trainer {
   void finish_checkpoints();
   void log_set_aside(const SaveStats& st);
   /// Testing only: prints `what` and never returns (the watchdog ends the job).
-  [[noreturn]] void stall_for_test(const char* what);
+  // `step`: the step number the watchdog's activity names.
+  [[noreturn]] void stall_for_test(const char* what, std::int64_t step);
   std::unique_ptr<obs::TrainTelemetry> obs_;
   // The graph engine (tensor and pipeline parallelism).
   std::unique_ptr<Plan> plan_;

@@ -56,6 +56,44 @@ Options::Options(std::string program, std::string summary) : impl_(std::make_uni
 
 Options::~Options() = default;
 
+namespace {
+// Whether a value must be written in quotes to read back the same from a config file: it holds a
+// line break, a tab, a '"' first, a comment (" #") or spaces at either end, or starts as a comment.
+bool needs_quotes(const std::string& v) {
+  if (v.empty()) return false;
+  if (v.find_first_of("\n\r\t") != std::string::npos || v.front() == '"' || v.front() == '#' ||
+      v.front() == ';' || v.front() == ' ' || v.back() == ' ')
+    return true;
+  return v.find(" #") != std::string::npos;
+}
+// "..." with \\, \", \n, \r and \t escaped.
+std::string in_quotes(const std::string& v) {
+  std::string q = "\"";
+  for (char c : v) {
+    switch (c) {
+      case '\\':
+        q += "\\\\";
+        break;
+      case '"':
+        q += "\\\"";
+        break;
+      case '\n':
+        q += "\\n";
+        break;
+      case '\r':
+        q += "\\r";
+        break;
+      case '\t':
+        q += "\\t";
+        break;
+      default:
+        q += c;
+    }
+  }
+  return q + "\"";
+}
+}  // namespace
+
 Options& Options::add(const std::string& name, std::string* target, std::string def,
                       std::string help, std::vector<std::string> choices) {
   if (!choices.empty()) {
@@ -71,7 +109,9 @@ Options& Options::add(const std::string& name, std::string* target, std::string 
   } else {
     impl_->types.emplace_back(name, "a string");
   }
-  impl_->desc.add_options()(name.c_str(), po::value<std::string>(target)->default_value(def),
+  // The default as --help shows it: in quotes with escapes where it needs them (a line break).
+  const std::string shown = needs_quotes(def) ? in_quotes(def) : def;
+  impl_->desc.add_options()(name.c_str(), po::value<std::string>(target)->default_value(def, shown),
                             help.c_str());
   impl_->values.emplace_back(name, [target] { return *target; });
   return *this;
@@ -189,44 +229,6 @@ std::string Options::help() const {
   return os.str();
 }
 
-namespace {
-// Whether a value must be written in quotes to read back the same from a config file: it holds a
-// line break, a tab, a '"' first, a comment (" #") or spaces at either end, or starts as a comment.
-bool needs_quotes(const std::string& v) {
-  if (v.empty()) return false;
-  if (v.find_first_of("\n\r\t") != std::string::npos || v.front() == '"' || v.front() == '#' ||
-      v.front() == ';' || v.front() == ' ' || v.back() == ' ')
-    return true;
-  return v.find(" #") != std::string::npos;
-}
-// "..." with \\, \", \n, \r and \t escaped.
-std::string quoted(const std::string& v) {
-  std::string q = "\"";
-  for (char c : v) {
-    switch (c) {
-      case '\\':
-        q += "\\\\";
-        break;
-      case '"':
-        q += "\\\"";
-        break;
-      case '\n':
-        q += "\\n";
-        break;
-      case '\r':
-        q += "\\r";
-        break;
-      case '\t':
-        q += "\\t";
-        break;
-      default:
-        q += c;
-    }
-  }
-  return q + "\"";
-}
-}  // namespace
-
 std::string Options::unquote(const std::string& value) {
   if (value.size() < 2 || value.front() != '"' || value.back() != '"') return value;
   std::string out;
@@ -249,7 +251,7 @@ std::string Options::dump() const {
   std::ostringstream os;
   for (const auto& [n, v] : impl_->values) {
     const std::string text = v();
-    os << n << " = " << (needs_quotes(text) ? quoted(text) : text) << "\n";
+    os << n << " = " << (needs_quotes(text) ? in_quotes(text) : text) << "\n";
   }
   return os.str();
 }

@@ -88,6 +88,12 @@ Plan build(const PlanRequest& request, Layout l) {
   for (int s = 0; s < l.pp; ++s) {
     const graph::Graph sg = p.stage(s);
     graph::MemoryEstimate m = graph::estimate_memory(sg, p.in_flight(s));
+    if (fused) {  // dt::Gpt's own buffers, as it allocates them (and its token buffer)
+      const auto [acts, gacts] =
+          Gpt::activation_floats(r.model, static_cast<int>(p.micro), r.model.flash_attention);
+      m.activations = 4.0 * static_cast<double>(acts + gacts) +
+                      8.0 * static_cast<double>(p.micro) * static_cast<double>(r.model.block);
+    }
     if (r.zero > 0) {  // the stage's state sharded layer by layer over the dp ranks
       const std::vector<ParamInfo> table =
           fused ? gpt_params(r.model) : StageEngine::param_table(sg);

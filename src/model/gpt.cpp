@@ -121,10 +121,8 @@ Gpt::Gpt(const Device& dev, GptConfig c, int max_batch, GptStorage storage)
                     NH = static_cast<std::size_t>(c.heads), BT = B * T;
   flash_ = flash_attention(dev, c.flash_attention);
   const std::size_t att = attention_state_floats(flash_, B, NH, T);
-  const std::size_t per_layer = BT * C * 16 + BT * 4 + att;
-  const std::size_t acts = BT * C * 2 + BT * 3 + BT * V * 2 + per_layer * c.layers;
+  const auto [acts, gacts] = activation_floats(c, max_batch, flash_);
   act_buf_ = Device::Buffer(dev, acts * sizeof(float));
-  const std::size_t gacts = BT * C * 3 + BT * 3 * C + BT * 8 * C + att + BT * V;
   grad_act_buf_ = Device::Buffer(dev, gacts * sizeof(float));
   tokens_buf_ = Device::Buffer(dev, 2 * BT * sizeof(std::int32_t));
 
@@ -235,6 +233,18 @@ void gpt_init_param(const GptConfig& c, std::uint64_t seed, std::size_t index, f
 }
 
 Gpt::~Gpt() = default;
+
+std::pair<std::size_t, std::size_t> Gpt::activation_floats(const GptConfig& c, int max_batch,
+                                                           bool flash) {
+  const std::size_t B = static_cast<std::size_t>(max_batch), T = static_cast<std::size_t>(c.block),
+                    C = static_cast<std::size_t>(c.embd),
+                    V = static_cast<std::size_t>(padded_vocab(c)),
+                    NH = static_cast<std::size_t>(c.heads), BT = B * T;
+  const std::size_t att = attention_state_floats(flash, B, NH, T);
+  const std::size_t per_layer = BT * C * 16 + BT * 4 + att;
+  return {BT * C * 2 + BT * 3 + BT * V * 2 + per_layer * static_cast<std::size_t>(c.layers),
+          BT * C * 3 + BT * 3 * C + BT * 8 * C + att + BT * V};
+}
 
 std::size_t Gpt::activation_bytes() const noexcept {
   return act_buf_.bytes() + grad_act_buf_.bytes() + ws_->a.bytes() + ws_->b.bytes() +

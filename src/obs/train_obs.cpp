@@ -1,7 +1,10 @@
 #include "obs/train_obs.hpp"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "dt/device.hpp"
@@ -134,8 +137,11 @@ TrainTelemetry::TrainTelemetry(const TrainConfig& c, int rank, int world, double
   });
   if (exporter_->port() > 0) {
     const bool everywhere = eo.host == "0.0.0.0" || eo.host == "::";
-    // An IPv6 address goes in brackets in a URL (http://[::1]:9400/metrics).
-    const std::string host = everywhere                               ? std::string("localhost")
+    // Served everywhere: the node's name, which a scraper on another node can use. An IPv6
+    // address goes in brackets in a URL (http://[::1]:9400/metrics).
+    char node[256] = "localhost";
+    if (everywhere && ::gethostname(node, sizeof node - 1) != 0) std::strcpy(node, "localhost");
+    const std::string host = everywhere                               ? std::string(node)
                              : eo.host.find(':') != std::string::npos ? "[" + eo.host + "]"
                                                                       : eo.host;
     std::printf("dt_train: rank %d: metrics at http://%s:%d/metrics%s\n", rank, host.c_str(),

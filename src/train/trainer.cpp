@@ -361,7 +361,8 @@ void add_train_options(Options& o, TrainConfig& c) {
            "encrypt checkpoints at rest (AES-256-GCM per chunk) with the job key")
       .add("test.tamper", &c.test_tamper, "none",
            "testing only: test.tamper-rank alters its sealed messages: flip:N (one bit of message "
-           "N), replay:N, reorder:N")
+           "N), replay:N, reorder:N, drop-record:N, swap-records:N (records of a message of "
+           "several)")
       .add("test.tamper-rank", &c.test_tamper_rank, -1L, "testing only: see test.tamper", -1L,
            1L << 30)
       .add("test.simulated-placement", &c.test_sim_placement, "block",
@@ -612,6 +613,17 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
       split_(split(data, c.val_fraction)),
       device_comm_(std::move(device_comm)) {
   const std::int64_t n = comm.size();
+  // A test seam aimed at a rank the job does not have would silently do nothing.
+  for (const auto& [name, rank] :
+       {std::pair<const char*, std::int64_t>{"test.stall-rank", c_.test_stall_rank},
+        {"test.skip-collective", c_.test_skip_collective},
+        {"test.stall-during-save", c_.test_stall_during_save},
+        {"test.kill-during-save", c_.test_kill_during_save},
+        {"test.fail-rank", c_.test_fail_rank},
+        {"test.inject-inf-rank", c_.test_inject_inf_rank},
+        {"test.tamper-rank", c_.test_tamper_rank}})
+    DT_CHECK(ConfigError, rank < n, "option --", name, ": ", rank, " is not a rank of this ", n,
+             "-rank job");
   // The plan (layout, micro-batches, stages, memory estimate) is checked before any allocation.
   const std::vector<RankSite> sites = gather_sites(comm_, site_of(c_, comm_.rank(), comm_.size()));
   // One id for the timelines of this run's ranks (dt_trace merge refuses files of other runs),
@@ -1022,10 +1034,10 @@ void Trainer::micro_batch_graph(float scale) {
   ++graph_replays_;
 }
 
-void Trainer::stall_for_test(const char* what) {
-  if (std::strncmp(what, "test.", 5) != 0) watchdog::set_activity("test.stall-during-save", step_);
+void Trainer::stall_for_test(const char* what, std::int64_t step) {
+  if (std::strncmp(what, "test.", 5) != 0) watchdog::set_activity("test.stall-during-save", step);
   std::fprintf(stderr, "dt_train: rank %d: %s at step %lld: waiting for the watchdog\n",
-               comm_.rank(), what, static_cast<long long>(step_));
+               comm_.rank(), what, static_cast<long long>(step));
   std::fflush(stderr);
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
@@ -1040,7 +1052,7 @@ StepStats Trainer::step() {
   if (c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step &&
       c_.test_stall_at == "step") {
     watchdog::set_activity("test.stall-rank: stopped before the step", step_ + 1);
-    stall_for_test("test.stall-rank: stopping before the step");
+    stall_for_test("test.stall-rank: stopping before the step", step_ + 1);
   }
   watchdog::set_activity("forward and backward", step_ + 1);
   double loss_sum = 0;
@@ -1091,7 +1103,7 @@ StepStats Trainer::step() {
     if (c_.test_skip_collective == comm_.rank() && step_ == c_.test_skip_step) {
       watchdog::set_activity("test.skip-collective: waiting instead of the loss all_reduce",
                              step_ + 1);
-      stall_for_test("test.skip-collective: skipping the loss all_reduce");
+      stall_for_test("test.skip-collective: skipping the loss all_reduce", step_ + 1);
     }
     watchdog::set_activity("loss all_reduce", step_ + 1);
     coll().all_reduce(view_of(&loss_sum, 1), ReduceOp::sum);
@@ -1259,7 +1271,7 @@ double Trainer::loss_over(const std::vector<std::size_t>& starts) {
   if (c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step &&
       c_.test_stall_at == "evaluation") {
     watchdog::set_activity("test.stall-rank: stopped before the evaluation", step_);
-    stall_for_test("test.stall-rank: stopping before the evaluation");
+    stall_for_test("test.stall-rank: stopping before the evaluation", step_);
   }
   const int T = c_.model.block;
   const std::int64_t total = static_cast<std::int64_t>(starts.size());
@@ -1762,7 +1774,7 @@ void Trainer::save_checkpoint_now(bool sync) {
       comm_, c_.ckpt_dir, state_tensors(), meta, static_cast<int>(c_.ckpt_keep),
       [die, stall, this, &fail_here] {
         if (die) std::raise(SIGKILL);
-        if (stall) stall_for_test("in the checkpoint save");
+        if (stall) stall_for_test("in the checkpoint save", step_);
         if (c_.test_save_delay_s > 0 && comm_.rank() == comm_.size() - 1)
           std::this_thread::sleep_for(std::chrono::duration<double>(c_.test_save_delay_s));
         fail_here();

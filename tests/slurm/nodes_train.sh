@@ -12,14 +12,14 @@ need_nodes 2
 
 TRAIN="$BIN_DIR/dt_train --config $CONFIG --data.path=$TEXT --qos.file=none"
 # A model whose parameters dominate, so that tensor parallelism saves memory: dp=4 needs about
-# 9.2 MiB a rank, dp=2 tp=2 8.3 MiB.
-WIDE="--model.embd=128 --model.heads=4"
+# 16.9 MiB a rank, dp=2 tp=2 14.4 MiB.
+WIDE="--model.embd=192 --model.heads=4"
 job P -N 2 --ntasks-per-node=2 -- "
 $SRUN $TRAIN --parallel.tp=2 --print-plan --plan.dot=$WORK/block.dot
 echo \"block rc=\$?\"
 $SRUN -m cyclic $TRAIN --parallel.tp=2 --print-plan --plan.dot=$WORK/cyclic.dot | sed 's/^/cyclic: /'
 echo \"cyclic rc=\${PIPESTATUS[0]}\"
-$SRUN $TRAIN $WIDE --parallel.auto=true --mem.limit=8.7M --print-plan --plan.dot=$WORK/auto.dot | sed 's/^/auto: /'
+$SRUN $TRAIN $WIDE --parallel.auto=true --mem.limit=15.5M --print-plan --plan.dot=$WORK/auto.dot | sed 's/^/auto: /'
 echo \"auto rc=\${PIPESTATUS[0]}\""
 [ "$JOB_END" = COMPLETED ] || fail "P: job $JOB ended $JOB_END, expected COMPLETED"
 for v in block cyclic auto; do expect_line P "^$v rc=0$"; done
@@ -29,7 +29,7 @@ expect_line P "^  dp 1 stage 0: ranks 2 3 on $N2$"
 expect_line P "^cyclic:   dp 0 stage 0: ranks 0 2 on $N1$"
 expect_line P "^cyclic:   dp 1 stage 0: ranks 1 3 on $N2$"
 expect_line P "^cyclic: rank 2 \\(dp 0, stage 0, tp 1 of 2\\) on $N1:"
-expect_line P "^auto: dt_train: parallel.auto: dp=2 tp=2 pp=1: .* fits --mem.limit=8.7 MiB"
+expect_line P "^auto: dt_train: parallel.auto: dp=2 tp=2 pp=1: .* fits --mem.limit=15.5 MiB"
 expect_line P "^auto:   dp 0 stage 0: ranks 0 1 on $N1$"
 expect_line P "^auto:   dp 1 stage 0: ranks 2 3 on $N2$"
 expect_no_line P "spans nodes"

@@ -452,6 +452,15 @@ TEST_CASE("Options: dump writes numbers with the digits they need to read back")
   CHECK(c.opts.dump() != d.opts.dump());
 }
 
+TEST_CASE("Options: help shows a default that needs them in quotes, as a config file takes it") {
+  std::string prompt, plain;
+  dt::Options o{"app", "a test app"};
+  o.add("sample.prompt", &prompt, "\n", "text to start from").add("name", &plain, "x", "a name");
+  const std::string h = o.help();
+  CHECK(h.find("--sample.prompt arg (=\"\\n\")") != std::string::npos);
+  CHECK(h.find("--name arg (=x)") != std::string::npos);
+}
+
 TEST_CASE("Options: a setting of two words held as a bool") {
   TempDir dir;
   auto parse = [](std::vector<const char*> args, bool def, bool& flash) {
