@@ -210,7 +210,11 @@ int main(int argc, char** argv) {
                                                            : dt::DType::f32,
                                      cfg.cuda_graphs);
         if (!dev->host_memory() && dev->name() == "cuda") {
-          const dt::NcclModule& nccl = dt::NcclModule::load(plugin_path);
+          // The communicator belongs to the installation: also looked for in its own folders
+          // when --runtime.plugin-path names others (a vendor's plugins, say).
+          const dt::NcclModule& nccl = dt::NcclModule::load(
+              cfg.plugin_path.empty() ? plugin_path
+                                      : plugin_path + ":" + dt::default_plugin_path());
           device_comm = [&nccl, &dev](dt::Comm& group, const std::string& name) {
             void* stream = nullptr;
             dev->call(&dt_hal_v2_t::native_stream, "native_stream", &stream);

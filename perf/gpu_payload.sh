@@ -34,9 +34,11 @@ command -v dpkg-query >/dev/null || die "dpkg-query not found: the payload is ta
 dt_gpu_build "$build" "$work" || die "the build failed (above)"
 
 # 2. Stage.
-mkdir -p "$stage/bin" "$stage/plugins" "$stage/lib" "$stage/share" "$stage/root"
+mkdir -p "$stage/bin" "$stage/plugins" "$stage/lib/dt/plugins" "$stage/share" "$stage/root"
 cp "$build"/bin/* "$stage/bin/"
-cp "$build/plugins/libdt_hal_cuda.so" "$build/plugins/libdt_nccl.so" "$stage/plugins/"
+cp "$build/plugins/libdt_hal_cuda.so" "$stage/plugins/"
+# The NCCL communicator where libdt looks for it (lib/dt/plugins next to libdt).
+cp "$build/lib/dt/plugins/libdt_nccl.so" "$stage/lib/dt/plugins/"
 cp /usr/share/common-licenses/GPL-3 "$stage/share/train.txt"
 
 # Everything the programs load, by resolved path: dt's own libraries go to dt/lib, CUDA's stay
@@ -51,7 +53,7 @@ for p in openmpi-bin openmpi-common libopenmpi3 libpmix2 libucx0 libhwloc15 libh
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' && pkgs[$p]=1
 done
 # (ldd of the build's own files: their RUNPATH, $ORIGIN/../lib, finds libdt in the build tree)
-for f in "$build"/bin/* "$build/plugins/libdt_hal_cuda.so" "$build/plugins/libdt_nccl.so"; do
+for f in "$build"/bin/* "$build/plugins/libdt_hal_cuda.so" "$build/lib/dt/plugins/libdt_nccl.so"; do
   f=$(readlink -f "$f")
   ldd "$f" >"$work/ldd"
   if grep 'not found' "$work/ldd" >&2; then die "$f loads libraries this machine lacks (above)"; fi
@@ -93,7 +95,8 @@ done
 # too, whose library folders dtenv names.
 ln -sf orterun "$stage/root/usr/bin/mpirun"
 ln -sf orterun "$stage/root/usr/bin/mpiexec"
-strip --strip-unneeded "$stage"/bin/* "$stage"/plugins/* "$stage"/lib/* 2>/dev/null || true
+strip --strip-unneeded "$stage"/bin/* "$stage"/plugins/* "$stage"/lib/*.so* \
+  "$stage"/lib/dt/plugins/* 2>/dev/null || true
 sort -u "$work/cuda-libs" >"$stage/cuda-libs" 2>/dev/null || : >"$stage/cuda-libs"
 
 cat >"$stage/dtenv" <<'EOF'

@@ -181,7 +181,7 @@ std::vector<std::string> missing_training_kernels(const Device& dev, DType compu
 void require_training_kernels(const Device& dev, DType compute = DType::f32, bool graphs = false);
 
 /// The default plugin path: $DT_PLUGIN_PATH (set by the dt module) if set, then DIR/../plugins
-/// and DIR/../lib/dt/plugins next to the executable.
+/// and DIR/../lib/dt/plugins next to the executable, then dt/plugins next to libdt.
 std::string default_plugin_path();
 
 }  // namespace dt

@@ -34,15 +34,21 @@ const NcclModule& NcclModule::load(const std::string& plugin_path) {
   std::lock_guard<std::mutex> lock(mu);
   if (loaded) return *loaded;
   auto impl = std::make_unique<Impl>();
-  detail::load_from_path(kFile, plugin_path, "NCCL communicator", impl->lib);
-  const std::string& file = impl->lib.path;
-  const auto version = reinterpret_cast<VersionFn>(detail::find_symbol(impl->lib, kVersionSymbol));
+  // A copy of another dt (an older installation first in the path) is skipped like one that
+  // does not load, so it does not hide this build's own.
+  detail::load_from_path(
+      kFile, plugin_path, "NCCL communicator", impl->lib,
+      [](const detail::SharedLibrary& lib) -> std::string {
+        const auto version = reinterpret_cast<VersionFn>(detail::find_symbol(lib, kVersionSymbol));
+        if (version == nullptr || detail::find_symbol(lib, kCreateSymbol) == nullptr)
+          return std::string("not dt's NCCL communicator (no ") + kVersionSymbol + " or " +
+                 kCreateSymbol + ")";
+        if (std::string(version()) != DT_VERSION)
+          return std::string("built for dt ") + version() + ", this is dt " + DT_VERSION +
+                 " (install both from one build)";
+        return "";
+      });
   impl->create = reinterpret_cast<CreateFn>(detail::find_symbol(impl->lib, kCreateSymbol));
-  DT_CHECK(ConfigError, version != nullptr && impl->create != nullptr, "NCCL communicator: ", file,
-           " is not dt's NCCL communicator (no ", kVersionSymbol, " or ", kCreateSymbol, ")");
-  DT_CHECK(ConfigError, std::string(version()) == DT_VERSION, "NCCL communicator: ", file,
-           " belongs to dt ", version(), ", this is dt ", DT_VERSION,
-           ": install both from one build");
   // Intentionally leaked: see the header.
   loaded = new NcclModule(std::move(impl));
   return *loaded;

@@ -53,19 +53,26 @@ SharedLibrary::~SharedLibrary() {
 }
 
 void load_from_path(const std::string& file, const std::string& search_path,
-                    const std::string& what, SharedLibrary& out) {
+                    const std::string& what, SharedLibrary& out,
+                    const std::function<std::string(const SharedLibrary&)>& accept) {
   std::vector<std::string> refused;  // "FILE: why"
   for (const auto& dir : split_path(search_path)) {
     const std::string path = dir + "/" + file;
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) continue;
     out.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (out.handle != nullptr) {
-      out.path = path;
-      break;
+    if (out.handle == nullptr) {
+      const char* why = dlerror();
+      refused.push_back(path + ": " + (why ? why : "dlopen failed"));
+      continue;
     }
-    const char* why = dlerror();
-    refused.push_back(path + ": " + (why ? why : "dlopen failed"));
+    out.path = path;
+    const std::string why = accept ? accept(out) : std::string();
+    if (why.empty()) break;
+    refused.push_back(path + ": " + why);
+    dlclose(out.handle);
+    out.handle = nullptr;
+    out.path.clear();
   }
   if (out.handle == nullptr) {
     std::string all;
@@ -86,13 +93,25 @@ void* find_symbol(const SharedLibrary& lib, const char* name) { return dlsym(lib
 std::string default_plugin_path() {
   // Set by the dt module (modulefiles/dt): the plugins of the installation the user loaded.
   const char* env = std::getenv("DT_PLUGIN_PATH");
-  std::string from_env = env && *env ? std::string(env) + ":" : "";
+  std::string path = env && *env ? std::string(env) : "";
+  auto add = [&path](const std::string& dir) { path += (path.empty() ? "" : ":") + dir; };
   char exe[PATH_MAX] = {0};
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0) return from_env;
-  std::string dir(exe, static_cast<std::size_t>(n));
-  dir = dir.substr(0, dir.rfind('/'));
-  return from_env + dir + "/../plugins:" + dir + "/../lib/dt/plugins";
+  if (n > 0) {
+    std::string dir(exe, static_cast<std::size_t>(n));
+    dir = dir.substr(0, dir.rfind('/'));
+    add(dir + "/../plugins");
+    add(dir + "/../lib/dt/plugins");
+  }
+  // Next to libdt itself (lib/dt/plugins, in the build tree as installed): where a program of
+  // another prefix that links libdt finds the installation's plugins and its NCCL communicator.
+  Dl_info self{};
+  if (dladdr(reinterpret_cast<const void*>(&default_plugin_path), &self) != 0 && self.dli_fname) {
+    const std::string lib = self.dli_fname;
+    const std::size_t slash = lib.rfind('/');
+    if (slash != std::string::npos) add(lib.substr(0, slash) + "/dt/plugins");
+  }
+  return path;
 }
 
 namespace {

@@ -3,6 +3,7 @@
 // that dt's programs themselves never link a vendor's libraries.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace dt::detail {
@@ -23,8 +24,11 @@ struct SharedLibrary {
 /// one does not hide a good one. `what` names the asker in messages ("device 'cuda'"). Throws
 /// dt::ConfigError naming the file and the path when no copy exists, and every copy's reason when
 /// none loads.
+/// `accept` (if given) judges a copy that loaded: it returns why the copy cannot serve (another
+/// version, say), and such a copy is skipped too, or "" to take it.
 void load_from_path(const std::string& file, const std::string& search_path,
-                    const std::string& what, SharedLibrary& out);
+                    const std::string& what, SharedLibrary& out,
+                    const std::function<std::string(const SharedLibrary&)>& accept = {});
 
 /// The symbol `name` of a loaded library, or nullptr.
 void* find_symbol(const SharedLibrary& lib, const char* name);

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -470,6 +471,42 @@ std::int64_t steady_ns() {
 }
 }  // namespace
 
+// Blocks SIGPIPE in the calling thread for its lifetime, and discards one raised meanwhile: a
+// push writes to a socket that a stop() or the gateway may have shut down, and httplib sends
+// without MSG_NOSIGNAL (its server ignores SIGPIPE for the whole process, a push alone does not).
+class NoSigpipe {
+ public:
+  NoSigpipe() {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe, &old_) == 0;
+  }
+  ~NoSigpipe() {
+    if (!blocked_) return;
+    sigset_t pending;
+    sigpending(&pending);
+    if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
+      sigset_t pipe;
+      sigemptyset(&pipe);
+      sigaddset(&pipe, SIGPIPE);
+      const timespec now{0, 0};
+      while (sigtimedwait(&pipe, nullptr, &now) == SIGPIPE) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  NoSigpipe(const NoSigpipe&) = delete;
+  NoSigpipe& operator=(const NoSigpipe&) = delete;
+
+ private:
+  sigset_t old_{};
+  bool blocked_ = false, was_pending_ = false;
+};
+
 struct Exporter::Impl {
   Registry& reg;
   ExporterOptions o;
@@ -488,6 +525,7 @@ struct Exporter::Impl {
     std::promise<void> done;  // set when the server's thread ends
     std::shared_mutex gate;   // handlers read the registry under it while `closed` is false
     bool closed = false;
+    std::atomic<bool> closing{false};  // set first: handlers no longer queue for the gate
     Registry* reg = nullptr;
   };
   std::unique_ptr<Serving> serving;
@@ -501,6 +539,8 @@ struct Exporter::Impl {
   httplib::Client* active = nullptr;  // the push in flight, which publish_now may stop
   bool active_stopped = false;        // ... and has stopped: its failure is no failure
   std::atomic<int> superseding{0};    // publish_now calls under way: background exports skip
+  std::atomic<bool> closing{false};   // the exporter is going: background exports skip
+  std::atomic<bool> worker_done{false};
   std::atomic<bool> warned_textfile{false}, warned_push{false};
   std::atomic<bool> push_failed{false};     // a push has failed (Exporter::push_waits)
   std::atomic<std::int64_t> push_since{0};  // steady_ns() at the start of the push in flight, or 0
@@ -516,7 +556,8 @@ struct Exporter::Impl {
       std::fprintf(stderr, "dt: warning: %s\n", msg.c_str());
   }
 
-  // Stops the push in flight, if any (httplib shuts its socket down, and it fails at once).
+  // Stops the push in flight, if any: httplib shuts its socket down, and it fails at once (one
+  // still connecting, or resolving the gateway's name, stops once it has connected).
   void stop_active() {
     std::lock_guard<std::mutex> lock(active_mu);
     if (!active) return;
@@ -524,29 +565,27 @@ struct Exporter::Impl {
     active->stop();
   }
 
-  // One export. The background thread's (no deadline) waits for its turn, and is skipped while a
-  // publish_now is under way. publish_now's (a deadline) stops whatever push holds the turn until
-  // it has it, and its push must end by the deadline: its timeouts are cut to the time left, and
-  // it fails, naming why, when none is left.
-  bool export_once(std::chrono::steady_clock::time_point deadline =
-                       std::chrono::steady_clock::time_point::max()) {
-    const bool background = deadline == std::chrono::steady_clock::time_point::max();
+  // One export. The background thread's waits for its turn, and does nothing while a
+  // publish_now is under way (it exports newer values) or the exporter is going. publish_now's
+  // (foreground) stops whatever push holds the turn, again every 10 ms until it has it, so it
+  // waits for no gateway's answer, then exports with the full push timeout.
+  bool export_once(bool foreground = false) {
     std::unique_lock<std::timed_mutex> lock(export_mu, std::defer_lock);
-    if (background) {
+    if (!foreground) {
       lock.lock();
-      if (superseding.load() > 0) return true;  // publish_now exports newer values
+      if (superseding.load() > 0 || closing.load()) return true;
     } else {
-      for (;;) {
-        stop_active();
-        if (lock.try_lock_for(std::chrono::milliseconds(10))) break;
-        if (std::chrono::steady_clock::now() >= deadline) {
-          warn_once(warned_push, "metrics push to " + push_base +
-                                     " not sent: the push before it still waited to connect "
-                                     "after --metrics.push-timeout-s");
-          return false;
-        }
-      }
+      while (!lock.try_lock_for(std::chrono::milliseconds(10))) stop_active();
     }
+    // publish_now's claim ends with its turn, before the lock is let go (declared after it): a
+    // background export that waited for the turn meanwhile sees the claim and skips.
+    struct Claim {
+      std::atomic<int>* n;
+      ~Claim() {
+        if (n) --*n;
+      }
+    } claim{foreground ? &superseding : nullptr};
+    const NoSigpipe no_sigpipe;  // a push whose socket was shut down must not kill the rank
     bool ok = true;
     if (!o.textfile.empty()) {
       try {
@@ -561,13 +600,9 @@ struct Exporter::Impl {
     if (!push_base.empty()) {
       const std::string path = push_prefix + push_path(o.job, o.instance);
       std::string why;
-      auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+      const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
           std::chrono::duration<double>(o.push_timeout_s));
-      if (deadline != std::chrono::steady_clock::time_point::max())
-        us = std::min(us, std::chrono::duration_cast<std::chrono::microseconds>(
-                              deadline - std::chrono::steady_clock::now()));
       try {
-        if (us.count() <= 0) throw std::runtime_error("no time left before the exit");
         httplib::Client cli(push_base);
         cli.set_connection_timeout(us);
         cli.set_read_timeout(us);
@@ -651,15 +686,18 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
   m.pushes = &registry.counter("dt_metrics_pushes_total", "Successful pushes to the Pushgateway.");
   if (!m.o.push_url.empty()) {
     const std::string& u = m.o.push_url;
-    const std::size_t slash = u.find('/', 7);
-    // Credentials in the URL would be printed in warnings and kept with the run's settings (in
-    // checkpoints too): refused, without repeating them.
-    const std::size_t at = u.rfind('@', slash);
-    DT_CHECK(ConfigError, u.rfind("http://", 0) != 0 || at == std::string::npos || at < 7,
-             "option --metrics.push-url: http://", u.substr(std::min<std::size_t>(slash, at + 1)),
+    // Credentials in the URL (any scheme) would be printed in warnings and kept with the run's
+    // settings (in checkpoints too): refused, without repeating them.
+    const std::size_t scheme = u.find("://");
+    const std::size_t host = scheme == std::string::npos ? 0 : scheme + 3;
+    const std::size_t end = u.find('/', host);
+    const std::size_t at = u.rfind('@', end == std::string::npos ? std::string::npos : end);
+    DT_CHECK(ConfigError, at == std::string::npos || at < host,
+             "option --metrics.push-url: ", u.substr(0, host), u.substr(at + 1),
              " is given with credentials (USER:PASSWORD@), which would be printed and kept with "
              "the run's settings: put USER:PASSWORD in a file of your own (chmod 600) and name it "
              "with --metrics.push-auth-file");
+    const std::size_t slash = u.find('/', 7);
     DT_CHECK(ConfigError, u.rfind("http://", 0) == 0 && u.size() > 7,
              "option --metrics.push-url: '", u,
              "' is not an http:// URL (expected http://HOST:PORT, e.g. http://gateway:9091)");
@@ -672,8 +710,9 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
     Impl::Serving* sv = m.serving.get();
     sv->reg = &registry;
     httplib::Server& server = sv->server;
-    // A few connections at once, each given a second to send its request: clients that connect
-    // and say nothing (or trickle) do not hold a scrape up for long.
+    // A few connections at once, each given a second for every read of its request: clients
+    // that connect and say nothing are dropped after a second; four that trickle a byte a
+    // second hold every thread (scrapes wait) until they stop, but never the exit.
     server.new_task_queue = [] { return new httplib::ThreadPool(4); };
     server.set_read_timeout(1, 0);
     server.set_keep_alive_timeout(1);
@@ -685,6 +724,10 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
     });
     server.Get("/metrics", [sv](const httplib::Request&, httplib::Response& res) {
       io_thread();  // httplib's pool thread
+      if (sv->closing.load()) {
+        res.status = 503;
+        return;
+      }
       std::shared_lock<std::shared_mutex> open(sv->gate);
       if (sv->closed) {
         res.status = 503;
@@ -728,26 +771,34 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
   m.worker = std::thread([&m] {
     io_thread();
     m.run_worker();
+    m.worker_done = true;
   });
 }
 
 Exporter::~Exporter() {
   Impl& m = *impl_;
+  m.closing = true;
   {
     std::lock_guard<std::mutex> lock(m.mu);
     m.stopping = true;
   }
   m.cv.notify_all();
-  m.stop_active();  // a push still in flight: its values were published since, or never will be
+  // A push in flight is stopped (its values were published since, or never will be), again
+  // until the worker has ended: one that was connecting stops once it has connected.
+  while (m.worker.joinable() && !m.worker_done.load()) {
+    m.stop_active();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   if (m.worker.joinable()) m.worker.join();
   if (m.serving && m.serving->thread.joinable()) {
     Impl::Serving& sv = *m.serving;
+    sv.closing = true;  // new requests get 503 without queueing for the gate
+    std::future<void> ended = sv.done.get_future();
+    sv.server.stop();
     {
       std::unique_lock<std::shared_mutex> shut(sv.gate);  // a scrape being answered ends first
       sv.closed = true;
     }
-    std::future<void> ended = sv.done.get_future();
-    sv.server.stop();
     // The server's thread ends once its connections have: a client that never finishes its
     // request would hold the exit. After a second it is left to the process's end, with the
     // server it uses (deliberately not freed); its handlers no longer read the registry.
@@ -772,18 +823,15 @@ void Exporter::publish() {
 
 bool Exporter::publish_now() {
   // The push in flight in the background sends older values than this one: it is stopped rather
-  // than waited for, so this call ends within the push timeout (a gateway that never answers held
-  // the caller for that push's wait and then this one's).
+  // than waited for, so this call waits for one push (a gateway that never answers held the
+  // caller for that push's wait and then this one's).
   Impl& m = *impl_;
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(m.o.push_timeout_s));
-  struct Superseding {
-    std::atomic<int>& n;
-    explicit Superseding(std::atomic<int>& c) : n(c) { ++n; }
-    ~Superseding() { --n; }
-  } superseding(m.superseding);
-  return m.export_once(deadline);
+  ++m.superseding;  // let go by export_once with its turn
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.pending = false;  // what a background export would send, this one sends newer
+  }
+  return m.export_once(/*foreground=*/true);
 }
 
 bool Exporter::push_waits() const noexcept {

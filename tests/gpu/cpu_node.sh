@@ -3,20 +3,20 @@
 # whose CUDA library folders are empty (a node without the CUDA Toolkit or NCCL), dt_train trains
 # on the CPU device on 2 ranks; a run on the cuda device is refused (exit 2) naming the plugin and
 # the library it lacks; and the NCCL communicator is refused naming NCCL (dt_nccl_module_test).
-#   cpu_node.sh MPIEXEC DT_TRAIN MODULE_TEST TEXT CUDA_LIBRARY...
+#   cpu_node.sh MPIEXEC DT_TRAIN MODULE_TEST NCCL_MODULE TEXT CUDA_LIBRARY...
 #   (CUDA_LIBRARY: libraries of the toolkit and NCCL; the folders holding them are hidden)
 # Needs root (unshare -m); exits 77 with one line where it cannot make the namespace.
 set -u
 if [ "${DT_CPU_NODE_NS:-}" != inside ]; then
-  [ $# -ge 5 ] || { echo "usage: $0 MPIEXEC DT_TRAIN MODULE_TEST TEXT CUDA_LIBRARY..." >&2; exit 2; }
+  [ $# -ge 6 ] || { echo "usage: $0 MPIEXEC DT_TRAIN MODULE_TEST NCCL_MODULE TEXT CUDA_LIBRARY..." >&2; exit 2; }
   if [ "$(id -u)" != 0 ] || ! unshare -m true 2>/dev/null; then
     echo "SKIP gpu.cpu_node: needs root and unshare -m (a mount namespace)"
     exit 77
   fi
   exec env DT_CPU_NODE_NS=inside unshare -m --propagation private "$0" "$@"
 fi
-MPIEXEC=$1 TRAIN=$2 MODULE_TEST=$3 TEXT=$4
-shift 4
+MPIEXEC=$1 TRAIN=$2 MODULE_TEST=$3 NCCL_MODULE=$4 TEXT=$5
+shift 5
 FAILED=0
 fail() { echo "FAIL: $*"; FAILED=1; }
 empty=$(mktemp -d)
@@ -27,11 +27,19 @@ for lib in "$@"; do
   dirs[$(dirname "$real")]=1
 done
 for d in "${!dirs[@]}"; do
+  # Libraries installed among the system's own (a distribution's CUDA or NCCL packages) cannot be
+  # hidden by their folder without hiding the C library too.
+  if [ -e "$d/libc.so.6" ]; then
+    echo "SKIP gpu.cpu_node: the CUDA libraries are in $d, with the C library"
+    exit 77
+  fi
+done
+for d in "${!dirs[@]}"; do
   mount --bind "$empty" "$d" || { echo "FAIL: cannot hide $d"; exit 1; }
   echo "hidden: $d"
 done
 # The namespace must really lack NCCL, or the rest proves nothing.
-if out=$(ldd "$(dirname "$MODULE_TEST")/../../plugins/libdt_nccl.so" 2>&1) &&
+if out=$(ldd "$NCCL_MODULE" 2>&1) &&
    ! echo "$out" | grep -q "libnccl.so.* => not found"; then
   echo "$out"
   fail "libnccl is still found in the namespace"

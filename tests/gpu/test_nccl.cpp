@@ -4,7 +4,8 @@
 // the all_reduce on the same stream sees its result), and argument errors before any traffic.
 // Without one GPU per local rank every rank exits 77 after rank 0 prints one SKIP line, once the
 // module has loaded (it needs no GPU): a build or payload without a loadable libdt_nccl.so fails.
-// The module is looked for in the build's plugins/ folder, then in $DT_PLUGIN_PATH.
+// The module is looked for in the build's lib/dt/plugins/ folder, then in $DT_PLUGIN_PATH and
+// dt's default plugin path (next to libdt: where a payload or an installation holds it).
 #include <cuda_runtime.h>
 #include <mpi.h>
 
@@ -19,6 +20,7 @@
 #include "../mpi/check_harness.hpp"
 #include "comm/mpi_comm.hpp"
 #include "comm/nccl_module.hpp"
+#include "dt/device.hpp"
 #include "dt/error.hpp"
 
 namespace {
@@ -58,8 +60,9 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const char* env = std::getenv("DT_PLUGIN_PATH");
-  const std::string plugin_path =
-      std::string(DT_PLUGIN_DIR) + (env && *env ? ":" + std::string(env) : "");
+  const std::string plugin_path = std::string(DT_PLUGIN_DIR) +
+                                  (env && *env ? ":" + std::string(env) : "") + ":" +
+                                  dt::default_plugin_path();
   const dt::NcclModule* module = nullptr;
   try {
     module = &dt::NcclModule::load(plugin_path);

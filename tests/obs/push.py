@@ -176,14 +176,15 @@ check(rc2 == 0 and "the last metrics push waits up to 1 s for the Pushgateway" i
       "a run whose pushes failed does not say its last push waits: exit code %s" % rc2)
 # The exit waits for the last push alone, up to the push timeout (3 s): the push in flight in the
 # background (since step 1, on the micro model whose steps take milliseconds) is stopped, not
-# waited for first. Timed from the "done" line to the exit; a second of slack still tells one
-# push timeout from the two (or three) it waited before.
+# waited for first. Timed from the "done" line to the exit; two seconds of slack (MPI's end and
+# mpiexec's under a loaded ctest) still tell one push timeout from the two or three (6-9 s) it
+# waited before.
 rc3, out3, tail3 = run_timed_tail(a.train_cmd(1, "--train.steps=3", "--metrics.every=1",
                                               "--train.eval-every=0",
                                               "--metrics.push-url=" + url,
                                               "--metrics.push-timeout-s=3"), "done: 3 steps")
 check(rc3 == 0, "exit code %s with a gateway that never answers, expected 0" % rc3)
-check(tail3 is not None and 2.5 <= tail3 <= 4.0,
+check(tail3 is not None and 2.5 <= tail3 <= 5.0,
       "from the done line to the exit %s s, expected the one last push's timeout of 3 s" % tail3)
 check(len(push_warnings(out3)) <= 1, "more than one push warning: %s" % push_warnings(out3))
 stop.set()

@@ -169,6 +169,7 @@ try:
             time.sleep(0.05)
         rc = job.wait(timeout=max(1, deadline - time.time()))
         end = time.time()
+        check(drained_at is not None, "no 'drained at step' line before the exit")
         if drained_at is None:
             drained_at = end
         check(end - drained_at < 8,
