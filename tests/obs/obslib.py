@@ -81,6 +81,22 @@ def run(cmd, timeout=120, env=None):
     return rc, out
 
 
+def gateway_ready(proc, probe, what, log="pushgateway.log"):
+    """Waits up to 30 s for probe() to give 200 while proc runs; checks that it did (printing
+    the log otherwise) and returns whether it did."""
+    ready = False
+    for _ in range(300):
+        if proc.poll() is not None:
+            break
+        if probe()[0] == 200:
+            ready = True
+            break
+        time.sleep(0.1)
+    if not check(ready, "the pushgateway did not become ready on %s" % what):
+        print(open(log).read())
+    return ready
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

@@ -62,17 +62,7 @@ gw_log = open("pushgateway.log", "w")
 gw = subprocess.Popen(gw_cmd, stdout=gw_log, stderr=subprocess.STDOUT, start_new_session=True)
 base = "http://127.0.0.1:%d" % port
 try:
-    ready = False
-    for _ in range(300):
-        if gw.poll() is not None:
-            break
-        if obslib.http_get(base + "/-/ready", timeout=1)[0] == 200:
-            ready = True
-            break
-        time.sleep(0.1)
-    if not check(ready, "the pushgateway did not become ready on %s" % base):
-        print(open("pushgateway.log").read())
-    else:
+    if obslib.gateway_ready(gw, lambda: obslib.http_get(base + "/-/ready", timeout=1), base):
         job = "4242%d" % os.getpid()
         env = dict(os.environ, SLURM_JOB_ID=job)
         # No push may fail: on a loaded machine a push may take longer than the default 2 s.

@@ -60,17 +60,7 @@ def get(path):
 
 
 try:
-    ready = False
-    for _ in range(300):
-        if gw.poll() is not None:
-            break
-        if get("/-/ready")[0] == 200:
-            ready = True
-            break
-        time.sleep(0.1)
-    if not check(ready, "the pushgateway did not become ready on %s" % base):
-        print(open("pushgateway.log").read())
-    else:
+    if obslib.gateway_ready(gw, lambda: get("/-/ready"), base):
         check(obslib.http_get(base + "/metrics")[0] == 401, "the gateway answers without credentials")
         env = dict(os.environ, SLURM_JOB_ID="auth%d" % os.getpid())
         rc, out = obslib.run(a.train_cmd(1, "--train.steps=3", "--metrics.every=1",
