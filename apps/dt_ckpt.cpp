@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cinttypes>
 #include <cmath>
@@ -403,6 +404,15 @@ void row(const std::string& step, const std::string& file, const std::string& si
   std::printf("%s\n", s.c_str());
 }
 
+// Why a checkpoint named for step `named` is not that step's ("" when it holds it): a file
+// renamed or copied by hand would be taken for the step its name says.
+std::string name_disagrees(const std::string& path, std::int64_t named) {
+  const std::string stored = CheckpointFile(path).string_attr("step");
+  if (stored == std::to_string(named)) return "";
+  return (stored.empty() ? std::string("holds no step") : "holds step " + stored) +
+         ", its name says step " + std::to_string(named) + " (renamed or copied by hand?)";
+}
+
 int cmd_list(dt::Runtime& rt, const Args& a) {
   const bool lead = rt.rank() == 0;
   struct stat st;
@@ -432,11 +442,8 @@ int cmd_list(dt::Runtime& rt, const Args& a) {
       // The step comes from the name; a file renamed or copied by hand holds another, and would
       // be taken for the step its name says (by dt_train --ckpt.resume=auto too).
       if (problems.empty()) {
-        const std::string stored = CheckpointFile(e.path).string_attr("step");
-        if (stored != std::to_string(e.step))
-          problems.push_back(
-              (stored.empty() ? std::string("holds no step") : "holds step " + stored) +
-              ", its name says step " + std::to_string(e.step) + " (renamed or copied by hand?)");
+        const std::string named = name_disagrees(e.path, e.step);
+        if (!named.empty()) problems.push_back(named);
       }
     } catch (const ConfigError& err) {
       problems = {err.message()};
@@ -527,13 +534,26 @@ int cmd_inspect(dt::Runtime& rt, const Args& a) {
   return 0;
 }
 
-// Verifies `path` (collective). Prints the outcome on rank 0; returns 0 or 1.
+// Verifies `path` (collective). Prints the outcome on rank 0; returns 0 or 1. A file named
+// step-N.h5 must hold step N, as dt_train --ckpt.resume=auto takes it for that step.
+
 int verify_and_report(dt::Runtime& rt, const Args& a, const std::string& path,
                       const char* refusing) {
   const Probe p = probe(path);
   const dt::security::Keys* keys = a.keys();
   const std::string enc = p.opens ? dt::checkpoint_encryption(path) : "";
   auto problems = dt::verify_file(rt.world(), path, keys);
+  if (problems.empty() && p.opens) {
+    const std::string base = path.substr(path.find_last_of('/') + 1);
+    std::int64_t named = -1;
+    int end = 0;
+    if (base.size() > 8 && std::isdigit(static_cast<unsigned char>(base[5])) &&
+        std::sscanf(base.c_str(), "step-%" SCNd64 "%n", &named, &end) == 1 &&
+        base.substr(static_cast<std::size_t>(end)) == ".h5") {
+      const std::string wrong = name_disagrees(path, named);
+      if (!wrong.empty()) problems.push_back(wrong);
+    }
+  }
   // The checks above read through MPI-IO; a file that HDF5's default driver cannot open (as
   // h5py, h5dump, inspect and export open it: a damaged superblock field MPI-IO does not use,
   // say) is damaged all the same.

@@ -1516,12 +1516,16 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who, double wa
   // flock on local file systems, Lustre and GPFS (NFS refuses: EBADF, handled as no flock).
   bool writable = true;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  std::string why = fd_ < 0 ? errno_text() : std::string();
   if (fd_ < 0 && errno == EACCES) {
     writable = false;
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // No lock file to open read-only either: the folder is what refuses (Permission denied),
+    // not a missing file.
+    if (fd_ < 0 && errno != ENOENT) why = errno_text();
   }
   DT_CHECK(CheckpointError, fd_ >= 0, "cannot open ", path, " to claim checkpoint folder ", dir,
-           " for this run: ", errno_text());
+           " for this run: ", why);
   // Every commit renames latest.tmp over `latest`: where that is a folder (or anything but a
   // file or a link), no save of this run could commit, so the claim is refused now.
   struct stat lst {};

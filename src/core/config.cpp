@@ -61,12 +61,14 @@ namespace {
 // line break, a tab, a '"' first, a comment (" #") or spaces at either end, or starts as a comment.
 bool needs_quotes(const std::string& v) {
   if (v.empty()) return false;
-  if (v.find_first_of("\n\r\t") != std::string::npos || v.front() == '"' || v.front() == '#' ||
-      v.front() == ';' || v.front() == ' ' || v.back() == ' ')
+  for (unsigned char c : v)
+    if (c < 0x20 || c == 0x7f) return true;  // a line break, a tab, any control byte
+  if (v.front() == '"' || v.front() == '#' || v.front() == ';' || v.front() == ' ' ||
+      v.back() == ' ')
     return true;
   return v.find(" #") != std::string::npos;
 }
-// "..." with \\, \", \n, \r and \t escaped.
+// "..." with \\, \", \n, \r and \t escaped, and other control bytes as \xHH.
 std::string in_quotes(const std::string& v) {
   std::string q = "\"";
   for (char c : v) {
@@ -87,7 +89,13 @@ std::string in_quotes(const std::string& v) {
         q += "\\t";
         break;
       default:
-        q += c;
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+          char hex[8];
+          std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(c));
+          q += hex;
+        } else {
+          q += c;
+        }
     }
   }
   return q + "\"";
@@ -239,9 +247,16 @@ std::string Options::unquote(const std::string& value) {
     }
     static const char from[] = "\\\"nrt", to[] = "\\\"\n\r\t";
     const char e = i + 2 < value.size() ? value[++i] : '\0';
+    if (e == 'x' && i + 3 < value.size() &&
+        std::isxdigit(static_cast<unsigned char>(value[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(value[i + 2]))) {
+      out += static_cast<char>(std::stoi(value.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+      continue;
+    }
     const char* k = e ? std::strchr(from, e) : nullptr;
     DT_CHECK(ConfigError, k != nullptr, "unknown escape '\\", std::string(e ? 1 : 0, e),
-             "' in the quoted value ", value, " (\\\\, \\\", \\n, \\r, \\t)");
+             "' in the quoted value ", value, " (\\\\, \\\", \\n, \\r, \\t, \\xHH)");
     out += to[k - from];
   }
   return out;

@@ -1,3 +1,4 @@
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
@@ -493,6 +494,26 @@ void check_same_options(Comm& world, const std::string& options,
              ") is unknown to rank 0's dt_train: every rank must run the same dt_train");
 }
 
+namespace {
+// The step log (--train.log-file), opened for appending: a FIFO that nobody reads is refused
+// (O_NONBLOCK: ENXIO) instead of blocking the start, as is the training data itself (the log
+// would be appended to it). The descriptor is blocking again on return.
+int open_step_log(const std::string& path, const std::string& data_path) {
+  struct stat log_st {
+  }, data_st{};
+  DT_CHECK(ConfigError,
+           !(::stat(path.c_str(), &log_st) == 0 && ::stat(data_path.c_str(), &data_st) == 0 &&
+             log_st.st_dev == data_st.st_dev && log_st.st_ino == data_st.st_ino),
+           "option --train.log-file: ", path, " is the training data (--data.path=", data_path,
+           "): the step log would be appended to it");
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0666);
+  DT_CHECK(ConfigError, fd >= 0, "option --train.log-file: cannot open ", path, " for appending: ",
+           errno == ENXIO ? std::string("a FIFO that no process reads") : std::strerror(errno));
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+}  // namespace
+
 TokenFile validate_and_load(TrainConfig& c) {
   DT_CHECK(ConfigError, !c.data_path.empty(), "option --data.path is required (a text file or an ",
            "llm.c token file)");
@@ -513,6 +534,8 @@ TokenFile validate_and_load(TrainConfig& c) {
              given, " (drop --parallel.auto to choose the layout yourself)");
   }
   parse_size("mem.limit", c.mem_limit);
+  // Rank 0 alone writes the step log: its node alone is asked.
+  if (!c.log_file.empty() && launcher_rank() <= 0) ::close(open_step_log(c.log_file, c.data_path));
   DT_CHECK(ConfigError, !c.ckpt_resume.empty(),
            "option --ckpt.resume is empty: expected auto (the newest checkpoint in --ckpt.dir), "
            "none, or a checkpoint file");
@@ -542,10 +565,10 @@ TokenFile validate_and_load(TrainConfig& c) {
   // Refused where the fall comes within the run; a decay past the run's end changes nothing in
   // it (and is what --print-config writes for a run whose warmup outlasts it).
   DT_CHECK(ConfigError,
-           c.optim.decay_steps == 0 || c.optim.decay_steps >= c.optim.warmup ||
+           c.optim.decay_steps == 0 || c.optim.decay_steps > c.optim.warmup ||
                c.optim.decay_steps >= c.steps,
            "option --optim.decay-steps: ", c.optim.decay_steps,
-           " is below --optim.warmup=", c.optim.warmup,
+           " is not above --optim.warmup=", c.optim.warmup,
            " (the learning rate would fall before it reached --optim.lr)");
   if (c.optim.decay_steps == 0) c.optim.decay_steps = c.steps;
   DT_CHECK(ConfigError, c.test_hold_at_step <= c.steps,
@@ -1911,7 +1934,9 @@ int Trainer::run() {
   }
   std::FILE* jsonl = nullptr;
   if (lead && !c_.log_file.empty()) {
-    jsonl = std::fopen(c_.log_file.c_str(), "a");
+    const int fd = open_step_log(c_.log_file, c_.data_path);
+    jsonl = ::fdopen(fd, "a");
+    if (jsonl == nullptr) ::close(fd);
     DT_CHECK(ConfigError, jsonl != nullptr, "option --train.log-file: cannot open ", c_.log_file,
              " for appending");
   }

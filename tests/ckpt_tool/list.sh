@@ -53,4 +53,8 @@ expect_line "^ +7 +step-007\.h5 +[0-9.]+ +NO *$"
 expect_line "^  step-007\.h5: holds step 4, its name says step 7 \(renamed or copied by hand\?\)$"
 expect_line "^note: $named/latest is a directory, not the file naming the newest checkpoint"
 expect_count 0 "missing or unreadable"
+# verify of that file says the same (it said "ok").
+run "$DT_CKPT" verify "$named/step-007.h5"
+expect_rc 1 "verify of a checkpoint whose name says another step"
+expect_line "^  holds step 4, its name says step 7 \(renamed or copied by hand\?\)$"
 pass "list"

@@ -386,7 +386,9 @@ TEST_CASE("Options: dump reads back as the same settings") {
   for (const std::string& name :
        {std::string("plain"), std::string("\n"), std::string("  lead # not a comment ; x = y"),
         std::string("tab\there\r"), std::string("\"quoted\" and \\back\\"), std::string("#first"),
-        std::string(";first"), std::string("trail "), std::string("run#3")}) {
+        std::string(";first"), std::string("trail "), std::string("run#3"),
+        std::string("ctl\x01x\x7f"
+                    "end")}) {
     App a;
     const std::string arg = "--name=" + name;
     REQUIRE(a.parse({arg.c_str(), "--check.iters=9"}));
@@ -401,6 +403,11 @@ TEST_CASE("Options: dump reads back as the same settings") {
   App a;
   REQUIRE(a.parse({"--name=\n"}));
   CHECK(a.opts.dump().rfind("name = \"\\n\"\n", 0) == 0);
+  App ctl;
+  REQUIRE(
+      ctl.parse({"--name=a\x01"
+                 "b"}));
+  CHECK(ctl.opts.dump().rfind("name = \"a\\x01b\"\n", 0) == 0);
   auto check_file = [&](const std::string& text, std::vector<std::string> needles) {
     const std::string arg = "--config=" + dir.write("q.ini", text);
     expect_error({arg.c_str()}, needles);
