@@ -2024,8 +2024,9 @@ int Trainer::run() {
     if (engine_) engine_->set_graphs(false);
   }
   // Sampling runs the whole model on rank 0: the graph engine's shards are assembled first.
-  if (engine_ && c_.sample_tokens > 0 && first_step < c_.steps) gather_state();
-  if (zero_ && model_ && !model_->param_data() && c_.sample_tokens > 0 && first_step < c_.steps)
+  // (Also when nothing was left to train: sampling from a finished run's checkpoint.)
+  if (engine_ && c_.sample_tokens > 0) gather_state();
+  if (zero_ && model_ && !model_->param_data() && c_.sample_tokens > 0)
     full_state_ = zero_->gather_master();
   report_peak_memory();
   // Rank 0 samples alone while the others wait in the barrier below, as long as it takes (a long
@@ -2065,6 +2066,8 @@ int Trainer::run() {
           skipped >= c_.steps ? "warning: nothing was trained: " : "",
           static_cast<long long>(skipped), static_cast<long>(c_.steps), c_.dtype.c_str(), scale);
     }
+  }
+  if (lead) {
     if (c_.sample_tokens > 0) {
       // What the ids mean is the data's format, not the model's vocabulary (a byte file may
       // train a model of more than 256 ids; those print as "\{N}").

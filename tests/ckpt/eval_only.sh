@@ -43,6 +43,18 @@ case "$MODE" in
     la=$(eval_loss EA)
     if [ -n "$la" ]; then steplog close "$la" "$l2" 1e-6; else fail "EA: no eval-only loss"; fi
     [ "$(files_in D)" = "$before" ] || fail "D changed: $before -> $(files_in D)"
+    # A finished run's checkpoint: nothing to train, and the sample asked for is still printed
+    # (the same on 2 ranks through the pipeline engine, which assembles its stages first).
+    for L in "" pp; do
+      layout=()
+      [ "$L" = pp ] && layout=(--parallel.pp=2)
+      train S$L 2 --ckpt.resume="$WORK/D/step-4.h5" --train.steps=4 --sample.tokens=30 "${layout[@]}"
+      expect_rc S$L 0
+      expect_line S$L "nothing to train: the checkpoint is at step 4"
+      expect_line S$L "^dt_train: sample:"
+    done
+    [ "$(grep -A2 '^dt_train: sample:' S.out)" = "$(grep -A2 '^dt_train: sample:' Spp.out)" ] ||
+      fail "the samples of the fused model and the pipeline differ"
     # No checkpoint at all.
     train N 1 --eval-only --eval.sequences=8
     expect_rc N 2
