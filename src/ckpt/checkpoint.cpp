@@ -1705,6 +1705,21 @@ struct Opened {
   std::int64_t version = 0;  ///< format_version
 };
 
+// Why HDF5 could not open `path`, by its first bytes: a file with HDF5's signature is damaged; one
+// without is no checkpoint at all (a safetensors file, named as such: dt_ckpt import brings it in).
+std::string not_hdf5_why(const std::string& path) {
+  static const unsigned char kSignature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  unsigned char head[9] = {};
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(head), sizeof head);
+  const std::streamsize got = in.gcount();
+  if (got >= 8 && std::memcmp(head, kSignature, 8) == 0)
+    return "not a readable HDF5 file (truncated or damaged)";
+  if (got == 9 && head[8] == '{')
+    return "a safetensors file, not a dt checkpoint (dt_ckpt import makes one of it)";
+  return "not a dt checkpoint (no HDF5 signature at its start)";
+}
+
 Opened open_read(MpiComm& mc, const std::string& path) {
   static const Quiet quiet;
   struct stat st;
@@ -1726,8 +1741,7 @@ Opened open_read(MpiComm& mc, const std::string& path) {
   o.fapl = file_access(mc.handle(), path);
   o.file = H5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, o.fapl), H5Fclose);
   if (o.file.get() < 0)
-    DT_THROW(CheckpointError, path,
-             ": not a readable HDF5 file (truncated or damaged): ", h5_message());
+    DT_THROW(CheckpointError, path, ": ", not_hdf5_why(path), ": ", h5_message());
   o.dxpl = data_xfer(path);
   H5 root(h5(H5Gopen2(o.file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
   const std::string fmt = string_attr_or_empty(root, "format", path);
