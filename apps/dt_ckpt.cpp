@@ -481,8 +481,8 @@ int cmd_list(dt::Runtime& rt, const Args& a) {
     else if (!latest.empty() &&
              std::none_of(entries.begin(), entries.end(),
                           [&](const dt::CkptEntry& e) { return e.path == latest; }))
-      std::printf("note: %s/latest names %s, which does not exist\n", a.input.c_str(),
-                  latest.c_str());
+      std::printf("note: %s, which does not exist\n",
+                  dt::latest_described(a.input, latest).c_str());
     for (const auto& n : notes) std::printf("  %s\n", n.c_str());
     if (!set_aside.empty())
       std::printf(

@@ -186,8 +186,11 @@ std::vector<std::string> list_partials(const std::string& dir);
 /// The checkpoints set aside as another line of training (step-N.h5.superseded[.K]), by name.
 std::vector<std::string> list_set_aside(const std::string& dir);
 /// The file `dir/latest` points to ("" if missing or unreadable; where it holds no file name,
-/// such as binary bytes or a path, a description "dir/(latest holds no file name: N bytes)").
+/// such as binary bytes or a path, a description "dir/(latest holds ...)").
 std::string read_latest(const std::string& dir);
+/// "the pointer DIR/latest names FILE", or for read_latest's description "the pointer
+/// DIR/latest holds ...", for messages.
+std::string latest_described(const std::string& dir, const std::string& latest);
 
 /// Resolves --ckpt.resume: "none" -> "", a path -> that path, "auto" -> the newest checkpoint of
 /// `dir` that loads and verifies (the one `latest` names first), from the list rank 0 reads.

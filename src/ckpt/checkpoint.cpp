@@ -1683,6 +1683,14 @@ std::vector<std::string> list_set_aside(const std::string& dir) {
   return out;
 }
 
+std::string latest_described(const std::string& dir, const std::string& latest) {
+  const std::string mark = dir + "/(latest ";
+  if (latest.rfind(mark, 0) == 0 && latest.back() == ')')  // read_latest's description
+    return "the pointer " + dir + "/latest " +
+           latest.substr(mark.size(), latest.size() - mark.size() - 1);
+  return "the pointer " + dir + "/latest names " + latest;
+}
+
 std::string read_latest(const std::string& dir) {
   std::ifstream in(dir + "/latest");
   std::string name;
@@ -1691,8 +1699,13 @@ std::string read_latest(const std::string& dir) {
   // not echoed: it names no checkpoint either way.
   const bool printable = std::all_of(name.begin(), name.end(),
                                      [](char ch) { return ch > ' ' && ch < 127 && ch != '/'; });
-  if (!printable || name.size() > 255)
-    return dir + "/(latest holds no file name: " + std::to_string(name.size()) + " bytes)";
+  if (!printable || name.size() > 255) {
+    const bool path = name.size() <= 255 && std::all_of(name.begin(), name.end(), [](char ch) {
+                        return ch > ' ' && ch < 127;
+                      });
+    return dir + (path ? "/(latest holds the path " + name + ", not a file name of the folder)"
+                       : "/(latest holds no file name: " + std::to_string(name.size()) + " bytes)");
+  }
   return dir + "/" + name;
 }
 
@@ -2340,8 +2353,7 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
           path, ": its step attribute is ", m.step,
           ", not the step its name says (a file renamed or copied over another)");
       if (!latest.empty() && latest != path)
-        log("the pointer " + dir + "/latest names " + latest + ", which is not usable; using " +
-            path);
+        log(latest_described(dir, latest) + ", which is not usable; using " + path);
       *used = path;
       return m;
     } catch (const CheckpointError& err) {

@@ -111,10 +111,19 @@ case "$MODE" in
     { printf '\001\376'; head -c 4094 /dev/urandom | tr -d '\n'; } >D/latest
     train R 2 --train.steps=8 --ckpt.dir=D --train.log-file=R.jsonl
     expect_rc R 0
-    expect_line R "the pointer .*D/latest names .*D/\(latest holds no file name: [0-9]+ bytes\), which is not usable; using .*D/step-6\.h5"
+    expect_line R "the pointer .*D/latest holds no file name: [0-9]+ bytes, which is not usable; using .*D/step-6\.h5"
     expect_line R "resumed from .*D/step-6\.h5 at step 6 "
     [ "$(wc -c <R.out)" -lt 20000 ] || fail "R.out holds $(wc -c <R.out) bytes: the pointer was echoed?"
     expect_latest D step-8.h5
+    ;;
+  latest_path)
+    # latest edited to hold a path (to another folder's checkpoint): named as a path, not
+    # followed; the newest valid file of this folder is used.
+    echo "../elsewhere/step-3.h5" >D/latest
+    train R 2 --train.steps=8 --ckpt.dir=D --train.log-file=R.jsonl
+    expect_rc R 0
+    expect_line R "the pointer .*D/latest holds the path \.\./elsewhere/step-3\.h5, not a file name of the folder, which is not usable; using .*D/step-6\.h5"
+    expect_line R "resumed from .*D/step-6\.h5 at step 6 "
     ;;
   renamed)
     # A complete older file under a newer name, named by latest: its step attribute gives it away.
