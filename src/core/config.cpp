@@ -57,12 +57,15 @@ Options::Options(std::string program, std::string summary) : impl_(std::make_uni
 Options::~Options() = default;
 
 namespace {
+// A control byte: below a space, or DEL.
+bool control_byte(unsigned char c) { return c < 0x20 || c == 0x7f; }
+
 // Whether a value must be written in quotes to read back the same from a config file: it holds a
 // line break, a tab, a '"' first, a comment (" #") or spaces at either end, or starts as a comment.
 bool needs_quotes(const std::string& v) {
   if (v.empty()) return false;
   for (unsigned char c : v)
-    if (c < 0x20 || c == 0x7f) return true;  // a line break, a tab, any control byte
+    if (control_byte(c)) return true;  // a line break, a tab, any control byte
   if (v.front() == '"' || v.front() == '#' || v.front() == ';' || v.front() == ' ' ||
       v.back() == ' ')
     return true;
@@ -89,7 +92,7 @@ std::string in_quotes(const std::string& v) {
         q += "\\t";
         break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+        if (control_byte(static_cast<unsigned char>(c))) {
           char hex[8];
           std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(c));
           q += hex;
@@ -306,7 +309,7 @@ po::parsed_options read_ini(std::istream& in, const po::options_description& des
     if (no == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 BOM
     // Text only: a binary file (a program given as --config, say) is named, not echoed.
     for (unsigned char ch : line)
-      if ((ch < 0x20 && ch != '\t' && ch != '\r') || ch == 0x7f) {
+      if (control_byte(ch) && ch != '\t' && ch != '\r') {
         char hex[8];
         std::snprintf(hex, sizeof hex, "0x%02x", ch);
         DT_THROW(ConfigError, "config file '", path, "' is not a text file (byte ", hex,

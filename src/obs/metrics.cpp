@@ -21,7 +21,6 @@
 #include <map>
 #include <mutex>
 #include <shared_mutex>
-#include <stdexcept>
 #include <thread>
 
 #include "dt/error.hpp"
@@ -522,17 +521,16 @@ struct Exporter::Impl {
   struct Serving {
     httplib::Server server;
     std::thread thread;
-    std::promise<void> done;  // set when the server's thread ends
-    std::shared_mutex gate;   // handlers read the registry under it while `closed` is false
-    bool closed = false;
-    std::atomic<bool> closing{false};  // set first: handlers no longer queue for the gate
+    std::promise<void> done;           // set when the server's thread ends
+    std::shared_mutex gate;            // handlers read the registry under it
+    std::atomic<bool> closing{false};  // handlers answer 503, before the gate and under it
     Registry* reg = nullptr;
   };
   std::unique_ptr<Serving> serving;
 
   std::mutex mu;
   std::condition_variable cv;
-  bool pending = false, stopping = false;
+  bool pending = false;
   std::thread worker;
   std::timed_mutex export_mu;         // one export at a time (worker and publish_now)
   std::mutex active_mu;               // guards `active`
@@ -652,8 +650,8 @@ struct Exporter::Impl {
   void run_worker() {
     std::unique_lock<std::mutex> lock(mu);
     for (;;) {
-      cv.wait(lock, [this] { return pending || stopping; });
-      if (stopping) return;
+      cv.wait(lock, [this] { return pending || closing.load(); });
+      if (closing.load()) return;
       pending = false;
       lock.unlock();
       export_once();
@@ -729,7 +727,7 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
         return;
       }
       std::shared_lock<std::shared_mutex> open(sv->gate);
-      if (sv->closed) {
+      if (sv->closing.load()) {
         res.status = 503;
         return;
       }
@@ -777,10 +775,9 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
 
 Exporter::~Exporter() {
   Impl& m = *impl_;
-  m.closing = true;
   {
-    std::lock_guard<std::mutex> lock(m.mu);
-    m.stopping = true;
+    std::lock_guard<std::mutex> lock(m.mu);  // the worker's wait reads it under mu
+    m.closing = true;
   }
   m.cv.notify_all();
   // A push in flight is stopped (its values were published since, or never will be), again
@@ -795,10 +792,8 @@ Exporter::~Exporter() {
     sv.closing = true;  // new requests get 503 without queueing for the gate
     std::future<void> ended = sv.done.get_future();
     sv.server.stop();
-    {
-      std::unique_lock<std::shared_mutex> shut(sv.gate);  // a scrape being answered ends first
-      sv.closed = true;
-    }
+    // A scrape that passed the check before `closing` was set ends first; later ones see it.
+    { const std::unique_lock<std::shared_mutex> shut(sv.gate); }
     // The server's thread ends once its connections have: a client that never finishes its
     // request would hold the exit. After a second it is left to the process's end, with the
     // server it uses (deliberately not freed); its handlers no longer read the registry.

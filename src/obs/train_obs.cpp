@@ -205,19 +205,15 @@ void TrainTelemetry::publish_now() noexcept {
 }
 
 void TrainTelemetry::finish() noexcept {
-  try {
-    // The last push waits for the gateway like every other: said where a push failed or still
-    // waits, as a gateway that never answers holds the exit for that long (the push in flight,
-    // which sends older values, is stopped).
-    if (exporter_->push_waits())
-      std::fprintf(stderr,
-                   "dt_train: rank %d: the last metrics push waits up to %g s for the "
-                   "Pushgateway (--metrics.push-timeout-s), which has failed or not yet answered\n",
-                   rank_, exporter_->push_timeout_s());
-    exporter_->publish_now();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dt_train: rank %d: warning: metrics not exported: %s\n", rank_, e.what());
-  }
+  // The last push waits for the gateway like every other: said where a push failed or still
+  // waits, as a gateway that never answers holds the exit for that long (the push in flight,
+  // which sends older values, is stopped).
+  if (exporter_->push_waits())
+    std::fprintf(stderr,
+                 "dt_train: rank %d: the last metrics push waits up to %g s for the "
+                 "Pushgateway (--metrics.push-timeout-s), which has failed or not yet answered\n",
+                 rank_, exporter_->push_timeout_s());
+  publish_now();
   if (tracing_) {
     try {
       const std::string path = trace::write();

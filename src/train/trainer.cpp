@@ -1175,7 +1175,7 @@ StepStats Trainer::step() {
   // gradients here are already reduced, so an Inf that rank contributed is in every replica:
   // every rank writes it (one rank alone would make replicas disagree, which no real overflow
   // does, and ranks whose norm does not count that copy would step on).
-  if (c_.test_inject_inf_rank >= 0 && c_.test_inject_inf_rank < comm_.size() &&
+  if (c_.test_inject_inf_rank >= 0 &&  // (a rank of the job: checked in the constructor)
       (scaler_ == nullptr || c_.test_inject_inf_rank == comm_.rank()) &&
       (since == 0 || (every > 0 && since > 0 && since % every == 0))) {
     const float inf = INFINITY;
