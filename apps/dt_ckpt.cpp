@@ -23,7 +23,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cinttypes>
 #include <cmath>
@@ -544,12 +543,8 @@ int verify_and_report(dt::Runtime& rt, const Args& a, const std::string& path,
   const std::string enc = p.opens ? dt::checkpoint_encryption(path) : "";
   auto problems = dt::verify_file(rt.world(), path, keys);
   if (problems.empty() && p.opens) {
-    const std::string base = path.substr(path.find_last_of('/') + 1);
-    std::int64_t named = -1;
-    int end = 0;
-    if (base.size() > 8 && std::isdigit(static_cast<unsigned char>(base[5])) &&
-        std::sscanf(base.c_str(), "step-%" SCNd64 "%n", &named, &end) == 1 &&
-        base.substr(static_cast<std::size_t>(end)) == ".h5") {
+    const std::int64_t named = dt::checkpoint_step_of_name(path);
+    if (named >= 0) {
       const std::string wrong = name_disagrees(path, named);
       if (!wrong.empty()) problems.push_back(wrong);
     }

@@ -181,6 +181,9 @@ struct CkptEntry {
   std::uint64_t bytes = 0;
 };
 std::vector<CkptEntry> list_checkpoints(const std::string& dir);
+/// The step N of a checkpoint file named step-N.h5 (the name alone, or a path), or -1 for any
+/// other name.
+std::int64_t checkpoint_step_of_name(const std::string& path);
 /// The step-N.h5.partial leftovers of interrupted saves.
 std::vector<std::string> list_partials(const std::string& dir);
 /// The checkpoints set aside as another line of training (step-N.h5.superseded[.K]), by name.

@@ -1644,6 +1644,11 @@ bool parse_step(const std::string& name, const std::string& suffix, std::int64_t
 }
 }  // namespace
 
+std::int64_t checkpoint_step_of_name(const std::string& path) {
+  std::int64_t step = -1;
+  return parse_step(path.substr(path.find_last_of('/') + 1), ".h5", &step) ? step : -1;
+}
+
 std::vector<CkptEntry> list_checkpoints(const std::string& dir) {
   std::vector<CkptEntry> out;
   for (const auto& name : dir_entries(dir)) {
@@ -2346,12 +2351,9 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
   for (const auto& path : order) {
     try {
       CkptMeta m = load_checkpoint(comm, path, tensors, keys);
-      std::int64_t named = -1;
-      DT_CHECK(
-          CheckpointError,
-          parse_step(path.substr(path.find_last_of('/') + 1), ".h5", &named) && named == m.step,
-          path, ": its step attribute is ", m.step,
-          ", not the step its name says (a file renamed or copied over another)");
+      DT_CHECK(CheckpointError, checkpoint_step_of_name(path) == m.step, path,
+               ": its step attribute is ", m.step,
+               ", not the step its name says (a file renamed or copied over another)");
       if (!latest.empty() && latest != path)
         log(latest_described(dir, latest) + ", which is not usable; using " + path);
       *used = path;
