@@ -71,7 +71,8 @@ class Options {
 /// message goes out in one write, so that the lines of ranks failing together do not interleave;
 /// with `quiet` it is not printed at all (the exit code stays 2): for the ranks other than the
 /// launcher's rank 0 (see launcher_rank) when the error can only come from the command line,
-/// which every rank shares.
+/// which every rank shares. A quiet rank returns after 2 s: mpiexec ends the job at the first
+/// non-zero exit, and would otherwise kill rank 0 before it printed the error.
 int run_with_config_errors(const char* program, const std::function<int()>& body,
                            bool quiet = false);
 

@@ -7,6 +7,7 @@
 #include <boost/program_options.hpp>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include <limits>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <type_traits>
 
 #include "dt/error.hpp"
@@ -450,7 +452,12 @@ int run_with_config_errors(const char* program, const std::function<int()>& body
   try {
     return body();
   } catch (const ConfigError& e) {
-    if (quiet) return 2;
+    if (quiet) {
+      // The reporting rank must print first: mpiexec ends the whole job at the first non-zero
+      // exit, and a quiet rank that left at once could take the report down with it.
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      return 2;
+    }
     const std::string p = program;
     const std::string text = p + ": error: " + e.message() + "\n" + p + ": run '" + p +
                              " --help' for the list of options\n";
