@@ -69,10 +69,10 @@ class Options {
 
 /// Runs `body` and maps a ConfigError to "PROGRAM: error: ..." on stderr and exit code 2. The
 /// message goes out in one write, so that the lines of ranks failing together do not interleave;
-/// with `quiet` it is not printed at all (the exit code stays 2): for the ranks other than the
-/// launcher's rank 0 (see launcher_rank) when the error can only come from the command line,
-/// which every rank shares. A quiet rank returns after 2 s: mpiexec ends the job at the first
-/// non-zero exit, and would otherwise kill rank 0 before it printed the error.
+/// with `quiet` it is not printed at all (the exit code stays 2): for the ranks that share what
+/// the error can come from with a rank that prints it (see quiet_option_errors). A quiet rank
+/// returns after 2 s: mpiexec ends the job at the first non-zero exit, and would otherwise kill
+/// the reporting rank before it printed the error.
 int run_with_config_errors(const char* program, const std::function<int()>& body,
                            bool quiet = false);
 
@@ -80,10 +80,15 @@ int run_with_config_errors(const char* program, const std::function<int()>& body
 /// PMI_RANK or SLURM_PROCID, the first that is set and a number); -1 when none is.
 int launcher_rank();
 
-/// The `quiet` of run_with_config_errors for a program started with argv: true on the ranks other
-/// than the launcher's rank 0 when no --config is given, as then an option error comes from the
-/// command line, which every rank shares (a config file is read on each rank's node, and every
-/// rank reports its own).
+/// This process's rank among the job's ranks on its node, as the launcher gave it before MPI
+/// starts (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID); -1 when none is set.
+int launcher_local_rank();
+
+/// The `quiet` of run_with_config_errors for a program started with argv, so that an option error
+/// is printed once where every rank sees the same input. Without --config the input is the command
+/// line, which every rank shares: only the launcher's rank 0 prints. A config file is read on each
+/// rank's node and may differ between nodes: the first rank of each node prints (local rank 0),
+/// and a rank whose local rank is not known prints too.
 bool quiet_option_errors(int argc, const char* const* argv);
 
 /// "64M", "1.5G", "8", "2GiB", "16KB", "1T": bytes with an optional binary K, M, G or T suffix

@@ -15,6 +15,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -468,8 +469,11 @@ int run_with_config_errors(const char* program, const std::function<int()>& body
   }
 }
 
-int launcher_rank() {
-  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+namespace {
+
+// The first of `names` that is set to a number from 0 to INT_MAX; -1 when none is.
+int first_number_of(std::initializer_list<const char*> names) {
+  for (const char* name : names) {
     const char* v = std::getenv(name);
     if (!v || !*v) continue;
     char* end = nullptr;
@@ -479,10 +483,21 @@ int launcher_rank() {
   return -1;
 }
 
+}  // namespace
+
+int launcher_rank() {
+  return first_number_of({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"});
+}
+
+int launcher_local_rank() {
+  return first_number_of({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"});
+}
+
 bool quiet_option_errors(int argc, const char* const* argv) {
+  if (launcher_rank() <= 0) return false;
   for (int i = 1; i < argc; ++i)
-    if (std::strncmp(argv[i], "--config", 8) == 0) return false;
-  return launcher_rank() > 0;
+    if (std::strncmp(argv[i], "--config", 8) == 0) return launcher_local_rank() > 0;
+  return true;
 }
 
 std::uint64_t parse_size(const std::string& option, const std::string& text) {
