@@ -512,6 +512,31 @@ int open_step_log(const std::string& path, const std::string& data_path) {
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
 }
+
+// A stall seam that the run's schedule never reaches would pass a test silently: refused.
+// (A run resumed past test.skip-step starts after it too; that is not known before the resume.)
+void check_stall_seams(const TrainConfig& c) {
+  const std::int64_t k = c.test_skip_step;
+  const std::string at = "option --test.skip-step: " + std::to_string(k);
+  if (c.test_skip_collective >= 0)
+    DT_CHECK(ConfigError, k < c.steps, at, " is not before the last step (--train.steps=", c.steps,
+             "): --test.skip-collective skips the loss all_reduce of step ", k + 1);
+  if (c.test_stall_rank < 0 || c.eval_only) return;
+  if (c.test_stall_at == "step") {
+    DT_CHECK(ConfigError, k < c.steps, at, " is not before the last step (--train.steps=", c.steps,
+             "): --test.stall-rank stops before step ", k + 1);
+    return;
+  }
+  DT_CHECK(ConfigError, c.val_fraction > 0,
+           "option --test.stall-at=evaluation: there is no evaluation with --data.val-fraction=0");
+  const bool evaluated =
+      k <= c.steps && (k == 0 || k == c.steps || (c.eval_every > 0 && k % c.eval_every == 0));
+  DT_CHECK(ConfigError, evaluated, at,
+           ": no evaluation follows that step, so --test.stall-at=evaluation would never stop "
+           "(evaluations come before the first step, every --train.eval-every=",
+           c.eval_every, " steps and after the last, --train.steps=", c.steps, ")");
+}
+
 }  // namespace
 
 TokenFile validate_and_load(TrainConfig& c) {
@@ -540,6 +565,7 @@ TokenFile validate_and_load(TrainConfig& c) {
            "option --ckpt.resume is empty: expected auto (the newest checkpoint in --ckpt.dir), "
            "none, or a checkpoint file");
   security::parse_tamper(c.test_tamper, "test.tamper");
+  check_stall_seams(c);
   if (!c.metrics_push_auth_file.empty()) {
     DT_CHECK(ConfigError, !c.metrics_push_url.empty(),
              "option --metrics.push-auth-file is given without --metrics.push-url");
