@@ -47,6 +47,7 @@ struct TrainConfig {
   std::int64_t sample_tokens = 0;
   double sample_temperature = 0.8;
   std::string sample_prompt = "\n";
+  std::string sample_prompt_ids;  ///< "ID,ID,...": token ids that start the sample instead
   std::string device = "cpu";
   std::string plugin_path;
   std::int64_t device_index = -1;  ///< -1: the local rank modulo the plugin's device count
@@ -154,6 +155,15 @@ void add_train_options(Options& o, TrainConfig& c);
 /// Checks everything that does not need MPI and loads the data: throws dt::ConfigError naming
 /// the option and value. Call on every rank before the runtime starts.
 TokenFile validate_and_load(TrainConfig& c);
+
+/// GPT-2's end-of-text token, which separates documents in its token files.
+inline constexpr std::int32_t kGpt2EndOfText = 50256;
+
+/// The tokens that start the sample of a run on data of `format`: --sample.prompt-ids when given,
+/// else the bytes of --sample.prompt for byte data, else GPT-2's end-of-text token (token 0 for a
+/// vocabulary without it). Throws dt::ConfigError naming the option for an id or byte that the
+/// model's vocabulary lacks (validate_and_load checks it before anything is allocated).
+std::vector<std::int32_t> sample_prompt_tokens(const TrainConfig& c, const std::string& format);
 
 /// Collective over `world`: every rank holds the data rank 0 holds (format, token count and
 /// token_digest), else throws dt::ConfigError on each rank that differs, naming `path`, its host

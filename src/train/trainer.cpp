@@ -146,7 +146,12 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("sample.tokens", &c.sample_tokens, 0, "tokens to generate at the end (0: none)", 0L,
            1L << 20)
       .add("sample.temperature", &c.sample_temperature, 0.8, "sampling temperature", 1e-3, 100.0)
-      .add("sample.prompt", &c.sample_prompt, "\n", "text that starts the sample (byte vocab)")
+      .add("sample.prompt", &c.sample_prompt, "\n",
+           "text that starts the sample (byte data; token data starts from GPT-2's end-of-text "
+           "token 50256)")
+      .add("sample.prompt-ids", &c.sample_prompt_ids, "",
+           "token ids that start the sample instead of --sample.prompt, comma-separated "
+           "(e.g. 50256,464,3290), each below --model.vocab")
       .add("runtime.device", &c.device, "cpu",
            "device plugin: cpu (built in) or NAME for libdt_hal_NAME.so")
       .node_local()
@@ -539,6 +544,45 @@ void check_stall_seams(const TrainConfig& c) {
 
 }  // namespace
 
+std::vector<std::int32_t> sample_prompt_tokens(const TrainConfig& c, const std::string& format) {
+  const std::int64_t V = c.model.vocab;
+  std::vector<std::int32_t> ids;
+  if (!c.sample_prompt_ids.empty()) {
+    std::size_t at = 0;
+    for (;;) {
+      const std::size_t comma = c.sample_prompt_ids.find(',', at);
+      const std::string item = c.sample_prompt_ids.substr(at, comma - at);
+      char* end = nullptr;
+      errno = 0;
+      const long long v = std::strtoll(item.c_str(), &end, 10);
+      DT_CHECK(ConfigError,
+               !item.empty() && std::isdigit(static_cast<unsigned char>(item[0])) && *end == '\0' &&
+                   errno == 0 && v < V,
+               "option --sample.prompt-ids: '", item, "' (item ", ids.size() + 1,
+               ") is not a token id: expected comma-separated whole numbers from 0 to ", V - 1,
+               " (--model.vocab=", V, ")");
+      ids.push_back(static_cast<std::int32_t>(v));
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+    return ids;
+  }
+  if (format != "bytes")
+    return {static_cast<std::int32_t>(V > kGpt2EndOfText ? kGpt2EndOfText : 0)};
+  for (std::size_t k = 0; k < c.sample_prompt.size(); ++k) {
+    const auto b = static_cast<unsigned char>(c.sample_prompt[k]);
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02X", b);
+    DT_CHECK(ConfigError, b < V, "option --sample.prompt: byte ", hex, " (byte ", k + 1,
+             " of the prompt) is outside the model's vocabulary (--model.vocab=", V,
+             "): give a prompt of bytes below ", V, " or a larger --model.vocab");
+    ids.push_back(b);
+  }
+  return ids;
+}
+
+namespace {}  // namespace
+
 TokenFile validate_and_load(TrainConfig& c) {
   DT_CHECK(ConfigError, !c.data_path.empty(), "option --data.path is required (a text file or an ",
            "llm.c token file)");
@@ -611,6 +655,7 @@ TokenFile validate_and_load(TrainConfig& c) {
            " is too small for ", c.data_path, ", whose largest token is ",
            data.max_token_plus_one - 1, ": give --model.vocab=", data.max_token_plus_one,
            " or more");
+  if (c.sample_tokens > 0) sample_prompt_tokens(c, data.format);  // refused now, not after training
   const Split s = split(data, c.val_fraction);
   // Constructing these checks that seq-len fits both parts (ConfigError naming the numbers).
   Sampler(data.data(s.train), s.train.size(), c.model.block, static_cast<std::uint64_t>(c.seed),
@@ -1868,11 +1913,12 @@ int Trainer::run() {
                 data_.format.c_str(), data_.size(), split_.train.size(), split_.val.size());
     if (!plan_->why.empty()) std::printf("dt_train: %s\n", plan_->why.c_str());
     if (!data_.note.empty()) std::printf("dt_train: warning: %s\n", data_.note.c_str());
-    if (c_.sample_tokens > 0 && data_.format != "bytes" && c_.sample_prompt != "\n")
+    if (c_.sample_tokens > 0 && data_.format != "bytes" && c_.sample_prompt != "\n" &&
+        c_.sample_prompt_ids.empty())
       std::printf(
           "dt_train: warning: --sample.prompt is text, which only byte data reads: the "
-          "sample of this %s data starts without a prompt\n",
-          data_.format.c_str());
+          "sample of this %s data starts from token %d (--sample.prompt-ids takes token ids)\n",
+          data_.format.c_str(), sample_prompt_tokens(c_, data_.format).front());
     if (!c_.eval_only && c_.optim.warmup >= c_.steps)
       std::printf(
           "dt_train: warning: --optim.warmup=%ld is not below --train.steps=%ld: the learning "
@@ -2098,16 +2144,16 @@ int Trainer::run() {
       // What the ids mean is the data's format, not the model's vocabulary (a byte file may
       // train a model of more than 256 ids; those print as "\{N}").
       const bool bytes = data_.format == "bytes";
-      std::vector<std::int32_t> prompt;
-      if (bytes)
-        for (unsigned char ch : c_.sample_prompt) prompt.push_back(ch);
+      const std::vector<std::int32_t> prompt = sample_prompt_tokens(c_, data_.format);
       auto out = sample(prompt, c_.sample_tokens, c_.sample_temperature,
                         static_cast<std::uint64_t>(c_.seed));
       if (bytes) {
         std::printf("dt_train: sample:\n%s%s\n", decode_bytes(prompt.data(), prompt.size()).c_str(),
                     decode_bytes(out.data(), out.size()).c_str());
       } else {
-        std::printf("dt_train: sample (token ids):");
+        std::printf("dt_train: sample prompt (token ids):");
+        for (auto t : prompt) std::printf(" %d", t);
+        std::printf("\ndt_train: sample (token ids):");
         for (auto t : out) std::printf(" %d", t);
         std::printf("\n");
       }
