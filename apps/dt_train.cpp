@@ -196,6 +196,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "dt_train: warning: --train.log-file is given on other ranks but not on rank 0, "
                  "which alone writes the step log: no step log is written\n");
+  // A checkpoint of another model is refused before the device is opened and the model allocated (a
+  // typo in its size would otherwise allocate that model first, on every rank).
+  if (!phase([&] {
+        if (rt.rank() == 0) dt::check_resume_model(cfg);
+      }))
+    return 2;
   const std::string plugin_path =
       cfg.plugin_path.empty() ? dt::default_plugin_path() : cfg.plugin_path;
   // Collectives of CUDA tensors go through NCCL, bootstrapped over MPI on the trainer's stream.

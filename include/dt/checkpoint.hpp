@@ -216,6 +216,12 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
 std::vector<std::string> verify_file(Comm& comm, const std::string& path,
                                      const security::Keys* keys = nullptr);
 
+/// The settings a checkpoint file was written with (its `config` attribute, "name = value"
+/// lines), read without loading or verifying anything; "" when the file cannot be read as a dt
+/// checkpoint or records none. Not collective (plain HDF5 open): a check before the load, which
+/// stays the one that verifies.
+std::string checkpoint_config(const std::string& path);
+
 /// The encryption of a checkpoint file ("aes-256-gcm", or "" when plain). Not collective (plain
 /// HDF5 open). Throws dt::CheckpointError naming the file when it cannot be opened.
 std::string checkpoint_encryption(const std::string& path);

@@ -156,6 +156,14 @@ void add_train_options(Options& o, TrainConfig& c);
 /// the option and value. Call on every rank before the runtime starts.
 TokenFile validate_and_load(TrainConfig& c);
 
+/// The check of a resumed model before anything is allocated: the checkpoint the run would resume
+/// first (--ckpt.resume=PATH, or for auto the one the folder's `latest` names, else its newest)
+/// must have been written by a model of this run's --model.vocab, seq-len, layers, heads and embd.
+/// Throws dt::CheckpointError "checkpoint does not match the model: FILE was trained with
+/// --model.embd=32 (this run: 64), ..." naming every setting that differs; returns quietly where
+/// there is no such file or it records no settings (the load decides then). Not collective.
+void check_resume_model(const TrainConfig& c);
+
 /// GPT-2's end-of-text token, which separates documents in its token files.
 inline constexpr std::int32_t kGpt2EndOfText = 50256;
 

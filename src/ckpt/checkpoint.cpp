@@ -2255,8 +2255,18 @@ CkptMeta load_checkpoint(Comm& comm, const std::string& path,
                      [&](const CkptTensor& t) { return t.path == p.path; }))
       diff.push_back(p.path + ": in the file, not in the model");
   if (!diff.empty()) {
+    // The first tensors that differ, and the model settings the file was written with (a model
+    // of another size differs in almost every tensor: hundreds of lines would say less).
+    constexpr std::size_t kShown = 8;
     std::string msg;
-    for (const auto& d : diff) msg += "\n  " + d;
+    for (std::size_t k = 0; k < diff.size() && k < kShown; ++k) msg += "\n  " + diff[k];
+    if (diff.size() > kShown)
+      msg += "\n  ... and " + std::to_string(diff.size() - kShown) + " more";
+    std::string model;
+    std::istringstream lines(meta.config);
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind("model.", 0) == 0) model += (model.empty() ? "" : ", ") + line;
+    if (!model.empty()) msg += "\n  the file's model: " + model;
     DT_THROW(CheckpointError, "checkpoint does not match the model: ", path, " (", diff.size(),
              " tensors differ):", msg);
   }
@@ -2297,6 +2307,21 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path,
     return {e.message()};
   } catch (const SecurityError& e) {
     return {e.message()};
+  }
+}
+
+std::string checkpoint_config(const std::string& path) {
+  static const Quiet quiet;
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  try {
+    H5 f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    if (f.get() < 0) return "";
+    H5 root(h5(H5Gopen2(f, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
+    if (string_attr_or_empty(root, "format", path) != kCheckpointFormat) return "";
+    return string_attr_or_empty(root, "config", path);
+  } catch (const Error&) {
+    return "";
   }
 }
 

@@ -544,6 +544,37 @@ void check_stall_seams(const TrainConfig& c) {
 
 }  // namespace
 
+void check_resume_model(const TrainConfig& c) {
+  std::string path;
+  if (c.ckpt_resume != "auto" && c.ckpt_resume != "none") {
+    path = c.ckpt_resume;
+  } else if (c.ckpt_resume == "auto" && !c.ckpt_dir.empty()) {
+    path = read_latest(c.ckpt_dir);
+    struct stat st {};
+    if (path.empty() || ::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      const std::vector<CkptEntry> all = list_checkpoints(c.ckpt_dir);
+      path = all.empty() ? "" : all.front().path;
+    }
+  }
+  if (path.empty()) return;
+  const std::string saved = checkpoint_config(path);
+  if (saved.empty()) return;
+  std::string differ;
+  for (const auto& [name, value] :
+       {std::pair<const char*, std::int64_t>{"model.vocab", c.model.vocab},
+        {"model.seq-len", c.model.block},
+        {"model.layers", c.model.layers},
+        {"model.heads", c.model.heads},
+        {"model.embd", c.model.embd}}) {
+    const std::string was = config_value(saved, name);
+    if (!was.empty() && was != std::to_string(value))
+      differ += std::string(differ.empty() ? "" : ", ") + "--" + name + "=" + was +
+                " (this run: " + std::to_string(value) + ")";
+  }
+  DT_CHECK(CheckpointError, differ.empty(), "checkpoint does not match the model: ", path,
+           " was trained with ", differ);
+}
+
 std::vector<std::int32_t> sample_prompt_tokens(const TrainConfig& c, const std::string& format) {
   const std::int64_t V = c.model.vocab;
   std::vector<std::int32_t> ids;

@@ -541,6 +541,27 @@ void mode_refuse(dt::MpiComm& world, const std::string& dir) {
         [&] { dt::load_checkpoint(world, f, {l}); },
         {"/model/two: checksum mismatch in chunk 1 (of 2)"});
   }
+  // A checkpoint of another model: the first eight tensors that differ are named, then how many
+  // more, then the model settings the file records.
+  {
+    std::vector<float> v(64, 1.0f);
+    std::vector<dt::CkptTensor> saved, asked;
+    for (int i = 0; i < 12; ++i) {
+      const std::string name = "/model/t" + std::to_string(10 + i);
+      saved.push_back(dt::CkptTensor{name, {8}, v.data()});
+      asked.push_back(dt::CkptTensor{name, {4}, v.data()});
+    }
+    const std::string dm = dir + "/mismatch";
+    dt::CkptMeta m = meta_at(1);
+    m.config = "model.embd = 8\ntrain.steps = 3\nmodel.layers = 2\n";
+    guarded("mismatch save", [&] { dt::save_checkpoint(world, dm, saved, m, 1); });
+    const std::string msg = expect_throw<dt::CheckpointError>(
+        "another model", [&] { dt::load_checkpoint(world, dm + "/step-1.h5", asked); },
+        {"checkpoint does not match the model: " + dm + "/step-1.h5 (12 tensors differ):",
+         "\n  /model/t17: file [8], model [4]\n  ... and 4 more\n",
+         "\n  the file's model: model.embd = 8, model.layers = 2"});
+    H.expect(!contains(msg, "/model/t18"), "another model: eight tensors named", msg);
+  }
 }
 
 void mode_encrypt(dt::MpiComm& world, const std::string& dir) {
