@@ -229,6 +229,7 @@ int main(int argc, char** argv) {
         }
       }))
     return 2;
+  if (!phase([&] { dt::check_same_device_kind(rt.world(), *dev); })) return 2;
   if (!phase([&] {
         trainer = std::make_unique<dt::Trainer>(rt.world(), *dev, cfg, data, device_comm);
       }))

@@ -184,6 +184,12 @@ void check_same_data(Comm& world, const TokenFile& data, const std::string& path
 /// would write checkpoint chunks that no key opens, or fail to open rank 0's.
 void check_same_key(Comm& world, const TrainConfig& c);
 
+/// Collective over `world`: every rank's device keeps its tensors where rank 0's does (host or
+/// device memory: the communicators, gradient buffers and collectives are chosen by it), else
+/// throws dt::ConfigError on each rank that differs, naming both devices and the rank's host.
+/// Devices of one kind may differ (a node's vendor plugin of the CPU device, say).
+void check_same_device_kind(Comm& world, const Device& dev);
+
 /// Collective over `world`: every rank parsed the options rank 0 parsed (`options`: each rank's
 /// Options::dump()), else throws dt::ConfigError on each rank that differs, naming the first
 /// option that differs, its value there and on rank 0, and the rank's host (a config file that

@@ -468,6 +468,22 @@ void check_same_key(Comm& world, const TrainConfig& c) {
            "): every rank must use the same job key");
 }
 
+void check_same_device_kind(Comm& world, const Device& dev) {
+  struct Kind {
+    int host = 0;
+    std::array<char, 48> name{};
+  } mine;
+  mine.host = dev.host_memory() ? 1 : 0;
+  std::copy_n(dev.name().begin(), std::min(dev.name().size(), mine.name.size() - 1),
+              mine.name.begin());
+  const Kind first = rank0_value(world, mine);
+  auto where = [](int host) { return host ? "in host memory" : "in device memory"; };
+  DT_CHECK(ConfigError, first.host == mine.host, "option --runtime.device: '", dev.name(),
+           "' on this rank's node (", host_name(), ") keeps tensors ", where(mine.host),
+           ", rank 0's '", first.name.data(), "' ", where(first.host),
+           ": every rank must train on devices of one kind (the communicators differ)");
+}
+
 void check_same_options(Comm& world, const std::string& options,
                         const std::vector<std::string>& node_local) {
   std::uint64_t len = options.size();
