@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 #include <vector>
 
@@ -43,6 +45,33 @@ std::vector<std::string> split_path(const std::string& p) {
     if (!cur.empty()) out.push_back(cur);
   return out;
 }
+// Why the 64-bit ELF file `path` of `size` bytes is cut short ("" when it is not, or is no 64-bit
+// ELF file: dlopen judges those). dlopen maps a library's segments as the headers say, and
+// touching a page past the end of the file raises SIGBUS: a copy cut short (one still being
+// copied onto a shared file system, say) would kill the process instead of being skipped.
+std::string elf_cut_short(const std::string& path, std::uint64_t size) {
+  std::ifstream in(path, std::ios::binary);
+  Elf64_Ehdr eh{};
+  if (!in.read(reinterpret_cast<char*>(&eh), sizeof eh)) return "";
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64)
+    return "";
+  auto cut = [size](std::uint64_t end, const char* what) {
+    return "the file is cut short: " + std::string(what) + " end at byte " + std::to_string(end) +
+           ", the file has " + std::to_string(size) + " (a copy not yet complete?)";
+  };
+  const std::uint64_t ph_end = eh.e_phoff + static_cast<std::uint64_t>(eh.e_phnum) * eh.e_phentsize;
+  if (eh.e_phentsize != sizeof(Elf64_Phdr) || ph_end > size)
+    return cut(ph_end, "its program headers");
+  in.seekg(static_cast<std::streamoff>(eh.e_phoff));
+  for (int i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph{};
+    if (!in.read(reinterpret_cast<char*>(&ph), sizeof ph))
+      return cut(ph_end, "its program headers");
+    if (ph.p_type == PT_LOAD && ph.p_offset + ph.p_filesz > size)
+      return cut(ph.p_offset + ph.p_filesz, "its segments");
+  }
+  return "";
+}
 }  // namespace
 
 struct Device::Library final : detail::SharedLibrary {};
@@ -60,6 +89,11 @@ void load_from_path(const std::string& file, const std::string& search_path,
     const std::string path = dir + "/" + file;
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) continue;
+    if (const std::string why = elf_cut_short(path, static_cast<std::uint64_t>(st.st_size));
+        !why.empty()) {
+      refused.push_back(path + ": " + why);
+      continue;
+    }
     out.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (out.handle == nullptr) {
       const char* why = dlerror();
@@ -94,7 +128,16 @@ std::string default_plugin_path() {
   // Set by the dt module (modulefiles/dt): the plugins of the installation the user loaded.
   const char* env = std::getenv("DT_PLUGIN_PATH");
   std::string path = env && *env ? std::string(env) : "";
-  auto add = [&path](const std::string& dir) { path += (path.empty() ? "" : ":") + dir; };
+  // A folder named twice (the installation's lib/dt/plugins is both next to the program and
+  // next to libdt) is listed once.
+  std::vector<std::string> seen;
+  auto add = [&path, &seen](const std::string& dir) {
+    char real[PATH_MAX];
+    const std::string key = ::realpath(dir.c_str(), real) ? std::string(real) : dir;
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) return;
+    seen.push_back(key);
+    path += (path.empty() ? "" : ":") + dir;
+  };
   char exe[PATH_MAX] = {0};
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n > 0) {

@@ -4,13 +4,16 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <elf.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -218,6 +221,41 @@ TEST_CASE("a copy of a plugin that cannot be loaded is skipped for a later one i
         }).find("device 'v1only' (" + kTestPlugins + "/libdt_hal_v1only.so): add failed") !=
         std::string::npos);
   std::remove(bad.c_str());
+  rmdir(dir.c_str());
+}
+
+TEST_CASE("a copy of a plugin cut short is skipped, not loaded (dlopen would die of SIGBUS)") {
+  // The good copy's first 4096 bytes, and all but the last byte of its loaded segments, as a copy
+  // still being written leaves it: its headers read, its segments end past the end of the file.
+  char tmpl[] = "/tmp/dt-hal-test-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl, cut = dir + "/libdt_hal_cpu_v3.so";
+  std::ifstream good(kTestPlugins + "/libdt_hal_cpu_v3.so", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(good)), std::istreambuf_iterator<char>());
+  REQUIRE(bytes.size() > 8192);
+  Elf64_Ehdr eh{};
+  std::memcpy(&eh, bytes.data(), sizeof eh);
+  std::size_t loaded = 0;
+  for (int i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph{};
+    std::memcpy(&ph, bytes.data() + eh.e_phoff + i * sizeof ph, sizeof ph);
+    if (ph.p_type == PT_LOAD) loaded = std::max<std::size_t>(loaded, ph.p_offset + ph.p_filesz);
+  }
+  REQUIRE(loaded > 8192);
+  for (const std::size_t keep : {std::size_t{4096}, loaded - 1}) {
+    CAPTURE(keep);
+    {
+      std::ofstream f(cut, std::ios::binary | std::ios::trunc);
+      f.write(bytes.data(), static_cast<std::streamsize>(keep));
+    }
+    dt::Device d = dt::Device::open("cpu_v3", dir + ":" + kTestPlugins);
+    CHECK(d.origin() == kTestPlugins + "/libdt_hal_cpu_v3.so");
+    const std::string none = error_of<dt::ConfigError>([&] { dt::Device::open("cpu_v3", dir); });
+    CHECK(none.find(cut + ": the file is cut short: ") != std::string::npos);
+    CHECK(none.find("the file has " + std::to_string(keep) + " (a copy not yet complete?)") !=
+          std::string::npos);
+  }
+  std::remove(cut.c_str());
   rmdir(dir.c_str());
 }
 
