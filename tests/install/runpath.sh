@@ -4,7 +4,8 @@
 # once installed; an empty entry would make the dynamic loader search the working directory. The
 # installed dt_train and dt_topo load every library they need from their own prefix and the
 # system's folders, as does the NCCL communicator (lib/dt/plugins/libdt_nccl.so) where CUDA is
-# built; no program nor libdt needs a CUDA or NCCL library (only the plugins do).
+# built; no program nor libdt needs a CUDA or NCCL library (only the plugins do). The default
+# plugin path of the installed dt_train names each folder once.
 #   runpath.sh WORKDIR BUILD_DIR FILE...   (FILE: the build tree's copies of what is installed)
 set -u
 [ $# -ge 3 ] || { echo "usage: $0 WORKDIR BUILD_DIR FILE..." >&2; exit 2; }
@@ -67,6 +68,15 @@ for f in "$P"/bin/* "$P"/lib/libdt.so*; do
   [ -z "$needed" ] || fail "$f needs ${needed}(a node without CUDA could not start it)"
 done
 "$P/bin/dt_train" --version || fail "the installed dt_train does not start"
+# The default plugin path names each folder once (lib/dt/plugins is next to the program and next
+# to libdt).
+out=$(env -u DT_PLUGIN_PATH "$P/bin/dt_train" --data.path=/usr/share/common-licenses/GPL-3 \
+      --runtime.device=nosuch 2>&1)
+echo "$out" | head -1
+path=$(echo "$out" | sed -n "s/.*not found in the plugin path '\(.*\)'.*/\1/p")
+[ -n "$path" ] || fail "no plugin path in: $out"
+dups=$(echo "$path" | tr ':' '\n' | xargs -r -n1 realpath -m | sort | uniq -d)
+[ -z "$dups" ] || fail "the default plugin path '$path' names $dups more than once"
 [ $FAILED -eq 0 ] && { echo "runpath.sh: PASS"; exit 0; }
 echo "runpath.sh: FAIL"
 exit 1
