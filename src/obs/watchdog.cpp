@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -36,6 +37,13 @@ constexpr int kTagQuery = 1, kTagReply = 2, kTagWritten = 3;
 // rank aborts the job once all have.
 constexpr char kFailedQuery[] = "failed: ";
 constexpr int kMaxMessage = 1 << 16;
+
+// A limit in seconds as whole nanoseconds, 0 meaning none: a positive limit below a nanosecond is
+// one nanosecond, not 0 (which would turn the limit off).
+std::int64_t limit_ns_of(double seconds) {
+  if (!(seconds > 0)) return 0;
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(seconds * 1e9)));
+}
 
 // CLOCK_MONOTONIC in ns (also read in the SIGCONT handler, where only clock_gettime may be used).
 std::int64_t now_ns() noexcept {
@@ -232,7 +240,7 @@ OpRecord::OpRecord(const std::string& comm, std::uint64_t seq, const char* op, c
     e.t1 = 0;
     e.stopped = 0;
     if (timeout_s < 0) timeout_s = t_limit_s;
-    e.limit_ns = timeout_s < 0 ? -1 : static_cast<std::int64_t>(timeout_s * 1e9);
+    e.limit_ns = timeout_s < 0 ? -1 : limit_ns_of(timeout_s);
     e.gen = g;
     e.peer = peer;
     e.communication = communication;
@@ -419,7 +427,7 @@ struct Watchdog::Impl {
   bool overdue(Entry& out, const std::vector<Gap>& pending) {
     Recorder& r = recorder();
     const std::int64_t now = now_ns();
-    const auto timeout = static_cast<std::int64_t>(s.timeout_s * 1e9);
+    const std::int64_t timeout = limit_ns_of(s.timeout_s);
     std::lock_guard<std::mutex> lk(r.mu);
     bool found = false;
     for (const Entry& e : r.ring) {
