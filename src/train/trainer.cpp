@@ -2100,7 +2100,17 @@ int Trainer::run() {
                      s.skipped ? "true" : "false");
       if (do_eval) std::fprintf(jsonl, ", \"val_loss\": %.9g", val);
       std::fprintf(jsonl, "}\n");
-      std::fflush(jsonl);
+      // A line that cannot be written (a full disk, a quota) ends the log where it is, said
+      // once: later lines after a lost or partial one would make it read as whole when it is not.
+      if (std::fflush(jsonl) != 0 || std::ferror(jsonl)) {
+        const int err = errno;
+        std::fprintf(stderr,
+                     "dt_train: warning: --train.log-file: cannot write to %s at step %ld (%s): "
+                     "the step log ends before this step; training goes on\n",
+                     c_.log_file.c_str(), static_cast<long>(step_), std::strerror(err));
+        std::fclose(jsonl);
+        jsonl = closer.f = nullptr;
+      }
     }
     if (lead && s.skipped) {
       std::printf("step %6ld: skipped: gradients overflowed at loss scale %g, now %g\n",
