@@ -7,7 +7,10 @@
 #   resize: scancel --signal=USR1: to the ranks directly; the job is requeued held
 #           (DT_REQUEUE=hold), resized to 1 task (scontrol update) and released;
 #   term:   scancel --batch --signal=TERM: to the batch shell, which passes it on as SIGUSR1
-#           (srun would end the step on its own SIGTERM, killing the ranks);
+#           (srun would end the step on its own SIGTERM, killing the ranks); this job gives its
+#           options as two arguments (--ckpt.dir DIR --ckpt.resume none), which the script must
+#           read as given (no "no --ckpt.dir" warning) and replace on the restart (one
+#           --ckpt.resume, auto);
 #   one_task: a 1-task job (sbatch -n 1 under the script's --ntasks-per-node=2, for which Slurm
 #           shows NumTasks=2 also on the first run), scancel --signal=USR1: the requeued run
 #           keeps its 1 task;
@@ -36,7 +39,9 @@ case "$MODE" in
 esac
 reference A "$STEPS" "${ARGS[@]:1}"
 [ ${#env[@]} -eq 0 ] || export "${env[@]}"
-submit P -n "$TASKS" -- "$CONFIG" --data.path="$TEXT" "${ARGS[@]}" --ckpt.dir="$WORK/ck" \
+CKPT=(--ckpt.dir="$WORK/ck")
+[ "$MODE" != term ] || CKPT=(--ckpt.dir "$WORK/ck" --ckpt.resume none)
+submit P -n "$TASKS" -- "$CONFIG" --data.path="$TEXT" "${ARGS[@]}" "${CKPT[@]}" \
   --train.log-file="$WORK/P.jsonl" --test.hold-at-step=15
 [ -n "$JOB" ] || finish
 # Mid-training: 15 steps logged, most still to come; the ranks wait there (test.hold-at-step)
@@ -75,6 +80,7 @@ expect_line P "^dt_train: test.hold-at-step: step 15 done, waiting for a drain s
 [ "$MODE" != term ] || expect_line P "^dt-train: SIGTERM: asking the ranks to drain"
 expect_line P "^dt-train: drained; requeueing job $JOB"
 expect_line P "^dt-train: job $JOB restart 1: resuming"
+expect_no_line P "no --ckpt.dir|cannot be specified more than once"
 expect_line P "ckpt: resumed from .*/ck/step-$N\\.h5 at step $N "
 expect_line P "^dt_train: done: $STEPS steps"
 if [ "$MODE" = resize ]; then

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# slurm.early_drain: a drain signal that reaches slurm/train.sbatch before it has started the ranks
+# (Slurm's --signal or scancel while the script still asks scontrol about the job) requeues the
+# job without starting them, instead of killing the script (bash's default for SIGUSR1).
+# The script runs outside Slurm here: scontrol and srun are stand-ins on PATH, so that the
+# signal can be sent while scontrol is known to be running (the seam); srun must not be called.
+#   early_drain.sh WORKDIR SCRIPT DT_BIN CONFIG
+set -u
+WORK=$1 SCRIPT=$2 BIN=$3 CONFIG=$4
+rm -rf "$WORK"
+mkdir -p "$WORK/bin"
+cat >"$WORK/bin/scontrol" <<'EOS'
+#!/bin/sh
+echo "scontrol $*" >>"$SHIM_LOG"
+case "$1" in show) touch "$SHIM_LOG.asked"; sleep 3 ;; esac
+exit 0
+EOS
+cat >"$WORK/bin/srun" <<'EOS'
+#!/bin/sh
+echo "srun $*" >>"$SHIM_LOG"
+exit 0
+EOS
+chmod +x "$WORK/bin/scontrol" "$WORK/bin/srun"
+export SHIM_LOG=$WORK/shim.log PATH=$WORK/bin:$PATH SLURM_JOB_ID=7 SLURM_RESTART_COUNT=0 \
+  SLURM_SUBMIT_DIR=$WORK DT_BIN=$BIN
+bash "$SCRIPT" "$CONFIG" --ckpt.dir="$WORK/ck" >"$WORK/out" 2>&1 &
+pid=$!
+for _ in $(seq 1 100); do
+  [ -e "$SHIM_LOG.asked" ] && break
+  sleep 0.1
+done
+kill -USR1 "$pid"
+wait "$pid"
+rc=$?
+cat "$WORK/out" "$SHIM_LOG"
+echo "early_drain.sh: exit code $rc"
+FAILED=0
+fail() { echo "FAIL: $*"; FAILED=1; }
+[ -e "$SHIM_LOG.asked" ] || fail "the script never asked scontrol about the job"
+[ "$rc" -eq 0 ] || fail "exit code $rc, expected 0 (requeued)"
+grep -q "^dt-train: SIGUSR1: asking the ranks to drain$" "$WORK/out" || fail "no line about SIGUSR1"
+grep -q "^dt-train: drained before the ranks started (SIGUSR1)$" "$WORK/out" ||
+  fail "no line about a drain before the ranks started"
+grep -q "^dt-train: drained; requeueing job 7$" "$WORK/out" || fail "no line about the requeue"
+grep -q "^scontrol requeue 7$" "$SHIM_LOG" || fail "scontrol requeue 7 was not called"
+! grep -q "^srun" "$SHIM_LOG" || fail "srun was called: the ranks started"
+[ $FAILED -eq 0 ] && { echo "early_drain.sh: PASS"; exit 0; }
+echo "early_drain.sh: FAIL"
+exit 1
