@@ -150,8 +150,48 @@ int main(int argc, char** argv) {
     int stopped = 0;  // rank 0's wait for the folder ended by a drain signal
     const dt::watchdog::LimitScope claim_limit(
         cfg.comm_timeout_s > 0 ? std::max(cfg.comm_timeout_s, cfg.ckpt_lock_wait_s + 60) : 0);
+    // While rank 0 waits for the folder, the other ranks watch for a drain signal of their own
+    // and tell rank 0, whose wait it ends as one of its own does ("to any rank": Slurm's
+    // scancel --signal may reach only some). They meet rank 0 in a barrier of their own
+    // communicator, polled, when its wait is over.
+    MPI_Comm claim_comm = MPI_COMM_NULL;
+    if (claim) MPI_Comm_dup(MPI_COMM_WORLD, &claim_comm);
+    constexpr int kTagDrain = 75;
+    int told = 0;  // this rank told rank 0 of a drain signal
+    auto meet = [&] {
+      MPI_Request req;
+      MPI_Ibarrier(claim_comm, &req);
+      for (int done = 0;;) {
+        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        if (done) break;
+        if (rt.rank() != 0 && !told && dt::drain_requested()) {
+          int one = 1;
+          MPI_Send(&one, 1, MPI_INT, 0, kTagDrain, claim_comm);
+          told = 1;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      // Rank 0 takes the messages sent, however many came after its wait.
+      int sent = 0;
+      MPI_Reduce(&told, &sent, 1, MPI_INT, MPI_SUM, 0, claim_comm);
+      for (int k = 0; rt.rank() == 0 && k < sent; ++k) {
+        int one = 0;
+        MPI_Recv(&one, 1, MPI_INT, MPI_ANY_SOURCE, kTagDrain, claim_comm, MPI_STATUS_IGNORE);
+      }
+      MPI_Comm_free(&claim_comm);
+    };
     if (!phase([&] {
-          if (rt.rank() != 0) return;
+          if (rt.rank() != 0) {
+            if (claim) meet();
+            return;
+          }
+          struct Meet {  // rank 0 meets the others however its part ends (a refusal throws)
+            decltype(meet)& f;
+            bool on;
+            ~Meet() {
+              if (on) f();
+            }
+          } const met{meet, claim};
           // Rank 0 writes the step log: one it cannot open is refused here, before anything is
           // allocated (opening it for appending creates it, as the run would).
           if (!cfg.log_file.empty()) {
@@ -168,7 +208,11 @@ int main(int argc, char** argv) {
                 std::printf("dt_train: %s\n", line.c_str());
                 std::fflush(stdout);
               },
-              [] { return dt::drain_requested(); });
+              [&] {
+                int asked = 0;  // a drain signal another rank got
+                MPI_Iprobe(MPI_ANY_SOURCE, kTagDrain, claim_comm, &asked, MPI_STATUS_IGNORE);
+                return dt::drain_requested() || asked != 0;
+              });
           if (!ckpt_lock->stopped().empty()) {  // a drain signal ended the wait: see below
             std::printf("dt_train: %s: a drain signal came\n", ckpt_lock->stopped().c_str());
             ckpt_lock.reset();

@@ -5,7 +5,8 @@
 # 0), B before it allocates its model; D is left byte for byte. A run W that waits up to 60 s
 # starts as soon as A drains (exit 75) and trains on from A's checkpoint. A run killed with
 # SIGKILL leaves the folder free (the claim ends with the process). A run waiting for the
-# folder stops at a drain signal (exit 75); a folder whose latest is a folder is refused.
+# folder stops at a drain signal to any of its ranks (exit 75); a folder whose latest is a folder
+# is refused.
 source "$(dirname "$0")/lib.sh"
 D=$WORK/D
 CKPT_TOOL=$(dirname "$BIN")/dt_ckpt
@@ -67,24 +68,32 @@ grep -Eq "option --output: checkpoint folder .*/D is in use by another run \($ho
   fail "the refused import does not name the folder and its holder"
 [ "$(digest "$D")" = "$before" ] || fail "the refused import changed $D"
 
-# A run that waits for the folder and gets a drain signal (SIGTERM to its rank 0) stops waiting
-# at once: drained with nothing new saved (exit 75: a requeued run resumes from the folder), not
-# refused, not started.
-start_waiting S 61
-s0=$(rank_pid_of "--ckpt\.lock-wait-s=61( |\$)" 0)
-t0=$SECONDS
-if [ -n "$s0" ]; then kill -TERM "$s0"; else fail "rank 0 of S not found"; kill -TERM "$waiting"; fi
-wait "$waiting"
-RC=$?
-sed 's/^/    /' S.out
-echo "=== S: exit code $RC after $((SECONDS - t0)) s"
-expect_rc S 75
-expect_line S "^dt_train: stopped waiting for checkpoint folder .*/D \(in use by $holder.*\): a drain signal came"
-expect_line S "drained before step 0 \(nothing new saved\), exit code 75"
-expect_no_line S "error|--help"
-expect_no_line S "dt_train: [0-9]+ parameters"
-[ $((SECONDS - t0)) -le 20 ] || fail "S took $((SECONDS - t0)) s to stop after the signal"
-[ "$(digest "$D")" = "$before" ] || fail "the stopped run changed $D"
+# A run that waits for the folder and gets a drain signal stops waiting at once: drained with
+# nothing new saved (exit 75: a requeued run resumes from the folder), not refused, not started.
+# S: SIGTERM to its rank 0, which waits; S1: SIGUSR1 to rank 1 only, which tells rank 0.
+for S in S:61:0:TERM S1:62:1:USR1; do
+  IFS=: read -r name wait_s rank sig <<<"$S"
+  start_waiting "$name" "$wait_s"
+  pid=$(rank_pid_of "--ckpt\.lock-wait-s=$wait_s( |\$)" "$rank")
+  t0=$SECONDS
+  if [ -n "$pid" ]; then
+    kill -"$sig" "$pid"
+  else
+    fail "rank $rank of $name not found"
+    kill -TERM "$waiting"
+  fi
+  wait "$waiting"
+  RC=$?
+  sed 's/^/    /' "$name.out"
+  echo "=== $name: exit code $RC after $((SECONDS - t0)) s"
+  expect_rc "$name" 75
+  expect_line "$name" "^dt_train: stopped waiting for checkpoint folder .*/D \(in use by $holder.*\): a drain signal came"
+  expect_line "$name" "drained before step 0 \(nothing new saved\), exit code 75"
+  expect_no_line "$name" "error|--help"
+  expect_no_line "$name" "dt_train: [0-9]+ parameters"
+  [ $((SECONDS - t0)) -le 20 ] || fail "$name took $((SECONDS - t0)) s to stop after the signal"
+  [ "$(digest "$D")" = "$before" ] || fail "the stopped run $name changed $D"
+done
 
 start_waiting W 60 --ckpt.every=1
 w=$waiting
