@@ -25,6 +25,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "dt/tensor.hpp"
 
@@ -145,5 +146,13 @@ class Comm : public P2p {
   /// ordered by (key, old rank). A negative color joins none and gets nullptr.
   virtual std::unique_ptr<Comm> split(int color, int key) = 0;
 };
+
+/// Collective over `comm`: rank `root`'s `text`, on every rank.
+std::string broadcast_text(Comm& comm, std::string text, int root);
+
+/// Collective over `comm`: the lowest rank whose `problem` is not empty and its problem, on every
+/// rank ({comm.size(), ""} when no rank has one). For a check that may fail on some ranks only
+/// (a node's memory, a file of its own): every rank learns the same verdict and message.
+std::pair<int, std::string> first_problem(Comm& comm, const std::string& problem);
 
 }  // namespace dt

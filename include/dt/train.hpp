@@ -393,6 +393,9 @@ class Trainer {
   void init_weights();
   /// Prints this rank's model-state bytes and activation estimate (rank 0 prints).
   void report_memory();
+  /// Collective: refuses (ConfigError, on every rank) a plan whose ranks on one node need more
+  /// memory than that node has left (qos::memory_available), naming the node and both figures.
+  void check_node_memory(int ranks_here);
   /// Rank 0 prints every rank's measured peak resident memory. Collective.
   void report_peak_memory();
 };

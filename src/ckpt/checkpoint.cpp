@@ -383,23 +383,6 @@ std::vector<Share> replicated_shares(const std::vector<CkptTensor>& tensors, int
   return out;
 }
 
-// `text` of rank `root`, on every rank of `comm`.
-std::string broadcast_text(Comm& comm, std::string text, int root) {
-  std::int64_t len = static_cast<std::int64_t>(text.size());
-  comm.broadcast(view_of(&len, 1), root);
-  text.resize(static_cast<std::size_t>(len));
-  if (len > 0) comm.broadcast(TensorView{text.data(), text.size(), DType::u8}, root);
-  return text;
-}
-
-// Every rank learns the lowest rank whose `problem` is not empty, and its problem ("" if none).
-std::pair<int, std::string> first_problem(Comm& comm, const std::string& problem) {
-  int who = problem.empty() ? comm.size() : comm.rank();
-  comm.all_reduce(view_of(&who, 1), ReduceOp::min);
-  if (who == comm.size()) return {who, ""};
-  return {who, broadcast_text(comm, problem, who)};
-}
-
 // Move-only owner of an MPI datatype.
 class MpiType {
  public:

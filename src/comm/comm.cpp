@@ -51,4 +51,19 @@ void P2p::recv(TensorView buf, int src, int tag, const CommOptions& opts) {
 }
 void Comm::barrier(const CommOptions& opts) { ibarrier().wait(opts.timeout); }
 
+std::string broadcast_text(Comm& comm, std::string text, int root) {
+  std::int64_t len = static_cast<std::int64_t>(text.size());
+  comm.broadcast(view_of(&len, 1), root);
+  text.resize(static_cast<std::size_t>(len));
+  if (len > 0) comm.broadcast(TensorView{text.data(), text.size(), DType::u8}, root);
+  return text;
+}
+
+std::pair<int, std::string> first_problem(Comm& comm, const std::string& problem) {
+  int who = problem.empty() ? comm.size() : comm.rank();
+  comm.all_reduce(view_of(&who, 1), ReduceOp::min);
+  if (who == comm.size()) return {who, ""};
+  return {who, broadcast_text(comm, problem, who)};
+}
+
 }  // namespace dt

@@ -180,6 +180,102 @@ std::string slurm_job_group(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// The first number in the file `path` (memory.max's "max" and unreadable files: not a number).
+bool read_number(const std::string& path, std::uint64_t* out) {
+  std::ifstream in(path);
+  unsigned long long v = 0;
+  if (!(in >> v)) return false;
+  *out = v;
+  return true;
+}
+
+// The folder of this process's group of the memory controller (v1 or v2), "" where there is none.
+std::string own_memory_group(bool* v2) {
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    const std::vector<std::string> f = split(line, ' ');
+    if (f.size() < 6) continue;
+    const auto dash = std::find(f.begin() + 6, f.end(), "-");
+    if (dash == f.end() || f.end() - dash < 4) continue;
+    const std::string& fstype = *(dash + 1);
+    CgroupPlace h;
+    h.v2 = fstype == "cgroup2";
+    if (h.v2) {
+      // The v2 hierarchy serves memory where its root lists the controller.
+      std::ifstream ctl(unescape(f[4]) + "/cgroup.controllers");
+      std::string c;
+      bool memory = false;
+      while (ctl >> c) memory = memory || c == "memory";
+      if (!memory) continue;
+    } else {
+      if (fstype != "cgroup") continue;
+      h.controllers = split(*(dash + 3), ',');
+      if (std::find(h.controllers.begin(), h.controllers.end(), "memory") == h.controllers.end())
+        continue;
+    }
+    const std::string group = own_group(h), root = unescape(f[3]);
+    if (group.empty()) continue;
+    // The mount shows the hierarchy from `root` down (a container's view): the group below it.
+    std::string rel = group;
+    if (root != "/") {
+      if (group.compare(0, root.size(), root) != 0) continue;
+      rel = group.substr(root.size());
+    }
+    *v2 = h.v2;
+    return unescape(f[4]) + (rel == "/" ? "" : rel);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::uint64_t memory_available(std::string* where) noexcept {
+  try {
+    std::uint64_t best = 0;
+    std::string from;
+    {
+      std::ifstream in("/proc/meminfo");
+      std::string key;
+      std::uint64_t kb = 0, avail = 0, swap = 0;
+      bool have = false;
+      while (in >> key >> kb) {
+        if (key == "MemAvailable:") avail = kb, have = true;
+        if (key == "SwapFree:") swap = kb;
+        in.ignore(64, '\n');
+      }
+      if (have) best = (avail + swap) * 1024, from = "/proc/meminfo";
+    }
+    bool v2 = false;
+    std::string dir = own_memory_group(&v2);
+    // This group and each above it, up to the hierarchy's root (whose files v2 lacks).
+    for (int depth = 0; !dir.empty() && depth < 64; ++depth) {
+      std::uint64_t limit = 0, used = 0;
+      const std::string limit_file = dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes");
+      if (read_number(limit_file, &limit) &&
+          read_number(dir + (v2 ? "/memory.current" : "/memory.usage_in_bytes"), &used) &&
+          limit < (std::uint64_t{1} << 62)) {  // v1's "no limit" is about 2^63
+        const std::uint64_t room = limit > used ? limit - used : 0;
+        if (from.empty() || room < best) best = room, from = limit_file;
+      }
+      const std::size_t slash = dir.rfind('/');
+      if (slash == std::string::npos || slash == 0) break;
+      const std::string up = dir.substr(0, slash);
+      struct stat st {};
+      if (::stat((up + (v2 ? "/cgroup.controllers" : "/memory.limit_in_bytes")).c_str(), &st) != 0)
+        break;  // past the hierarchy's mount point
+      dir = up;
+    }
+    if (where) *where = from;
+    return best;
+  } catch (...) {
+    if (where) where->clear();
+    return 0;
+  }
+}
+
 std::string detail::leaves_slurm_job(const std::string& dir) {
   // As mounted: /sys/fs/cgroup/cpu is often a link to the hierarchy cpu,cpuacct. (A directory
   // that does not exist is taken as named: the move into it fails anyway, and is warned about.)

@@ -24,6 +24,7 @@
 #include "dt/loss_scale.hpp"
 #include "dt/metrics.hpp"
 #include "dt/p2p.hpp"
+#include "dt/qos.hpp"
 #include "dt/security.hpp"
 #include "dt/trace.hpp"
 #include "dt/train.hpp"
@@ -826,6 +827,8 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
            dev_.origin(), ") has no cast kernel to round the gradients with");
   if (graph_engine || c_.print_plan) mesh_ = std::make_unique<DeviceMesh>(comm_, L, sites);
   if (c_.print_plan) return;  // nothing is allocated: print_plan() is all this trainer does
+  if (dev_.host_memory())
+    check_node_memory(per_node[sites[static_cast<std::size_t>(comm_.rank())].node]);
   if (flash_wanted && !c_.model.flash_attention)
     log("dt_train: device '" + dev_.name() + "' (ABI version " +
         std::to_string(dev_.abi_version()) +
@@ -1808,7 +1811,8 @@ std::string Trainer::resume_from_checkpoint() {
   if (m.rng_seed != c_.seed)
     log("ckpt: warning: the checkpoint was trained with seed " + std::to_string(m.rng_seed) +
         ", this run uses " + std::to_string(c_.seed) + ": the data order differs");
-  // Settings that decide the data order and the learning rate schedule: a run that changes them
+  // Settings that decide the data order, the learning rate schedule and the optimizer's update: a
+  // run that changes them
   // does not continue the one it resumes (allowed: extending a run, say, but said). The data is
   // compared by what it holds where the checkpoint recorded it (format version 4): a copy at
   // another path continues the run, other data at the same path does not; by its path otherwise.
@@ -1817,7 +1821,8 @@ std::string Trainer::resume_from_checkpoint() {
   if (!m.data.empty() && m.data != data_id_) changed = "data " + m.data + " -> " + data_id_;
   for (const char* k :
        {"train.batch", "model.seq-len", "data.path", "data.val-fraction", "train.steps", "optim.lr",
-        "optim.min-lr", "optim.warmup", "optim.decay-steps", "train.dtype"}) {
+        "optim.min-lr", "optim.warmup", "optim.decay-steps", "optim.beta1", "optim.beta2",
+        "optim.eps", "optim.weight-decay", "optim.grad-clip", "train.dtype"}) {
     if (!m.data.empty() && std::strcmp(k, "data.path") == 0) continue;
     const std::string was = config_value(m.config, k), is = config_value(now, k);
     if (!was.empty() && !is.empty() && was != is)
@@ -2224,6 +2229,29 @@ int Trainer::run() {
 
 void Trainer::publish_metrics() noexcept {
   if (obs_) obs_->publish_now();
+}
+
+void Trainer::check_node_memory(int ranks_here) {
+  // The smallest stage's estimate for every rank of the node: a lower bound, so that a refusal is
+  // certain, never a guess (the ranks also hold buffers the estimate leaves out).
+  double least = -1;
+  for (const auto& m : plan_->memory)
+    if (least < 0 || m.total() < least) least = m.total();
+  const double need = least * ranks_here;
+  std::string where;
+  const std::uint64_t room = qos::memory_available(&where);
+  std::string problem;
+  if (!where.empty() && need > static_cast<double>(room))
+    problem = "the " + std::to_string(ranks_here) + " rank(s) on node " + host_name() +
+              " need at least " + format_bytes(need) + " (" + format_bytes(least) +
+              " each: parameters, gradients, optimizer state and activations as planned for "
+              "layout " +
+              plan_->layout.str() + "), but the node has " +
+              format_bytes(static_cast<double>(room)) + " left (" + where +
+              "): use more nodes or fewer ranks a node, a larger --parallel.tp or --parallel.pp, "
+              "--parallel.zero, or a smaller --train.micro-batch";
+  const auto [who, first] = first_problem(comm_, problem);
+  DT_CHECK(ConfigError, first.empty(), first);
 }
 
 void Trainer::report_memory() {

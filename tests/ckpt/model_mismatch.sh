@@ -5,7 +5,8 @@
 # directory is left as it was. The refusal comes before the model is planned and allocated (a
 # model far over --mem.limit is refused for the checkpoint, not for its memory). Resumed with
 # another --model.heads (the same shapes, another model), training and --eval-only are refused
-# alike. (The load's own check, tensor by tensor, is tested in ckpt.pieces.refuse.)
+# alike; other optimizer settings are named in a warning. (The load's own check, tensor by
+# tensor, is tested in ckpt.pieces.refuse.)
 source "$(dirname "$0")/lib.sh"
 
 EMBD='checkpoint does not match the model: .*D/step-2\.h5 was trained with --model\.embd=32 \(this run: 64\)$'
@@ -41,6 +42,12 @@ train H2 1 --eval-only --ckpt.resume="$WORK/D/step-2.h5" --model.heads=4
 expect_rc H2 2
 expect_line H2 "checkpoint does not match the model: .*step-2\.h5 was trained with --model\.heads=2 \(this run: 4\)$"
 expect_no_line H2 "eval-only: "
+
+# The same model with other optimizer settings resumes, naming them (the update differs).
+train O 1 --train.steps=3 --ckpt.resume="$WORK/D/step-2.h5" --ckpt.dir=O --optim.beta2=0.99 \
+  --optim.weight-decay=0.05 --optim.grad-clip=0.5
+expect_rc O 0
+expect_line O "ckpt: warning: settings differ from the checkpoint's \(train.steps 2 -> 3, optim.decay-steps 2 -> 3, optim.beta2 0.95 -> 0.99, optim.weight-decay 0.1 -> 0.05, optim.grad-clip 1 -> 0.5\): the run does not continue it exactly"
 
 [ "$(files_in D)" = "$before" ] || fail "D changed: $before -> $(files_in D)"
 [ "$(cksum <D/step-2.h5)" = "$sum" ] || fail "D/step-2.h5 changed"
