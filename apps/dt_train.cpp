@@ -5,7 +5,8 @@
 // Exit codes: 0 done; 2 bad options, config, data or checkpoint (refused before training starts);
 // 3 a rank failed during training (the job is aborted so that no rank hangs); 4 the hang watchdog
 // found a collective stuck longer than comm.timeout-s (it names the missing ranks); 75 drained on
-// SIGUSR1/SIGTERM after writing a checkpoint (requeue the job; it resumes from that checkpoint);
+// SIGUSR1/SIGTERM after writing a checkpoint, or with an older one where that save failed (requeue
+// the job; it resumes from the checkpoint);
 // 76 drained without ckpt.dir, nothing saved (not to be requeued);
 // 5 a sealed message failed authentication (security.seal: the rank names the peer and sequence).
 #include <algorithm>

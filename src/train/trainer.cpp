@@ -2021,22 +2021,42 @@ int Trainer::run() {
     // written. A start from elsewhere (a named checkpoint, resume=none) is saved, so that the
     // requeued run goes on from it.
     const bool from_folder = step_ == first_step && c_.ckpt_resume == "auto";
-    if (!from_folder && (step_ != last_saved_ || step_ == first_step)) {
-      save_checkpoint_now(true);
-    } else if (!from_folder && async_) {
-      // This step's save runs in the background: if it failed, the step is saved now.
-      try {
-        finish_checkpoints();
-      } catch (const std::exception& e) {
-        log("ckpt: warning: the background save of step " + std::to_string(step_) +
-            " failed: " + message_of(e) + "; saving it now");
+    // The drain's own save may fail (a full disk). Where the folder holds an older checkpoint the
+    // run still ends as drained, to be requeued and resume there: the steps since are lost, not
+    // the job. (Every rank fails a save alike: see save_checkpoint.)
+    std::string older;
+    try {
+      if (!from_folder && (step_ != last_saved_ || step_ == first_step)) {
         save_checkpoint_now(true);
+      } else if (!from_folder && async_) {
+        // This step's save runs in the background: if it failed, the step is saved now.
+        try {
+          finish_checkpoints();
+        } catch (const std::exception& e) {
+          log("ckpt: warning: the background save of step " + std::to_string(step_) +
+              " failed: " + message_of(e) + "; saving it now");
+          save_checkpoint_now(true);
+        }
       }
+      finish_checkpoints();
+    } catch (const CheckpointError& e) {
+      if (c_.ckpt_dir.empty()) throw;
+      std::string newest;
+      if (comm_.rank() == 0) {
+        const std::vector<CkptEntry> all = list_checkpoints(c_.ckpt_dir);
+        if (!all.empty()) newest = all.front().path;
+      }
+      newest = broadcast_text(comm_, newest, 0);
+      if (newest.empty()) throw;
+      log("ckpt: warning: the drain's checkpoint of step " + std::to_string(step_) +
+          " could not be saved: " + e.message() + "; a requeued run resumes from " + newest +
+          " (the newest checkpoint in " + c_.ckpt_dir + ")");
+      older = newest;
     }
-    finish_checkpoints();
     const int code = c_.ckpt_dir.empty() ? kExitDrainedUnsaved : kExitDrained;
     log("dt_train: drained at step " + std::to_string(step_) +
         (c_.ckpt_dir.empty() ? " (no ckpt.dir: nothing saved)"
+         : !older.empty()    ? " (its checkpoint not saved: " + older + " is where it resumes)"
          : from_folder       ? " (before its first step: the checkpoints in " + c_.ckpt_dir +
                              " are where it resumes)"
                        : " (checkpoint in " + c_.ckpt_dir + ")") +

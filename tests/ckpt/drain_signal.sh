@@ -25,6 +25,9 @@
 # during_save (SIGUSR1 to rank 1 while the save of step 3 (ckpt.every=3) is slow,
 # test.save-delay-s): that save is the drained checkpoint; the job drains at step 3 without
 # training and saving step 4.
+# failed_save (SIGUSR1 to rank 1 while the run holds after step 3; saves every 2 steps, and the
+# drain's save of step 3 fails, test.fail-save-at-step): the job still drains (exit 75, to be
+# requeued), naming the failure and step-2.h5, where the requeued run resumes.
 source "$(dirname "$0")/lib.sh"
 
 EXTRA=() WAIT_STEPS=3 STEPS=100000
@@ -47,6 +50,9 @@ case "$MODE" in
     expect_rc P 0
     SIG=USR1 RANK=1 WAIT_STEPS=0
     EXTRA=(--test.start-delay-s=8 --ckpt.resume="$WORK/P/step-2.h5")
+    ;;
+  failed_save)
+    SIG=USR1 RANK=1 EXTRA=(--ckpt.every=2 --test.fail-save-at-step=3 --test.hold-at-step=3)
     ;;
   after_failed_async)
     SIG=USR1 RANK=1 WAIT_STEPS=5
@@ -133,6 +139,19 @@ if [ "$MODE" = startup_named ]; then
   train R 2 --train.steps=4 --ckpt.dir="$D" --train.log-file="$WORK/R.jsonl"
   expect_rc R 0
   expect_line R "resumed from .*D/step-2\.h5 at step 2 "
+  finish
+fi
+if [ "$MODE" = failed_save ]; then
+  expect_line L "ckpt: warning: the drain's checkpoint of step 3 could not be saved: .*test\.fail-save-at-step: the save of step 3 .*; a requeued run resumes from .*/D/step-2\.h5 \(the newest checkpoint in .*/D\)"
+  expect_line L "^dt_train: drained at step 3 \(its checkpoint not saved: .*/D/step-2\.h5 is where it resumes\), exit code 75$"
+  # (The seam fails the save after its writes, before the commit: the uncommitted file stays
+  # until the next save, and the resume passes it by.)
+  [ "$(files_in "$D")" = "latest step-2.h5 step-3.h5.partial" ] ||
+    fail "files in the checkpoint directory: $(files_in "$D")"
+  train R 2 --train.steps=5 --ckpt.dir="$D" --train.log-file="$WORK/R.jsonl"
+  expect_rc R 0
+  expect_line R "resumed from .*D/step-2\.h5 at step 2 "
+  steplog steps R.jsonl 3 5
   finish
 fi
 N=$(sed -n 's/.*drained at step \([0-9][0-9]*\).*/\1/p' L.out | head -n1)
