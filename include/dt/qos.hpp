@@ -89,9 +89,11 @@ std::string leaves_slurm_job(const std::string& dir);
 
 /// The memory this process may still take, in bytes: the least of the node's MemAvailable plus
 /// SwapFree (/proc/meminfo) and, for its memory cgroup and each group above it (v2 memory.max
-/// less memory.current, v1 memory.limit_in_bytes less memory.usage_in_bytes), the room under each
-/// limit set. `where` (if given) gets what set the figure ("/proc/meminfo" or the group's limit
-/// file). 0 with `where` empty when none can be read. Never throws.
+/// less memory.current, v1 memory.limit_in_bytes less memory.usage_in_bytes, the inactive page
+/// cache not counted as used), the room under each limit set, plus the node's free swap. An upper
+/// bound: what exceeds it cannot be had. `where` (if given) gets what set the figure
+/// ("/proc/meminfo" or the group's limit file). 0 with `where` empty when none can be read. Never
+/// throws.
 std::uint64_t memory_available(std::string* where = nullptr) noexcept;
 
 /// The tier configure() installed (name "" when none).

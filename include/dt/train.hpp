@@ -300,6 +300,9 @@ class Trainer {
   std::int64_t step_ = 0;
   std::unique_ptr<AsyncCheckpointer> async_;
   std::int64_t last_saved_ = -1;
+  /// The checkpoint of ckpt.dir a requeued run (resume=auto) resumes from, as far as this run
+  /// knows: the last it committed there, or the one it resumed from the folder; "" when neither.
+  std::string resumable_;
   bool test_save_failed_ = false;  // test.fail-save-at-step has failed its save
   std::uint64_t saves_ = 0;        // synchronous saves so far (the watchdog's sequence numbers)
   void log(const std::string& line) const;
@@ -393,9 +396,9 @@ class Trainer {
   void init_weights();
   /// Prints this rank's model-state bytes and activation estimate (rank 0 prints).
   void report_memory();
-  /// Collective: refuses (ConfigError, on every rank) a plan whose ranks on one node need more
-  /// memory than that node has left (qos::memory_available), naming the node and both figures.
-  void check_node_memory(int ranks_here);
+  /// Why the plan's `ranks_here` ranks on this node cannot fit the memory it has left
+  /// (qos::memory_available), naming the node and both figures; "" when they may.
+  std::string node_memory_problem(int ranks_here) const;
   /// Rank 0 prints every rank's measured peak resident memory. Collective.
   void report_peak_memory();
 };

@@ -221,7 +221,9 @@ std::string own_memory_group(bool* v2) {
     // The mount shows the hierarchy from `root` down (a container's view): the group below it.
     std::string rel = group;
     if (root != "/") {
-      if (group.compare(0, root.size(), root) != 0) continue;
+      const bool below = group.compare(0, root.size(), root) == 0 &&
+                         (group.size() == root.size() || group[root.size()] == '/');
+      if (!below) continue;
       rel = group.substr(root.size());
     }
     *v2 = h.v2;
@@ -234,7 +236,7 @@ std::string own_memory_group(bool* v2) {
 
 std::uint64_t memory_available(std::string* where) noexcept {
   try {
-    std::uint64_t best = 0;
+    std::uint64_t best = 0, swap_free = 0;
     std::string from;
     {
       std::ifstream in("/proc/meminfo");
@@ -246,18 +248,27 @@ std::uint64_t memory_available(std::string* where) noexcept {
         if (key == "SwapFree:") swap = kb;
         in.ignore(64, '\n');
       }
+      swap_free = swap * 1024;
       if (have) best = (avail + swap) * 1024, from = "/proc/meminfo";
     }
     bool v2 = false;
     std::string dir = own_memory_group(&v2);
-    // This group and each above it, up to the hierarchy's root (whose files v2 lacks).
+    // This group and each above it, up to the hierarchy's root (whose files v2 lacks). A group's
+    // use counts its page cache, of which the inactive part the kernel drops for a new need; the
+    // node's free swap may hold more (an upper bound: a refusal on it is certain).
     for (int depth = 0; !dir.empty() && depth < 64; ++depth) {
       std::uint64_t limit = 0, used = 0;
       const std::string limit_file = dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes");
       if (read_number(limit_file, &limit) &&
           read_number(dir + (v2 ? "/memory.current" : "/memory.usage_in_bytes"), &used) &&
           limit < (std::uint64_t{1} << 62)) {  // v1's "no limit" is about 2^63
-        const std::uint64_t room = limit > used ? limit - used : 0;
+        std::ifstream stat(dir + "/memory.stat");
+        std::string key;
+        std::uint64_t value = 0, cache = 0;
+        while (stat >> key >> value)
+          if (key == (v2 ? "inactive_file" : "total_inactive_file")) cache = value;
+        used = used > cache ? used - cache : 0;
+        const std::uint64_t room = (limit > used ? limit - used : 0) + swap_free;
         if (from.empty() || room < best) best = room, from = limit_file;
       }
       const std::size_t slash = dir.rfind('/');

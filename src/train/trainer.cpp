@@ -821,14 +821,18 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
            "option --train.grad-reduce=", c_.grad_reduce,
            " applies to the all_reduce of unsharded data parallelism; parallel.zero = ",
            c_.par_zero, " reduce-scatters the gradients in fp32 (use train.grad-reduce=fp32)");
-  DT_CHECK(ConfigError,
-           c_.grad_reduce == "fp32" || (dev_.abi_version() >= 2 && dev_.table2().cast != nullptr),
-           "option --train.grad-reduce=", c_.grad_reduce, ": device '", dev_.name(), "' (",
-           dev_.origin(), ") has no cast kernel to round the gradients with");
+  // What this rank's device or node may lack alone is agreed on, so that no rank goes on into
+  // the collectives below (the mesh's) while another has failed.
+  std::string lacking;
+  if (c_.grad_reduce != "fp32" && !(dev_.abi_version() >= 2 && dev_.table2().cast != nullptr))
+    lacking = "option --train.grad-reduce=" + c_.grad_reduce + ": device '" + dev_.name() + "' (" +
+              dev_.origin() + ") has no cast kernel to round the gradients with";
+  if (lacking.empty() && dev_.host_memory() && !c_.print_plan)
+    lacking = node_memory_problem(per_node[sites[static_cast<std::size_t>(comm_.rank())].node]);
+  const auto [lacking_rank, first_lacking] = first_problem(comm_, lacking);
+  DT_CHECK(ConfigError, first_lacking.empty(), first_lacking);
   if (graph_engine || c_.print_plan) mesh_ = std::make_unique<DeviceMesh>(comm_, L, sites);
   if (c_.print_plan) return;  // nothing is allocated: print_plan() is all this trainer does
-  if (dev_.host_memory())
-    check_node_memory(per_node[sites[static_cast<std::size_t>(comm_.rank())].node]);
   if (flash_wanted && !c_.model.flash_attention)
     log("dt_train: device '" + dev_.name() + "' (ABI version " +
         std::to_string(dev_.abi_version()) +
@@ -1805,6 +1809,7 @@ std::string Trainer::resume_from_checkpoint() {
   }
   step_ = m.step;
   last_saved_ = m.step;
+  if (c_.ckpt_resume == "auto") resumable_ = used;
   opt_->set_steps(m.optimizer_step);
   log("ckpt: resumed from " + used + " at step " + std::to_string(m.step) + " (written by " +
       m.layout + ", " + std::to_string(m.tokens) + " tokens seen)");
@@ -1845,6 +1850,7 @@ void Trainer::finish_checkpoints() {
   const SaveStats prev = async_->wait();
   log_set_aside(prev);
   if (!prev.path.empty()) {
+    resumable_ = prev.path;
     obs_->on_checkpoint_written(prev.write_seconds, prev.bytes);
     char line[256];
     std::snprintf(line, sizeof line, "ckpt: %s written in the background in %.3f s (%.0f MB/s)",
@@ -1927,6 +1933,7 @@ void Trainer::save_checkpoint_now(bool sync) {
       },
       c_.ckpt_encrypt ? keys_.get() : nullptr);
   log_set_aside(st);
+  resumable_ = st.path;
   obs_->on_checkpoint_blocked(st.write_seconds);
   obs_->on_checkpoint_written(st.write_seconds, st.bytes);
   std::snprintf(line, sizeof line, "ckpt: saved %s (%.1f MB) in %.3f s, blocking (%.0f MB/s)",
@@ -2021,9 +2028,10 @@ int Trainer::run() {
     // written. A start from elsewhere (a named checkpoint, resume=none) is saved, so that the
     // requeued run goes on from it.
     const bool from_folder = step_ == first_step && c_.ckpt_resume == "auto";
-    // The drain's own save may fail (a full disk). Where the folder holds an older checkpoint the
-    // run still ends as drained, to be requeued and resume there: the steps since are lost, not
-    // the job. (Every rank fails a save alike: see save_checkpoint.)
+    // The drain's own save may fail (a full disk). Where this run committed a checkpoint to the
+    // folder, or resumed from one there, the run still ends as drained, to be requeued and resume
+    // there: the steps since are lost, not the job. (A folder's checkpoint of another run is no
+    // such place: the failure ends the run. Every rank fails a save alike: see save_checkpoint.)
     std::string older;
     try {
       if (!from_folder && (step_ != last_saved_ || step_ == first_step)) {
@@ -2040,18 +2048,11 @@ int Trainer::run() {
       }
       finish_checkpoints();
     } catch (const CheckpointError& e) {
-      if (c_.ckpt_dir.empty()) throw;
-      std::string newest;
-      if (comm_.rank() == 0) {
-        const std::vector<CkptEntry> all = list_checkpoints(c_.ckpt_dir);
-        if (!all.empty()) newest = all.front().path;
-      }
-      newest = broadcast_text(comm_, newest, 0);
-      if (newest.empty()) throw;
+      if (c_.ckpt_dir.empty() || resumable_.empty()) throw;
       log("ckpt: warning: the drain's checkpoint of step " + std::to_string(step_) +
-          " could not be saved: " + e.message() + "; a requeued run resumes from " + newest +
-          " (the newest checkpoint in " + c_.ckpt_dir + ")");
-      older = newest;
+          " could not be saved: " + e.message() + "; a requeued run resumes from " + resumable_ +
+          " (this run's latest checkpoint in " + c_.ckpt_dir + ")");
+      older = resumable_;
     }
     const int code = c_.ckpt_dir.empty() ? kExitDrainedUnsaved : kExitDrained;
     log("dt_train: drained at step " + std::to_string(step_) +
@@ -2251,7 +2252,7 @@ void Trainer::publish_metrics() noexcept {
   if (obs_) obs_->publish_now();
 }
 
-void Trainer::check_node_memory(int ranks_here) {
+std::string Trainer::node_memory_problem(int ranks_here) const {
   // The smallest stage's estimate for every rank of the node: a lower bound, so that a refusal is
   // certain, never a guess (the ranks also hold buffers the estimate leaves out).
   double least = -1;
@@ -2270,8 +2271,7 @@ void Trainer::check_node_memory(int ranks_here) {
               format_bytes(static_cast<double>(room)) + " left (" + where +
               "): use more nodes or fewer ranks a node, a larger --parallel.tp or --parallel.pp, "
               "--parallel.zero, or a smaller --train.micro-batch";
-  const auto [who, first] = first_problem(comm_, problem);
-  DT_CHECK(ConfigError, first.empty(), first);
+  return problem;
 }
 
 void Trainer::report_memory() {

@@ -27,7 +27,8 @@
 # training and saving step 4.
 # failed_save (SIGUSR1 to rank 1 while the run holds after step 3; saves every 2 steps, and the
 # drain's save of step 3 fails, test.fail-save-at-step): the job still drains (exit 75, to be
-# requeued), naming the failure and step-2.h5, where the requeued run resumes.
+# requeued), naming the failure and step-2.h5, where the requeued run resumes; a run that
+# committed nothing and started with --ckpt.resume=none ends with exit 3 in that case.
 source "$(dirname "$0")/lib.sh"
 
 EXTRA=() WAIT_STEPS=3 STEPS=100000
@@ -142,7 +143,7 @@ if [ "$MODE" = startup_named ]; then
   finish
 fi
 if [ "$MODE" = failed_save ]; then
-  expect_line L "ckpt: warning: the drain's checkpoint of step 3 could not be saved: .*test\.fail-save-at-step: the save of step 3 .*; a requeued run resumes from .*/D/step-2\.h5 \(the newest checkpoint in .*/D\)"
+  expect_line L "ckpt: warning: the drain's checkpoint of step 3 could not be saved: .*test\.fail-save-at-step: the save of step 3 .*; a requeued run resumes from .*/D/step-2\.h5 \(this run's latest checkpoint in .*/D\)"
   expect_line L "^dt_train: drained at step 3 \(its checkpoint not saved: .*/D/step-2\.h5 is where it resumes\), exit code 75$"
   # (The seam fails the save after its writes, before the commit: the uncommitted file stays
   # until the next save, and the resume passes it by.)
@@ -152,6 +153,29 @@ if [ "$MODE" = failed_save ]; then
   expect_rc R 0
   expect_line R "resumed from .*D/step-2\.h5 at step 2 "
   steplog steps R.jsonl 3 5
+  # A run that has committed nothing and did not resume from the folder (--ckpt.resume=none into
+  # D, whose step-5.h5 is R's): its failed drain save ends it (exit 3), as R's checkpoint is no
+  # place for it to go on from.
+  echo "=== N: 2 ranks in the background: dt_train --ckpt.resume=none --ckpt.dir=$D"
+  timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
+    --train.steps=100000 --train.log-every=1000 --ckpt.dir="$D" --ckpt.resume=none \
+    --train.log-file="$WORK/N.jsonl" --ckpt.every=100 --test.fail-save-at-step=3 \
+    --test.hold-at-step=3 >N.out 2>&1 &
+  job=$!
+  for _ in $(seq 600); do
+    grep -q "test.hold-at-step: step 3 done" N.out 2>/dev/null && break
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.1
+  done
+  pid=$(rank_pid_of "--train\.log-file=$WORK/N\.jsonl( |\$)" 1)
+  [ -n "$pid" ] && kill -USR1 "$pid" || { fail "no rank 1 of N"; kill -TERM "$job"; }
+  wait "$job"
+  RC=$?
+  sed 's/^/    /' N.out
+  expect_rc N 3
+  expect_line N "test\.fail-save-at-step: the save of step 3"
+  expect_no_line N "drained at step|a requeued run resumes"
+  expect_latest "$D" "step-5.h5"
   finish
 fi
 N=$(sed -n 's/.*drained at step \([0-9][0-9]*\).*/\1/p' L.out | head -n1)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # slurm.early_drain: a drain signal that reaches slurm/train.sbatch before it has started the ranks
 # (Slurm's --signal or scancel while the script still asks scontrol about the job) requeues the
-# job without starting them, instead of killing the script (bash's default for SIGUSR1).
+# job without starting them, instead of killing the script (bash's default for SIGUSR1). The
+# requeued run then starts as the first was to (its --ckpt.resume kept, here given as two
+# arguments); a later restart, after ranks that ran, resumes from the folder (--ckpt.resume=auto).
 # The script runs outside Slurm here: scontrol and srun are stand-ins on PATH, so that the
 # signal can be sent while scontrol is known to be running (the seam); srun must not be called.
 #   early_drain.sh WORKDIR SCRIPT DT_BIN CONFIG
@@ -12,7 +14,7 @@ mkdir -p "$WORK/bin"
 cat >"$WORK/bin/scontrol" <<'EOS'
 #!/bin/sh
 echo "scontrol $*" >>"$SHIM_LOG"
-case "$1" in show) touch "$SHIM_LOG.asked"; sleep 3 ;; esac
+case "$1" in show) touch "$SHIM_LOG.asked"; [ -z "${SHIM_SLOW:-}" ] || sleep 3 ;; esac
 exit 0
 EOS
 cat >"$WORK/bin/srun" <<'EOS'
@@ -23,7 +25,7 @@ EOS
 chmod +x "$WORK/bin/scontrol" "$WORK/bin/srun"
 export SHIM_LOG=$WORK/shim.log PATH=$WORK/bin:$PATH SLURM_JOB_ID=7 SLURM_RESTART_COUNT=0 \
   SLURM_SUBMIT_DIR=$WORK DT_BIN=$BIN
-bash "$SCRIPT" "$CONFIG" --ckpt.dir="$WORK/ck" >"$WORK/out" 2>&1 &
+SHIM_SLOW=1 bash "$SCRIPT" "$CONFIG" --ckpt.dir="$WORK/ck" --ckpt.resume none >"$WORK/out" 2>&1 &
 pid=$!
 for _ in $(seq 1 100); do
   [ -e "$SHIM_LOG.asked" ] && break
@@ -44,6 +46,27 @@ grep -q "^dt-train: drained before the ranks started (SIGUSR1)$" "$WORK/out" ||
 grep -q "^dt-train: drained; requeueing job 7$" "$WORK/out" || fail "no line about the requeue"
 grep -q "^scontrol requeue 7$" "$SHIM_LOG" || fail "scontrol requeue 7 was not called"
 ! grep -q "^srun" "$SHIM_LOG" || fail "srun was called: the ranks started"
+[ -e "$WORK/.dt-train-7.early" ] || fail "no $WORK/.dt-train-7.early left for the requeued run"
+# The requeued run (restart 1) starts as the first was to; the next (restart 2) resumes.
+for restart in 1 2; do
+  : >"$SHIM_LOG"
+  SLURM_RESTART_COUNT=$restart bash "$SCRIPT" "$CONFIG" --ckpt.dir="$WORK/ck" --ckpt.resume none \
+    >"$WORK/out$restart" 2>&1
+  echo "=== restart $restart: exit code $?"
+  cat "$WORK/out$restart" "$SHIM_LOG"
+  run=$(grep "^srun" "$SHIM_LOG")
+  [ -n "$run" ] || fail "restart $restart: srun was not called"
+  if [ "$restart" = 1 ]; then
+    [[ $run == *" --ckpt.resume none"* && $run != *"--ckpt.resume=auto"* ]] ||
+      fail "restart 1 did not start as the first run was to: $run"
+    grep -q "the last run drained before its ranks started; starting as it was to" "$WORK/out1" ||
+      fail "restart 1 does not say it starts as the first run was to"
+    [ ! -e "$WORK/.dt-train-7.early" ] || fail "restart 1 left $WORK/.dt-train-7.early"
+  else
+    [[ $run == *"--ckpt.resume=auto"* && $run != *"--ckpt.resume none"* ]] ||
+      fail "restart 2 does not resume from the folder: $run"
+  fi
+done
 [ $FAILED -eq 0 ] && { echo "early_drain.sh: PASS"; exit 0; }
 echo "early_drain.sh: FAIL"
 exit 1
