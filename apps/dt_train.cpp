@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/mpi_comm.hpp"
 #include "comm/nccl_module.hpp"
 #include "dt/config.hpp"
 #include "dt/device.hpp"
@@ -144,7 +145,7 @@ int main(int argc, char** argv) {
   if (!phase([&] { dt::check_same_key(rt.world(), cfg); })) return 2;
   // This run's claim on its checkpoint folder (rank 0 writes the commits there), before anything
   // is allocated: a second run pointed at the same folder is refused, naming the first.
-  // The other ranks wait for rank 0's claim in the phase's agreement (up to ckpt.lock-wait-s).
+  // The other ranks wait for rank 0's claim (up to ckpt.lock-wait-s), watching for a drain.
   std::unique_ptr<dt::FolderLock> ckpt_lock;
   const bool claim = !cfg.ckpt_dir.empty() && !cfg.eval_only && !cfg.print_plan;
   {
@@ -153,75 +154,73 @@ int main(int argc, char** argv) {
         cfg.comm_timeout_s > 0 ? std::max(cfg.comm_timeout_s, cfg.ckpt_lock_wait_s + 60) : 0);
     // While rank 0 waits for the folder, the other ranks watch for a drain signal of their own
     // and tell rank 0, whose wait it ends as one of its own does ("to any rank": Slurm's
-    // scancel --signal may reach only some). They meet rank 0 in a barrier of their own
-    // communicator, polled, when its wait is over.
-    MPI_Comm claim_comm = MPI_COMM_NULL;
-    if (claim) MPI_Comm_dup(MPI_COMM_WORLD, &claim_comm);
+    // scancel --signal may reach only some). They meet rank 0 in a barrier of a communicator of
+    // their own, polled, when its wait is over (a collective the watchdog sees).
+    std::unique_ptr<dt::MpiComm> claim_comm;
+    if (claim) claim_comm = dt::MpiComm::dup(MPI_COMM_WORLD, "world/claim");
     constexpr int kTagDrain = 75;
     int told = 0;  // this rank told rank 0 of a drain signal
     auto meet = [&] {
-      MPI_Request req;
-      MPI_Ibarrier(claim_comm, &req);
-      for (int done = 0;;) {
-        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (done) break;
+      int one = 1;
+      MPI_Request note = MPI_REQUEST_NULL;
+      dt::Work end = claim_comm->ibarrier();
+      while (!end.test()) {
         if (rt.rank() != 0 && !told && dt::drain_requested()) {
-          int one = 1;
-          MPI_Send(&one, 1, MPI_INT, 0, kTagDrain, claim_comm);
+          MPI_Isend(&one, 1, MPI_INT, 0, kTagDrain, claim_comm->handle(), &note);
           told = 1;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
-      // Rank 0 takes the messages sent, however many came after its wait.
-      int sent = 0;
-      MPI_Reduce(&told, &sent, 1, MPI_INT, MPI_SUM, 0, claim_comm);
-      for (int k = 0; rt.rank() == 0 && k < sent; ++k) {
-        int one = 0;
-        MPI_Recv(&one, 1, MPI_INT, MPI_ANY_SOURCE, kTagDrain, claim_comm, MPI_STATUS_IGNORE);
+      // Rank 0 takes the notes sent, however many came after its wait.
+      int sent = told;
+      claim_comm->all_reduce(dt::view_of(&sent, 1), dt::ReduceOp::sum);
+      for (int k = 0; rt.rank() == 0 && k < sent; ++k)
+        MPI_Recv(&one, 1, MPI_INT, MPI_ANY_SOURCE, kTagDrain, claim_comm->handle(),
+                 MPI_STATUS_IGNORE);
+      MPI_Wait(&note, MPI_STATUS_IGNORE);
+    };
+    // Rank 0's part: the step log's check and the claim.
+    auto claim_folder = [&] {
+      // Rank 0 writes the step log: one it cannot open is refused here, before anything is
+      // allocated (opening it for appending creates it, as the run would).
+      if (!cfg.log_file.empty()) {
+        std::FILE* f = std::fopen(cfg.log_file.c_str(), "a");
+        const int err = errno;
+        DT_CHECK(dt::ConfigError, f != nullptr, "option --train.log-file: cannot open ",
+                 cfg.log_file, " for appending: ", std::strerror(err));
+        std::fclose(f);
       }
-      MPI_Comm_free(&claim_comm);
+      if (!claim) return;
+      ckpt_lock = std::make_unique<dt::FolderLock>(
+          cfg.ckpt_dir, "dt_train", cfg.ckpt_lock_wait_s,
+          [](const std::string& line) {
+            std::printf("dt_train: %s\n", line.c_str());
+            std::fflush(stdout);
+          },
+          [&] {
+            int asked = 0;  // a drain signal another rank got
+            MPI_Iprobe(MPI_ANY_SOURCE, kTagDrain, claim_comm->handle(), &asked, MPI_STATUS_IGNORE);
+            return dt::drain_requested() || asked != 0;
+          });
+      if (!ckpt_lock->stopped().empty()) {  // a drain signal ended the wait: see below
+        std::printf("dt_train: %s: a drain signal came\n", ckpt_lock->stopped().c_str());
+        ckpt_lock.reset();
+        stopped = 1;
+        return;
+      }
+      if (!ckpt_lock->warning().empty())
+        std::fprintf(stderr, "dt_train: warning: %s\n", ckpt_lock->warning().c_str());
     };
     if (!phase([&] {
-          if (rt.rank() != 0) {
-            if (claim) meet();
-            return;
-          }
-          struct Meet {  // rank 0 meets the others however its part ends (a refusal throws)
-            decltype(meet)& f;
-            bool on;
-            ~Meet() {
-              if (on) f();
+          if (rt.rank() == 0) {
+            try {
+              claim_folder();
+            } catch (...) {  // the others wait to meet rank 0 however its part ends
+              if (claim) meet();
+              throw;
             }
-          } const met{meet, claim};
-          // Rank 0 writes the step log: one it cannot open is refused here, before anything is
-          // allocated (opening it for appending creates it, as the run would).
-          if (!cfg.log_file.empty()) {
-            std::FILE* f = std::fopen(cfg.log_file.c_str(), "a");
-            const int err = errno;
-            DT_CHECK(dt::ConfigError, f != nullptr, "option --train.log-file: cannot open ",
-                     cfg.log_file, " for appending: ", std::strerror(err));
-            std::fclose(f);
           }
-          if (!claim) return;
-          ckpt_lock = std::make_unique<dt::FolderLock>(
-              cfg.ckpt_dir, "dt_train", cfg.ckpt_lock_wait_s,
-              [](const std::string& line) {
-                std::printf("dt_train: %s\n", line.c_str());
-                std::fflush(stdout);
-              },
-              [&] {
-                int asked = 0;  // a drain signal another rank got
-                MPI_Iprobe(MPI_ANY_SOURCE, kTagDrain, claim_comm, &asked, MPI_STATUS_IGNORE);
-                return dt::drain_requested() || asked != 0;
-              });
-          if (!ckpt_lock->stopped().empty()) {  // a drain signal ended the wait: see below
-            std::printf("dt_train: %s: a drain signal came\n", ckpt_lock->stopped().c_str());
-            ckpt_lock.reset();
-            stopped = 1;
-            return;
-          }
-          if (!ckpt_lock->warning().empty())
-            std::fprintf(stderr, "dt_train: warning: %s\n", ckpt_lock->warning().c_str());
+          if (claim) meet();
         }))
       return 2;
     // A drain signal while rank 0 waited for the folder: nothing new to save, so the run ends as
