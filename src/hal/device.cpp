@@ -53,15 +53,18 @@ std::string elf_cut_short(const std::string& path, std::uint64_t size) {
   std::ifstream in(path, std::ios::binary);
   Elf64_Ehdr eh{};
   if (!in.read(reinterpret_cast<char*>(&eh), sizeof eh)) return "";
-  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64)
+  // Only a 64-bit file of this machine's byte order is read here (dlopen names what others are).
+  constexpr unsigned char kOwnOrder =
+      __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? ELFDATA2LSB : ELFDATA2MSB;
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+      eh.e_ident[EI_DATA] != kOwnOrder || eh.e_phentsize != sizeof(Elf64_Phdr))
     return "";
   auto cut = [size](std::uint64_t end, const char* what) {
     return "the file is cut short: " + std::string(what) + " end at byte " + std::to_string(end) +
            ", the file has " + std::to_string(size) + " (a copy not yet complete?)";
   };
   const std::uint64_t ph_end = eh.e_phoff + static_cast<std::uint64_t>(eh.e_phnum) * eh.e_phentsize;
-  if (eh.e_phentsize != sizeof(Elf64_Phdr) || ph_end > size)
-    return cut(ph_end, "its program headers");
+  if (ph_end > size) return cut(ph_end, "its program headers");
   in.seekg(static_cast<std::streamoff>(eh.e_phoff));
   for (int i = 0; i < eh.e_phnum; ++i) {
     Elf64_Phdr ph{};
@@ -127,7 +130,7 @@ void* find_symbol(const SharedLibrary& lib, const char* name) { return dlsym(lib
 std::string default_plugin_path() {
   // Set by the dt module (modulefiles/dt): the plugins of the installation the user loaded.
   const char* env = std::getenv("DT_PLUGIN_PATH");
-  std::string path = env && *env ? std::string(env) : "";
+  std::string path;
   // A folder named twice (the installation's lib/dt/plugins is both next to the program and
   // next to libdt) is listed once.
   std::vector<std::string> seen;
@@ -138,6 +141,8 @@ std::string default_plugin_path() {
     seen.push_back(key);
     path += (path.empty() ? "" : ":") + dir;
   };
+  if (env != nullptr)
+    for (const auto& dir : split_path(env)) add(dir);
   char exe[PATH_MAX] = {0};
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n > 0) {

@@ -69,14 +69,16 @@ for f in "$P"/bin/* "$P"/lib/libdt.so*; do
 done
 "$P/bin/dt_train" --version || fail "the installed dt_train does not start"
 # The default plugin path names each folder once (lib/dt/plugins is next to the program and next
-# to libdt).
-out=$(env -u DT_PLUGIN_PATH "$P/bin/dt_train" --data.path=/usr/share/common-licenses/GPL-3 \
-      --runtime.device=nosuch 2>&1)
-echo "$out" | head -1
-path=$(echo "$out" | sed -n "s/.*not found in the plugin path '\(.*\)'.*/\1/p")
-[ -n "$path" ] || fail "no plugin path in: $out"
-dups=$(echo "$path" | tr ':' '\n' | xargs -r -n1 realpath -m | sort | uniq -d)
-[ -z "$dups" ] || fail "the default plugin path '$path' names $dups more than once"
+# to libdt, and the dt module names it in DT_PLUGIN_PATH).
+for env_path in "" "$P/lib/dt/plugins"; do
+  out=$(env -u DT_PLUGIN_PATH ${env_path:+DT_PLUGIN_PATH=$env_path} "$P/bin/dt_train" \
+        --data.path=/usr/share/common-licenses/GPL-3 --runtime.device=nosuch 2>&1)
+  echo "DT_PLUGIN_PATH='$env_path': $(echo "$out" | head -1)"
+  path=$(echo "$out" | sed -n "s/.*not found in the plugin path '\(.*\)'.*/\1/p")
+  [ -n "$path" ] || fail "no plugin path in: $out"
+  dups=$(echo "$path" | tr ':' '\n' | xargs -r -n1 realpath -m | sort | uniq -d)
+  [ -z "$dups" ] || fail "the default plugin path '$path' names $dups more than once"
+done
 [ $FAILED -eq 0 ] && { echo "runpath.sh: PASS"; exit 0; }
 echo "runpath.sh: FAIL"
 exit 1
