@@ -110,25 +110,16 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       failed = dt::message_of(e);
     }
-    int ok = failed.empty() ? 1 : 0;
-    int all_ok = ok;
-    rt.world().all_reduce(dt::view_of(&all_ok, 1), dt::ReduceOp::min);
-    if (all_ok) return true;
+    const auto [first_bad, first] = dt::first_problem(rt.world(), failed);
+    if (first_bad == rt.size()) return true;
     // The first failing rank prints its error; another rank prints only an error of its own.
-    int first_bad = ok ? rt.size() : rt.rank();
-    rt.world().all_reduce(dt::view_of(&first_bad, 1), dt::ReduceOp::min);
-    std::vector<std::uint8_t> text(1024, 0);
-    if (rt.rank() == first_bad)
-      std::copy_n(failed.begin(), std::min<std::size_t>(failed.size(), 1023), text.begin());
-    rt.world().broadcast(dt::view_of(text), first_bad);
-    const std::string first(reinterpret_cast<const char*>(text.data()));
     if (rt.rank() == first_bad)
       std::fprintf(
           stderr,
           "dt_train: error: %s%s\ndt_train: run 'dt_train --help' for the list of options\n",
           rt.size() > 1 ? ("rank " + std::to_string(rt.rank()) + ": ").c_str() : "",
           failed.c_str());
-    else if (!ok && failed.substr(0, 1023) != first)
+    else if (!failed.empty() && failed != first)
       std::fprintf(stderr, "dt_train: error: rank %d: %s\n", rt.rank(), failed.c_str());
     return false;
   };

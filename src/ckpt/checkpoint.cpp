@@ -2247,8 +2247,12 @@ CkptMeta load_checkpoint(Comm& comm, const std::string& path,
       msg += "\n  ... and " + std::to_string(diff.size() - kShown) + " more";
     std::string model;
     std::istringstream lines(meta.config);
-    for (std::string line; std::getline(lines, line);)
-      if (line.rfind("model.", 0) == 0) model += (model.empty() ? "" : ", ") + line;
+    for (std::string line; std::getline(lines, line);) {
+      // "model.embd = 32" as the option is given: --model.embd=32
+      const std::size_t eq = line.find(" = ");
+      if (line.rfind("model.", 0) == 0 && eq != std::string::npos)
+        model += (model.empty() ? "--" : ", --") + line.substr(0, eq) + "=" + line.substr(eq + 3);
+    }
     if (!model.empty()) msg += "\n  the file's model: " + model;
     DT_THROW(CheckpointError, "checkpoint does not match the model: ", path, " (", diff.size(),
              " tensors differ):", msg);

@@ -22,9 +22,9 @@ struct SharedLibrary {
 /// (RTLD_NOW | RTLD_LOCAL) accepts. A copy that cannot be loaded (built for another machine,
 /// missing a library of its own, cut short) is skipped with a warning on stderr naming it and why,
 /// so a stale one does not hide a good one. A 64-bit ELF copy whose segments end past the end of
-/// the file is refused before dlopen, which would raise SIGBUS mapping it. `what` names the asker in messages ("device 'cuda'"). Throws
-/// dt::ConfigError naming the file and the path when no copy exists, and every copy's reason when
-/// none loads.
+/// the file is refused before dlopen, which would raise SIGBUS mapping it. `what` names the asker
+/// in messages ("device 'cuda'"). Throws dt::ConfigError naming the file and the path when no
+/// copy exists, and every copy's reason when none loads.
 /// `accept` (if given) judges a copy that loaded: it returns why the copy cannot serve (another
 /// version, say), and such a copy is skipped too, or "" to take it.
 void load_from_path(const std::string& file, const std::string& search_path,

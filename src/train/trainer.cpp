@@ -470,29 +470,19 @@ void check_same_key(Comm& world, const TrainConfig& c) {
 }
 
 void check_same_device_kind(Comm& world, const Device& dev) {
-  struct Kind {
-    int host = 0;
-    std::array<char, 48> name{};
-  } mine;
-  mine.host = dev.host_memory() ? 1 : 0;
-  std::copy_n(dev.name().begin(), std::min(dev.name().size(), mine.name.size() - 1),
-              mine.name.begin());
-  const Kind first = rank0_value(world, mine);
-  auto where = [](int host) { return host ? "in host memory" : "in device memory"; };
-  DT_CHECK(ConfigError, first.host == mine.host, "option --runtime.device: '", dev.name(),
-           "' on this rank's node (", host_name(), ") keeps tensors ", where(mine.host),
-           ", rank 0's '", first.name.data(), "' ", where(first.host),
+  const int host = dev.host_memory() ? 1 : 0;
+  const int first = rank0_value(world, host);
+  const std::string first_name = broadcast_text(world, dev.name(), 0);
+  auto where = [](int h) { return h ? "in host memory" : "in device memory"; };
+  DT_CHECK(ConfigError, first == host, "option --runtime.device: '", dev.name(),
+           "' on this rank's node (", host_name(), ") keeps tensors ", where(host), ", rank 0's '",
+           first_name, "' ", where(first),
            ": every rank must train on devices of one kind (the communicators differ)");
 }
 
 void check_same_options(Comm& world, const std::string& options,
                         const std::vector<std::string>& node_local) {
-  std::uint64_t len = options.size();
-  world.broadcast(view_of(reinterpret_cast<std::uint8_t*>(&len), sizeof len), 0);
-  std::vector<std::uint8_t> text(static_cast<std::size_t>(len));
-  if (world.rank() == 0) std::copy(options.begin(), options.end(), text.begin());
-  if (len > 0) world.broadcast(view_of(text), 0);
-  const std::string first(text.begin(), text.end());
+  const std::string first = broadcast_text(world, options, 0);
   if (first == options) return;
   const std::set<std::string> local(node_local.begin(), node_local.end());
   const auto theirs = config_lines(first), mine = config_lines(options);  // rank 0's order
@@ -628,8 +618,6 @@ std::vector<std::int32_t> sample_prompt_tokens(const TrainConfig& c, const std::
   }
   return ids;
 }
-
-namespace {}  // namespace
 
 TokenFile validate_and_load(TrainConfig& c) {
   DT_CHECK(ConfigError, !c.data_path.empty(), "option --data.path is required (a text file or an ",
@@ -1777,8 +1765,8 @@ std::string Trainer::resume_from_checkpoint() {
   const std::string heads = config_value(m.config, "model.heads");
   DT_CHECK(CheckpointError, heads.empty() || heads == std::to_string(c_.model.heads),
            "checkpoint does not match the model: ", used, " was trained with --model.heads=", heads,
-           ", this run has --model.heads=", c_.model.heads,
-           " (the same tensor shapes, its attention split into other heads)");
+           " (this run: ", c_.model.heads,
+           "; the same tensor shapes, its attention split into other heads)");
   state_to_device();
   if (zero_) refresh_working_weights();  // the loaded shards into the compute parameters
   if (low_precision()) {
@@ -1817,10 +1805,10 @@ std::string Trainer::resume_from_checkpoint() {
     log("ckpt: warning: the checkpoint was trained with seed " + std::to_string(m.rng_seed) +
         ", this run uses " + std::to_string(c_.seed) + ": the data order differs");
   // Settings that decide the data order, the learning rate schedule and the optimizer's update: a
-  // run that changes them
-  // does not continue the one it resumes (allowed: extending a run, say, but said). The data is
-  // compared by what it holds where the checkpoint recorded it (format version 4): a copy at
-  // another path continues the run, other data at the same path does not; by its path otherwise.
+  // run that changes them does not continue the one it resumes (allowed: extending a run, say,
+  // but said). The data is compared by what it holds where the checkpoint recorded it (format
+  // version 4): a copy at another path continues the run, other data at the same path does not;
+  // by its path otherwise.
   std::string changed;
   const std::string now = c_.config_text;
   if (!m.data.empty() && m.data != data_id_) changed = "data " + m.data + " -> " + data_id_;

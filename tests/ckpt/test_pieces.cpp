@@ -559,7 +559,7 @@ void mode_refuse(dt::MpiComm& world, const std::string& dir) {
         "another model", [&] { dt::load_checkpoint(world, dm + "/step-1.h5", asked); },
         {"checkpoint does not match the model: " + dm + "/step-1.h5 (12 tensors differ):",
          "\n  /model/t17: file [8], model [4]\n  ... and 4 more\n",
-         "\n  the file's model: model.embd = 8, model.layers = 2"});
+         "\n  the file's model: --model.embd=8, --model.layers=2"});
     H.expect(!contains(msg, "/model/t18"), "another model: eight tensors named", msg);
   }
 }
