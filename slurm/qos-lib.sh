@@ -6,7 +6,8 @@
 #   DT_QOS_CONFIG       the tiers (default: configs/qos.ini of this installation)
 #   DT_QOS_CGROUP_ROOT  where the cgroup hierarchies are mounted (default /sys/fs/cgroup); tests
 #                       point it at a temporary tree
-#   DT_QOS_CGROUP_PARENT  the group under which job groups are made (default dt)
+#   DT_QOS_CGROUP_PARENT  the group under which job groups are made (default dt): one group name,
+#                       made and removed by the hooks
 #   DT_QOS_STATE_DIR    the records of what the prolog did, one per job (default /run/dt-qos);
 #                       dt_train reads its job's record from there (--qos.state-dir)
 #   DT_QOS_LOG          log of every action (default /var/log/dt-qos.log)
@@ -85,6 +86,76 @@ ini_get() {
 # ini_has_section SECTION
 ini_has_section() {
   ini_lines | grep -qxF "[$1]"
+}
+
+# ini_problems: what dt's own reader would refuse in DT_QOS_CONFIG, or the hooks cannot use, one
+# line each ("line N: ..."): a line that is no [SECTION] or KEY = VALUE, a section or a key set
+# twice (the first applies), a key a section does not take ([default]: tier, comment; a tier:
+# weight, cpuset, fifo, rt-budget; [slurm-qos]: Slurm QOS names, each naming a tier), and ranges
+# whose LOW is above their HIGH. The hooks log them and go on with what the file says.
+ini_problems() {
+  LC_ALL=C awk '
+    function trim(t) { gsub(/^[ \t\r]+|[ \t\r]+$/, "", t); return t }
+    {
+      line = $0
+      if (NR == 1 && substr(line, 1, 3) == "\357\273\277") line = substr(line, 4)
+      if (match(line, /[ \t]#/)) line = substr(line, 1, RSTART)
+      line = trim(line)
+      if (line == "" || line ~ /^[#;]/) next
+      if (line ~ /^\[.*\]$/) {
+        sec = trim(substr(line, 2, length(line) - 2))
+        if (sec in secs) print "line " NR ": section [" sec "] again (line " secs[sec] "): the first applies"
+        else secs[sec] = NR
+        next
+      }
+      i = index(line, "=")
+      if (i <= 1) { print "line " NR ": \"" line "\" is not [SECTION] or KEY = VALUE"; next }
+      key = trim(substr(line, 1, i - 1)); value = trim(substr(line, i + 1))
+      if ((sec, key) in keys) {
+        print "line " NR ": " key " in [" sec "] again (line " keys[sec, key] "): the first applies"
+        next
+      }
+      keys[sec, key] = NR
+      if (sec == "default") {
+        if (key != "tier" && key != "comment")
+          print "line " NR ": [default] takes tier and comment, not " key
+      } else if (sec == "slurm-qos") {
+        maps[key] = value; mapline[key] = NR
+      } else if (key != "weight" && key != "cpuset" && key != "fifo" && key != "rt-budget") {
+        print "line " NR ": a tier ([" sec "]) takes weight, cpuset, fifo and rt-budget, not " key
+      } else if ((key == "weight" || key == "fifo") && value ~ /^[0-9]+-[0-9]+$/) {
+        split(value, r, "-")
+        if (r[1] + 0 > r[2] + 0) print "line " NR ": [" sec "] " key " = " value ": LOW is above HIGH"
+      }
+    }
+    END {
+      for (q in maps)
+        if (maps[q] == "default" || maps[q] == "slurm-qos" || !(maps[q] in secs))
+          print "line " mapline[q] ": [slurm-qos] " q " = " maps[q] " names no tier of the file"
+    }' "$DT_QOS_CONFIG" 2>/dev/null
+}
+
+# parent_ok: whether CG_PARENT is one group name (the hooks make and remove one level: a nested
+# parent would get no cpuset or real-time budget of its own, and be left behind); logs why not.
+parent_ok() {
+  [[ "$CG_PARENT" =~ ^[A-Za-z0-9_.][A-Za-z0-9_.-]*$ && "$CG_PARENT" != . && "$CG_PARENT" != .. ]] &&
+    return 0
+  qlog "error: DT_QOS_CGROUP_PARENT='$CG_PARENT' is not one group name (letters, digits, _ . -);" \
+    "no group is made or removed"
+  return 1
+}
+
+# rt_share PARENT [EXCEPT]: the real-time runtime the job groups under PARENT (v1 cpu hierarchy)
+# hold, per million of the CPU time, leaving out the group EXCEPT.
+rt_share() {
+  local f g r p share=0
+  for f in "$1"/job_*/cpu.rt_runtime_us; do
+    g=$(dirname "$f")
+    [ "$g" = "${2:-}" ] && continue
+    r=$(dec "$(cat "$f" 2>/dev/null)") && p=$(dec "$(cat "$g/cpu.rt_period_us" 2>/dev/null)") &&
+      [ "$p" -gt 0 ] && share=$((share + r * 1000000 / p))
+  done
+  echo "$share"
 }
 
 # dec VALUE: VALUE, digits only, as a decimal number without leading zeros (08 is 8 and 025 is 25,

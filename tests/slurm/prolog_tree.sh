@@ -165,6 +165,7 @@ else
   # 25 + 40 + 10 (101-103), not 25 more for job 104 (refused, logged), 10 + 10 (108, 109).
   file_is "$T/cpu/dt/cpu.rt_runtime_us" 950000
   ! grep -q "^rt_runtime_us=" "$WORK/state/job-104.conf" || fail "job 104 got a real-time budget"
+  record_has 104 "fifo=0"  # without a budget no thread of its group may run SCHED_FIFO
   grep -q "job=104: no real-time budget of 25% for the job: the node's dt jobs would hold 100% of" \
     "$WORK/qos.log" || fail "no log line about job 104's refused real-time budget"
   record_has 109 "rt_runtime_us=1000"
@@ -187,6 +188,29 @@ if [ "$MODE" = v2 ]; then
   expect_line E "option --qos.file: '$WORK/nope.conf' is not a file"
 fi
 
+echo "=== a record naming groups of others (job 120): the epilog leaves them, and their parent"
+other=$(dirname "$(group 121 cpu)")
+mkdir -p "$(group 121 cpu)" "$T/other"
+printf 'job=120\ntier=high\ncgroup=%s\ncgroup=%s\n' "$(group 121 cpu)" "$T/other" \
+  >"$WORK/state/job-120.conf"
+hook epilog 120
+[ -d "$(group 121 cpu)" ] && [ -d "$T/other" ] || fail "the epilog of job 120 removed another's group"
+grep -qF "job=120: error: record names '$T/other', not a group of job 120; left alone" \
+  "$WORK/qos.log" || fail "no log line about the record's foreign group"
+rm -rf "$(group 121 cpu)" "$T/other"
+# The same on a real cgroup file system (v1 cpu hierarchy, as root), where the epilog removes
+# empty groups with rmdir: another job's group, empty between its prolog and its first task, stays.
+real=/sys/fs/cgroup/cpu
+if [ "$MODE" = v1 ] && [ "$(id -u)" -eq 0 ] && [ "$(stat -f -c %T "$real" 2>/dev/null)" = cgroupfs ] &&
+   mkdir -p "$real/dt-test-$$/job_121" 2>/dev/null; then
+  printf 'job=120\ntier=high\ncgroup=%s\n' "$real/dt-test-$$/job_121" >"$WORK/state/job-120.conf"
+  DT_QOS_CGROUP_ROOT=/sys/fs/cgroup DT_QOS_CGROUP_PARENT=dt-test-$$ hook epilog 120
+  [ -d "$real/dt-test-$$/job_121" ] || fail "the epilog of job 120 removed job 121's real group"
+  rmdir "$real/dt-test-$$/job_121" "$real/dt-test-$$" 2>/dev/null
+else
+  echo "    (no real v1 cpu hierarchy to write to: the real-group case is left out)"
+fi
+
 echo "=== a prolog that died before its record (job 105), and the epilogs"
 hook prolog 105 "dt-qos=high"
 rm -f "$WORK/state/job-105.conf"
@@ -205,7 +229,11 @@ if [ "$MODE" = v1 ]; then
   hooks_at_once prolog $(seq 201 208)
   file_is "$T/cpu/dt/cpu.rt_runtime_us" 800000
   for j in $(seq 201 208); do record_has "$j" "rt_runtime_us=1000"; done
-  hooks_at_once epilog $(seq 201 208)
+  # Half of them end: the parent keeps what the others hold (40%), not what all held.
+  hooks_at_once epilog $(seq 201 204)
+  file_is "$T/cpu/dt/cpu.rt_runtime_us" 400000
+  hooks_at_once epilog $(seq 205 208)
+  file_is "$T/cpu/dt/cpu.rt_runtime_us" 0
   left=$(find "$T" -name 'job_*' | tr '\n' ' ')
   [ -z "$left" ] || fail "groups left after the concurrent epilogs: $left"
 fi
@@ -213,7 +241,7 @@ fi
 echo "=== qos.ini numbers with leading zeros are decimal (jobs 301, 302)"
 cat >"$WORK/zeros.ini" <<'INI'
 [zeros]
-weight = 60-09
+weight = 06-09
 cpuset = numa:01
 fifo = 060-079
 rt-budget = 08
@@ -280,6 +308,49 @@ left=$(find "$T" -name 'job_3*' | tr '\n' ' ')
 [ -z "$left" ] || fail "groups left after the epilogs of jobs 301-305: $left"
 [ -z "$(ls -A "$WORK/state")" ] || fail "records left: $(ls -A "$WORK/state")"
 
+echo "=== qos.ini mistakes dt's reader refuses (job 306): each logged with its line"
+cat >"$WORK/mistakes.ini" <<'INI'
+[default]
+tier = high
+[slurm_qos]
+high = high
+[high]
+weight = 60-75
+cpu-set = numa:1
+fifo = 79-60
+fifo = 60-79
+rt-budget 25
+[high]
+weight = 1-2
+[slurm-qos]
+normal = platinum
+INI
+DT_QOS_CONFIG=$WORK/mistakes.ini hook prolog 306
+grep "job=306:" "$WORK/qos.log" | sed 's/^/    /'
+for line in "line 4: a tier ([slurm_qos]) takes weight, cpuset, fifo and rt-budget, not high" \
+  "line 7: a tier ([high]) takes weight, cpuset, fifo and rt-budget, not cpu-set" \
+  "line 8: [high] fifo = 79-60: LOW is above HIGH" \
+  "line 9: fifo in [high] again (line 8): the first applies" \
+  "line 10: \"rt-budget 25\" is not [SECTION] or KEY = VALUE" \
+  "line 11: section [high] again (line 5): the first applies" \
+  "line 14: [slurm-qos] normal = platinum names no tier of the file"; do
+  grep -qF "job=306: error: $WORK/mistakes.ini: $line" "$WORK/qos.log" || fail "no log line '$line'"
+done
+record_has 306 "tier=high"
+hook epilog 306
+! grep -q "job=30[1-5]: error: .*: line" "$WORK/qos.log" || fail "a line logged for a good qos.ini"
+
+echo "=== a nested DT_QOS_CGROUP_PARENT (job 307): refused, no group made or removed"
+mkdir -p "$T/a"
+DT_QOS_CGROUP_PARENT=a/b hook prolog 307 "dt-qos=high"
+grep -qF "job=307: error: DT_QOS_CGROUP_PARENT='a/b' is not one group name" "$WORK/qos.log" ||
+  fail "no log line about the nested parent"
+record_has 307 "mode=none"
+[ -z "$(find "$T" -path '*a/b*')" ] || fail "a group made under the nested parent"
+DT_QOS_CGROUP_PARENT=a/b hook epilog 307
+[ -d "$T/a" ] && [ ! -e "$WORK/state/job-307.conf" ] || fail "the epilog of job 307 removed $T/a or left its record"
+rm -rf "$T/a"
+
 echo "=== comment = lower (jobs 310-315): a comment names no tier above the job's tier without it"
 # (Job 101 above: without the key, as comment = any, a comment names any tier.)
 for v in lower any lowest; do
@@ -343,7 +414,7 @@ record_has 107 "fifo=60"
 hook epilog 107
 [ ! -e "$WORK/state/job-107.conf" ] || fail "record of job 107 left"
 ! grep -q "stopped half-way" "$WORK/qos.log" || fail "a hook stopped half-way (see the log above)"
-if [ -s "$WORK/hooks.err" ] && grep -qv " job=[123][01][0-9]: " "$WORK/hooks.err"; then
+if [ -s "$WORK/hooks.err" ] && grep -qv " job=[123][0-2][0-9]: " "$WORK/hooks.err"; then
   echo "hook stderr:"; sed 's/^/    /' "$WORK/hooks.err"
   fail "the hooks printed something other than their log lines"
 fi
