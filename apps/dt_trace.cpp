@@ -159,6 +159,9 @@ int cmd_merge(const std::vector<std::string>& args) {
   for (std::size_t i = 1; i < args.size(); ++i)
     DT_CHECK(ConfigError, !std::filesystem::equivalent(out, args[i], ec), "OUT ", out,
              " is also an input (", args[i], "); nothing was written");
+  DT_CHECK(ConfigError, !std::filesystem::is_directory(out, ec), "OUT ", out,
+           " is a folder: name the file to write the merged timeline to (e.g. ", out,
+           "/trace.json); nothing was written");
   if (std::filesystem::exists(out, ec)) {
     std::ifstream in(out);
     const json prev = json::parse(in, nullptr, /*allow_exceptions=*/false);

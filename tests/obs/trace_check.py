@@ -218,6 +218,10 @@ rc, out = obslib.run([a.trace, "merge", "merged.json", "merged.json"])
 check(rc == 2 and "OUT merged.json is also an input (merged.json)" in out,
       "merge into one of its inputs: exit code %s" % rc)
 check(open("merged.json").read() == merged_text, "merge into one of its inputs changed it")
+# OUT a folder: refused as such (it was an internal error, exit 3).
+rc, out = obslib.run([a.trace, "merge", "tr", "tr/trace-rank0.json", "tr/trace-rank1.json"])
+check(rc == 2 and "OUT tr is a folder: name the file to write the merged timeline to" in out,
+      "merge into a folder: exit code %s: %s" % (rc, out))
 rc, out = obslib.run([a.trace, "merge", "merged.json", "tr/trace-rank1.json", "tr/trace-rank0.json"])
 check(rc == 0, "merge over an earlier merge: exit code %s" % rc)
 # Counts of one are singular.
