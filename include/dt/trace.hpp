@@ -33,9 +33,12 @@ void record(const char* name, const char* category, const char* arg_name, std::i
             std::int64_t t0_ns, std::int64_t t1_ns) noexcept;
 /// A communication operation `op` (category "comm"): its communicator (the name the flight
 /// recorder and the watchdog's dump give it), its sequence number there, its backend and bytes.
-/// `comm` and `backend` must outlive the trace (intern() makes a name that does).
+/// `comm` and `backend` must outlive the trace (intern() makes a name that does). The watchdog
+/// records the operations still in flight at a hang as category "comm (unfinished)", ending when
+/// it wrote the timeline.
 void record_comm(const char* op, const char* comm, const char* backend, std::int64_t seq,
-                 std::int64_t bytes, std::int64_t t0_ns, std::int64_t t1_ns) noexcept;
+                 std::int64_t bytes, std::int64_t t0_ns, std::int64_t t1_ns,
+                 const char* category = "comm") noexcept;
 /// A copy of `s` that lives until the process ends, one per distinct text.
 const char* intern(const std::string& s);
 }  // namespace detail

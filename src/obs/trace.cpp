@@ -171,10 +171,11 @@ void record(const char* name, const char* category, const char* arg_name, std::i
   }
 }
 void record_comm(const char* op, const char* comm, const char* backend, std::int64_t seq,
-                 std::int64_t bytes, std::int64_t t0_ns, std::int64_t t1_ns) noexcept {
+                 std::int64_t bytes, std::int64_t t0_ns, std::int64_t t1_ns,
+                 const char* category) noexcept {
   if (!enabled()) return;
   try {
-    my_buffer()->append(Event{op, "comm", "seq", seq, t0_ns, t1_ns, comm, backend, bytes});
+    my_buffer()->append(Event{op, category, "seq", seq, t0_ns, t1_ns, comm, backend, bytes});
   } catch (...) {
     // Out of memory: the event is lost, the job goes on.
   }

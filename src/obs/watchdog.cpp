@@ -319,6 +319,29 @@ std::string state_json(int rank) { return state_with(rank, 64); }
 
 // --- watchdog ----------------------------------------------------------------------------------
 
+// The operations in flight, into this thread's timeline before it is written at a hang
+// (category "comm (unfinished)", ending now): the timeline shows where each thread waits. Once.
+void trace_unfinished() noexcept {
+  static std::atomic<bool> once{false};  // a rank may both answer and abort: recorded once
+  if (!trace::enabled() || once.exchange(true)) return;
+  try {
+    std::vector<Entry> open;
+    {
+      Recorder& r = recorder();
+      std::lock_guard<std::mutex> lk(r.mu);
+      for (const Entry& e : r.ring)
+        if (e.gen != 0 && e.t1 == 0 && e.communication) open.push_back(e);
+    }
+    const std::int64_t now = now_ns(), shift = trace::detail::now_ns() - now;
+    for (const Entry& e : open)
+      trace::detail::record_comm(e.op, trace::detail::intern(e.comm), e.backend,
+                                 static_cast<std::int64_t>(e.seq),
+                                 static_cast<std::int64_t>(e.count * dtype_size(e.dtype)),
+                                 e.t0 + shift, now + shift, "comm (unfinished)");
+  } catch (...) {  // out of memory: the timeline goes without them
+  }
+}
+
 // The watchdog whose thread runs (collect_timelines asks through it), or null.
 std::atomic<Watchdog::Impl*> g_running{nullptr};
 
@@ -392,6 +415,7 @@ struct Watchdog::Impl {
     auto write_timeline = [this] {
       if (traced) return;
       traced = true;
+      trace_unfinished();
       trace::write_noexcept();
     };
     auto m = std::make_unique<Sent>();
@@ -711,6 +735,7 @@ struct Watchdog::Impl {
     std::fprintf(stderr, "%s\n", line.str().c_str());
     std::fflush(stderr);
     std::fflush(stdout);
+    trace_unfinished();
     trace::write_noexcept();
     MPI_Abort(MPI_COMM_WORLD, s.exit_code);
     std::_Exit(s.exit_code);

@@ -108,5 +108,11 @@ if mode == "skip":  # every rank's timeline, with its steps up to the hang
     for q in ranks:
         t = json.load(open(os.path.join(os.path.dirname(sys.argv[1]), "trace", f"trace-rank{q}.json")))
         assert any(e.get("name") == "step" for e in t["traceEvents"]), f"rank {q}: no step in its trace"
+        # The ranks waiting for rank `skip` show the loss all_reduce they waited in, unfinished,
+        # once.
+        if q != skip:
+            u = [e for e in t["traceEvents"] if e.get("cat") == "comm (unfinished)"]
+            assert len(u) == 1 and u[0]["name"] == "all_reduce" and u[0]["args"]["comm"] == "world", \
+                f"rank {q}: unfinished operations {u}"
 PY
 echo "watchdog.sh: PASS ($mode): exit $rc after ${took} s"
