@@ -456,6 +456,48 @@ std::string grouping(const std::string& name, const std::string& value) {
 }
 
 constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
+
+// The metrics server's connections, each on a thread of its own (made for it, ending with it), up
+// to kMaxConnections at once; more wait for one to end. A client that trickles its request, a
+// byte a second within the read timeout, holds its own thread only, not the scrapes (httplib's
+// pool of a few threads was held whole by as many such clients). shutdown() waits for the
+// connections under way.
+class ConnectionThreads final : public httplib::TaskQueue {
+ public:
+  static constexpr std::size_t kMaxConnections = 32;
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(fn));
+    if (running_ == kMaxConnections) return;
+    ++running_;
+    std::thread([this] { run(); }).detach();
+  }
+  void shutdown() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait(lock, [this] { return running_ == 0; });
+  }
+
+ private:
+  void run() {  // (named and given the io role by the handler: io_thread)
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (queue_.empty()) {
+          if (--running_ == 0) idle_.notify_all();
+          return;
+        }
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      fn();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable idle_;
+  std::deque<std::function<void()>> queue_;
+  std::size_t running_ = 0;
+};
 }  // namespace
 
 std::string push_path(const std::string& job, const std::string& instance) {
@@ -708,10 +750,11 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
     Impl::Serving* sv = m.serving.get();
     sv->reg = &registry;
     httplib::Server& server = sv->server;
-    // A few connections at once, each given a second for every read of its request: clients
-    // that connect and say nothing are dropped after a second; four that trickle a byte a
-    // second hold every thread (scrapes wait) until they stop, but never the exit.
-    server.new_task_queue = [] { return new httplib::ThreadPool(4); };
+    // Connections on threads of their own (ConnectionThreads), each given a second for every read
+    // of its request: clients that connect and say nothing are dropped after a second; clients
+    // that trickle a byte a second hold a thread each until they stop (32 such hold every one),
+    // but never the exit.
+    server.new_task_queue = [] { return new ConnectionThreads; };
     server.set_read_timeout(1, 0);
     server.set_keep_alive_timeout(1);
     // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second rank on the
@@ -721,7 +764,7 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
       ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     });
     server.Get("/metrics", [sv](const httplib::Request&, httplib::Response& res) {
-      io_thread();  // httplib's pool thread
+      io_thread();  // a connection's thread (ConnectionThreads)
       if (sv->closing.load()) {
         res.status = 503;
         return;
