@@ -1823,13 +1823,27 @@ constexpr const char* kTampered =
 // The decryption context of an encrypted file (nullopt for a plain one, and for an encrypted one
 // when `keys` is null and `require` is false). Throws CheckpointError "checkpoint key: ..." for an
 // encrypted file without keys (when `require`), a plain file with keys (when `require`), a
-// malformed key attribute and a wrong key.
+// malformed key attribute, a wrong key, a damaged crypto_sha256 (also without keys) and a file
+// that holds encryption's attributes without the one that says it is encrypted.
+// `encrypted_out` (if given) says whether the file is encrypted.
 std::optional<security::Aead> open_crypto(hid_t file, const std::string& path,
                                           const security::Keys* keys, bool require,
-                                          const CkptMeta& meta, std::int64_t version) {
+                                          const CkptMeta& meta, std::int64_t version,
+                                          bool* encrypted_out = nullptr) {
   H5 root(h5(H5Gopen2(file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
   const bool encrypted = has_attr(root, "encryption");
+  if (encrypted_out) *encrypted_out = encrypted;
   if (!encrypted) {
+    // A file that holds what encryption writes, without the attribute that says so, is damaged:
+    // read as plain, its ciphertext would load as weights.
+    std::string left;
+    for (const char* a : {"key_salt", "key_check", "meta_tag", "crypto_sha256"})
+      if (has_attr(root, a)) left += std::string(left.empty() ? "" : ", ") + a;
+    if (H5Lexists(file, "/crypto", H5P_DEFAULT) > 0)
+      left += std::string(left.empty() ? "" : ", ") + "/crypto";
+    DT_CHECK(CheckpointError, left.empty(), path,
+             ": the attribute 'encryption' is missing, but the file holds what encryption writes (",
+             left, "): damaged");
     DT_CHECK(CheckpointError, !(keys && require), "checkpoint key: ", path, kPlainWithKeys,
              ": refusing to load unauthenticated data (load it with ckpt.encrypt=false)");
     return std::nullopt;
@@ -1837,15 +1851,11 @@ std::optional<security::Aead> open_crypto(hid_t file, const std::string& path,
   const std::string alg = read_string_attr(root, "encryption", path);
   DT_CHECK(CheckpointError, alg == kEncryption, path, ": encryption '", alg,
            "' is not supported (this dt reads ", kEncryption, ")");
-  if (!keys) {
-    DT_CHECK(CheckpointError, !require, "checkpoint key: ", path, " is encrypted (", kEncryption,
-             ")", kEncryptedWithoutKeys, " (ckpt.encrypt=true with security.key_file)");
-    return std::nullopt;
-  }
   const std::string salt_hex = read_string_attr(root, "key_salt", path);
   const std::string check_hex = read_string_attr(root, "key_check", path);
   const std::string meta_hex = read_string_attr(root, "meta_tag", path);
   // Files from before crypto_sha256 cannot tell a damaged key attribute from a rewritten one.
+  // (Checked with or without the key.)
   const bool digested = has_attr(root, "crypto_sha256");
   if (digested)
     DT_CHECK(CheckpointError,
@@ -1854,6 +1864,11 @@ std::optional<security::Aead> open_crypto(hid_t file, const std::string& path,
              path,
              ": checksum mismatch in the key attributes (key_salt, key_check, meta_tag): they do "
              "not match crypto_sha256: damaged");
+  if (!keys) {
+    DT_CHECK(CheckpointError, !require, "checkpoint key: ", path, " is encrypted (", kEncryption,
+             ")", kEncryptedWithoutKeys, " (ckpt.encrypt=true with security.key_file)");
+    return std::nullopt;
+  }
   security::Salt salt{};
   std::array<std::uint8_t, security::kTagBytes> want{};
   DT_CHECK(
@@ -1906,7 +1921,10 @@ void check_stored(hid_t d, const std::string& name, const Shape& shape, const st
 // chunk that passes its checksum fails authentication.
 std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string& path,
                                         const std::vector<CkptTensor>& tensors,
-                                        security::Aead* dec = nullptr, bool* tampered = nullptr) {
+                                        security::Aead* dec = nullptr, bool* tampered = nullptr,
+                                        bool encrypted = false) {
+  // Without the key, an encrypted file's nonces and tags are checked against their digests.
+  const bool rowed = dec != nullptr || encrypted;
   constexpr std::size_t K = kChunkElements, kLoadBatch = 16, kErrorText = 512;
   const std::size_t T = tensors.size();
   std::vector<std::size_t> numels;
@@ -1996,10 +2014,10 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
     } catch (const CheckpointError&) {
       have = false;
     }
-    std::vector<unsigned char> rows(dec ? k * kCryptoRow + kCryptoRow : 0);
-    std::vector<unsigned char> row_sums(dec ? k * 32 + 32 : 0);
+    std::vector<unsigned char> rows(rowed ? k * kCryptoRow + kCryptoRow : 0);
+    std::vector<unsigned char> row_sums(rowed ? k * 32 + 32 : 0);
     bool have_row_sums = false;
-    if (dec) {
+    if (rowed) {
       try {
         H5 r(H5Dopen2(o.file, checksum_path(crypto_path(t.path)).c_str(), H5P_DEFAULT), H5Dclose);
         have_row_sums =
@@ -2031,7 +2049,8 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
         bad[base[i] + c] = 1;
       if (!ok) unread[base[i] + c] = 1;
     };
-    // Chunk c decrypted and authenticated in place.
+    // Chunk c decrypted and authenticated in place (without the key: its nonce and tag checked
+    // against their digest only).
     auto open = [&](std::size_t c, float* data) {
       const std::size_t e0 = c * K, e1 = std::min(e0 + K, n);
       const unsigned char* row = rows.data() + c * kCryptoRow;
@@ -2039,6 +2058,7 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
       if (!have_rows || !have_row_sums ||
           !std::equal(rd.begin(), rd.end(), row_sums.begin() + static_cast<std::ptrdiff_t>(c * 32)))
         row_bad[base[i] + c] = 1;
+      if (!dec) return;
       const std::string aad = chunk_aad(t.path, t.shape, c, (e1 - e0) * sizeof(float));
       if (!have_rows ||
           !dec->open(row, reinterpret_cast<const std::uint8_t*>(aad.data()), aad.size(), data,
@@ -2053,7 +2073,7 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
       const bool all = nbatch[T + 1 + i] != 0 || !readable;
       for (std::size_t c = all ? 0 : mine[i].first; c < (all ? k : mine[i].second); ++c)
         check(c, t.data + c * K, readable);
-      if (dec && readable)
+      if (rowed && readable)
         for (std::size_t c = 0; c < k; ++c) open(c, t.data + c * K);
       continue;
     }
@@ -2080,7 +2100,7 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
         }
       }
       for (std::size_t c = c0; c < c1; ++c) check(c, part.data() + (c * K - x0), ok);
-      if (dec)
+      if (rowed)
         for (std::size_t c = c0; c < c1; ++c) open(c, part.data() + (c * K - x0));
       for (const CkptPiece& p : pieces[i]) {
         if (p.data == nullptr) continue;  // checked only (verify_file)
@@ -2119,6 +2139,16 @@ std::vector<std::string> read_and_check(Comm& comm, Opened& o, const std::string
       comm.broadcast(view_of(text), root);
       problems.push_back(tensors[i].path + ": " + which + " could not be read on rank " +
                          std::to_string(root) + ": " + reinterpret_cast<const char*>(text.data()));
+    }
+    // Without the key: nonces and tags that fail their checksum (files before them have none).
+    if (!dec && encrypted) {
+      std::string rchunks;
+      int nr = 0;
+      for (std::size_t ch = 0; ch < chunks_of(tensors[i].numel()); ++ch)
+        if (row_bad[base[i] + ch]) rchunks += (nr++ ? "," : "") + std::to_string(ch);
+      if (nr)
+        problems.push_back(tensors[i].path + ": checksum mismatch in the nonce and tag of chunk" +
+                           (nr > 1 ? "s " : " ") + rchunks + of);
     }
     // Failing authentication: chunks that fail a checksum too, theirs or their nonce and tag's
     // (damage, or data from another file), and chunks that pass both (rewritten with their
@@ -2275,7 +2305,9 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path,
   try {
     Opened o = open_read(mc, path);
     const CkptMeta meta = read_meta(o, path);
-    std::optional<security::Aead> dec = open_crypto(o.file, path, keys, false, meta, o.version);
+    bool encrypted = false;
+    std::optional<security::Aead> dec =
+        open_crypto(o.file, path, keys, false, meta, o.version, &encrypted);
     std::vector<CkptTensor> ts = present_tensors(o, path);
     // Each rank reads and checks its share of every dataset's chunks, a batch at a time, into no
     // buffer of its own (read_and_check skips pieces without data): memory stays bounded by a
@@ -2289,7 +2321,7 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path,
         ts[i].end = std::min(mine[i].second * kChunkElements, numels[i]);
       }
     }
-    return read_and_check(comm, o, path, ts, dec ? &*dec : nullptr);
+    return read_and_check(comm, o, path, ts, dec ? &*dec : nullptr, nullptr, encrypted);
   } catch (const CheckpointError& e) {
     return {e.message()};
   } catch (const SecurityError& e) {

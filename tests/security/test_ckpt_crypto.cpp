@@ -559,6 +559,12 @@ int run(const std::string& dir, int world_rank) {
                                        ": altered, moved or from another file") &&
                    !contains(pd[0], "tampering"),
                str(what, ": damage, not tampering"), pd.empty() ? "no problem" : pd[0]);
+      // Without the key, the nonces' and tags' digests still tell the damage (a verify without
+      // the key said ok).
+      const auto pk = dt::verify_file(*world, f);
+      H.expect(pk.size() == 1 &&
+                   contains(pk[0], ds + ": checksum mismatch in the nonce and tag of " + chunks),
+               str(what, ": found without the key"), pk.empty() ? "no problem" : pk[0]);
       expect_throw<dt::CheckpointError>(str("load with ", what),
                                         [&] { dt::load_checkpoint(*world, f, got.tensors, &good); },
                                         {"corrupt:", "authentication failed in"});
@@ -592,6 +598,32 @@ int run(const std::string& dir, int world_rank) {
       H.expect(
           p.size() == 1 && contains(p[0], "crypto_sha256: damaged") && !contains(p[0], "tampering"),
           str("verify of a damaged ", a), p.empty() ? "no problem" : p[0]);
+      const auto pk = dt::verify_file(*world, f);
+      H.expect(pk.size() == 1 && contains(pk[0], "crypto_sha256: damaged"),
+               str("verify without the key of a damaged ", a), pk.empty() ? "no problem" : pk[0]);
+    }
+    // The attribute that says the file is encrypted, deleted: damaged, not a plain file (whose
+    // ciphertext would load as weights), with the key or without.
+    const std::string unmarked = bad_dir + "/no-encryption-attribute.h5";
+    if (me == 0) {
+      copy_file(file, unmarked);
+      hid_t g = H5Fopen(unmarked.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+      H5Adelete_by_name(g, "/", "encryption", H5P_DEFAULT);
+      H5Fclose(g);
+    }
+    world->barrier();
+    for (const dt::security::Keys* k : {&good, static_cast<const dt::security::Keys*>(nullptr)}) {
+      const auto pu = dt::verify_file(*world, unmarked, k);
+      H.expect(pu.size() == 1 && contains(pu[0],
+                                          "the attribute 'encryption' is missing, but the "
+                                          "file holds what encryption writes (key_salt, "
+                                          "key_check, meta_tag, crypto_sha256, /crypto)"),
+               str("verify of a file without 'encryption', ", k ? "with" : "without", " the key"),
+               pu.empty() ? "no problem" : pu[0]);
+      expect_throw<dt::CheckpointError>(
+          str("load of a file without 'encryption', ", k ? "with" : "without", " the key"),
+          [&] { dt::load_checkpoint(*world, unmarked, got.tensors, k); },
+          {"the attribute 'encryption' is missing", "damaged"});
     }
     const std::string old_tag = bad_dir + "/damaged-meta_tag-undigested.h5";
     if (me == 0) {
