@@ -494,7 +494,16 @@ int cmd_list(dt::Runtime& rt, const Args& a) {
 }
 
 int cmd_inspect(dt::Runtime& rt, const Args& a) {
-  probe(a.input);
+  // A file whose datasets HDF5 cannot list is damaged: reading its attributes on may crash
+  // inside HDF5 (a damaged attribute table), so it is reported as verify reports it (exit 1).
+  if (!probe(a.input).opens) {
+    if (rt.rank() == 0)
+      std::fprintf(stderr,
+                   "dt_ckpt inspect: %s is damaged: HDF5's default (serial) driver cannot open it "
+                   "or list its datasets; run dt_ckpt verify %s for what it can tell\n",
+                   a.input.c_str(), a.input.c_str());
+    return 1;
+  }
   CheckpointFile f(a.input);
   if (rt.rank() != 0) return 0;
   struct stat st;
@@ -559,7 +568,7 @@ int verify_and_report(dt::Runtime& rt, const Args& a, const std::string& path,
   if (rt.rank() != 0) return problems.empty() ? 0 : 1;
   if (problems.empty()) {
     const std::string how =
-        enc.empty() ? ""
+        enc.empty() ? (keys ? ", not encrypted: the key was not used" : "")
         : keys      ? "; encrypted (" + enc + "), every chunk authenticated with the key"
                     : "; encrypted (" + enc +
                      "), digests only: give --security.key_file to authenticate the contents";
@@ -668,8 +677,13 @@ int cmd_export(dt::Runtime& rt, const Args& a) {
 
   nlohmann::json header = nlohmann::json::object();
   nlohmann::json meta = {{"format", "pt"}, {"source", "dt-checkpoint"}};
+  // The export is plain: what the file's encryption recorded (its key salt and check, tags and
+  // their digest, the algorithm) says nothing true of it, and is left out.
   for (const auto& at : f.attributes())
-    if (at.name != "format" && at.name != "chunk_elements") meta[at.name] = at.value;
+    if (at.name != "format" && at.name != "chunk_elements" && at.name != "encryption" &&
+        at.name != "key_salt" && at.name != "key_check" && at.name != "meta_tag" &&
+        at.name != "crypto_sha256")
+      meta[at.name] = at.value;
   header["__metadata__"] = meta;
   std::uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
@@ -691,7 +705,9 @@ int cmd_export(dt::Runtime& rt, const Args& a) {
   struct stat before;
   const bool replacing = ::stat(a.output.c_str(), &before) == 0;
   const std::string tmp = a.output + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  // The weights of an encrypted checkpoint, decrypted, are for the job's user only (0600).
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, encrypted ? 0600 : 0666);
   DT_CHECK(ConfigError, fd >= 0, "option --output: cannot create ", tmp, ": ",
            std::strerror(errno));
   std::FILE* out = ::fdopen(fd, "wb");
@@ -901,7 +917,7 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
   DT_CHECK(ConfigError, wte.shape[1] == wpe.shape[1], a.input, ": transformer.wte.weight ",
            dt::shape_str(wte.shape), " and transformer.wpe.weight ", dt::shape_str(wpe.shape),
            " disagree on the embedding width");
-  long layers = 0;
+  std::set<long> numbered;  // the N of transformer.h.N tensors
   for (const auto& [name, e] : f.tensors) {
     const std::string pre = "transformer.h.";
     if (name.rfind(pre, 0) != 0) continue;
@@ -910,9 +926,19 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
         name.substr(pre.size(), dot == std::string::npos ? dot : dot - pre.size());
     if (num.empty() || num.size() > 6 || num.find_first_not_of("0123456789") != std::string::npos)
       continue;
-    layers = std::max(layers, std::stol(num) + 1);
+    numbered.insert(std::stol(num));
   }
-  DT_CHECK(ConfigError, layers >= 1, a.input, ": no transformer.h.N tensors (no layers)");
+  DT_CHECK(ConfigError, !numbered.empty(), a.input, ": no transformer.h.N tensors (no layers)");
+  const long layers = *numbered.rbegin() + 1;
+  // Layers numbered with gaps (one stray transformer.h.999999 would make a model of a million
+  // layers to compare against): refused before any model is made.
+  if (static_cast<long>(numbered.size()) != layers) {
+    long gap = 0;
+    while (numbered.count(gap)) ++gap;
+    DT_THROW(ConfigError, a.input, ": its layers are numbered with gaps (transformer.h.N for ",
+             numbered.size(), " values of N up to ", layers - 1, ", none for N = ", gap,
+             "): a dt GPT's are numbered 0 to layers - 1");
+  }
   const auto fits_int = [](std::int64_t v) {
     return v >= 1 && v <= std::numeric_limits<int>::max();
   };
@@ -961,8 +987,11 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
     if (!mask) issues.push_back("unexpected tensor " + name + " " + dt::shape_str(e.shape));
   }
   if (!issues.empty()) {
+    constexpr std::size_t kShown = 20;
     std::string msg;
-    for (const auto& s : issues) msg += "\n  " + s;
+    for (std::size_t k = 0; k < issues.size() && k < kShown; ++k) msg += "\n  " + issues[k];
+    if (issues.size() > kShown)
+      msg += "\n  ... and " + std::to_string(issues.size() - kShown) + " more";
     DT_THROW(ConfigError, a.input, ": does not hold the tensors of a dt GPT (", model_text,
              "; inferred from transformer.wte.weight, transformer.wpe.weight and the highest "
              "transformer.h.N, with --heads):",

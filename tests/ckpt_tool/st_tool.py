@@ -264,6 +264,12 @@ def make(kind, path):
         data = data[:20] + struct.pack("<f", float("inf")) + data[24:]
         ts = [(n, d, s, data if n == name else b) for n, d, s, b in ts]
         write_st(path, ts, meta)
+    elif kind == "stray_layer":  # one tensor of a layer a million away from the others
+        write_st(path, ts + [("transformer.h.999999.x", "F32", [1], struct.pack("<f", 1.0))], meta)
+    elif kind == "many_mismatched":  # every layer tensor of 2 layers (24) flattened to [1, numel]
+        ts = [(n, d, [1, len(b) // 4] if n.startswith("transformer.h.") else sh, b)
+              for n, d, sh, b in ts]
+        write_st(path, ts, meta)
     elif kind == "lm_head_differs":
         wte = ts[0]
         other = struct.pack("<32f", *[0.5] * 32)

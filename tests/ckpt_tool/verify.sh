@@ -32,6 +32,11 @@ printf '\x07' | dd of="$WORK/header.h5" bs=1 seek="$addr" conv=notrunc status=no
 run "$DT_CKPT" verify "$WORK/header.h5"
 expect_rc 1 "damaged object header"
 expect_line "^FAILED: $WORK/header.h5 "
+# inspect stops there too (reading the attributes of a file HDF5 cannot list can crash inside
+# HDF5): exit 1, naming it as damaged.
+run "$DT_CKPT" inspect "$WORK/header.h5"
+expect_rc 1 "inspect of a damaged object header"
+expect_line "^dt_ckpt inspect: $WORK/header.h5 is damaged: HDF5's default \(serial\) driver cannot open it"
 # One bit of the superblock's driver-information address (byte 53) flipped: MPI-IO, which the
 # checks read through, does not use it, but HDF5's default driver (inspect, export, h5py) cannot
 # open the file: damaged (exit 1), not "ok" with no datasets.
