@@ -286,7 +286,15 @@ struct Expect {
   std::uint32_t records = 1;
   std::size_t length = 0;  ///< plaintext bytes of this record
   std::string channel;     ///< for messages
+  /// The sender's and receiver's ranks in MPI_COMM_WORLD where the channel's ranks are others
+  /// (a communicator split from the world); -1 where not known. Rejections name both.
+  int sender_world = -1;
+  int receiver_world = -1;
 };
+
+/// "from rank S to rank R" of a message `e` describes, with the world ranks where they differ
+/// ("from rank 1 (world rank 2) to rank 0 (world rank 0)").
+std::string route_of(const Expect& e);
 
 /// Why a message was rejected (the label of dt_security_auth_failures_total).
 enum class Reject { malformed, authentication, sequence, redirected };

@@ -405,6 +405,19 @@ std::unique_ptr<SealedP2p> SealedP2p::create(std::unique_ptr<P2p> inner, const K
     mine[kSaltBytes + static_cast<std::size_t>(i)] =
         static_cast<std::uint8_t>(static_cast<std::uint64_t>(opts.record_bytes) >> (8 * i));
   const MPI_Comm comm = mpi_of(*inner);
+  s->world_.assign(static_cast<std::size_t>(n), -1);
+  if (comm != MPI_COMM_NULL) {
+    MPI_Group mine_g = MPI_GROUP_NULL, world_g = MPI_GROUP_NULL;
+    std::vector<int> local(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) local[static_cast<std::size_t>(r)] = r;
+    if (MPI_Comm_group(comm, &mine_g) == MPI_SUCCESS &&
+        MPI_Comm_group(MPI_COMM_WORLD, &world_g) == MPI_SUCCESS)
+      MPI_Group_translate_ranks(mine_g, n, local.data(), world_g, s->world_.data());
+    if (mine_g != MPI_GROUP_NULL) MPI_Group_free(&mine_g);
+    if (world_g != MPI_GROUP_NULL) MPI_Group_free(&world_g);
+    for (int& w : s->world_)
+      if (w == MPI_UNDEFINED) w = -1;
+  }
   if (comm != MPI_COMM_NULL) {
     DT_CHECK(CommError,
              MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, setup.data(),
@@ -655,6 +668,8 @@ Work SealedP2p::irecv_internal(TensorView buf, int src, int tag) {
   Expect e;
   e.sender = src;
   e.receiver = rank();
+  e.sender_world = world_[static_cast<std::size_t>(src)];
+  e.receiver_world = world_[static_cast<std::size_t>(rank())];
   e.tag = tag;
   e.message_length = n;
   e.records = static_cast<std::uint32_t>(rec.count);

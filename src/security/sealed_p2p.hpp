@@ -98,6 +98,7 @@ class SealedP2p final : public P2p {
   std::string channel_;
   std::size_t record_bytes_ = kDefaultRecordBytes;
   std::vector<bool> plain_;
+  std::vector<int> world_;  // each rank's rank in MPI_COMM_WORLD (-1: not known), for messages
   std::vector<std::shared_ptr<Peer>> peers_;  // shared with receives that outlive this object
   std::shared_ptr<BufferPool> pool_;
   std::unique_ptr<TamperState> tamper_;

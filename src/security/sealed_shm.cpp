@@ -367,10 +367,9 @@ Work ShmMailboxes::recv(std::string what, int src, void* out, const Expect& e) {
           if (&*it != in.cur) {  // every record of the message arrived
             if (!op->done) count_failure(Reject::malformed);
             if (!op->done)
-              DT_THROW(SecurityError, "rejected message ", e.sequence, " from rank ", e.sender,
-                       " to rank ", e.receiver, " (tag ", e.tag, ") on ", e.channel, ": ",
-                       it->total, " records arrived where ", e.records,
-                       " were expected (truncated or altered)");
+              DT_THROW(SecurityError, "rejected message ", e.sequence, " ", route_of(e), " (tag ",
+                       e.tag, ") on ", e.channel, ": ", it->total, " records arrived where ",
+                       e.records, " were expected (truncated or altered)");
             in.msgs.erase(it);
           }
         } catch (const SecurityError&) {
@@ -394,9 +393,8 @@ void ShmMailboxes::open_one(RecvOp& r, const std::uint8_t* ct, std::size_t ct_by
   const std::size_t rb = record_bytes_;
   if (i >= r.count) {
     count_failure(Reject::malformed);
-    DT_THROW(SecurityError, "rejected message ", e.sequence, " from rank ", e.sender, " to rank ",
-             e.receiver, " (tag ", e.tag, ") on ", e.channel, ": more than the ", r.count,
-             " records expected (altered)");
+    DT_THROW(SecurityError, "rejected message ", e.sequence, " ", route_of(e), " (tag ", e.tag,
+             ") on ", e.channel, ": more than the ", r.count, " records expected (altered)");
   }
   e.record = i;
   const std::size_t off = static_cast<std::size_t>(i) * rb;

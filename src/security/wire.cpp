@@ -109,6 +109,15 @@ void seal_message(Aead& enc, const Header& h, const void* plain, std::uint8_t* w
   seal_record(enc, h, plain, wire, wire + h.length);
 }
 
+std::string route_of(const Expect& e) {
+  auto rank = [](int r, int world) {
+    std::string t = "rank " + std::to_string(r);
+    if (world >= 0 && world != r) t += " (world rank " + std::to_string(world) + ")";
+    return t;
+  };
+  return "from " + rank(e.sender, e.sender_world) + " to " + rank(e.receiver, e.receiver_world);
+}
+
 Header open_record(Aead& dec, const std::uint8_t* ciphertext, std::size_t ciphertext_bytes,
                    const std::uint8_t* trailer, std::size_t trailer_bytes, const Expect& e,
                    void* out, Reject* why) {
@@ -116,8 +125,7 @@ Header open_record(Aead& dec, const std::uint8_t* ciphertext, std::size_t cipher
     if (why) *why = r;
   };
   auto from = [&] {  // built only for a rejection
-    std::string f = "message " + std::to_string(e.sequence) + " from rank " +
-                    std::to_string(e.sender) + " to rank " + std::to_string(e.receiver) + " (tag " +
+    std::string f = "message " + std::to_string(e.sequence) + " " + route_of(e) + " (tag " +
                     std::to_string(e.tag) + ") on " + e.channel;
     if (e.records > 1)
       f += ", record " + std::to_string(e.record) + " of " + std::to_string(e.records);

@@ -111,6 +111,12 @@ case "$MODE" in
         FAIL "$r: no line names the rejected message, its peer and sequence number"
       grep -q "aborting the job" $r.out || FAIL "$r: the job was not aborted"
     done
+    # On a communicator split from the world (the data-parallel group of tp=2), the sender's rank
+    # there is named with its world rank, which says which node to look at.
+    run split 4 --parallel.tp=2 --security.seal=all --security.key_file=key.bin \
+      --test.tamper=$MODE:2 --test.tamper-rank=2
+    grep -Eq "security: rejected message [0-9]+ from rank [0-9]+ \(world rank 2\) to rank [0-9]+ .*on world/split" split.out ||
+      FAIL "split: the rejection does not name the sender's world rank"
     ;;
   keys)
     cp key.bin open.bin && chmod 0644 open.bin
