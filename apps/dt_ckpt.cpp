@@ -342,6 +342,12 @@ Probe probe(const std::string& path) {
     H5 f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
     H5Eclear2(H5E_DEFAULT);
     if (!f.ok()) return p;
+    // A root group that does not open is damage too (the verification reports it), not a file
+    // of another kind.
+    const hid_t root = H5Gopen2(f.get(), "/", H5P_DEFAULT);
+    H5Eclear2(H5E_DEFAULT);
+    if (root < 0) return p;
+    H5Gclose(root);
   }
   CheckpointFile cf(path);  // throws when not a dt checkpoint
   try {

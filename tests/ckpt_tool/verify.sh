@@ -32,6 +32,13 @@ printf '\x07' | dd of="$WORK/header.h5" bs=1 seek="$addr" conv=notrunc status=no
 run "$DT_CKPT" verify "$WORK/header.h5"
 expect_rc 1 "damaged object header"
 expect_line "^FAILED: $WORK/header.h5 "
+# 512 zero bytes at byte 1024 (in the root group's symbol table: HDF5 opens the file, its root
+# group does not open): damaged (exit 1), not bad input (exit 2).
+cp "$CKPT" "$WORK/root.h5" || fail copy
+dd if=/dev/zero of="$WORK/root.h5" bs=1 seek=1024 count=512 conv=notrunc status=none || fail dd
+run "$DT_CKPT" verify "$WORK/root.h5"
+expect_rc 1 "damaged root group"
+expect_line "^FAILED: $WORK/root.h5 "
 # inspect stops there too (reading the attributes of a file HDF5 cannot list can crash inside
 # HDF5): exit 1, naming it as damaged.
 run "$DT_CKPT" inspect "$WORK/header.h5"
