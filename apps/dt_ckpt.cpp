@@ -1056,6 +1056,19 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
                 "\nmodel.heads = " + std::to_string(cfg.heads) +
                 "\nmodel.embd = " + std::to_string(cfg.embd) + "\n";
   meta.layout = "imported";
+  // A folder of encrypted checkpoints (ckpt.encrypt) would get a plain one that its run refuses
+  // to resume from, and its newer encrypted ones set aside for it: refused.
+  for (const auto& e : dt::list_checkpoints(a.output)) {
+    std::string enc;
+    try {
+      enc = dt::checkpoint_encryption(e.path);
+    } catch (const dt::Error&) {  // damaged: no say in what the folder holds
+    }
+    DT_CHECK(ConfigError, enc.empty(), "option --output: ", a.output,
+             " holds encrypted checkpoints (", e.path, ": ", enc,
+             "); dt_ckpt import writes plain ones, which a run with --ckpt.encrypt refuses to "
+             "resume from: import into another folder");
+  }
   // The folder is claimed as a training run claims it: never written while a run writes it.
   std::unique_ptr<dt::FolderLock> lock;
   std::string busy;

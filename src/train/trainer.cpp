@@ -1966,6 +1966,10 @@ int Trainer::run() {
           "dt_train: warning: --sample.prompt is text, which only byte data reads: the "
           "sample of this %s data starts from token %d (--sample.prompt-ids takes token ids)\n",
           data_.format.c_str(), sample_prompt_tokens(c_, data_.format).front());
+    if (!c_.key_file.empty() && c_.seal == "off" && !c_.ckpt_encrypt)
+      std::printf(
+          "dt_train: warning: --security.key_file is given, but neither --security.seal nor "
+          "--ckpt.encrypt=true uses it: traffic and checkpoints are plain\n");
     if (!c_.eval_only && c_.optim.warmup >= c_.steps)
       std::printf(
           "dt_train: warning: --optim.warmup=%ld is not below --train.steps=%ld: the learning "

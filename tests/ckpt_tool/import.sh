@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # import of an exported file: a checkpoint that verifies, /model byte-identical to the original,
 # zero optimiser moments, the import attributes; dt_train evaluates it to the original's loss
-# and trains one step from it.
+# and trains one step from it. A folder of encrypted checkpoints is refused.
 . "$(dirname "$0")/common.sh"
 st=$WORK/model.safetensors
 run "$DT_CKPT" export "$CKPT" --format safetensors --output "$st"
@@ -39,4 +39,16 @@ run "$DT_TRAIN" --config "$CONFIG" --data.path="$TEXT" --model.heads=2 --train.s
 expect_rc 0 "dt_train from the imported checkpoint"
 expect_line "ckpt: resumed from $imp at step 0"
 expect_line "^step +1/1 \| loss [0-9.]+"
+
+# A folder of encrypted checkpoints: refused (its run would refuse the plain import, and its
+# newer encrypted checkpoints would be set aside), the folder left as it was.
+head -c 32 /dev/urandom >"$WORK/job.key" && chmod 600 "$WORK/job.key" || fail "key file"
+run "$DT_TRAIN" --config "$CONFIG" --data.path="$TEXT" --train.steps=2 --ckpt.dir="$WORK/enc" \
+  --ckpt.encrypt=true --security.key_file="$WORK/job.key"
+expect_rc 0 "an encrypted run"
+before=$(ls "$WORK/enc")
+run "$DT_CKPT" import "$st" --output "$WORK/enc" --heads 2 --step 1
+expect_rc 2 "import into a folder of encrypted checkpoints"
+expect_line "option --output: $WORK/enc holds encrypted checkpoints \($WORK/enc/step-2\.h5: aes-256-gcm\)"
+[ "$(ls "$WORK/enc")" = "$before" ] || fail "the refused import changed $WORK/enc: $(ls "$WORK/enc")"
 pass "import"
