@@ -57,15 +57,21 @@ qlog() {
 # and a UTF-8 byte order mark are taken; '#' or ';' first on a line and '#' after a space or tab
 # start a comment (any other '#', and a ';' after the start of the line, is part of the value);
 # spaces and tabs around names, keys and values go. Prints nothing for an unreadable file.
-ini_lines() {
-  LC_ALL=C awk '
+# The awk functions both readers share: trim(T), and clean(LINE), the line without its byte order
+# mark, comment and surrounding blanks ("" for a blank or comment line).
+INI_AWK_LIB='
     function trim(t) { gsub(/^[ \t\r]+|[ \t\r]+$/, "", t); return t }
-    {
-      line = $0
+    function clean(line) {
       if (NR == 1 && substr(line, 1, 3) == "\357\273\277") line = substr(line, 4)
       if (match(line, /[ \t]#/)) line = substr(line, 1, RSTART)
       line = trim(line)
-      if (line == "" || line ~ /^[#;]/) next
+      return line ~ /^[#;]/ ? "" : line
+    }'
+ini_lines() {
+  LC_ALL=C awk "$INI_AWK_LIB"'
+    {
+      line = clean($0)
+      if (line == "") next
       if (line ~ /^\[/) {
         sec = (line ~ /\]$/) ? trim(substr(line, 2, length(line) - 2)) : ""
         print "[" sec "]"
@@ -94,14 +100,10 @@ ini_has_section() {
 # weight, cpuset, fifo, rt-budget; [slurm-qos]: Slurm QOS names, each naming a tier), and ranges
 # whose LOW is above their HIGH. The hooks log them and go on with what the file says.
 ini_problems() {
-  LC_ALL=C awk '
-    function trim(t) { gsub(/^[ \t\r]+|[ \t\r]+$/, "", t); return t }
+  LC_ALL=C awk "$INI_AWK_LIB"'
     {
-      line = $0
-      if (NR == 1 && substr(line, 1, 3) == "\357\273\277") line = substr(line, 4)
-      if (match(line, /[ \t]#/)) line = substr(line, 1, RSTART)
-      line = trim(line)
-      if (line == "" || line ~ /^[#;]/) next
+      line = clean($0)
+      if (line == "") next
       if (line ~ /^\[.*\]$/) {
         sec = trim(substr(line, 2, length(line) - 2))
         if (sec in secs) print "line " NR ": section [" sec "] again (line " secs[sec] "): the first applies"
