@@ -426,11 +426,6 @@ class Bench {
       cfg.min_bytes = s_.shm_min;
       cfg.simulated_nodes = static_cast<int>(s_.simulated_nodes);
       shm_ = dt::ShmComm::create(*world_, "bench-shm", cfg);
-      // The nodes' sizes, for the header: they may differ (then MPI runs across nodes).
-      int sizes[2] = {shm_->local_size(), -shm_->local_size()};
-      world_->all_reduce(dt::view_of(sizes, 2), dt::ReduceOp::max);
-      shm_local_max_ = sizes[0];
-      shm_local_min_ = -sizes[1];
     }
     if (wants(Backend::ucx) && s_.grad_set.empty() && wants(Op::sendrecv))
       ucx_ = dt::UcxP2p::create(world_->handle(), "bench-ucx");
@@ -454,13 +449,13 @@ class Bench {
     std::printf("\n");
     if (shm_) {
       char ranks[96];
-      if (shm_local_min_ == shm_local_max_)
+      if (shm_->min_local_size() == shm_->max_local_size())
         std::snprintf(ranks, sizeof ranks, "%d node(s) x %d local ranks", shm_->num_nodes(),
-                      shm_local_max_);
+                      shm_->max_local_size());
       else
         std::snprintf(ranks, sizeof ranks,
                       "%d node(s) of %d to %d local ranks (uneven: MPI across nodes)",
-                      shm_->num_nodes(), shm_local_min_, shm_local_max_);
+                      shm_->num_nodes(), shm_->min_local_size(), shm_->max_local_size());
       std::printf("# shm: %s%s, chunk %zu B, staging %zu B, min %zu B, arena %zu B per rank\n",
                   ranks, s_.simulated_nodes > 0 ? " (simulated)" : "", s_.shm_chunk, s_.shm_staging,
                   s_.shm_min, shm_->arena_bytes());
@@ -813,7 +808,6 @@ class Bench {
   std::size_t es_ = 4;
   dt::Tensor user_;
   std::unique_ptr<dt::ShmComm> shm_;
-  int shm_local_min_ = 0, shm_local_max_ = 0;  // ranks on the smallest and largest node
   std::unique_ptr<dt::UcxP2p> ucx_;
   std::map<std::string, std::vector<double>> busbw_;
   std::vector<double> all_busbw_;

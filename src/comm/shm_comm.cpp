@@ -164,6 +164,8 @@ std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name
   c->nodes_ = ids[1];
   int ls[2] = {L, -L};
   c->mpi_->all_reduce(view_of(ls, 2), ReduceOp::max);
+  c->max_local_ = ls[0];
+  c->min_local_ = -ls[1];
   const bool uniform = ls[0] == -ls[1];
   if (c->nodes_ > 1 && uniform) c->cross_ = c->mpi_->split_mpi(me, ids[0]);
 

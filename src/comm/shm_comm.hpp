@@ -94,6 +94,10 @@ class ShmComm final : public Comm {
   int local_rank() const noexcept { return local_->rank(); }
   int local_size() const noexcept { return local_->size(); }
   int num_nodes() const noexcept { return nodes_; }
+  /// Ranks on the smallest and on the largest node (they differ on nodes of uneven sizes, where
+  /// all_reduce runs over MPI across nodes).
+  int min_local_size() const noexcept { return min_local_; }
+  int max_local_size() const noexcept { return max_local_; }
   /// Testing: the synchronisation rounds so far, to run the rounds around a wrap of the 32 bits
   /// of it that the progress words hold. Every local rank sets the same value between
   /// collectives, then all meet in a barrier before the next one.
@@ -189,6 +193,7 @@ class ShmComm final : public Comm {
   ShmConfig cfg_;
   std::unique_ptr<MpiComm> mpi_, local_, cross_;
   int nodes_ = 1;
+  int min_local_ = 1, max_local_ = 1;
   ShmSegment shm_;
   std::size_t seg_bytes_ = 0;
   std::vector<char*> bases_;
