@@ -71,6 +71,26 @@ std::string config_value(const std::string& text, const std::string& name) {
   return "";
 }
 
+// Refuses (CheckpointError) the checkpoint `path`, whose settings are `saved`, when it was written
+// by a model of another vocab, seq-len, layers, heads or embd than `model`, naming each that
+// differs (settings the file lacks are taken).
+void check_model_of(const std::string& path, const std::string& saved, const GptConfig& model) {
+  std::string differ;
+  for (const auto& [name, value] :
+       {std::pair<const char*, std::int64_t>{"model.vocab", model.vocab},
+        {"model.seq-len", model.block},
+        {"model.layers", model.layers},
+        {"model.heads", model.heads},
+        {"model.embd", model.embd}}) {
+    const std::string was = config_value(saved, name);
+    if (!was.empty() && was != std::to_string(value))
+      differ += std::string(differ.empty() ? "" : ", ") + "--" + name + "=" + was +
+                " (this run: " + std::to_string(value) + ")";
+  }
+  DT_CHECK(CheckpointError, differ.empty(), "checkpoint does not match the model: ", path,
+           " was trained with ", differ);
+}
+
 }  // namespace
 
 void install_drain_signals() {
@@ -566,20 +586,7 @@ void check_resume_model(const TrainConfig& c) {
   if (path.empty()) return;
   const std::string saved = checkpoint_config(path);
   if (saved.empty()) return;
-  std::string differ;
-  for (const auto& [name, value] :
-       {std::pair<const char*, std::int64_t>{"model.vocab", c.model.vocab},
-        {"model.seq-len", c.model.block},
-        {"model.layers", c.model.layers},
-        {"model.heads", c.model.heads},
-        {"model.embd", c.model.embd}}) {
-    const std::string was = config_value(saved, name);
-    if (!was.empty() && was != std::to_string(value))
-      differ += std::string(differ.empty() ? "" : ", ") + "--" + name + "=" + was +
-                " (this run: " + std::to_string(value) + ")";
-  }
-  DT_CHECK(CheckpointError, differ.empty(), "checkpoint does not match the model: ", path,
-           " was trained with ", differ);
+  check_model_of(path, saved, c.model);
 }
 
 std::vector<std::int32_t> sample_prompt_tokens(const TrainConfig& c, const std::string& format) {
@@ -1762,11 +1769,9 @@ std::string Trainer::resume_from_checkpoint() {
   }
   // The head count splits the same weights another way: a checkpoint of another one has every
   // tensor's shape and is another model (files without the setting are taken).
-  const std::string heads = config_value(m.config, "model.heads");
-  DT_CHECK(CheckpointError, heads.empty() || heads == std::to_string(c_.model.heads),
-           "checkpoint does not match the model: ", used, " was trained with --model.heads=", heads,
-           " (this run: ", c_.model.heads,
-           "; the same tensor shapes, its attention split into other heads)");
+  // The file used (resume=auto may have passed the one check_resume_model read): the head count
+  // splits the same weights another way, so the shapes alone do not tell another model.
+  check_model_of(used, m.config, c_.model);
   state_to_device();
   if (zero_) refresh_working_weights();  // the loaded shards into the compute parameters
   if (low_precision()) {
