@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# slurm.qos_tier: a 2-task job submitted with --comment=dt-qos=high runs in the tier the prolog
-# applied, as seen from outside while it trains: the prolog's record names tier high (weight 75,
-# FIFO 60); each of the job's groups has the tier's CPU weight (v2 cpu.weight, v1 cpu.shares =
+# slurm.qos_tier: a 2-task job submitted with --comment="run A=b, dt-qos=high" runs in the tier
+# the prolog applied, as seen from outside while it trains: the prolog's record names tier high
+# (weight 75, FIFO 60); each of the job's groups has the tier's CPU weight (v2 cpu.weight, v1 cpu.shares =
 # weight * 1024 / 100) and the cpuset the record names; both ranks are in every group (the group's
 # cgroup.procs and the rank's /proc/PID/cgroup); each rank's main (compute) thread is SCHED_OTHER
 # and its communication progress thread "dt-progress" SCHED_FIFO at priority 60, its metrics
@@ -12,7 +12,7 @@
 source "$(dirname "$0")/lib.sh"
 need_cluster
 
-submit Q -n 2 --comment=dt-qos=high -- "$CONFIG" --data.path="$TEXT" --train.steps=1000000 \
+submit Q -n 2 "--comment=run A=b, dt-qos=high" -- "$CONFIG" --data.path="$TEXT" --train.steps=1000000 \
   --train.log-every=1000 --train.eval-every=0 --train.log-file="$WORK/Q.jsonl" \
   --metrics.textfile="$WORK/Q-{rank}.prom"
 [ -n "$JOB" ] || finish
