@@ -5,10 +5,11 @@
 //   { const dt::trace::Scope s("all_reduce", "comm", "bytes", n); ... }
 //
 // While tracing is off a Scope costs one relaxed atomic load in its constructor and a branch in
-// its destructor. While it is on, a Scope reads the clock twice and appends one event (about
-// 50 bytes) to a buffer owned by the calling thread (an uncontended lock; no allocation except
-// when the buffer grows). Each thread keeps at most kMaxEventsPerThread events; later ones are
-// counted as dropped (the count is written into the file).
+// its destructor. While it is on, a Scope reads the clock twice, is kept on its thread's stack
+// of open Scopes while it lasts (a few relaxed stores; a timeline written at a hang shows them),
+// and appends one event (about 50 bytes) to a buffer owned by the calling thread (no lock; no
+// allocation except when the buffer grows). Each thread keeps at most kMaxEventsPerThread events;
+// later ones are counted as dropped (the count is written into the file).
 //
 // write() produces <dir>/trace-rank<R>.json: "X" (complete) events with ts and dur in
 // microseconds (ts on the wall clock, so the files of several ranks and nodes line up), pid = the
@@ -39,6 +40,12 @@ void record(const char* name, const char* category, const char* arg_name, std::i
 void record_comm(const char* op, const char* comm, const char* backend, std::int64_t seq,
                  std::int64_t bytes, std::int64_t t0_ns, std::int64_t t1_ns,
                  const char* category = "comm") noexcept;
+/// A Scope's start (-1 while tracing is off), on the calling thread's stack of open Scopes, and
+/// its end: taken off that stack and recorded.
+std::int64_t open_scope(const char* name, const char* category, const char* arg_name,
+                        std::int64_t arg) noexcept;
+void close_scope(const char* name, const char* category, const char* arg_name, std::int64_t arg,
+                 std::int64_t t0_ns) noexcept;
 /// A copy of `s` that lives until the process ends, one per distinct text.
 const char* intern(const std::string& s);
 }  // namespace detail
@@ -55,10 +62,12 @@ inline bool enabled() noexcept { return detail::g_enabled.load(std::memory_order
 void start(int rank, const std::string& dir, int world = 0, const std::string& run = "");
 /// Writes <dir>/trace-rank<R>.json with every event so far (atomically: temporary file, then
 /// rename); recording goes on. Returns the path. Throws dt::Error naming the file on failure;
-/// does nothing (returns "") when start() was never called.
-std::string write();
+/// does nothing (returns "") when start() was never called. With `open_scopes` (at a hang), each
+/// thread's Scopes still open are in it too, ending now, in category "<category> (unfinished)":
+/// the timeline shows what each thread was inside when it stopped.
+std::string write(bool open_scopes = false);
 /// write() that reports a failure on stderr instead of throwing (for drain and error paths).
-void write_noexcept() noexcept;
+void write_noexcept(bool open_scopes = false) noexcept;
 /// Stops recording. The events stay (write() after stop() still writes them) until the next
 /// start(). Safe to call when tracing is off.
 void stop() noexcept;
@@ -79,9 +88,9 @@ class Scope {
         category_(category),
         arg_name_(arg_name),
         arg_(arg),
-        t0_(enabled() ? detail::now_ns() : -1) {}
+        t0_(enabled() ? detail::open_scope(name, category, arg_name, arg) : -1) {}
   ~Scope() {
-    if (t0_ >= 0) detail::record(name_, category_, arg_name_, arg_, t0_, detail::now_ns());
+    if (t0_ >= 0) detail::close_scope(name_, category_, arg_name_, arg_, t0_);
   }
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;

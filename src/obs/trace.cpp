@@ -50,7 +50,75 @@ struct Event {
 constexpr std::size_t kChunk = 4096;
 constexpr std::size_t kChunks = (kMaxEventsPerThread + kChunk - 1) / kChunk;
 
+// One thread's open Scopes, outermost first: written by that thread only, read by write() from
+// another (the watchdog's, at a hang) under a sequence lock: `seq` is odd while the owner changes
+// them, and a reader retries when it changed meanwhile.
+struct OpenScopes {
+  static constexpr int kMax = 32;  // deeper ones are counted, not kept
+  struct Slot {
+    std::atomic<const char*> name{nullptr}, category{nullptr}, arg_name{nullptr};
+    std::atomic<std::int64_t> arg{0}, t0{0};
+  };
+  std::atomic<std::uint32_t> seq{0};
+  std::atomic<int> depth{0};
+  Slot slots[kMax];
+
+  void push(const char* name, const char* category, const char* arg_name, std::int64_t arg,
+            std::int64_t t0) noexcept {
+    const std::uint32_t q = seq.load(std::memory_order_relaxed);
+    seq.store(q + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    const int d = depth.load(std::memory_order_relaxed);
+    if (d < kMax) {
+      Slot& slot = slots[d];
+      slot.name.store(name, std::memory_order_relaxed);
+      slot.category.store(category, std::memory_order_relaxed);
+      slot.arg_name.store(arg_name, std::memory_order_relaxed);
+      slot.arg.store(arg, std::memory_order_relaxed);
+      slot.t0.store(t0, std::memory_order_relaxed);
+    }
+    depth.store(d + 1, std::memory_order_relaxed);
+    seq.store(q + 2, std::memory_order_release);
+  }
+  void pop() noexcept {
+    const int d = depth.load(std::memory_order_relaxed);
+    if (d == 0) return;
+    const std::uint32_t q = seq.load(std::memory_order_relaxed);
+    seq.store(q + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    depth.store(d - 1, std::memory_order_relaxed);
+    seq.store(q + 2, std::memory_order_release);
+  }
+  struct Open {
+    const char* name;
+    const char* category;
+    const char* arg_name;
+    std::int64_t arg, t0;
+  };
+  /// The open Scopes (empty when the owner kept changing them through every try).
+  std::vector<Open> snapshot() const {
+    std::vector<Open> out;
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+      out.clear();
+      const std::uint32_t q = seq.load(std::memory_order_acquire);
+      if (q & 1U) continue;
+      const int d = std::min(depth.load(std::memory_order_relaxed), kMax);
+      for (int i = 0; i < d; ++i)
+        out.push_back(Open{slots[i].name.load(std::memory_order_relaxed),
+                           slots[i].category.load(std::memory_order_relaxed),
+                           slots[i].arg_name.load(std::memory_order_relaxed),
+                           slots[i].arg.load(std::memory_order_relaxed),
+                           slots[i].t0.load(std::memory_order_relaxed)});
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (seq.load(std::memory_order_relaxed) == q) return out;
+    }
+    out.clear();
+    return out;
+  }
+};
+
 struct ThreadBuf {
+  OpenScopes open;
   std::atomic<std::size_t> count{0};
   std::atomic<std::size_t> dropped{0};
   std::atomic<Event*> chunks[kChunks] = {};
@@ -181,6 +249,26 @@ void record_comm(const char* op, const char* comm, const char* backend, std::int
   }
 }
 
+std::int64_t open_scope(const char* name, const char* category, const char* arg_name,
+                        std::int64_t arg) noexcept {
+  if (!enabled()) return -1;
+  const std::int64_t t0 = now_ns();
+  try {
+    my_buffer()->open.push(name, category, arg_name, arg, t0);
+  } catch (...) {
+    // Out of memory (a first event of this thread): recorded when it closes, if memory allows.
+  }
+  return t0;
+}
+void close_scope(const char* name, const char* category, const char* arg_name, std::int64_t arg,
+                 std::int64_t t0_ns) noexcept {
+  const std::int64_t t1 = now_ns();
+  // The buffer the Scope opened in (a start() since then made a new one, whose stack it is not on).
+  if (tl_buf && tl_generation == state().generation.load(std::memory_order_acquire))
+    tl_buf->open.pop();
+  record(name, category, arg_name, arg, t0_ns, t1);
+}
+
 const char* intern(const std::string& s) {
   static std::mutex mu;
   static auto* names = new std::set<std::string>();  // never destroyed: events point into it
@@ -241,8 +329,9 @@ std::size_t dropped_count() noexcept {
   return n;
 }
 
-std::string write() {
+std::string write(bool open_scopes) {
   State& s = state();
+  const std::int64_t now = detail::now_ns();
   struct Thread {
     long tid;
     std::string name;
@@ -265,6 +354,11 @@ std::string write() {
     for (const auto& b : s.bufs) {
       threads.push_back(Thread{b->tid, b->get_name()});
       b->copy_to(events);
+      if (open_scopes)
+        for (const OpenScopes::Open& o : b->open.snapshot())
+          events.push_back(Event{
+              o.name, detail::intern(std::string(o.category ? o.category : "") + " (unfinished)"),
+              o.arg_name, o.arg, o.t0, now});
       owner.resize(events.size(), threads.size() - 1);
       dropped += b->dropped.load(std::memory_order_relaxed);
     }
@@ -333,9 +427,9 @@ std::string write() {
   return path;
 }
 
-void write_noexcept() noexcept {
+void write_noexcept(bool open_scopes) noexcept {
   try {
-    write();
+    write(open_scopes);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dt: warning: trace not written: %s\n", e.what());
   }

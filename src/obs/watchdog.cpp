@@ -416,7 +416,7 @@ struct Watchdog::Impl {
       if (traced) return;
       traced = true;
       trace_unfinished();
-      trace::write_noexcept();
+      trace::write_noexcept(true);
     };
     auto m = std::make_unique<Sent>();
     if (failed) {
@@ -736,7 +736,7 @@ struct Watchdog::Impl {
     std::fflush(stderr);
     std::fflush(stdout);
     trace_unfinished();
-    trace::write_noexcept();
+    trace::write_noexcept(true);
     MPI_Abort(MPI_COMM_WORLD, s.exit_code);
     std::_Exit(s.exit_code);
   }

@@ -114,5 +114,11 @@ if mode == "skip":  # every rank's timeline, with its steps up to the hang
             u = [e for e in t["traceEvents"] if e.get("cat") == "comm (unfinished)"]
             assert len(u) == 1 and u[0]["name"] == "all_reduce" and u[0]["args"]["comm"] == "world", \
                 f"rank {q}: unfinished operations {u}"
+            # ... inside the step they had not finished (its Scope, still open), which covers it.
+            o = [e for e in t["traceEvents"] if e.get("cat") == "train (unfinished)"]
+            assert [(e["name"], e["args"]["step"]) for e in o] == [("step", 3)], \
+                f"rank {q}: unfinished Scopes {o}"
+            assert o[0]["ts"] <= u[0]["ts"] and \
+                o[0]["ts"] + o[0]["dur"] >= u[0]["ts"] + u[0]["dur"], (o[0], u[0])
 PY
 echo "watchdog.sh: PASS ($mode): exit $rc after ${took} s"

@@ -3,9 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -182,5 +185,93 @@ TEST_CASE("trace: each thread keeps a bounded number of events") {
   CHECK(dt::trace::dropped_count() == 10);
   dt::trace::stop();
   dt::trace::start(0, dir.path.string());  // frees them
+  dt::trace::stop();
+}
+
+TEST_CASE("trace: a write with open_scopes shows the Scopes still open, on their threads") {
+  dt::test::TempDir dir("dt_trace_open");
+  dt::trace::start(0, dir.path.string());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool inside = false, leave = false;
+  std::thread t([&] {
+    dt::trace::set_thread_name("waiter");
+    const dt::trace::Scope outer("step", "train", "step", 7);
+    { const dt::trace::Scope done("forward", "model"); }  // closed before the write
+    const dt::trace::Scope inner("all_reduce wait", "comm");
+    std::unique_lock<std::mutex> lock(mu);
+    inside = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return leave; });
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return inside; });
+  }
+  // Without open_scopes only finished events; with it, the open ones too (ending now), nested.
+  json plain = load(dt::trace::write());
+  std::set<std::string> names;
+  for (const auto& e : plain["traceEvents"])
+    if (e["ph"] == "X") names.insert(e["name"].get<std::string>());
+  CHECK(names == std::set<std::string>{"forward"});
+  json doc = load(dt::trace::write(true));
+  CHECK(check_nesting(doc) == 3);
+  long waiter = -1;
+  for (const auto& e : doc["traceEvents"])
+    if (e["name"] == "thread_name" && e["args"]["name"] == "waiter") waiter = e["tid"].get<long>();
+  std::map<std::string, json> open;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    CHECK(e["tid"].get<long>() == waiter);
+    if (e["name"] != "forward") open[e["name"].get<std::string>()] = e;
+  }
+  REQUIRE(open.size() == 2);
+  CHECK(open["step"]["cat"] == "train (unfinished)");
+  CHECK(open["step"]["args"]["step"] == 7);
+  CHECK(open["all_reduce wait"]["cat"] == "comm (unfinished)");
+  CHECK(open["step"]["ts"].get<double>() <= open["all_reduce wait"]["ts"].get<double>());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    leave = true;
+  }
+  cv.notify_all();
+  t.join();
+  // Once closed, they are ordinary events, and none is left open.
+  doc = load(dt::trace::write(true));
+  std::map<std::string, std::string> cats;
+  for (const auto& e : doc["traceEvents"])
+    if (e["ph"] == "X") cats[e["name"].get<std::string>()] = e["cat"].get<std::string>();
+  CHECK(cats == std::map<std::string, std::string>{
+                    {"step", "train"}, {"forward", "model"}, {"all_reduce wait", "comm"}});
+  dt::trace::stop();
+}
+
+TEST_CASE("trace: open Scopes read while their thread opens and closes them stay consistent") {
+  dt::test::TempDir dir("dt_trace_open_race");
+  dt::trace::start(0, dir.path.string());
+  std::atomic<bool> stop{false};
+  std::thread t([&] {  // a few microseconds a pair: the writes below stay small
+    while (!stop.load()) {
+      const dt::trace::Scope a("a", "x", "depth", 1);
+      work();
+      const dt::trace::Scope b("b", "y", "depth", 2);
+      work();
+    }
+  });
+  for (int i = 0; i < 10; ++i) {
+    json doc = load(dt::trace::write(true));
+    for (const auto& e : doc["traceEvents"]) {
+      if (e["ph"] != "X") continue;
+      const std::string cat = e["cat"], name = e["name"];
+      if (cat.find("(unfinished)") == std::string::npos) continue;
+      // A slot is read whole: name, category and argument of one Scope.
+      CHECK(((name == "a" && cat == "x (unfinished)" && e["args"]["depth"] == 1) ||
+             (name == "b" && cat == "y (unfinished)" && e["args"]["depth"] == 2)));
+    }
+  }
+  stop = true;
+  t.join();
+  dt::trace::stop();
+  dt::trace::start(0, dir.path.string());  // frees the events
   dt::trace::stop();
 }
