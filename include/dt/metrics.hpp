@@ -129,11 +129,13 @@ void record_comm(const char* op, const char* backend, std::size_t bytes, double 
 std::string escape_label_value(const std::string& v);
 
 /// Writes `text` to `path` so that a reader sees the old file or the new one, never a part: the
-/// text goes to PATH.tmp.<pid>.<n> in the same directory (n counts this process's calls, so that
-/// two threads writing one path at once each rename a whole file of their own), which is then
-/// renamed over PATH. Throws dt::Error naming the file and the failing call (the temporary file
-/// is removed).
-void write_file_atomically(const std::string& path, const std::string& text);
+/// text goes to a new file PATH.tmp.<pid>.<n> in the same directory (n counts this process's
+/// calls, so that two threads writing one path at once each rename a whole file of their own;
+/// a name already there, a symbolic link included, is passed over), which is then renamed over
+/// PATH. With `durable` the file's data is on disk (fsync) before the rename; the caller syncs
+/// the folder. Throws dt::Error naming the file and the failing call (the temporary file is
+/// removed).
+void write_file_atomically(const std::string& path, const std::string& text, bool durable = false);
 
 /// Where the exporters send the registry.
 struct ExporterOptions {

@@ -28,6 +28,7 @@
 
 #include "../comm/mpi_comm.hpp"
 #include "../engine/plan.hpp"  // format_bytes
+#include "dt/metrics.hpp"
 #include "dt/qos.hpp"
 #include "dt/security.hpp"
 #include "dt/trace.hpp"
@@ -1436,16 +1437,11 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       DT_CHECK(CheckpointError, ::rename(partial.c_str(), final_path.c_str()) == 0, "rename ",
                partial, " -> ", final_path, ": ", errno_text());
       fsync_path(dir, true);
-      const std::string tmp = dir + "/latest.tmp";
-      {
-        std::ofstream out(tmp, std::ios::trunc);
-        out << step_name(meta.step) << "\n";
-        out.flush();
-        DT_CHECK(CheckpointError, out.good(), "cannot write ", tmp);
+      try {
+        metrics::write_file_atomically(dir + "/latest", step_name(meta.step) + "\n", true);
+      } catch (const Error& e) {
+        DT_THROW(CheckpointError, e.what());
       }
-      fsync_path(tmp, false);
-      DT_CHECK(CheckpointError, ::rename(tmp.c_str(), (dir + "/latest").c_str()) == 0, "rename ",
-               tmp, ": ", errno_text());
       fsync_path(dir, true);
       // Retention: the file just written is the newest, then the other newest by step, `keep`
       // in all; partials go. Files of a step not below the new one belong to another line of
@@ -1497,19 +1493,34 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who, double wa
   // Mode 0666 less the umask: in a folder shared by a group, the file made by one member's run
   // must not lock out another's. Where it is not writable, a read-only descriptor still takes a
   // flock on local file systems, Lustre and GPFS (NFS refuses: EBADF, handled as no flock).
+  // The file is written (who holds it): never through a symbolic link, nor into a file with
+  // other names (one planted by another writer of the folder would have its target overwritten).
   bool writable = true;
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
   std::string why = fd_ < 0 ? errno_text() : std::string();
   if (fd_ < 0 && errno == EACCES) {
     writable = false;
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd_ = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     // No lock file to open read-only either: the folder is what refuses (Permission denied),
     // not a missing file.
     if (fd_ < 0 && errno != ENOENT) why = errno_text();
   }
+  if (fd_ < 0 && errno == ELOOP)
+    why = "it is a symbolic link, which a lock file must not be (it is written): remove it";
   DT_CHECK(CheckpointError, fd_ >= 0, "cannot open ", path, " to claim checkpoint folder ", dir,
            " for this run: ", why);
-  // Every commit renames latest.tmp over `latest`: where that is a folder (or anything but a
+  {
+    struct stat st {};
+    const bool plain = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1;
+    if (!plain) {
+      ::close(fd_);
+      fd_ = -1;
+      DT_THROW(CheckpointError, "cannot claim checkpoint folder ", dir, " for this run: ", path,
+               " is not a plain file (a folder, a device, or a file with other names (hard "
+               "links)), which a lock file must be (it is written): remove it");
+    }
+  }
+  // Every commit renames a new file over `latest`: where that is a folder (or anything but a
   // file or a link), no save of this run could commit, so the claim is refused now.
   struct stat lst {};
   if (::lstat((dir + "/latest").c_str(), &lst) == 0 && !S_ISREG(lst.st_mode) &&
@@ -1519,6 +1530,25 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who, double wa
     DT_THROW(CheckpointError, "checkpoint folder ", dir, ": ", dir,
              "/latest is not a file (a folder?); it must be the pointer file to the newest "
              "checkpoint (commits replace it): move it away");
+  }
+  // A folder this run cannot make files in (its owner's, read-only, a read-only mount) would
+  // fail the first save, after the training up to it: refused now. (The lock file, made by
+  // another member of a group, may be read-only while the folder is not.)
+  {
+    const std::string probe = dir + "/.dt-write-check." + std::to_string(::getpid());
+    const int pfd =
+        ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    const int err = errno;
+    if (pfd >= 0) {
+      ::close(pfd);
+      ::unlink(probe.c_str());
+    } else if (err != EEXIST) {
+      ::close(fd_);
+      fd_ = -1;
+      DT_THROW(CheckpointError, "checkpoint folder ", dir,
+               " is not writable by this run (making a file there: ", std::strerror(err),
+               "): no checkpoint could be saved in it. Use a folder this user can write");
+    }
   }
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(

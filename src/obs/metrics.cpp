@@ -1,5 +1,6 @@
 #include "dt/metrics.hpp"
 
+#include <fcntl.h>
 #include <httplib.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -380,24 +381,36 @@ void record_comm(const char* op, const char* backend, std::size_t bytes, double 
 
 // ---- files --------------------------------------------------------------------------------------
 
-void write_file_atomically(const std::string& path, const std::string& text) {
+void write_file_atomically(const std::string& path, const std::string& text, bool durable) {
   static std::atomic<std::uint64_t> calls{0};
-  const std::string tmp =
-      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(++calls);
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f)
-    DT_THROW(Error, "cannot write ", path, " (its temporary file ", tmp,
-             "): ", std::strerror(errno));
-  const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  const int werr = errno;
-  const bool closed = std::fclose(f) == 0;
-  if (!wrote || !closed) {
+  // A new file of this process's own (O_EXCL): never one already there, nor a symbolic link's
+  // target (in a folder others can write, a link planted at a guessed name would have its
+  // target overwritten). A name taken is passed over for the next.
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(++calls);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0 && (errno != EEXIST || attempt == 100))
+      DT_THROW(Error, "cannot write ", path, " (its temporary file ", tmp,
+               "): ", std::strerror(errno));
+  }
+  int err = 0;
+  for (std::size_t done = 0; done < text.size() && err == 0;) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n > 0)
+      done += static_cast<std::size_t>(n);
+    else if (n < 0 && errno != EINTR)
+      err = errno;
+  }
+  if (err == 0 && durable && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0 && errno != EINTR) err = errno;
+  if (err != 0) {
     ::unlink(tmp.c_str());
-    DT_THROW(Error, "cannot write ", path, " (its temporary file ", tmp,
-             "): ", std::strerror(wrote ? errno : werr));
+    DT_THROW(Error, "cannot write ", path, " (its temporary file ", tmp, "): ", std::strerror(err));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
+    err = errno;
     ::unlink(tmp.c_str());
     DT_THROW(Error, "cannot rename ", tmp, " to ", path, ": ", std::strerror(err));
   }

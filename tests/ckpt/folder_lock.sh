@@ -6,7 +6,7 @@
 # starts as soon as A drains (exit 75) and trains on from A's checkpoint. A run killed with
 # SIGKILL leaves the folder free (the claim ends with the process). A run waiting for the
 # folder stops at a drain signal to any of its ranks (exit 75); a folder whose latest is a folder
-# is refused.
+# is refused, and so is a lock file that is a symbolic link or has a second name.
 source "$(dirname "$0")/lib.sh"
 D=$WORK/D
 CKPT_TOOL=$(dirname "$BIN")/dt_ckpt
@@ -121,6 +121,22 @@ train L 2 --train.steps=3 --ckpt.every=1 --ckpt.dir="$WORK/L"
 expect_rc L 2
 expect_line L "checkpoint folder .*/L: .*/L/latest is not a file"
 expect_no_line L "dt_train: [0-9]+ parameters"
+
+# A lock file that is a symbolic link, or a file with a second name (hard link), planted by
+# another writer of a shared folder: refused (exit 2), naming it, and the file it points to is
+# not written (the claim writes who holds it into the lock file).
+echo "a file of this user's" >"$WORK/victim"
+mkdir -p "$WORK/S" "$WORK/H"
+ln -s "$WORK/victim" "$WORK/S/.dt-lock"
+ln "$WORK/victim" "$WORK/H/.dt-lock"
+train S 1 --train.steps=2 --ckpt.dir="$WORK/S"
+expect_rc S 2
+expect_line S "cannot open .*/S/\.dt-lock to claim checkpoint folder .*/S for this run: it is a symbolic link"
+train H 1 --train.steps=2 --ckpt.dir="$WORK/H"
+expect_rc H 2
+expect_line H "cannot claim checkpoint folder .*/H for this run: .*/H/\.dt-lock is not a plain file"
+[ "$(cat "$WORK/victim")" = "a file of this user's" ] ||
+  fail "the file the lock file named was written: '$(cat "$WORK/victim")'"
 
 # A run that dies (SIGKILL on every rank) leaves no claim behind.
 start_held K "$WORK/K" || finish

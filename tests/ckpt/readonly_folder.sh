@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # ckpt.bad.readonly_folder: a checkpoint folder the user cannot write to is named as such
-# ("Permission denied"), not as a missing lock file. Runs dt_train as an unprivileged user (root
-# writes anywhere); skipped (exit 77) where that user cannot reach dt_train or this is not root.
+# ("Permission denied"), not as a missing lock file; one that holds another user's lock file
+# (a folder used before) is refused as not writable before training, not at the first save;
+# a folder the user can write whose lock file is another user's and read-only (a group's
+# folder) is used. Runs dt_train as an unprivileged user (root writes anywhere); skipped
+# (exit 77) where that user cannot reach dt_train or this is not root.
 #   readonly_folder.sh DT_TRAIN CONFIG TEXT
 set -u
 TRAIN=$1 CONFIG=$2 TEXT=$3
@@ -21,4 +24,26 @@ echo "$out" | grep -E "error" || echo "$out" | tail -3
 [ $rc -eq 2 ] || { echo "FAIL: exit code $rc, expected 2"; exit 1; }
 echo "$out" | grep -qE "cannot open $work/ro/\.dt-lock to claim checkpoint folder .*: Permission denied" ||
   { echo "FAIL: the refusal does not say Permission denied"; exit 1; }
+
+# A folder used before (root's lock file in it), read-only to this user.
+mkdir "$work/used" && touch "$work/used/.dt-lock" && chmod 644 "$work/used/.dt-lock" &&
+  chmod 555 "$work/used"
+out=$(as_nobody "$TRAIN" --config "$CONFIG" --data.path="$TEXT" --ckpt.dir="$work/used" \
+      --train.steps=2 --train.log-every=1 2>&1)
+rc=$?
+echo "$out" | grep -E "error" || echo "$out" | tail -3
+[ $rc -eq 2 ] || { echo "FAIL: used read-only folder: exit code $rc, expected 2"; exit 1; }
+echo "$out" | grep -qE "checkpoint folder $work/used is not writable by this run \(making a file there: Permission denied\)" ||
+  { echo "FAIL: the refusal of the used folder does not say it is not writable"; exit 1; }
+! echo "$out" | grep -q "step 1" || { echo "FAIL: it trained before refusing"; exit 1; }
+[ "$(ls -A "$work/used")" = .dt-lock ] || { echo "FAIL: files left: $(ls -A "$work/used")"; exit 1; }
+
+# A group's folder: writable by all, the lock file another user's and read-only: used.
+mkdir "$work/group" && touch "$work/group/.dt-lock" && chmod 644 "$work/group/.dt-lock" &&
+  chmod 1777 "$work/group"
+out=$(as_nobody "$TRAIN" --config "$CONFIG" --data.path="$TEXT" --ckpt.dir="$work/group" \
+      --train.steps=2 2>&1)
+rc=$?
+[ $rc -eq 0 ] || { echo "$out" | tail -5; echo "FAIL: group folder: exit code $rc, expected 0"; exit 1; }
+[ -f "$work/group/step-2.h5" ] || { echo "FAIL: no checkpoint in the group folder: $(ls -A "$work/group")"; exit 1; }
 echo "readonly_folder.sh: PASS"

@@ -430,6 +430,32 @@ TEST_CASE("metrics: record_comm counts calls, bytes and seconds per op and backe
   CHECK(val("dt_comm_calls_total", "other", "other") >= 1);
 }
 
+TEST_CASE("metrics: an atomic write never writes through a link at its temporary name") {
+  dt::test::TempDir dir("dt_metrics_links");
+  const std::string victim = dir.write("victim", "mine\n");
+  const std::string path = (dir.path / "dt.prom").string();
+  // The next temporary name, from the message of a write whose rename fails (onto a folder).
+  fs::create_directories(dir.path / "folder" / "x");
+  std::string message;
+  try {
+    dt::metrics::write_file_atomically((dir.path / "folder").string(), "a");
+  } catch (const dt::Error& e) {
+    message = e.what();
+  }
+  const std::string marker = "folder.tmp." + std::to_string(::getpid()) + ".";
+  const std::size_t at = message.find(marker);
+  REQUIRE_MESSAGE(at != std::string::npos, message);
+  const long next = std::stol(message.substr(at + marker.size())) + 1;
+  // Links to the victim at the next names (as another writer of a shared folder could plant).
+  for (long n = next; n < next + 5; ++n)
+    fs::create_symlink(victim,
+                       path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(n));
+  dt::metrics::write_file_atomically(path, "a 1\n", true);
+  CHECK(slurp(path) == "a 1\n");
+  CHECK(slurp(victim) == "mine\n");
+  CHECK_FALSE(fs::is_symlink(path));
+}
+
 TEST_CASE("metrics: textfile written atomically") {
   dt::test::TempDir dir("dt_metrics");
   const std::string path = (dir.path / "dt.prom").string();
