@@ -545,6 +545,40 @@ int open_step_log(const std::string& path, const std::string& data_path) {
   return fd;
 }
 
+// --plan.dot, before the plan is made: a file there is replaced only where it is a DOT graph (an
+// earlier plan), never the training data, a config or a checkpoint named by mistake; a folder
+// that cannot take the file is refused now, not after the plan is printed.
+void check_plan_dot(const std::string& path) {
+  DT_CHECK(ConfigError, !path.empty(), "option --plan.dot is empty: expected a file name");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    DT_CHECK(ConfigError, S_ISREG(st.st_mode), "option --plan.dot: ", path,
+             S_ISDIR(st.st_mode) ? " is a folder" : " is not a plain file",
+             ": expected a file to write the plan's DOT graph to");
+    std::string head(8, '\0');
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    const std::size_t n = f ? std::fread(head.data(), 1, head.size(), f) : 0;
+    if (f) std::fclose(f);
+    head.resize(n);
+    DT_CHECK(ConfigError, st.st_size == 0 || head == "digraph ", "option --plan.dot: ", path,
+             " exists and is not a Graphviz DOT graph (it does not start with 'digraph'): it is "
+             "left as it is. Name a new file, or remove that one");
+    return;
+  }
+  const std::size_t slash = path.rfind('/');
+  const std::string folder =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string probe = folder + "/.dt-plan-check." + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  const int err = errno;
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlink(probe.c_str());
+  }
+  DT_CHECK(ConfigError, fd >= 0 || err == EEXIST, "option --plan.dot: cannot write ", path,
+           " (making a file in ", folder, ": ", std::strerror(err), ")");
+}
+
 // A stall seam that the run's schedule never reaches would pass a test silently: refused.
 // (A run resumed past test.skip-step starts after it too; that is not known before the resume.)
 void check_stall_seams(const TrainConfig& c) {
@@ -653,6 +687,7 @@ TokenFile validate_and_load(TrainConfig& c) {
            "none, or a checkpoint file");
   security::parse_tamper(c.test_tamper, "test.tamper");
   check_stall_seams(c);
+  if (c.print_plan && launcher_rank() <= 0) check_plan_dot(c.plan_dot);
   if (!c.metrics_push_auth_file.empty()) {
     DT_CHECK(ConfigError, !c.metrics_push_url.empty(),
              "option --metrics.push-auth-file is given without --metrics.push-url");
@@ -2365,13 +2400,11 @@ void Trainer::print_plan() {
         std::printf("%s", graph::to_text(plan_->stage(s)).c_str());
       }
     }
-    std::FILE* f = std::fopen(c_.plan_dot.c_str(), "w");
-    DT_CHECK(ConfigError, f != nullptr, "option --plan.dot: cannot write ", c_.plan_dot, ": ",
-             std::strerror(errno));
-    const std::string dot = graph::to_dot(plan_->full, "dt plan " + L.str());
-    const bool ok = std::fwrite(dot.data(), 1, dot.size(), f) == dot.size();
-    DT_CHECK(ConfigError, std::fclose(f) == 0 && ok, "option --plan.dot: writing ", c_.plan_dot,
-             " failed");
+    try {
+      metrics::write_file_atomically(c_.plan_dot, graph::to_dot(plan_->full, "dt plan " + L.str()));
+    } catch (const Error& e) {
+      DT_THROW(ConfigError, "option --plan.dot: ", e.what());
+    }
     std::printf("dt_train: plan graph written to %s (Graphviz DOT)\n", c_.plan_dot.c_str());
     std::fflush(stdout);
   }
