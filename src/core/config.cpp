@@ -370,7 +370,12 @@ po::parsed_options read_ini(std::istream& in, const po::options_description& des
     const auto [was, fresh] = seen.emplace(name, no);
     DT_CHECK(ConfigError, fresh, "option '", name, "' is set twice in config file '", path,
              "' (lines ", was->second, " and ", no, ")");
-    po::option o(name, {has_quoted ? quoted_value : trim(line.substr(eq + 1))});
+    const std::string value = has_quoted ? quoted_value : trim(line.substr(eq + 1));
+    // A switch (true or false, bare on the command line: --ckpt.async) given no value in a file
+    // ("async =", often meant as "the default") would be turned on: refused.
+    DT_CHECK(ConfigError, !value.empty() || desc.find(name, false).semantic()->min_tokens() != 0,
+             "option '", name, "' has an empty value", at, ": expected true or false");
+    po::option o(name, {value});
     o.original_tokens = {name, o.value[0]};
     out.options.push_back(std::move(o));
   }

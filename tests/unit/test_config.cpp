@@ -284,6 +284,11 @@ TEST_CASE("Options: INI problems name the option and the file") {
   check_file("bad_int.ini", "[check]\niters = lots\n", {"check.iters", "lots", "integer"});
   check_file("bad_double.ini", "[train]\nlr = x\n", {"train.lr", "number"});
   check_file("bad_bool.ini", "verbose = maybe\n", {"verbose", "maybe"});
+  // A switch with no value is not turned on (it was: Boost takes the bare --verbose's true).
+  check_file("empty_bool.ini", "# x\nverbose =\n",
+             {"option 'verbose' has an empty value", "line 2", "expected true or false"});
+  check_file("empty_quoted_bool.ini", "verbose = \"\"  # off?\n",
+             {"option 'verbose' has an empty value", "line 1"});
   check_file("too_big.ini", "[check]\niters = 1000\n", {"check.iters", "1000", "maximum"});
   check_file("too_small.ini", "[train]\nlr = -2\n", {"train.lr", "minimum"});
   check_file("bad_choice.ini", "[train]\nmode = medium\n",
