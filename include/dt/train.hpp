@@ -161,7 +161,8 @@ TokenFile validate_and_load(TrainConfig& c);
 /// must have been written by a model of this run's --model.vocab, seq-len, layers, heads and embd.
 /// Throws dt::CheckpointError "checkpoint does not match the model: FILE was trained with
 /// --model.embd=32 (this run: 64), ..." naming every setting that differs; returns quietly where
-/// there is no such file or it records no settings (the load decides then). Not collective.
+/// there is no such file or it records no settings (the load decides then), except that with
+/// --eval-only no file is a dt::ConfigError ("no checkpoint to evaluate"). Not collective.
 void check_resume_model(const TrainConfig& c);
 
 /// GPT-2's end-of-text token, which separates documents in its token files.

@@ -617,7 +617,13 @@ void check_resume_model(const TrainConfig& c) {
       path = all.empty() ? "" : all.front().path;
     }
   }
-  if (path.empty()) return;
+  if (path.empty()) {
+    // Nothing to evaluate: refused before the model is made (the resume would find none).
+    // (--eval-only without --ckpt.dir or a file is refused with the options.)
+    DT_CHECK(ConfigError, !c.eval_only, "option --eval-only: no checkpoint to evaluate in '",
+             c.ckpt_dir, "'");
+    return;
+  }
   const std::string saved = checkpoint_config(path);
   if (saved.empty()) return;
   check_model_of(path, saved, c.model);

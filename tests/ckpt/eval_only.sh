@@ -4,8 +4,9 @@
 # relative; 3 ranks do not divide the training batch of 8, which evaluation does not need, also
 # with --train.micro-batch=4); it trains and saves nothing. --eval-only without any checkpoint option exits 2.
 # ckpt.eval_only_empty_dir (MODE empty_dir): --eval-only with --ckpt.dir naming a directory
-# without checkpoints (auto-resume finds nothing) has no checkpoint to evaluate either: exit 2,
-# instead of reporting the loss of the random initial weights.
+# without checkpoints (auto-resume finds nothing), or none at all, has no checkpoint to evaluate
+# either: exit 2, before the model is made, instead of reporting the loss of the random initial
+# weights.
 source "$(dirname "$0")/lib.sh"
 
 case "$MODE" in
@@ -65,11 +66,19 @@ case "$MODE" in
     mkdir -p EMPTY
     train N 1 --eval-only --ckpt.dir="$WORK/EMPTY" --eval.sequences=8
     expect_rc N 2
+    expect_line N "option --eval-only: no checkpoint to evaluate in '.*/EMPTY'"
     expect_no_line N "eval-only: step"
     expect_no_line N "starting from step 0"
+    expect_no_line N "dt_train: [0-9]+ parameters"  # refused before the model is made
     train M 2 --eval-only --ckpt.dir="$WORK/MISSING" --eval.sequences=8
     expect_rc M 2
+    expect_line M "option --eval-only: no checkpoint to evaluate in '.*/MISSING'"
     expect_no_line M "eval-only: step"
+    expect_no_line M "dt_train: [0-9]+ parameters"
+    train O 1 --eval-only --eval.sequences=8
+    expect_rc O 2
+    expect_line O "option --eval-only needs a checkpoint: --ckpt.resume=PATH or --ckpt.dir"
+    expect_no_line O "dt_train: [0-9]+ parameters"
     ;;
   *)
     echo "unknown mode '$MODE'"
