@@ -37,6 +37,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <new>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -892,7 +893,12 @@ int main(int argc, char** argv) {
   try {
     Bench b(rt, s, std::move(grad));
     return b.run();
-  } catch (const dt::Error& e) {
+  } catch (const std::bad_alloc&) {  // a size within the options' range that memory lacks
+    std::fprintf(stderr,
+                 "dt_bench: rank %d: out of memory for the buffers: give a smaller --max-bytes\n",
+                 rt.rank());
+    rt.abort(3);
+  } catch (const std::exception& e) {  // dt::Error and any other: the other ranks must not wait
     std::fprintf(stderr, "dt_bench: rank %d: %s\n", rt.rank(), e.what());
     rt.abort(3);
   }

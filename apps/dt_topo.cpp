@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <new>
 #include <set>
 #include <sstream>
 #include <string>
@@ -425,7 +426,13 @@ int main(int argc, char** argv) {
     const auto p2p = dt::make_p2p(s.p2p, rt.world());
     Checker c(rt, s, *p2p);
     return c.run();
-  } catch (const dt::Error& e) {
+  } catch (const std::bad_alloc&) {  // a size within the options' range that memory lacks
+    std::fprintf(stderr,
+                 "dt_topo: rank %d: out of memory for the buffers: give a smaller "
+                 "--check.elements or --check.bandwidth-bytes\n",
+                 rt.rank());
+    rt.abort(3);
+  } catch (const std::exception& e) {  // dt::Error and any other: the other ranks must not wait
     std::fprintf(stderr, "dt_topo: rank %d: %s\n", rt.rank(), e.what());
     rt.abort(3);
   }
