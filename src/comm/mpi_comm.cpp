@@ -216,8 +216,9 @@ class MpiWork final : public WorkImpl {
   MpiWork(std::string desc, int rank, std::string comm, bool p2p)
       : desc_(std::move(desc)), comm_(std::move(comm)), rank_(rank), p2p_(p2p) {}
   ~MpiWork() override {
-    if (done_ || error_ || !mpi_alive()) return;
-    // Point-to-point requests can be released and finish on their own; an unfinished
+    if (done_ || !mpi_alive()) return;
+    // Point-to-point requests can be released and finish on their own, also those after a
+    // failed one (a chunk of a receive that delivered the wrong count); an unfinished
     // collective request cannot be freed in MPI and is left to MPI_Finalize.
     if (p2p_)
       for (std::size_t i = next_; i < reqs_.size(); ++i)

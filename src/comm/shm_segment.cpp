@@ -55,10 +55,13 @@ ShmSegment ShmSegment::create(const MpiComm& local, std::size_t bytes, const cha
       e = std::string("shm_open(") + name + ") failed: " + std::strerror(errno);
     } else {
       int rc = ftruncate(fd, static_cast<off_t>(bytes));
-      if (rc == 0)
-        rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-      else
+      if (rc == 0) {
+        // Interrupted by a signal (a drain during start-up, on tmpfs): tried again.
+        do rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+        while (rc == EINTR);
+      } else {
         rc = errno;
+      }
       if (rc != 0) {
         e = "cannot reserve " + std::to_string(bytes) + " bytes in /dev/shm (" + name +
             "): " + std::strerror(rc);

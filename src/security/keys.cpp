@@ -474,16 +474,21 @@ bool Aead::open(const std::uint8_t* nonce, const std::uint8_t* aad, std::size_t 
   DT_CHECK(SecurityError,
            aad_len == 0 || EVP_DecryptUpdate(c, nullptr, &len, aad, static_cast<int>(aad_len)) == 1,
            "AES-GCM AAD failed: ", openssl_error());
+  // A failure after a piece was decrypted leaves no byte that was not authenticated in `out`.
+  auto fail = [&](const char* what) {
+    const std::string why = openssl_error();
+    OPENSSL_cleanse(dst, n);
+    DT_THROW(SecurityError, what, why);
+  };
   for (std::size_t off = 0; off < n; off += kEvpPiece) {
     const int piece = static_cast<int>(std::min(kEvpPiece, n - off));
-    DT_CHECK(SecurityError, EVP_DecryptUpdate(c, dst + off, &len, src + off, piece) == 1,
-             "AES-GCM decryption failed: ", openssl_error());
+    if (EVP_DecryptUpdate(c, dst + off, &len, src + off, piece) != 1)
+      fail("AES-GCM decryption failed: ");
   }
   std::uint8_t t[kTagBytes];
   std::memcpy(t, tag, kTagBytes);
-  DT_CHECK(SecurityError,
-           EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, static_cast<int>(kTagBytes), t) == 1,
-           "AES-GCM tag set-up failed: ", openssl_error());
+  if (EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, static_cast<int>(kTagBytes), t) != 1)
+    fail("AES-GCM tag set-up failed: ");
   const bool ok = EVP_DecryptFinal_ex(c, dst + n, &len) == 1;
   if (!ok) {
     ERR_clear_error();
