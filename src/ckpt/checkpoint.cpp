@@ -1428,11 +1428,13 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       // A checkpoint of this step already here is of another line of training: set aside too
       // (linked, so that the rename below replaces it in one step and `latest` never names a
       // missing file).
+      std::string aside;
       if (::access(final_path.c_str(), F_OK) == 0) {
-        const std::string to = move_aside(final_path, true);
-        DT_CHECK(CheckpointError, to.rfind(final_path + ".superseded", 0) == 0, "cannot set aside ",
-                 final_path, " (another line of training) before committing over it: ", to);
-        stats.set_aside.push_back(final_path + " -> " + to);
+        aside = move_aside(final_path, true);
+        DT_CHECK(CheckpointError, aside.rfind(final_path + ".superseded", 0) == 0,
+                 "cannot set aside ", final_path,
+                 " (another line of training) before committing over it: ", aside);
+        stats.set_aside.push_back(final_path + " -> " + aside);
       }
       DT_CHECK(CheckpointError, ::rename(partial.c_str(), final_path.c_str()) == 0, "rename ",
                partial, " -> ", final_path, ": ", errno_text());
@@ -1440,7 +1442,23 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       try {
         metrics::write_file_atomically(dir + "/latest", step_name(meta.step) + "\n", true);
       } catch (const Error& e) {
-        DT_THROW(CheckpointError, e.what());
+        // `latest` still names the previous checkpoint: the new file goes, and a file of this
+        // step it replaced comes back, so that the folder is as it was (a complete file newer
+        // than `latest` would be taken for another line of training by the next resume).
+        std::string undo = "; " + final_path + " removed";
+        if (::unlink(final_path.c_str()) != 0)
+          undo = "; " + final_path + " not removed: " + errno_text();
+        if (!aside.empty()) {
+          undo += ::rename(aside.c_str(), final_path.c_str()) == 0
+                      ? ", " + aside + " put back"
+                      : ", " + aside + " not put back: " + errno_text();
+          stats.set_aside.pop_back();
+        }
+        try {
+          fsync_path(dir, true);
+        } catch (const Error&) {  // the message is the failure above
+        }
+        DT_THROW(CheckpointError, e.what(), undo, " (latest still names the previous checkpoint)");
       }
       fsync_path(dir, true);
       // Retention: the file just written is the newest, then the other newest by step, `keep`
