@@ -2272,6 +2272,12 @@ std::vector<CkptTensor> present_tensors(const Opened& o, const std::string& path
              " datasets present (names and shapes) are not the ", saved,
              " the save wrote (manifest_sha256", want.empty() ? " missing" : "",
              "): a tensor was lost, added or reshaped");
+    // The count the save wrote: an attribute that lost it (or says another) is damage too.
+    DT_CHECK(CheckpointError, saved == static_cast<std::int64_t>(ts.size()), path,
+             ": attribute datasets says ",
+             saved < 0 ? std::string("nothing (missing)") : std::to_string(saved),
+             ", but the save's list (manifest_sha256) has the ", ts.size(),
+             " datasets present: the attribute is damaged");
   }
   return ts;
 }

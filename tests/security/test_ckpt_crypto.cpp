@@ -435,6 +435,21 @@ int run(const std::string& dir, int world_rank) {
     const auto p = dt::verify_file(*world, altered);  // problems are returned, not thrown
     H.expect(p.size() == 1 && contains(p[0], "checksum mismatch in the root attributes"),
              "verify reports an altered step", p.empty() ? "no problem reported" : p[0]);
+    // The count of datasets the save wrote, altered: damage that load and verify name (it was
+    // read for the message only).
+    const std::string count = bad_dir + "/plain-count.h5";
+    if (me == 0) {
+      copy_file(plain_dir + "/step-3.h5", count);
+      set_int_attr(count, "datasets", static_cast<std::int64_t>(saved.tensors.size()) - 1);
+    }
+    world->barrier();
+    expect_throw<dt::CheckpointError>(
+        "plain checkpoint with an altered dataset count",
+        [&] { dt::load_checkpoint(*world, count, got.tensors); },
+        {"plain-count.h5", "attribute datasets says", "the attribute is damaged"});
+    const auto pc = dt::verify_file(*world, count);
+    H.expect(pc.size() == 1 && contains(pc[0], "attribute datasets says"),
+             "verify reports an altered dataset count", pc.empty() ? "no problem reported" : pc[0]);
     // A version-1 file has no digest of its root attributes and still loads; a version-2 file
     // without one is refused.
     const std::string v1 = bad_dir + "/plain-v1.h5", v2 = bad_dir + "/plain-v2-nodigest.h5";
