@@ -1759,9 +1759,22 @@ struct Opened {
 std::string not_hdf5_why(const std::string& path) {
   static const unsigned char kSignature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
   unsigned char head[9] = {};
-  std::ifstream in(path, std::ios::binary);
-  in.read(reinterpret_cast<char*>(head), sizeof head);
-  const std::streamsize got = in.gcount();
+  // One that cannot be read (its mode, a folder) is named as such, not as no checkpoint.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "cannot be read (" + errno_text() + ")";
+  ssize_t got = 0;
+  while (got < static_cast<ssize_t>(sizeof head)) {
+    const ssize_t n = ::read(fd, head + got, sizeof head - static_cast<std::size_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string why = "cannot be read (" + errno_text() + ")";
+      ::close(fd);
+      return why;
+    }
+    if (n == 0) break;
+    got += n;
+  }
+  ::close(fd);
   if (got >= 8 && std::memcmp(head, kSignature, 8) == 0)
     return "not a readable HDF5 file (truncated or damaged)";
   if (got == 9 && head[8] == '{')

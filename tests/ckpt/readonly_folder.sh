@@ -3,8 +3,9 @@
 # ("Permission denied"), not as a missing lock file; one that holds another user's lock file
 # (a folder used before) is refused as not writable before training, not at the first save;
 # a folder the user can write whose lock file is another user's and read-only (a group's
-# folder) is used. Runs dt_train as an unprivileged user (root writes anywhere); skipped
-# (exit 77) where that user cannot reach dt_train or this is not root.
+# folder) is used; a checkpoint the user may not read is named so. Runs dt_train as an
+# unprivileged user (root writes anywhere); skipped (exit 77) where that user cannot reach
+# dt_train or this is not root.
 #   readonly_folder.sh DT_TRAIN CONFIG TEXT
 set -u
 TRAIN=$1 CONFIG=$2 TEXT=$3
@@ -46,4 +47,14 @@ out=$(as_nobody "$TRAIN" --config "$CONFIG" --data.path="$TEXT" --ckpt.dir="$wor
 rc=$?
 [ $rc -eq 0 ] || { echo "$out" | tail -5; echo "FAIL: group folder: exit code $rc, expected 0"; exit 1; }
 [ -f "$work/group/step-2.h5" ] || { echo "FAIL: no checkpoint in the group folder: $(ls -A "$work/group")"; exit 1; }
+
+# A checkpoint this user may not read is named as such, not as "no HDF5 signature".
+cp "$work/group/step-2.h5" "$work/secret.h5" && chmod 600 "$work/secret.h5"
+out=$(as_nobody "$TRAIN" --config "$CONFIG" --data.path="$TEXT" --ckpt.resume="$work/secret.h5" \
+      --train.steps=3 2>&1)
+rc=$?
+echo "$out" | grep -E "error" || echo "$out" | tail -3
+[ $rc -eq 2 ] || { echo "FAIL: unreadable checkpoint: exit code $rc, expected 2"; exit 1; }
+echo "$out" | grep -q "secret.h5: cannot be read (Permission denied)" ||
+  { echo "FAIL: the refusal does not say the checkpoint cannot be read"; exit 1; }
 echo "readonly_folder.sh: PASS"
