@@ -419,8 +419,16 @@ bool Options::parse(int argc, const char* const* argv) {
       struct stat st {};  // (a pipe such as <(...) is fine; a directory opens and reads nothing)
       DT_CHECK(ConfigError, !(::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)),
                "config file '", path, "' is a directory");
-      po::store(read_ini(in, impl_->desc, path), vm);
+      const po::parsed_options from_file = read_ini(in, impl_->desc, path);
       DT_CHECK(ConfigError, !in.bad(), "config file '", path, "' could not be read to the end");
+      // Every value of the file is converted, also those the command line overrides (kept by
+      // `vm` alone, which takes the first value): a broken file does not wait for the day an
+      // override is dropped.
+      {
+        po::variables_map whole;
+        po::store(from_file, whole);
+      }
+      po::store(from_file, vm);
     }
     po::notify(vm);
   } catch (po::invalid_option_value& e) {

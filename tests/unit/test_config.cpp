@@ -314,6 +314,14 @@ TEST_CASE("Options: INI problems name the option and the file") {
       {"'config' belongs on the command line, not in a config file (config file '", "' line 1)"});
   check_file("help_key.ini", "help = 1\n", {"'help' belongs on the command line"});
 
+  // A value of the file that the command line overrides is still refused where it is no value
+  // of its option (the file is read whole, not only where it decides).
+  {
+    const std::string path = dir.write("overridden.ini", "[check]\niters = 3x\n");
+    const std::string arg = "--config=" + path;
+    expect_error({arg.c_str(), "--check.iters=4"}, {"check.iters", "3x", path});
+  }
+
   // The same range problem on the command line does not blame the file.
   const std::string ok = dir.write("ok.ini", "[check]\niters = 3\n");
   const std::string arg = "--config=" + ok;
