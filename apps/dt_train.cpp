@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
   dt::TrainConfig cfg;
   dt::Options opts(
       "dt_train",
-      "Train a GPT-2-style model over MPI ranks with data, tensor and pipeline parallelism.");
+      "Train a GPT-2-style model over MPI ranks with data, tensor and pipeline parallelism.\n"
+      "dt_train --version prints the version of dt.");
   dt::add_train_options(opts, cfg);
   dt::qos::Settings qos_settings;
   dt::qos::add_options(opts, qos_settings);

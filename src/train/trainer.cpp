@@ -142,7 +142,8 @@ void add_train_options(Options& o, TrainConfig& c) {
            (1L << 62))
       .add("train.log-every", &c.log_every, 10, "steps between progress lines", 1L, 1L << 40)
       .add("train.log-file", &c.log_file, "",
-           "append one JSON line per step (full-precision loss, lr, norm, val loss) to this file")
+           "append one JSON line per step (step, loss, lr, grad_norm, seconds; val_loss when "
+           "evaluated; loss_scale, skipped in bf16/fp16) to this file")
       .node_local()
       .add("train.eval-every", &c.eval_every, 50,
            "steps between validation losses (0: only first and last)", 0L, 1L << 40)
@@ -182,7 +183,8 @@ void add_train_options(Options& o, TrainConfig& c) {
            -1L, 1L << 20)
       .node_local()
       .add("runtime.plugin-path", &c.plugin_path, "",
-           "colon-separated directories searched for device plugins (empty: next to the binary)")
+           "colon-separated directories searched for device plugins (empty: $DT_PLUGIN_PATH, "
+           "then the installation's plugin folders, next to the program and next to libdt)")
       .node_local()
       .add("runtime.threads", &c.threads, 1, "BLAS threads per rank", 1L, 1024L)
       .node_local()
