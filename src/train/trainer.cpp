@@ -741,7 +741,9 @@ TokenFile validate_and_load(TrainConfig& c) {
            " is too small for ", c.data_path, ", whose largest token is ",
            data.max_token_plus_one - 1, ": give --model.vocab=", data.max_token_plus_one,
            " or more");
-  if (c.sample_tokens > 0) sample_prompt_tokens(c, data.format);  // refused now, not after training
+  // Refused now, not after training; ids given for no sample are checked too (a typo there is
+  // one still when sampling is turned on).
+  if (c.sample_tokens > 0 || !c.sample_prompt_ids.empty()) sample_prompt_tokens(c, data.format);
   const Split s = split(data, c.val_fraction);
   // Constructing these checks that seq-len fits both parts (ConfigError naming the numbers).
   Sampler(data.data(s.train), s.train.size(), c.model.block, static_cast<std::uint64_t>(c.seed),
