@@ -1862,18 +1862,22 @@ std::string Trainer::resume_from_checkpoint() {
   std::string changed;
   const std::string now = c_.config_text;
   if (!m.data.empty() && m.data != data_id_) changed = "data " + m.data + " -> " + data_id_;
+  // An evaluation continues nothing: only what decides the data it evaluates on is compared.
+  const bool training_setting = !c_.eval_only;
   for (const char* k :
-       {"train.batch", "model.seq-len", "data.path", "data.val-fraction", "train.steps", "optim.lr",
+       {"data.path", "data.val-fraction", "train.batch", "model.seq-len", "train.steps", "optim.lr",
         "optim.min-lr", "optim.warmup", "optim.decay-steps", "optim.beta1", "optim.beta2",
         "optim.eps", "optim.weight-decay", "optim.grad-clip", "train.dtype"}) {
     if (!m.data.empty() && std::strcmp(k, "data.path") == 0) continue;
+    if (!training_setting && std::strncmp(k, "data.", 5) != 0) continue;
     const std::string was = config_value(m.config, k), is = config_value(now, k);
     if (!was.empty() && !is.empty() && was != is)
       changed += std::string(changed.empty() ? "" : ", ") + k + " " + was + " -> " + is;
   }
   if (!changed.empty())
     log("ckpt: warning: settings differ from the checkpoint's (" + changed +
-        "): the run does not continue it exactly");
+        (c_.eval_only ? "): the evaluation is not on the data the checkpoint was trained on"
+                      : "): the run does not continue it exactly"));
   return used;
 }
 

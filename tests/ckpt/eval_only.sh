@@ -24,8 +24,15 @@ case "$MODE" in
       expect_line E$R "eval-only: step 4,.* loss [0-9]+\.[0-9]+"
       expect_line E$R "resumed from .*D/step-4\.h5 at step 4 "
       expect_no_line E$R "val loss|saved"
+      # (C trained for 4 steps, these would for micro.ini's: no matter to an evaluation.)
+      expect_no_line E$R "settings differ"
       [ ! -e X$R ] || fail "E$R: --eval-only wrote into its ckpt.dir: $(files_in X$R)"
     done
+    # Another validation split is said: the loss is of other data than the training's.
+    train EV 1 --eval-only --ckpt.resume="$WORK/D/step-4.h5" --eval.sequences=8 \
+      --data.val-fraction=0.2
+    expect_rc EV 0
+    expect_line EV "settings differ from the checkpoint's [(]data.val-fraction 0.1 -> 0.2[)]: the evaluation is not on the data the checkpoint was trained on"
     l1=$(eval_loss E1)
     l2=$(eval_loss E2)
     if [ -n "$l1" ] && [ -n "$l2" ]; then
