@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   cfg.site.numa = std::atoi(rt.topology().binding.numa.c_str());  // first NUMA node of the binding
   if (cfg.print_config && lead) std::printf("%s", cfg.config_text.c_str());
   if (lead && !tier.name.empty())
-    std::printf("dt_train: qos: %s\n", dt::qos::describe(tier).c_str());
+    std::printf("dt_train: qos: %s\n", dt::qos::describe(dt::qos::current()).c_str());
   // The hang watchdog (destroyed before the runtime finalises MPI).
   dt::watchdog::Settings wds;
   wds.timeout_s = cfg.comm_timeout_s;

@@ -53,6 +53,9 @@ struct Tier {
   std::string mode;       ///< v1 | v2 | none: the cgroup version the prolog found
   std::vector<std::string> cgroups;  ///< the job's group directories (v1: one per controller)
   std::string file;                  ///< the record it was read from
+  /// Of cgroups, those configure() did not move this process into (Slurm's group of the job
+  /// holds it there, or the group refused it); empty in a record.
+  std::vector<std::string> not_entered;
 };
 
 /// The record `s` points at: "" for none. auto (when SLURM_JOB_ID is set): the first of
@@ -65,7 +68,8 @@ std::string record_path(const Settings& s);
 /// line is not key=value, a number is not a number, or the tier name is missing.
 Tier read_record(const std::string& path);
 
-/// Makes `t` the process's tier (an empty name: none). Moves the whole process into each of
+/// Makes `t` the process's tier (an empty name: none); current() then holds it with the groups
+/// this process stayed out of (Tier::not_entered). Moves the whole process into each of
 /// t.cgroups (writes its pid to cgroup.procs) except those that would take it out of Slurm's
 /// group of the job (detail::leaves_slurm_job; warned about); a group that refuses is warned about
 /// on stderr, once each, and the process goes on where it is. The calling thread keeps its CPU

@@ -443,6 +443,7 @@ std::vector<std::string> configure(const Tier& t) noexcept {
     {
       std::lock_guard<std::mutex> lock(s.mu);
       s.tier = t;
+      s.tier.not_entered.clear();
     }
     errno = 0;
     const int nice = ::getpriority(PRIO_PROCESS, 0);
@@ -454,11 +455,16 @@ std::vector<std::string> configure(const Tier& t) noexcept {
     const std::string pid = std::to_string(::getpid());
     const std::vector<unsigned char> binding = affinity();
     for (const auto& g : t.cgroups) {
+      auto stayed_out = [&s, &g] {
+        std::lock_guard<std::mutex> lock(s.mu);
+        s.tier.not_entered.push_back(g);
+      };
       if (const std::string why = detail::leaves_slurm_job(g); !why.empty()) {
         warnings.push_back(why +
                            ": it stays where it is (the tier's settings of that group do "
                            "not apply to it)");
         std::fprintf(stderr, "dt: qos: warning: %s\n", warnings.back().c_str());
+        stayed_out();
         continue;
       }
       const std::string procs = g + "/cgroup.procs";
@@ -469,6 +475,7 @@ std::vector<std::string> configure(const Tier& t) noexcept {
         warnings.push_back("cannot move this rank (pid " + pid + ") into " + g + " (" +
                            std::strerror(errno ? errno : EIO) + "); it runs in its current group");
         std::fprintf(stderr, "dt: qos: warning: %s\n", warnings.back().c_str());
+        stayed_out();
       }
     }
     if (detail::after_move_for_test) detail::after_move_for_test();
@@ -497,7 +504,16 @@ std::string describe(const Tier& t) {
   else if (!t.source.empty())
     s += " (" + t.source + ")";
   s += ": cgroup " + (t.mode.empty() ? std::string("none") : t.mode);
-  for (const auto& g : t.cgroups) s += " " + g;
+  auto entered = [&t](const std::string& g) {
+    return std::find(t.not_entered.begin(), t.not_entered.end(), g) == t.not_entered.end();
+  };
+  for (const auto& g : t.cgroups)
+    if (entered(g)) s += " " + g;
+  if (!t.not_entered.empty()) {
+    s += " (not entered:";
+    for (const auto& g : t.not_entered) s += " " + g;
+    s += ")";
+  }
   if (t.weight > 0) s += ", weight " + std::to_string(t.weight);
   s += ", communication thread ";
   s += t.fifo > 0 ? "SCHED_FIFO " + std::to_string(t.fifo) : std::string("normal priority");

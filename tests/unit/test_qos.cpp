@@ -245,6 +245,12 @@ TEST_CASE("qos: a group that refuses the rank is a warning, not an error") {
   REQUIRE(warnings.size() == 1);
   CHECK(warnings[0].find("cannot move this rank") != std::string::npos);
   CHECK(warnings[0].find(dir.path.string() + "/missing") != std::string::npos);
+  // The tier as it applies says so: the group is listed as not entered, not as the rank's.
+  const dt::qos::Tier now = dt::qos::current();
+  CHECK(now.not_entered == t.cgroups);
+  const std::string d = dt::qos::describe(now);
+  CHECK(d.find("cgroup none (not entered: " + dir.path.string() + "/missing)") !=
+        std::string::npos);
 }
 
 namespace {
