@@ -112,15 +112,26 @@ void injected_read_failure(const Comm& comm, const std::string& path) {
 // stays as it is, and the text says so. With `link_only` the file is linked there and stays at
 // `path` too (a commit then renames over it, so that `path` never goes missing).
 std::string move_aside(const std::string& path, bool link_only = false) {
-  std::string to = path + ".superseded";
-  for (int n = 2; ::access(to.c_str(), F_OK) == 0; ++n) {
-    if (n == 1000) return path + " (kept as it is: no free name " + path + ".superseded.N)";
-    to = path + ".superseded." + std::to_string(n);
+  // A name taken (also one made by another writer meanwhile) is passed over: the link, and the
+  // rename where the file system offers RENAME_NOREPLACE, fail on it instead of replacing it.
+  for (int n = 1; n < 1000; ++n) {
+    const std::string to =
+        path + ".superseded" + (n == 1 ? std::string() : "." + std::to_string(n));
+    int rc;
+    if (link_only) {
+      rc = ::link(path.c_str(), to.c_str());
+    } else {
+      rc = ::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE);
+      if (rc != 0 && (errno == EINVAL || errno == ENOSYS))  // no RENAME_NOREPLACE there
+        rc = ::access(to.c_str(), F_OK) == 0 ? (errno = EEXIST, -1)
+                                             : ::rename(path.c_str(), to.c_str());
+    }
+    if (rc == 0) return to;
+    if (errno != EEXIST)
+      return path + " (kept as it is: " + (link_only ? "link" : "rename") +
+             " failed: " + errno_text() + ")";
   }
-  if ((link_only ? ::link(path.c_str(), to.c_str()) : ::rename(path.c_str(), to.c_str())) != 0)
-    return path + " (kept as it is: " + (link_only ? "link" : "rename") +
-           " failed: " + errno_text() + ")";
-  return to;
+  return path + " (kept as it is: no free name " + path + ".superseded.N)";
 }
 
 void fsync_path(const std::string& p, bool dir) {
