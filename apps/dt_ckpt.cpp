@@ -1155,6 +1155,7 @@ bool parse_args(int argc, char** argv, Args& a) {
         "dt_ckpt import IN.safetensors --output DIR --heads H: a nanoGPT-named safetensors "
         "file as the dt checkpoint DIR/step-S.h5.";
   dt::Options opts("dt_ckpt " + a.sub, summary);
+  opts.usage("dt_ckpt " + a.sub + " " + what + " [--config FILE] [--option=value ...]");
   if (a.sub == "export")
     opts.add("format", &a.format, "safetensors", "output format", {"safetensors"})
         .add("output", &a.output, "",

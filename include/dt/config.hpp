@@ -54,6 +54,9 @@ class Options {
   bool given(const std::string& name) const;
   /// The --help text.
   std::string help() const;
+  /// The usage line of the --help text, after "usage: " (default: "PROGRAM [--config FILE]
+  /// [--section.key=value ...]"), for a program that also takes arguments of its own.
+  Options& usage(const std::string& line);
   /// "name = value" lines of every option as parsed, for run logs, and a config file that reads
   /// back as the same settings: a value with a line break, a tab, a comment (" #"), spaces at
   /// its ends or a quote first is written in double quotes with \\, \", \n, \r and \t escaped.

@@ -32,6 +32,7 @@ namespace dt {
 struct Options::Impl {
   std::string program;
   std::string summary;
+  std::string usage;  ///< "" for the default
   po::options_description desc{"Options", 100};
   // Range / choice validation: option name -> problem with the parsed value ("" when fine).
   std::vector<std::pair<std::string, std::function<std::string()>>> checks;
@@ -237,10 +238,18 @@ Options& Options::add(const std::string& name, double* target, double def, std::
 
 std::string Options::help() const {
   std::ostringstream os;
-  os << "usage: " << impl_->program << " [--config FILE] [--section.key=value ...]\n"
+  os << "usage: "
+     << (impl_->usage.empty() ? impl_->program + " [--config FILE] [--section.key=value ...]"
+                              : impl_->usage)
+     << "\n"
      << impl_->summary << "\n\n"
      << impl_->desc;
   return os.str();
+}
+
+Options& Options::usage(const std::string& line) {
+  impl_->usage = line;
+  return *this;
 }
 
 std::string Options::unquote(const std::string& value) {

@@ -171,6 +171,10 @@ TEST_CASE("Options: --help prints the help and returns false") {
     Capture cap(std::cout);
     CHECK_FALSE(app2.parse({"-h"}));
   }
+  // A program with arguments of its own names them in its usage line.
+  App app3;
+  app3.opts.usage("app FILE [--option=value ...]");
+  CHECK(app3.opts.help().rfind("usage: app FILE [--option=value ...]\n", 0) == 0);
 }
 
 TEST_CASE("Options: command-line errors name the option") {
