@@ -63,8 +63,9 @@ void start(int rank, const std::string& dir, int world = 0, const std::string& r
 /// Writes <dir>/trace-rank<R>.json with every event so far (atomically: temporary file, then
 /// rename); recording goes on. Returns the path. Throws dt::Error naming the file on failure;
 /// does nothing (returns "") when start() was never called. With `open_scopes` (at a hang), each
-/// thread's Scopes still open are in it too, ending now, in category "<category> (unfinished)":
-/// the timeline shows what each thread was inside when it stopped.
+/// thread's Scopes still open are in it too, ending now, in category "<category> (open)" (the
+/// operations in flight are "comm (unfinished)"): the timeline shows what each thread was inside
+/// when it stopped.
 std::string write(bool open_scopes = false);
 /// write() that reports a failure on stderr instead of throwing (for drain and error paths).
 void write_noexcept(bool open_scopes = false) noexcept;

@@ -331,7 +331,6 @@ std::size_t dropped_count() noexcept {
 
 std::string write(bool open_scopes) {
   State& s = state();
-  const std::int64_t now = detail::now_ns();
   struct Thread {
     long tid;
     std::string name;
@@ -354,11 +353,14 @@ std::string write(bool open_scopes) {
     for (const auto& b : s.bufs) {
       threads.push_back(Thread{b->tid, b->get_name()});
       b->copy_to(events);
-      if (open_scopes)
-        for (const OpenScopes::Open& o : b->open.snapshot())
-          events.push_back(Event{
-              o.name, detail::intern(std::string(o.category ? o.category : "") + " (unfinished)"),
-              o.arg_name, o.arg, o.t0, now});
+      if (open_scopes) {
+        const std::vector<OpenScopes::Open> open = b->open.snapshot();
+        const std::int64_t end = detail::now_ns();  // after the snapshot: no Scope opened later
+        for (const OpenScopes::Open& o : open)
+          events.push_back(
+              Event{o.name, detail::intern(std::string(o.category ? o.category : "") + " (open)"),
+                    o.arg_name, o.arg, o.t0, std::max(end, o.t0)});
+      }
       owner.resize(events.size(), threads.size() - 1);
       dropped += b->dropped.load(std::memory_order_relaxed);
     }

@@ -115,7 +115,7 @@ if mode == "skip":  # every rank's timeline, with its steps up to the hang
             assert len(u) == 1 and u[0]["name"] == "all_reduce" and u[0]["args"]["comm"] == "world", \
                 f"rank {q}: unfinished operations {u}"
             # ... inside the step they had not finished (its Scope, still open), which covers it.
-            o = [e for e in t["traceEvents"] if e.get("cat") == "train (unfinished)"]
+            o = [e for e in t["traceEvents"] if e.get("cat") == "train (open)"]
             assert [(e["name"], e["args"]["step"]) for e in o] == [("step", 3)], \
                 f"rank {q}: unfinished Scopes {o}"
             assert o[0]["ts"] <= u[0]["ts"] and \
