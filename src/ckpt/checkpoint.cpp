@@ -122,7 +122,8 @@ std::string move_aside(const std::string& path, bool link_only = false) {
       rc = ::link(path.c_str(), to.c_str());
     } else {
       rc = ::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE);
-      if (rc != 0 && (errno == EINVAL || errno == ENOSYS))  // no RENAME_NOREPLACE there
+      if (rc != 0 && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP ||
+                      errno == EPERM))  // no RENAME_NOREPLACE there (or renameat2 refused)
         rc = ::access(to.c_str(), F_OK) == 0 ? (errno = EEXIST, -1)
                                              : ::rename(path.c_str(), to.c_str());
     }
@@ -1449,8 +1450,8 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       }
       DT_CHECK(CheckpointError, ::rename(partial.c_str(), final_path.c_str()) == 0, "rename ",
                partial, " -> ", final_path, ": ", errno_text());
-      fsync_path(dir, true);
       try {
+        fsync_path(dir, true);
         metrics::write_file_atomically(dir + "/latest", step_name(meta.step) + "\n", true);
       } catch (const Error& e) {
         // `latest` still names the previous checkpoint: the new file goes, and a file of this
@@ -1469,7 +1470,8 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
           fsync_path(dir, true);
         } catch (const Error&) {  // the message is the failure above
         }
-        DT_THROW(CheckpointError, e.what(), undo, " (latest still names the previous checkpoint)");
+        DT_THROW(CheckpointError, e.message(), undo,
+                 " (latest still names the previous checkpoint)");
       }
       fsync_path(dir, true);
       // Retention: the file just written is the newest, then the other newest by step, `keep`
@@ -1488,6 +1490,14 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
         }
       }
       for (const auto& p : list_partials(dir)) ::unlink(p.c_str());
+      // Temporary files of `latest` that a run ended before renaming (this folder's writer holds
+      // the claim: none is another's under way).
+      if (DIR* d = ::opendir(dir.c_str())) {
+        while (const dirent* e = ::readdir(d))
+          if (std::strncmp(e->d_name, "latest.tmp.", 11) == 0)
+            ::unlink((dir + "/" + e->d_name).c_str());
+        ::closedir(d);
+      }
       if (!stats.set_aside.empty()) fsync_path(dir, true);
     } catch (const std::exception& e) {
       ok = false;
@@ -1540,13 +1550,20 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who, double wa
            " for this run: ", why);
   {
     struct stat st {};
-    const bool plain = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1;
-    if (!plain) {
+    const bool stat_ok = ::fstat(fd_, &st) == 0;
+    std::string what;
+    if (!stat_ok || !S_ISREG(st.st_mode))
+      what = " is not a plain file (a folder? a device?)";
+    else if (st.st_nlink > 1)
+      what =
+          " has other names (hard links: a folder copied with cp -al or rsync --link-dest?), "
+          "and the claim writes into it";
+    // (st_nlink 0: removed meanwhile, to break a claim; the run holds a file no other sees)
+    if (!what.empty()) {
       ::close(fd_);
       fd_ = -1;
       DT_THROW(CheckpointError, "cannot claim checkpoint folder ", dir, " for this run: ", path,
-               " is not a plain file (a folder, a device, or a file with other names (hard "
-               "links)), which a lock file must be (it is written): remove it");
+               what, ": remove it (no run may hold it; a new one is made)");
     }
   }
   // Every commit renames a new file over `latest`: where that is a folder (or anything but a
@@ -1564,19 +1581,27 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who, double wa
   // fail the first save, after the training up to it: refused now. (The lock file, made by
   // another member of a group, may be read-only while the folder is not.)
   {
-    const std::string probe = dir + "/.dt-write-check." + std::to_string(::getpid());
-    const int pfd =
-        ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    const int err = errno;
-    if (pfd >= 0) {
-      ::close(pfd);
-      ::unlink(probe.c_str());
-    } else if (err != EEXIST) {
+    int pfd = -1, err = EEXIST;
+    for (int n = 0; pfd < 0 && err == EEXIST && n < 100; ++n) {  // a name left by a crash: next
+      const std::string probe =
+          dir + "/.dt-write-check." + std::to_string(::getpid()) + "." + std::to_string(n);
+      pfd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+      err = errno;
+      if (pfd >= 0) {
+        ::close(pfd);
+        ::unlink(probe.c_str());
+      }
+    }
+    if (pfd < 0) {
       ::close(fd_);
       fd_ = -1;
+      const bool full = err == ENOSPC || err == EDQUOT;
       DT_THROW(CheckpointError, "checkpoint folder ", dir,
-               " is not writable by this run (making a file there: ", std::strerror(err),
-               "): no checkpoint could be saved in it. Use a folder this user can write");
+               full ? " has no room for a new file" : " is not writable by this run",
+               " (making a file there: ", std::strerror(err),
+               "): no checkpoint could be saved in it. ",
+               full ? "Free space (or inodes) there, or use another folder"
+                    : "Use a folder this user can write");
     }
   }
   const auto deadline = std::chrono::steady_clock::now() +

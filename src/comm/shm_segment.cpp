@@ -56,9 +56,11 @@ ShmSegment ShmSegment::create(const MpiComm& local, std::size_t bytes, const cha
     } else {
       int rc = ftruncate(fd, static_cast<off_t>(bytes));
       if (rc == 0) {
-        // Interrupted by a signal (a drain during start-up, on tmpfs): tried again.
+        // Interrupted by a signal (a drain during start-up, on tmpfs): tried again, a few times
+        // (a signal as frequent as the call itself would otherwise keep it going for ever).
+        int tries = 0;
         do rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-        while (rc == EINTR);
+        while (rc == EINTR && ++tries < 20);
       } else {
         rc = errno;
       }

@@ -2417,7 +2417,7 @@ void Trainer::print_plan() {
     try {
       metrics::write_file_atomically(c_.plan_dot, graph::to_dot(plan_->full, "dt plan " + L.str()));
     } catch (const Error& e) {
-      DT_THROW(ConfigError, "option --plan.dot: ", e.what());
+      DT_THROW(ConfigError, "option --plan.dot: ", e.message());
     }
     std::printf("dt_train: plan graph written to %s (Graphviz DOT)\n", c_.plan_dot.c_str());
     std::fflush(stdout);

@@ -3,8 +3,9 @@
 # newest: --ckpt.keep=1 leaves only its own file as a checkpoint, and the stale step-8 of the old
 # branch is set aside (renamed step-8.h5.superseded, the same bytes, named in the log), never
 # deleted; latest names the new file, and the next auto-resume continues the new branch, not the
-# set-aside file; a second set-aside file of a step takes the next free name. A file name with a
-# step number too large for 64 bits is ignored, not a crash.
+# set-aside file; a second set-aside file of a step takes the next free name, and a commit removes
+# temporary files of latest that an ended run left. A file name with a step number too large for
+# 64 bits is ignored, not a crash.
 source "$(dirname "$0")/lib.sh"
 
 train A 2 --train.steps=8 --ckpt.every=4 --ckpt.dir=D
@@ -24,8 +25,10 @@ expect_rc C 0
 expect_line C "resumed from .*D/step-6\.h5 at step 6 "
 # A second file of step 8 to set aside: the name taken is passed over, not replaced.
 cp D/step-6.h5 D/step-8.h5
+echo step-3.h5 >D/latest.tmp.999999.1  # left by a run that ended before renaming it
 train E 2 --train.steps=7 --ckpt.dir=D --ckpt.keep=1 --ckpt.resume=D/step-6.h5
 expect_rc E 0
 expect_line E "set aside .*D/step-8\.h5 -> .*D/step-8\.h5\.superseded\.2: its step is not below"
 [ "$(sha256sum <D/step-8.h5.superseded)" = "$sum8" ] || fail "the first set-aside step-8 changed"
+[ ! -e D/latest.tmp.999999.1 ] || fail "a temporary file of latest left by another run is still there"
 finish
