@@ -34,13 +34,17 @@ expect_latest M/D step-2.h5
 [ "$(sha256sum <M/D/step-2.h5)" = "$before" ] || fail "M/D/step-2.h5 changed"
 unmount
 
-# A file system out of inodes (nr_inodes: the folder, its lock file, latest, step-2.h5 and one
-# more): the new checkpoint's file is made and written, `latest` cannot be. The new file is
-# removed, so that the folder is as it was (a complete step-4.h5 newer than `latest` was taken
-# for another line of training by the next resume, and set aside), and the next run resumes from
-# step 2 and trains on as the uninterrupted run.
-mount -t tmpfs -o size=$((4 * size + 1024 * 1024)),nr_inodes=6 dt-ckpt-test M || fail "mount"
+# A file system with one inode free (filled with empty files, one removed): the new
+# checkpoint's file is made and written, `latest` cannot be. The new file is removed, so that the
+# folder is as it was (a complete step-4.h5 newer than `latest` was taken for another line of
+# training by the next resume, and set aside), and the next run resumes from step 2 and trains on
+# as the uninterrupted run.
+mount -t tmpfs -o size=$((4 * size + 1024 * 1024)),nr_inodes=64 dt-ckpt-test M || fail "mount"
 cp -a D0 M/D
+mkdir M/fill
+for i in $(seq 64); do touch "M/fill/$i" 2>/dev/null || break; done
+[ -e M/fill/64 ] && fail "64 files fit in a tmpfs of 64 inodes"
+rm -f "M/fill/$((i - 1))"
 train I 2 --train.steps=6 "${S[@]}" --ckpt.every=2 --ckpt.dir=M/D
 expect_rc I 3
 expect_line I "committing .*M/D/step-4\.h5 failed: cannot write .*M/D/latest .*No space left on device.*M/D/step-4\.h5 removed [(]latest still names the previous checkpoint[)]"
