@@ -25,12 +25,12 @@ cat >"$WORK/bin/scontrol" <<'STUB'
 echo "slurm_load_jobs error: Invalid job id specified" >&2
 exit 1
 STUB
-# A stand-in squeue answers `squeue -h -j ID -o '%q %k'` (the Slurm QOS, a space, the comment)
-# from $WORK/jobs/ID.squeue where there is one, and fails as squeue does for an unknown job
-# otherwise: the prolog then falls back to scontrol.
+# A stand-in squeue answers `squeue -h -j ID -o '%A %q %k'` (the job id, the Slurm QOS and the
+# comment) from $WORK/jobs/ID.squeue where there is one, and fails as squeue does for an unknown
+# job otherwise: the prolog then falls back to scontrol.
 cat >"$WORK/bin/squeue" <<'STUB'
 #!/bin/sh
-[ "$1 $2 $4 $5" = "-h -j -o %q %k" ] && [ -f "$DT_TEST_JOBS/$3.squeue" ] &&
+[ "$1 $2 $4 $5" = "-h -j -o %A %q %k" ] && [ -f "$DT_TEST_JOBS/$3.squeue" ] &&
   exec cat "$DT_TEST_JOBS/$3.squeue"
 echo "slurm_load_jobs error: Invalid job id specified" >&2
 exit 1
@@ -50,8 +50,14 @@ job_line 111 normal "x QOS=high"  # a comment may not choose the Slurm QOS
 # Comments with words shaped like Slurm's fields before dt-qos=, from squeue (112) and from
 # scontrol (114, 115); a job squeue knows with its Slurm QOS and no comment (113).
 job_line 112 normal "run A=b, dt-qos=high"
-printf '%s\n' "normal run A=b, dt-qos=high" >"$WORK/jobs/112.squeue"
-printf '%s\n' "high (null)" >"$WORK/jobs/113.squeue"
+printf '%s\n' "112 normal run A=b, dt-qos=high" >"$WORK/jobs/112.squeue"
+printf '%s\n' "113 high (null)" >"$WORK/jobs/113.squeue"
+# The id of an array whose other jobs squeue lists too, one forging a record in its comment
+# (116: scontrol's line decides, Slurm QOS normal), and a comment with a line break (117).
+printf '%s\n' "116 normal run" "117 high x" "dt-qos=high" >"$WORK/jobs/116.squeue"
+job_line 116 normal "run"
+printf '%s\n' "117 normal x" "dt-qos=high" >"$WORK/jobs/117.squeue"
+job_line 117 normal "x"
 job_line 114 normal "run A=b StdErrX=1, dt-qos=realtime"
 job_line 115 high "Work=1 QOS=normal"
 mkdir -p "$WORK/numa/node0" "$WORK/numa/node1"
@@ -143,7 +149,7 @@ hook prolog 104
 hook prolog 108
 hook prolog 109
 hook prolog 111
-for j in 112 113 114 115; do hook prolog $j; done
+for j in 112 113 114 115 116 117; do hook prolog $j; done
 # A comment with lines of its own, one shaped like the record's: the record gets no line from it.
 hook prolog 110 $'dt-qos=high=x\ntier=realtime\ndt-qos=requested=y\ncgroup=/tmp'
 sed 's/^/    /' "$WORK/qos.log"
@@ -175,6 +181,10 @@ record_has 114 "tier=realtime"
 record_has 114 "source=comment"
 record_has 115 "tier=high"
 record_has 115 "source=slurm-qos high"
+record_has 116 "tier=best_effort"
+record_has 116 "source=slurm-qos normal"
+record_has 117 "tier=high"
+record_has 117 "source=comment"
 # Each key of a record once (cgroup= once a group, each of this job), and requested= one word.
 bad=$(grep -v '^#' "$WORK/state/job-110.conf" | grep -Ev '^cgroup=.*/dt/job_110$' |
   sed 's/=.*//' | sort | uniq -c | awk '$1 > 1 || $2 !~ /^(job|tier|requested|source|weight|fifo|cpus|mems|mode|rt_runtime_us)$/')
@@ -240,7 +250,7 @@ fi
 echo "=== a prolog that died before its record (job 105), and the epilogs"
 hook prolog 105 "dt-qos=high"
 rm -f "$WORK/state/job-105.conf"
-for j in 101 102 103 104 105 108 109 110 111 112 113 114 115; do hook epilog $j; done
+for j in 101 102 103 104 105 108 109 110 111 112 113 114 115 116 117; do hook epilog $j; done
 grep "epilog" "$WORK/qos.log" | sed 's/^/    /'
 left=$(find "$T" -name 'job_*' | tr '\n' ' ')
 [ -z "$left" ] || fail "groups left after the epilogs: $left"
