@@ -36,6 +36,11 @@ stop_cluster() {
   JOBS=()
   "$DT_ROOT/scripts/slurm-local" down >"$WORK/down.out" 2>&1 ||
     { sed 's/^/    /' "$WORK/down.out"; echo "FAIL: scripts/slurm-local down"; rc=1; }
+  # Slurm's groups of the host go with the cluster.
+  if [ -d "$CS_ROOT/slurm_$(hostname)" ]; then
+    echo "FAIL: scripts/slurm-local down left $CS_ROOT/slurm_$(hostname)"
+    rc=1
+  fi
   (exit $rc)
   cleanup
 }
