@@ -72,7 +72,8 @@ Tier read_record(const std::string& path);
 /// this process stayed out of (Tier::not_entered). Moves the whole process into each of
 /// t.cgroups (writes its pid to cgroup.procs) except those that would take it out of Slurm's
 /// group of the job (detail::leaves_slurm_job; warned about); a group that refuses is warned about
-/// on stderr, once each, and the process goes on where it is. The calling thread keeps its CPU
+/// on stderr, once each, by the node's first rank (launcher_local_rank() 0 or none; the others
+/// find the same), and the process goes on where it is. The calling thread keeps its CPU
 /// binding within what the groups allow (kernels before 6.2 reset it to the whole cpuset on the
 /// move). Applies Role::compute to the calling thread. Call from the main thread before the threads
 /// that call apply_to_current_thread start. Returns the warnings it printed (for tests). Never

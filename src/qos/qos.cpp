@@ -439,6 +439,11 @@ void (*detail::after_move_for_test)() = nullptr;
 std::vector<std::string> configure(const Tier& t) noexcept {
   std::vector<std::string> warnings;
   State& s = state();
+  // The ranks of a node find the same: the node's first rank says it (all return it).
+  const bool speaks = launcher_local_rank() <= 0;
+  auto say = [speaks](const std::string& w) {
+    if (speaks) std::fprintf(stderr, "dt: qos: warning: %s\n", w.c_str());
+  };
   try {
     {
       std::lock_guard<std::mutex> lock(s.mu);
@@ -463,7 +468,7 @@ std::vector<std::string> configure(const Tier& t) noexcept {
         warnings.push_back(why +
                            ": it stays where it is (the tier's settings of that group do "
                            "not apply to it)");
-        std::fprintf(stderr, "dt: qos: warning: %s\n", warnings.back().c_str());
+        say(warnings.back());
         stayed_out();
         continue;
       }
@@ -474,18 +479,18 @@ std::vector<std::string> configure(const Tier& t) noexcept {
       if (!out) {
         warnings.push_back("cannot move this rank (pid " + pid + ") into " + g + " (" +
                            std::strerror(errno ? errno : EIO) + "); it runs in its current group");
-        std::fprintf(stderr, "dt: qos: warning: %s\n", warnings.back().c_str());
+        say(warnings.back());
         stayed_out();
       }
     }
     if (detail::after_move_for_test) detail::after_move_for_test();
     if (const std::string why = keep_affinity(binding); !why.empty()) {
       warnings.push_back(why);
-      std::fprintf(stderr, "dt: qos: warning: %s\n", warnings.back().c_str());
+      say(warnings.back());
     }
   } catch (const std::exception& e) {
     warnings.push_back(std::string("QoS set-up failed: ") + e.what());
-    std::fprintf(stderr, "dt: qos: warning: %s\n", warnings.back().c_str());
+    say(warnings.back());
   }
   apply_to_current_thread(Role::compute);
   return warnings;
