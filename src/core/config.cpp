@@ -516,7 +516,20 @@ int launcher_local_rank() {
 }
 
 bool quiet_option_errors(int argc, const char* const* argv) {
-  if (launcher_rank() <= 0) return false;
+  const int rank = launcher_rank();
+  if (rank <= 0) return false;
+  // An MPMD launch of Open MPI (mpirun -n 2 A : -n 2 B) gives each program its own command line:
+  // the first rank of each speaks for it (OMPI_MCA_orte_app_num: the program's index;
+  // OMPI_APP_CTX_NUM_PROCS: the rank counts of all, in order).
+  const char* apps = std::getenv("OMPI_NUM_APP_CTX");
+  const char* app = std::getenv("OMPI_MCA_orte_app_num");
+  const char* counts = std::getenv("OMPI_APP_CTX_NUM_PROCS");
+  if (apps && app && counts && std::atoi(apps) > 1) {
+    std::istringstream in(counts);
+    int first = 0, n = 0;
+    for (int k = 0; k < std::atoi(app) && in >> n; ++k) first += n;
+    if (rank == first) return false;
+  }
   for (int i = 1; i < argc; ++i)
     if (std::strncmp(argv[i], "--config", 8) == 0) return launcher_local_rank() > 0;
   return true;
