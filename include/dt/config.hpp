@@ -91,7 +91,8 @@ int launcher_local_rank();
 /// is printed once where every rank sees the same input. Without --config the input is the command
 /// line, which every rank shares: only the launcher's rank 0 prints. A config file is read on each
 /// rank's node and may differ between nodes: the first rank of each node prints (local rank 0),
-/// and a rank whose local rank is not known prints too.
+/// and a rank whose local rank is not known prints too. In an MPMD launch of Open MPI (mpirun A :
+/// B) each program has a command line of its own: the first rank of each prints as well.
 bool quiet_option_errors(int argc, const char* const* argv);
 
 /// "64M", "1.5G", "8", "2GiB", "16KB", "1T": bytes with an optional binary K, M, G or T suffix
