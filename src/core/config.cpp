@@ -311,10 +311,10 @@ std::string trim(const std::string& s) {
 // Throws ConfigError naming the file and the line for anything else, an unknown option, and the
 // options of the command line only ("config", "help").
 po::parsed_options read_ini(std::istream& in, const po::options_description& desc,
-                            const std::string& path) {
+                            const std::string& path, std::map<std::string, int>& seen) {
   po::parsed_options out(&desc);
   std::string line, prefix;
-  std::map<std::string, int> seen;  // option -> the line that set it
+  seen.clear();  // option -> the line that set it
   // A line as messages show it: at most 80 characters.
   auto shown = [](const std::string& l) { return l.size() <= 80 ? l : l.substr(0, 77) + "..."; };
   for (int no = 1; std::getline(in, line); ++no) {
@@ -397,6 +397,14 @@ bool Options::parse(int argc, const char* const* argv) {
   std::string source = "command line";
   std::string file_source;                     // "config file 'PATH'" once --config was given
   std::vector<std::string> from_command_line;  // options the command line set explicitly
+  std::map<std::string, int> file_lines;       // option -> its line in the config file
+  // Where a value of `name` came from, for a message: the file with its line, or `source`.
+  auto at_line = [&](const std::string& name, const std::string& from) {
+    const auto it = file_lines.find(name);
+    return it == file_lines.end() || from != file_source
+               ? from
+               : from + " line " + std::to_string(it->second);
+  };
   try {
     // No guessing from prefixes: "--train.step=5" is no abbreviation of --train.steps (it would
     // change meaning the day another option shares the prefix, and a file refuses it anyway).
@@ -428,7 +436,7 @@ bool Options::parse(int argc, const char* const* argv) {
       struct stat st {};  // (a pipe such as <(...) is fine; a directory opens and reads nothing)
       DT_CHECK(ConfigError, !(::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)),
                "config file '", path, "' is a directory");
-      const po::parsed_options from_file = read_ini(in, impl_->desc, path);
+      const po::parsed_options from_file = read_ini(in, impl_->desc, path, file_lines);
       DT_CHECK(ConfigError, !in.bad(), "config file '", path, "' could not be read to the end");
       // Every value of the file is converted, also those the command line overrides (kept by
       // `vm` alone, which takes the first value): a broken file does not wait for the day an
@@ -444,10 +452,16 @@ bool Options::parse(int argc, const char* const* argv) {
     scrub_placeholders(e);
     std::string opt = e.get_option_name();
     std::string key = opt.rfind("--", 0) == 0 ? opt.substr(2) : opt;
-    DT_THROW(ConfigError, e.what(), " in ", source, " (expected ", impl_->expected(key), ")");
+    DT_THROW(ConfigError, e.what(), " in ", at_line(key, source), " (expected ",
+             impl_->expected(key), ")");
   } catch (po::error& e) {
-    if (auto* named = dynamic_cast<po::error_with_option_name*>(&e)) scrub_placeholders(*named);
-    DT_THROW(ConfigError, e.what(), " in ", source);
+    std::string key;
+    if (auto* named = dynamic_cast<po::error_with_option_name*>(&e)) {
+      scrub_placeholders(*named);
+      key = named->get_option_name();
+      if (key.rfind("--", 0) == 0) key = key.substr(2);
+    }
+    DT_THROW(ConfigError, e.what(), " in ", at_line(key, source));
   }
   // Range and choice problems name where the bad value came from, like the errors above.
   for (const auto& [name, check] : impl_->checks) {
@@ -458,7 +472,7 @@ bool Options::parse(int argc, const char* const* argv) {
         from_command_line.end())
       where = "command line";
     else if (vm.count(name) && !vm[name].defaulted() && !file_source.empty())
-      where = file_source;
+      where = at_line(name, file_source);
     DT_THROW(ConfigError, "option --", name, ": ", problem, " in ", where);
   }
   impl_->given.clear();

@@ -285,7 +285,8 @@ TEST_CASE("Options: INI problems name the option and the file") {
   check_file("unknown_key.ini", "[check]\nitersx = 3\n", {"check.itersx"});
   check_file("unknown_section.ini", "[nope]\niters = 3\n", {"nope.iters"});
   check_file("unknown_top.ini", "colour = red\n", {"colour"});
-  check_file("bad_int.ini", "[check]\niters = lots\n", {"check.iters", "lots", "integer"});
+  check_file("bad_int.ini", "[check]\niters = lots\n",
+             {"check.iters", "lots", "integer", "' line 2 (expected"});
   check_file("bad_double.ini", "[train]\nlr = x\n", {"train.lr", "number"});
   check_file("bad_bool.ini", "verbose = maybe\n", {"verbose", "maybe"});
   // A switch with no value is not turned on (it was: Boost takes the bare --verbose's true).
@@ -294,7 +295,7 @@ TEST_CASE("Options: INI problems name the option and the file") {
   check_file("empty_quoted_bool.ini", "verbose = \"\"  # off?\n",
              {"option 'verbose' has an empty value", "line 1"});
   check_file("too_big.ini", "[check]\niters = 1000\n", {"check.iters", "1000", "maximum"});
-  check_file("too_small.ini", "[train]\nlr = -2\n", {"train.lr", "minimum"});
+  check_file("too_small.ini", "[train]\n\nlr = -2\n", {"train.lr", "minimum", "' line 3"});
   check_file("bad_choice.ini", "[train]\nmode = medium\n",
              {"train.mode", "medium", "fast|slow|exact"});
   check_file("twice.ini", "[check]\niters = 3\niters = 4\n",
