@@ -1203,7 +1203,9 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     };
     // The creation itself is agreed on: where it failed on every rank, each unwinds (nothing to
     // close); where on some only, the others (which hold the file) abort through the guard.
-    H5 f(H5Fcreate(partial.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
+    // A new file (EXCL): rank 0 removed any partial above, so a name taken meanwhile (a link
+    // another writer of the folder put there) fails the save instead of being written through.
+    H5 f(H5Fcreate(partial.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl), H5Fclose);
     bool created = f.get() >= 0;
     std::string create_err = created ? "" : h5_message();
     if (created && injected_fault("DT_TEST_CKPT_CREATE_FAIL", comm, partial)) {
