@@ -17,26 +17,29 @@ if [ "$(id -u)" != 0 ] || ! command -v setpriv >/dev/null || ! as_nobody test -x
 fi
 work=$(mktemp -d)
 trap 'chmod -R u+w "$work"; rm -rf "$work"' EXIT
+# refused WHAT WANT_REGEX ARGS...: dt_train ARGS as the unprivileged user exits 2 with a line
+# matching WANT_REGEX; OUT holds what it printed.
+refused() {
+  local what=$1 want=$2 rc
+  shift 2
+  OUT=$(as_nobody "$TRAIN" --config "$CONFIG" --data.path="$TEXT" "$@" 2>&1)
+  rc=$?
+  echo "$OUT" | grep -E "error" || echo "$OUT" | tail -3
+  [ $rc -eq 2 ] || { echo "FAIL: $what: exit code $rc, expected 2"; exit 1; }
+  echo "$OUT" | grep -qE "$want" || { echo "FAIL: $what: no line matches /$want/"; exit 1; }
+}
 chmod 755 "$work" && mkdir "$work/ro" && chmod 555 "$work/ro"
-out=$(as_nobody "$TRAIN" --config "$CONFIG" --data.path="$TEXT" --ckpt.dir="$work/ro" \
-      --train.steps=1 2>&1)
-rc=$?
-echo "$out" | grep -E "error" || echo "$out" | tail -3
-[ $rc -eq 2 ] || { echo "FAIL: exit code $rc, expected 2"; exit 1; }
-echo "$out" | grep -qE "cannot open $work/ro/\.dt-lock to claim checkpoint folder .*: Permission denied" ||
-  { echo "FAIL: the refusal does not say Permission denied"; exit 1; }
+refused "read-only folder" \
+  "cannot open $work/ro/\.dt-lock to claim checkpoint folder .*: Permission denied" \
+  --ckpt.dir="$work/ro" --train.steps=1
 
 # A folder used before (root's lock file in it), read-only to this user.
 mkdir "$work/used" && touch "$work/used/.dt-lock" && chmod 644 "$work/used/.dt-lock" &&
   chmod 555 "$work/used"
-out=$(as_nobody "$TRAIN" --config "$CONFIG" --data.path="$TEXT" --ckpt.dir="$work/used" \
-      --train.steps=2 --train.log-every=1 2>&1)
-rc=$?
-echo "$out" | grep -E "error" || echo "$out" | tail -3
-[ $rc -eq 2 ] || { echo "FAIL: used read-only folder: exit code $rc, expected 2"; exit 1; }
-echo "$out" | grep -qE "checkpoint folder $work/used is not writable by this run \(making a file there: Permission denied\)" ||
-  { echo "FAIL: the refusal of the used folder does not say it is not writable"; exit 1; }
-! echo "$out" | grep -q "step 1" || { echo "FAIL: it trained before refusing"; exit 1; }
+refused "used read-only folder" \
+  "checkpoint folder $work/used is not writable by this run \(making a file there: Permission denied\)" \
+  --ckpt.dir="$work/used" --train.steps=2 --train.log-every=1
+! echo "$OUT" | grep -q "step 1" || { echo "FAIL: it trained before refusing"; exit 1; }
 [ "$(ls -A "$work/used")" = .dt-lock ] || { echo "FAIL: files left: $(ls -A "$work/used")"; exit 1; }
 
 # A group's folder: writable by all, the lock file another user's and read-only: used.
@@ -46,15 +49,11 @@ out=$(as_nobody "$TRAIN" --config "$CONFIG" --data.path="$TEXT" --ckpt.dir="$wor
       --train.steps=2 2>&1)
 rc=$?
 [ $rc -eq 0 ] || { echo "$out" | tail -5; echo "FAIL: group folder: exit code $rc, expected 0"; exit 1; }
-[ -f "$work/group/step-2.h5" ] || { echo "FAIL: no checkpoint in the group folder: $(ls -A "$work/group")"; exit 1; }
+[ -f "$work/group/step-2.h5" ] ||
+  { echo "FAIL: no checkpoint in the group folder: $(ls -A "$work/group")"; exit 1; }
 
 # A checkpoint this user may not read is named as such, not as "no HDF5 signature".
 cp "$work/group/step-2.h5" "$work/secret.h5" && chmod 600 "$work/secret.h5"
-out=$(as_nobody "$TRAIN" --config "$CONFIG" --data.path="$TEXT" --ckpt.resume="$work/secret.h5" \
-      --train.steps=3 2>&1)
-rc=$?
-echo "$out" | grep -E "error" || echo "$out" | tail -3
-[ $rc -eq 2 ] || { echo "FAIL: unreadable checkpoint: exit code $rc, expected 2"; exit 1; }
-echo "$out" | grep -q "secret.h5: cannot be read (Permission denied)" ||
-  { echo "FAIL: the refusal does not say the checkpoint cannot be read"; exit 1; }
+refused "unreadable checkpoint" "secret.h5: cannot be read \(Permission denied\)" \
+  --ckpt.resume="$work/secret.h5" --train.steps=3
 echo "readonly_folder.sh: PASS"
