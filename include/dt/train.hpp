@@ -23,6 +23,10 @@
 
 namespace dt {
 
+namespace security {
+class SecretKey;
+}
+
 namespace obs {
 class TrainTelemetry;
 }
@@ -127,8 +131,11 @@ struct TrainConfig {
   std::int64_t test_inject_inf_every = 0;  ///< ... and every this many steps after it (0: once)
   bool test_cast_weights = false;          ///< testing only: no 16-bit weight copy for the products
   // security (include/dt/security.hpp)
-  std::string seal = "off";             ///< off | p2p (pipeline messages) | all (and collectives)
-  std::string key_file;                 ///< 32-byte job key, owner-only permissions
+  std::string seal = "off";  ///< off | p2p (pipeline messages) | all (and collectives)
+  std::string key_file;      ///< 32-byte job key, owner-only permissions
+  /// The key of key_file, read once by validate_and_load: the ranks' comparison and every use
+  /// take this one (a file replaced meanwhile cannot give two keys).
+  std::shared_ptr<const security::SecretKey> key;
   std::string aes = "auto";             ///< AES-256-GCM code: auto | openssl | ipsec-mb
   bool seal_exempt_node_local = false;  ///< traffic inside a node's shared memory stays plain
   bool seal_shm = true;       ///< sealed traffic inside a node goes through shared-memory mailboxes

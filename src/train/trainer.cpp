@@ -476,7 +476,7 @@ void check_same_key(Comm& world, const TrainConfig& c) {
   // no rank is left waiting in it; the error is thrown after.
   std::string mine, load_error;
   try {
-    mine = security::key_fingerprint(security::load_key_file(c.key_file));
+    mine = security::key_fingerprint(c.key ? *c.key : security::load_key_file(c.key_file));
   } catch (const Error& e) {
     load_error = e.message();
   }
@@ -705,7 +705,8 @@ TokenFile validate_and_load(TrainConfig& c) {
   if (c.seal != "off" || c.ckpt_encrypt) {
     DT_CHECK(ConfigError, !c.key_file.empty(), "option --security.key_file is required by ",
              c.seal != "off" ? "--security.seal=" + c.seal : std::string("--ckpt.encrypt"));
-    security::load_key_file(c.key_file);  // refused here, naming the file and its mode
+    // Refused here, naming the file and its mode; kept for every use.
+    c.key = std::make_shared<const security::SecretKey>(security::load_key_file(c.key_file));
   }
   // The watchdog writes its dump there when a collective hangs, too late to say it cannot: a
   // folder given is made and checked now (the default, the working folder, is checked then).
@@ -883,7 +884,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
         std::to_string(dev_.abi_version()) + ") has no attention_fwd_ex: attention runs in fp32");
   if (c_.seal != "off" || c_.ckpt_encrypt)
     keys_ = std::make_unique<security::Keys>(
-        security::load_key_file(c_.key_file), security::slurm_job_id(),
+        c_.key ? *c_.key : security::load_key_file(c_.key_file), security::slurm_job_id(),
         security::parse_aes_impl(c_.aes, "option --security.aes"));
   if (keys_)
     log(std::string("dt_train: AES-256-GCM by ") +
