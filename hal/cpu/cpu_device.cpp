@@ -1442,9 +1442,11 @@ int cpu_flash_attention_bwd(void* ctx, float* dqkv, float* scratch_d, const floa
   DT_HAL_TRY(need_ptr(ctx, fn, "lse", lse, B * NH * T));
   const bool r16 = dtype != DT_HAL_F32;
   const int64_t nqkv = r16 ? B * T * 3 * C : 0, nout = r16 ? B * T * C : 0;
-  const int64_t blk = kAttnBlock * T;
+  // p and d hold a row block each; pr a row block (rounded P) and also a row of out (head size
+  // floats), which is the larger for short sequences of wide heads (T 1, hs 64).
+  const int64_t blk = kAttnBlock * T, npr = std::max(blk, C / NH);
   float* s = nullptr;
-  DT_HAL_TRY(scratch(ctx, fn, static_cast<size_t>(nqkv + nout + 3 * blk), &s));
+  DT_HAL_TRY(scratch(ctx, fn, static_cast<size_t>(nqkv + nout + 2 * blk + npr), &s));
   if (r16) {
     round_copy(s, qkv, nqkv, dtype);
     round_copy(s + nqkv, dout, nout, dtype);
