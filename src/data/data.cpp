@@ -104,6 +104,15 @@ void map_tokens(int fd, size_t size, size_t offset, size_t count, TokenFile& f) 
   f.max_token_plus_one = static_cast<int>(max_tok) + 1;
 }
 
+// The magic of llm.c's LLaMA 3 token files (uint32 tokens), which dt does not read.
+constexpr int32_t kLlmcLlama3Magic = 20240801;
+std::string llama3_refusal(const std::string& path) {
+  return "token file '" + path + "' is an llm.c token file of LLaMA 3 (magic " +
+         std::to_string(kLlmcLlama3Magic) +
+         ", uint32 tokens), which dt does not read: it reads GPT-2's llm.c files (magic " +
+         std::to_string(kLlmcMagic) + ", uint16 tokens), nanoGPT's uint16 files and bytes";
+}
+
 void load_llmc(int fd, size_t size, TokenFile& f) {
   const std::string& path = f.path;
   unsigned char header[kHeaderBytes];
@@ -112,6 +121,7 @@ void load_llmc(int fd, size_t size, TokenFile& f) {
   DT_CHECK(ConfigError, head >= 4, "token file '", path, "' is truncated: ", size,
            " bytes, an llm.c header is ", kHeaderBytes, " bytes");
   const int32_t magic = le32(header);
+  DT_CHECK(ConfigError, magic != kLlmcLlama3Magic, llama3_refusal(path));
   DT_CHECK(ConfigError, magic == kLlmcMagic, "token file '", path,
            "' is not an llm.c token file: magic ", magic, ", expected ", kLlmcMagic);
   DT_CHECK(ConfigError, size >= kHeaderBytes, "token file '", path, "' is truncated: ", size,
@@ -145,6 +155,7 @@ void load_u16(int fd, size_t size, TokenFile& f) {
     DT_CHECK(ConfigError, le32(magic) != kLlmcMagic, "token file '", f.path,
              "' is an llm.c token file (it starts with the llm.c magic), not headerless uint16 "
              "tokens: give --data.format=llmc or auto");
+    DT_CHECK(ConfigError, le32(magic) != kLlmcLlama3Magic, llama3_refusal(f.path));
   }
   map_tokens(fd, size, 0, size / 2, f);
   f.format = "u16";
@@ -223,6 +234,7 @@ TokenFile load_tokens(const std::string& path, const std::string& format) {
     unsigned char magic[4];
     read_exact(fd.fd, magic, 4, 0, path);
     llmc = le32(magic) == kLlmcMagic;
+    DT_CHECK(ConfigError, le32(magic) != kLlmcLlama3Magic, llama3_refusal(path));
   }
   if (format == "u16") {
     load_u16(fd.fd, size, f);

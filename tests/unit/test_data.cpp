@@ -334,6 +334,11 @@ TEST_CASE("data: token file errors name the path and the problem") {
                      {"magic 12345", "20240520"});
     check_load_error(dir.write("t.txt", "plain text, not tokens"), "llmc", {"magic"});
   }
+  SUBCASE("an llm.c file of LLaMA 3 (uint32 tokens) is named as such, not read as bytes") {
+    const std::string p = dir.write("llama3.bin", llmc_image({1, 2}, -1, 1, 20240801));
+    for (const char* fmt : {"auto", "llmc", "u16"})
+      check_load_error(p, fmt, {"llm.c token file of LLaMA 3", "uint32", "does not read"});
+  }
   SUBCASE("unsupported version") {
     for (const char* fmt : {"auto", "llmc"})
       check_load_error(dir.write("v.bin", llmc_image({1, 2}, -1, 2)), fmt, {"version 2"});
