@@ -748,10 +748,11 @@ TokenFile validate_and_load(TrainConfig& c) {
   const Split s = split(data, c.val_fraction);
   // Constructing these checks that seq-len fits both parts (ConfigError naming the numbers).
   Sampler(data.data(s.train), s.train.size(), c.model.block, static_cast<std::uint64_t>(c.seed),
-          "training split of " + c.data_path + " (--model.seq-len)");
+          "training split of " + c.data_path + " (--model.seq-len, --data.val-fraction)");
   if (c.val_fraction > 0)
     eval_windows(s.val.size(), c.model.block, c.eval_windows,
-                 "validation split of " + c.data_path + " (--model.seq-len, --train.eval-windows)");
+                 "validation split of " + c.data_path +
+                     " (--data.val-fraction, --model.seq-len, --train.eval-windows)");
   if (c.eval_only) {
     DT_CHECK(ConfigError,
              c.ckpt_resume != "none" && !(c.ckpt_resume == "auto" && c.ckpt_dir.empty()),
@@ -2242,9 +2243,11 @@ int Trainer::run() {
     const double timed = static_cast<double>(ran > 1 ? ran - 1 : 1);
     const double tps = static_cast<double>(c_.batch) * T * timed / total_secs;
     char val_text[96] = "no validation split";
-    if (validating)
+    if (validating && val0 != 0)
       std::snprintf(val_text, sizeof val_text, "val loss %.4f -> %.4f (%+.1f%%)", val0, val,
                     (val - val0) / val0 * 100.0);
+    else if (validating)  // (a change relative to 0 is no number)
+      std::snprintf(val_text, sizeof val_text, "val loss %.4f -> %.4f", val0, val);
     const std::string resumed = first_step > 0
                                     ? " (" + std::to_string(ran) + " in this run, from step " +
                                           std::to_string(first_step) + ")"
