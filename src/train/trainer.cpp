@@ -656,11 +656,17 @@ std::vector<std::int32_t> sample_prompt_tokens(const TrainConfig& c, const std::
   }
   if (format != "bytes")
     return {static_cast<std::int32_t>(V > kGpt2EndOfText ? kGpt2EndOfText : 0)};
+  // Byte data has no start token of its own: a sample starts from the prompt's bytes.
+  DT_CHECK(ConfigError, !c.sample_prompt.empty(),
+           "option --sample.prompt is empty: a sample of byte data starts from the prompt's "
+           "bytes (the default is a line break), or give --sample.prompt-ids");
+  const bool default_prompt = c.sample_prompt == "\n";
   for (std::size_t k = 0; k < c.sample_prompt.size(); ++k) {
     const auto b = static_cast<unsigned char>(c.sample_prompt[k]);
     char hex[8];
     std::snprintf(hex, sizeof hex, "0x%02X", b);
-    DT_CHECK(ConfigError, b < V, "option --sample.prompt: byte ", hex, " (byte ", k + 1,
+    DT_CHECK(ConfigError, b < V, "option --sample.prompt",
+             default_prompt ? " (its default, a line break)" : "", ": byte ", hex, " (byte ", k + 1,
              " of the prompt) is outside the model's vocabulary (--model.vocab=", V,
              "): give a prompt of bytes below ", V, " or a larger --model.vocab");
     ids.push_back(b);
