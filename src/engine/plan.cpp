@@ -60,7 +60,9 @@ Plan build(const PlanRequest& request, Layout l) {
                             std::to_string(l.dp) + " ranks (data-parallel degree)";
   if (r.microbatches > 0) {
     DT_CHECK(ConfigError, p.local_batch % r.microbatches == 0,
-             "option --parallel.microbatches: ", r.microbatches, " does not divide the ", share);
+             "option --parallel.microbatches: ", r.microbatches,
+             r.microbatches > p.local_batch ? " is more than the " : " does not divide the ",
+             share);
     p.micro = p.local_batch / r.microbatches;
     DT_CHECK(ConfigError, r.micro_batch == 0 || r.micro_batch == p.micro,
              "options --parallel.microbatches=", r.microbatches,
@@ -68,7 +70,8 @@ Plan build(const PlanRequest& request, Layout l) {
              " micro-batches of the ", share, " have ", p.micro, " sequences each");
   } else if (r.micro_batch > 0) {
     DT_CHECK(ConfigError, p.local_batch % r.micro_batch == 0,
-             "option --train.micro-batch: ", r.micro_batch, " does not divide the ", share);
+             "option --train.micro-batch: ", r.micro_batch,
+             r.micro_batch > p.local_batch ? " is more than the " : " does not divide the ", share);
     p.micro = r.micro_batch;
   } else if (l.pp > 1) {
     // Enough micro-batches to keep the bubble (p-1)/(m+p-1) small, not so many that they get tiny.
