@@ -235,6 +235,19 @@ TokenFile load_tokens(const std::string& path, const std::string& format) {
     read_exact(fd.fd, magic, 4, 0, path);
     llmc = le32(magic) == kLlmcMagic;
     DT_CHECK(ConfigError, le32(magic) != kLlmcLlama3Magic, llama3_refusal(path));
+    // The rest of an llm.c header (its version, and a token count that is the file's size) under
+    // another magic: a damaged llm.c file, not text to be read as bytes.
+    if (!llmc && size > kHeaderBytes) {
+      unsigned char rest[8];
+      read_exact(fd.fd, rest, 8, 4, path);
+      const int32_t count = le32(rest + 4);
+      DT_CHECK(ConfigError,
+               !(le32(rest) == kLlmcVersion && count > 0 &&
+                 static_cast<size_t>(count) * 2 + kHeaderBytes == size),
+               "token file '", path, "' has an llm.c header (version ", kLlmcVersion, ", ", count,
+               " tokens, as its size says) under the magic ", le32(magic), " instead of ",
+               kLlmcMagic, ": a damaged llm.c file? Give --data.format=bytes to read it as bytes");
+    }
   }
   if (format == "u16") {
     load_u16(fd.fd, size, f);

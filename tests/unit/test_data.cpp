@@ -293,8 +293,9 @@ TEST_CASE("data: auto picks llmc only on the magic, bytes otherwise") {
   CHECK(raw.tokens[3] == 0x01);
   CHECK(raw.tokens[1024] == 10);
 
-  // Wrong magic, or a file too short to hold one: bytes.
-  CHECK(dt::load_tokens(dir.write("b.bin", llmc_image({1}, -1, 1, 12345)), "auto").format ==
+  // Another magic (and no llm.c header otherwise: a count the size does not match), or a file
+  // too short to hold one: bytes. (A whole llm.c header under another magic is refused below.)
+  CHECK(dt::load_tokens(dir.write("b.bin", llmc_image({1}, 5, 1, 12345)), "auto").format ==
         "bytes");
   const dt::TokenFile tiny = dt::load_tokens(dir.write("c.txt", "ab"), "auto");
   CHECK(tiny.format == "bytes");
@@ -338,6 +339,11 @@ TEST_CASE("data: token file errors name the path and the problem") {
     const std::string p = dir.write("llama3.bin", llmc_image({1, 2}, -1, 1, 20240801));
     for (const char* fmt : {"auto", "llmc", "u16"})
       check_load_error(p, fmt, {"llm.c token file of LLaMA 3", "uint32", "does not read"});
+  }
+  SUBCASE("an llm.c header under another magic is taken for a damaged llm.c file, not bytes") {
+    const std::string p = dir.write("damaged.txt", llmc_image({1, 2, 3}, -1, 1, 20240521));
+    check_load_error(p, "auto", {"has an llm.c header", "3 tokens", "magic 20240521", "damaged"});
+    CHECK(dt::load_tokens(p, "bytes").format == "bytes");  // as asked
   }
   SUBCASE("unsupported version") {
     for (const char* fmt : {"auto", "llmc"})
