@@ -296,6 +296,7 @@ class Trainer {
   std::unique_ptr<Sampler> sampler_;
   std::vector<std::size_t> eval_starts_;
   std::int64_t local_batch_ = 0, micro_ = 0;
+  bool drain_noted_ = false;  ///< a drain signal that came during a step was said
   // engine.cuda_graphs: the device stream all the trainer's work goes to; declared before what
   // uses it (the communicators, the model), so it is destroyed after them.
   std::unique_ptr<void, std::function<void(void*)>> graph_stream_;

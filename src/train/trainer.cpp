@@ -1260,6 +1260,17 @@ StepStats Trainer::step() {
     model_->zero_grad();
     const std::int64_t first = comm_.rank() * local_batch_;
     for (std::int64_t m = 0; m < local_batch_; m += micro_) {
+      // A drain signal is acted on after the step; one that comes during a step of many
+      // micro-batches (a long step) is said at once, so that its sender knows it was heard.
+      if (m > 0 && !drain_noted_ && drain_requested()) {
+        drain_noted_ = true;
+        std::printf(
+            "dt_train: rank %d: drain signal during step %ld: it finishes its %ld "
+            "micro-batches left first, then drains\n",
+            comm_.rank(), static_cast<long>(step_ + 1),
+            static_cast<long>((local_batch_ - m) / micro_));
+        std::fflush(stdout);
+      }
       const trace::Scope micro_scope("micro-batch", "train", "index", m / micro_);
       sampler_->fill(static_cast<std::uint64_t>(step_), first + m, micro_, inputs_.data(),
                      targets_.data());
