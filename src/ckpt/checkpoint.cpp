@@ -1454,6 +1454,11 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
                partial, " -> ", final_path, ": ", errno_text());
       try {
         fsync_path(dir, true);
+        // Testing only: DT_TEST_CKPT_LATEST_FAIL=NAME fails this write for checkpoint NAME, as an
+        // I/O error (a file system out of inodes) would.
+        const char* fail_latest = std::getenv("DT_TEST_CKPT_LATEST_FAIL");
+        if (fail_latest && step_name(meta.step) == fail_latest)
+          DT_THROW(Error, "cannot write ", dir, "/latest: DT_TEST_CKPT_LATEST_FAIL");
         metrics::write_file_atomically(dir + "/latest", step_name(meta.step) + "\n", true);
       } catch (const Error& e) {
         // `latest` still names the previous checkpoint: the new file goes, and a file of this

@@ -2,7 +2,8 @@
 # ckpt.failed_save: a checkpoint save that fails on every rank before its commit (an I/O error;
 # here test.fail-save-at-step) ends the job with exit code 3 and names the file and the reason.
 # The previous checkpoint and latest stay as they were, and the next run resumes from it and
-# trains exactly like an uninterrupted run.
+# trains exactly like an uninterrupted run; also where the save fails at writing latest, after
+# its file is complete (that file is removed again).
 source "$(dirname "$0")/lib.sh"
 
 # One learning-rate schedule for all runs, whatever --train.steps says.
@@ -23,4 +24,25 @@ expect_latest D step-2.h5
 resumes_like_uninterrupted 2 6 "${S[@]}" --ckpt.every=2
 expect_line N "ignoring interrupted save .*D/step-4\.h5\.partial"
 [ "$(files_in D)" = "latest step-2.h5 step-4.h5 step-6.h5" ] || fail "files at the end: $(files_in D)"
+
+# A commit whose `latest` cannot be written (an I/O error, a file system out of inodes; here
+# DT_TEST_CKPT_LATEST_FAIL) after step-4.h5 is complete: the new file is removed again, so that
+# the folder is as it was (a complete step-4.h5 newer than `latest` was taken for another line of
+# training by the next resume, and set aside), and the next run resumes from step 2 and trains on
+# as the uninterrupted run.
+MPIEXEC_PLAIN=("${MPIEXEC[@]}")
+MPIEXEC=("${MPIEXEC[@]}" -x DT_TEST_CKPT_LATEST_FAIL=step-4.h5)
+train L 2 --train.steps=6 "${S[@]}" --ckpt.every=2 --ckpt.dir=L
+MPIEXEC=("${MPIEXEC_PLAIN[@]}")
+expect_rc L 3
+expect_line L "committing .*L/step-4\.h5 failed: cannot write .*L/latest: DT_TEST_CKPT_LATEST_FAIL.*L/step-4\.h5 removed [(]latest still names the previous checkpoint[)]"
+[ "$(files_in L)" = "latest step-2.h5" ] || fail "files in L after the failed commit: $(files_in L)"
+expect_latest L step-2.h5
+train M 2 --train.steps=6 "${S[@]}" --ckpt.every=2 --ckpt.dir=L --train.log-file=M.jsonl
+expect_rc M 0
+expect_line M "resumed from .*L/step-2\.h5 at step 2 "
+expect_no_line M "another line of training"
+steplog steps M.jsonl 3 6
+steplog same U.jsonl M.jsonl 3 6 1e-5
+expect_latest L step-6.h5
 finish
