@@ -105,4 +105,10 @@ std::uint64_t parse_size(const std::string& option, const std::string& text);
 /// write there; throws dt::ConfigError naming `option` ("--trace.dir") and the reason otherwise.
 void ensure_writable_dir(const std::string& option, const std::string& dir);
 
+/// Whether this process can make a file in folder `dir`, by making one (a new name of its own,
+/// no link followed) and removing it: 0, or the errno of the failure (EACCES, EROFS, ENOSPC,
+/// EDQUOT, ENOENT...). What permission bits alone do not say (root on a read-only mount, a file
+/// system out of inodes) is found too.
+int file_creation_error(const std::string& dir);
+
 }  // namespace dt

@@ -28,6 +28,7 @@
 
 #include "../comm/mpi_comm.hpp"
 #include "../engine/plan.hpp"  // format_bytes
+#include "dt/config.hpp"
 #include "dt/metrics.hpp"
 #include "dt/qos.hpp"
 #include "dt/security.hpp"
@@ -1587,29 +1588,16 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who, double wa
   // A folder this run cannot make files in (its owner's, read-only, a read-only mount) would
   // fail the first save, after the training up to it: refused now. (The lock file, made by
   // another member of a group, may be read-only while the folder is not.)
-  {
-    int pfd = -1, err = EEXIST;
-    for (int n = 0; pfd < 0 && err == EEXIST && n < 100; ++n) {  // a name left by a crash: next
-      const std::string probe =
-          dir + "/.dt-write-check." + std::to_string(::getpid()) + "." + std::to_string(n);
-      pfd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-      err = errno;
-      if (pfd >= 0) {
-        ::close(pfd);
-        ::unlink(probe.c_str());
-      }
-    }
-    if (pfd < 0) {
-      ::close(fd_);
-      fd_ = -1;
-      const bool full = err == ENOSPC || err == EDQUOT;
-      DT_THROW(CheckpointError, "checkpoint folder ", dir,
-               full ? " has no room for a new file" : " is not writable by this run",
-               " (making a file there: ", std::strerror(err),
-               "): no checkpoint could be saved in it. ",
-               full ? "Free space (or inodes) there, or use another folder"
-                    : "Use a folder this user can write");
-    }
+  if (const int err = file_creation_error(dir); err != 0) {
+    ::close(fd_);
+    fd_ = -1;
+    const bool full = err == ENOSPC || err == EDQUOT;
+    DT_THROW(CheckpointError, "checkpoint folder ", dir,
+             full ? " has no room for a new file" : " is not writable by this run",
+             " (making a file there: ", std::strerror(err),
+             "): no checkpoint could be saved in it. ",
+             full ? "Free space (or inodes) there, or use another folder"
+                  : "Use a folder this user can write");
   }
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(

@@ -1,9 +1,11 @@
 #include "dt/config.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/program_options.hpp>
 #include <cctype>
 #include <cerrno>
@@ -590,8 +592,26 @@ void ensure_writable_dir(const std::string& option, const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   DT_CHECK(ConfigError, !ec, "option ", option, ": cannot create '", dir, "': ", ec.message());
-  DT_CHECK(ConfigError, ::access(dir.c_str(), W_OK) == 0, "option ", option, ": '", dir,
-           "' is not a writable directory: ", std::strerror(errno));
+  const int err = file_creation_error(dir);
+  DT_CHECK(ConfigError, err == 0, "option ", option, ": '", dir,
+           "' is not a writable directory: ", std::strerror(err));
+}
+
+int file_creation_error(const std::string& dir) {
+  static std::atomic<unsigned> calls{0};
+  for (int attempt = 0; attempt < 100; ++attempt) {  // a name left by a crash: the next
+    const std::string probe =
+        dir + "/.dt-write-check." + std::to_string(::getpid()) + "." + std::to_string(calls++);
+    const int fd =
+        ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(probe.c_str());
+      return 0;
+    }
+    if (errno != EEXIST) return errno;
+  }
+  return EEXIST;
 }
 
 }  // namespace dt

@@ -570,15 +570,9 @@ void check_plan_dot(const std::string& path) {
   const std::size_t slash = path.rfind('/');
   const std::string folder =
       slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const std::string probe = folder + "/.dt-plan-check." + std::to_string(::getpid());
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  const int err = errno;
-  if (fd >= 0) {
-    ::close(fd);
-    ::unlink(probe.c_str());
-  }
-  DT_CHECK(ConfigError, fd >= 0 || err == EEXIST, "option --plan.dot: cannot write ", path,
-           " (making a file in ", folder, ": ", std::strerror(err), ")");
+  const int err = file_creation_error(folder);
+  DT_CHECK(ConfigError, err == 0, "option --plan.dot: cannot write ", path, " (making a file in ",
+           folder, ": ", std::strerror(err), ")");
 }
 
 // A stall seam that the run's schedule never reaches would pass a test silently: refused.
@@ -1881,14 +1875,13 @@ std::string Trainer::resume_from_checkpoint() {
   std::string changed;
   const std::string now = c_.config_text;
   if (!m.data.empty() && m.data != data_id_) changed = "data " + m.data + " -> " + data_id_;
-  // An evaluation continues nothing: only what decides the data it evaluates on is compared.
-  const bool training_setting = !c_.eval_only;
   for (const char* k :
-       {"data.path", "data.val-fraction", "train.batch", "model.seq-len", "train.steps", "optim.lr",
+       {"train.batch", "model.seq-len", "data.path", "data.val-fraction", "train.steps", "optim.lr",
         "optim.min-lr", "optim.warmup", "optim.decay-steps", "optim.beta1", "optim.beta2",
         "optim.eps", "optim.weight-decay", "optim.grad-clip", "train.dtype"}) {
     if (!m.data.empty() && std::strcmp(k, "data.path") == 0) continue;
-    if (!training_setting && std::strncmp(k, "data.", 5) != 0) continue;
+    // An evaluation continues nothing: only what decides the data it evaluates on is compared.
+    if (c_.eval_only && std::strncmp(k, "data.", 5) != 0) continue;
     const std::string was = config_value(m.config, k), is = config_value(now, k);
     if (!was.empty() && !is.empty() && was != is)
       changed += std::string(changed.empty() ? "" : ", ") + k + " " + was + " -> " + is;
