@@ -136,6 +136,9 @@ std::string escape_label_value(const std::string& v);
 /// the folder. Throws dt::Error naming the file and the failing call (the temporary file is
 /// removed).
 void write_file_atomically(const std::string& path, const std::string& text, bool durable = false);
+/// How the temporary files of write_file_atomically(path) begin (PATH.tmp.), for removing those
+/// a process left when it ended before its rename.
+std::string temporary_prefix(const std::string& path);
 
 /// Where the exporters send the registry.
 struct ExporterOptions {

@@ -1501,8 +1501,9 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       // Temporary files of `latest` that a run ended before renaming (this folder's writer holds
       // the claim: none is another's under way).
       if (DIR* d = ::opendir(dir.c_str())) {
+        const std::string left = metrics::temporary_prefix("latest");
         while (const dirent* e = ::readdir(d))
-          if (std::strncmp(e->d_name, "latest.tmp.", 11) == 0)
+          if (std::strncmp(e->d_name, left.c_str(), left.size()) == 0)
             ::unlink((dir + "/" + e->d_name).c_str());
         ::closedir(d);
       }

@@ -381,6 +381,8 @@ void record_comm(const char* op, const char* backend, std::size_t bytes, double 
 
 // ---- files --------------------------------------------------------------------------------------
 
+std::string temporary_prefix(const std::string& path) { return path + ".tmp."; }
+
 void write_file_atomically(const std::string& path, const std::string& text, bool durable) {
   static std::atomic<std::uint64_t> calls{0};
   // A new file of this process's own (O_EXCL): never one already there, nor a symbolic link's
@@ -389,7 +391,7 @@ void write_file_atomically(const std::string& path, const std::string& text, boo
   std::string tmp;
   int fd = -1;
   for (int attempt = 0; fd < 0; ++attempt) {
-    tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(++calls);
+    tmp = temporary_prefix(path) + std::to_string(::getpid()) + "." + std::to_string(++calls);
     fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd < 0 && (errno != EEXIST || attempt == 100))
       DT_THROW(Error, "cannot write ", path, " (its temporary file ", tmp,
@@ -400,7 +402,9 @@ void write_file_atomically(const std::string& path, const std::string& text, boo
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n > 0)
       done += static_cast<std::size_t>(n);
-    else if (n < 0 && errno != EINTR)
+    else if (n == 0)
+      err = EIO;  // (a write of nothing would be tried for ever)
+    else if (errno != EINTR)
       err = errno;
   }
   if (err == 0 && durable && ::fsync(fd) != 0) err = errno;
