@@ -19,8 +19,14 @@
 
 #include "dt/config.hpp"
 #include "dt/error.hpp"
+#include "placement.hpp"
 
 namespace dt::qos {
+
+using placement::CgroupPlace;
+using placement::own_group;
+using placement::split;
+using placement::unescape;
 
 namespace {
 
@@ -37,145 +43,6 @@ struct State {
 State& state() {
   static State s;
   return s;
-}
-
-// This thread's CPU affinity (empty where it cannot be read).
-std::vector<unsigned char> affinity() {
-  for (std::size_t cpus = 1024; cpus <= (1u << 16); cpus *= 2) {
-    std::vector<unsigned char> set(CPU_ALLOC_SIZE(cpus));
-    if (sched_getaffinity(0, set.size(), reinterpret_cast<cpu_set_t*>(set.data())) == 0) return set;
-    if (errno != EINVAL) break;
-  }
-  return {};
-}
-
-// After a move into a cpuset group: kernels before 6.2 reset the thread's affinity to the whole
-// cpuset, losing the launcher's binding (srun --cpu-bind). Restores `before` within what the
-// cpuset now allows (newer kernels keep it, and then nothing changes). Returns why it could not.
-std::string keep_affinity(const std::vector<unsigned char>& before) {
-  std::vector<unsigned char> now = affinity();
-  if (before.empty() || now.size() != before.size() || now == before) return {};
-  std::vector<unsigned char> both(now.size());
-  bool any = false;
-  for (std::size_t i = 0; i < both.size(); ++i) {
-    both[i] = static_cast<unsigned char>(now[i] & before[i]);
-    any = any || both[i] != 0;
-  }
-  if (!any || both == now) return {};  // the binding lies outside the cpuset: the cpuset wins
-  if (sched_setaffinity(0, both.size(), reinterpret_cast<const cpu_set_t*>(both.data())) != 0)
-    return std::string("cannot restore this rank's CPU binding after the move into its cpuset: ") +
-           std::strerror(errno);
-  return {};
-}
-
-// Splits `s` at `sep`, dropping empty pieces.
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  while (at <= s.size()) {
-    const std::size_t end = std::min(s.find(sep, at), s.size());
-    if (end > at) out.push_back(s.substr(at, end - at));
-    at = end + 1;
-  }
-  return out;
-}
-
-// A path as /proc/self/mountinfo writes it, with space, tab, newline and backslash as octal
-// escapes (\040 ...), decoded.
-std::string unescape(const std::string& s) {
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    const bool octal =
-        s[i] == '\\' && i + 3 < s.size() && s.find_first_not_of("01234567", i + 1) > i + 3;
-    if (octal) {
-      out += static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
-      i += 3;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
-
-// The cgroup hierarchy a directory lies in: its path inside the hierarchy ("/a/b"), and how
-// /proc/PID/cgroup names the hierarchy (v2: ""; v1: its controllers, e.g. {"cpu", "cpuacct"}).
-struct CgroupPlace {
-  bool found = false;
-  bool v2 = false;
-  std::string path;
-  std::vector<std::string> controllers;
-};
-
-// Where `dir` lies among the cgroup file systems mounted (/proc/self/mountinfo; the mount whose
-// mount point is the longest prefix of dir). Not found: dir is on no cgroup file system (a test
-// tree standing for one).
-CgroupPlace cgroup_place(const std::string& dir) {
-  CgroupPlace best;
-  std::size_t best_len = 0;
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER-OPTIONS
-    const std::vector<std::string> f = split(line, ' ');
-    if (f.size() < 6) continue;
-    const auto dash = std::find(f.begin() + 6, f.end(), "-");  // after the optional fields
-    if (dash == f.end() || f.end() - dash < 4) continue;
-    const std::string& fstype = *(dash + 1);
-    if (fstype != "cgroup" && fstype != "cgroup2") continue;
-    const std::string root = unescape(f[3]), point = unescape(f[4]);
-    const bool under = dir == point || point == "/" ||
-                       (dir.compare(0, point.size(), point) == 0 && dir[point.size()] == '/');
-    if (!under || point.size() < best_len) continue;
-    best_len = point.size();
-    best.found = true;
-    best.v2 = fstype == "cgroup2";
-    std::string rel = dir.size() > point.size() ? dir.substr(point == "/" ? 0 : point.size()) : "";
-    best.path = (root == "/" ? std::string() : root) + rel;
-    if (best.path.empty()) best.path = "/";
-    best.controllers = best.v2 ? std::vector<std::string>{} : split(*(dash + 3), ',');
-  }
-  return best;
-}
-
-// This process's group in the hierarchy `h` (from /proc/self/cgroup; "" when not listed).
-std::string own_group(const CgroupPlace& h) {
-  std::ifstream in("/proc/self/cgroup");
-  std::string line;
-  while (std::getline(in, line)) {
-    // ID:CONTROLLERS:PATH (v2: 0::PATH)
-    const auto a = line.find(':'), b = line.find(':', a + 1);
-    if (a == std::string::npos || b == std::string::npos) continue;
-    const std::string ctrl = line.substr(a + 1, b - a - 1);
-    if (h.v2 ? ctrl.empty() && line.compare(0, a, "0") == 0 : !ctrl.empty()) {
-      if (!h.v2) {
-        bool same = false;
-        for (const std::string& c : split(ctrl, ','))
-          same = same ||
-                 std::find(h.controllers.begin(), h.controllers.end(), c) != h.controllers.end();
-        if (!same) continue;
-      }
-      return line.substr(b + 1);
-    }
-  }
-  return "";
-}
-
-// The group Slurm made for this job in `path` (a group path of this process): `path` up to its
-// component job_<SLURM_JOB_ID> (any job_<digits> when SLURM_JOB_ID is unset), "" when none.
-// Slurm's cgroup plugins put a job's tasks below such a group (v1: /slurm/uid_U/job_J/step_S,
-// v2: /system.slice/slurmstepd.scope/job_J/step_S/user/task_T).
-std::string slurm_job_group(const std::string& path) {
-  const char* id = std::getenv("SLURM_JOB_ID");
-  std::string prefix;
-  for (const std::string& c : split(path, '/')) {
-    prefix += "/" + c;
-    if (c.compare(0, 4, "job_") != 0 || c.size() == 4) continue;
-    const std::string n = c.substr(4);
-    if (id != nullptr && *id != '\0' ? n == id
-                                     : n.find_first_not_of("0123456789") == std::string::npos)
-      return prefix;
-  }
-  return "";
 }
 
 }  // namespace
@@ -288,24 +155,8 @@ std::uint64_t memory_available(std::string* where) noexcept {
 }
 
 std::string detail::leaves_slurm_job(const std::string& dir) {
-  // As mounted: /sys/fs/cgroup/cpu is often a link to the hierarchy cpu,cpuacct. (A directory
-  // that does not exist is taken as named: the move into it fails anyway, and is warned about.)
-  char* real = ::realpath(dir.c_str(), nullptr);
-  const CgroupPlace to = cgroup_place(real != nullptr ? real : dir);
-  std::free(real);
-  if (!to.found) return "";
-  const std::string job = slurm_job_group(own_group(to));
-  if (job.empty()) return "";
-  if (to.path == job || to.path.compare(0, job.size() + 1, job + "/") == 0) return "";
-  std::string where = job;
-  if (!to.v2) {  // which v1 hierarchy: its controllers, as /proc/PID/cgroup lists them
-    where += " of the cgroup v1 hierarchy ";
-    for (const std::string& c : to.controllers)
-      if (c != "rw" && c != "ro") where += (where.back() == ' ' ? "" : ",") + c;
-  }
-  return "this rank is in " + where + ", the group Slurm made for the job; " + dir +
-         " lies outside it, and moving there would take the rank out of Slurm's limits "
-         "(cores, memory) and accounting";
+  const char* job = std::getenv("SLURM_JOB_ID");
+  return placement::leaves_slurm_job(dir, job != nullptr ? job : "", "this rank");
 }
 
 namespace {
@@ -329,16 +180,6 @@ const char* role_name(Role r) {
       return "checkpoint I/O";
   }
   return "?";
-}
-
-bool parse_int(const std::string& v, int lo, int hi, int* out) {
-  if (v.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  const long x = std::strtol(v.c_str(), &end, 10);
-  if (errno != 0 || *end != '\0' || x < lo || x > hi) return false;
-  *out = static_cast<int>(x);
-  return true;
 }
 
 // Sets policy and nice value of the calling thread; returns "" or the reason it was refused.
@@ -384,54 +225,7 @@ std::string record_path(const Settings& s) {
   const char* job = std::getenv("SLURM_JOB_ID");
   if (!job || !*job) return "";
   const char* cluster = std::getenv("SLURM_CLUSTER_NAME");
-  std::vector<std::string> candidates;
-  if (cluster && *cluster)
-    candidates.push_back(s.state_dir + "/" + cluster + "/job-" + job + ".conf");
-  candidates.push_back(s.state_dir + "/job-" + job + ".conf");
-  for (const auto& p : candidates) {
-    struct stat st;
-    if (::stat(p.c_str(), &st) == 0) return p;
-  }
-  return "";
-}
-
-Tier read_record(const std::string& path) {
-  std::ifstream in(path);
-  DT_CHECK(ConfigError, in.good(), "QoS record '", path, "': cannot open (", std::strerror(errno),
-           ")");
-  Tier t;
-  t.file = path;
-  std::string line;
-  int n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (line.empty() || line[0] == '#') continue;
-    const auto eq = line.find('=');
-    DT_CHECK(ConfigError, eq != std::string::npos && eq > 0, "QoS record ", path, ":", n,
-             ": expected key=value, got '", line, "'");
-    const std::string k = line.substr(0, eq), v = line.substr(eq + 1);
-    if (k == "tier") {
-      t.name = v;
-    } else if (k == "requested") {
-      t.requested = v;
-    } else if (k == "source") {
-      t.source = v;
-    } else if (k == "mode") {
-      t.mode = v;
-    } else if (k == "cgroup") {
-      if (!v.empty()) t.cgroups.push_back(v);
-    } else if (k == "weight") {
-      DT_CHECK(ConfigError, parse_int(v, 0, 10000, &t.weight), "QoS record ", path, ":", n,
-               ": weight '", v, "' is not a number in 0..10000");
-    } else if (k == "fifo") {
-      DT_CHECK(ConfigError, parse_int(v, 0, 99, &t.fifo), "QoS record ", path, ":", n, ": fifo '",
-               v, "' is not a SCHED_FIFO priority in 0..99");
-    }
-    // Other keys (job, cpus, mems) are for people and the epilog.
-  }
-  DT_CHECK(ConfigError, !t.name.empty(), "QoS record ", path, ": no tier= line");
-  if (t.requested.empty()) t.requested = t.name;
-  return t;
+  return placement::find_record(s.state_dir, job, cluster != nullptr ? cluster : "");
 }
 
 void (*detail::after_move_for_test)() = nullptr;
@@ -458,7 +252,7 @@ std::vector<std::string> configure(const Tier& t) noexcept {
     s.active = !t.name.empty();
     if (!s.active) return warnings;
     const std::string pid = std::to_string(::getpid());
-    const std::vector<unsigned char> binding = affinity();
+    const std::vector<unsigned char> binding = placement::affinity();
     for (const auto& g : t.cgroups) {
       auto stayed_out = [&s, &g] {
         std::lock_guard<std::mutex> lock(s.mu);
@@ -472,19 +266,15 @@ std::vector<std::string> configure(const Tier& t) noexcept {
         stayed_out();
         continue;
       }
-      const std::string procs = g + "/cgroup.procs";
-      std::ofstream out(procs);
-      if (out) out << pid << '\n';
-      out.flush();
-      if (!out) {
-        warnings.push_back("cannot move this rank (pid " + pid + ") into " + g + " (" +
-                           std::strerror(errno ? errno : EIO) + "); it runs in its current group");
+      if (const std::string why = placement::enter(g, ::getpid()); !why.empty()) {
+        warnings.push_back("cannot move this rank (pid " + pid + ") into " + g + " (" + why +
+                           "); it runs in its current group");
         say(warnings.back());
         stayed_out();
       }
     }
     if (detail::after_move_for_test) detail::after_move_for_test();
-    if (const std::string why = keep_affinity(binding); !why.empty()) {
+    if (const std::string why = placement::keep_affinity(binding); !why.empty()) {
       warnings.push_back(why);
       say(warnings.back());
     }

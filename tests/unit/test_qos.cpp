@@ -20,6 +20,7 @@
 #include "cpus.hpp"
 #include "dt/error.hpp"
 #include "dt/qos.hpp"
+#include "qos/placement.hpp"
 #include "temp_dir.hpp"
 
 namespace {
@@ -327,4 +328,71 @@ TEST_CASE("qos: a rank in Slurm's job group is not moved out of it (cgroup v2)")
   CHECK_MESSAGE((bits & 16) != 0, "without SLURM_JOB_ID any job_<number> group is kept");
   CHECK_MESSAGE((bits & 32) != 0, "a directory on no cgroup file system is allowed");
   CHECK_MESSAGE((bits & 64) != 0, "a group named through a link is found as mounted");
+}
+
+TEST_CASE("qos: on cgroup v2 a rank already in its group stays; root moves what a user may not") {
+  const std::string mount = cgroup2_mount();
+  if (mount.empty() || ::geteuid() != 0) {
+    MESSAGE("no cgroup v2 hierarchy this process may change: not tested here");
+    return;
+  }
+  // Two groups like the prolog's ROOT/dt/job_J, with cgroup.procs given to the job's user
+  // (65534) in one of them, as slurm/prolog does.
+  const std::string top = mount + "/dt-unit-enter-" + std::to_string(::getpid());
+  const std::string here = top + "/here", there = top + "/there";
+  std::error_code ec;
+  std::filesystem::create_directories(here, ec);
+  std::filesystem::create_directories(there, ec);
+  if (ec || ::chown((there + "/cgroup.procs").c_str(), 65534, 65534) != 0) {
+    MESSAGE("cannot make groups under " << mount << ": not tested here");
+    std::filesystem::remove(here, ec);
+    std::filesystem::remove(there, ec);
+    std::filesystem::remove(top, ec);
+    return;
+  }
+  int result[2], release[2];
+  REQUIRE(::pipe(result) == 0);
+  REQUIRE(::pipe(release) == 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    // Put in `here` by root (as the SPANK plugin does), then an ordinary user.
+    std::ofstream(here + "/cgroup.procs") << ::getpid() << '\n';
+    char bits = 0;
+    if (::setgid(65534) == 0 && ::setuid(65534) == 0) {
+      Unconfigure reset;
+      dt::qos::Tier t;
+      t.name = "high";
+      t.cgroups = {here};
+      if (dt::qos::configure(t).empty() && dt::qos::current().not_entered.empty()) bits |= 1;
+      // Elsewhere under the root: the move needs the root group's cgroup.procs, which the
+      // user may not write, even with the target's own file given to it.
+      t.cgroups = {there};
+      const auto w = dt::qos::configure(t);
+      if (w.size() == 1 && w[0].find("cannot move this rank") != std::string::npos &&
+          w[0].find(there) != std::string::npos)
+        bits |= 2;
+    }
+    (void)!::write(result[1], &bits, 1);
+    char c;
+    (void)!::read(release[0], &c, 1);
+    ::_exit(0);
+  }
+  char bits = 0;
+  REQUIRE(::read(result[0], &bits, 1) == 1);
+  // Root moves it (what slurmstepd's plugin does for every task of the job).
+  const std::string moved = dt::qos::placement::enter(there, child);
+  std::ifstream cg("/proc/" + std::to_string(child) + "/cgroup");
+  const std::string where((std::istreambuf_iterator<char>(cg)), std::istreambuf_iterator<char>());
+  (void)!::write(release[1], "x", 1);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  for (int fd : {result[0], result[1], release[0], release[1]}) ::close(fd);
+  ::rmdir(here.c_str());
+  ::rmdir(there.c_str());
+  ::rmdir(top.c_str());
+  CHECK_FALSE(std::filesystem::exists(top));
+  CHECK_MESSAGE((bits & 1) != 0, "a rank already in its group is not written again, nor warned");
+  CHECK_MESSAGE((bits & 2) != 0, "an ordinary user's move under the root group is refused");
+  CHECK(moved.empty());
+  CHECK(where.find("0::" + top.substr(mount.size()) + "/there\n") != std::string::npos);
 }

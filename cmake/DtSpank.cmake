@@ -1,0 +1,26 @@
+# Slurm's SPANK header for spank_dt_qos.so, the plugin of slurmstepd that puts a job's tasks into
+# its QoS groups (src/qos/spank_dt_qos.cpp). Sets DT_HAVE_SPANK and SPANK_INCLUDE.
+#   DT_WITH_SPANK=AUTO  build the plugin when slurm/spank.h is found (default)
+#   DT_WITH_SPANK=ON    require it: configuration stops when the header is missing
+#   DT_WITH_SPANK=OFF   never
+# The plugin links no Slurm library: slurmstepd, which loads it, provides the spank_* functions.
+set(DT_WITH_SPANK AUTO CACHE STRING "Build the SPANK plugin spank_dt_qos.so: AUTO, ON or OFF")
+set_property(CACHE DT_WITH_SPANK PROPERTY STRINGS AUTO ON OFF)
+set(DT_HAVE_SPANK OFF)
+string(TOUPPER "${DT_WITH_SPANK}" dt_spank_mode)
+if(NOT dt_spank_mode MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "dt: DT_WITH_SPANK='${DT_WITH_SPANK}' (expected AUTO, ON or OFF)")
+endif()
+if(NOT dt_spank_mode STREQUAL "OFF")
+  find_path(SPANK_INCLUDE slurm/spank.h)
+  if(SPANK_INCLUDE)
+    set(DT_HAVE_SPANK ON)
+  elseif(dt_spank_mode STREQUAL "ON")
+    message(FATAL_ERROR "dt: DT_WITH_SPANK=ON but slurm/spank.h was not found (Debian package: libslurm-dev). Run scripts/bootstrap.")
+  endif()
+endif()
+if(DT_HAVE_SPANK)
+  message(STATUS "dt: SPANK plugin spank_dt_qos.so (${SPANK_INCLUDE}/slurm/spank.h)")
+else()
+  message(STATUS "dt: no SPANK plugin (slurm/spank.h not found or DT_WITH_SPANK=OFF)")
+endif()
