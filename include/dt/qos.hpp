@@ -70,7 +70,8 @@ Tier read_record(const std::string& path);
 
 /// Makes `t` the process's tier (an empty name: none); current() then holds it with the groups
 /// this process stayed out of (Tier::not_entered). Moves the whole process into each of
-/// t.cgroups (writes its pid to cgroup.procs) except those that would take it out of Slurm's
+/// t.cgroups (writes its pid to cgroup.procs where it is not there already, as slurmstepd's
+/// plugin spank_dt_qos.so leaves a task) except those that would take it out of Slurm's
 /// group of the job (detail::leaves_slurm_job; warned about); a group that refuses is warned about
 /// on stderr, once each, by the node's first rank (launcher_local_rank() 0 or none; the others
 /// find the same), and the process goes on where it is. The calling thread keeps its CPU

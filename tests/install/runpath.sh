@@ -39,7 +39,7 @@ echo "=== cmake --install $BUILD --prefix $P"
 cmake --install "$BUILD" --prefix "$P" >"$WORK/install.out" 2>&1 ||
   { cat "$WORK/install.out"; fail "cmake --install failed"; }
 n=0
-for f in "$P"/bin/* "$P"/lib/*.so* "$P"/lib/dt/plugins/*.so; do
+for f in "$P"/bin/* "$P"/lib/*.so* "$P"/lib/dt/plugins/*.so "$P"/lib/dt/slurm/*.so; do
   [ -f "$f" ] && [ ! -L "$f" ] || continue
   check "$f"
   n=$((n + 1))
