@@ -12,12 +12,9 @@
 # The sanitizer build leaves CUDA out under AUTO: ASan cannot see device memory, nvcc would double
 # CI's CUDA compile time for no added check, and the release build already builds and tests the
 # plugin. DT_WITH_CUDA=ON builds it there too.
-set(DT_WITH_CUDA AUTO CACHE STRING "Build the CUDA device plugin and NCCL communicator: AUTO, ON or OFF")
-set_property(CACHE DT_WITH_CUDA PROPERTY STRINGS AUTO ON OFF)
-string(TOUPPER "${DT_WITH_CUDA}" _dt_cuda_mode)
-if(NOT _dt_cuda_mode MATCHES "^(AUTO|ON|OFF)$")
-  message(FATAL_ERROR "dt: DT_WITH_CUDA='${DT_WITH_CUDA}' must be AUTO, ON or OFF")
-endif()
+include(DtAutoOption)
+dt_auto_option(DT_WITH_CUDA "Build the CUDA device plugin and NCCL communicator")
+set(_dt_cuda_mode ${DT_WITH_CUDA_MODE})
 set(DT_HAVE_CUDA OFF CACHE INTERNAL "CUDA plugin and NCCL communicator are built")
 if(_dt_cuda_mode STREQUAL "AUTO" AND DT_SANITIZE)
   message(STATUS "dt: CUDA plugin left out of the sanitizer build (DT_WITH_CUDA=AUTO; ON forces it)")

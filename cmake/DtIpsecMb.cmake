@@ -4,13 +4,10 @@
 #   DT_WITH_IPSEC_MB=AUTO  use it when found (default)
 #   DT_WITH_IPSEC_MB=ON    require it: configuration stops when it is missing
 #   DT_WITH_IPSEC_MB=OFF   never; sealing runs through OpenSSL's EVP alone
-set(DT_WITH_IPSEC_MB AUTO CACHE STRING "Use Intel ipsec-mb for AES-256-GCM: AUTO, ON or OFF")
-set_property(CACHE DT_WITH_IPSEC_MB PROPERTY STRINGS AUTO ON OFF)
+include(DtAutoOption)
+dt_auto_option(DT_WITH_IPSEC_MB "Use Intel ipsec-mb for AES-256-GCM")
+set(dt_ipsec_mb_mode ${DT_WITH_IPSEC_MB_MODE})
 set(DT_HAVE_IPSEC_MB OFF)
-string(TOUPPER "${DT_WITH_IPSEC_MB}" dt_ipsec_mb_mode)
-if(NOT dt_ipsec_mb_mode MATCHES "^(AUTO|ON|OFF)$")
-  message(FATAL_ERROR "dt: DT_WITH_IPSEC_MB='${DT_WITH_IPSEC_MB}' (expected AUTO, ON or OFF)")
-endif()
 if(NOT dt_ipsec_mb_mode STREQUAL "OFF")
   find_path(IPSEC_MB_INCLUDE intel-ipsec-mb.h)
   find_library(IPSEC_MB_LIBRARY IPSec_MB)

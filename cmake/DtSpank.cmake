@@ -4,13 +4,10 @@
 #   DT_WITH_SPANK=ON    require it: configuration stops when the header is missing
 #   DT_WITH_SPANK=OFF   never
 # The plugin links no Slurm library: slurmstepd, which loads it, provides the spank_* functions.
-set(DT_WITH_SPANK AUTO CACHE STRING "Build the SPANK plugin spank_dt_qos.so: AUTO, ON or OFF")
-set_property(CACHE DT_WITH_SPANK PROPERTY STRINGS AUTO ON OFF)
+include(DtAutoOption)
+dt_auto_option(DT_WITH_SPANK "Build the SPANK plugin spank_dt_qos.so")
+set(dt_spank_mode ${DT_WITH_SPANK_MODE})
 set(DT_HAVE_SPANK OFF)
-string(TOUPPER "${DT_WITH_SPANK}" dt_spank_mode)
-if(NOT dt_spank_mode MATCHES "^(AUTO|ON|OFF)$")
-  message(FATAL_ERROR "dt: DT_WITH_SPANK='${DT_WITH_SPANK}' (expected AUTO, ON or OFF)")
-endif()
 if(NOT dt_spank_mode STREQUAL "OFF")
   find_path(SPANK_INCLUDE slurm/spank.h)
   if(SPANK_INCLUDE)
