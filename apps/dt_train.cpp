@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
       "dt_train",
       [&] {
         if (!opts.parse(argc, argv)) return 0;
+        dt::check_layout_options(opts, cfg);
         if (cfg.test_start_delay_s > 0)
           std::this_thread::sleep_for(std::chrono::duration<double>(cfg.test_start_delay_s));
         try {

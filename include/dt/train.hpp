@@ -159,6 +159,11 @@ bool drain_requested() noexcept;
 /// writing into `c`.
 void add_train_options(Options& o, TrainConfig& c);
 
+/// After o.parse(): throws dt::ConfigError when --parallel.auto is on and any of --parallel.dp,
+/// --parallel.tp or --parallel.pp was given as well (on the command line or in the config file,
+/// whatever its value), naming them.
+void check_layout_options(const Options& o, const TrainConfig& c);
+
 /// Checks everything that does not need MPI and loads the data: throws dt::ConfigError naming
 /// the option and value. Call on every rank before the runtime starts.
 TokenFile validate_and_load(TrainConfig& c);

@@ -668,25 +668,25 @@ std::vector<std::int32_t> sample_prompt_tokens(const TrainConfig& c, const std::
   return ids;
 }
 
+void check_layout_options(const Options& o, const TrainConfig& c) {
+  if (!c.par_auto) return;
+  std::string given;
+  for (const auto& [name, value] :
+       {std::pair<const char*, std::int64_t>{"dp", c.par_dp}, {"tp", c.par_tp}, {"pp", c.par_pp}})
+    if (o.given(std::string("parallel.") + name))
+      given += std::string(given.empty() ? "" : " and ") + "--parallel." + name + "=" +
+               std::to_string(value);
+  DT_CHECK(ConfigError, given.empty(),
+           "option --parallel.auto chooses dp, tp and pp itself: it cannot be combined with ",
+           given, " (drop --parallel.auto to choose the layout yourself)");
+}
+
 TokenFile validate_and_load(TrainConfig& c) {
   DT_CHECK(ConfigError, !c.data_path.empty(), "option --data.path is required (a text file or an ",
            "llm.c token file)");
   DT_CHECK(ConfigError, c.model.embd % c.model.heads == 0, "option --model.heads: ", c.model.heads,
            " does not divide --model.embd=", c.model.embd);
   check_model_split(c.par_tp, c.par_pp, c.model);
-  if (c.par_auto) {
-    std::string given;
-    for (const auto& [name, value, unset] :
-         {std::tuple<const char*, std::int64_t, std::int64_t>{"dp", c.par_dp, 0},
-          {"tp", c.par_tp, 1},
-          {"pp", c.par_pp, 1}})
-      if (value != unset)
-        given += std::string(given.empty() ? "" : " and ") + "--parallel." + name + "=" +
-                 std::to_string(value);
-    DT_CHECK(ConfigError, given.empty(),
-             "option --parallel.auto chooses dp, tp and pp itself: it cannot be combined with ",
-             given, " (drop --parallel.auto to choose the layout yourself)");
-  }
   parse_size("mem.limit", c.mem_limit);
   // Rank 0 alone writes the step log: its node alone is asked.
   if (!c.log_file.empty() && launcher_rank() <= 0) ::close(open_step_log(c.log_file, c.data_path));
