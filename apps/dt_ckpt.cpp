@@ -517,22 +517,25 @@ int cmd_inspect(dt::Runtime& rt, const Args& a) {
   std::printf("file: %s (%" PRIu64 " bytes)\n", a.input.c_str(),
               static_cast<std::uint64_t>(st.st_size));
   std::printf("attributes:\n");
+  // Names and values as the file holds them, but for control bytes (a damaged or planted
+  // attribute must not drive the terminal): those are shown as \xHH.
   for (const auto& at : f.attributes()) {
+    const std::string name = dt::printable(at.name);
     if (at.value.find('\n') == std::string::npos) {
-      std::printf("  %s = %s\n", at.name.c_str(), at.value.c_str());
+      std::printf("  %s = %s\n", name.c_str(), dt::printable(at.value).c_str());
       continue;
     }
-    std::printf("  %s:\n", at.name.c_str());
+    std::printf("  %s:\n", name.c_str());
     std::istringstream is(at.value);
     std::string line;
-    while (std::getline(is, line)) std::printf("    %s\n", line.c_str());
+    while (std::getline(is, line)) std::printf("    %s\n", dt::printable(line).c_str());
   }
   const auto ds = f.datasets();
   std::uint64_t total = 0;
   std::size_t width = 0;
   for (const auto& d : ds) {
     total += d.bytes;
-    width = std::max(width, d.path.size());
+    width = std::max(width, dt::printable(d.path).size());
   }
   std::printf(
       "datasets: %zu, %s MB (model, then optimiser moments, each in nanoGPT parameter order; "
@@ -542,8 +545,9 @@ int cmd_inspect(dt::Runtime& rt, const Args& a) {
               "bytes", "file offset");
   for (const auto& d : ds) {
     const std::string at = d.address == HADDR_UNDEF ? "-" : std::to_string(d.address);
-    std::printf("  %-*s %-14s %-8s %12" PRIu64 " %12s\n", static_cast<int>(width), d.path.c_str(),
-                dt::shape_str(d.shape).c_str(), d.dtype.c_str(), d.bytes, at.c_str());
+    std::printf("  %-*s %-14s %-8s %12" PRIu64 " %12s\n", static_cast<int>(width),
+                dt::printable(d.path).c_str(), dt::shape_str(d.shape).c_str(), d.dtype.c_str(),
+                d.bytes, at.c_str());
   }
   return 0;
 }

@@ -83,6 +83,10 @@ int run_with_config_errors(const char* program, const std::function<int()>& body
 /// PMI_RANK or SLURM_PROCID, the first that is set and a number); -1 when none is.
 int launcher_rank();
 
+/// `s` with each control byte (below a space, or DEL) but a tab written as \xHH: text read from a
+/// file (a damaged one, say) made safe to print on a terminal.
+std::string printable(const std::string& s);
+
 /// This process's rank among the job's ranks on its node, as the launcher gave it before MPI
 /// starts (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID); -1 when none is set.
 int launcher_local_rank();

@@ -98,18 +98,27 @@ std::string in_quotes(const std::string& v) {
         q += "\\t";
         break;
       default:
-        if (control_byte(static_cast<unsigned char>(c))) {
-          char hex[8];
-          std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(c));
-          q += hex;
-        } else {
-          q += c;
-        }
+        q += printable(std::string(1, c));
     }
   }
   return q + "\"";
 }
 }  // namespace
+
+std::string printable(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    if (c != '\t' && control_byte(static_cast<unsigned char>(c))) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(c));
+      out += hex;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
 
 Options& Options::add(const std::string& name, std::string* target, std::string def,
                       std::string help, std::vector<std::string> choices) {
