@@ -312,11 +312,22 @@ Shape shape_of(Op op, std::size_t bytes, std::size_t es, int n, bool up = false)
 
 // The shape measured at sweep size `bytes`: rounded down to whole elements, unless that falls
 // below --min-bytes (3 bytes of f32 would be 0): then the smallest whole count at or above it,
-// which may pass --max-bytes by less than an element (per rank) where no whole count lies
-// between the two.
+// which smallest_over_max() keeps within --max-bytes.
 Shape measured_shape(Op op, std::size_t bytes, std::size_t es, int n, std::size_t min_bytes) {
   const Shape down = shape_of(op, bytes, es, n);
   return down.size_bytes >= min_bytes ? down : shape_of(op, bytes, es, n, true);
+}
+
+// The first of the operations of `s` for which no whole count lies between --min-bytes and
+// --max-bytes on `n` ranks (all_gather and reduce_scatter count per rank), with the smallest size
+// it could measure: so that no size measured passes --max-bytes. {"", 0} when each has one.
+std::pair<std::string, std::size_t> smallest_over_max(const Settings& s, int n) {
+  const std::size_t es = dt::dtype_size(s.dtype);
+  for (Op op : s.op_list) {
+    const std::size_t least = shape_of(op, s.min_bytes, es, n, true).size_bytes;
+    if (least > s.max_bytes) return {op_name(op), least};
+  }
+  return {"", 0};
 }
 
 std::vector<std::size_t> sizes_of(const Settings& s) {
@@ -886,6 +897,17 @@ int main(int argc, char** argv) {
                    "dt_bench: error: option --root: %ld is not a rank of this %d-rank job\n",
                    s.root, rt.size());
     return 2;
+  }
+  if (s.grad_set.empty()) {
+    if (const auto [op, least] = smallest_over_max(s, rt.size()); least > 0) {
+      if (rt.rank() == 0)
+        std::fprintf(stderr,
+                     "dt_bench: error: option --max-bytes: %s of %s on %d ranks measures no size "
+                     "from --min-bytes=%s to --max-bytes=%s: its smallest is %zu bytes\n",
+                     op.c_str(), dt::dtype_name(s.dtype), rt.size(), s.min_bytes_s.c_str(),
+                     s.max_bytes_s.c_str(), least);
+      return 2;
+    }
   }
   if (s.corrupt_rank >= rt.size() && rt.rank() == 0)
     std::fprintf(stderr, "dt_bench: warning: --test.corrupt-rank=%ld is not a rank of this job\n",
