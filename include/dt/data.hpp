@@ -38,39 +38,71 @@ struct TokenRange {
   bool empty() const { return end == begin; }
 };
 
-/// Read-only tokens: the pages of an llm.c file mapped into memory (so that the processes of a
-/// node that read one file share one copy, in the page cache), or a vector of their own (byte
-/// files, whose bytes are widened to tokens, and tokens made in memory). Copies share storage.
+/// Where tokens are: stored one byte each (a byte file's own bytes) or as uint16 (token files),
+/// read as uint16 either way. A pointer's arithmetic and comparisons, without its bounds.
+class TokenPtr {
+ public:
+  TokenPtr() = default;
+  TokenPtr(std::nullptr_t) {}                                  // NOLINT: as a null pointer
+  TokenPtr(const uint16_t* p) : p_(p), wide_(p != nullptr) {}  // NOLINT: as the pointer
+  TokenPtr(const uint8_t* p) : p_(p) {}                        // NOLINT: as the pointer
+
+  uint16_t operator[](size_t i) const {
+    return wide_ ? static_cast<const uint16_t*>(p_)[i] : static_cast<const uint8_t*>(p_)[i];
+  }
+  uint16_t operator*() const { return (*this)[0]; }
+  TokenPtr operator+(size_t i) const {
+    TokenPtr q = *this;
+    q.p_ = static_cast<const char*>(p_) + i * (wide_ ? 2 : 1);
+    return q;
+  }
+  bool operator==(const TokenPtr& o) const {
+    return p_ == o.p_ && (p_ == nullptr || wide_ == o.wide_);
+  }
+  bool operator!=(const TokenPtr& o) const { return !(*this == o); }
+  /// Stored as uint16 (true) or one byte a token (false).
+  bool wide() const { return wide_; }
+  /// The storage: uint16_t or uint8_t as wide() says.
+  const void* raw() const { return p_; }
+
+ private:
+  const void* p_ = nullptr;
+  bool wide_ = false;
+};
+
+/// Read-only tokens: the pages of a token or byte file mapped into memory (so that the processes
+/// of a node that read one file share one copy, in the page cache: a byte file costs a byte a
+/// token once a node), or a vector of their own (tokens made in memory). Copies share storage.
 class TokenStore {
  public:
   TokenStore() = default;
   explicit TokenStore(std::vector<uint16_t> tokens);
-  /// `count` tokens at `first`, kept valid by `owner` (a mapping, say).
-  TokenStore(std::shared_ptr<const void> owner, const uint16_t* first, size_t count, bool mapped);
+  /// `count` tokens at `first` (uint16 or bytes), kept valid by `owner` (a mapping, say).
+  TokenStore(std::shared_ptr<const void> owner, TokenPtr first, size_t count, bool mapped);
   TokenStore(const TokenStore&) = default;
   TokenStore& operator=(const TokenStore&) = default;
   /// A moved-from store is empty (as a moved-from vector is), never a view of storage it let go.
   TokenStore(TokenStore&& o) noexcept { *this = std::move(o); }
   TokenStore& operator=(TokenStore&& o) noexcept {
     owner_ = std::move(o.owner_);
-    p_ = std::exchange(o.p_, nullptr);
+    p_ = std::exchange(o.p_, TokenPtr());
     n_ = std::exchange(o.n_, 0);
     mapped_ = std::exchange(o.mapped_, false);
     return *this;
   }
 
-  const uint16_t* data() const { return p_; }
+  TokenPtr data() const { return p_; }
   size_t size() const { return n_; }
   bool empty() const { return n_ == 0; }
   uint16_t operator[](size_t i) const { return p_[i]; }
-  const uint16_t* begin() const { return p_; }
-  const uint16_t* end() const { return p_ + n_; }
+  /// The tokens as uint16 values (a copy).
+  std::vector<uint16_t> to_vector() const;
   /// The tokens are a file's pages (shared with other processes mapping that file).
   bool mapped() const { return mapped_; }
 
  private:
   std::shared_ptr<const void> owner_;
-  const uint16_t* p_ = nullptr;
+  TokenPtr p_;
   size_t n_ = 0;
   bool mapped_ = false;
 };
@@ -90,7 +122,7 @@ struct TokenFile {
   size_t size() const { return tokens.size(); }
   TokenRange all() const { return {0, tokens.size()}; }
   /// Pointer to the first token of `r`; throws dt::InvalidArgument when r is not inside the file.
-  const uint16_t* data(const TokenRange& r) const;
+  TokenPtr data(const TokenRange& r) const;
 };
 
 /// The llm.c token file magic number (header[0]) and the one version read (header[1]).
@@ -109,8 +141,8 @@ std::uint64_t token_digest(const TokenFile& f);
 std::string data_identity(const std::string& format, std::uint64_t tokens, std::uint64_t digest);
 std::string data_identity(const TokenFile& f);
 
-/// Reads a token file. format: "auto", "bytes", "llmc" or "u16". An llm.c or u16 file is mapped
-/// (on little-endian machines) and checked in place; a byte file is read into its vector.
+/// Reads a token file. format: "auto", "bytes", "llmc" or "u16". The file is mapped (an llm.c or
+/// u16 file on little-endian machines; a byte file anywhere) and checked in place.
 /// Throws dt::ConfigError naming the path on: an unknown format, a missing / unreadable /
 /// non-regular file, an empty file, an llmc magic mismatch, an unsupported version, a header token
 /// count that disagrees with the file size, a truncated file, a u16 file of an odd size.
@@ -135,7 +167,7 @@ class Sampler {
   /// Throws dt::ConfigError when seq_len < 1 or n < seq_len + 1 (naming both numbers and `what`,
   /// e.g. "training split"); dt::InvalidArgument when tokens is null. `vocab`: every token a
   /// window hands out is checked to be below it (a mapped token file changed under the run).
-  Sampler(const uint16_t* tokens, size_t n, int seq_len, uint64_t seed,
+  Sampler(TokenPtr tokens, size_t n, int seq_len, uint64_t seed,
           const std::string& what = "token range", int vocab = 65536);
 
   /// Start offset of the window of global sequence `seq` (>= 0) at `step`: a pure function of
@@ -157,7 +189,7 @@ class Sampler {
   size_t num_starts() const { return n_ - static_cast<size_t>(seq_len_); }
 
  private:
-  const uint16_t* tokens_;
+  TokenPtr tokens_;
   size_t n_;
   int seq_len_;
   uint64_t seed_;
@@ -176,8 +208,8 @@ std::vector<size_t> eval_windows(size_t n, int seq_len, int64_t count,
 /// Fills count x seq_len inputs / targets from the windows at starts[0 .. count) over tokens[0,
 /// n). Throws dt::InvalidArgument when a window does not fit in n tokens or a buffer is null,
 /// dt::ConfigError on a token not below `vocab`.
-void fill_windows(const uint16_t* tokens, size_t n, int seq_len, const size_t* starts,
-                  int64_t count, int32_t* inputs, int32_t* targets, int vocab = 65536);
+void fill_windows(TokenPtr tokens, size_t n, int seq_len, const size_t* starts, int64_t count,
+                  int32_t* inputs, int32_t* targets, int vocab = 65536);
 
 /// Byte tokens as printable text: printable ASCII and '\n' as is, '\\' as "\\\\", '\t' '\r' as
 /// "\\t" "\\r", other bytes as "\\xHH", tokens outside [0, 255] as "\\{N}".

@@ -59,19 +59,22 @@ void read_exact(int fd, void* dst, size_t len, size_t offset, const std::string&
            " bytes at offset ", offset, ", read ", got, " (did the file change while reading?)");
 }
 
+// The file's `size` bytes mapped: a read-only mapping that ends with the last TokenStore.
+std::shared_ptr<const void> map_file(int fd, size_t size, const std::string& path) {
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED)
+    DT_THROW(ConfigError, "cannot map token file '", path, "': ", std::strerror(errno));
+  return std::shared_ptr<const void>(
+      map, [size](const void* m) { ::munmap(const_cast<void*>(m), size); });
+}
+
 void load_bytes(int fd, size_t size, TokenFile& f) {
-  // Read the bytes into the storage of the token vector itself (2 bytes per token), then widen in
-  // place from the back: token i overwrites bytes 2i and 2i+1, which are >= i and so already read.
-  std::vector<uint16_t> tokens(size);
-  auto* raw = reinterpret_cast<unsigned char*>(tokens.data());
-  read_exact(fd, raw, size, 0, f.path);
-  unsigned max_tok = 0;
-  for (size_t i = size; i-- > 0;) {
-    const unsigned char b = raw[i];
-    max_tok = std::max<unsigned>(max_tok, b);
-    tokens[i] = b;
-  }
-  f.tokens = TokenStore(std::move(tokens));
+  // Mapped, each byte a token: the ranks of a node share the file's pages, one byte a token.
+  std::shared_ptr<const void> map = map_file(fd, size, f.path);
+  const auto* bytes = static_cast<const uint8_t*>(map.get());
+  uint8_t max_tok = 0;
+  for (size_t i = 0; i < size; ++i) max_tok = std::max(max_tok, bytes[i]);
+  f.tokens = TokenStore(std::move(map), bytes, size, true);
   f.format = "bytes";
   f.vocab = 256;
   f.max_token_plus_one = static_cast<int>(max_tok) + 1;
@@ -90,13 +93,10 @@ void map_tokens(int fd, size_t size, size_t offset, size_t count, TokenFile& f) 
 #else
   // Mapped, not read: the ranks of a node that train on one file share its pages (a file of 10^9
   // tokens is 2 GB once per node, not once per rank), and none copies it at start.
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  if (map == MAP_FAILED)
-    DT_THROW(ConfigError, "cannot map token file '", path, "': ", std::strerror(errno));
-  std::shared_ptr<const void> owner(
-      map, [size](const void* m) { ::munmap(const_cast<void*>(m), size); });
-  const auto* first = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map) + offset);
-  f.tokens = TokenStore(std::move(owner), first, count, true);
+  std::shared_ptr<const void> map = map_file(fd, size, path);
+  const auto* first =
+      reinterpret_cast<const uint16_t*>(static_cast<const char*>(map.get()) + offset);
+  f.tokens = TokenStore(std::move(map), first, count, true);
 #endif
   unsigned max_tok = 0;
   for (size_t i = 0; i < f.tokens.size(); ++i) max_tok = std::max<unsigned>(max_tok, f.tokens[i]);
@@ -177,7 +177,8 @@ void check_window_buffers(int64_t count, const int32_t* inputs, const int32_t* t
 // Copies a window of seq_len + 1 tokens; every token must be below `vocab`. The file was checked
 // when it was loaded, but a mapped file that changes under the run would otherwise hand the
 // model's embedding an index outside it.
-void copy_window(const uint16_t* w, int seq_len, int32_t* in, int32_t* tg, int vocab) {
+template <typename T>
+void copy_window(const T* w, int seq_len, int32_t* in, int32_t* tg, int vocab) {
   unsigned top = 0;
   for (int t = 0; t < seq_len; ++t) {
     in[t] = w[t];
@@ -190,6 +191,13 @@ void copy_window(const uint16_t* w, int seq_len, int32_t* in, int32_t* tg, int v
            " (did the token file change while this run used it?)");
 }
 
+void copy_window(TokenPtr w, int seq_len, int32_t* in, int32_t* tg, int vocab) {
+  if (w.wide())
+    copy_window(static_cast<const uint16_t*>(w.raw()), seq_len, in, tg, vocab);
+  else
+    copy_window(static_cast<const uint8_t*>(w.raw()), seq_len, in, tg, vocab);
+}
+
 }  // namespace
 
 TokenStore::TokenStore(std::vector<uint16_t> tokens) {
@@ -199,11 +207,16 @@ TokenStore::TokenStore(std::vector<uint16_t> tokens) {
   owner_ = std::move(v);
 }
 
-TokenStore::TokenStore(std::shared_ptr<const void> owner, const uint16_t* first, size_t count,
-                       bool mapped)
+TokenStore::TokenStore(std::shared_ptr<const void> owner, TokenPtr first, size_t count, bool mapped)
     : owner_(std::move(owner)), p_(first), n_(count), mapped_(mapped) {}
 
-const uint16_t* TokenFile::data(const TokenRange& r) const {
+std::vector<uint16_t> TokenStore::to_vector() const {
+  std::vector<uint16_t> v(n_);
+  for (size_t i = 0; i < n_; ++i) v[i] = p_[i];
+  return v;
+}
+
+TokenPtr TokenFile::data(const TokenRange& r) const {
   DT_CHECK(InvalidArgument, r.begin <= r.end && r.end <= tokens.size(), "token range [", r.begin,
            ", ", r.end, ") is not inside '", path, "' of ", tokens.size(), " tokens");
   return tokens.data() + r.begin;
@@ -273,15 +286,24 @@ std::uint64_t token_digest(const TokenFile& f) {
   mix(f.format.data(), f.format.size());
   const std::uint64_t n = f.size();
   mix(&n, sizeof n);
+  // Over the tokens as uint16 in the machine's order, however they are stored (a digest written
+  // into checkpoints: the same tokens give the same digest whatever their storage).
+  auto mix_tokens = [&mix, &f](std::size_t at, std::size_t count) {
+    uint16_t block[1024];
+    for (std::size_t done = 0; done < count;) {
+      const std::size_t k = std::min<std::size_t>(count - done, 1024);
+      for (std::size_t i = 0; i < k; ++i) block[i] = f.tokens[at + done + i];
+      mix(block, k * sizeof(uint16_t));
+      done += k;
+    }
+  };
   constexpr std::size_t kBlocks = 64, kBlock = 1024;
   if (n <= kBlocks * kBlock) {
-    mix(f.tokens.data(), n * sizeof(uint16_t));
+    mix_tokens(0, n);
     return h;
   }
-  for (std::size_t k = 0; k < kBlocks; ++k) {
-    const std::size_t at = static_cast<std::size_t>((n - kBlock) * k / (kBlocks - 1));
-    mix(f.tokens.data() + at, kBlock * sizeof(uint16_t));
-  }
+  for (std::size_t k = 0; k < kBlocks; ++k)
+    mix_tokens(static_cast<std::size_t>((n - kBlock) * k / (kBlocks - 1)), kBlock);
   return h;
 }
 
@@ -308,14 +330,14 @@ Split split(const TokenFile& file, double val_fraction) {
   return s;
 }
 
-Sampler::Sampler(const uint16_t* tokens, size_t n, int seq_len, uint64_t seed,
-                 const std::string& what, int vocab)
+Sampler::Sampler(TokenPtr tokens, size_t n, int seq_len, uint64_t seed, const std::string& what,
+                 int vocab)
     : tokens_(tokens), n_(n), seq_len_(seq_len), seed_(seed), vocab_(vocab) {
   DT_CHECK(ConfigError, seq_len >= 1, "sequence length must be >= 1, got ", seq_len);
   DT_CHECK(ConfigError, n >= static_cast<size_t>(seq_len) + 1, what, " has ", n,
            " tokens, too few for one window of seq_len + 1 = ", static_cast<size_t>(seq_len) + 1,
            " tokens");
-  DT_CHECK(InvalidArgument, tokens != nullptr, "Sampler: tokens must not be null");
+  DT_CHECK(InvalidArgument, tokens != TokenPtr(), "Sampler: tokens must not be null");
 }
 
 size_t Sampler::window_start(uint64_t step, int64_t seq) const {
@@ -369,11 +391,11 @@ std::vector<size_t> eval_windows(size_t n, int seq_len, int64_t count, const std
   return starts;
 }
 
-void fill_windows(const uint16_t* tokens, size_t n, int seq_len, const size_t* starts,
-                  int64_t count, int32_t* inputs, int32_t* targets, int vocab) {
+void fill_windows(TokenPtr tokens, size_t n, int seq_len, const size_t* starts, int64_t count,
+                  int32_t* inputs, int32_t* targets, int vocab) {
   DT_CHECK_GE(InvalidArgument, seq_len, 1, "sequence length must be >= 1");
   check_window_buffers(count, inputs, targets);
-  DT_CHECK(InvalidArgument, count == 0 || (tokens != nullptr && starts != nullptr),
+  DT_CHECK(InvalidArgument, count == 0 || (tokens != TokenPtr() && starts != nullptr),
            "tokens and starts must not be null");
   const size_t T = static_cast<size_t>(seq_len);
   for (int64_t i = 0; i < count; ++i) {

@@ -1481,7 +1481,7 @@ double Trainer::loss_over(const std::vector<std::size_t>& starts) {
   const std::int64_t r = engine_ ? mesh_->coord().dp : comm_.rank();
   const std::int64_t begin = r * total / n, end = (r + 1) * total / n;
   double sums[2] = {0, 0};  // loss sum, tokens
-  const uint16_t* val = data_.data(split_.val);
+  const TokenPtr val = data_.data(split_.val);
   int k = 0;
   // ZeRO-3 gathers parameters collectively in every forward: all ranks run as many forwards as
   // the largest share needs (the extra ones on this rank's first window, not counted).

@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (f.tokens.empty() || f.max_token_plus_one > 65536) std::abort();
   if (f.format == "bytes" && f.max_token_plus_one > f.vocab) std::abort();
   int top = 0;
-  for (auto t : f.tokens) top = std::max<int>(top, t);
+  for (std::size_t i = 0; i < f.tokens.size(); ++i) top = std::max<int>(top, f.tokens[i]);
   if (top + 1 != f.max_token_plus_one) std::abort();
   const int vocab = std::max(f.vocab, f.max_token_plus_one);  // model.vocab given to fit them
   const double frac = (b % 10) / 10.0;

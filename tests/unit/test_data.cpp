@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -119,7 +120,37 @@ TEST_CASE("data: bytes format makes every byte a token") {
   CHECK(g.max_token_plus_one == 'c' + 1);
 }
 
-TEST_CASE("data: bytes format widens a large file in place correctly") {
+TEST_CASE("data: a byte file is mapped, one byte a token, with the digest of its tokens") {
+  TempDir dir;
+  std::string big(300000, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 7919 + i / 3) & 0xFF);
+  const dt::TokenFile f = dt::load_tokens(dir.write("big.txt", big), "bytes");
+  // The file's pages (shared by a node's ranks), not a copy widened to two bytes a token.
+  CHECK(f.tokens.mapped());
+  CHECK_FALSE(f.tokens.data().wide());
+  REQUIRE(f.tokens.data().raw() != nullptr);
+  CHECK(std::memcmp(f.tokens.data().raw(), big.data(), big.size()) == 0);
+  // The digest checkpoints hold is that of the tokens as uint16, as when byte files were
+  // widened: the same tokens held as uint16 in memory give it.
+  std::vector<uint16_t> wide(big.size());
+  for (size_t i = 0; i < big.size(); ++i) wide[i] = static_cast<unsigned char>(big[i]);
+  dt::TokenFile g;
+  g.format = "bytes";
+  g.tokens = dt::TokenStore(wide);
+  CHECK(g.tokens.data().wide());
+  CHECK(dt::token_digest(f) == dt::token_digest(g));
+  // Windows read from bytes equal those read from the uint16 copy.
+  const size_t starts[3] = {0, 12345, big.size() - 17};
+  std::vector<int32_t> in_b(3 * 16), tg_b(3 * 16), in_w(3 * 16), tg_w(3 * 16);
+  dt::fill_windows(f.data(f.all()), f.size(), 16, starts, 3, in_b.data(), tg_b.data(), 256);
+  dt::fill_windows(g.data(g.all()), g.size(), 16, starts, 3, in_w.data(), tg_w.data(), 256);
+  CHECK(in_b == in_w);
+  CHECK(tg_b == tg_w);
+  CHECK(in_b[16] == static_cast<unsigned char>(big[12345]));
+  CHECK(tg_b[16 + 15] == static_cast<unsigned char>(big[12345 + 16]));
+}
+
+TEST_CASE("data: bytes format reads a large file correctly") {
   TempDir dir;
   std::string big((size_t{1} << 20) + 7, '\0');
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 131 + i / 256) & 0xFF);
@@ -141,7 +172,7 @@ TEST_CASE("data: llmc format reads the header and little-endian uint16 tokens") 
     CHECK(f.format == "llmc");
     CHECK(f.vocab == 50257);
     CHECK(f.max_token_plus_one == 50257);
-    CHECK(std::vector<uint16_t>(f.tokens.begin(), f.tokens.end()) == toks);
+    CHECK(f.tokens.to_vector() == toks);
 #if !(defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__)
     CHECK(f.tokens.mapped());  // the file's pages, not a copy (big-endian machines swap a copy)
 #endif
@@ -166,7 +197,7 @@ TEST_CASE(
   CHECK(f.vocab == 50257);
   CHECK(f.max_token_plus_one == 50257);
   CHECK(f.note.empty());
-  CHECK(std::vector<uint16_t>(f.tokens.begin(), f.tokens.end()) == toks);
+  CHECK(f.tokens.to_vector() == toks);
 #if !(defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__)
   CHECK(f.tokens.mapped());
 #endif
