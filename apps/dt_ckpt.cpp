@@ -6,12 +6,13 @@
 //                             with --security.key_file KEY an encrypted checkpoint (ckpt.encrypt)
 //                             is also decrypted and authenticated, and a wrong key is reported
 //   dt_ckpt export FILE --format safetensors --output OUT.safetensors
-//   dt_ckpt import IN.safetensors --output DIR --heads H [--step 0]
+//   dt_ckpt import IN.safetensors --output DIR --heads H [--step 0] [--security.key_file KEY]
 //
 // export writes the /model tensors under their nanoGPT names (plus lm_head.weight, tied to
 // transformer.wte.weight) after verifying the checkpoint; import reads a nanoGPT-named
 // safetensors file (F32, F16 or BF16), infers the model from the shapes and writes DIR/step-S.h5
-// with zero optimiser moments, from which dt_train --ckpt.resume=DIR/step-S.h5 starts.
+// with zero optimiser moments, from which dt_train --ckpt.resume=DIR/step-S.h5 starts; with a
+// key file the checkpoint is encrypted, as dt_train --ckpt.encrypt writes it.
 //
 // Exit codes: 0 success; 1 a checkpoint failed verification (every problem is printed, naming the
 // dataset and chunk); 2 bad usage or input (the message names the input and what is wrong); 3 a
@@ -60,7 +61,8 @@ constexpr const char* kUsage =
     "       dt_ckpt inspect FILE\n"
     "       dt_ckpt verify FILE [--security.key_file KEY]\n"
     "       dt_ckpt export FILE --format safetensors --output OUT.safetensors\n"
-    "       dt_ckpt import IN.safetensors --output DIR --heads H [--step 0]\n"
+    "       dt_ckpt import IN.safetensors --output DIR --heads H [--step 0] "
+    "[--security.key_file KEY]\n"
     "Looks at, verifies and converts dt checkpoints (DIR/step-N.h5).\n"
     "Exit codes: 0 ok, 1 a verification failed, 2 bad usage or input, 3 a rank could not "
     "start.\n"
@@ -1060,18 +1062,37 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
                 "\nmodel.heads = " + std::to_string(cfg.heads) +
                 "\nmodel.embd = " + std::to_string(cfg.embd) + "\n";
   meta.layout = "imported";
-  // A folder of encrypted checkpoints (ckpt.encrypt) would get a plain one that its run refuses
-  // to resume from, and its newer encrypted ones set aside for it: refused.
+  // The import is encrypted with a key file and plain without, as the folder's checkpoints are,
+  // and under their key: otherwise the folder's run would refuse to resume from it, and its newer
+  // checkpoints would be set aside for it.
+  const dt::security::Keys* keys = a.keys();
   for (const auto& e : dt::list_checkpoints(a.output)) {
     std::string enc;
     try {
       enc = dt::checkpoint_encryption(e.path);
     } catch (const dt::Error&) {  // damaged: no say in what the folder holds
+      continue;
     }
-    DT_CHECK(ConfigError, enc.empty(), "option --output: ", a.output,
+    DT_CHECK(ConfigError, keys || enc.empty(), "option --output: ", a.output,
              " holds encrypted checkpoints (", e.path, ": ", enc,
-             "); dt_ckpt import writes plain ones, which a run with --ckpt.encrypt refuses to "
-             "resume from: import into another folder");
+             "); without --security.key_file dt_ckpt import writes plain ones, which a run with "
+             "--ckpt.encrypt refuses to resume from: give the folder's key, or import into "
+             "another folder");
+    DT_CHECK(ConfigError, !keys || !enc.empty(), "option --output: ", a.output,
+             " holds plain checkpoints (", e.path,
+             "); with --security.key_file dt_ckpt import writes an encrypted one, which a run "
+             "without --ckpt.encrypt refuses to resume from: import into another folder");
+    if (!keys) continue;
+    std::string wrong;
+    try {
+      dt::check_checkpoint_key(rt.world(), e.path, *keys);
+    } catch (const dt::CheckpointError& err) {
+      if (err.message().rfind("checkpoint key:", 0) == 0) wrong = err.message();
+    }
+    DT_CHECK(ConfigError, wrong.empty(), "option --output: ", a.output,
+             " holds checkpoints of another key (", wrong,
+             "); the folder's run could not "
+             "resume from the import: give its key, or import into another folder");
   }
   // The folder is claimed as a training run claims it: never written while a run writes it.
   std::unique_ptr<dt::FolderLock> lock;
@@ -1095,20 +1116,23 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
            "option --output: ", lead ? busy : std::string("the folder is in use (see rank 0)"));
   dt::SaveStats stats;
   try {
-    stats =
-        dt::save_checkpoint(rt.world(), a.output, tensors, meta, std::numeric_limits<int>::max());
+    stats = dt::save_checkpoint(rt.world(), a.output, tensors, meta,
+                                std::numeric_limits<int>::max(), {}, keys);
   } catch (const dt::CheckpointError& e) {
     DT_THROW(ConfigError, "option --output: ", e.message());
   }
   if (lead) {
     for (const std::string& moved : stats.set_aside)
       std::printf("set aside %s: its step is not below that of the import\n", moved.c_str());
-    std::printf("imported %zu tensors (%s) from %s into %s\n", params.size(), model_text.c_str(),
-                a.input.c_str(), stats.path.c_str());
+    std::printf("imported %zu tensors (%s) from %s into %s%s\n", params.size(), model_text.c_str(),
+                a.input.c_str(), stats.path.c_str(), keys ? " (encrypted)" : "");
+    const std::string key_args =
+        keys ? " --ckpt.encrypt=true --security.key_file=" + a.key_file : "";
     std::printf(
         "resume with: dt_train --model.vocab=%d --model.seq-len=%d --model.layers=%d "
-        "--model.heads=%d --model.embd=%d --ckpt.resume=%s ...\n",
-        cfg.vocab, cfg.block, cfg.layers, cfg.heads, cfg.embd, stats.path.c_str());
+        "--model.heads=%d --model.embd=%d --ckpt.resume=%s%s ...\n",
+        cfg.vocab, cfg.block, cfg.layers, cfg.heads, cfg.embd, stats.path.c_str(),
+        key_args.c_str());
   }
   return 0;
 }
@@ -1169,6 +1193,10 @@ bool parse_args(int argc, char** argv, Args& a) {
     opts.add("security.key_file", &a.key_file, "",
              "job key of encrypted checkpoints (ckpt.encrypt): 32 bytes, mode 0600, owned by you; "
              "with it every chunk is decrypted and authenticated");
+  if (a.sub == "import")
+    opts.add("security.key_file", &a.key_file, "",
+             "job key (32 bytes, mode 0600, owned by you): the checkpoint is written encrypted, "
+             "as dt_train --ckpt.encrypt writes it");
   if (a.sub == "import")
     opts.add("output", &a.output, "", "checkpoint directory (required); created if missing")
         .add("heads", &a.heads, 0, "attention heads (required: not visible in the weights)", 0,

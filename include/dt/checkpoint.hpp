@@ -222,6 +222,12 @@ std::vector<std::string> verify_file(Comm& comm, const std::string& path,
 /// stays the one that verifies.
 std::string checkpoint_config(const std::string& path);
 
+/// Whether `keys` is the key of the encrypted checkpoint `path`, from its key attributes alone (no
+/// data is read). Collective. Throws dt::CheckpointError starting "checkpoint key:" for a plain
+/// file, a wrong key or damaged key attributes, and another CheckpointError for a file that
+/// cannot be read as a checkpoint.
+void check_checkpoint_key(Comm& comm, const std::string& path, const security::Keys& keys);
+
 /// The encryption of a checkpoint file ("aes-256-gcm", or "" when plain). Not collective (plain
 /// HDF5 open). Throws dt::CheckpointError naming the file when it cannot be opened.
 std::string checkpoint_encryption(const std::string& path);

@@ -2443,6 +2443,12 @@ std::string checkpoint_config(const std::string& path) {
   }
 }
 
+void check_checkpoint_key(Comm& comm, const std::string& path, const security::Keys& keys) {
+  Opened o = open_read(mpi_of(comm), path);
+  const CkptMeta meta = read_meta(o, path);
+  open_crypto(o.file, path, &keys, true, meta, o.version);
+}
+
 std::string checkpoint_encryption(const std::string& path) {
   static const Quiet quiet;
   H5 f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
