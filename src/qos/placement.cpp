@@ -1,7 +1,9 @@
 #include "placement.hpp"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -162,10 +164,29 @@ std::string enter(const std::string& dir, pid_t pid) {
   const CgroupPlace to = cgroup_place(real != nullptr ? real : dir);
   std::free(real);
   if (to.found && own_group(to, "/proc/" + std::to_string(pid)) == to.path) return "";
-  std::ofstream out(dir + "/cgroup.procs");
-  if (out) out << pid << '\n';
-  out.flush();
-  if (!out) return std::strerror(errno ? errno : EIO);
+  // The group's file as it is: never made where it is missing (a wrong path must not leave a
+  // file behind, least of all one made by root).
+  const int fd = ::open((dir + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return std::strerror(errno);
+  const std::string line = std::to_string(pid) + "\n";
+  const ssize_t n = ::write(fd, line.data(), line.size());
+  const int err = n < 0 ? errno : n != static_cast<ssize_t>(line.size()) ? EIO : 0;
+  ::close(fd);
+  return err != 0 ? std::strerror(err) : "";
+}
+
+std::string trusted_record_problem(const std::string& path) {
+  // The file and the folder it is in: owned by root, writable by no one else.
+  const std::size_t slash = path.rfind('/');
+  for (const std::string& p : {path, slash == std::string::npos ? std::string(".")
+                                     : slash == 0               ? std::string("/")
+                                                                : path.substr(0, slash)}) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0) return p + ": " + std::strerror(errno);
+    if (p == path && !S_ISREG(st.st_mode)) return p + " is not a regular file";
+    if (st.st_uid != 0) return p + " is not owned by root (uid " + std::to_string(st.st_uid) + ")";
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) return p + " is writable by others than root";
+  }
   return "";
 }
 

@@ -45,8 +45,14 @@ std::string leaves_slurm_job(const std::string& dir, const std::string& job_id,
 
 /// Moves process `pid` (its every thread) into the cgroup directory `dir` by writing it to
 /// dir/cgroup.procs, unless it is there already (then nothing is written: on cgroup v2 that
-/// write would need the rights of a move). Returns "" or why the group refused it.
+/// write would need the rights of a move). The file must exist (it is never created) and not be a
+/// symbolic link. Returns "" or why the group refused it.
 std::string enter(const std::string& dir, pid_t pid);
+
+/// Why the record `path` may not be trusted by a process running as root: "" when the file and
+/// its folder are owned by root and writable by no one else, and the file is a regular file (not
+/// a link). slurmstepd's plugin writes, as root, into each group a record names.
+std::string trusted_record_problem(const std::string& path);
 
 /// The calling thread's CPU affinity (empty where it cannot be read).
 std::vector<unsigned char> affinity();

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -79,6 +80,11 @@ void place_task(spank_t sp) {
     slurm_debug("dt_qos: job %s: no QoS record in %s", id.c_str(), g_state_dir.c_str());
     return;
   }
+  if (const std::string why = dt::qos::placement::trusted_record_problem(record); !why.empty()) {
+    slurm_error("dt_qos: job %s: QoS record %s not used: %s", id.c_str(), record.c_str(),
+                why.c_str());
+    return;
+  }
   const dt::qos::Tier tier = dt::qos::read_record(record);
   const std::string step_name = step == SLURM_BATCH_SCRIPT       ? "batch"
                                 : step == SLURM_INTERACTIVE_STEP ? "interactive"
@@ -89,6 +95,16 @@ void place_task(spank_t sp) {
   const std::vector<unsigned char> binding = dt::qos::placement::affinity();
   std::string entered;
   for (const std::string& g : tier.cgroups) {
+    // Only a group of a cgroup file system: a record is the prolog's, but what root writes
+    // into is checked all the same.
+    char* real = ::realpath(g.c_str(), nullptr);
+    const bool cgroup = real != nullptr && dt::qos::placement::cgroup_place(real).found;
+    std::free(real);
+    if (!cgroup) {
+      slurm_error("dt_qos: %s: %s is not a group of a cgroup file system; it is left alone",
+                  who.c_str(), g.c_str());
+      continue;
+    }
     if (const std::string why = dt::qos::placement::leaves_slurm_job(g, id, who); !why.empty()) {
       slurm_verbose("dt_qos: %s: it stays there", why.c_str());
       continue;

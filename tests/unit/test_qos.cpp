@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -154,9 +155,12 @@ TEST_CASE("qos: without a tier nothing changes") {
 TEST_CASE("qos: each role gets its tier's policy") {
   Unconfigure reset;
   TempDir dir;
-  // Stand-ins for the job's groups: configure() writes the process id into their cgroup.procs.
-  std::filesystem::create_directories(dir.path / "cpu");
-  std::filesystem::create_directories(dir.path / "cpuset");
+  // Stand-ins for the job's groups: configure() writes the process id into their cgroup.procs,
+  // which a cgroup file system has in every group (configure() makes none).
+  for (const char* g : {"cpu", "cpuset"}) {
+    std::filesystem::create_directories(dir.path / g);
+    std::ofstream(dir.path / g / "cgroup.procs");
+  }
   dt::qos::Tier t;
   t.name = "high";
   t.fifo = 61;
@@ -220,6 +224,7 @@ TEST_CASE("qos: the rank keeps its CPU binding when the move into a cpuset reset
   Unconfigure reset;
   TempDir dir;
   std::filesystem::create_directories(dir.path / "cpuset");
+  std::ofstream(dir.path / "cpuset" / "cgroup.procs");
   dt::qos::Tier t;
   t.name = "high";
   t.mode = "v1";
@@ -246,6 +251,13 @@ TEST_CASE("qos: a group that refuses the rank is a warning, not an error") {
   REQUIRE(warnings.size() == 1);
   CHECK(warnings[0].find("cannot move this rank") != std::string::npos);
   CHECK(warnings[0].find(dir.path.string() + "/missing") != std::string::npos);
+  // A folder that is no group (no cgroup.procs) gets no file made in it.
+  std::filesystem::create_directories(dir.path / "plain");
+  t.cgroups = {(dir.path / "plain").string()};
+  CHECK(dt::qos::configure(t).size() == 1);
+  CHECK_FALSE(std::filesystem::exists(dir.path / "plain" / "cgroup.procs"));
+  t.cgroups = {(dir.path / "missing").string()};
+  dt::qos::configure(t);
   // The tier as it applies says so: the group is listed as not entered, not as the rank's.
   const dt::qos::Tier now = dt::qos::current();
   CHECK(now.not_entered == t.cgroups);
@@ -395,4 +407,35 @@ TEST_CASE("qos: on cgroup v2 a rank already in its group stays; root moves what 
   CHECK_MESSAGE((bits & 2) != 0, "an ordinary user's move under the root group is refused");
   CHECK(moved.empty());
   CHECK(where.find("0::" + top.substr(mount.size()) + "/there\n") != std::string::npos);
+}
+
+TEST_CASE("qos: the record slurmstepd's plugin trusts is root's alone") {
+  TempDir dir;
+  const std::string rec = (dir.path / "job-7.conf").string();
+  std::ofstream(rec) << "tier=high\n";
+  ::chmod(dir.path.c_str(), 0755);
+  ::chmod(rec.c_str(), 0644);
+  if (::geteuid() != 0) {
+    CHECK(dt::qos::placement::trusted_record_problem(rec).find("is not owned by root") !=
+          std::string::npos);
+    return;
+  }
+  CHECK(dt::qos::placement::trusted_record_problem(rec).empty());
+  ::chmod(rec.c_str(), 0664);
+  CHECK(dt::qos::placement::trusted_record_problem(rec) ==
+        rec + " is writable by others than root");
+  ::chmod(rec.c_str(), 0644);
+  ::chmod(dir.path.c_str(), 0777);
+  CHECK(dt::qos::placement::trusted_record_problem(rec) ==
+        dir.path.string() + " is writable by others than root");
+  ::chmod(dir.path.c_str(), 0755);
+  REQUIRE(::chown(rec.c_str(), 65534, 65534) == 0);
+  CHECK(dt::qos::placement::trusted_record_problem(rec) ==
+        rec + " is not owned by root (uid 65534)");
+  REQUIRE(::chown(rec.c_str(), 0, 0) == 0);
+  const std::string link = (dir.path / "job-8.conf").string();
+  REQUIRE(::symlink(rec.c_str(), link.c_str()) == 0);
+  CHECK(dt::qos::placement::trusted_record_problem(link) == link + " is not a regular file");
+  CHECK(dt::qos::placement::trusted_record_problem((dir.path / "none").string())
+            .find("No such file") != std::string::npos);
 }
