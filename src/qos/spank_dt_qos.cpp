@@ -9,14 +9,19 @@
 // batch script, each srun task, and all they start) is in the tier's groups from its first
 // instruction, on v1 and v2 alike, whoever runs it.
 //
-// Rules are those of a rank: the record of the job (slurm/prolog's STATE_DIR/[CLUSTER/]job-ID.conf)
-// names the groups; a group that would take the task out of the group Slurm's cgroup plugins
-// made for the job is left alone; a task already in a group is not written again; the task's CPU
-// binding is kept within the new cpuset. No record (a job before the prolog ran, or a site
-// without dt's prolog): nothing is done. A failure is logged and never fails the task: a job runs
-// without its tier rather than not at all, as the prolog never drains a node.
+// Rules are those of a rank: the record of the job (slurm/prolog's STATE_DIR/job-ID.conf, a file
+// root alone may write, in a folder root alone may write) names the groups, each of which must
+// be a group of a cgroup file system; a group that would take the task out of the group Slurm's
+// cgroup plugins made for the job is left alone (where those plugins place the task after this
+// plugin, their placement comes last, so the task ends in Slurm's group either way: under
+// Slurm's cgroup/v2 plugins, whose one hierarchy holds every controller, dt's groups are never
+// entered); a task already in a group is not written again; the task's CPU affinity is kept
+// within the new cpuset. No record (a job before the prolog ran, or a site without dt's prolog):
+// nothing is done. A failure is logged and never fails the task: a job runs without its tier
+// rather than not at all, as the prolog never drains a node.
 //
-// plugstack.conf (one line; state_dir is the prolog's DT_QOS_STATE_DIR, default /run/dt-qos):
+// plugstack.conf (one line; state_dir is the prolog's DT_QOS_STATE_DIR, default /run/dt-qos; an
+// argument it does not take is logged and leaves the plugin out):
 //   optional /opt/dt/lib/dt/slurm/spank_dt_qos.so state_dir=/run/dt-qos
 #include <unistd.h>
 
@@ -46,6 +51,7 @@ extern const unsigned int spank_plugin_version = 1;
 namespace {
 
 std::string g_state_dir = "/run/dt-qos";
+bool g_disabled = false;  // a plugstack.conf argument it does not take: it does nothing
 
 // The plugin's arguments from plugstack.conf; false (with the error logged) for one it does not
 // take.
@@ -62,20 +68,15 @@ bool parse_args(int ac, char** av) {
   return true;
 }
 
-std::string job_env(spank_t sp, const char* name) {
-  char buf[256];
-  if (spank_getenv(sp, name, buf, sizeof buf) != ESPANK_SUCCESS) return "";
-  return buf;
-}
-
 void place_task(spank_t sp) {
   std::uint32_t job = 0, step = 0, task = 0;
-  if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return;
+  if (g_disabled || spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return;
   spank_get_item(sp, S_JOB_STEPID, &step);
   spank_get_item(sp, S_TASK_GLOBAL_ID, &task);
   const std::string id = std::to_string(job);
-  const std::string record =
-      dt::qos::placement::find_record(g_state_dir, id, job_env(sp, "SLURM_CLUSTER_NAME"));
+  // The prolog's DT_QOS_STATE_DIR itself: nothing of the job's environment (which its user
+  // sets) goes into a path root reads.
+  const std::string record = dt::qos::placement::find_record(g_state_dir, id, "");
   if (record.empty()) {
     slurm_debug("dt_qos: job %s: no QoS record in %s", id.c_str(), g_state_dir.c_str());
     return;
@@ -126,9 +127,17 @@ void place_task(spank_t sp) {
 
 extern "C" {
 
+// A bad argument leaves the plugin out (logged), and never fails the job: Slurm fails a step for
+// a negative return of a required plugin only, and this one returns 0 either way.
 int slurm_spank_init(spank_t sp, int ac, char** av) {
   if (!spank_remote(sp)) return ESPANK_SUCCESS;
-  return parse_args(ac, av) ? ESPANK_SUCCESS : ESPANK_BAD_ARG;
+  try {
+    g_disabled = !parse_args(ac, av);
+  } catch (...) {
+    g_disabled = true;
+  }
+  if (g_disabled) slurm_error("dt_qos: left out: the job's tasks are not placed in QoS groups");
+  return ESPANK_SUCCESS;
 }
 
 int slurm_spank_task_init_privileged(spank_t sp, int /*ac*/, char** /*av*/) {

@@ -139,6 +139,19 @@ TEST_CASE("data: a byte file is mapped, one byte a token, with the digest of its
   g.tokens = dt::TokenStore(wide);
   CHECK(g.tokens.data().wide());
   CHECK(dt::token_digest(f) == dt::token_digest(g));
+  // And that digest is the one checkpoints have held all along (FNV-1a over the format, the
+  // count as 8 bytes and each token as 2, both little-endian on this machine), worked out here
+  // independently for a small file, which is digested whole.
+  const std::string text = "hi\n\xff";
+  std::uint64_t want = 0xcbf29ce484222325ULL;
+  auto fnv = [&want](unsigned char b) { want = (want ^ b) * 0x100000001b3ULL; };
+  for (char c : std::string("bytes")) fnv(static_cast<unsigned char>(c));
+  for (int i = 0; i < 8; ++i) fnv(i == 0 ? static_cast<unsigned char>(text.size()) : 0);
+  for (char c : text) {
+    fnv(static_cast<unsigned char>(c));
+    fnv(0);
+  }
+  CHECK(dt::token_digest(dt::load_tokens(dir.write("small.txt", text), "bytes")) == want);
   // Windows read from bytes equal those read from the uint16 copy.
   const size_t starts[3] = {0, 12345, big.size() - 17};
   std::vector<int32_t> in_b(3 * 16), tg_b(3 * 16), in_w(3 * 16), tg_w(3 * 16);

@@ -352,10 +352,10 @@ TEST_CASE("qos: on cgroup v2 a rank already in its group stays; root moves what 
   // (65534) in one of them, as slurm/prolog does.
   const std::string top = mount + "/dt-unit-enter-" + std::to_string(::getpid());
   const std::string here = top + "/here", there = top + "/there";
-  std::error_code ec;
+  std::error_code ec, ec2;
   std::filesystem::create_directories(here, ec);
-  std::filesystem::create_directories(there, ec);
-  if (ec || ::chown((there + "/cgroup.procs").c_str(), 65534, 65534) != 0) {
+  std::filesystem::create_directories(there, ec2);
+  if (ec || ec2 || ::chown((there + "/cgroup.procs").c_str(), 65534, 65534) != 0) {
     MESSAGE("cannot make groups under " << mount << ": not tested here");
     std::filesystem::remove(here, ec);
     std::filesystem::remove(there, ec);
@@ -376,8 +376,8 @@ TEST_CASE("qos: on cgroup v2 a rank already in its group stays; root moves what 
       t.name = "high";
       t.cgroups = {here};
       if (dt::qos::configure(t).empty() && dt::qos::current().not_entered.empty()) bits |= 1;
-      // Elsewhere under the root: the move needs the root group's cgroup.procs, which the
-      // user may not write, even with the target's own file given to it.
+      // Into a sibling group: the move needs the cgroup.procs of the common ancestor (`top`,
+      // root's), which the user may not write, even with the target's own file given to it.
       t.cgroups = {there};
       const auto w = dt::qos::configure(t);
       if (w.size() == 1 && w[0].find("cannot move this rank") != std::string::npos &&
