@@ -170,8 +170,10 @@ class CheckpointFile {
       DT_THROW(ConfigError, path,
                ": cannot be opened as HDF5 (truncated or damaged): ", h5_message());
     const std::string fmt = string_attr("format");
-    DT_CHECK(ConfigError, fmt == dt::kCheckpointFormat, path, ": not a dt checkpoint (",
-             fmt.empty() ? std::string("no 'format' attribute") : "format '" + fmt + "'", ")");
+    DT_CHECK(
+        ConfigError, fmt == dt::kCheckpointFormat, path, ": not a dt checkpoint (",
+        fmt.empty() ? std::string("no 'format' attribute") : "format '" + dt::printable(fmt) + "'",
+        ")");
   }
 
   /// Root attributes in the order the file lists them.

@@ -83,8 +83,10 @@ int run_with_config_errors(const char* program, const std::function<int()>& body
 /// PMI_RANK or SLURM_PROCID, the first that is set and a number); -1 when none is.
 int launcher_rank();
 
-/// `s` with each control byte (below a space, or DEL) but a tab written as \xHH: text read from a
-/// file (a damaged one, say) made safe to print on a terminal.
+/// `s` made safe to print on a terminal (text read from a file, a damaged one, say): each control
+/// byte (below a space, or DEL) but a tab, each byte of a C1 control (U+0080..U+009F, which some
+/// terminals obey), and each byte that is not part of well-formed UTF-8, written as \xHH; the
+/// rest (UTF-8 text) as it is.
 std::string printable(const std::string& s);
 
 /// This process's rank among the job's ranks on its node, as the launcher gave it before MPI

@@ -1839,8 +1839,8 @@ Opened open_read(MpiComm& mc, const std::string& path) {
   o.dxpl = data_xfer(path);
   H5 root(h5(H5Gopen2(o.file, "/", H5P_DEFAULT), "H5Gopen2", path), H5Gclose);
   const std::string fmt = string_attr_or_empty(root, "format", path);
-  DT_CHECK(CheckpointError, fmt == kCheckpointFormat, path, ": not a dt checkpoint (format '", fmt,
-           "')");
+  DT_CHECK(CheckpointError, fmt == kCheckpointFormat, path, ": not a dt checkpoint (format '",
+           printable(fmt), "')");
   o.version = read_int_attr(root, "format_version", path);
   DT_CHECK(CheckpointError, o.version >= 1 && o.version <= kCheckpointVersion, path,
            ": format version ", o.version, " is not supported (this dt reads up to ",
@@ -1942,7 +1942,7 @@ std::optional<security::Aead> open_crypto(hid_t file, const std::string& path,
     return std::nullopt;
   }
   const std::string alg = read_string_attr(root, "encryption", path);
-  DT_CHECK(CheckpointError, alg == kEncryption, path, ": encryption '", alg,
+  DT_CHECK(CheckpointError, alg == kEncryption, path, ": encryption '", printable(alg),
            "' is not supported (this dt reads ", kEncryption, ")");
   const std::string salt_hex = read_string_attr(root, "key_salt", path);
   const std::string check_hex = read_string_attr(root, "key_check", path);

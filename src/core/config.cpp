@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -77,6 +78,13 @@ bool needs_quotes(const std::string& v) {
     return true;
   return v.find(" #") != std::string::npos;
 }
+// `c` as \xHH.
+void append_hex(std::string& out, unsigned char c) {
+  char hex[8];
+  std::snprintf(hex, sizeof hex, "\\x%02x", c);
+  out += hex;
+}
+
 // "..." with \\, \", \n, \r and \t escaped, and other control bytes as \xHH.
 std::string in_quotes(const std::string& v) {
   std::string q = "\"";
@@ -98,23 +106,61 @@ std::string in_quotes(const std::string& v) {
         q += "\\t";
         break;
       default:
-        q += printable(std::string(1, c));
+        if (control_byte(static_cast<unsigned char>(c)))
+          append_hex(q, static_cast<unsigned char>(c));
+        else
+          q += c;
     }
   }
   return q + "\"";
+}
+
+// The length of the well-formed UTF-8 sequence at s[i] (2 to 4 bytes: no overlong form, no
+// surrogate, nothing above U+10FFFF), and its code point; 0 where there is none.
+std::size_t utf8_sequence(const std::string& s, std::size_t i, std::uint32_t* cp) {
+  const auto b = [&s](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  std::size_t n = 0;
+  std::uint32_t v = 0, least = 0;
+  if (c >= 0xc2 && c <= 0xdf)
+    n = 2, v = c & 0x1fu, least = 0x80;
+  else if (c >= 0xe0 && c <= 0xef)
+    n = 3, v = c & 0x0fu, least = 0x800;
+  else if (c >= 0xf0 && c <= 0xf4)
+    n = 4, v = c & 0x07u, least = 0x10000;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (std::size_t k = 1; k < n; ++k) {
+    if ((b(i + k) & 0xc0u) != 0x80u) return 0;
+    v = (v << 6) | (b(i + k) & 0x3fu);
+  }
+  if (v < least || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff)) return 0;
+  *cp = v;
+  return n;
 }
 }  // namespace
 
 std::string printable(const std::string& s) {
   std::string out;
   out.reserve(s.size());
-  for (char c : s) {
-    if (c != '\t' && control_byte(static_cast<unsigned char>(c))) {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(c));
-      out += hex;
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if (c != '\t' && control_byte(c))
+        append_hex(out, c);
+      else
+        out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    std::uint32_t cp = 0;
+    const std::size_t n = utf8_sequence(s, i, &cp);
+    if (n == 0 || cp <= 0x9f) {  // not UTF-8, or a C1 control (U+0080..U+009F), byte by byte
+      for (std::size_t k = 0; k < std::max<std::size_t>(n, 1); ++k)
+        append_hex(out, static_cast<unsigned char>(s[i + k]));
+      i += std::max<std::size_t>(n, 1);
     } else {
-      out += c;
+      out.append(s, i, n);
+      i += n;
     }
   }
   return out;

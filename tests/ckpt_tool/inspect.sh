@@ -30,15 +30,15 @@ done < <(h5ls -r "$CKPT" | grep ' Dataset {')
 expect_line "^datasets: $n,"
 first=$(printf '%s\n' "$OUT" | sed -n '/^datasets:/,$p' | grep -m1 -E '^  /' | awk '{print $1}')
 [ "$first" = /model/transformer.wte.weight ] || fail "the first dataset is $first"
-# An attribute with control bytes (a damaged file, or one made to drive the terminal): shown as
-# \xHH, never as the bytes themselves; the file is a copy.
+# An attribute with control bytes (a damaged file, or one made to drive the terminal), an 8-bit
+# CSI among them: shown as \xHH, never as the bytes themselves; the file is a copy.
 cp "$CKPT" "$WORK/planted.h5"
-"$DT_H5_EDIT" "$WORK/planted.h5" set-attr layout $'dp=1\e[2J\e]0;owned\a tp=1\r' ||
+"$DT_H5_EDIT" "$WORK/planted.h5" set-attr layout $'dp=1\e[2J\e]0;owned\a tp=1\r\x9b2J' ||
   fail "h5_edit set-attr failed"
 run "$DT_CKPT" inspect "$WORK/planted.h5"
 expect_rc 0 "inspect of a file with control bytes in an attribute"
-printf '%s\n' "$OUT" | grep -qxF '  layout = dp=1\x1b[2J\x1b]0;owned\x07 tp=1\x0d' ||
+printf '%s\n' "$OUT" | grep -qxF '  layout = dp=1\x1b[2J\x1b]0;owned\x07 tp=1\x0d\x9b2J' ||
   fail "the planted attribute is not shown with its control bytes as \\xHH"
-! printf '%s' "$OUT" | LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f]' ||
+! printf '%s' "$OUT" | LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f\x9b]' ||
   fail "inspect printed a control byte"
 pass "$n datasets, 18 attributes; control bytes escaped"

@@ -618,3 +618,18 @@ TEST_CASE("run_with_config_errors maps ConfigError to exit code 2") {
   CHECK_THROWS_AS(dt::run_with_config_errors("app", []() -> int { throw std::runtime_error("x"); }),
                   std::runtime_error);
 }
+
+TEST_CASE("printable: control bytes, C1 controls and bytes outside UTF-8 as \\xHH, text as it is") {
+  CHECK(dt::printable("plain text\twith a tab") == "plain text\twith a tab");
+  CHECK(dt::printable("a\x1b[2Jb\r\n\x7f") == "a\\x1b[2Jb\\x0d\\x0a\\x7f");
+  CHECK(dt::printable("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80") ==
+        "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");  // é, €, an emoji: UTF-8 text
+  CHECK(dt::printable("x\xc2\x9b"
+                      "31m") == "x\\xc2\\x9b31m");                     // U+009B, CSI in C1
+  CHECK(dt::printable("\xff\xfe") == "\\xff\\xfe");                    // never UTF-8
+  CHECK(dt::printable("\xe2\x82") == "\\xe2\\x82");                    // cut short
+  CHECK(dt::printable("\xc0\xaf") == "\\xc0\\xaf");                    // overlong '/'
+  CHECK(dt::printable("\xed\xa0\x80") == "\\xed\\xa0\\x80");           // a surrogate
+  CHECK(dt::printable("\xf4\x90\x80\x80") == "\\xf4\\x90\\x80\\x80");  // above U+10FFFF
+  CHECK(dt::printable("\x9b") == "\\x9b");                             // a lone C1 byte (8-bit CSI)
+}
