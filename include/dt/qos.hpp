@@ -56,6 +56,10 @@ struct Tier {
   /// Of cgroups, those configure() did not move this process into (Slurm's group of the job
   /// holds it there, or the group refused it); empty in a record.
   std::vector<std::string> not_entered;
+  /// Why this process may not run a thread SCHED_FIFO at `fifo` (configure() tries it on a thread
+  /// of its own, in the groups it entered: an ordinary user without RLIMIT_RTPRIO, a group without
+  /// a real-time budget); "" where it may, or fifo is 0. Empty in a record.
+  std::string fifo_refused;
 };
 
 /// The record `s` points at: "" for none. auto (when SLURM_JOB_ID is set): the first of
@@ -106,7 +110,8 @@ std::uint64_t memory_available(std::string* where = nullptr) noexcept;
 Tier current();
 
 /// One line describing the tier for the job log, e.g. "tier high (comment): cgroup v1 ...,
-/// communication thread SCHED_FIFO 60"; a fallback names the tier that was asked for.
+/// communication thread SCHED_FIFO 60" ("normal priority (SCHED_FIFO 60 refused: WHY)" where
+/// configure() found it refused); a fallback names the tier that was asked for.
 std::string describe(const Tier& t);
 
 /// Applies the job's tier policy for `role` to the calling thread (see the roles above). comm:

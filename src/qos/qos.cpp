@@ -15,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "dt/config.hpp"
@@ -243,6 +244,7 @@ std::vector<std::string> configure(const Tier& t) noexcept {
       std::lock_guard<std::mutex> lock(s.mu);
       s.tier = t;
       s.tier.not_entered.clear();
+      s.tier.fifo_refused.clear();
     }
     errno = 0;
     const int nice = ::getpriority(PRIO_PROCESS, 0);
@@ -274,6 +276,20 @@ std::vector<std::string> configure(const Tier& t) noexcept {
       }
     }
     if (detail::after_move_for_test) detail::after_move_for_test();
+    if (t.fifo > 0) {
+      // Whether the communication thread will get its policy, tried where it will run (these
+      // groups, this user): so that the tier line says what applies, not what was asked.
+      std::string why;
+      std::thread probe([&why, &t] {
+        sched_param sp{};
+        sp.sched_priority = t.fifo;
+        if (::sched_setscheduler(static_cast<pid_t>(thread_id()), SCHED_FIFO, &sp) != 0)
+          why = std::strerror(errno);
+      });
+      probe.join();
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.tier.fifo_refused = why;
+    }
     if (const std::string why = placement::keep_affinity(binding); !why.empty()) {
       warnings.push_back(why);
       say(warnings.back());
@@ -311,7 +327,13 @@ std::string describe(const Tier& t) {
   }
   if (t.weight > 0) s += ", weight " + std::to_string(t.weight);
   s += ", communication thread ";
-  s += t.fifo > 0 ? "SCHED_FIFO " + std::to_string(t.fifo) : std::string("normal priority");
+  if (t.fifo <= 0)
+    s += "normal priority";
+  else if (t.fifo_refused.empty())
+    s += "SCHED_FIFO " + std::to_string(t.fifo);
+  else
+    s += "normal priority (SCHED_FIFO " + std::to_string(t.fifo) + " refused: " + t.fifo_refused +
+         ")";
   return s;
 }
 

@@ -75,6 +75,13 @@ submit T -n 2 --uid=$USER_ID --gid=$USER_ID --comment=dt-qos=high -D "$WORK" -- 
 expect_end T "$JOB" COMPLETED
 expect_line T "qos: tier high \(comment\): cgroup $CGMODE .*/job_$JOB"
 expect_no_line T "not entered|cannot move this rank"
+# The tier line says what the communication thread got (an ordinary user without RLIMIT_RTPRIO
+# gets no SCHED_FIFO), as the ranks' warnings do.
+if grep -q "SCHED_FIFO priority 60 refused for the communication thread" T.out; then
+  expect_line T "qos: tier high .*, communication thread normal priority \(SCHED_FIFO 60 refused: "
+else
+  expect_line T "qos: tier high .*, communication thread SCHED_FIFO 60$"
+fi
 
 # 3. A bad argument in plugstack.conf: logged, naming it, and the plugin left out; the job runs
 #    all the same. (The trap puts the good file back however the test ends, keeping its status.)

@@ -170,6 +170,12 @@ TEST_CASE("qos: each role gets its tier's policy") {
   const int base = ::getpriority(PRIO_PROCESS, 0);
   const auto warnings = dt::qos::configure(t);
   CHECK(warnings.empty());
+  // Root may (CAP_SYS_NICE): the tier line says SCHED_FIFO.
+  if (::geteuid() == 0) {
+    CHECK(dt::qos::current().fifo_refused.empty());
+    CHECK(dt::qos::describe(dt::qos::current()).find("communication thread SCHED_FIFO 61") !=
+          std::string::npos);
+  }
   for (const char* g : {"cpu", "cpuset"}) {
     std::ifstream in(dir.path / g / "cgroup.procs");
     long pid = 0;
@@ -438,4 +444,40 @@ TEST_CASE("qos: the record slurmstepd's plugin trusts is root's alone") {
   CHECK(dt::qos::placement::trusted_record_problem(link) == link + " is not a regular file");
   CHECK(dt::qos::placement::trusted_record_problem((dir.path / "none").string())
             .find("No such file") != std::string::npos);
+}
+
+TEST_CASE("qos: a FIFO priority the process may not take is said in the tier line") {
+  if (::geteuid() != 0) {
+    MESSAGE("not root: cannot become an ordinary user to test this");
+    return;
+  }
+  // An ordinary user without RLIMIT_RTPRIO, as a job's rank is on most clusters.
+  const pid_t child = ::fork();
+  if (child == 0) {
+    rlimit none{0, 0};
+    int bits = 0;
+    if (::setrlimit(RLIMIT_RTPRIO, &none) == 0 && ::setgid(65534) == 0 && ::setuid(65534) == 0) {
+      Unconfigure reset;
+      dt::qos::Tier t;
+      t.name = "high";
+      t.fifo = 60;
+      dt::qos::configure(t);
+      const dt::qos::Tier now = dt::qos::current();
+      if (now.fifo_refused == std::strerror(EPERM)) bits |= 1;
+      const std::string d = dt::qos::describe(now);
+      if (d.find("communication thread normal priority (SCHED_FIFO 60 refused: " +
+                 std::string(std::strerror(EPERM)) + ")") != std::string::npos)
+        bits |= 2;
+      t.fifo = 0;  // no FIFO asked: nothing refused
+      dt::qos::configure(t);
+      if (dt::qos::current().fifo_refused.empty()) bits |= 4;
+    }
+    ::_exit(bits);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK_MESSAGE((WEXITSTATUS(status) & 1) != 0, "the refusal is found");
+  CHECK_MESSAGE((WEXITSTATUS(status) & 2) != 0, "the tier line says it");
+  CHECK_MESSAGE((WEXITSTATUS(status) & 4) != 0, "no FIFO asked, none refused");
 }
