@@ -283,16 +283,24 @@ std::string cgroup2_mount() {
   return "";
 }
 
-}  // namespace
-
-TEST_CASE("qos: a rank in Slurm's job group is not moved out of it (cgroup v2)") {
+// A group for a test under the cgroup v2 hierarchy: MOUNT/dt-unit-NAME-PID, not made yet; "" (the
+// test says it is skipped) where there is no hierarchy this process may change.
+std::string cgroup2_test_group(const std::string& name) {
   const std::string mount = cgroup2_mount();
   if (mount.empty() || ::geteuid() != 0) {
     MESSAGE("no cgroup v2 hierarchy this process may change: not tested here");
-    return;
+    return "";
   }
+  return mount + "/dt-unit-" + name + std::to_string(::getpid());
+}
+
+}  // namespace
+
+TEST_CASE("qos: a rank in Slurm's job group is not moved out of it (cgroup v2)") {
   // Slurm's cgroup/v2 layout of a job's task, and a group outside the job like the prolog's.
-  const std::string top = mount + "/dt-unit-" + std::to_string(::getpid());
+  const std::string top = cgroup2_test_group("");
+  if (top.empty()) return;
+  const std::string mount = cgroup2_mount();
   const std::string job = top + "/slurmstepd.scope/job_4242", task = job + "/step_0/user/task_0";
   const std::string outside = top + "/dt/job_4242", inside = job + "/step_0/user/task_1";
   std::error_code ec;
@@ -349,14 +357,11 @@ TEST_CASE("qos: a rank in Slurm's job group is not moved out of it (cgroup v2)")
 }
 
 TEST_CASE("qos: on cgroup v2 a rank already in its group stays; root moves what a user may not") {
-  const std::string mount = cgroup2_mount();
-  if (mount.empty() || ::geteuid() != 0) {
-    MESSAGE("no cgroup v2 hierarchy this process may change: not tested here");
-    return;
-  }
   // Two groups like the prolog's ROOT/dt/job_J, with cgroup.procs given to the job's user
   // (65534) in one of them, as slurm/prolog does.
-  const std::string top = mount + "/dt-unit-enter-" + std::to_string(::getpid());
+  const std::string top = cgroup2_test_group("enter-");
+  if (top.empty()) return;
+  const std::string mount = cgroup2_mount();
   const std::string here = top + "/here", there = top + "/there";
   std::error_code ec, ec2;
   std::filesystem::create_directories(here, ec);
