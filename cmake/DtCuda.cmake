@@ -14,7 +14,7 @@
 # plugin. DT_WITH_CUDA=ON builds it there too.
 include(DtAutoOption)
 dt_auto_option(DT_WITH_CUDA "Build the CUDA device plugin and NCCL communicator")
-set(_dt_cuda_mode ${DT_WITH_CUDA_MODE})
+set(_dt_cuda_mode ${DT_WITH_CUDA_MODE})  # turned OFF below for the sanitizer build
 set(DT_HAVE_CUDA OFF CACHE INTERNAL "CUDA plugin and NCCL communicator are built")
 if(_dt_cuda_mode STREQUAL "AUTO" AND DT_SANITIZE)
   message(STATUS "dt: CUDA plugin left out of the sanitizer build (DT_WITH_CUDA=AUTO; ON forces it)")

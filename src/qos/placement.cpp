@@ -67,7 +67,12 @@ std::string unescape(const std::string& s) {
   return out;
 }
 
-CgroupPlace cgroup_place(const std::string& dir) {
+CgroupPlace cgroup_place(const std::string& name) {
+  // As mounted: /sys/fs/cgroup/cpu is often a link to the hierarchy cpu,cpuacct. (A directory
+  // that does not exist is taken as named.)
+  char* real = ::realpath(name.c_str(), nullptr);
+  const std::string dir = real != nullptr ? real : name;
+  std::free(real);
   CgroupPlace best;
   std::size_t best_len = 0;
   std::ifstream in("/proc/self/mountinfo");
@@ -137,15 +142,10 @@ std::string slurm_job_group(const std::string& path, const std::string& id) {
 
 }  // namespace
 
-std::string leaves_slurm_job(const std::string& dir, const std::string& job_id,
-                             const std::string& who, const std::string& proc) {
-  // As mounted: /sys/fs/cgroup/cpu is often a link to the hierarchy cpu,cpuacct. (A directory
-  // that does not exist is taken as named: the move into it fails anyway, and is said.)
-  char* real = ::realpath(dir.c_str(), nullptr);
-  const CgroupPlace to = cgroup_place(real != nullptr ? real : dir);
-  std::free(real);
+std::string leaves_slurm_job(const CgroupPlace& to, const std::string& dir,
+                             const std::string& job_id, const std::string& who) {
   if (!to.found) return "";
-  const std::string job = slurm_job_group(own_group(to, proc), job_id);
+  const std::string job = slurm_job_group(own_group(to), job_id);
   if (job.empty()) return "";
   if (to.path == job || to.path.compare(0, job.size() + 1, job + "/") == 0) return "";
   std::string where = job;
@@ -159,10 +159,7 @@ std::string leaves_slurm_job(const std::string& dir, const std::string& job_id,
          "(cores, memory) and accounting";
 }
 
-std::string enter(const std::string& dir, pid_t pid) {
-  char* real = ::realpath(dir.c_str(), nullptr);
-  const CgroupPlace to = cgroup_place(real != nullptr ? real : dir);
-  std::free(real);
+std::string enter(const CgroupPlace& to, const std::string& dir, pid_t pid) {
   if (to.found && own_group(to, "/proc/" + std::to_string(pid)) == to.path) return "";
   // The group's file as it is: never made where it is missing (a wrong path must not leave a
   // file behind, least of all one made by root).
@@ -176,14 +173,18 @@ std::string enter(const std::string& dir, pid_t pid) {
 }
 
 std::string trusted_record_problem(const std::string& path) {
-  // The file and the folder it is in: owned by root, writable by no one else.
+  // The file (not through a link) and the folder it is in: owned by root, writable by no one else.
   const std::size_t slash = path.rfind('/');
-  for (const std::string& p : {path, slash == std::string::npos ? std::string(".")
-                                     : slash == 0               ? std::string("/")
-                                                                : path.substr(0, slash)}) {
-    struct stat st {};
-    if (::lstat(p.c_str(), &st) != 0) return p + ": " + std::strerror(errno);
-    if (p == path && !S_ISREG(st.st_mode)) return p + " is not a regular file";
+  const std::string folder = slash == std::string::npos ? "."
+                             : slash == 0               ? "/"
+                                                        : path.substr(0, slash);
+  struct stat file {
+  }, dir{};
+  if (::lstat(path.c_str(), &file) != 0) return path + ": " + std::strerror(errno);
+  if (!S_ISREG(file.st_mode)) return path + " is not a regular file";
+  if (::stat(folder.c_str(), &dir) != 0) return folder + ": " + std::strerror(errno);
+  for (const auto& [p, st] :
+       {std::pair<const std::string&, const struct stat&>{path, file}, {folder, dir}}) {
     if (st.st_uid != 0) return p + " is not owned by root (uid " + std::to_string(st.st_uid) + ")";
     if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) return p + " is writable by others than root";
   }

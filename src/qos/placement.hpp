@@ -28,26 +28,28 @@ struct CgroupPlace {
 };
 
 /// Where `dir` lies among the cgroup file systems mounted (/proc/self/mountinfo; the mount whose
-/// mount point is the longest prefix of dir). Not found: dir is on no cgroup file system (a test
-/// tree standing for one).
+/// mount point is the longest prefix of dir, resolved through links first, as /sys/fs/cgroup/cpu
+/// often is one). Not found: dir is on no cgroup file system (a test tree standing for one).
 CgroupPlace cgroup_place(const std::string& dir);
 
 /// The group of process `proc` ("/proc/self", "/proc/PID") in the hierarchy `h`, from its
 /// cgroup file; "" when not listed.
 std::string own_group(const CgroupPlace& h, const std::string& proc = "/proc/self");
 
-/// Why moving process `proc` into the cgroup directory `dir` would take it out of the group
-/// Slurm's cgroup plugins made for job `job_id` (a group job_<job_id> in the same hierarchy,
-/// which dir is not inside; an empty job_id: any job_<digits>); "" when it would not, also where
-/// dir is on no cgroup file system. `who` begins the message ("this rank", "task 3").
-std::string leaves_slurm_job(const std::string& dir, const std::string& job_id,
-                             const std::string& who, const std::string& proc = "/proc/self");
+/// Why moving this process into the cgroup directory `dir` (at `to`, its cgroup_place) would take
+/// it out of the group Slurm's cgroup plugins made for job `job_id` (a group job_<job_id> in the
+/// same hierarchy, which dir is not inside; an empty job_id: any job_<digits>); "" when it would
+/// not, also where dir is on no cgroup file system. `who` begins the message ("this rank",
+/// "task 3").
+std::string leaves_slurm_job(const CgroupPlace& to, const std::string& dir,
+                             const std::string& job_id, const std::string& who);
 
-/// Moves process `pid` (its every thread) into the cgroup directory `dir` by writing it to
+/// Moves process `pid` (its every thread) into the cgroup directory `dir` (at `to`, its
+/// cgroup_place) by writing it to
 /// dir/cgroup.procs, unless it is there already (then nothing is written: on cgroup v2 that
 /// write would need the rights of a move). The file must exist (it is never created) and not be a
 /// symbolic link. Returns "" or why the group refused it.
-std::string enter(const std::string& dir, pid_t pid);
+std::string enter(const CgroupPlace& to, const std::string& dir, pid_t pid);
 
 /// Why the record `path` may not be trusted by a process running as root: "" when the file and
 /// its folder are owned by root and writable by no one else, and the file is a regular file (not

@@ -157,7 +157,8 @@ std::uint64_t memory_available(std::string* where) noexcept {
 
 std::string detail::leaves_slurm_job(const std::string& dir) {
   const char* job = std::getenv("SLURM_JOB_ID");
-  return placement::leaves_slurm_job(dir, job != nullptr ? job : "", "this rank");
+  return placement::leaves_slurm_job(placement::cgroup_place(dir), dir, job != nullptr ? job : "",
+                                     "this rank");
 }
 
 namespace {
@@ -260,7 +261,11 @@ std::vector<std::string> configure(const Tier& t) noexcept {
         std::lock_guard<std::mutex> lock(s.mu);
         s.tier.not_entered.push_back(g);
       };
-      if (const std::string why = detail::leaves_slurm_job(g); !why.empty()) {
+      const placement::CgroupPlace to = placement::cgroup_place(g);
+      const char* job = std::getenv("SLURM_JOB_ID");
+      if (const std::string why =
+              placement::leaves_slurm_job(to, g, job != nullptr ? job : "", "this rank");
+          !why.empty()) {
         warnings.push_back(why +
                            ": it stays where it is (the tier's settings of that group do "
                            "not apply to it)");
@@ -268,7 +273,7 @@ std::vector<std::string> configure(const Tier& t) noexcept {
         stayed_out();
         continue;
       }
-      if (const std::string why = placement::enter(g, ::getpid()); !why.empty()) {
+      if (const std::string why = placement::enter(to, g, ::getpid()); !why.empty()) {
         warnings.push_back("cannot move this rank (pid " + pid + ") into " + g + " (" + why +
                            "); it runs in its current group");
         say(warnings.back());
@@ -290,13 +295,14 @@ std::vector<std::string> configure(const Tier& t) noexcept {
       std::lock_guard<std::mutex> lock(s.mu);
       s.tier.fifo_refused = why;
     }
+    // This rank's own (its binding, its failure): said by every rank.
     if (const std::string why = placement::keep_affinity(binding); !why.empty()) {
       warnings.push_back(why);
-      say(warnings.back());
+      std::fprintf(stderr, "dt: qos: warning: %s\n", why.c_str());
     }
   } catch (const std::exception& e) {
     warnings.push_back(std::string("QoS set-up failed: ") + e.what());
-    say(warnings.back());
+    std::fprintf(stderr, "dt: qos: warning: %s\n", warnings.back().c_str());
   }
   apply_to_current_thread(Role::compute);
   return warnings;

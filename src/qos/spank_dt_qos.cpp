@@ -26,7 +26,6 @@
 #include <unistd.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -98,19 +97,18 @@ void place_task(spank_t sp) {
   for (const std::string& g : tier.cgroups) {
     // Only a group of a cgroup file system: a record is the prolog's, but what root writes
     // into is checked all the same.
-    char* real = ::realpath(g.c_str(), nullptr);
-    const bool cgroup = real != nullptr && dt::qos::placement::cgroup_place(real).found;
-    std::free(real);
-    if (!cgroup) {
+    const dt::qos::placement::CgroupPlace to = dt::qos::placement::cgroup_place(g);
+    if (!to.found) {
       slurm_error("dt_qos: %s: %s is not a group of a cgroup file system; it is left alone",
                   who.c_str(), g.c_str());
       continue;
     }
-    if (const std::string why = dt::qos::placement::leaves_slurm_job(g, id, who); !why.empty()) {
+    if (const std::string why = dt::qos::placement::leaves_slurm_job(to, g, id, who);
+        !why.empty()) {
       slurm_verbose("dt_qos: %s: it stays there", why.c_str());
       continue;
     }
-    if (const std::string why = dt::qos::placement::enter(g, ::getpid()); !why.empty()) {
+    if (const std::string why = dt::qos::placement::enter(to, g, ::getpid()); !why.empty()) {
       slurm_error("dt_qos: cannot move %s into %s (%s); it runs in its current group", who.c_str(),
                   g.c_str(), why.c_str());
       continue;

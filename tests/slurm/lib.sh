@@ -37,6 +37,7 @@ fail() {
 
 cleanup() {
   local rc=$? j
+  restore_plugstack
   for j in "${JOBS[@]}"; do
     case "$(job_state "$j")" in
       PENDING | RUNNING | REQUEUED | REQUEUE_HOLD | REQUEUE_FED | SUSPENDED | CONFIGURING)
@@ -52,6 +53,23 @@ cleanup() {
     rm -rf "$WORK"
   fi
   exit $rc
+}
+
+# use_plugstack TEXT: the cluster's plugstack.conf (read by slurmstepd at each step's start) holds
+# TEXT until restore_plugstack, which cleanup calls however the test ends.
+PLUGSTACK_SAVED=""
+use_plugstack() {
+  local f
+  f=$(dirname "$SLURM_CONF")/plugstack.conf
+  if [ -z "$PLUGSTACK_SAVED" ]; then
+    PLUGSTACK_SAVED=$(cat "$f") || fail "cannot read $f"
+  fi
+  printf '%s\n' "$1" >"$f"
+}
+restore_plugstack() {
+  [ -n "$PLUGSTACK_SAVED" ] || return 0
+  printf '%s\n' "$PLUGSTACK_SAVED" >"$(dirname "$SLURM_CONF")/plugstack.conf"
+  PLUGSTACK_SAVED=""
 }
 
 finish() {

@@ -11,6 +11,9 @@
 # file (and not another job's) and the groups and the record; the node is not drained.
 source "$(dirname "$0")/lib.sh"
 need_cluster
+# The ranks move themselves (dt::qos::configure): slurmstepd's plugin, which would have placed
+# them already (slurm.spank), is left out for this test.
+use_plugstack "# none: slurm.qos_tier tests the ranks' own move"
 
 submit Q -n 2 "--comment=run A=b, dt-qos=high" -- "$CONFIG" --data.path="$TEXT" --train.steps=1000000 \
   --train.log-every=1000 --train.eval-every=0 --train.log-file="$WORK/Q.jsonl" \

@@ -84,11 +84,8 @@ else
 fi
 
 # 3. A bad argument in plugstack.conf: logged, naming it, and the plugin left out; the job runs
-#    all the same. (The trap puts the good file back however the test ends, keeping its status.)
-cp "$PLUGSTACK" plugstack.good
-restore_plugstack() { cp plugstack.good "$PLUGSTACK"; }
-trap 'rc=$?; restore_plugstack; (exit $rc); cleanup' EXIT
-echo "optional $PLUGIN state_dir=relative/dt-qos" >"$PLUGSTACK"
+#    all the same.
+use_plugstack "optional $PLUGIN state_dir=relative/dt-qos"
 JOB=$(sbatch --parsable -n 1 --comment=dt-qos=high -D "$WORK" -o "$WORK/B.out" \
   --wrap "cat '$STATE_DIR/job-'\$SLURM_JOB_ID.conf >bad-record.txt
 cat /proc/self/cgroup >bad.cgroup" 2>&1) || { echo "$JOB"; fail "B: sbatch refused the job"; finish; }
