@@ -1088,6 +1088,9 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
     std::string wrong;
     try {
       dt::check_checkpoint_key(rt.world(), e.path, *keys);
+    } catch (const dt::SecurityError& err) {  // the right key, attributes rewritten without it
+      DT_THROW(ConfigError, "option --output: ", a.output, " holds a tampered checkpoint (",
+               err.message(), "); import into another folder, or remove it first");
     } catch (const dt::CheckpointError& err) {
       if (err.message().rfind("checkpoint key:", 0) == 0) wrong = err.message();
     }
@@ -1191,14 +1194,12 @@ bool parse_args(int argc, char** argv, Args& a) {
         .add("output", &a.output, "",
              "output file (required); written as OUT.tmp.PID, then renamed; an existing OUT is "
              "replaced only when it is a safetensors file");
-  if (a.sub == "verify" || a.sub == "list" || a.sub == "export")
+  if (a.sub != "inspect")
     opts.add("security.key_file", &a.key_file, "",
-             "job key of encrypted checkpoints (ckpt.encrypt): 32 bytes, mode 0600, owned by you; "
-             "with it every chunk is decrypted and authenticated");
-  if (a.sub == "import")
-    opts.add("security.key_file", &a.key_file, "",
-             "job key (32 bytes, mode 0600, owned by you): the checkpoint is written encrypted, "
-             "as dt_train --ckpt.encrypt writes it");
+             std::string("job key of encrypted checkpoints (ckpt.encrypt): 32 bytes, mode 0600, "
+                         "owned by you; ") +
+                 (a.sub == "import" ? "the checkpoint is written encrypted with it"
+                                    : "with it every chunk is decrypted and authenticated"));
   if (a.sub == "import")
     opts.add("output", &a.output, "", "checkpoint directory (required); created if missing")
         .add("heads", &a.heads, 0, "attention heads (required: not visible in the weights)", 0,

@@ -224,8 +224,9 @@ std::string checkpoint_config(const std::string& path);
 
 /// Whether `keys` is the key of the encrypted checkpoint `path`, from its key attributes alone (no
 /// data is read). Collective. Throws dt::CheckpointError starting "checkpoint key:" for a plain
-/// file, a wrong key or damaged key attributes, and another CheckpointError for a file that
-/// cannot be read as a checkpoint.
+/// file, a wrong key or damaged key attributes, another CheckpointError for a file that cannot
+/// be read as a checkpoint, and dt::SecurityError for root attributes rewritten by someone
+/// without the key (tampering).
 void check_checkpoint_key(Comm& comm, const std::string& path, const security::Keys& keys);
 
 /// The encryption of a checkpoint file ("aes-256-gcm", or "" when plain). Not collective (plain

@@ -391,6 +391,9 @@ class Trainer {
                     bool tamper_collectives);
   /// One step's forward and backward passes on the 1F1B schedule; returns this rank's loss sum.
   double pipeline_step(float scale);
+  /// Says once, on this rank, that a drain signal came during the step (`left` micro-batches to
+  /// go), if one has.
+  void note_drain_mid_step(std::int64_t left);
   /// Assembles the global parameters from every rank's shards into full_state_. Collective.
   void gather_state();
   const std::vector<ParamInfo>& param_list() const;

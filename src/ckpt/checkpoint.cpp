@@ -81,7 +81,14 @@ std::string errno_text() { return std::strerror(errno); }
 // the call fails on rank RANK for a file whose path contains TEXT.
 //   DT_TEST_CKPT_READ_FAIL    every read of a tensor's data (load and verify)
 //   DT_TEST_CKPT_CREATE_FAIL  the creation of the file a save writes
+//   DT_TEST_CKPT_LATEST_FAIL  the write of `latest` that commits a save (rank 0 writes it), as
+//                             a file system out of inodes would fail it
 // A malformed value (no RANK:TEXT) injects nothing.
+// The names in `dir` (empty where it cannot be read); whether `name` is step-N<suffix> (N in
+// *step). Defined with the listing functions below.
+std::vector<std::string> dir_entries(const std::string& dir);
+bool parse_step(const std::string& name, const std::string& suffix, std::int64_t* step);
+
 struct InjectedFault {
   int rank = -1;
   std::string text;
@@ -99,8 +106,12 @@ struct InjectedFault {
   }
 };
 bool injected_fault(const char* var, const Comm& comm, const std::string& path) {
-  static const InjectedFault read("DT_TEST_CKPT_READ_FAIL"), create("DT_TEST_CKPT_CREATE_FAIL");
-  return (std::strcmp(var, "DT_TEST_CKPT_READ_FAIL") == 0 ? read : create).at(comm, path);
+  static const InjectedFault read("DT_TEST_CKPT_READ_FAIL"), create("DT_TEST_CKPT_CREATE_FAIL"),
+      latest("DT_TEST_CKPT_LATEST_FAIL");
+  const InjectedFault& f = std::strcmp(var, "DT_TEST_CKPT_READ_FAIL") == 0     ? read
+                           : std::strcmp(var, "DT_TEST_CKPT_CREATE_FAIL") == 0 ? create
+                                                                               : latest;
+  return f.at(comm, path);
 }
 void injected_read_failure(const Comm& comm, const std::string& path) {
   if (injected_fault("DT_TEST_CKPT_READ_FAIL", comm, path))
@@ -1455,10 +1466,7 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
                partial, " -> ", final_path, ": ", errno_text());
       try {
         fsync_path(dir, true);
-        // Testing only: DT_TEST_CKPT_LATEST_FAIL=NAME fails this write for checkpoint NAME, as an
-        // I/O error (a file system out of inodes) would.
-        const char* fail_latest = std::getenv("DT_TEST_CKPT_LATEST_FAIL");
-        if (fail_latest && step_name(meta.step) == fail_latest)
+        if (injected_fault("DT_TEST_CKPT_LATEST_FAIL", comm, final_path))
           DT_THROW(Error, "cannot write ", dir, "/latest: DT_TEST_CKPT_LATEST_FAIL");
         metrics::write_file_atomically(dir + "/latest", step_name(meta.step) + "\n", true);
       } catch (const Error& e) {
@@ -1497,15 +1505,13 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
           ::unlink(e.path.c_str());
         }
       }
-      for (const auto& p : list_partials(dir)) ::unlink(p.c_str());
-      // Temporary files of `latest` that a run ended before renaming (this folder's writer holds
-      // the claim: none is another's under way).
-      if (DIR* d = ::opendir(dir.c_str())) {
-        const std::string left = metrics::temporary_prefix("latest");
-        while (const dirent* e = ::readdir(d))
-          if (std::strncmp(e->d_name, left.c_str(), left.size()) == 0)
-            ::unlink((dir + "/" + e->d_name).c_str());
-        ::closedir(d);
+      // Interrupted saves, and temporary files of `latest` that a run ended before renaming
+      // (this folder's writer holds the claim: none is another's under way), in one listing.
+      const std::string left = metrics::temporary_prefix("latest");
+      for (const auto& name : dir_entries(dir)) {
+        std::int64_t step = 0;
+        if (parse_step(name, ".h5.partial", &step) || name.compare(0, left.size(), left) == 0)
+          ::unlink((dir + "/" + name).c_str());
       }
       if (!stats.set_aside.empty()) fsync_path(dir, true);
     } catch (const std::exception& e) {
@@ -1544,110 +1550,122 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who, double wa
   // The file is written (who holds it): never through a symbolic link, nor into a file with
   // other names (one planted by another writer of the folder would have its target overwritten).
   bool writable = true;
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
-  std::string why = fd_ < 0 ? errno_text() : std::string();
-  if (fd_ < 0 && errno == EACCES) {
-    writable = false;
-    fd_ = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    // No lock file to open read-only either: the folder is what refuses (Permission denied),
-    // not a missing file.
-    if (fd_ < 0 && errno != ENOENT) why = errno_text();
-  }
-  if (fd_ < 0 && errno == ELOOP)
-    why = "it is a symbolic link, which a lock file must not be (it is written): remove it";
-  DT_CHECK(CheckpointError, fd_ >= 0, "cannot open ", path, " to claim checkpoint folder ", dir,
-           " for this run: ", why);
-  {
-    struct stat st {};
-    const bool stat_ok = ::fstat(fd_, &st) == 0;
-    std::string what;
-    if (!stat_ok || !S_ISREG(st.st_mode))
-      what = " is not a plain file (a folder? a device?)";
-    else if (st.st_nlink > 1)
-      what =
-          " has other names (hard links: a folder copied with cp -al or rsync --link-dest?), "
-          "and the claim writes into it";
-    // (st_nlink 0: removed meanwhile, to break a claim; the run holds a file no other sees)
-    if (!what.empty()) {
-      ::close(fd_);
-      fd_ = -1;
-      DT_THROW(CheckpointError, "cannot claim checkpoint folder ", dir, " for this run: ", path,
-               what, ": remove it (no run may hold it; a new one is made)");
-    }
-  }
-  // Every commit renames a new file over `latest`: where that is a folder (or anything but a
-  // file or a link), no save of this run could commit, so the claim is refused now.
-  struct stat lst {};
-  if (::lstat((dir + "/latest").c_str(), &lst) == 0 && !S_ISREG(lst.st_mode) &&
-      !S_ISLNK(lst.st_mode)) {
-    ::close(fd_);
-    fd_ = -1;
-    DT_THROW(CheckpointError, "checkpoint folder ", dir, ": ", dir,
-             "/latest is not a file (a folder?); it must be the pointer file to the newest "
-             "checkpoint (commits replace it): move it away");
-  }
-  // A folder this run cannot make files in (its owner's, read-only, a read-only mount) would
-  // fail the first save, after the training up to it: refused now. (The lock file, made by
-  // another member of a group, may be read-only while the folder is not.)
-  if (const int err = file_creation_error(dir); err != 0) {
-    ::close(fd_);
-    fd_ = -1;
-    const bool full = err == ENOSPC || err == EDQUOT;
-    DT_THROW(CheckpointError, "checkpoint folder ", dir,
-             full ? " has no room for a new file" : " is not writable by this run",
-             " (making a file there: ", std::strerror(err),
-             "): no checkpoint could be saved in it. ",
-             full ? "Free space (or inodes) there, or use another folder"
-                  : "Use a folder this user can write");
-  }
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(wait_s));
   auto pause = std::chrono::milliseconds(50);
   bool told = false;
-  while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    if (err == EINTR) continue;
-    if (err == ENOLCK || err == EOPNOTSUPP || err == ENOTSUP || err == ENOSYS || err == EINVAL ||
-        err == EBADF) {
+  // Until the file claimed is the one of that name: a lock file removed (to break a claim) while
+  // this run opened or waited for it keeps no one out, as the next run makes a new one.
+  for (;;) {
+    writable = true;
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+    std::string why = fd_ < 0 ? errno_text() : std::string();
+    if (fd_ < 0 && errno == EACCES) {
+      writable = false;
+      fd_ = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+      // No lock file to open read-only either: the folder is what refuses (Permission denied),
+      // not a missing file.
+      if (fd_ < 0 && errno != ENOENT) why = errno_text();
+    }
+    if (fd_ < 0 && errno == ELOOP)
+      why = "it is a symbolic link, which a lock file must not be (it is written): remove it";
+    DT_CHECK(CheckpointError, fd_ >= 0, "cannot open ", path, " to claim checkpoint folder ", dir,
+             " for this run: ", why);
+    {
+      struct stat st {};
+      const bool stat_ok = ::fstat(fd_, &st) == 0;
+      std::string what;
+      if (!stat_ok || !S_ISREG(st.st_mode))
+        what = " is not a plain file (a folder? a device?)";
+      else if (st.st_nlink > 1)
+        what =
+            " has other names (hard links: a folder copied with cp -al or rsync --link-dest?), "
+            "and the claim writes into it";
+      // (st_nlink 0: removed meanwhile, to break a claim: opened again once locked, below)
+      if (!what.empty()) {
+        ::close(fd_);
+        fd_ = -1;
+        DT_THROW(CheckpointError, "cannot claim checkpoint folder ", dir, " for this run: ", path,
+                 what, ": remove it (no run may hold it; a new one is made)");
+      }
+    }
+    // Every commit renames a new file over `latest`: where that is a folder (or anything but a
+    // file or a link), no save of this run could commit, so the claim is refused now.
+    struct stat lst {};
+    if (::lstat((dir + "/latest").c_str(), &lst) == 0 && !S_ISREG(lst.st_mode) &&
+        !S_ISLNK(lst.st_mode)) {
       ::close(fd_);
       fd_ = -1;
-      warning_ = "cannot lock " + path + " (" + std::strerror(err) +
-                 "): this file system offers no flock, so nothing stops another run from "
-                 "writing checkpoint folder " +
-                 dir + " at the same time";
-      return;
+      DT_THROW(CheckpointError, "checkpoint folder ", dir, ": ", dir,
+               "/latest is not a file (a folder?); it must be the pointer file to the newest "
+               "checkpoint (commits replace it): move it away");
     }
-    if (err != EWOULDBLOCK && err != EACCES) {
+    // A folder this run cannot make files in (its owner's, read-only, a read-only mount) would
+    // fail the first save, after the training up to it: refused now. (The lock file, made by
+    // another member of a group, may be read-only while the folder is not.)
+    if (const int err = file_creation_error(dir); err != 0) {
       ::close(fd_);
       fd_ = -1;
-      DT_THROW(CheckpointError, "cannot lock ", path, " to claim checkpoint folder ", dir, ": ",
-               std::strerror(err));
+      const bool full = err == ENOSPC || err == EDQUOT;
+      DT_THROW(CheckpointError, "checkpoint folder ", dir,
+               full ? " has no room for a new file" : " is not writable by this run",
+               " (making a file there: ", std::strerror(err),
+               "): no checkpoint could be saved in it. ",
+               full ? "Free space (or inodes) there, or use another folder"
+                    : "Use a folder this user can write");
     }
-    const std::string holder = holder_text(fd_);
-    if (std::chrono::steady_clock::now() >= deadline) {
-      ::close(fd_);
-      fd_ = -1;
-      DT_THROW(CheckpointError, "checkpoint folder ", dir, " is in use by another run (", holder,
-               "): two writers of one folder would set aside each other's checkpoints. Use "
-               "another folder, or wait for that run to end. If it has ended (a node that "
-               "failed can keep its claim on a shared file system for a while), remove ",
-               path, " to break the claim");
+    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err == EINTR) continue;
+      if (err == ENOLCK || err == EOPNOTSUPP || err == ENOTSUP || err == ENOSYS || err == EINVAL ||
+          err == EBADF) {
+        ::close(fd_);
+        fd_ = -1;
+        warning_ = "cannot lock " + path + " (" + std::strerror(err) +
+                   "): this file system offers no flock, so nothing stops another run from "
+                   "writing checkpoint folder " +
+                   dir + " at the same time";
+        return;
+      }
+      if (err != EWOULDBLOCK && err != EACCES) {
+        ::close(fd_);
+        fd_ = -1;
+        DT_THROW(CheckpointError, "cannot lock ", path, " to claim checkpoint folder ", dir, ": ",
+                 std::strerror(err));
+      }
+      const std::string holder = holder_text(fd_);
+      if (std::chrono::steady_clock::now() >= deadline) {
+        ::close(fd_);
+        fd_ = -1;
+        DT_THROW(CheckpointError, "checkpoint folder ", dir, " is in use by another run (", holder,
+                 "): two writers of one folder would set aside each other's checkpoints. Use "
+                 "another folder, or wait for that run to end. If it has ended (a node that "
+                 "failed can keep its claim on a shared file system for a while), remove ",
+                 path, " to break the claim");
+      }
+      if (stop && stop()) {
+        ::close(fd_);
+        fd_ = -1;
+        stopped_ = "stopped waiting for checkpoint folder " + dir + " (in use by " + holder + ")";
+        return;
+      }
+      if (!told && note) {
+        note("checkpoint folder " + dir + " is in use by " + holder + "; waiting up to " +
+             std::to_string(static_cast<long>(wait_s)) + " s for it");
+        told = true;
+      }
+      const auto left = deadline - std::chrono::steady_clock::now();
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, left));
+      pause = std::min(pause * 2, std::chrono::milliseconds(2000));
     }
-    if (stop && stop()) {
-      ::close(fd_);
-      fd_ = -1;
-      stopped_ = "stopped waiting for checkpoint folder " + dir + " (in use by " + holder + ")";
-      return;
-    }
-    if (!told && note) {
-      note("checkpoint folder " + dir + " is in use by " + holder + "; waiting up to " +
-           std::to_string(static_cast<long>(wait_s)) + " s for it");
-      told = true;
-    }
-    const auto left = deadline - std::chrono::steady_clock::now();
-    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, left));
-    pause = std::min(pause * 2, std::chrono::milliseconds(2000));
+    struct stat held {
+    }, named{};
+    if (::fstat(fd_, &held) == 0 && ::stat(path.c_str(), &named) == 0 &&
+        held.st_dev == named.st_dev && held.st_ino == named.st_ino)
+      break;
+    ::close(fd_);
+    fd_ = -1;
   }
   if (!writable) return;  // (who holds it stays unsaid)
   char host[256] = {0};

@@ -98,8 +98,10 @@ void map_tokens(int fd, size_t size, size_t offset, size_t count, TokenFile& f) 
       reinterpret_cast<const uint16_t*>(static_cast<const char*>(map.get()) + offset);
   f.tokens = TokenStore(std::move(map), first, count, true);
 #endif
-  unsigned max_tok = 0;
-  for (size_t i = 0; i < f.tokens.size(); ++i) max_tok = std::max<unsigned>(max_tok, f.tokens[i]);
+  // Over the uint16 storage itself (a whole file's tokens, each read once at start).
+  const auto* stored = static_cast<const uint16_t*>(f.tokens.data().raw());
+  uint16_t max_tok = 0;
+  for (size_t i = 0; i < f.tokens.size(); ++i) max_tok = std::max(max_tok, stored[i]);
   f.vocab = kGpt2Vocab;
   f.max_token_plus_one = static_cast<int>(max_tok) + 1;
 }

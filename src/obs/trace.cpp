@@ -359,7 +359,7 @@ std::string write(bool open_scopes) {
         for (const OpenScopes::Open& o : open)
           events.push_back(
               Event{o.name, detail::intern(std::string(o.category ? o.category : "") + " (open)"),
-                    o.arg_name, o.arg, o.t0, std::max(end, o.t0)});
+                    o.arg_name, o.arg, o.t0, end});
       }
       owner.resize(events.size(), threads.size() - 1);
       dropped += b->dropped.load(std::memory_order_relaxed);

@@ -1254,17 +1254,7 @@ StepStats Trainer::step() {
     model_->zero_grad();
     const std::int64_t first = comm_.rank() * local_batch_;
     for (std::int64_t m = 0; m < local_batch_; m += micro_) {
-      // A drain signal is acted on after the step; one that comes during a step of many
-      // micro-batches (a long step) is said at once, so that its sender knows it was heard.
-      if (m > 0 && !drain_noted_ && drain_requested()) {
-        drain_noted_ = true;
-        std::printf(
-            "dt_train: rank %d: drain signal during step %ld: it finishes its %ld "
-            "micro-batches left first, then drains\n",
-            comm_.rank(), static_cast<long>(step_ + 1),
-            static_cast<long>((local_batch_ - m) / micro_));
-        std::fflush(stdout);
-      }
+      if (m > 0) note_drain_mid_step((local_batch_ - m) / micro_);
       const trace::Scope micro_scope("micro-batch", "train", "index", m / micro_);
       sampler_->fill(static_cast<std::uint64_t>(step_), first + m, micro_, inputs_.data(),
                      targets_.data());
@@ -1421,6 +1411,18 @@ void Trainer::report_graphs() {
   }
 }
 
+void Trainer::note_drain_mid_step(std::int64_t left) {
+  // A drain signal is acted on after the step; one that comes during a step of many
+  // micro-batches (a long step) is said at once, so that its sender knows it was heard.
+  if (drain_noted_ || !drain_requested()) return;
+  drain_noted_ = true;
+  std::printf(
+      "dt_train: rank %d: drain signal during step %ld: it finishes its %ld micro-batches left "
+      "first, then drains\n",
+      comm_.rank(), static_cast<long>(step_ + 1), static_cast<long>(left));
+  std::fflush(stdout);
+}
+
 double Trainer::pipeline_step(float scale) {
   const MeshCoord& mc = mesh_->coord();
   const int m = plan_->microbatches, slots = plan_->in_flight(mc.pp);
@@ -1431,6 +1433,7 @@ double Trainer::pipeline_step(float scale) {
   for (const PipeAction& a : one_f_one_b(mc.pp, plan_->layout.pp, m)) {
     const int slot = a.micro % slots;
     if (a.kind == PipeAction::Kind::forward) {
+      if (a.micro > 0) note_drain_mid_step(m - a.micro);
       const trace::Scope f("forward", "pipeline", "micro-batch", a.micro);
       sampler_->fill(static_cast<std::uint64_t>(step_), first + a.micro * micro_, micro_,
                      inputs_.data(), targets_.data());

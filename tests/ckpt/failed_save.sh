@@ -31,7 +31,7 @@ expect_line N "ignoring interrupted save .*D/step-4\.h5\.partial"
 # training by the next resume, and set aside), and the next run resumes from step 2 and trains on
 # as the uninterrupted run.
 MPIEXEC_PLAIN=("${MPIEXEC[@]}")
-MPIEXEC=("${MPIEXEC[@]}" -x DT_TEST_CKPT_LATEST_FAIL=step-4.h5)
+MPIEXEC=("${MPIEXEC[@]}" -x DT_TEST_CKPT_LATEST_FAIL=0:step-4.h5)
 train L 2 --train.steps=6 "${S[@]}" --ckpt.every=2 --ckpt.dir=L
 MPIEXEC=("${MPIEXEC_PLAIN[@]}")
 expect_rc L 3

@@ -6,7 +6,8 @@
 # starts as soon as A drains (exit 75) and trains on from A's checkpoint. A run killed with
 # SIGKILL leaves the folder free (the claim ends with the process). A run waiting for the
 # folder stops at a drain signal to any of its ranks (exit 75); a folder whose latest is a folder
-# is refused, and so is a lock file that is a symbolic link or has a second name.
+# is refused, and so is a lock file that is a symbolic link or has a second name. A run waiting
+# for a lock file that is removed meanwhile claims the new one of that name.
 source "$(dirname "$0")/lib.sh"
 D=$WORK/D
 CKPT_TOOL=$(dirname "$BIN")/dt_ckpt
@@ -137,6 +138,25 @@ expect_rc H 2
 expect_line H "cannot claim checkpoint folder .*/H for this run: .*/H/\.dt-lock has other names [(]hard links"
 [ "$(cat "$WORK/victim")" = "a file of this user's" ] ||
   fail "the file the lock file named was written: '$(cat "$WORK/victim")'"
+
+# A lock file removed (to break a claim) while a run waits for it: the run claims the file of
+# that name once the holder lets go, not the removed one, which would keep no one out.
+mkdir -p "$WORK/U"
+flock "$WORK/U/.dt-lock" sleep 4 &
+holder=$!
+sleep 0.5
+timeout -k 10 "$RUN_LIMIT" "$BIN" --config "$CONFIG" --data.path="$TEXT" --train.steps=2 \
+  --ckpt.dir="$WORK/U" --ckpt.lock-wait-s=60 >U.out 2>&1 &
+waiter=$!
+for _ in $(seq 100); do grep -q "is in use by" U.out && break; sleep 0.1; done
+rm -f "$WORK/U/.dt-lock"
+wait "$holder"
+wait "$waiter"
+rc=$?
+sed 's/^/    /' U.out
+[ $rc -eq 0 ] || fail "U: exit code $rc, expected 0"
+grep -q "^dt_train on .*, pid [0-9]*, since " "$WORK/U/.dt-lock" 2>/dev/null ||
+  fail "U: $WORK/U/.dt-lock does not name the run that claimed the folder: '$(cat "$WORK/U/.dt-lock" 2>&1)'"
 
 # A run that dies (SIGKILL on every rank) leaves no claim behind.
 start_held K "$WORK/K" || finish
