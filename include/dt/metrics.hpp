@@ -150,6 +150,9 @@ struct ExporterOptions {
   std::string job;               ///< Pushgateway grouping key: job
   std::string instance;          ///< Pushgateway grouping key: instance
   double push_timeout_s = 2.0;   ///< connect / read / write timeout of one push
+  /// An HTTP connection is closed this long after a thread took it up, answered or not (a second
+  /// without a byte from the client closes it sooner). One request per connection.
+  double request_deadline_s = 5.0;
   std::string push_user, push_password;  ///< basic authentication of pushes (empty user: none)
 };
 
@@ -158,7 +161,8 @@ struct ExporterOptions {
 std::string push_path(const std::string& job, const std::string& instance);
 
 /// Serves and sends a registry. The HTTP server runs in its own thread from construction until
-/// destruction (one connection at a time; GET /metrics, anything else 404). publish() hands a
+/// destruction (up to 32 connections at once, each on a thread of its own; GET /metrics, anything
+/// else 404). publish() hands a
 /// textfile write and a push to a background thread and returns at once; publish_now() does them
 /// in the caller's thread. A failed write or push calls `warn` once per kind (later failures are
 /// only counted in dt_metrics_export_failures_total{kind=...}): metrics never stop the job.

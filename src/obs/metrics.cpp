@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <httplib.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -475,8 +476,8 @@ std::string grouping(const std::string& name, const std::string& value) {
 constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
 
 // The metrics server's connections, each on a thread of its own (made for it, ending with it), up
-// to kMaxConnections at once; more wait for one to end. A client that trickles its request, a
-// byte a second within the read timeout, holds its own thread only, not the scrapes (httplib's
+// to kMaxConnections at once; more wait for one to end. A client that holds its connection holds
+// its own thread only, and only until the deadline (DeadlineServer), not the scrapes (httplib's
 // pool of a few threads was held whole by as many such clients). shutdown() waits for the
 // connections under way.
 class ConnectionThreads final : public httplib::TaskQueue {
@@ -514,6 +515,105 @@ class ConnectionThreads final : public httplib::TaskQueue {
   std::condition_variable idle_;
   std::deque<std::function<void()>> queue_;
   std::size_t running_ = 0;
+};
+
+// A connection's socket as httplib's Stream, every wait bounded twice: by the idle limit (no byte
+// for that long ends it) and by the connection's deadline (its whole request and answer).
+class DeadlineStream final : public httplib::Stream {
+ public:
+  using Clock = std::chrono::steady_clock;
+  DeadlineStream(int sock, Clock::time_point deadline, std::chrono::milliseconds idle)
+      : sock_(sock), deadline_(deadline), idle_(idle) {}
+
+  bool is_readable() const override { return have_ < got_ || wait(POLLIN); }
+  bool is_writable() const override { return wait(POLLOUT); }
+  ssize_t read(char* ptr, std::size_t size) override {
+    if (have_ == got_) {  // the buffer is spent: one recv refills it (httplib reads byte-wise)
+      if (!wait(POLLIN)) return -1;
+      ssize_t k;
+      do {
+        k = ::recv(sock_, buf_, sizeof buf_, 0);
+      } while (k < 0 && errno == EINTR);
+      if (k <= 0) return k;
+      have_ = 0;
+      got_ = static_cast<std::size_t>(k);
+    }
+    const std::size_t n = std::min(size, got_ - have_);
+    std::memcpy(ptr, buf_ + have_, n);
+    have_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t write(const char* ptr, std::size_t size) override {
+    if (!wait(POLLOUT)) return -1;
+    ssize_t k;
+    do {
+      k = ::send(sock_, ptr, size, MSG_NOSIGNAL);
+    } while (k < 0 && errno == EINTR);
+    return k;
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    address(::getpeername, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    address(::getsockname, ip, port);
+  }
+  socket_t socket() const override { return sock_; }
+
+ private:
+  // Waits for `events` until the idle limit or the deadline, whichever is first.
+  bool wait(short events) const {
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{sock_, events, 0};
+      const int rc = ::poll(&p, 1, static_cast<int>(std::min(left, idle_).count()));
+      if (rc < 0 && errno == EINTR) continue;
+      return rc > 0 && (p.revents & (events | POLLHUP | POLLERR)) != 0;
+    }
+  }
+  void address(int (*get)(int, sockaddr*, socklen_t*), std::string& ip, int& port) const {
+    sockaddr_storage a{};
+    socklen_t len = sizeof a;
+    char host[NI_MAXHOST] = "", serv[NI_MAXSERV] = "";
+    if (get(sock_, reinterpret_cast<sockaddr*>(&a), &len) == 0 &&
+        ::getnameinfo(reinterpret_cast<sockaddr*>(&a), len, host, sizeof host, serv, sizeof serv,
+                      NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+      ip = host;
+      port = std::atoi(serv);
+    }
+  }
+  int sock_;
+  Clock::time_point deadline_;
+  std::chrono::milliseconds idle_;
+  char buf_[4096];
+  std::size_t have_ = 0, got_ = 0;
+};
+
+// httplib's server with one request per connection, read and answered within a deadline from the
+// moment a thread takes the connection up: a client that trickles its request is cut off then,
+// where httplib's own reads wait a read timeout per byte and so hold a thread for as long as the
+// client keeps sending. (process_and_close_socket is httplib's point for serving a socket its own
+// way; process_request parses, routes and answers.)
+class DeadlineServer final : public httplib::Server {
+ public:
+  explicit DeadlineServer(std::chrono::milliseconds deadline) : deadline_(deadline) {}
+  // httplib listens with a backlog of 5, so a burst of connections beyond it waits for TCP's
+  // retry a second later. Listening again on the bound socket sets a deeper one.
+  void deepen_backlog() { ::listen(svr_sock_, SOMAXCONN); }
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    DeadlineStream strm(sock, DeadlineStream::Clock::now() + deadline_, kIdle);
+    bool closed = false;
+    const bool ok =
+        svr_sock_ != INVALID_SOCKET && process_request(strm, /*close_connection=*/true, closed, {});
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+    return ok;
+  }
+  static constexpr std::chrono::milliseconds kIdle{1000};  // a second without a byte: dropped
+  std::chrono::milliseconds deadline_;
 };
 }  // namespace
 
@@ -578,7 +678,8 @@ struct Exporter::Impl {
   // The HTTP server, apart from the rest: a client that never finishes its request holds one of
   // the server's threads, and the exit does not wait for it (see ~Exporter).
   struct Serving {
-    httplib::Server server;
+    explicit Serving(std::chrono::milliseconds deadline) : server(deadline) {}
+    DeadlineServer server;
     std::thread thread;
     std::promise<void> done;           // set when the server's thread ends
     std::shared_mutex gate;            // handlers read the registry under it
@@ -763,17 +864,18 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
     while (!m.push_prefix.empty() && m.push_prefix.back() == '/') m.push_prefix.pop_back();
   }
   if (m.o.port != 0) {
-    m.serving = std::make_unique<Impl::Serving>();
+    DT_CHECK(ConfigError, m.o.request_deadline_s >= 0.001 && m.o.request_deadline_s <= 3600,
+             "metrics request deadline: ", m.o.request_deadline_s,
+             " s (expected 0.001 to 3600 seconds)");
+    m.serving = std::make_unique<Impl::Serving>(std::chrono::milliseconds(
+        static_cast<std::int64_t>(std::llround(m.o.request_deadline_s * 1000))));
     Impl::Serving* sv = m.serving.get();
     sv->reg = &registry;
-    httplib::Server& server = sv->server;
-    // Connections on threads of their own (ConnectionThreads), each given a second for every read
-    // of its request: clients that connect and say nothing are dropped after a second; clients
-    // that trickle a byte a second hold a thread each until they stop (32 such hold every one),
-    // but never the exit.
+    DeadlineServer& server = sv->server;
+    // Connections on threads of their own (ConnectionThreads), one request each (DeadlineServer):
+    // clients that connect and say nothing are dropped after a second, clients that trickle their
+    // request after request_deadline_s; none holds the exit.
     server.new_task_queue = [] { return new ConnectionThreads; };
-    server.set_read_timeout(1, 0);
-    server.set_keep_alive_timeout(1);
     // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second rank on the
     // same port would silently share it instead of failing.
     server.set_socket_options([](socket_t sock) {
@@ -817,6 +919,7 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
              m.o.port < 0 ? std::string("(any port)") : std::to_string(m.o.port), ": ",
              errno != 0 ? std::strerror(errno) : "the address cannot be bound here",
              " (port in use? --metrics.port=-1 picks a free one)");
+    server.deepen_backlog();
     sv->thread = std::thread([sv] {
       io_thread();
       sv->server.listen_after_bind();

@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <doctest/doctest.h>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -547,6 +550,87 @@ TEST_CASE("metrics: HTTP /metrics on an ephemeral port") {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0);
   ::close(fd);
+}
+
+TEST_CASE("metrics: a connection is closed at its deadline, and scrapes are answered meanwhile") {
+  // 40 clients trickle a request a byte every 0.2 s (more clients than the server's 32 threads,
+  // and never a second without a byte): each is closed once its deadline has passed, not
+  // before, while a scrape made meanwhile is answered. Without the deadline the clients would
+  // hold every thread for as long as they keep sending, and the scrape would wait.
+  using Clock = std::chrono::steady_clock;
+  Registry r;
+  r.counter("dt_requests_total", "R.").inc(3);
+  dt::metrics::ExporterOptions o;
+  o.host = "127.0.0.1";
+  o.port = -1;
+  o.request_deadline_s = 1.0;
+  dt::metrics::Exporter ex(r, o);
+  const int port = ex.port();
+  REQUIRE(port > 0);
+  auto connect_to = [port] {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    return fd;
+  };
+  constexpr int kClients = 40;
+  std::vector<int> fds;
+  std::vector<double> closed_after(kClients, -1);  // seconds from the first connect, -1: open
+  const auto t0 = Clock::now();
+  for (int i = 0; i < kClients; ++i) {
+    fds.push_back(connect_to());
+    const std::string start = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+    REQUIRE(::send(fds.back(), start.data(), start.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(start.size()));
+  }
+  std::atomic<bool> trickling{true};
+  std::atomic<int> still_open{kClients};
+  std::thread trickler([&] {
+    while (trickling.load()) {
+      for (int i = 0; i < kClients; ++i) {
+        if (closed_after[i] >= 0) continue;
+        char c;
+        const ssize_t k = ::recv(fds[i], &c, 1, MSG_DONTWAIT);
+        const bool closed = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
+                            ::send(fds[i], "X", 1, MSG_NOSIGNAL) < 0;
+        if (closed) {
+          closed_after[i] = std::chrono::duration<double>(Clock::now() - t0).count();
+          --still_open;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (Clock::now() - t0 > std::chrono::seconds(20)) break;
+    }
+  });
+  // A scrape while they trickle, its own reads bounded (10 s) so that a held server fails it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int s = connect_to();
+  timeval tv{10, 0};
+  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const std::string req = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  REQUIRE(::send(s, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size()));
+  std::string reply;
+  char buf[4096];
+  for (ssize_t k; (k = ::read(s, buf, sizeof buf)) > 0;)
+    reply.append(buf, static_cast<std::size_t>(k));
+  ::close(s);
+  CHECK(reply.rfind("HTTP/1.1 200", 0) == 0);
+  CHECK(reply.find("Connection: close\r\n") != std::string::npos);  // one request a connection
+  CHECK(reply.find("dt_requests_total 3") != std::string::npos);
+  // Every trickling client is closed within the 20 s the trickler runs.
+  while (still_open.load() > 0 && Clock::now() - t0 < std::chrono::seconds(20))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  trickling = false;
+  trickler.join();
+  for (int i = 0; i < kClients; ++i) {
+    INFO("client ", i, " closed after ", closed_after[i], " s");
+    CHECK(closed_after[i] >= o.request_deadline_s);
+    ::close(fds[i]);
+  }
 }
 
 TEST_CASE("metrics: push path encodes the grouping key") {
