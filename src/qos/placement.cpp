@@ -67,14 +67,8 @@ std::string unescape(const std::string& s) {
   return out;
 }
 
-CgroupPlace cgroup_place(const std::string& name) {
-  // As mounted: /sys/fs/cgroup/cpu is often a link to the hierarchy cpu,cpuacct. (A directory
-  // that does not exist is taken as named.)
-  char* real = ::realpath(name.c_str(), nullptr);
-  const std::string dir = real != nullptr ? real : name;
-  std::free(real);
-  CgroupPlace best;
-  std::size_t best_len = 0;
+std::vector<CgroupMount> cgroup_mounts() {
+  std::vector<CgroupMount> out;
   std::ifstream in("/proc/self/mountinfo");
   std::string line;
   while (std::getline(in, line)) {
@@ -85,17 +79,36 @@ CgroupPlace cgroup_place(const std::string& name) {
     if (dash == f.end() || f.end() - dash < 4) continue;
     const std::string& fstype = *(dash + 1);
     if (fstype != "cgroup" && fstype != "cgroup2") continue;
-    const std::string root = unescape(f[3]), point = unescape(f[4]);
+    CgroupMount m;
+    m.root = unescape(f[3]);
+    m.point = unescape(f[4]);
+    m.v2 = fstype == "cgroup2";
+    if (!m.v2) m.controllers = split(*(dash + 3), ',');
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+CgroupPlace cgroup_place(const std::string& name) {
+  // As mounted: /sys/fs/cgroup/cpu is often a link to the hierarchy cpu,cpuacct. (A directory
+  // that does not exist is taken as named.)
+  char* real = ::realpath(name.c_str(), nullptr);
+  const std::string dir = real != nullptr ? real : name;
+  std::free(real);
+  CgroupPlace best;
+  std::size_t best_len = 0;
+  for (const CgroupMount& m : cgroup_mounts()) {
+    const std::string& point = m.point;
     const bool under = dir == point || point == "/" ||
                        (dir.compare(0, point.size(), point) == 0 && dir[point.size()] == '/');
     if (!under || point.size() < best_len) continue;
     best_len = point.size();
     best.found = true;
-    best.v2 = fstype == "cgroup2";
+    best.v2 = m.v2;
     std::string rel = dir.size() > point.size() ? dir.substr(point == "/" ? 0 : point.size()) : "";
-    best.path = (root == "/" ? std::string() : root) + rel;
+    best.path = (m.root == "/" ? std::string() : m.root) + rel;
     if (best.path.empty()) best.path = "/";
-    best.controllers = best.v2 ? std::vector<std::string>{} : split(*(dash + 3), ',');
+    best.controllers = m.controllers;
   }
   return best;
 }

@@ -27,6 +27,17 @@ struct CgroupPlace {
   std::vector<std::string> controllers;
 };
 
+/// A cgroup file system as mounted: the hierarchy's group shown at the mount point (`root`, "/"
+/// but in a container's view), and for v1 its controllers (the super options, e.g. "rw" too).
+struct CgroupMount {
+  std::string root, point;
+  bool v2 = false;
+  std::vector<std::string> controllers;
+};
+
+/// The cgroup and cgroup2 file systems of /proc/self/mountinfo, in its order.
+std::vector<CgroupMount> cgroup_mounts();
+
 /// Where `dir` lies among the cgroup file systems mounted (/proc/self/mountinfo; the mount whose
 /// mount point is the longest prefix of dir, resolved through links first, as /sys/fs/cgroup/cpu
 /// often is one). Not found: dir is on no cgroup file system (a test tree standing for one).

@@ -24,10 +24,9 @@
 
 namespace dt::qos {
 
+using placement::CgroupMount;
 using placement::CgroupPlace;
 using placement::own_group;
-using placement::split;
-using placement::unescape;
 
 namespace {
 
@@ -61,41 +60,33 @@ bool read_number(const std::string& path, std::uint64_t* out) {
 
 // The folder of this process's group of the memory controller (v1 or v2), "" where there is none.
 std::string own_memory_group(bool* v2) {
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    const std::vector<std::string> f = split(line, ' ');
-    if (f.size() < 6) continue;
-    const auto dash = std::find(f.begin() + 6, f.end(), "-");
-    if (dash == f.end() || f.end() - dash < 4) continue;
-    const std::string& fstype = *(dash + 1);
+  for (const CgroupMount& m : placement::cgroup_mounts()) {
     CgroupPlace h;
-    h.v2 = fstype == "cgroup2";
+    h.v2 = m.v2;
+    h.controllers = m.controllers;
     if (h.v2) {
       // The v2 hierarchy serves memory where its root lists the controller.
-      std::ifstream ctl(unescape(f[4]) + "/cgroup.controllers");
+      std::ifstream ctl(m.point + "/cgroup.controllers");
       std::string c;
       bool memory = false;
       while (ctl >> c) memory = memory || c == "memory";
       if (!memory) continue;
-    } else {
-      if (fstype != "cgroup") continue;
-      h.controllers = split(*(dash + 3), ',');
-      if (std::find(h.controllers.begin(), h.controllers.end(), "memory") == h.controllers.end())
-        continue;
+    } else if (std::find(h.controllers.begin(), h.controllers.end(), "memory") ==
+               h.controllers.end()) {
+      continue;
     }
-    const std::string group = own_group(h), root = unescape(f[3]);
+    const std::string group = own_group(h);
     if (group.empty()) continue;
     // The mount shows the hierarchy from `root` down (a container's view): the group below it.
     std::string rel = group;
-    if (root != "/") {
-      const bool below = group.compare(0, root.size(), root) == 0 &&
-                         (group.size() == root.size() || group[root.size()] == '/');
+    if (m.root != "/") {
+      const bool below = group.compare(0, m.root.size(), m.root) == 0 &&
+                         (group.size() == m.root.size() || group[m.root.size()] == '/');
       if (!below) continue;
-      rel = group.substr(root.size());
+      rel = group.substr(m.root.size());
     }
     *v2 = h.v2;
-    return unescape(f[4]) + (rel == "/" ? "" : rel);
+    return m.point + (rel == "/" ? "" : rel);
   }
   return "";
 }
