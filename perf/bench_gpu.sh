@@ -16,8 +16,9 @@
 #      launch (steady-state tokens/s of the same run length, one after the other), on the fused
 #      model and through the stage engine, and gpt-tiny in bf16 with the weights' 16-bit copy
 #      against casting them for every product.
-# Prints a RESULTS.md section and appends it to perf/RESULTS.md; the full logs of the checks and
-# runs go to $DT_GPU_LOGS when set. Each check and each dt_train run is stopped after
+# Prints a RESULTS.md section and appends it to perf/RESULTS.md ($DT_GPU_RESULTS names another
+# file); each figure is said on stderr as it is measured; the full logs of the checks and runs go
+# to $DT_GPU_LOGS when set. Each check and each dt_train run is stopped after
 # $DT_GPU_TIMEOUT seconds (default 300).
 # Usage: perf/bench_gpu.sh [steps]
 # Building needs what a dt build needs (scripts/bootstrap installs it) besides the CUDA Toolkit
@@ -60,12 +61,19 @@ else checks="passed"; fi
 gemm=$("${run[@]}" "$bin/bench_gpu_gemm" "$plugins/libdt_hal_cuda.so" 8192 8192 8192 bf16 40) || gemm=""
 device=$(sed -n 's/^device: //p' <<<"$gemm")
 rate=$(sed -n 's/.*, \([0-9.]*\) TFLOP\/s.*/\1/p' <<<"$gemm")
+echo "bench_gpu: cuBLAS bf16 GEMM 8192^3: ${rate:-?} TFLOP/s" >&2
 
-run_train() {  # run_train LOG ARGS...: dt_train on the CUDA device; prints its "done" line
-  local out=$log/$1.log; shift
+# run_train NAME ARGS...: dt_train on the CUDA device, its output in $log/NAME.log; prints its
+# "done" line, and says it on stderr too, so that a run cut short still shows what it measured.
+run_train() {
+  local name=$1 out=$log/$1.log done
+  shift
   timeout "${DT_GPU_TIMEOUT:-300}" "${run[@]}" "$bin/dt_train" --runtime.device=cuda --runtime.plugin-path="$plugins" \
-    --data.path="$text" --train.eval-every=0 "$@" >"$out" 2>&1 || { tail -20 "$out" >&2; return 1; }
-  grep -E "^dt_train: done:" "$out" | tail -1
+    --data.path="$text" --train.eval-every=0 "$@" >"$out" 2>&1 ||
+    { tail -20 "$out" >&2; echo "bench_gpu: $name: dt_train failed" >&2; return 1; }
+  done=$(grep -E "^dt_train: done:" "$out" | tail -1)
+  echo "bench_gpu: $name (${DT_CUDA_FLASH:+DT_CUDA_FLASH=$DT_CUDA_FLASH }${DT_CUDA_LT:+DT_CUDA_LT=$DT_CUDA_LT }${DT_CUDA_LT_TUNE:+DT_CUDA_LT_TUNE=$DT_CUDA_LT_TUNE }$*): $done" >&2
+  echo "$done"
 }
 # "... N tok/s (steady state), G GFLOP/s per rank ..." -> N or G
 tok_of() { sed -n 's/.*, \([0-9.]*\) tok\/s (steady state).*/\1/p' <<<"$1"; }
@@ -86,15 +94,16 @@ if done=$(run_train small "${small[@]}" --model.pad-vocab=64); then
   [ -n "$gf" ] && [ -n "$rate" ] && mfu=$(awk -v g="$gf" -v r="$rate" 'BEGIN{printf "%.1f%%", 100*g/1000/r}')
 fi
 
-# vs_small LOG ARGS...: tok/s of gpt-small with ARGS (which name model.pad-vocab; the plugin's
+# vs_small NAME ARGS...: tok/s of gpt-small with ARGS (which name model.pad-vocab; the plugin's
 # opt-in paths through the environment), run after the one above (padded, flash attention on the
-# plugin's default kernels, cublasGemmEx) with the same run length. ratio_of X Y: "X/Y".
+# plugin's default kernels, cublasGemmEx) with the same run length; its log is $log/NAME.log.
+# (A local named log would hide the log folder from run_train.) ratio_of X Y: "X/Y".
 base_tok=$(tok_of "${done:-}")
 vs_small() {
-  local log=$1 a
+  local name=$1 a
   shift
   [ -n "$base_tok" ] || return 1
-  a=$(run_train "$log" "${small[@]}" "$@") || return 1
+  a=$(run_train "$name" "${small[@]}" "$@") || return 1
   tok_of "$a"
 }
 ratio_of() { awk -v x="$1" -v y="$2" 'BEGIN{printf "%.2fx", x/y}'; }
@@ -197,7 +206,7 @@ fi
 
 # Figures go into RESULTS.md only from a machine whose GPU passed the kernel test, on the
 # default paths and on the opt-in ones (whose figures the table holds too).
-results=$root/perf/RESULTS.md
+results=${DT_GPU_RESULTS:-$root/perf/RESULTS.md}
 [[ " $DT_GPU_PASSED " == *" cuda_kernels "* && " $DT_GPU_PASSED " == *" cuda_kernels.tiled_lt "* ]] ||
   results=/dev/null
 cat <<EOT | tee -a "$results"
