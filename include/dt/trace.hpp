@@ -7,7 +7,7 @@
 // While tracing is off a Scope costs one relaxed atomic load in its constructor and a branch in
 // its destructor. While it is on, a Scope reads the clock twice, is kept on its thread's stack
 // of open Scopes while it lasts (a few relaxed stores; a timeline written at a hang shows them),
-// and appends one event (about 50 bytes) to a buffer owned by the calling thread (no lock; no
+// and appends one event (72 bytes) to a buffer owned by the calling thread (no lock; no
 // allocation except when the buffer grows). Each thread keeps at most kMaxEventsPerThread events;
 // later ones are counted as dropped (the count is written into the file).
 //
