@@ -5,8 +5,9 @@
 # resume that forgot the scaler's state gets wrong:
 #  - growth: growth interval 4, an overflow at step 3; the checkpoint of step 4 holds 1 clean
 #    step in a row, so the scale doubles after step 7 (not after step 8);
-#  - hysteresis: 2 overflows tolerated, overflows at steps 3 and 6; the checkpoint of step 4 holds
-#    1 overflow left, so the scale halves after step 6 (not after a third overflow).
+#  - hysteresis 2 (the scale halves at the second overflow), overflows at steps 3 and 6; the
+#    checkpoint of step 4 holds 1 overflow left, so the scale halves after step 6 (not after a
+#    third overflow).
 # The checkpoints of step 8 of both runs record the same schedule (dt_ckpt inspect). An fp16 run
 # resumed from an fp32 checkpoint starts at the initial scale, not at the fp32 file's 1.
 source "$(dirname "$0")/lib.sh"
