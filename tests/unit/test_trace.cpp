@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -11,11 +12,13 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "dt/error.hpp"
 #include "dt/trace.hpp"
+#include "obs/open_scopes.hpp"
 #include "temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -246,21 +249,73 @@ TEST_CASE("trace: a write with open_scopes shows the Scopes still open, on their
   dt::trace::stop();
 }
 
+TEST_CASE("trace: a snapshot of open Scopes taken while their owner changes them is never torn") {
+  // The owner pushes two Scopes and pops them, flat out; every field of both comes from the same
+  // iteration n (the outer one's name and category from n's parity). A snapshot read between two
+  // iterations' stores would mix them.
+  dt::trace::OpenScopes scopes;
+  std::atomic<bool> stop{false}, started{false};
+  std::thread owner([&] {
+    started = true;
+    for (std::int64_t n = 0; !stop.load(std::memory_order_relaxed); ++n) {
+      const bool odd = (n & 1) != 0;
+      scopes.push(odd ? "c" : "a", odd ? "z" : "x", odd ? "odd" : "even", n, n);
+      scopes.push("b", "y", "n", n, n);
+      scopes.pop();
+      scopes.pop();
+    }
+  });
+  while (!started.load()) std::this_thread::yield();
+  // A million reads and 1000 of them inside both Scopes (within 20 s).
+  long torn = 0, two = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (long i = 0; (i < 1000000 || two < 1000) && std::chrono::steady_clock::now() < until; ++i) {
+    const auto open = scopes.snapshot();
+    bool ok = open.size() <= 2;
+    if (!open.empty()) {
+      const auto& o = open[0];
+      const bool odd = (o.arg & 1) != 0;
+      ok = ok && std::string(o.name) == (odd ? "c" : "a") &&
+           std::string(o.category) == (odd ? "z" : "x") &&
+           std::string(o.arg_name) == (odd ? "odd" : "even") && o.t0 == o.arg;
+    }
+    if (open.size() == 2) {
+      const auto& in = open[1];
+      ok = ok && std::string(in.name) == "b" && std::string(in.category) == "y" &&
+           std::string(in.arg_name) == "n" && in.arg == open[0].arg && in.t0 == in.arg;
+      ++two;
+    }
+    if (!ok) ++torn;
+  }
+  stop = true;
+  owner.join();
+  CHECK(torn == 0);
+  CHECK(two >= 1000);  // the reads met the owner inside both Scopes
+}
+
 TEST_CASE("trace: open Scopes read while their thread opens and closes them stay consistent") {
   dt::test::TempDir dir("dt_trace_open_race");
   dt::trace::start(0, dir.path.string());
   std::atomic<bool> stop{false};
-  std::thread t([&] {  // a few microseconds a pair: the writes below stay small
-    while (!stop.load()) {
-      const dt::trace::Scope a("a", "x", "depth", 1);
-      work();
+  // The thread opens and closes Scopes as fast as it goes; the outer one's name, category and
+  // argument change together (a with even arguments, c with odd), so a slot read torn between two
+  // Scopes shows as a mismatch. Tracing starts afresh before each write (the thread's Scopes
+  // then go on the new buffer), so each write holds a millisecond's events: a thread running
+  // flat out filled its million events, and writing them 200 times took minutes under
+  // AddressSanitizer.
+  std::thread t([&] {
+    for (std::int64_t n = 0; !stop.load(); ++n) {
+      const bool odd = (n & 1) != 0;
+      const dt::trace::Scope a(odd ? "c" : "a", odd ? "z" : "x", "n", n);
       const dt::trace::Scope b("b", "y", "depth", 2);
-      work();
     }
   });
-  // Until 20 open Scopes were read (at most 200 writes): each whole, never ending before it began.
+  // Until 40 open Scopes were read (at most 400 writes): each whole, never ending before it began.
   int seen = 0;
-  for (int i = 0; i < 200 && seen < 20; ++i) {
+  for (int i = 0; i < 400 && seen < 40; ++i) {
+    dt::trace::stop();
+    dt::trace::start(0, dir.path.string());
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
     json doc = load(dt::trace::write(true));
     for (const auto& e : doc["traceEvents"]) {
       if (e["ph"] != "X") continue;
@@ -268,12 +323,17 @@ TEST_CASE("trace: open Scopes read while their thread opens and closes them stay
       if (cat.find(" (open)") == std::string::npos) continue;
       ++seen;
       // A slot is read whole: name, category and argument of one Scope.
-      CHECK(((name == "a" && cat == "x (open)" && e["args"]["depth"] == 1) ||
-             (name == "b" && cat == "y (open)" && e["args"]["depth"] == 2)));
+      if (name == "b") {
+        CHECK((cat == "y (open)" && e["args"]["depth"] == 2));
+      } else {
+        const std::int64_t n = e["args"]["n"];
+        CHECK(((name == "a" && cat == "x (open)" && n % 2 == 0) ||
+               (name == "c" && cat == "z (open)" && n % 2 == 1)));
+      }
       CHECK(e["dur"].get<double>() >= 0);
     }
   }
-  CHECK(seen >= 20);
+  CHECK(seen >= 40);
   stop = true;
   t.join();
   dt::trace::stop();
