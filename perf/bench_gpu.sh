@@ -71,7 +71,8 @@ run_train() {
   timeout "${DT_GPU_TIMEOUT:-300}" "${run[@]}" "$bin/dt_train" --runtime.device=cuda --runtime.plugin-path="$plugins" \
     --data.path="$text" --train.eval-every=0 "$@" >"$out" 2>&1 ||
     { tail -20 "$out" >&2; echo "bench_gpu: $name: dt_train failed" >&2; return 1; }
-  done=$(grep -E "^dt_train: done:" "$out" | tail -1)
+  done=$(grep -E "^dt_train: done:" "$out" | tail -1) || true
+  [ -n "$done" ] || { tail -20 "$out" >&2; echo "bench_gpu: $name: no 'dt_train: done:' line" >&2; return 1; }
   echo "bench_gpu: $name (${DT_CUDA_FLASH:+DT_CUDA_FLASH=$DT_CUDA_FLASH }${DT_CUDA_LT:+DT_CUDA_LT=$DT_CUDA_LT }${DT_CUDA_LT_TUNE:+DT_CUDA_LT_TUNE=$DT_CUDA_LT_TUNE }$*): $done" >&2
   echo "$done"
 }
@@ -91,7 +92,7 @@ small=("${small_model[@]}" --train.batch=8 --train.micro-batch=4)
 if done=$(run_train small "${small[@]}" --model.pad-vocab=64); then
   tok=$(tok_of "$done"); gf=$(gflops_of "$done")
   train="$tok tok/s, $gf GFLOP/s"
-  [ -n "$gf" ] && [ -n "$rate" ] && mfu=$(awk -v g="$gf" -v r="$rate" 'BEGIN{printf "%.1f%%", 100*g/1000/r}')
+  [ -n "$gf" ] && [ -n "$rate" ] && mfu=$(awk -v g="$gf" -v r="$rate" 'BEGIN{if (r + 0 > 0) printf "%.1f%%", 100*g/1000/r; else printf "?"}')
 fi
 
 # vs_small NAME ARGS...: tok/s of gpt-small with ARGS (which name model.pad-vocab; the plugin's
@@ -104,9 +105,11 @@ vs_small() {
   shift
   [ -n "$base_tok" ] || return 1
   a=$(run_train "$name" "${small[@]}" "$@") || return 1
-  tok_of "$a"
+  a=$(tok_of "$a")
+  [ -n "$a" ] || return 1
+  echo "$a"
 }
-ratio_of() { awk -v x="$1" -v y="$2" 'BEGIN{printf "%.2fx", x/y}'; }
+ratio_of() { awk -v x="$1" -v y="$2" 'BEGIN{if (y + 0 > 0) printf "%.2fx", x/y; else printf "?"}'; }
 
 # 1b. The head over 50257 columns (no dimension of the vocabulary's products a multiple of 8)
 #     against 50304.
@@ -152,7 +155,7 @@ bigmfu="?"
 mfu_of() {  # "... G GFLOP/s ..." -> MFU against the cuBLAS rate
   local gf
   gf=$(gflops_of "$1")
-  [ -n "$gf" ] && [ -n "$rate" ] && awk -v g="$gf" -v r="$rate" 'BEGIN{printf "%.1f%%", 100*g/1000/r}'
+  [ -n "$gf" ] && [ -n "$rate" ] && awk -v g="$gf" -v r="$rate" 'BEGIN{if (r + 0 > 0) printf "%.1f%%", 100*g/1000/r; else printf "?"}'
 }
 if d=$(DT_CUDA_FLASH=tiled DT_CUDA_LT=1 run_train small_new "${small[@]}" --model.pad-vocab=64); then
   both="$(tok_of "$d") tok/s, $(gflops_of "$d") GFLOP/s"
@@ -171,7 +174,7 @@ compare() {
   shift 4
   a=$(run_train "$la" "$@" "$oa") && b=$(run_train "$lb" "$@" "$ob") || return 1
   ta=$(tok_of "$a"); tb=$(tok_of "$b")
-  printf '%s|%s|%s\n' "$ta" "$tb" "$(awk -v x="$ta" -v y="$tb" 'BEGIN{printf "%.2fx", y/x}')"
+  printf '%s|%s|%s\n' "$ta" "$tb" "$(ratio_of "$tb" "$ta")"
 }
 micro=(--config "$root/configs/micro.ini" --train.steps=300)
 
@@ -206,7 +209,8 @@ fi
 
 # Figures go into RESULTS.md only from a machine whose GPU passed the kernel test, on the
 # default paths and on the opt-in ones (whose figures the table holds too).
-results=${DT_GPU_RESULTS:-$root/perf/RESULTS.md}
+results_file=${DT_GPU_RESULTS:-$root/perf/RESULTS.md}
+results=$results_file
 [[ " $DT_GPU_PASSED " == *" cuda_kernels "* && " $DT_GPU_PASSED " == *" cuda_kernels.tiled_lt "* ]] ||
   results=/dev/null
 cat <<EOT | tee -a "$results"
@@ -241,5 +245,5 @@ Command: \`${DT_GPU_PAYLOAD:+DT_GPU_PAYLOAD=$DT_GPU_PAYLOAD }perf/bench_gpu.sh $
 Driver and GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 EOT
 [ "$results" != /dev/null ] ||
-  echo "bench_gpu: the kernel test did not pass on a GPU: perf/RESULTS.md left as it was" >&2
+  echo "bench_gpu: the kernel test did not pass on a GPU: $results_file left as it was" >&2
 [ -z "$DT_GPU_FAILED" ] || { echo "bench_gpu: failed:$DT_GPU_FAILED" >&2; exit 1; }

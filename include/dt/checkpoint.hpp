@@ -108,8 +108,8 @@ struct CkptMeta {
   std::int64_t rng_seed = 0;
   double loss_scale = 1.0;
   /// The loss scaler's schedule, so that a resumed run scales as an uninterrupted one: clean steps
-  /// in a row, overflows left until the next back-off (that one included), steps skipped. -1: not recorded (files
-  /// of format version 2 and older, imported checkpoints).
+  /// in a row, overflows left until the next back-off (0 or 1: the next overflow backs off), steps
+  /// skipped. -1: not recorded (files of format version 2 and older, imported checkpoints).
   std::int64_t loss_scale_growth_tracker = -1;
   std::int64_t loss_scale_hysteresis_left = -1;
   std::int64_t steps_skipped = -1;

@@ -522,18 +522,22 @@ class ConnectionThreads final : public httplib::TaskQueue {
 class DeadlineStream final : public httplib::Stream {
  public:
   using Clock = std::chrono::steady_clock;
-  DeadlineStream(int sock, Clock::time_point deadline, std::chrono::milliseconds idle)
-      : sock_(sock), deadline_(deadline), idle_(idle) {}
+  // `server` is the listening socket, invalid once the server stops: the connection ends then.
+  DeadlineStream(int sock, Clock::time_point deadline, std::chrono::milliseconds idle,
+                 const std::atomic<socket_t>& server)
+      : sock_(sock), deadline_(deadline), idle_(idle), server_(server) {}
 
   bool is_readable() const override { return have_ < got_ || wait(POLLIN); }
   bool is_writable() const override { return wait(POLLOUT); }
+  // recv and send never block (MSG_DONTWAIT): httplib's sockets block, with timeouts of their
+  // own that a send of a whole answer to a slow reader would wait out past the deadline.
   ssize_t read(char* ptr, std::size_t size) override {
     if (have_ == got_) {  // the buffer is spent: one recv refills it (httplib reads byte-wise)
-      if (!wait(POLLIN)) return -1;
       ssize_t k;
       do {
-        k = ::recv(sock_, buf_, sizeof buf_, 0);
-      } while (k < 0 && errno == EINTR);
+        if (!wait(POLLIN)) return -1;
+        k = ::recv(sock_, buf_, sizeof buf_, MSG_DONTWAIT);
+      } while (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK));
       if (k <= 0) return k;
       have_ = 0;
       got_ = static_cast<std::size_t>(k);
@@ -543,12 +547,12 @@ class DeadlineStream final : public httplib::Stream {
     have_ += n;
     return static_cast<ssize_t>(n);
   }
-  ssize_t write(const char* ptr, std::size_t size) override {
-    if (!wait(POLLOUT)) return -1;
+  ssize_t write(const char* ptr, std::size_t size) override {  // a part (httplib sends the rest)
     ssize_t k;
     do {
-      k = ::send(sock_, ptr, size, MSG_NOSIGNAL);
-    } while (k < 0 && errno == EINTR);
+      if (!wait(POLLOUT)) return -1;
+      k = ::send(sock_, ptr, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK));
     return k;
   }
   void get_remote_ip_and_port(std::string& ip, int& port) const override {
@@ -560,15 +564,20 @@ class DeadlineStream final : public httplib::Stream {
   socket_t socket() const override { return sock_; }
 
  private:
-  // Waits for `events` until the idle limit or the deadline, whichever is first.
+  // Waits for `events` until the idle limit or the deadline, whichever is first, or until the
+  // server stops (looked at every 100 ms).
   bool wait(short events) const {
+    const Clock::time_point idle_end = Clock::now() + idle_;
     for (;;) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
+      if (server_.load() == INVALID_SOCKET) return false;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::min(deadline_, idle_end) - Clock::now());
       if (left.count() <= 0) return false;
       pollfd p{sock_, events, 0};
-      const int rc = ::poll(&p, 1, static_cast<int>(std::min(left, idle_).count()));
+      const int rc =
+          ::poll(&p, 1, static_cast<int>(std::min(left, std::chrono::milliseconds(100)).count()));
       if (rc < 0 && errno == EINTR) continue;
+      if (rc == 0) continue;
       return rc > 0 && (p.revents & (events | POLLHUP | POLLERR)) != 0;
     }
   }
@@ -586,6 +595,7 @@ class DeadlineStream final : public httplib::Stream {
   int sock_;
   Clock::time_point deadline_;
   std::chrono::milliseconds idle_;
+  const std::atomic<socket_t>& server_;
   char buf_[4096];
   std::size_t have_ = 0, got_ = 0;
 };
@@ -604,7 +614,7 @@ class DeadlineServer final : public httplib::Server {
 
  private:
   bool process_and_close_socket(socket_t sock) override {
-    DeadlineStream strm(sock, DeadlineStream::Clock::now() + deadline_, kIdle);
+    DeadlineStream strm(sock, DeadlineStream::Clock::now() + deadline_, kIdle, svr_sock_);
     bool closed = false;
     const bool ok =
         svr_sock_ != INVALID_SOCKET && process_request(strm, /*close_connection=*/true, closed, {});
@@ -876,6 +886,7 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
     // clients that connect and say nothing are dropped after a second, clients that trickle their
     // request after request_deadline_s; none holds the exit.
     server.new_task_queue = [] { return new ConnectionThreads; };
+    server.set_payload_max_length(64 * 1024);  // GET has no body: a large one is refused (413)
     // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second rank on the
     // same port would silently share it instead of failing.
     server.set_socket_options([](socket_t sock) {
@@ -957,9 +968,10 @@ Exporter::~Exporter() {
     sv.server.stop();
     // A scrape that passed the check before `closing` was set ends first; later ones see it.
     { const std::unique_lock<std::shared_mutex> shut(sv.gate); }
-    // The server's thread ends once its connections have: a client that never finishes its
-    // request would hold the exit. After a second it is left to the process's end, with the
-    // server it uses (deliberately not freed); its handlers no longer read the registry.
+    // The server's thread ends once its connections have, which see the stop within 0.1 s
+    // (DeadlineStream). Should one not end within a second (a handler held up), the thread is
+    // left to the process's end, with the server it uses (deliberately not freed); its handlers
+    // no longer read the registry.
     if (ended.wait_for(std::chrono::seconds(1)) == std::future_status::ready) {
       sv.thread.join();
     } else {

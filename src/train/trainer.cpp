@@ -343,8 +343,9 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("loss-scale.growth-interval", &c.loss_scale_growth_interval, 2000,
            "train.dtype=fp16: clean steps in a row after which the scale doubles", 1L, 1L << 40)
       .add("loss-scale.hysteresis", &c.loss_scale_hysteresis, 1,
-           "train.dtype=fp16: the scale halves at this overflow since the last growth (1: at "
-           "every overflow; each overflow step is skipped)",
+           "train.dtype=fp16: the scale halves at this overflow since the last growth and at "
+           "each one after it until the next growth (1: at every overflow; each overflow step "
+           "is skipped)",
            1, 1 << 20)
       .add("loss-scale.min", &c.loss_scale_min, 1.0,
            "train.dtype=fp16: the scale never falls below this", 1e-30, 1e30)

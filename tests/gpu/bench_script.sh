@@ -6,12 +6,25 @@
 # one run of the script, so a figure it would lose must be found here.
 # Case A: the checks pass; the section goes to DT_GPU_RESULTS with every figure.
 # Case B: the kernel test fails; the script exits 1 and leaves DT_GPU_RESULTS as it was.
+# Case C: one dt_train run ends well without its "done" line; that row alone is not measured.
+# mpirun is a stand-in too (it sets OMPI_COMM_WORLD_SIZE from -n), so no MPI is needed.
 # Usage: bench_script.sh ROOT
 set -euo pipefail
 root=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "bench_script: FAIL: $*" >&2; exit 1; }
+unset DT_CUDA_FLASH DT_CUDA_LT DT_CUDA_LT_TUNE DT_GPU_LOGS DT_GPU_RESULTS
+mkdir -p "$work/bin"
+cat >"$work/bin/mpirun" <<'EOF'
+#!/bin/sh
+[ "$1" = -n ] || { echo "stand-in mpirun: expected -n N PROGRAM" >&2; exit 2; }
+n=$2
+shift 2
+OMPI_COMM_WORLD_SIZE=$n exec "$@"
+EOF
+chmod +x "$work/bin/mpirun"
+export PATH=$work/bin:$PATH
 
 mkdir -p "$work/p/dt/bin" "$work/p/dt/plugins" "$work/p/dt/share"
 printf '#!/bin/sh\nexec "$@"\n' >"$work/p/dt/dtenv"
@@ -37,6 +50,7 @@ EOF
 cat >"$work/p/dt/bin/dt_train" <<'EOF'
 #!/bin/sh
 tok=1000
+case " $* " in *" --model.pad-vocab=0 "*) [ -z "${STUB_UNPADDED_SILENT:-}" ] || exit 0 ;; esac
 for a in "$@"; do
   case $a in
     --model.pad-vocab=0) tok=$((tok * 8 / 10)) ;;
@@ -117,7 +131,20 @@ STUB_KERNELS_FAIL=1 DT_GPU_RESULTS=$work/results.md "$root/perf/bench_gpu.sh" 30
   >"$work/out" 2>"$work/err" || rc=$?
 [ "$rc" = 1 ] || { cat "$work/err" >&2; fail "case B: exit $rc with the kernel test failing, expected 1"; }
 grep -q "cuda_kernels: FAILED" "$work/err" || fail "case B: no line naming the failed kernel test"
-grep -q "perf/RESULTS.md left as it was" "$work/err" || fail "case B: no line saying the results were left"
+grep -q "$work/results.md left as it was" "$work/err" || fail "case B: no line saying the results were left"
 cmp -s "$work/before.md" "$work/results.md" || fail "case B: DT_GPU_RESULTS changed"
 echo "case B: a failed kernel test leaves the results file as it was, exit 1"
+
+# Case C.
+: >"$work/results.md"
+rc=0
+STUB_UNPADDED_SILENT=1 DT_GPU_RESULTS=$work/results.md "$root/perf/bench_gpu.sh" 30 \
+  >"$work/out" 2>"$work/err" || rc=$?
+[ "$rc" = 0 ] || { cat "$work/err" >&2; fail "case C: exit $rc, expected 0"; }
+grep -q "small_unpadded: no 'dt_train: done:' line" "$work/err" ||
+  fail "case C: no line naming the run without its done line"
+expect "gpt-small: the head over the vocabulary" "not measured"
+expect "padded head speed-up" "?"
+expect "flash attention speed-up" "2.00x, tiled 2.40x"
+echo "case C: a run without its done line is not measured, and the others are"
 echo "bench_script: all passed"

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -537,6 +538,25 @@ TEST_CASE("metrics: HTTP /metrics on an ephemeral port") {
     c.inc();
     CHECK(parse(http_get(port, "/metrics").body).value("dt_requests_total", {{"k", "v"}}) == 8);
     CHECK(http_get(port, "/other").status == 404);
+    // A request with a body larger than any scrape's is refused (413), not read.
+    {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      REQUIRE(fd >= 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<std::uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+      const std::string req =
+          "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n";
+      REQUIRE(::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size()));
+      std::string reply;
+      char buf[4096];
+      for (ssize_t k; (k = ::read(fd, buf, sizeof buf)) > 0;)
+        reply.append(buf, static_cast<std::size_t>(k));
+      ::close(fd);
+      CHECK(reply.rfind("HTTP/1.1 413", 0) == 0);
+    }
     // The same port again is refused with a message naming it.
     o.port = port;
     CHECK_THROWS_WITH_AS(dt::metrics::Exporter(r, o),
@@ -606,6 +626,14 @@ TEST_CASE("metrics: a connection is closed at its deadline, and scrapes are answ
       if (Clock::now() - t0 > std::chrono::seconds(20)) break;
     }
   });
+  struct Joined {  // the trickler ends before the test does, also where a REQUIRE leaves it
+    std::atomic<bool>& on;
+    std::thread& t;
+    ~Joined() {
+      on = false;
+      if (t.joinable()) t.join();
+    }
+  } joined{trickling, trickler};
   // A scrape while they trickle, its own reads bounded (10 s) so that a held server fails it.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const int s = connect_to();
@@ -631,6 +659,45 @@ TEST_CASE("metrics: a connection is closed at its deadline, and scrapes are answ
     CHECK(closed_after[i] >= o.request_deadline_s);
     ::close(fds[i]);
   }
+}
+
+TEST_CASE("metrics: stopping the server ends the connections under way") {
+  // A client trickles its request (within its deadline, never a second without a byte) while the
+  // exporter goes: once the exporter is gone, so is the connection. (Left to its deadline, it
+  // would outlive the exporter, on a thread left running.)
+  Registry r;
+  dt::metrics::ExporterOptions o;
+  o.host = "127.0.0.1";
+  o.port = -1;
+  o.request_deadline_s = 30;
+  auto ex = std::make_unique<dt::metrics::Exporter>(r, o);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(ex->port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  std::atomic<bool> trickling{true};
+  std::thread trickler([&] {
+    (void)!::send(fd, "GET /metrics HTTP/1.1\r\n", 23, MSG_NOSIGNAL);
+    while (trickling.load()) {
+      (void)!::send(fd, "X", 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ex.reset();
+  timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char c;
+  const ssize_t k = ::recv(fd, &c, 1, 0);
+  const int err = errno;
+  trickling = false;
+  trickler.join();
+  ::close(fd);
+  CHECK(k <= 0);
+  CHECK_FALSE((k < 0 && (err == EAGAIN || err == EWOULDBLOCK)));  // not still waiting
 }
 
 TEST_CASE("metrics: push path encodes the grouping key") {
