@@ -163,7 +163,8 @@ struct Reply {
   std::string body;
 };
 
-Reply http_get(int port, const std::string& path) {
+// A socket connected to `port` on the loopback address.
+int connect_loopback(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(fd >= 0);
   sockaddr_in a{};
@@ -171,14 +172,24 @@ Reply http_get(int port, const std::string& path) {
   a.sin_port = htons(static_cast<std::uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  const std::string req =
-      "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-  REQUIRE(::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+  return fd;
+}
+
+// Sends `req` on `fd`, reads until the peer closes (or a read fails), closes fd.
+std::string exchange(int fd, const std::string& req) {
+  REQUIRE(::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size()));
   std::string all;
   char buf[4096];
   for (ssize_t k; (k = ::read(fd, buf, sizeof buf)) > 0;)
     all.append(buf, static_cast<std::size_t>(k));
   ::close(fd);
+  return all;
+}
+
+Reply http_get(int port, const std::string& path) {
+  const std::string all =
+      exchange(connect_loopback(port),
+               "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
   Reply r;
   REQUIRE(all.rfind("HTTP/1.1 ", 0) == 0);
   r.status = std::stoi(all.substr(9, 3));
@@ -539,24 +550,9 @@ TEST_CASE("metrics: HTTP /metrics on an ephemeral port") {
     CHECK(parse(http_get(port, "/metrics").body).value("dt_requests_total", {{"k", "v"}}) == 8);
     CHECK(http_get(port, "/other").status == 404);
     // A request with a body larger than any scrape's is refused (413), not read.
-    {
-      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      REQUIRE(fd >= 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_port = htons(static_cast<std::uint16_t>(port));
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-      const std::string req =
-          "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n";
-      REQUIRE(::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size()));
-      std::string reply;
-      char buf[4096];
-      for (ssize_t k; (k = ::read(fd, buf, sizeof buf)) > 0;)
-        reply.append(buf, static_cast<std::size_t>(k));
-      ::close(fd);
-      CHECK(reply.rfind("HTTP/1.1 413", 0) == 0);
-    }
+    CHECK(exchange(connect_loopback(port),
+                   "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n")
+              .rfind("HTTP/1.1 413", 0) == 0);
     // The same port again is refused with a message naming it.
     o.port = port;
     CHECK_THROWS_WITH_AS(dt::metrics::Exporter(r, o),
@@ -587,22 +583,12 @@ TEST_CASE("metrics: a connection is closed at its deadline, and scrapes are answ
   dt::metrics::Exporter ex(r, o);
   const int port = ex.port();
   REQUIRE(port > 0);
-  auto connect_to = [port] {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<std::uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    return fd;
-  };
   constexpr int kClients = 40;
   std::vector<int> fds;
   std::vector<double> closed_after(kClients, -1);  // seconds from the first connect, -1: open
   const auto t0 = Clock::now();
   for (int i = 0; i < kClients; ++i) {
-    fds.push_back(connect_to());
+    fds.push_back(connect_loopback(port));
     const std::string start = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
     REQUIRE(::send(fds.back(), start.data(), start.size(), MSG_NOSIGNAL) ==
             static_cast<ssize_t>(start.size()));
@@ -636,16 +622,10 @@ TEST_CASE("metrics: a connection is closed at its deadline, and scrapes are answ
   } joined{trickling, trickler};
   // A scrape while they trickle, its own reads bounded (10 s) so that a held server fails it.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  const int s = connect_to();
+  const int s = connect_loopback(port);
   timeval tv{10, 0};
   ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  const std::string req = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
-  REQUIRE(::send(s, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size()));
-  std::string reply;
-  char buf[4096];
-  for (ssize_t k; (k = ::read(s, buf, sizeof buf)) > 0;)
-    reply.append(buf, static_cast<std::size_t>(k));
-  ::close(s);
+  const std::string reply = exchange(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
   CHECK(reply.rfind("HTTP/1.1 200", 0) == 0);
   CHECK(reply.find("Connection: close\r\n") != std::string::npos);  // one request a connection
   CHECK(reply.find("dt_requests_total 3") != std::string::npos);
@@ -671,13 +651,7 @@ TEST_CASE("metrics: stopping the server ends the connections under way") {
   o.port = -1;
   o.request_deadline_s = 30;
   auto ex = std::make_unique<dt::metrics::Exporter>(r, o);
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(ex->port()));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  const int fd = connect_loopback(ex->port());
   std::atomic<bool> trickling{true};
   std::thread trickler([&] {
     (void)!::send(fd, "GET /metrics HTTP/1.1\r\n", 23, MSG_NOSIGNAL);
