@@ -20,7 +20,7 @@ ${LAUNCH[@]+"${LAUNCH[@]}"} "$TRAIN" --config "$CONFIG" --data.path="$TEXT" --tr
 pid=$!
 # The signal goes during step 2: once step 1's line is out (a step takes seconds, the reaction
 # here a tenth of one). However long step 1 takes: the test's timeout bounds the wait.
-until grep -q "^step *1/3" run.out; do
+until grep -qs "^step *1/3" run.out; do
   kill -0 "$pid" 2>/dev/null || { sed 's/^/    /' run.out; echo "FAIL: dt_train ended before step 1"; exit 1; }
   sleep 0.1
 done
