@@ -84,6 +84,11 @@ gflops_of() { sed -n 's/.* \([0-9.]*\) GFLOP\/s per rank.*/\1/p' <<<"$1"; }
 #    parameters; the byte text uses its first 256 ids) in bf16: model FLOP utilisation against the
 #    cuBLAS bf16 rate measured above. A tenth of the text is held out, so the validation split
 #    holds the config's windows of 1025 tokens.
+mfu_of() {  # "... G GFLOP/s ..." -> MFU against the cuBLAS rate
+  local gf
+  gf=$(gflops_of "$1")
+  [ -n "$gf" ] && [ -n "$rate" ] && awk -v g="$gf" -v r="$rate" 'BEGIN{if (r + 0 > 0) printf "%.1f%%", 100*g/1000/r; else printf "?"}'
+}
 train="not measured: dt_train on cuda/bf16 failed (its last lines are on stderr)"
 mfu="?"
 small_model=(--config "$root/configs/gpt-small.ini" --train.dtype=bf16 --model.vocab=50257
@@ -92,7 +97,7 @@ small=("${small_model[@]}" --train.batch=8 --train.micro-batch=4)
 if done=$(run_train small "${small[@]}" --model.pad-vocab=64); then
   tok=$(tok_of "$done"); gf=$(gflops_of "$done")
   train="$tok tok/s, $gf GFLOP/s"
-  [ -n "$gf" ] && [ -n "$rate" ] && mfu=$(awk -v g="$gf" -v r="$rate" 'BEGIN{if (r + 0 > 0) printf "%.1f%%", 100*g/1000/r; else printf "?"}')
+  mfu=$(mfu_of "$done") || mfu="?"
 fi
 
 # vs_small NAME ARGS...: tok/s of gpt-small with ARGS (which name model.pad-vocab; the plugin's
@@ -152,11 +157,6 @@ both="not measured"
 bothmfu="?"
 big="not measured"
 bigmfu="?"
-mfu_of() {  # "... G GFLOP/s ..." -> MFU against the cuBLAS rate
-  local gf
-  gf=$(gflops_of "$1")
-  [ -n "$gf" ] && [ -n "$rate" ] && awk -v g="$gf" -v r="$rate" 'BEGIN{if (r + 0 > 0) printf "%.1f%%", 100*g/1000/r; else printf "?"}'
-}
 if d=$(DT_CUDA_FLASH=tiled DT_CUDA_LT=1 run_train small_new "${small[@]}" --model.pad-vocab=64); then
   both="$(tok_of "$d") tok/s, $(gflops_of "$d") GFLOP/s"
   bothmfu=$(mfu_of "$d") || bothmfu="?"
