@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstring>
@@ -213,16 +214,31 @@ void pause_between_polls(int spins, bool polled) {
 
 class MpiWork final : public WorkImpl {
  public:
-  MpiWork(std::string desc, int rank, std::string comm, bool p2p)
-      : desc_(std::move(desc)), comm_(std::move(comm)), rank_(rank), p2p_(p2p) {}
+  /// A point-to-point operation (`p2p`), or a collective of the communicator whose flag
+  /// `left_pending` is set if its Work ends unfinished.
+  MpiWork(std::string desc, int rank, std::string comm, bool p2p,
+          std::shared_ptr<std::atomic<bool>> left_pending = nullptr)
+      : desc_(std::move(desc)),
+        comm_(std::move(comm)),
+        rank_(rank),
+        p2p_(p2p),
+        left_pending_(std::move(left_pending)) {}
   ~MpiWork() override {
     if (done_ || !mpi_alive()) return;
     // Point-to-point requests can be released and finish on their own, also those after a
     // failed one (a chunk of a receive that delivered the wrong count); an unfinished
-    // collective request cannot be freed in MPI and is left to MPI_Finalize.
-    if (p2p_)
+    // collective request cannot be freed in MPI and is left to MPI_Finalize, and its
+    // communicator with it.
+    if (p2p_) {
       for (std::size_t i = next_; i < reqs_.size(); ++i)
         if (reqs_[i] != MPI_REQUEST_NULL) MPI_Request_free(&reqs_[i]);
+      return;
+    }
+    int finished = 0;
+    if (next_ < reqs_.size())
+      MPI_Testall(static_cast<int>(reqs_.size() - next_), reqs_.data() + next_, &finished,
+                  MPI_STATUSES_IGNORE);
+    if (!finished && next_ < reqs_.size() && left_pending_) left_pending_->store(true);
   }
 
   std::vector<MPI_Request> reqs_;
@@ -346,6 +362,7 @@ class MpiWork final : public WorkImpl {
   std::string comm_;
   int rank_;
   bool p2p_;
+  std::shared_ptr<std::atomic<bool>> left_pending_;
   std::size_t next_ = 0;
   bool done_ = false;
   std::exception_ptr error_;
@@ -406,7 +423,7 @@ MpiComm::MpiComm(MPI_Comm c, std::string name, std::shared_ptr<MpiOps> ops)
 }
 
 MpiComm::~MpiComm() {
-  if (comm_ != MPI_COMM_NULL && mpi_alive()) MPI_Comm_free(&comm_);
+  if (comm_ != MPI_COMM_NULL && mpi_alive() && !left_pending_->load()) MPI_Comm_free(&comm_);
 }
 
 void MpiComm::set_max_chunk(std::size_t elements) {
@@ -441,8 +458,8 @@ void MpiComm::check_peer(int peer, int tag, const char* op) const {
 // ---- all_reduce ---------------------------------------------------------------------------------
 
 Work MpiComm::iall_reduce(TensorView buf, ReduceOp op) {
-  auto w =
-      std::make_unique<MpiWork>(what("all_reduce", buf, reduce_op_name(op)), rank_, name_, false);
+  auto w = std::make_unique<MpiWork>(what("all_reduce", buf, reduce_op_name(op)), rank_, name_,
+                                     false, left_pending_);
   w->record_ = record("all_reduce", buf);
   const MPI_Datatype t = mpi_type(buf.dtype);
   const MPI_Op o = ops_->get(buf.dtype, op);
@@ -474,7 +491,7 @@ void MpiComm::all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts) {
 
 Work MpiComm::ibroadcast(TensorView buf, int root) {
   check_root(root, "broadcast");
-  auto w = std::make_unique<MpiWork>(what("broadcast", buf), rank_, name_, false);
+  auto w = std::make_unique<MpiWork>(what("broadcast", buf), rank_, name_, false, left_pending_);
   w->record_ = record("broadcast", buf);
   for_chunks(buf.numel, max_chunk_, [&](std::size_t off, std::size_t n) {
     MPI_Request r;
@@ -517,7 +534,7 @@ void check_scatter(ConstTensorView in, TensorView out, int size, const std::stri
 Work MpiComm::iall_gather(ConstTensorView in, TensorView out) {
   check_gather(in, out, size_, name_);
   const int n = as_int_count(in.numel, "all_gather");
-  auto w = std::make_unique<MpiWork>(what("all_gather", in), rank_, name_, false);
+  auto w = std::make_unique<MpiWork>(what("all_gather", in), rank_, name_, false, left_pending_);
   w->record_ = record("all_gather", in);
   const bool in_place = in.numel > 0 && in.data == at(out.data, in.numel * rank_, in.dtype);
   MPI_Request r;
@@ -545,7 +562,7 @@ Work MpiComm::ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) {
   check_scatter(in, out, size_, name_);
   const int n = as_int_count(out.numel, "reduce_scatter");
   auto w = std::make_unique<MpiWork>(what("reduce_scatter", in, reduce_op_name(op)), rank_, name_,
-                                     false);
+                                     false, left_pending_);
   w->record_ = record("reduce_scatter", in);
   MPI_Request r;
   DT_MPI(MPI_Ireduce_scatter_block(in.data, out.data, n, mpi_type(in.dtype),
@@ -697,7 +714,7 @@ void MpiComm::recv(TensorView buf, int src, int tag, const CommOptions& opts) {
 // ---- barrier and split --------------------------------------------------------------------------
 
 Work MpiComm::ibarrier() {
-  auto w = std::make_unique<MpiWork>("barrier on " + name_, rank_, name_, false);
+  auto w = std::make_unique<MpiWork>("barrier on " + name_, rank_, name_, false, left_pending_);
   w->record_ = record("barrier", ConstTensorView{nullptr, 0, DType::u8});
   MPI_Request r;
   DT_MPI(MPI_Ibarrier(comm_, &r), rank_, name_);

@@ -11,6 +11,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <climits>
 #include <exception>
 #include <memory>
@@ -118,6 +119,11 @@ class MpiComm final : public Comm {
   std::vector<int> world_ranks_;
   int splits_ = 0;           // split_mpi calls so far (collective: the same count on every member)
   std::uint64_t calls_ = 0;  // collectives called so far (the sequence number of the last)
+  /// Set when the Work of a collective is given up unfinished (a wait that timed out): this
+  /// rank's part of it is still pending in MPI, so the communicator is never freed. Open MPI
+  /// drops the pending part of a freed communicator, and the peers that come to the collective
+  /// later would wait for it forever.
+  std::shared_ptr<std::atomic<bool>> left_pending_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace dt

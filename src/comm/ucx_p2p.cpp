@@ -17,6 +17,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+/// How long a UcxP2p's end waits for its endpoints' flushes and for the peers to end theirs:
+/// normally, and while an exception unwinds through it.
+constexpr std::chrono::milliseconds kCloseBound{10000};
+constexpr std::chrono::milliseconds kUnwindingBound{1000};
+
 bool mpi_alive() {
   int init = 0, fin = 0;
   MPI_Initialized(&init);
@@ -100,12 +105,16 @@ struct UcxP2p::State {
   State(const State&) = delete;
   State& operator=(const State&) = delete;
   ~State() {
-    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    // Ranks that end together meet within the bound. One that goes while an error unwinds
+    // through it waits only briefly: its peers, which may not share the error, may be waiting on
+    // this rank and would never arrive, and the error's handler (which may end the job) is
+    // reached at once instead of after the whole bound.
+    const auto bound = std::uncaught_exceptions() > 0 ? kUnwindingBound : kCloseBound;
+    const auto deadline = Clock::now() + bound;
     close_endpoints(deadline);
-    if (comm != MPI_COMM_NULL && mpi_alive()) {
-      fence(deadline);
-      MPI_Comm_free(&comm);
-    }
+    // A fence some rank never came to keeps its communicator: freeing it with the barrier still
+    // pending lets Open MPI progress that barrier on a freed communicator once the others come.
+    if (comm != MPI_COMM_NULL && mpi_alive() && fence(deadline)) MPI_Comm_free(&comm);
     worker.reset();
     ctx.reset();
   }
@@ -124,24 +133,33 @@ struct UcxP2p::State {
       ep = nullptr;
     }
     for (Request& r : pending) {
-      while (ucp_request_check_status(r.get()) == UCS_INPROGRESS && Clock::now() < deadline)
-        if (ucp_worker_progress(worker.get()) == 0) std::this_thread::yield();
+      for (int spins = 0;
+           ucp_request_check_status(r.get()) == UCS_INPROGRESS && Clock::now() < deadline;) {
+        if (ucp_worker_progress(worker.get()) != 0) {
+          spins = 0;
+        } else if (++spins > 64) {
+          std::this_thread::sleep_for(std::chrono::microseconds(50));  // ranks share cores
+        }
+      }
       r.reset();
     }
   }
 
   // Waits until every rank has closed its endpoints, progressing UCX meanwhile (a peer's flush
-  // may need this rank's progress), so no rank tears down a worker a peer still talks to.
-  void fence(Clock::time_point deadline) noexcept {
+  // may need this rank's progress), so no rank tears down a worker a peer still talks to. False
+  // where the barrier did not complete by `deadline` (a rank that never came: the request is
+  // left to MPI, which completes it when the others come, or to the job's end).
+  bool fence(Clock::time_point deadline) noexcept {
     MPI_Request req = MPI_REQUEST_NULL;
-    if (MPI_Ibarrier(comm, &req) != MPI_SUCCESS) return;
+    if (MPI_Ibarrier(comm, &req) != MPI_SUCCESS) return false;
     int done = 0;
     for (int spins = 0; Clock::now() < deadline; ++spins) {
-      if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) return;
+      if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+      if (done) return true;
       if (worker && ucp_worker_progress(worker.get()) != 0) continue;
       if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-    // A rank that never arrived: the barrier request is left to MPI_Finalize.
+    return false;
   }
 };
 

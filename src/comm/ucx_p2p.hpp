@@ -39,9 +39,10 @@ class UcxP2p final : public P2p {
   /// Throws dt::CommError naming the UCX call and ucs_status_string on any UCX failure.
   static std::unique_ptr<UcxP2p> create(MPI_Comm bootstrap, std::string name);
   /// Closes the endpoints (flushing what was sent), then waits, progressing UCX, until every rank
-  /// has closed (MPI_Ibarrier on the bootstrap duplicate, at most 10 s; skipped after
-  /// MPI_Finalize), then destroys the worker and the context. Never throws. Works that outlive
-  /// this object keep the worker alive and still complete.
+  /// has closed (MPI_Ibarrier on the bootstrap duplicate; skipped after MPI_Finalize), then
+  /// destroys the worker and the context. Both waits together take at most 10 s, or 1 s where an
+  /// exception is unwinding (its peers may be waiting on this rank and never close). Never throws.
+  /// Works that outlive this object keep the worker alive and still complete.
   ~UcxP2p() override;
   UcxP2p(const UcxP2p&) = delete;
   UcxP2p& operator=(const UcxP2p&) = delete;

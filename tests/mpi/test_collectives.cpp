@@ -821,6 +821,24 @@ void check_work_semantics(Comm& c) {
     case_all_reduce<std::int64_t>(*d, 7, ReduceOp::sum, Form::blocking, 903);
   }
   c.barrier();
+
+  // 6. A collective given up on rank 0 (its wait timed out), whose communicator then goes before
+  // the late ranks come to it: rank 0's part stays pending in MPI, and theirs completes. (Open
+  // MPI drops the pending part of a freed communicator: the others waited for it forever, or
+  // rank 0 crashed in MPI's progress at 4 ranks.)
+  {
+    std::unique_ptr<Comm> e = c.split(0, me);
+    if (me == 0) {
+      expect_throw<dt::CommError>("barrier(timeout 20ms) before its communicator goes",
+                                  [&] { e->barrier(CommOptions{Millis(20)}); }, {"barrier"});
+      e.reset();
+    } else {
+      std::this_thread::sleep_for(Millis(500));
+      guarded("barrier(timeout) after rank 0's communicator went",
+              [&] { e->barrier(CommOptions{Millis(20000)}); });
+    }
+  }
+  c.barrier();
 }
 
 // ---- argument validation --------------------------------------------------------------------

@@ -9,7 +9,9 @@
 // message arrives) fail the receive with dt::CommError and the run goes on; a receive nobody sends
 // to times out in wait(50 ms) with a CommError naming it, stays pending and completes once the
 // message is sent; a receive cancelled before its message is sent is withdrawn and the message
-// goes to the next receive; bad peers and a bad kind are rejected.
+// goes to the next receive; bad peers and a bad kind are rejected. Over UCX also: a start-up that
+// fails on one rank fails on all; an error unwinding through the communicator on one rank, whose
+// peers wait on it, ends it within about 1 s rather than the 10 s an ordinary end may wait.
 //
 // Message contents are bytes derived from (source, destination, tag, index) by a hash computed
 // independently on both sides, so a message delivered to the wrong buffer, in the wrong order or
@@ -30,6 +32,7 @@
 #include <initializer_list>
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -399,7 +402,8 @@ void check_timeout(P2p& p, Comm& world) {
 
 // Work::cancel: a receive nobody has sent to yet is withdrawn (true); its wait() and test() then
 // throw CommError; the message sent afterwards goes to the next receive posted, and the withdrawn
-// buffer stays untouched. A finished receive stays finished, and an empty Work is nothing to cancel.
+// buffer stays untouched. A finished receive stays finished, and an empty Work is nothing to
+// cancel.
 void check_cancel(P2p& p, Comm& world) {
   const int n = p.size(), r = p.rank();
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
@@ -422,8 +426,8 @@ void check_cancel(P2p& p, Comm& world) {
       Work r2 = p.irecv(as_view(second, DType::u8), prev, tag);
       r2.wait(kCaseTimeout);
       sw.wait(kCaseTimeout);
-      expect_message(str("the message after a cancel goes to the next receive, ", w), second,
-                     prev, r, tag);
+      expect_message(str("the message after a cancel goes to the next receive, ", w), second, prev,
+                     r, tag);
       H.expect(first == recv_buffer(bytes), str("a cancelled receive's buffer, ", w),
                "was written");
       H.expect(r2.cancel(Millis(10)) && r2.test(), str("cancel of a finished receive, ", w),
@@ -496,6 +500,62 @@ void check_ucx_start_fails_on_one(Comm& world) {
   world.barrier();
 }
 
+// An error that unwinds through a UCX point-to-point on one rank only, while the others wait on a
+// message from it (as a job's ranks do when one rejects a message): that rank's end of the
+// communicator waits about 1 s for peers that will never close theirs, not the 10 s of an
+// ordinary end, so the error reaches its handler (which would end the job) at once. The others
+// then hear of it over MPI, withdraw their receive and end theirs, which never throws.
+void check_ucx_unwinding_on_one(Comm& world) {
+  if (world.size() < 2) return;
+  const int bad = world.size() - 1, me = world.rank();
+  constexpr int kTag = 8200, kPastTag = 8201;
+  std::unique_ptr<P2p> p;
+  guarded("make_p2p", [&] { p = dt::make_p2p("ucx", world); });
+  if (!p) return;
+  std::vector<unsigned char> in = recv_buffer(100);
+  if (me == bad) {
+    double ms = -1;
+    auto t0 = Clock::now();
+    try {
+      const std::unique_ptr<P2p> q = std::move(p);
+      Work rw = q->irecv(as_view(in, DType::u8), 0, kTag);  // nobody sends: pending at the end
+      t0 = Clock::now();
+      throw std::runtime_error("an error on this rank only");
+    } catch (const std::runtime_error&) {
+      ms = ms_since(t0);
+    }
+    H.expect(ms >= 0 && ms < 5000, "the end of a communicator an error unwinds through",
+             str(ms, " ms (an ordinary end waits for its peers up to 10 s)"));
+    int past = 1;
+    for (int r = 0; r < world.size(); ++r)
+      if (r != bad) MPI_Send(&past, 1, MPI_INT, r, kPastTag, MPI_COMM_WORLD);
+  } else {
+    Work rw = p->irecv(as_view(in, DType::u8), bad, kTag);
+    bool heard = false, early = false;
+    for (const auto deadline = Clock::now() + kCaseTimeout; !heard && Clock::now() < deadline;) {
+      guarded("the receive from the failing rank", [&] { early = early || rw.test(); });
+      int flag = 0;
+      MPI_Iprobe(bad, kPastTag, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
+      if (flag) {
+        int past = 0;
+        MPI_Recv(&past, 1, MPI_INT, bad, kPastTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        heard = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    H.expect(heard, "word from the failing rank", "none after 30 s");
+    H.expect(!early, "the receive from the failing rank", "completed, though nothing was sent");
+    bool withdrawn = false;
+    guarded("cancel of the receive", [&] { withdrawn = rw.cancel(Millis(1000)); });
+    H.expect(withdrawn, "cancel of the receive from the failing rank", "returned false");
+    const auto t0 = Clock::now();
+    p.reset();
+    H.expect(ms_since(t0) < 15000, "the end of a communicator whose peer has gone",
+             str(ms_since(t0), " ms"));
+  }
+  world.barrier();
+}
+
 int main(int argc, char** argv) {
   alarm(240);  // a hang must not outlive the test: SIGALRM ends this rank, mpiexec the others
   const auto t_start = Clock::now();
@@ -546,7 +606,11 @@ int main(int argc, char** argv) {
       p.reset();  // collective for ucx: closes endpoints, fences
       if (verbose && H.rank == 0)
         std::printf("%s %-24s %8.0f ms\n", kind.c_str(), "close", ms_since(t0));
-      if (kind == "ucx") check_ucx_start_fails_on_one(world);
+      if (kind == "ucx") {
+        check_ucx_start_fails_on_one(world);
+        H.prefix = "ucx unwinding";
+        check_ucx_unwinding_on_one(world);
+      }
     }
 
     rc = H.finish("test_p2p", ms_since(t_start) / 1000);
