@@ -8,8 +8,11 @@
 #     (perf/bench_gpu.sh).
 #   - bf16 matrix products reading the weights' 16-bit copy against casting the weights for every
 #     product (test.cast-weights), micro and gpt-tiny configs.
+#   - the drain vote at every micro-batch boundary (train.drain-within-step) against none, on 2
+#     data-parallel ranks with 32 micro-batches of one sequence a step: its most frequent use.
 # Appends the table to perf/RESULTS.md.
 #   perf/bench_pairs.sh [REPS] [STEPS]     (defaults 3 and 300: the micro config's run length)
+# DT_PAIRS=REGEX runs only the pairs whose name matches REGEX (grep -E).
 set -euo pipefail
 source "$(dirname "$0")/../scripts/common.sh"
 reps=${1:-3}
@@ -33,6 +36,7 @@ median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 row() {  # name ranks config steps "A options" "B options" [common options]
   local name=$1 ranks=$2 config=$3 n=$4 a=$5 b=$6
   shift 6
+  grep -Eq -- "${DT_PAIRS:-.}" <<<"$name" || return 0
   local ta=() tb=() r=()
   for _ in $(seq "$reps"); do
     # shellcheck disable=SC2086  # the A and B options are word lists
@@ -48,6 +52,7 @@ row() {  # name ranks config steps "A options" "B options" [common options]
 
 g="--engine.cuda_graphs=false --engine.cuda_graphs=true"
 w="--test.cast-weights=true --test.cast-weights=false"
+d="--train.drain-within-step=false --train.drain-within-step=true"
 mb=--train.micro-batch=2
 table=$( {
   echo "| pair: A against B | ranks | A tok/s | B tok/s | B / A, median (each round) |"
@@ -59,13 +64,14 @@ table=$( {
   row "bf16 weights cast per product / 16-bit copy: fused model, micro" 1 micro "$steps" ${w% *} ${w#* } $mb --train.dtype=bf16
   row "bf16 weights cast per product / 16-bit copy: tensor parallel (tp=2), micro" 2 micro "$steps" ${w% *} ${w#* } $mb --train.dtype=bf16 --parallel.tp=2
   row "bf16 weights cast per product / 16-bit copy: fused model, gpt-tiny" 1 gpt-tiny $((steps / 200 + 5)) ${w% *} ${w#* } --train.dtype=bf16
+  row "no drain vote / a vote at every micro-batch boundary: data parallel (dp=2), micro, 32 micro-batches of 1" 2 micro "$((steps / 8 + 1))" ${d% *} ${d#* } --train.batch=64 --train.micro-batch=1
 } )
 echo "$table"
 {
   echo
   echo "## Option pairs of dt_train on the CPU device, $(date -u +%F), $cores cores, load $(cut -d' ' -f1 /proc/loadavg)"
   echo
-  echo "Command: \`perf/bench_pairs.sh $reps $steps\` (micro config: micro-batches of 2, $steps steps; gpt-tiny: $((steps / 200 + 5)) steps; the runs of a pair alternate; medians of $reps rounds)"
+  echo "Command: \`${DT_PAIRS:+DT_PAIRS='$DT_PAIRS' }perf/bench_pairs.sh $reps $steps\` (micro config: micro-batches of 2, $steps steps; gpt-tiny: $((steps / 200 + 5)) steps; the runs of a pair alternate; medians of $reps rounds)"
   echo
   echo "$table"
 } >> "$DT_ROOT/perf/RESULTS.md"

@@ -42,6 +42,8 @@ struct TrainConfig {
   std::int64_t steps = 100;
   std::int64_t batch = 8;        ///< global sequences per step
   std::int64_t micro_batch = 0;  ///< sequences per forward on a rank; 0: the whole share
+  /// A drain signal during a step gives it up at a micro-batch boundary (where it can be).
+  bool drain_within_step = true;
   std::int64_t seed = kDefaultSeed;
   std::int64_t log_every = 10;
   std::string log_file;          ///< JSON lines per step (rank 0)
@@ -223,6 +225,10 @@ struct StepStats {
   double seconds = 0;
   bool skipped = false;   ///< mixed precision: the gradients overflowed, no update was made
   double loss_scale = 1;  ///< the loss scale this step used
+  /// A drain signal came during the step, and every rank gave it up at the same micro-batch
+  /// boundary: nothing changed (weights, optimizer and loss scale are as after the step before,
+  /// the next step is this one again), and the other fields but `seconds` mean nothing.
+  bool given_up = false;
 };
 
 class GradBuckets;
@@ -302,6 +308,19 @@ class Trainer {
   std::vector<std::size_t> eval_starts_;
   std::int64_t local_batch_ = 0, micro_ = 0;
   bool drain_noted_ = false;  ///< a drain signal that came during a step was said
+  /// A step of several micro-batches can be given up for a drain between two of them: the ranks
+  /// vote at every boundary (a 4-byte all_reduce of their drain flags, on a communicator of its
+  /// own, posted at one boundary and read at the next, so every rank reads the same votes).
+  bool drain_within_step_ = false;
+  std::unique_ptr<Comm> drain_vote_comm_;
+  Work drain_vote_;
+  std::int32_t drain_vote_value_ = 0;
+  /// At a micro-batch boundary of the step (`done` of `total` micro-batches run): true when the
+  /// ranks agree to give the step up for a drain.
+  bool give_up_step(std::int64_t done, std::int64_t total);
+  /// The step's end: the vote still under way is read and dropped (the drain check that follows
+  /// the step decides).
+  void end_drain_vote();
   // engine.cuda_graphs: the device stream all the trainer's work goes to; declared before what
   // uses it (the communicators, the model), so it is destroyed after them.
   std::unique_ptr<void, std::function<void(void*)>> graph_stream_;

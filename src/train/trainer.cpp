@@ -138,6 +138,11 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("train.micro-batch", &c.micro_batch, 0,
            "sequences per forward on one rank (0: the rank's whole share); must divide the share",
            0L, 1L << 30)
+      .add("train.drain-within-step", &c.drain_within_step, true,
+           "a drain signal during a step of several micro-batches gives the step up at a "
+           "micro-batch boundary the ranks agree on (a 4-byte vote at every boundary), and the "
+           "run drains as of the step before; false: the step is finished first (the stage "
+           "engine and ZeRO-2/3 always finish it)")
       .add("train.seed", &c.seed, kDefaultSeed, "seed of the weights and the data order", 0L,
            (1L << 62))
       .add("train.log-every", &c.log_every, 10, "steps between progress lines", 1L, 1L << 40)
@@ -967,6 +972,13 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
                                                  c_.ckpt_timeout_s);
     async_->reserve(state_tensors());
   }
+  // A drain between two micro-batches of a step: the fused model with plain or ZeRO-1
+  // gradients, whose micro-batches before the last hand nothing to a communicator. A step of the
+  // stage engine drains at its end (a pipeline's micro-batches are in flight between its
+  // stages), as does one with ZeRO-2/3 (every micro-batch's gradients are being reduced).
+  drain_within_step_ =
+      c_.drain_within_step && !engine_ && (!zero_ || zero_->stage() == 1) && local_batch_ > micro_;
+  if (drain_within_step_ && comm_.size() > 1) drain_vote_comm_ = coll().split(0, comm_.rank());
   const std::size_t bt = static_cast<std::size_t>(micro_) * c_.model.block;
   inputs_.resize(bt);
   targets_.resize(bt);
@@ -1255,7 +1267,13 @@ StepStats Trainer::step() {
     model_->zero_grad();
     const std::int64_t first = comm_.rank() * local_batch_;
     for (std::int64_t m = 0; m < local_batch_; m += micro_) {
-      if (m > 0) note_drain_mid_step((local_batch_ - m) / micro_);
+      if (m > 0 && give_up_step(m / micro_, local_batch_ / micro_)) {
+        StepStats s;
+        s.step = step_;
+        s.given_up = true;
+        s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return s;
+      }
       const trace::Scope micro_scope("micro-batch", "train", "index", m / micro_);
       sampler_->fill(static_cast<std::uint64_t>(step_), first + m, micro_, inputs_.data(),
                      targets_.data());
@@ -1287,6 +1305,7 @@ StepStats Trainer::step() {
         model_->backward(scale);
     }
   }
+  end_drain_vote();
   if (zero_ && !engine_) {
     watchdog::set_activity("gradient reduce_scatter wait", step_ + 1);
     zero_->finish_grads();
@@ -1413,15 +1432,57 @@ void Trainer::report_graphs() {
 }
 
 void Trainer::note_drain_mid_step(std::int64_t left) {
-  // A drain signal is acted on after the step; one that comes during a step of many
-  // micro-batches (a long step) is said at once, so that its sender knows it was heard.
+  // A drain signal that comes during a step of many micro-batches (a long step) is said at once,
+  // so that its sender knows it was heard; the step is given up where it can be, else finished.
   if (drain_noted_ || !drain_requested()) return;
   drain_noted_ = true;
-  std::printf(
-      "dt_train: rank %d: drain signal during step %ld: it finishes its %ld micro-batches left "
-      "first, then drains\n",
-      comm_.rank(), static_cast<long>(step_ + 1), static_cast<long>(left));
+  if (drain_within_step_)
+    std::printf(
+        "dt_train: rank %d: drain signal during step %ld: the step is given up at the next "
+        "micro-batch boundary all ranks agree on\n",
+        comm_.rank(), static_cast<long>(step_ + 1));
+  else
+    std::printf(
+        "dt_train: rank %d: drain signal during step %ld: it finishes its %ld micro-batches left "
+        "first, then drains\n",
+        comm_.rank(), static_cast<long>(step_ + 1), static_cast<long>(left));
   std::fflush(stdout);
+}
+
+bool Trainer::give_up_step(std::int64_t done, std::int64_t total) {
+  note_drain_mid_step(total - done);
+  if (!drain_within_step_) return false;
+  bool agreed = false;
+  if (!drain_vote_comm_) {
+    agreed = drain_requested();
+  } else {
+    // The vote posted at the boundary before (a micro-batch ago, so it has had that long to
+    // finish) is the one every rank reads here; then the next is posted.
+    if (drain_vote_.valid()) {
+      watchdog::set_activity("drain vote", step_ + 1);
+      drain_vote_.wait();
+      drain_vote_ = Work();
+      agreed = drain_vote_value_ > 0;
+    }
+    if (!agreed) {
+      drain_vote_value_ = drain_requested() ? 1 : 0;
+      drain_vote_ = drain_vote_comm_->iall_reduce(view_of(&drain_vote_value_, 1), ReduceOp::max);
+    }
+    watchdog::set_activity("forward and backward", step_ + 1);
+  }
+  if (agreed)
+    log("dt_train: step " + std::to_string(step_ + 1) + " given up after " + std::to_string(done) +
+        " of its " + std::to_string(total) +
+        " micro-batches, for a drain: nothing of it is kept, and the run drains as of step " +
+        std::to_string(step_));
+  return agreed;
+}
+
+void Trainer::end_drain_vote() {
+  if (!drain_vote_.valid()) return;
+  watchdog::set_activity("drain vote", step_ + 1);
+  drain_vote_.wait();
+  drain_vote_ = Work();
 }
 
 double Trainer::pipeline_step(float scale) {
@@ -2158,6 +2219,10 @@ int Trainer::run() {
   while (step_ < c_.steps) {
     if (const int code = drain_point(false); code >= 0) return code;
     const StepStats s = step();
+    if (s.given_up) {  // a drain every rank voted for: the drain check ends the run
+      if (const int code = drain_point(false); code >= 0) return code;
+      continue;
+    }
     obs_->on_step(s);
     loss = s.loss;
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# train.drain_mid_step: a drain signal that comes during a long step (2000 micro-batches) is said
-# at once, naming the step and the micro-batches left, and the run drains after that step
-# (exit 76 without a checkpoint folder). With a launcher (mpiexec -n 2 ... --) and options after
-# it (--parallel.pp=2), the pipeline schedule's step says it too; SIGUSR1 goes to the launcher,
-# which hands it to the ranks.
-#   drain_mid_step.sh DT_TRAIN CONFIG TEXT WORKDIR [LAUNCHER... -- DT_TRAIN_OPTIONS...]
+# train.drain_mid_step, train.drain_mid_step_pipeline: a drain signal that comes during a long
+# step (2000 micro-batches) is said at once. Where the step can be given up (EXPECT given-up: the
+# fused model, one rank) it is, at a micro-batch boundary, and the run drains as of step 1. Where
+# it cannot (EXPECT finished: the pipeline schedule, whose micro-batches are in flight between
+# stages), the line names the micro-batches left, and the run drains after step 2. Exit 76
+# without a checkpoint folder. With a launcher (mpiexec -n 2 ... --) and options after it
+# (--parallel.pp=2), SIGUSR1 goes to the launcher, which hands it to the ranks.
+#   drain_mid_step.sh DT_TRAIN CONFIG TEXT WORKDIR given-up|finished [LAUNCHER... -- OPTIONS...]
 set -u
-TRAIN=$1 CONFIG=$2 TEXT=$3 WORK=$4
-shift 4
+TRAIN=$1 CONFIG=$2 TEXT=$3 WORK=$4 EXPECT=$5
+shift 5
+case "$EXPECT" in given-up | finished) ;; *) echo "unknown EXPECT '$EXPECT'"; exit 2 ;; esac
 LAUNCH=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do LAUNCH+=("$1"); shift; done
 [ "${1:-}" = -- ] && shift
@@ -29,7 +32,16 @@ wait "$pid"
 rc=$?
 sed 's/^/    /' run.out
 [ $rc -eq 76 ] || { echo "FAIL: exit code $rc, expected 76"; exit 1; }
-grep -qE "^dt_train: rank [0-9]+: drain signal during step 2: it finishes its [0-9]+ micro-batches left first, then drains$" run.out ||
-  { echo "FAIL: no line saying the signal came during step 2"; exit 1; }
-grep -q "drained at step 2" run.out || { echo "FAIL: it did not drain after step 2"; exit 1; }
-echo "drain_mid_step.sh: PASS"
+if [ "$EXPECT" = given-up ]; then
+  grep -qE "^dt_train: rank [0-9]+: drain signal during step 2: the step is given up at the next micro-batch boundary all ranks agree on$" run.out ||
+    { echo "FAIL: no line saying the signal came during step 2"; exit 1; }
+  k=$(sed -nE 's/^dt_train: step 2 given up after ([0-9]+) of its 2000 micro-batches, for a drain: .*drains as of step 1$/\1/p' run.out)
+  [ -n "$k" ] && [ "$k" -gt 0 ] && [ "$k" -lt 2000 ] ||
+    { echo "FAIL: no line saying step 2 was given up after 1 to 1999 micro-batches"; exit 1; }
+  grep -q "drained at step 1 " run.out || { echo "FAIL: it did not drain as of step 1"; exit 1; }
+else
+  grep -qE "^dt_train: rank [0-9]+: drain signal during step 2: it finishes its [0-9]+ micro-batches left first, then drains$" run.out ||
+    { echo "FAIL: no line saying the signal came during step 2"; exit 1; }
+  grep -q "drained at step 2 " run.out || { echo "FAIL: it did not drain after step 2"; exit 1; }
+fi
+echo "drain_mid_step.sh $EXPECT: PASS"

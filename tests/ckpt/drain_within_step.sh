@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# ckpt.drain_within_step / ckpt.drain_within_step_fp16 (MODE plain, fp16): a 2-rank run whose
+# steps have 500 micro-batches a rank gets SIGUSR1 on rank 1 during step 2. The ranks agree on a
+# micro-batch boundary and give the step up there: "step 2 given up after K of its 500
+# micro-batches" (0 < K < 500), "drained at step 1", exit 75, step-1.h5 committed, and the step
+# log holds step 1 only. The requeued run resumes from step-1.h5 and trains steps 2 and 3 as the
+# uninterrupted run did (losses within 1e-5; fp16: the same loss scales), so nothing of the
+# given-up step (gradients, loss scale, optimizer state, data position) was kept.
+source "$(dirname "$0")/lib.sh"
+
+case "$MODE" in
+  plain) EXTRA=() ;;
+  fp16) EXTRA=(--train.dtype=fp16) ;;
+  *) echo "unknown mode '$MODE'"; exit 2 ;;
+esac
+# 4000 sequences a step, 2000 a rank, in micro-batches of 4: 500 a rank.
+OPTS=(--train.batch=4000 --train.micro-batch=4 --train.eval-every=0 --train.log-every=1
+      "${EXTRA[@]}")
+
+train U 2 --train.steps=3 --train.log-file=U.jsonl "${OPTS[@]}"
+expect_rc U 0
+steplog steps U.jsonl 1 3
+
+echo "=== L: 2 ranks in the background: dt_train --train.steps=3 --ckpt.dir=D"
+timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
+  --train.steps=3 --ckpt.dir="$WORK/D" --train.log-file="$WORK/L.jsonl" "${OPTS[@]}" \
+  >L.out 2>&1 &
+job=$!
+# The signal goes once step 1 is logged: step 2 has just begun (a step takes seconds).
+for _ in $(seq 1200); do
+  [ -s L.jsonl ] && break
+  kill -0 "$job" 2>/dev/null || break
+  sleep 0.05
+done
+[ -s L.jsonl ] || fail "the run logged no step"
+pid=$(rank_pid_of "--train\.log-file=$WORK/L\.jsonl( |\$)" 1)
+if [ -z "$pid" ]; then
+  fail "no process of rank 1 found"
+  kill -TERM "$job" 2>/dev/null
+else
+  echo "sending SIGUSR1 to rank 1 (pid $pid)"
+  kill -USR1 "$pid"
+fi
+wait "$job"
+RC=$?
+sed 's/^/    /' L.out
+echo "=== L: exit code $RC"
+expect_rc L 75
+expect_line L "^dt_train: rank 1: drain signal during step 2: the step is given up at the next micro-batch boundary all ranks agree on$"
+expect_no_line L "^dt_train: rank 0: drain signal"
+k=$(sed -nE 's/^dt_train: step 2 given up after ([0-9]+) of its 500 micro-batches, for a drain: nothing of it is kept, and the run drains as of step 1$/\1/p' L.out)
+if [ -z "$k" ]; then
+  fail "L: no line saying step 2 was given up"
+elif [ "$k" -le 0 ] || [ "$k" -ge 500 ]; then
+  fail "L: step 2 given up after $k micro-batches, expected between 1 and 499"
+fi
+expect_line L "^dt_train: drained at step 1 \(checkpoint in .*/D\), exit code 75$"
+expect_no_line L "^step +2/3"
+steplog steps L.jsonl 1 1
+expect_latest D step-1.h5
+[ "$(files_in D)" = "latest step-1.h5" ] || fail "files in D: $(files_in D)"
+
+resumes_like_uninterrupted 1 3 "${OPTS[@]}"
+finish
