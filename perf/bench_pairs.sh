@@ -9,7 +9,8 @@
 #   - bf16 matrix products reading the weights' 16-bit copy against casting the weights for every
 #     product (test.cast-weights), micro and gpt-tiny configs.
 #   - the drain vote at every micro-batch boundary (train.drain-within-step) against none, on 2
-#     data-parallel ranks with 32 micro-batches of one sequence a step: its most frequent use.
+#     data-parallel ranks with micro-batches of one sequence: 32 a step of the micro config (32
+#     tokens each, its most frequent use), 8 of gpt-tiny (128 tokens each).
 # Appends the table to perf/RESULTS.md.
 #   perf/bench_pairs.sh [REPS] [STEPS]     (defaults 3 and 300: the micro config's run length)
 # DT_PAIRS=REGEX runs only the pairs whose name matches REGEX (grep -E).
@@ -65,6 +66,7 @@ table=$( {
   row "bf16 weights cast per product / 16-bit copy: tensor parallel (tp=2), micro" 2 micro "$steps" ${w% *} ${w#* } $mb --train.dtype=bf16 --parallel.tp=2
   row "bf16 weights cast per product / 16-bit copy: fused model, gpt-tiny" 1 gpt-tiny $((steps / 200 + 5)) ${w% *} ${w#* } --train.dtype=bf16
   row "no drain vote / a vote at every micro-batch boundary: data parallel (dp=2), micro, 32 micro-batches of 1" 2 micro "$((steps / 8 + 1))" ${d% *} ${d#* } --train.batch=64 --train.micro-batch=1
+  row "no drain vote / a vote at every micro-batch boundary: data parallel (dp=2), gpt-tiny, 8 micro-batches of 1" 2 gpt-tiny $((steps / 200 + 5)) ${d% *} ${d#* } --train.micro-batch=1
 } )
 echo "$table"
 {

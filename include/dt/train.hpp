@@ -308,24 +308,20 @@ class Trainer {
   std::vector<std::size_t> eval_starts_;
   std::int64_t local_batch_ = 0, micro_ = 0;
   bool drain_noted_ = false;  ///< a drain signal that came during a step was said
-  /// A step of several micro-batches can be given up for a drain between two of them: the ranks
-  /// vote at every boundary (a 4-byte all_reduce of their drain flags, on a communicator of its
-  /// own, posted at one boundary and read at the next, so every rank reads the same votes).
-  bool drain_within_step_ = false;
-  std::unique_ptr<Comm> drain_vote_comm_;
-  Work drain_vote_;
-  std::int32_t drain_vote_value_ = 0;
   /// At a micro-batch boundary of the step (`done` of `total` micro-batches run): true when the
   /// ranks agree to give the step up for a drain.
   bool give_up_step(std::int64_t done, std::int64_t total);
-  /// The step's end: the vote still under way is read and dropped (the drain check that follows
-  /// the step decides).
-  void end_drain_vote();
   // engine.cuda_graphs: the device stream all the trainer's work goes to; declared before what
   // uses it (the communicators, the model), so it is destroyed after them.
   std::unique_ptr<void, std::function<void(void*)>> graph_stream_;
   std::unique_ptr<Comm> grad_comm_;  // gradient all_reduce (shared memory or MPI); holds the
                                      // gradient buffer when it is a shared-memory arena
+  /// A step of several micro-batches can be given up for a drain between two of them: the ranks
+  /// vote at every boundary (a 4-byte all_reduce of their drain flags, on a communicator of its
+  /// own). The vote is blocking, so a rank stuck in a micro-batch shows to the watchdog as the
+  /// one the others wait for, and no collective stays open across a micro-batch's compute.
+  bool drain_within_step_ = false;
+  std::unique_ptr<Comm> drain_vote_comm_;
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<GradBuckets> buckets_;
   std::unique_ptr<AdamW> opt_;

@@ -235,9 +235,10 @@ class MpiWork final : public WorkImpl {
       return;
     }
     int finished = 0;
-    if (next_ < reqs_.size())
-      MPI_Testall(static_cast<int>(reqs_.size() - next_), reqs_.data() + next_, &finished,
-                  MPI_STATUSES_IGNORE);
+    if (next_ < reqs_.size() &&
+        MPI_Testall(static_cast<int>(reqs_.size() - next_), reqs_.data() + next_, &finished,
+                    MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+      finished = 0;
     if (!finished && next_ < reqs_.size() && left_pending_) left_pending_->store(true);
   }
 

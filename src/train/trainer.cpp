@@ -1305,7 +1305,6 @@ StepStats Trainer::step() {
         model_->backward(scale);
     }
   }
-  end_drain_vote();
   if (zero_ && !engine_) {
     watchdog::set_activity("gradient reduce_scatter wait", step_ + 1);
     zero_->finish_grads();
@@ -1438,8 +1437,8 @@ void Trainer::note_drain_mid_step(std::int64_t left) {
   drain_noted_ = true;
   if (drain_within_step_)
     std::printf(
-        "dt_train: rank %d: drain signal during step %ld: the step is given up at the next "
-        "micro-batch boundary all ranks agree on\n",
+        "dt_train: rank %d: drain signal during step %ld: the step is given up at this "
+        "micro-batch boundary\n",
         comm_.rank(), static_cast<long>(step_ + 1));
   else
     std::printf(
@@ -1452,37 +1451,18 @@ void Trainer::note_drain_mid_step(std::int64_t left) {
 bool Trainer::give_up_step(std::int64_t done, std::int64_t total) {
   note_drain_mid_step(total - done);
   if (!drain_within_step_) return false;
-  bool agreed = false;
-  if (!drain_vote_comm_) {
-    agreed = drain_requested();
-  } else {
-    // The vote posted at the boundary before (a micro-batch ago, so it has had that long to
-    // finish) is the one every rank reads here; then the next is posted.
-    if (drain_vote_.valid()) {
-      watchdog::set_activity("drain vote", step_ + 1);
-      drain_vote_.wait();
-      drain_vote_ = Work();
-      agreed = drain_vote_value_ > 0;
-    }
-    if (!agreed) {
-      drain_vote_value_ = drain_requested() ? 1 : 0;
-      drain_vote_ = drain_vote_comm_->iall_reduce(view_of(&drain_vote_value_, 1), ReduceOp::max);
-    }
+  std::int32_t vote = drain_requested() ? 1 : 0;
+  if (drain_vote_comm_) {
+    watchdog::set_activity("drain vote", step_ + 1);
+    drain_vote_comm_->all_reduce(view_of(&vote, 1), ReduceOp::max);
     watchdog::set_activity("forward and backward", step_ + 1);
   }
-  if (agreed)
+  if (vote > 0)
     log("dt_train: step " + std::to_string(step_ + 1) + " given up after " + std::to_string(done) +
         " of its " + std::to_string(total) +
         " micro-batches, for a drain: nothing of it is kept, and the run drains as of step " +
         std::to_string(step_));
-  return agreed;
-}
-
-void Trainer::end_drain_vote() {
-  if (!drain_vote_.valid()) return;
-  watchdog::set_activity("drain vote", step_ + 1);
-  drain_vote_.wait();
-  drain_vote_ = Work();
+  return vote > 0;
 }
 
 double Trainer::pipeline_step(float scale) {

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# ckpt.drain_within_step / ckpt.drain_within_step_fp16 (MODE plain, fp16): a 2-rank run whose
+# ckpt.drain_within_step{,_fp16,_zero1,_graphs} (MODE plain, fp16, zero1: ZeRO-1, graphs:
+# engine.cuda_graphs): a 2-rank run whose
 # steps have 500 micro-batches a rank gets SIGUSR1 on rank 1 during step 2. The ranks agree on a
 # micro-batch boundary and give the step up there: "step 2 given up after K of its 500
 # micro-batches" (0 < K < 500), "drained at step 1", exit 75, step-1.h5 committed, and the step
@@ -11,6 +12,8 @@ source "$(dirname "$0")/lib.sh"
 case "$MODE" in
   plain) EXTRA=() ;;
   fp16) EXTRA=(--train.dtype=fp16) ;;
+  zero1) EXTRA=(--parallel.zero=1) ;;  # the optimizer state sharded: a sharded checkpoint
+  graphs) EXTRA=(--engine.cuda_graphs=true) ;;  # micro-batches replayed from a graph
   *) echo "unknown mode '$MODE'"; exit 2 ;;
 esac
 # 4000 sequences a step, 2000 a rank, in micro-batches of 4: 500 a rank.
@@ -26,13 +29,15 @@ timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data
   --train.steps=3 --ckpt.dir="$WORK/D" --train.log-file="$WORK/L.jsonl" "${OPTS[@]}" \
   >L.out 2>&1 &
 job=$!
-# The signal goes once step 1 is logged: step 2 has just begun (a step takes seconds).
+# The signal goes 0.3 s after step 1 is logged: step 2 is under way (a step takes seconds), past
+# the drain check before it.
 for _ in $(seq 1200); do
   [ -s L.jsonl ] && break
   kill -0 "$job" 2>/dev/null || break
   sleep 0.05
 done
 [ -s L.jsonl ] || fail "the run logged no step"
+sleep 0.3
 pid=$(rank_pid_of "--train\.log-file=$WORK/L\.jsonl( |\$)" 1)
 if [ -z "$pid" ]; then
   fail "no process of rank 1 found"
@@ -46,7 +51,7 @@ RC=$?
 sed 's/^/    /' L.out
 echo "=== L: exit code $RC"
 expect_rc L 75
-expect_line L "^dt_train: rank 1: drain signal during step 2: the step is given up at the next micro-batch boundary all ranks agree on$"
+expect_line L "^dt_train: rank 1: drain signal during step 2: the step is given up at this micro-batch boundary$"
 expect_no_line L "^dt_train: rank 0: drain signal"
 k=$(sed -nE 's/^dt_train: step 2 given up after ([0-9]+) of its 500 micro-batches, for a drain: nothing of it is kept, and the run drains as of step 1$/\1/p' L.out)
 if [ -z "$k" ]; then

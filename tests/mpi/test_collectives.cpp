@@ -826,14 +826,17 @@ void check_work_semantics(Comm& c) {
   // the late ranks come to it: rank 0's part stays pending in MPI, and theirs completes. (Open
   // MPI drops the pending part of a freed communicator: the others waited for it forever, or
   // rank 0 crashed in MPI's progress at 4 ranks.)
+  // The late ranks come once rank 0 says its communicator has gone.
   {
     std::unique_ptr<Comm> e = c.split(0, me);
+    std::int32_t gone = 1;
     if (me == 0) {
       expect_throw<dt::CommError>("barrier(timeout 20ms) before its communicator goes",
                                   [&] { e->barrier(CommOptions{Millis(20)}); }, {"barrier"});
       e.reset();
+      for (int r = 1; r < c.size(); ++r) c.send(dt::view_of(&gone, 1), r, 8300);
     } else {
-      std::this_thread::sleep_for(Millis(500));
+      c.recv(dt::view_of(&gone, 1), 0, 8300);
       guarded("barrier(timeout) after rank 0's communicator went",
               [&] { e->barrier(CommOptions{Millis(20000)}); });
     }
