@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
         cl.micro_batch = std::stol(opt.substr(1));  // sequences per micro-batch
       } else if (opt == "graph") {
         graph = true;
-      } else if (opt.size() > 1 && opt[0] == 'b' && std::isdigit(static_cast<unsigned char>(opt[1]))) {
+      } else if (opt.size() > 1 && opt[0] == 'b' &&
+                 std::isdigit(static_cast<unsigned char>(opt[1]))) {
         cl.bucket_mb = std::stod(opt.substr(1));  // ZeRO-1: layers merged into buckets of this
       } else if (opt.size() == 2 && opt[0] == 'z' && opt[1] >= '1' && opt[1] <= '3') {
         cl.par_zero = opt[1] - '0';
@@ -100,11 +101,11 @@ int main(int argc, char** argv) {
     }
     const Run got = train(rt.world(), dev, cl, data);
     if (me != 0) continue;
-    std::printf("layout %s (dp=%d tp=%d pp=%d, p2p %s, zero %d):\n", argv[a], cl.par_dp,
-                cl.par_tp, cl.par_pp, cl.p2p.c_str(), cl.par_zero);
+    std::printf("layout %s (dp=%d tp=%d pp=%d, p2p %s, zero %d):\n", argv[a], cl.par_dp, cl.par_tp,
+                cl.par_pp, cl.p2p.c_str(), cl.par_zero);
     for (int s = 0; s < c.steps; ++s) {
-      const double d = rel(got.losses[static_cast<std::size_t>(s)],
-                           ref.losses[static_cast<std::size_t>(s)]);
+      const double d =
+          rel(got.losses[static_cast<std::size_t>(s)], ref.losses[static_cast<std::size_t>(s)]);
       std::printf("  step %d: loss %.8f, 1 rank %.8f, rel diff %.2e\n", s,
                   got.losses[static_cast<std::size_t>(s)], ref.losses[static_cast<std::size_t>(s)],
                   d);
