@@ -246,9 +246,11 @@ void add_train_options(Options& o, TrainConfig& c) {
            "watchdog must name it",
            -1L, 1L << 30)
       .add("test.stall-at", &c.test_stall_at, "step",
-           "testing only: where test.stall-rank stops: before step test.skip-step + 1 (step), or "
-           "before the evaluation after step test.skip-step (evaluation)",
-           {"step", "evaluation"})
+           "testing only: where test.stall-rank stops: before step test.skip-step + 1 (step), "
+           "after that step's first micro-batch (micro-batch; the fused model, with several "
+           "micro-batches a step), or before the evaluation after step test.skip-step "
+           "(evaluation)",
+           {"step", "micro-batch", "evaluation"})
       .add("test.skip-collective", &c.test_skip_collective, -1,
            "testing only: this rank never joins the loss all_reduce of step test.skip-step (it "
            "waits instead), so the others hang there and the watchdog must name it",
@@ -590,9 +592,10 @@ void check_stall_seams(const TrainConfig& c) {
     DT_CHECK(ConfigError, k < c.steps, at, " is not before the last step (--train.steps=", c.steps,
              "): --test.skip-collective skips the loss all_reduce of step ", k + 1);
   if (c.test_stall_rank < 0 || c.eval_only) return;
-  if (c.test_stall_at == "step") {
+  if (c.test_stall_at == "step" || c.test_stall_at == "micro-batch") {
     DT_CHECK(ConfigError, k < c.steps, at, " is not before the last step (--train.steps=", c.steps,
-             "): --test.stall-rank stops before step ", k + 1);
+             "): --test.stall-rank stops ", c.test_stall_at == "step" ? "before step " : "in step ",
+             k + 1);
     return;
   }
   DT_CHECK(ConfigError, c.val_fraction > 0,
@@ -978,6 +981,13 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   // stages), as does one with ZeRO-2/3 (every micro-batch's gradients are being reduced).
   drain_within_step_ =
       c_.drain_within_step && !engine_ && (!zero_ || zero_->stage() == 1) && local_batch_ > micro_;
+  DT_CHECK(
+      ConfigError,
+      c_.test_stall_rank < 0 || c_.test_stall_at != "micro-batch" ||
+          (!engine_ && local_batch_ > micro_),
+      "option --test.stall-at=micro-batch: the stop after a step's first micro-batch needs the "
+      "fused model with several micro-batches a step (this run has ",
+      engine_ ? "the stage engine" : std::to_string(local_batch_ / micro_) + " micro-batch", ")");
   if (drain_within_step_ && comm_.size() > 1) drain_vote_comm_ = coll().split(0, comm_.rank());
   const std::size_t bt = static_cast<std::size_t>(micro_) * c_.model.block;
   inputs_.resize(bt);
@@ -1267,6 +1277,11 @@ StepStats Trainer::step() {
     model_->zero_grad();
     const std::int64_t first = comm_.rank() * local_batch_;
     for (std::int64_t m = 0; m < local_batch_; m += micro_) {
+      if (m == micro_ && c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step &&
+          c_.test_stall_at == "micro-batch") {
+        watchdog::set_activity("test.stall-rank: stopped after the first micro-batch", step_ + 1);
+        stall_for_test("test.stall-rank: stopping after the first micro-batch", step_ + 1);
+      }
       if (m > 0 && give_up_step(m / micro_, local_batch_ / micro_)) {
         StepStats s;
         s.step = step_;

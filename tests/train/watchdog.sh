@@ -13,7 +13,10 @@
 #         rank it waits for and what that rank is doing;
 #   eval: the rank stops before the evaluation after step 2 (test.stall-at=evaluation), so the
 #         others wait in the evaluation's all_reduce: the dump must say so (activity
-#         "evaluation" at step 2) and the line must name the stopped rank and what it does.
+#         "evaluation" at step 2) and the line must name the stopped rank and what it does;
+#   micro: the rank stops after step 3's first micro-batch (test.stall-at=micro-batch), so the
+#         others wait in the drain vote at the next boundary (an all_reduce on the vote's own
+#         communicator): the line must name the stopped rank and what it does.
 # Either way the job must end within TIMEOUT + 10 s of the stall, exit non-zero, print one
 # watchdog line and leave a dump that says the same.
 set -u
@@ -34,6 +37,8 @@ case $mode in
         mark="rank $skip: test.stall-rank: stopping before the step" ;;
   eval) extra=(--test.stall-rank="$skip" --test.stall-at=evaluation --train.eval-every=2)
         mark="rank $skip: test.stall-rank: stopping before the evaluation" ;;
+  micro) extra=(--test.stall-rank="$skip" --test.stall-at=micro-batch --train.micro-batch=1)
+         mark="rank $skip: test.stall-rank: stopping after the first micro-batch" ;;
   *) echo "watchdog.sh: unknown mode $mode"; exit 2 ;;
 esac
 "$@" --comm.timeout-s="$comm_limit" --comm.dump-dir="$dump" "${extra[@]}" >"$log" 2>&1 &
@@ -61,6 +66,9 @@ if [ "$mode" = skip ]; then
 elif [ "$mode" = eval ]; then
   echo "$line" | grep -qE "all_reduce #[0-9]+ on world .* rank $skip \\(on $(hostname)\\) has not reached it; rank $skip: last world collective #[0-9]+, now test.stall-rank: stopped before the evaluation at step 2" ||
     fail "the watchdog line does not name rank $skip, the all_reduce on world and what rank $skip does"
+elif [ "$mode" = micro ]; then
+  echo "$line" | grep -qE "all_reduce #[0-9]+ on world/[^ ]+ .* rank $skip \\(on $(hostname)\\) has not reached it; rank $skip: .*now test.stall-rank: stopped after the first micro-batch" ||
+    fail "the watchdog line does not name rank $skip, the drain vote's all_reduce and what rank $skip does"
 elif [ "$mode" = pipe ]; then
   echo "$line" | grep -qE "recv from rank $skip on pipeline .* rank $skip \\(on $(hostname)\\) has not sent it; rank $skip: now test.stall-rank" ||
     fail "the watchdog line does not name the receive from rank $skip and what rank $skip does"
@@ -93,6 +101,13 @@ elif mode == "eval":
     for q, r in ranks.items():
         if q != skip:
             assert (r["activity"], r["step"]) == ("evaluation", 2), (q, r["activity"], r["step"])
+elif mode == "micro":
+    assert d["missing_ranks"] == [skip], d["missing_ranks"]
+    assert c["op"] == "all_reduce" and c["comm"].startswith("world/"), c
+    assert "after the first micro-batch" in ranks[skip]["activity"], ranks[skip]["activity"]
+    for q, r in ranks.items():
+        if q != skip:
+            assert (r["activity"], r["step"]) == ("drain vote", 3), (q, r["activity"], r["step"])
 elif mode == "pipe":
     assert d["missing_ranks"] == [skip], d["missing_ranks"]
     assert c["op"] == "recv" and c["comm"] == "pipeline" and c["peer"] == skip, c
