@@ -99,8 +99,9 @@ struct TrainConfig {
   std::string metrics_push_url;        ///< Pushgateway base URL
   std::string metrics_push_auth_file;  ///< USER:PASSWORD of the Pushgateway's basic auth
   std::string metrics_push_user, metrics_push_password;  ///< read from it by validate_and_load
-  double metrics_push_timeout_s = 2.0;  ///< connect / read / write timeout of one push
-  std::string metrics_job;              ///< push job label ("": $SLURM_JOB_ID, else dt_train)
+  double metrics_push_timeout_s = 2.0;      ///< connect / read / write timeout of one push
+  double metrics_request_deadline_s = 5.0;  ///< an HTTP connection's whole time on the endpoint
+  std::string metrics_job;                  ///< push job label ("": $SLURM_JOB_ID, else dt_train)
   std::int64_t metrics_every = 10;
   double peak_flops = 1e11;  ///< per rank, for model FLOP utilisation
   std::string trace_dir;     ///< "" off

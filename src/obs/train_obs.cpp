@@ -127,6 +127,7 @@ TrainTelemetry::TrainTelemetry(const TrainConfig& c, int rank, int world, double
            " plus local rank ", c.local_rank, " is above 65535");
   eo.push_url = c.metrics_push_url;
   eo.push_timeout_s = c.metrics_push_timeout_s;
+  eo.request_deadline_s = c.metrics_request_deadline_s;
   eo.push_user = c.metrics_push_user;
   eo.push_password = c.metrics_push_password;
   eo.job = job;

@@ -431,6 +431,11 @@ void add_train_options(Options& o, TrainConfig& c) {
            "seconds one push may take to connect, send and be answered before it counts as "
            "failed",
            0.001, 3600.0)
+      .add("metrics.request-deadline-s", &c.metrics_request_deadline_s, 5.0,
+           "seconds an HTTP connection to the /metrics endpoint may take, answered or not, "
+           "from the moment a server thread takes it up (a second without a byte closes it "
+           "sooner)",
+           0.001, 3600.0)
       .add("metrics.job", &c.metrics_job, "",
            "job label of pushes (empty: $SLURM_JOB_ID, else dt_train)")
       .add("metrics.every", &c.metrics_every, 10, "steps between textfile writes and pushes", 1L,

@@ -4,7 +4,8 @@
 line is parsed. The values must make sense (step counter moving, finite loss, positive tokens/s,
 consistent histograms, resident memory), another path is a 404, and after a drain (SIGUSR1 to
 mpiexec) the job exits 76 (drained, no ckpt.dir to save in) and the endpoints are gone. Clients
-that connect and never finish a request neither keep a scrape from its answer nor hold the exit."""
+that connect and never finish a request neither keep a scrape from its answer nor hold the exit,
+and those that trickle their request are closed at --metrics.request-deadline-s."""
 import math
 import os
 import re
@@ -19,8 +20,12 @@ import obslib
 from obslib import check, fail
 
 a = obslib.Args(sys.argv)
+# --metrics.request-deadline-s: a connection that trickles its request is closed this long after
+# it was taken up (the default is 5 s).
+DEADLINE_S = 1.5
 cmd = a.train_cmd(2, "--train.steps=1000000", "--train.log-every=1000000", "--train.eval-every=0",
-                  "--metrics.port=-1", "--metrics.host=127.0.0.1")
+                  "--metrics.port=-1", "--metrics.host=127.0.0.1",
+                  "--metrics.request-deadline-s=%g" % DEADLINE_S)
 # The job trains without end. Both ranks share one core (Open MPI's waiting ranks yield it), and
 # this script runs on the others: with a rank busy on every core of a 2-core machine, this
 # script and the kernel's own workers were seen to get no CPU for 40 s and more (dmesg:
@@ -142,15 +147,18 @@ try:
         for _ in range(2):
             held.append(socket.create_connection((host, int(port)), timeout=5))
 
+        closed_after = []
+
         def trickle():
             try:
                 c = socket.create_connection((host, int(port)), timeout=5)
+                t = time.time()
                 held.append(c)
                 c.sendall(b"GET /metrics HTTP/1.1\r\n")
                 while not trickling.wait(0.5):
                     c.sendall(b"X")
-            except OSError:
-                pass
+            except OSError:  # the server closed it: a send after its close fails
+                closed_after.append(time.time() - t)
 
         for _ in range(5):
             threading.Thread(target=trickle, daemon=True).start()
@@ -160,6 +168,16 @@ try:
         check(status == 200 and time.time() - t0 < 3,
               "rank 0: a scrape with 7 clients holding connections: status %s after %.1f s"
               % (status, time.time() - t0))
+        # The five trickling clients are closed at the deadline: their next sends but one fail.
+        # (The first of them were taken up at once, the others when a server thread came free,
+        # within another deadline.)
+        t0 = time.time()
+        while len(closed_after) < 5 and time.time() - t0 < 4 * DEADLINE_S + 5:
+            time.sleep(0.1)
+        check(len(closed_after) == 5 and max(closed_after) < 2 * DEADLINE_S + 1.5,
+              "rank 0: trickling clients closed after %s s, expected all within %.1f s "
+              "(--metrics.request-deadline-s=%g, twice, and two sends)"
+              % (sorted(round(x, 1) for x in closed_after), 2 * DEADLINE_S + 1.5, DEADLINE_S))
     print("=== drain: SIGUSR1 to mpiexec (pid %d)" % job.pid, flush=True)
     job.send_signal(signal.SIGUSR1)
     drained_at = None
