@@ -406,7 +406,8 @@ class Trainer {
   void setup_engine(const security::SealedCommOptions& sealed, const security::Tamper& tamper,
                     bool tamper_collectives);
   /// One step's forward and backward passes on the 1F1B schedule; returns this rank's loss sum.
-  double pipeline_step(float scale);
+  /// Sets `*given_up` (and stops) where the ranks voted to give the step up for a drain.
+  double pipeline_step(float scale, bool* given_up);
   /// Says once, on this rank, that a drain signal came during the step (`left` micro-batches to
   /// go), if one has.
   void note_drain_mid_step(std::int64_t left);

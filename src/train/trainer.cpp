@@ -141,8 +141,8 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("train.drain-within-step", &c.drain_within_step, true,
            "a drain signal during a step of several micro-batches gives the step up at a "
            "micro-batch boundary the ranks agree on (a 4-byte vote at every boundary), and the "
-           "run drains as of the step before; false: the step is finished first (the stage "
-           "engine and ZeRO-2/3 always finish it)")
+           "run drains as of the step before; false: the step is finished first (pipeline "
+           "parallelism and ZeRO-2/3 always finish it)")
       .add("train.seed", &c.seed, kDefaultSeed, "seed of the weights and the data order", 0L,
            (1L << 62))
       .add("train.log-every", &c.log_every, 10, "steps between progress lines", 1L, 1L << 40)
@@ -980,12 +980,13 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
                                                  c_.ckpt_timeout_s);
     async_->reserve(state_tensors());
   }
-  // A drain between two micro-batches of a step: the fused model with plain or ZeRO-1
-  // gradients, whose micro-batches before the last hand nothing to a communicator. A step of the
-  // stage engine drains at its end (a pipeline's micro-batches are in flight between its
-  // stages), as does one with ZeRO-2/3 (every micro-batch's gradients are being reduced).
-  drain_within_step_ =
-      c_.drain_within_step && !engine_ && (!zero_ || zero_->stage() == 1) && local_batch_ > micro_;
+  // A drain between two micro-batches of a step: one pipeline stage (the fused model, or the
+  // stage engine with tensor parallelism only) with plain or ZeRO-1 gradients, whose
+  // micro-batches before the last hand nothing to a gradient communicator. A step of several
+  // pipeline stages drains at its end (micro-batches are in flight between them), as does one
+  // with ZeRO-2/3 (every micro-batch's gradients are being reduced).
+  drain_within_step_ = c_.drain_within_step && (!engine_ || plan_->layout.pp == 1) &&
+                       (!zero_ || zero_->stage() == 1) && local_batch_ > micro_;
   DT_CHECK(
       ConfigError,
       c_.test_stall_rank < 0 || c_.test_stall_at != "micro-batch" ||
@@ -1275,9 +1276,19 @@ StepStats Trainer::step() {
   watchdog::set_activity("forward and backward", step_ + 1);
   double loss_sum = 0;
   if (zero_) zero_->begin_step();
+  // A step given up for a drain (give_up_step): the ranks voted so at one micro-batch boundary.
+  auto given_up = [&] {
+    StepStats s;
+    s.step = step_;
+    s.given_up = true;
+    s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return s;
+  };
   if (engine_) {
     engine_->zero_grad();
-    loss_sum = pipeline_step(scale);
+    bool gave_up = false;
+    loss_sum = pipeline_step(scale, &gave_up);
+    if (gave_up) return given_up();
   } else {
     model_->zero_grad();
     const std::int64_t first = comm_.rank() * local_batch_;
@@ -1287,13 +1298,7 @@ StepStats Trainer::step() {
         watchdog::set_activity("test.stall-rank: stopped after the first micro-batch", step_ + 1);
         stall_for_test("test.stall-rank: stopping after the first micro-batch", step_ + 1);
       }
-      if (m > 0 && give_up_step(m / micro_, local_batch_ / micro_)) {
-        StepStats s;
-        s.step = step_;
-        s.given_up = true;
-        s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        return s;
-      }
+      if (m > 0 && give_up_step(m / micro_, local_batch_ / micro_)) return given_up();
       const trace::Scope micro_scope("micro-batch", "train", "index", m / micro_);
       sampler_->fill(static_cast<std::uint64_t>(step_), first + m, micro_, inputs_.data(),
                      targets_.data());
@@ -1485,7 +1490,7 @@ bool Trainer::give_up_step(std::int64_t done, std::int64_t total) {
   return vote > 0;
 }
 
-double Trainer::pipeline_step(float scale) {
+double Trainer::pipeline_step(float scale, bool* given_up) {
   const MeshCoord& mc = mesh_->coord();
   const int m = plan_->microbatches, slots = plan_->in_flight(mc.pp);
   const std::int64_t first = mc.dp * local_batch_;
@@ -1495,7 +1500,11 @@ double Trainer::pipeline_step(float scale) {
   for (const PipeAction& a : one_f_one_b(mc.pp, plan_->layout.pp, m)) {
     const int slot = a.micro % slots;
     if (a.kind == PipeAction::Kind::forward) {
-      if (a.micro > 0) note_drain_mid_step(m - a.micro);
+      // One stage: every micro-batch before this one is through its backward.
+      if (a.micro > 0 && give_up_step(a.micro, m)) {
+        *given_up = true;
+        return 0.0;
+      }
       const trace::Scope f("forward", "pipeline", "micro-batch", a.micro);
       sampler_->fill(static_cast<std::uint64_t>(step_), first + a.micro * micro_, micro_,
                      inputs_.data(), targets_.data());

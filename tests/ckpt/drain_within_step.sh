@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# ckpt.drain_within_step{,_fp16,_zero1,_graphs} (MODE plain, fp16, zero1: ZeRO-1, graphs:
-# engine.cuda_graphs): a 2-rank run whose
+# ckpt.drain_within_step{,_fp16,_zero1,_graphs,_tp2} (MODE plain, fp16, zero1: ZeRO-1, graphs:
+# engine.cuda_graphs, tp2: tensor parallelism on the stage engine): a 2-rank run whose
 # steps have 500 micro-batches a rank gets SIGUSR1 on rank 1 during step 2. The ranks agree on a
 # micro-batch boundary and give the step up there: "step 2 given up after K of its 500
 # micro-batches" (0 < K < 500), "drained at step 1", exit 75, step-1.h5 committed, and the step
@@ -9,15 +9,19 @@
 # given-up step (gradients, loss scale, optimizer state, data position) was kept.
 source "$(dirname "$0")/lib.sh"
 
+BATCH=4000
 case "$MODE" in
   plain) EXTRA=() ;;
   fp16) EXTRA=(--train.dtype=fp16) ;;
   zero1) EXTRA=(--parallel.zero=1) ;;  # the optimizer state sharded: a sharded checkpoint
   graphs) EXTRA=(--engine.cuda_graphs=true) ;;  # micro-batches replayed from a graph
+  # The stage engine, tensor parallel: one pipeline stage, and one data-parallel rank with the
+  # whole batch.
+  tp2) EXTRA=(--parallel.tp=2) BATCH=2000 ;;
   *) echo "unknown mode '$MODE'"; exit 2 ;;
 esac
-# 4000 sequences a step, 2000 a rank, in micro-batches of 4: 500 a rank.
-OPTS=(--train.batch=4000 --train.micro-batch=4 --train.eval-every=0 --train.log-every=1
+# 4000 sequences a step, 2000 a data-parallel rank, in micro-batches of 4: 500 a rank.
+OPTS=(--train.batch=$BATCH --train.micro-batch=4 --train.eval-every=0 --train.log-every=1
       "${EXTRA[@]}")
 
 train U 2 --train.steps=3 --train.log-file=U.jsonl "${OPTS[@]}"
