@@ -228,7 +228,8 @@ struct StepStats {
   double loss_scale = 1;  ///< the loss scale this step used
   /// A drain signal came during the step, and every rank gave it up at the same micro-batch
   /// boundary: nothing changed (weights, optimizer and loss scale are as after the step before,
-  /// the next step is this one again), and the other fields but `seconds` mean nothing.
+  /// the next step is this one again), and the other fields but `step` and `seconds` mean
+  /// nothing.
   bool given_up = false;
 };
 

@@ -981,7 +981,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
     async_->reserve(state_tensors());
   }
   // A drain between two micro-batches of a step: one pipeline stage (the fused model, or the
-  // stage engine with tensor parallelism only) with plain or ZeRO-1 gradients, whose
+  // stage engine with pp=1) with plain or ZeRO-1 gradients, whose
   // micro-batches before the last hand nothing to a gradient communicator. A step of several
   // pipeline stages drains at its end (micro-batches are in flight between them), as does one
   // with ZeRO-2/3 (every micro-batch's gradients are being reduced).

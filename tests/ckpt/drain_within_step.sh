@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # ckpt.drain_within_step{,_fp16,_zero1,_graphs,_tp2} (MODE plain, fp16, zero1: ZeRO-1, graphs:
 # engine.cuda_graphs, tp2: tensor parallelism on the stage engine): a 2-rank run whose
-# steps have 500 micro-batches a rank gets SIGUSR1 on rank 1 during step 2. The ranks agree on a
-# micro-batch boundary and give the step up there: "step 2 given up after K of its 500
-# micro-batches" (0 < K < 500), "drained at step 1", exit 75, step-1.h5 committed, and the step
-# log holds step 1 only. The requeued run resumes from step-1.h5 and trains steps 2 and 3 as the
-# uninterrupted run did (losses within 1e-5; fp16: the same loss scales), so nothing of the
-# given-up step (gradients, loss scale, optimizer state, data position) was kept.
+# steps have 500 micro-batches a rank gets SIGUSR1 on rank 1 during step S (2, or 3 on a loaded
+# machine). The ranks give the step up at the next micro-batch boundary: "step S given up after K
+# of its 500 micro-batches" (0 < K < 500), "drained at step S-1", exit 75, step-(S-1).h5
+# committed, and the step log holds steps 1..S-1 only. The requeued run resumes from it and
+# trains steps S..3 as the uninterrupted run did (losses within 1e-5; fp16: the same loss
+# scales), so nothing of the given-up step (gradients, loss scale, optimizer state, data
+# position) was kept.
 source "$(dirname "$0")/lib.sh"
 
 BATCH=4000
@@ -33,8 +34,9 @@ timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data
   --train.steps=3 --ckpt.dir="$WORK/D" --train.log-file="$WORK/L.jsonl" "${OPTS[@]}" \
   >L.out 2>&1 &
 job=$!
-# The signal goes 0.3 s after step 1 is logged: step 2 is under way (a step takes seconds), past
-# the drain check before it.
+# The signal goes 0.3 s after step 1 is logged: past the drain check before step 2, during step 2
+# (a step takes about 0.6 s) or, on a loaded machine, step 3. The step S it comes in is read from
+# the output.
 for _ in $(seq 1200); do
   [ -s L.jsonl ] && break
   kill -0 "$job" 2>/dev/null || break
@@ -55,19 +57,22 @@ RC=$?
 sed 's/^/    /' L.out
 echo "=== L: exit code $RC"
 expect_rc L 75
-expect_line L "^dt_train: rank 1: drain signal during step 2: the step is given up at this micro-batch boundary$"
-expect_no_line L "^dt_train: rank 0: drain signal"
-k=$(sed -nE 's/^dt_train: step 2 given up after ([0-9]+) of its 500 micro-batches, for a drain: nothing of it is kept, and the run drains as of step 1$/\1/p' L.out)
-if [ -z "$k" ]; then
-  fail "L: no line saying step 2 was given up"
-elif [ "$k" -le 0 ] || [ "$k" -ge 500 ]; then
-  fail "L: step 2 given up after $k micro-batches, expected between 1 and 499"
+given=$(sed -nE 's/^dt_train: step ([0-9]+) given up after ([0-9]+) of its 500 micro-batches, for a drain: nothing of it is kept, and the run drains as of step ([0-9]+)$/\1 \2 \3/p' L.out)
+read -r S K P <<<"$given"
+if [ -z "$given" ]; then
+  fail "L: no line saying a step was given up"
+  S=2 K=0 P=1
 fi
-expect_line L "^dt_train: drained at step 1 \(checkpoint in .*/D\), exit code 75$"
-expect_no_line L "^step +2/3"
-steplog steps L.jsonl 1 1
-expect_latest D step-1.h5
-[ "$(files_in D)" = "latest step-1.h5" ] || fail "files in D: $(files_in D)"
+[ "$S" -ge 2 ] && [ "$S" -le 3 ] || fail "L: step $S given up, expected step 2 or 3 (the signal came after step 1)"
+[ "$P" -eq $((S - 1)) ] || fail "L: step $S given up, drained as of step $P"
+[ "$K" -gt 0 ] && [ "$K" -lt 500 ] || fail "L: step $S given up after $K micro-batches, expected between 1 and 499"
+expect_line L "^dt_train: rank 1: drain signal during step $S: the step is given up at this micro-batch boundary$"
+expect_no_line L "^dt_train: rank 0: drain signal"
+expect_line L "^dt_train: drained at step $P \(checkpoint in .*/D\), exit code 75$"
+expect_no_line L "^step +$S/3"
+steplog steps L.jsonl 1 "$P"
+expect_latest D "step-$P.h5"
+[ "$(files_in D)" = "latest step-$P.h5" ] || fail "files in D: $(files_in D)"
 
-resumes_like_uninterrupted 1 3 "${OPTS[@]}"
+resumes_like_uninterrupted "$P" 3 "${OPTS[@]}"
 finish
