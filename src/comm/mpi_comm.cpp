@@ -234,12 +234,12 @@ class MpiWork final : public WorkImpl {
         if (reqs_[i] != MPI_REQUEST_NULL) MPI_Request_free(&reqs_[i]);
       return;
     }
+    if (next_ >= reqs_.size() || !left_pending_) return;
     int finished = 0;
-    if (next_ < reqs_.size() &&
-        MPI_Testall(static_cast<int>(reqs_.size() - next_), reqs_.data() + next_, &finished,
-                    MPI_STATUSES_IGNORE) != MPI_SUCCESS)
-      finished = 0;
-    if (!finished && next_ < reqs_.size() && left_pending_) left_pending_->store(true);
+    if (MPI_Testall(static_cast<int>(reqs_.size() - next_), reqs_.data() + next_, &finished,
+                    MPI_STATUSES_IGNORE) != MPI_SUCCESS ||
+        !finished)
+      left_pending_->store(true);
   }
 
   std::vector<MPI_Request> reqs_;

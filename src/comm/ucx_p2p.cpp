@@ -133,15 +133,20 @@ struct UcxP2p::State {
       ep = nullptr;
     }
     for (Request& r : pending) {
-      for (int spins = 0;
-           ucp_request_check_status(r.get()) == UCS_INPROGRESS && Clock::now() < deadline;) {
-        if (ucp_worker_progress(worker.get()) != 0) {
-          spins = 0;
-        } else if (++spins > 64) {
-          std::this_thread::sleep_for(std::chrono::microseconds(50));  // ranks share cores
-        }
-      }
+      for (int idle = 0;
+           ucp_request_check_status(r.get()) == UCS_INPROGRESS && Clock::now() < deadline;)
+        progress_or_pause(idle);
       r.reset();
+    }
+  }
+
+  // One round of a wait at the end: progresses the worker, and sleeps 50 us once 64 rounds in a
+  // row found nothing to do (ranks share cores).
+  void progress_or_pause(int& idle) noexcept {
+    if (worker && ucp_worker_progress(worker.get()) != 0) {
+      idle = 0;
+    } else if (++idle > 64) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 
@@ -153,11 +158,9 @@ struct UcxP2p::State {
     MPI_Request req = MPI_REQUEST_NULL;
     if (MPI_Ibarrier(comm, &req) != MPI_SUCCESS) return false;
     int done = 0;
-    for (int spins = 0; Clock::now() < deadline; ++spins) {
+    for (int idle = 0; Clock::now() < deadline; progress_or_pause(idle)) {
       if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
       if (done) return true;
-      if (worker && ucp_worker_progress(worker.get()) != 0) continue;
-      if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     return false;
   }

@@ -859,6 +859,21 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   local_batch_ = plan_->local_batch;
   micro_ = plan_->micro;
   const bool graph_engine = L.tp > 1 || L.pp > 1 || c_.par_engine == "graph";
+  // A drain between two micro-batches of a step: one pipeline stage (the fused model, or the
+  // stage engine with pp=1) with plain or ZeRO-1 gradients, whose micro-batches before the last
+  // hand nothing to a gradient communicator. A step of several pipeline stages drains at its end
+  // (micro-batches are in flight between them), as does one with ZeRO-2/3 (every micro-batch's
+  // gradients are being reduced).
+  drain_within_step_ =
+      c_.drain_within_step && L.pp == 1 && c_.par_zero <= 1 && local_batch_ > micro_;
+  DT_CHECK(
+      ConfigError,
+      c_.test_stall_rank < 0 || c_.test_stall_at != "micro-batch" ||
+          (!graph_engine && local_batch_ > micro_),
+      "option --test.stall-at=micro-batch: the stop after a step's first micro-batch needs "
+      "the fused model with several micro-batches a step (this run has ",
+      graph_engine ? "the stage engine" : std::to_string(local_batch_ / micro_) + " micro-batch",
+      ")");
   // On the layout as planned (parallel.auto may choose it), before anything is allocated.
   DT_CHECK(ConfigError, !c_.cuda_graphs || c_.par_zero <= 1,
            "option --engine.cuda_graphs needs whole parameters and gradients during the passes "
@@ -980,20 +995,6 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
                                                  c_.ckpt_timeout_s);
     async_->reserve(state_tensors());
   }
-  // A drain between two micro-batches of a step: one pipeline stage (the fused model, or the
-  // stage engine with pp=1) with plain or ZeRO-1 gradients, whose
-  // micro-batches before the last hand nothing to a gradient communicator. A step of several
-  // pipeline stages drains at its end (micro-batches are in flight between them), as does one
-  // with ZeRO-2/3 (every micro-batch's gradients are being reduced).
-  drain_within_step_ = c_.drain_within_step && (!engine_ || plan_->layout.pp == 1) &&
-                       (!zero_ || zero_->stage() == 1) && local_batch_ > micro_;
-  DT_CHECK(
-      ConfigError,
-      c_.test_stall_rank < 0 || c_.test_stall_at != "micro-batch" ||
-          (!engine_ && local_batch_ > micro_),
-      "option --test.stall-at=micro-batch: the stop after a step's first micro-batch needs the "
-      "fused model with several micro-batches a step (this run has ",
-      engine_ ? "the stage engine" : std::to_string(local_batch_ / micro_) + " micro-batch", ")");
   if (drain_within_step_ && comm_.size() > 1) drain_vote_comm_ = coll().split(0, comm_.rank());
   const std::size_t bt = static_cast<std::size_t>(micro_) * c_.model.block;
   inputs_.resize(bt);
