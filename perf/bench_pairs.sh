@@ -73,7 +73,7 @@ echo "$table"
   echo
   echo "## Option pairs of dt_train on the CPU device, $(date -u +%F), $cores cores, load $(cut -d' ' -f1 /proc/loadavg)"
   echo
-  echo "Command: \`${DT_PAIRS:+DT_PAIRS='$DT_PAIRS' }perf/bench_pairs.sh $reps $steps\` (micro config: micro-batches of 2, $steps steps; gpt-tiny: $((steps / 200 + 5)) steps; the runs of a pair alternate; medians of $reps rounds)"
+  echo "Command: \`${DT_PAIRS:+DT_PAIRS='$DT_PAIRS' }perf/bench_pairs.sh $reps $steps\` (micro config: micro-batches of 2, $steps steps; gpt-tiny: $((steps / 200 + 5)) steps; the drain vote rows: micro-batches of 1, micro $((steps / 8 + 1)) steps of batch 64; the runs of a pair alternate; medians of $reps rounds)"
   echo
   echo "$table"
 } >> "$DT_ROOT/perf/RESULTS.md"

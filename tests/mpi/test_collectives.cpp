@@ -823,10 +823,9 @@ void check_work_semantics(Comm& c) {
   c.barrier();
 
   // 6. A collective given up on rank 0 (its wait timed out), whose communicator then goes before
-  // the late ranks come to it: rank 0's part stays pending in MPI, and theirs completes. (Open
-  // MPI drops the pending part of a freed communicator: the others waited for it forever, or
-  // rank 0 crashed in MPI's progress at 4 ranks.)
-  // The late ranks come once rank 0 says its communicator has gone.
+  // the late ranks come to it (once rank 0 says so): rank 0's part stays pending in MPI, and
+  // theirs completes. (Open MPI drops the pending part of a freed communicator: the others waited
+  // for it forever, or rank 0 crashed in MPI's progress at 4 ranks.)
   {
     std::unique_ptr<Comm> e = c.split(0, me);
     std::int32_t gone = 1;
