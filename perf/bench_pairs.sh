@@ -10,7 +10,8 @@
 #     product (test.cast-weights), micro and gpt-tiny configs.
 #   - the drain vote at every micro-batch boundary (train.drain-within-step) against none, on 2
 #     data-parallel ranks with micro-batches of one sequence: 32 a step of the micro config (32
-#     tokens each, its most frequent use), 8 of gpt-tiny (128 tokens each).
+#     tokens each, its most frequent use), 8 of gpt-tiny (128 tokens each); and on 2 pipeline
+#     stages (a non-blocking vote read 2 micro-batches after it is taken), 32 a step of micro.
 # Appends the table to perf/RESULTS.md.
 #   perf/bench_pairs.sh [REPS] [STEPS]     (defaults 3 and 300: the micro config's run length)
 # DT_PAIRS=REGEX runs only the pairs whose name matches REGEX (grep -E).
@@ -67,13 +68,14 @@ table=$( {
   row "bf16 weights cast per product / 16-bit copy: fused model, gpt-tiny" 1 gpt-tiny $((steps / 200 + 5)) ${w% *} ${w#* } --train.dtype=bf16
   row "no drain vote / a vote at every micro-batch boundary: data parallel (dp=2), micro, 32 micro-batches of 1" 2 micro "$((steps / 8 + 1))" ${d% *} ${d#* } --train.batch=64 --train.micro-batch=1
   row "no drain vote / a vote at every micro-batch boundary: data parallel (dp=2), gpt-tiny, 8 micro-batches of 1" 2 gpt-tiny $((steps / 200 + 5)) ${d% *} ${d#* } --train.micro-batch=1
+  row "no drain vote / a vote at every micro-batch boundary: pipeline (pp=2, votes read 2 micro-batches later), micro, 32 micro-batches of 1" 2 micro "$((steps / 8 + 1))" ${d% *} ${d#* } --train.batch=32 --train.micro-batch=1 --parallel.pp=2
 } )
 echo "$table"
 {
   echo
   echo "## Option pairs of dt_train on the CPU device, $(date -u +%F), $cores cores, load $(cut -d' ' -f1 /proc/loadavg)"
   echo
-  echo "Command: \`${DT_PAIRS:+DT_PAIRS='$DT_PAIRS' }perf/bench_pairs.sh $reps $steps\` (micro config: micro-batches of 2, $steps steps; gpt-tiny: $((steps / 200 + 5)) steps; the drain vote rows: micro-batches of 1, micro $((steps / 8 + 1)) steps of batch 64; the runs of a pair alternate; medians of $reps rounds)"
+  echo "Command: \`${DT_PAIRS:+DT_PAIRS='$DT_PAIRS' }perf/bench_pairs.sh $reps $steps\` (micro config: micro-batches of 2, $steps steps; gpt-tiny: $((steps / 200 + 5)) steps; the drain vote rows: micro-batches of 1, micro $((steps / 8 + 1)) steps of batch 64 (pp=2: 32); the runs of a pair alternate; medians of $reps rounds)"
   echo
   echo "$table"
 } >> "$DT_ROOT/perf/RESULTS.md"

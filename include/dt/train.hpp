@@ -320,9 +320,14 @@ class Trainer {
                                      // gradient buffer when it is a shared-memory arena
   /// A step of several micro-batches can be given up for a drain between two of them: the ranks
   /// vote at every boundary (a 4-byte all_reduce of their drain flags, on a communicator of its
-  /// own). The vote is blocking, so a rank stuck in a micro-batch shows to the watchdog as the
-  /// one the others wait for, and no collective stays open across a micro-batch's compute.
+  /// own). One pipeline stage: the vote is blocking, so a rank stuck in a micro-batch shows to
+  /// the watchdog as the one the others wait for, and no collective stays open across a
+  /// micro-batch's compute. Several stages (drain_lag_ > 0): the vote taken before micro-batch k's
+  /// forward is read before micro-batch k + drain_lag_'s, when every stage has long taken it (a
+  /// blocking vote would hold each stage until the last one reached the same micro-batch); a rank
+  /// stuck there shows to the watchdog through its neighbour stages' point-to-point waits.
   bool drain_within_step_ = false;
+  int drain_lag_ = 0;
   std::unique_ptr<Comm> drain_vote_comm_;
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<GradBuckets> buckets_;
@@ -407,11 +412,30 @@ class Trainer {
   void setup_engine(const security::SealedCommOptions& sealed, const security::Tamper& tamper,
                     bool tamper_collectives);
   /// One step's forward and backward passes on the 1F1B schedule; returns this rank's loss sum.
-  /// Sets `*given_up` (and stops) where the ranks voted to give the step up for a drain.
+  /// Sets `*given_up` where the ranks voted to give the step up for a drain: every stage then runs
+  /// the backward passes of the micro-batches begun (the 1F1B schedule of that many), so no
+  /// message is left in flight, and the step's gradients are dropped.
   double pipeline_step(float scale, bool* given_up);
-  /// Says once, on this rank, that a drain signal came during the step (`left` micro-batches to
-  /// go), if one has.
-  void note_drain_mid_step(std::int64_t left);
+  /// A step's pipeline drain votes (drain_lag_ > 0). A member, so that their buffers outlive
+  /// votes left pending by an error.
+  struct PipeVotes {
+    std::vector<std::int32_t> flag;  ///< vote k's buffer: this rank's drain flag, then the max
+    std::vector<Work> work;
+    std::size_t settled = 0;  ///< the votes before this one are complete or were never taken
+    void reset(int micro_batches);
+    /// Completes (and ends the records of) the votes every rank has taken, oldest first.
+    void poll();
+    /// Waits for every vote taken (each rank took the same ones).
+    void finish();
+  } pipe_votes_;
+  /// The pipeline's drain vote before micro-batch k's forward (of m): reads vote k - drain_lag_
+  /// (true: give the step up here) and takes vote k.
+  bool pipeline_drain_vote(int k, int m);
+  /// Says once, on this rank, that a drain signal came during the step (`asked`: drain_requested()
+  /// as the caller read it), before micro-batch `done` of `total`.
+  void note_drain_mid_step(bool asked, std::int64_t done, std::int64_t total);
+  /// Logs that the ranks gave the step up after `done` of its `total` micro-batches.
+  void log_given_up(std::int64_t done, std::int64_t total);
   /// Assembles the global parameters from every rank's shards into full_state_. Collective.
   void gather_state();
   const std::vector<ParamInfo>& param_list() const;

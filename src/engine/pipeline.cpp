@@ -32,6 +32,8 @@ std::vector<PipeAction> one_f_one_b(int stage, int stages, int micro) {
   return a;
 }
 
+int vote_lag(int stages) { return stages > 1 ? stages : 0; }
+
 double simulate_1f1b(int stages, int micro, double tf, double tb) {
   DT_CHECK(InvalidArgument, stages >= 1 && micro >= 1, "simulate_1f1b: ", stages, " stages and ",
            micro, " micro-batches (at least one of each)");
@@ -357,9 +359,9 @@ StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& mod
       m.slot_floats += 2 * BT;
     } else if (n.op == "attention") {
       m.flash[i] = flash_attention(dev_, n.attr_or("flash", 0) != 0);
-      const std::size_t att =
-          attention_state_floats(m.flash[i] != 0, static_cast<std::size_t>(m.B),
-                                 static_cast<std::size_t>(n.attr("heads")), static_cast<std::size_t>(m.T));
+      const std::size_t att = attention_state_floats(m.flash[i] != 0, static_cast<std::size_t>(m.B),
+                                                     static_cast<std::size_t>(n.attr("heads")),
+                                                     static_cast<std::size_t>(m.T));
       m.slot_floats += att;
       m.scratch_floats = std::max(m.scratch_floats, att);
     } else if (n.op == "xent") {
@@ -638,7 +640,8 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
       linear_fwd(dev_, &ws_, act(n.out[0]), act(n.in[0]), prm(n.in[1]),
                  bias ? prm(n.in[2]) : nullptr, BT, width(n.in[0]), width(n.out[0]));
     } else if (n.op == "attention") {
-      attention_forward(dev_, &ws_, m.flash[i] != 0, act(n.out[0]), aux, act(n.in[0]), B, T, width(n.out[0]), n.attr("heads"));
+      attention_forward(dev_, &ws_, m.flash[i] != 0, act(n.out[0]), aux, act(n.in[0]), B, T,
+                        width(n.out[0]), n.attr("heads"));
     } else if (n.op == "gelu") {
       dev_.call(&dt_hal_v1_t::gelu_fwd, "gelu_fwd", act(n.out[0]),
                 static_cast<const float*>(act(n.in[0])), BT * width(n.out[0]));
@@ -773,8 +776,9 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
                   static_cast<std::size_t>(seg) * sizeof(float));
       }
     } else if (n.op == "attention") {
-      attention_backward(dev_, &ws_, m.flash[k] != 0, grad(n.in[0]), m.scratch.as<float>(), grad(n.out[0]), act(n.in[0]),
-                         act(n.out[0]), DType::f32, aux, B, T, width(n.out[0]), n.attr("heads"));
+      attention_backward(dev_, &ws_, m.flash[k] != 0, grad(n.in[0]), m.scratch.as<float>(),
+                         grad(n.out[0]), act(n.in[0]), act(n.out[0]), DType::f32, aux, B, T,
+                         width(n.out[0]), n.attr("heads"));
     } else if (n.op == "gelu") {
       dev_.call(&dt_hal_v1_t::gelu_bwd, "gelu_bwd", grad(n.in[0]), act(n.in[0]),
                 static_cast<const float*>(grad(n.out[0])), BT * width(n.out[0]));

@@ -30,6 +30,12 @@ struct PipeAction {
 /// remaining backwards (cool-down). Every micro-batch appears once as forward and once as backward.
 std::vector<PipeAction> one_f_one_b(int stage, int stages, int micro);
 
+/// How many micro-batches after taking it a pipeline of `stages` reads a vote that every rank
+/// takes before each forward (the drain vote): `stages`, the fewest for which every stage of the
+/// pipeline has taken vote k before any stage's forward k + lag starts, whatever the passes'
+/// times, so reading it never holds a stage up. 0 for one stage (no pass in flight: read at once).
+int vote_lag(int stages);
+
 /// Runs the 1F1B schedules of all stages against each other with forward time `tf` and backward
 /// time `tb` per micro-batch on every stage and free communication; returns the time the last
 /// stage finishes. Throws dt::InternalError when the schedules deadlock.

@@ -140,9 +140,10 @@ void add_train_options(Options& o, TrainConfig& c) {
            0L, 1L << 30)
       .add("train.drain-within-step", &c.drain_within_step, true,
            "a drain signal during a step of several micro-batches gives the step up at a "
-           "micro-batch boundary the ranks agree on (a 4-byte vote at every boundary), and the "
-           "run drains as of the step before; false: the step is finished first (pipeline "
-           "parallelism and ZeRO-2/3 always finish it)")
+           "micro-batch boundary the ranks agree on (a 4-byte vote at every boundary; pipeline "
+           "parallelism reads each vote parallel.pp micro-batches after taking it, and runs the "
+           "backward passes of those begun), and the run drains as of the step before; false: "
+           "the step is finished first")
       .add("train.seed", &c.seed, kDefaultSeed, "seed of the weights and the data order", 0L,
            (1L << 62))
       .add("train.log-every", &c.log_every, 10, "steps between progress lines", 1L, 1L << 40)
@@ -859,13 +860,10 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   local_batch_ = plan_->local_batch;
   micro_ = plan_->micro;
   const bool graph_engine = L.tp > 1 || L.pp > 1 || c_.par_engine == "graph";
-  // A drain between two micro-batches of a step: one pipeline stage (the fused model, or the
-  // stage engine with pp=1) with plain or ZeRO-1 gradients, whose micro-batches before the last
-  // hand nothing to a gradient communicator. A step of several pipeline stages drains at its end
-  // (micro-batches are in flight between them), as does one with ZeRO-2/3 (every micro-batch's
-  // gradients are being reduced).
-  drain_within_step_ =
-      c_.drain_within_step && L.pp == 1 && c_.par_zero <= 1 && local_batch_ > micro_;
+  // A drain between two micro-batches of a step. Several pipeline stages read each vote
+  // drain_lag_ micro-batches after taking it, so a step needs more than drain_lag_ + 1 of them.
+  drain_lag_ = vote_lag(L.pp);
+  drain_within_step_ = c_.drain_within_step && local_batch_ / micro_ > drain_lag_ + 1;
   DT_CHECK(
       ConfigError,
       c_.test_stall_rank < 0 || c_.test_stall_at != "micro-batch" ||
@@ -1289,7 +1287,10 @@ StepStats Trainer::step() {
     engine_->zero_grad();
     bool gave_up = false;
     loss_sum = pipeline_step(scale, &gave_up);
-    if (gave_up) return given_up();
+    if (gave_up) {
+      if (zero_) zero_->finish_grads();  // ZeRO-2/3: the reductions of the micro-batches run
+      return given_up();
+    }
   } else {
     model_->zero_grad();
     const std::int64_t first = comm_.rank() * local_batch_;
@@ -1299,7 +1300,10 @@ StepStats Trainer::step() {
         watchdog::set_activity("test.stall-rank: stopped after the first micro-batch", step_ + 1);
         stall_for_test("test.stall-rank: stopping after the first micro-batch", step_ + 1);
       }
-      if (m > 0 && give_up_step(m / micro_, local_batch_ / micro_)) return given_up();
+      if (m > 0 && give_up_step(m / micro_, local_batch_ / micro_)) {
+        if (zero_) zero_->finish_grads();  // ZeRO-2/3: the reductions of the micro-batches run
+        return given_up();
+      }
       const trace::Scope micro_scope("micro-batch", "train", "index", m / micro_);
       sampler_->fill(static_cast<std::uint64_t>(step_), first + m, micro_, inputs_.data(),
                      targets_.data());
@@ -1456,39 +1460,88 @@ void Trainer::report_graphs() {
   }
 }
 
-void Trainer::note_drain_mid_step(std::int64_t left) {
+void Trainer::note_drain_mid_step(bool asked, std::int64_t done, std::int64_t total) {
   // A drain signal that comes during a step of many micro-batches (a long step) is said at once,
   // so that its sender knows it was heard; the step is given up where it can be, else finished.
-  if (drain_noted_ || !drain_requested()) return;
+  if (drain_noted_ || !asked) return;
   drain_noted_ = true;
-  if (drain_within_step_)
+  if (drain_within_step_ && drain_lag_ == 0)
     std::printf(
         "dt_train: rank %d: drain signal during step %ld: the step is given up at this "
         "micro-batch boundary\n",
         comm_.rank(), static_cast<long>(step_ + 1));
+  else if (drain_within_step_ && done + drain_lag_ < total)
+    std::printf(
+        "dt_train: rank %d: drain signal during step %ld: the step is given up when the "
+        "pipeline's vote is read, after at most %ld of its micro-batches\n",
+        comm_.rank(), static_cast<long>(step_ + 1), static_cast<long>(done + drain_lag_));
   else
     std::printf(
         "dt_train: rank %d: drain signal during step %ld: it finishes its %ld micro-batches left "
         "first, then drains\n",
-        comm_.rank(), static_cast<long>(step_ + 1), static_cast<long>(left));
+        comm_.rank(), static_cast<long>(step_ + 1), static_cast<long>(total - done));
   std::fflush(stdout);
 }
 
+void Trainer::log_given_up(std::int64_t done, std::int64_t total) {
+  log("dt_train: step " + std::to_string(step_ + 1) + " given up after " + std::to_string(done) +
+      " of its " + std::to_string(total) +
+      " micro-batches, for a drain: nothing of it is kept, and the run drains as of step " +
+      std::to_string(step_));
+}
+
 bool Trainer::give_up_step(std::int64_t done, std::int64_t total) {
-  note_drain_mid_step(total - done);
+  const bool asked = drain_requested();  // read once: what is said is what is voted
+  note_drain_mid_step(asked, done, total);
   if (!drain_within_step_) return false;
-  std::int32_t vote = drain_requested() ? 1 : 0;
+  std::int32_t vote = asked ? 1 : 0;
   if (drain_vote_comm_) {
     watchdog::set_activity("drain vote", step_ + 1);
     drain_vote_comm_->all_reduce(view_of(&vote, 1), ReduceOp::max);
     watchdog::set_activity("forward and backward", step_ + 1);
   }
-  if (vote > 0)
-    log("dt_train: step " + std::to_string(step_ + 1) + " given up after " + std::to_string(done) +
-        " of its " + std::to_string(total) +
-        " micro-batches, for a drain: nothing of it is kept, and the run drains as of step " +
-        std::to_string(step_));
+  if (vote > 0) log_given_up(done, total);
   return vote > 0;
+}
+
+void Trainer::PipeVotes::reset(int micro_batches) {
+  flag.assign(static_cast<std::size_t>(micro_batches), 0);
+  work.clear();
+  work.resize(static_cast<std::size_t>(micro_batches));
+  settled = 0;
+}
+
+void Trainer::PipeVotes::poll() {
+  while (settled < work.size() && (!work[settled].valid() || work[settled].test())) ++settled;
+}
+
+void Trainer::PipeVotes::finish() {
+  for (; settled < work.size(); ++settled)
+    if (work[settled].valid()) work[settled].wait();
+}
+
+bool Trainer::pipeline_drain_vote(int k, int m) {
+  if (drain_lag_ == 0) return give_up_step(k, m);
+  const bool asked = drain_requested();  // read once: what is said is what is voted
+  note_drain_mid_step(asked, k, m);
+  if (!drain_within_step_) return false;
+  if (k - drain_lag_ >= 1) {  // every rank took it drain_lag_ micro-batches ago
+    const std::size_t read = static_cast<std::size_t>(k - drain_lag_);
+    watchdog::set_activity("drain vote", step_ + 1);
+    pipe_votes_.work[read].wait();
+    watchdog::set_activity("forward and backward", step_ + 1);
+    if (pipe_votes_.flag[read] > 0) {
+      log_given_up(k, m);
+      return true;
+    }
+  }
+  if (k + drain_lag_ < m) {  // read before a later forward of this step
+    const std::size_t at = static_cast<std::size_t>(k);
+    pipe_votes_.flag[at] = asked ? 1 : 0;
+    pipe_votes_.work[at] =
+        drain_vote_comm_->iall_reduce(view_of(&pipe_votes_.flag[at], 1), ReduceOp::max);
+  }
+  return false;
 }
 
 double Trainer::pipeline_step(float scale, bool* given_up) {
@@ -1498,13 +1551,23 @@ double Trainer::pipeline_step(float scale, bool* given_up) {
   double loss = 0;
   const auto t0 = std::chrono::steady_clock::now();
   engine_->take_wait_seconds();
-  for (const PipeAction& a : one_f_one_b(mc.pp, plan_->layout.pp, m)) {
+  pipe_votes_.reset(m);
+  std::vector<PipeAction> actions = one_f_one_b(mc.pp, plan_->layout.pp, m);
+  for (std::size_t i = 0; i < actions.size(); ++i) {
+    const PipeAction a = actions[i];
     const int slot = a.micro % slots;
+    pipe_votes_.poll();
     if (a.kind == PipeAction::Kind::forward) {
-      // One stage: every micro-batch before this one is through its backward.
-      if (a.micro > 0 && give_up_step(a.micro, m)) {
+      if (a.micro > 0 && !*given_up && pipeline_drain_vote(a.micro, m)) {
+        // Given up before this forward: the schedule of a.micro micro-batches, the same as
+        // this one's up to here, runs the backward passes of those begun.
         *given_up = true;
-        return 0.0;
+        actions = one_f_one_b(mc.pp, plan_->layout.pp, a.micro);
+        DT_ASSERT(i <= actions.size() &&
+                      (i == actions.size() || actions[i].kind == PipeAction::Kind::backward),
+                  "the 1F1B schedule of ", a.micro, " micro-batches is not this one's prefix");
+        --i;  // runs actions[i] again: now a backward pass, or the end
+        continue;
       }
       const trace::Scope f("forward", "pipeline", "micro-batch", a.micro);
       sampler_->fill(static_cast<std::uint64_t>(step_), first + a.micro * micro_, micro_,
@@ -1521,6 +1584,11 @@ double Trainer::pipeline_step(float scale, bool* given_up) {
       else
         engine_->backward(slot, a.micro, scale);
     }
+  }
+  pipe_votes_.finish();  // given up: the votes taken after the one read (every rank took them)
+  if (*given_up) {
+    engine_->wait_sends();
+    return 0.0;
   }
   if (buckets_ && c_.cuda_graphs) {
     dev_.call(&dt_hal_v1_t::synchronize, "synchronize");

@@ -1,36 +1,44 @@
 #!/usr/bin/env bash
-# ckpt.drain_within_step{,_fp16,_zero1,_graphs,_tp2} (MODE plain, fp16, zero1: ZeRO-1, graphs:
-# engine.cuda_graphs, tp2: tensor parallelism on the stage engine): a 2-rank run whose
-# steps have 500 micro-batches a rank gets SIGUSR1 on rank 1 during step S (2, or 3 on a loaded
-# machine). The ranks give the step up at the next micro-batch boundary: "step S given up after K
-# of its 500 micro-batches" (0 < K < 500), "drained at step S-1", exit 75, step-(S-1).h5
-# committed, and the step log holds steps 1..S-1 only. The requeued run resumes from it and
-# trains steps S..3 as the uninterrupted run did (losses within 1e-5; fp16: the same loss
-# scales), so nothing of the given-up step (gradients, loss scale, optimizer state, data
-# position) was kept.
+# ckpt.drain_within_step{,_fp16,_zero1,_zero2,_zero3,_graphs,_tp2,_pp2,_pp2_dp2_zero3} (MODE plain,
+# fp16, zero1-3: ZeRO stages, graphs: engine.cuda_graphs, tp2: tensor parallelism on the stage
+# engine, pp2: two pipeline stages, pp2_dp2_zero3: two stages of two data-parallel ZeRO-3 ranks on
+# 4 ranks): a run whose steps have 500 micro-batches a rank gets SIGUSR1 on rank 1 during step S
+# (2, or 3 on a loaded machine). The ranks give the step up at a micro-batch boundary: "step S
+# given up after K of its 500 micro-batches" (0 < K < 500; the pipeline: K is the boundary rank 1
+# said, where the vote it took is read), "drained at step S-1", exit 75, step-(S-1).h5 committed,
+# and the step log holds steps 1..S-1 only. The requeued run resumes from it and trains steps
+# S..3 as the uninterrupted run did (losses within 1e-5; fp16: the same loss scales), so nothing
+# of the given-up step (gradients, loss scale, optimizer state, data position) was kept.
 source "$(dirname "$0")/lib.sh"
 
-BATCH=4000
+BATCH=4000 RANKS=2 PIPELINE=0
 case "$MODE" in
   plain) EXTRA=() ;;
   fp16) EXTRA=(--train.dtype=fp16) ;;
   zero1) EXTRA=(--parallel.zero=1) ;;  # the optimizer state sharded: a sharded checkpoint
+  # Gradients (and ZeRO-3: parameters) sharded: every micro-batch's gradients are being reduced
+  # at the boundary.
+  zero2) EXTRA=(--parallel.zero=2) ;;
+  zero3) EXTRA=(--parallel.zero=3) ;;
   graphs) EXTRA=(--engine.cuda_graphs=true) ;;  # micro-batches replayed from a graph
   # The stage engine, tensor parallel: one pipeline stage, and one data-parallel rank with the
   # whole batch.
   tp2) EXTRA=(--parallel.tp=2) BATCH=2000 ;;
+  # Two pipeline stages, micro-batches in flight between them.
+  pp2) EXTRA=(--parallel.pp=2) BATCH=2000 PIPELINE=1 ;;
+  pp2_dp2_zero3) EXTRA=(--parallel.pp=2 --parallel.zero=3) RANKS=4 PIPELINE=1 ;;
   *) echo "unknown mode '$MODE'"; exit 2 ;;
 esac
 # 4000 sequences a step, 2000 a data-parallel rank, in micro-batches of 4: 500 a rank.
 OPTS=(--train.batch=$BATCH --train.micro-batch=4 --train.eval-every=0 --train.log-every=1
       "${EXTRA[@]}")
 
-train U 2 --train.steps=3 --train.log-file=U.jsonl "${OPTS[@]}"
+train U "$RANKS" --train.steps=3 --train.log-file=U.jsonl "${OPTS[@]}"
 expect_rc U 0
 steplog steps U.jsonl 1 3
 
-echo "=== L: 2 ranks in the background: dt_train --train.steps=3 --ckpt.dir=D"
-timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n 2 "$BIN" --config "$CONFIG" --data.path="$TEXT" \
+echo "=== L: $RANKS ranks in the background: dt_train --train.steps=3 --ckpt.dir=D"
+timeout -k 10 "$RUN_LIMIT" "${MPIEXEC[@]}" -n "$RANKS" "$BIN" --config "$CONFIG" --data.path="$TEXT" \
   --train.steps=3 --ckpt.dir="$WORK/D" --train.log-file="$WORK/L.jsonl" "${OPTS[@]}" \
   >L.out 2>&1 &
 job=$!
@@ -66,7 +74,15 @@ fi
 [ "$S" -ge 2 ] && [ "$S" -le 3 ] || fail "L: step $S given up, expected step 2 or 3 (the signal came after step 1)"
 [ "$P" -eq $((S - 1)) ] || fail "L: step $S given up, drained as of step $P"
 [ "$K" -gt 0 ] && [ "$K" -lt 500 ] || fail "L: step $S given up after $K micro-batches, expected between 1 and 499"
-expect_line L "^dt_train: rank 1: drain signal during step $S: the step is given up at this micro-batch boundary$"
+if [ "$PIPELINE" = 1 ]; then
+  # Rank 1 took its vote before micro-batch k's forward (0-based); every rank reads it before
+  # micro-batch k+2's (pp = 2): after k+2 micro-batches, the N it said.
+  said=$(sed -nE "s/^dt_train: rank 1: drain signal during step $S: the step is given up when the pipeline's vote is read, after at most ([0-9]+) of its micro-batches$/\1/p" L.out)
+  [ -n "$said" ] || fail "L: rank 1 did not say the pipeline's vote would give step $S up"
+  [ "${said:-0}" -eq "$K" ] || fail "L: rank 1 said the step is given up after at most $said micro-batches, it was after $K"
+else
+  expect_line L "^dt_train: rank 1: drain signal during step $S: the step is given up at this micro-batch boundary$"
+fi
 expect_no_line L "^dt_train: rank 0: drain signal"
 expect_line L "^dt_train: drained at step $P \(checkpoint in .*/D\), exit code 75$"
 expect_no_line L "^step +$S/3"

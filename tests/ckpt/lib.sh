@@ -114,13 +114,13 @@ rank_pid_of() {
   done
 }
 
-# resumes_like_uninterrupted FROM TO ARGS...: a run N on 2 ranks into D (ARGS: its other options)
-# resumes from D/step-FROM.h5 and trains steps FROM+1..TO as the uninterrupted run U (U.jsonl)
-# did; latest then names step-TO.h5.
+# resumes_like_uninterrupted FROM TO ARGS...: a run N on RANKS ranks (default 2) into D (ARGS: its
+# other options) resumes from D/step-FROM.h5 and trains steps FROM+1..TO as the uninterrupted run U
+# (U.jsonl) did; latest then names step-TO.h5.
 resumes_like_uninterrupted() {
   local from=$1 to=$2
   shift 2
-  train N 2 --train.steps="$to" --ckpt.dir=D --train.log-file=N.jsonl "$@"
+  train N "${RANKS:-2}" --train.steps="$to" --ckpt.dir=D --train.log-file=N.jsonl "$@"
   expect_rc N 0
   expect_line N "resumed from .*D/step-$from\.h5 at step $from "
   steplog steps N.jsonl $((from + 1)) "$to"

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# train.drain_mid_step, train.drain_mid_step_pipeline: a drain signal that comes during a long
-# step (2000 micro-batches) is said at once. Where the step can be given up (EXPECT given-up: the
-# fused model, one rank) it is, at a micro-batch boundary, and the run drains as of step 1. Where
-# it cannot (EXPECT finished: the pipeline schedule, whose micro-batches are in flight between
-# stages), the line names the micro-batches left, and the run drains after step 2. Exit 76
-# without a checkpoint folder. With a launcher (mpiexec -n 2 ... --) and options after it
-# (--parallel.pp=2), SIGUSR1 goes to the launcher, which hands it to the ranks.
-#   drain_mid_step.sh DT_TRAIN CONFIG TEXT WORKDIR given-up|finished [LAUNCHER... -- OPTIONS...]
+# train.drain_mid_step{,_pipeline,_finished}: a drain signal that comes during a long step (2000
+# micro-batches) is said at once. Where the step is given up (EXPECT given-up: the fused model on
+# one rank; two pipeline stages, which read the vote the stage took 2 micro-batches later and say
+# so), it is, at a micro-batch boundary, and the run drains as of step 1. Where it is finished
+# (EXPECT finished: --train.drain-within-step=false), the line names the micro-batches left, and
+# the run drains after step 2. Exit 76 without a checkpoint folder. With a launcher (mpiexec -n 2
+# ... --) and options after it (--parallel.pp=2), SIGUSR1 goes to the launcher, which hands it to
+# the ranks.
+#   drain_mid_step.sh DT_TRAIN CONFIG TEXT WORKDIR given-up|finished [LAUNCHER... --] [OPTIONS...]
 set -u
 TRAIN=$1 CONFIG=$2 TEXT=$3 WORK=$4 EXPECT=$5
 shift 5
@@ -34,7 +35,7 @@ rc=$?
 sed 's/^/    /' run.out
 [ $rc -eq 76 ] || { echo "FAIL: exit code $rc, expected 76"; exit 1; }
 if [ "$EXPECT" = given-up ]; then
-  grep -qE "^dt_train: rank [0-9]+: drain signal during step 2: the step is given up at this micro-batch boundary$" run.out ||
+  grep -qE "^dt_train: rank [0-9]+: drain signal during step 2: the step is given up (at this micro-batch boundary|when the pipeline's vote is read, after at most [0-9]+ of its micro-batches)$" run.out ||
     { echo "FAIL: no line saying the signal came during step 2"; exit 1; }
   k=$(sed -nE 's/^dt_train: step 2 given up after ([0-9]+) of its 2000 micro-batches, for a drain: .*drains as of step 1$/\1/p' run.out)
   [ -n "$k" ] && [ "$k" -gt 0 ] && [ "$k" -lt 2000 ] ||

@@ -802,6 +802,102 @@ TEST_CASE("1F1B schedule: every micro-batch once each way, warm-up, order and in
   CHECK_THROWS_AS(dt::one_f_one_b(-1, 2, 1), dt::InvalidArgument);
 }
 
+TEST_CASE("1F1B: a shorter step's schedule is a prefix, up to its end, of a longer one's") {
+  // A step given up before forward k runs one_f_one_b(k) from where one_f_one_b(m) stood.
+  using K = dt::PipeAction::Kind;
+  for (int stages = 1; stages <= 5; ++stages)
+    for (int stage = 0; stage < stages; ++stage)
+      for (int m = 2; m <= 9; ++m)
+        for (int k = 1; k < m; ++k) {
+          CAPTURE(stages);
+          CAPTURE(stage);
+          CAPTURE(m);
+          CAPTURE(k);
+          const auto whole = dt::one_f_one_b(stage, stages, m),
+                     cut = dt::one_f_one_b(stage, stages, k);
+          std::size_t at = 0;  // forward k's place in the whole schedule
+          while (!(whole[at].kind == K::forward && whole[at].micro == k)) ++at;
+          REQUIRE(at <= cut.size());
+          for (std::size_t i = 0; i < at; ++i) {
+            CHECK(cut[i].kind == whole[i].kind);
+            CHECK(cut[i].micro == whole[i].micro);
+          }
+          for (std::size_t i = at; i < cut.size(); ++i) CHECK(cut[i].kind == K::backward);
+        }
+}
+
+namespace {
+// Whether, in the 1F1B schedules of `stages` over m micro-batches, every stage's forward k (and
+// so a vote taken just before it) happens before every stage starts forward k + lag, for every k:
+// by the schedules' order alone (each stage in turn; a forward after the previous stage's, a
+// backward after the next stage's), whatever the passes' times.
+bool votes_taken_before_read(int stages, int m, int lag) {
+  using K = dt::PipeAction::Kind;
+  std::vector<std::vector<dt::PipeAction>> sched;
+  for (int s = 0; s < stages; ++s) sched.push_back(dt::one_f_one_b(s, stages, m));
+  auto place = [&](int s, K kind, int micro) {
+    const auto& a = sched[static_cast<std::size_t>(s)];
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (a[i].kind == kind && a[i].micro == micro) return i;
+    return a.size();
+  };
+  // before[s][i]: for each stage, how many of its actions must have finished before action i of
+  // stage s can start (a prefix, so a count).
+  const std::size_t n = 2 * static_cast<std::size_t>(m);
+  std::vector<std::vector<std::vector<std::size_t>>> before(
+      static_cast<std::size_t>(stages),
+      std::vector<std::vector<std::size_t>>(n, std::vector<std::size_t>(sched.size(), 0)));
+  // Actions in an order that respects the dependencies: the simulation's, run to completion.
+  std::vector<std::size_t> next(sched.size(), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < stages; ++s) {
+      const std::size_t us = static_cast<std::size_t>(s);
+      while (next[us] < n) {
+        const std::size_t i = next[us];
+        const dt::PipeAction a = sched[us][i];
+        const int peer = a.kind == K::forward ? s - 1 : s + 1;
+        std::vector<std::size_t> need(sched.size(), 0);
+        if (i > 0) {
+          need = before[us][i - 1];
+          need[us] = i;
+        }
+        if (peer >= 0 && peer < stages) {
+          const std::size_t up = static_cast<std::size_t>(peer), j = place(peer, a.kind, a.micro);
+          if (next[up] <= j) break;  // the peer's pass is not done yet
+          for (std::size_t t = 0; t < need.size(); ++t)
+            need[t] = std::max(need[t], before[up][j][t]);
+          need[up] = std::max(need[up], j + 1);
+        }
+        before[us][i] = need;
+        ++next[us];
+        progress = true;
+      }
+    }
+  }
+  for (std::size_t s = 0; s < sched.size(); ++s) REQUIRE(next[s] == n);  // no deadlock
+  for (int k = 1; k + lag < m; ++k)
+    for (int s = 0; s < stages; ++s) {
+      const auto& need = before[static_cast<std::size_t>(s)][place(s, K::forward, k + lag)];
+      for (int t = 0; t < stages; ++t)  // stage t's forward k (its vote k is taken before it)
+        if (need[static_cast<std::size_t>(t)] <= place(t, K::forward, k)) return false;
+    }
+  return true;
+}
+}  // namespace
+
+TEST_CASE("1F1B: a vote taken before every forward is taken everywhere vote_lag forwards later") {
+  CHECK(dt::vote_lag(1) == 0);
+  for (int stages = 2; stages <= 6; ++stages)
+    for (int m = stages + 2; m <= stages + 8; ++m) {
+      CAPTURE(stages);
+      CAPTURE(m);
+      CHECK(votes_taken_before_read(stages, m, dt::vote_lag(stages)));
+      // The fewest: one less, and some stage would wait at its read for a later stage's vote.
+      CHECK_FALSE(votes_taken_before_read(stages, m, dt::vote_lag(stages) - 1));
+    }
+}
+
 TEST_CASE("1F1B simulation: makespan (m+p-1)(tf+tb), bubble (p-1)/(m+p-1)") {
   const double tf = 1, tb = 2;
   for (int p = 1; p <= 6; ++p)
