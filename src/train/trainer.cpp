@@ -248,9 +248,9 @@ void add_train_options(Options& o, TrainConfig& c) {
            -1L, 1L << 30)
       .add("test.stall-at", &c.test_stall_at, "step",
            "testing only: where test.stall-rank stops: before step test.skip-step + 1 (step), "
-           "after that step's first micro-batch (micro-batch; the fused model, with several "
-           "micro-batches a step), or before the evaluation after step test.skip-step "
-           "(evaluation)",
+           "after that step's first micro-batch (micro-batch, with several a step; a pipeline: "
+           "before the second one's forward pass), or before the evaluation after step "
+           "test.skip-step (evaluation)",
            {"step", "micro-batch", "evaluation"})
       .add("test.skip-collective", &c.test_skip_collective, -1,
            "testing only: this rank never joins the loss all_reduce of step test.skip-step (it "
@@ -864,14 +864,10 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   // drain_lag_ micro-batches after taking it, so a step needs more than drain_lag_ + 1 of them.
   drain_lag_ = vote_lag(L.pp);
   drain_within_step_ = c_.drain_within_step && local_batch_ / micro_ > drain_lag_ + 1;
-  DT_CHECK(
-      ConfigError,
-      c_.test_stall_rank < 0 || c_.test_stall_at != "micro-batch" ||
-          (!graph_engine && local_batch_ > micro_),
-      "option --test.stall-at=micro-batch: the stop after a step's first micro-batch needs "
-      "the fused model with several micro-batches a step (this run has ",
-      graph_engine ? "the stage engine" : std::to_string(local_batch_ / micro_) + " micro-batch",
-      ")");
+  DT_CHECK(ConfigError,
+           c_.test_stall_rank < 0 || c_.test_stall_at != "micro-batch" || local_batch_ > micro_,
+           "option --test.stall-at=micro-batch: the stop after a step's first micro-batch needs "
+           "several micro-batches a step (this run has 1 micro-batch)");
   // On the layout as planned (parallel.auto may choose it), before anything is allocated.
   DT_CHECK(ConfigError, !c_.cuda_graphs || c_.par_zero <= 1,
            "option --engine.cuda_graphs needs whole parameters and gradients during the passes "
@@ -1558,6 +1554,11 @@ double Trainer::pipeline_step(float scale, bool* given_up) {
     const int slot = a.micro % slots;
     pipe_votes_.poll();
     if (a.kind == PipeAction::Kind::forward) {
+      if (a.micro == 1 && c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step &&
+          c_.test_stall_at == "micro-batch") {
+        watchdog::set_activity("test.stall-rank: stopped after the first micro-batch", step_ + 1);
+        stall_for_test("test.stall-rank: stopping after the first micro-batch", step_ + 1);
+      }
       if (a.micro > 0 && !*given_up && pipeline_drain_vote(a.micro, m)) {
         // Given up before this forward: the schedule of a.micro micro-batches, the same as
         // this one's up to here, runs the backward passes of those begun.

@@ -16,7 +16,10 @@
 #         "evaluation" at step 2) and the line must name the stopped rank and what it does;
 #   micro: the rank stops after step 3's first micro-batch (test.stall-at=micro-batch), so the
 #         others wait in the drain vote at the next boundary (an all_reduce on the vote's own
-#         communicator): the line must name the stopped rank and what it does.
+#         communicator): the line must name the stopped rank and what it does;
+#   pipe_micro: the same in two pipelines of two stages (dp=2 pp=2, 4 ranks), whose drain votes
+#         are read two micro-batches after they are taken: the others wait for the rank's
+#         pipeline messages or its vote, and the line must name it and what it does.
 # Either way the job must end within TIMEOUT + 10 s of the stall, exit non-zero, print one
 # watchdog line and leave a dump that says the same.
 set -u
@@ -38,6 +41,9 @@ case $mode in
   eval) extra=(--test.stall-rank="$skip" --test.stall-at=evaluation --train.eval-every=2)
         mark="rank $skip: test.stall-rank: stopping before the evaluation" ;;
   micro) extra=(--test.stall-rank="$skip" --test.stall-at=micro-batch --train.micro-batch=1)
+         mark="rank $skip: test.stall-rank: stopping after the first micro-batch" ;;
+  pipe_micro) extra=(--test.stall-rank="$skip" --test.stall-at=micro-batch --train.micro-batch=1
+                     --parallel.pp=2)
          mark="rank $skip: test.stall-rank: stopping after the first micro-batch" ;;
   *) echo "watchdog.sh: unknown mode $mode"; exit 2 ;;
 esac
@@ -69,6 +75,9 @@ elif [ "$mode" = eval ]; then
 elif [ "$mode" = micro ]; then
   echo "$line" | grep -qE "all_reduce #[0-9]+ on world/[^ ]+ .* rank $skip \\(on $(hostname)\\) has not reached it; rank $skip: .*now test.stall-rank: stopped after the first micro-batch" ||
     fail "the watchdog line does not name rank $skip, the drain vote's all_reduce and what rank $skip does"
+elif [ "$mode" = pipe_micro ]; then
+  echo "$line" | grep -qE "(all_reduce #[0-9]+ on world/[^ ]+ .* rank $skip \(on $(hostname)\) has not reached it|recv from rank $skip on pipeline .* rank $skip \(on $(hostname)\) has not sent it); rank $skip: .*now test.stall-rank: stopped after the first micro-batch" ||
+    fail "the watchdog line does not name rank $skip, what the others wait for and what rank $skip does"
 elif [ "$mode" = pipe ]; then
   echo "$line" | grep -qE "recv from rank $skip on pipeline .* rank $skip \\(on $(hostname)\\) has not sent it; rank $skip: now test.stall-rank" ||
     fail "the watchdog line does not name the receive from rank $skip and what rank $skip does"
@@ -108,6 +117,15 @@ elif mode == "micro":
     for q, r in ranks.items():
         if q != skip:
             assert (r["activity"], r["step"]) == ("drain vote", 3), (q, r["activity"], r["step"])
+elif mode == "pipe_micro":
+    assert d["missing_ranks"] == [skip], d["missing_ranks"]
+    assert (c["op"] == "all_reduce" and c["comm"].startswith("world/")) or \
+        (c["op"] == "recv" and c["comm"] == "pipeline" and c["peer"] == skip), c
+    assert "after the first micro-batch" in ranks[skip]["activity"], ranks[skip]["activity"]
+    for q, r in ranks.items():
+        if q != skip:
+            assert r["step"] == 3 and r["activity"] in ("drain vote", "forward and backward"), \
+                (q, r["activity"], r["step"])
 elif mode == "pipe":
     assert d["missing_ranks"] == [skip], d["missing_ranks"]
     assert c["op"] == "recv" and c["comm"] == "pipeline" and c["peer"] == skip, c
