@@ -989,7 +989,14 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
                                                  c_.ckpt_timeout_s);
     async_->reserve(state_tensors());
   }
-  if (drain_within_step_ && comm_.size() > 1) drain_vote_comm_ = coll().split(0, comm_.rank());
+  if (drain_within_step_ && comm_.size() > 1) {
+    // Its own communicator, named so in the watchdog's lines ("all_reduce #N on world/drain-vote").
+    auto vote = MpiComm::dup(dynamic_cast<MpiComm&>(comm_).handle(), "world/drain-vote");
+    if (c_.seal == "all")
+      drain_vote_comm_ = security::make_sealed_comm(*vote, *keys_, sealed);
+    else
+      drain_vote_comm_ = std::move(vote);
+  }
   const std::size_t bt = static_cast<std::size_t>(micro_) * c_.model.block;
   inputs_.resize(bt);
   targets_.resize(bt);

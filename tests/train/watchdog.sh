@@ -16,7 +16,7 @@
 #         "evaluation" at step 2) and the line must name the stopped rank and what it does;
 #   micro: the rank stops after step 3's first micro-batch (test.stall-at=micro-batch), so the
 #         others wait in the drain vote at the next boundary (an all_reduce on the vote's own
-#         communicator): the line must name the stopped rank and what it does;
+#         communicator, world/drain-vote): the line must name the stopped rank and what it does;
 #   pipe_micro: the same in two pipelines of two stages (dp=2 pp=2, 4 ranks), whose drain votes
 #         are read two micro-batches after they are taken: the others wait for the rank's
 #         pipeline messages or its vote, and the line must name it and what it does.
@@ -73,10 +73,10 @@ elif [ "$mode" = eval ]; then
   echo "$line" | grep -qE "all_reduce #[0-9]+ on world .* rank $skip \\(on $(hostname)\\) has not reached it; rank $skip: last world collective #[0-9]+, now test.stall-rank: stopped before the evaluation at step 2" ||
     fail "the watchdog line does not name rank $skip, the all_reduce on world and what rank $skip does"
 elif [ "$mode" = micro ]; then
-  echo "$line" | grep -qE "all_reduce #[0-9]+ on world/[^ ]+ .* rank $skip \\(on $(hostname)\\) has not reached it; rank $skip: .*now test.stall-rank: stopped after the first micro-batch" ||
+  echo "$line" | grep -qE "all_reduce #[0-9]+ on world/drain-vote .* rank $skip \\(on $(hostname)\\) has not reached it; rank $skip: .*now test.stall-rank: stopped after the first micro-batch" ||
     fail "the watchdog line does not name rank $skip, the drain vote's all_reduce and what rank $skip does"
 elif [ "$mode" = pipe_micro ]; then
-  echo "$line" | grep -qE "(all_reduce #[0-9]+ on world/[^ ]+ .* rank $skip \(on $(hostname)\) has not reached it|recv from rank $skip on pipeline .* rank $skip \(on $(hostname)\) has not sent it); rank $skip: .*now test.stall-rank: stopped after the first micro-batch" ||
+  echo "$line" | grep -qE "(all_reduce #[0-9]+ on world/drain-vote .* rank $skip \(on $(hostname)\) has not reached it|recv from rank $skip on pipeline .* rank $skip \(on $(hostname)\) has not sent it); rank $skip: .*now test.stall-rank: stopped after the first micro-batch" ||
     fail "the watchdog line does not name rank $skip, what the others wait for and what rank $skip does"
 elif [ "$mode" = pipe ]; then
   echo "$line" | grep -qE "recv from rank $skip on pipeline .* rank $skip \\(on $(hostname)\\) has not sent it; rank $skip: now test.stall-rank" ||
@@ -112,14 +112,14 @@ elif mode == "eval":
             assert (r["activity"], r["step"]) == ("evaluation", 2), (q, r["activity"], r["step"])
 elif mode == "micro":
     assert d["missing_ranks"] == [skip], d["missing_ranks"]
-    assert c["op"] == "all_reduce" and c["comm"].startswith("world/"), c
+    assert c["op"] == "all_reduce" and c["comm"] == "world/drain-vote", c
     assert "after the first micro-batch" in ranks[skip]["activity"], ranks[skip]["activity"]
     for q, r in ranks.items():
         if q != skip:
             assert (r["activity"], r["step"]) == ("drain vote", 3), (q, r["activity"], r["step"])
 elif mode == "pipe_micro":
     assert d["missing_ranks"] == [skip], d["missing_ranks"]
-    assert (c["op"] == "all_reduce" and c["comm"].startswith("world/")) or \
+    assert (c["op"] == "all_reduce" and c["comm"] == "world/drain-vote") or \
         (c["op"] == "recv" and c["comm"] == "pipeline" and c["peer"] == skip), c
     assert "after the first micro-batch" in ranks[skip]["activity"], ranks[skip]["activity"]
     for q, r in ranks.items():
