@@ -318,16 +318,33 @@ class Trainer {
   std::unique_ptr<void, std::function<void(void*)>> graph_stream_;
   std::unique_ptr<Comm> grad_comm_;  // gradient all_reduce (shared memory or MPI); holds the
                                      // gradient buffer when it is a shared-memory arena
-  /// A step of several micro-batches can be given up for a drain between two of them: the ranks
-  /// vote at every boundary (a 4-byte all_reduce of their drain flags, on a communicator of its
-  /// own). One pipeline stage: the vote is blocking, so a rank stuck in a micro-batch shows to
-  /// the watchdog as the one the others wait for, and no collective stays open across a
-  /// micro-batch's compute. Several stages (drain_lag_ > 0): the vote taken before micro-batch k's
-  /// forward is read before micro-batch k + drain_lag_'s, when every stage has long taken it (a
-  /// blocking vote would hold each stage until the last one reached the same micro-batch); a rank
-  /// stuck there shows to the watchdog through its neighbour stages' point-to-point waits.
+  /// A step of several micro-batches (a pipeline: more than drain_lag_ + 1) can be given up for
+  /// a drain between two of them: the ranks vote at the boundaries (a 4-byte all_reduce of their
+  /// drain flags, on a communicator of its own). One pipeline stage: the vote is blocking, so a
+  /// rank stuck in a micro-batch shows to the watchdog as the one the others wait for, and no
+  /// collective stays open across a micro-batch's compute. Several stages (drain_lag_ > 0): the
+  /// vote taken before micro-batch k's forward is read before micro-batch k + drain_lag_'s, when
+  /// every stage of the pipeline has taken it (a blocking vote would hold each stage until the last
+  /// one reached the same micro-batch). It is taken with no time limit for the watchdog and watched
+  /// while read: a rank stuck in a pass is named by the stages waiting for its messages, or by the
+  /// ranks waiting for its next vote (or for the one it took, as busy elsewhere).
   bool drain_within_step_ = false;
   int drain_lag_ = 0;
+  /// A step's pipeline drain votes (drain_lag_ > 0). Declared before the vote's communicator,
+  /// so that their buffers outlive it and any vote an error left pending.
+  struct PipeVotes {
+    std::vector<std::int32_t> flag;  ///< vote k's buffer: this rank's drain flag, then the max
+    std::vector<Work> work;
+    std::vector<std::uint64_t> seq;  ///< vote k's sequence number on the vote's communicator
+    std::size_t settled = 0;  ///< the votes before this one are complete (or were never taken)
+    std::size_t taken = 0;    ///< the votes before this one were taken or skipped
+    void reset(int micro_batches);
+    /// Completes (and ends the records of) the votes every rank has taken, oldest first.
+    void poll();
+    /// Waits for every vote taken (each rank took the same ones).
+    void finish();
+  } pipe_votes_;
+  std::uint64_t votes_ = 0;  ///< votes taken on drain_vote_comm_, which carries nothing else
   std::unique_ptr<Comm> drain_vote_comm_;
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<GradBuckets> buckets_;
@@ -416,18 +433,6 @@ class Trainer {
   /// the backward passes of the micro-batches begun (the 1F1B schedule of that many), so no
   /// message is left in flight, and the step's gradients are dropped.
   double pipeline_step(float scale, bool* given_up);
-  /// A step's pipeline drain votes (drain_lag_ > 0). A member, so that their buffers outlive
-  /// votes left pending by an error.
-  struct PipeVotes {
-    std::vector<std::int32_t> flag;  ///< vote k's buffer: this rank's drain flag, then the max
-    std::vector<Work> work;
-    std::size_t settled = 0;  ///< the votes before this one are complete or were never taken
-    void reset(int micro_batches);
-    /// Completes (and ends the records of) the votes every rank has taken, oldest first.
-    void poll();
-    /// Waits for every vote taken (each rank took the same ones).
-    void finish();
-  } pipe_votes_;
   /// The pipeline's drain vote before micro-batch k's forward (of m): reads vote k - drain_lag_
   /// (true: give the step up here) and takes vote k.
   bool pipeline_drain_vote(int k, int m);

@@ -130,6 +130,7 @@ json entry_json(const Entry& e, std::int64_t now) {
             {"bytes", e.count * dtype_size(e.dtype)},
             {"started_s_ago", static_cast<double>(now - e.t0) * 1e-9}};
   if (e.peer >= 0) j["peer"] = e.peer;
+  if (e.limit_ns == 0) j["no_limit"] = true;
   if (e.stopped > 0) j["stopped_s"] = static_cast<double>(e.stopped) * 1e-9;
   if (e.t1 != 0)
     j["seconds"] = static_cast<double>(e.t1 - e.t0) * 1e-9;
@@ -138,10 +139,13 @@ json entry_json(const Entry& e, std::int64_t now) {
   return j;
 }
 
-// The operation a rank waits in, from its answer: the oldest of its records still in flight.
+// The operation a rank waits in, from its answer: the oldest of its records still in flight,
+// preferring those with a time limit (an operation with none may stay open in the background
+// while the rank works or waits elsewhere: a pipeline's drain vote).
 struct Waiting {
   bool found = false;
-  json group;  // of its communicator, where the rank's answer gives it
+  bool limited = false;  // the operation has a time limit
+  json group;            // of its communicator, where the rank's answer gives it
   std::string comm, op;
   std::uint64_t seq = 0;
   int peer = -1;  // point-to-point: the rank it waits for
@@ -156,10 +160,12 @@ Waiting waiting_in(const json& state) {
   double oldest = -1;
   for (const json& r : state["records"]) {
     if (!r.is_object() || !r.value("in_flight", false)) continue;
+    const bool limited = !r.value("no_limit", false);
     const double age = r.value("started_s_ago", 0.0);
-    if (age <= oldest) continue;
+    if (w.found && (limited == w.limited ? age <= oldest : !limited)) continue;
     oldest = age;
     w.found = true;
+    w.limited = limited;
     w.comm = r.value("comm", std::string());
     w.op = r.value("op", std::string());
     w.seq = r.value("seq", std::uint64_t{0});
@@ -701,6 +707,21 @@ struct Watchdog::Impl {
       dump["waits"] = waits;
       dump["root_ranks"] = roots;
     }
+    // Every member reached the collective: one that is in no operation with a time limit has
+    // left it to run in the background (non-blocking) and is busy elsewhere, and the others
+    // may wait for its progress in it.
+    std::vector<int> busy;
+    std::ostringstream what_busy;
+    for (int q = 0; q < size && missing.empty() && e.peer < 0; ++q) {
+      const json& st = state[static_cast<std::size_t>(q)];
+      if (q == rank || !member[static_cast<std::size_t>(q)] || !st.is_object()) continue;
+      if (waiting_in(st).limited) continue;
+      busy.push_back(q);
+      what_busy << "; rank " << q << ": now " << st.value("activity", std::string("?"));
+      const std::int64_t step = st.value("step", std::int64_t{-1});
+      if (step >= 0) what_busy << " at step " << step;
+    }
+    if (!busy.empty()) dump["busy_ranks"] = busy;
     dump["missing_ranks"] = missing;
     dump["ranks"] = ranks;
     const std::string path = s.dump_dir + "/dt-watchdog-rank" + std::to_string(rank) + ".json";
@@ -717,6 +738,9 @@ struct Watchdog::Impl {
     if (missing.empty()) {
       line << (members_text.empty() ? "every rank" : "every member")
            << " has reached it (stuck inside the collective)";
+      if (!busy.empty())
+        line << "; " << ranks_on(busy) << (busy.size() == 1 ? " is" : " are")
+             << " in no other operation, busy elsewhere" << what_busy.str();
     } else if (e.peer >= 0) {
       line << ranks_on({e.peer}) << " has not sent it"
            << (silent.empty() ? ""

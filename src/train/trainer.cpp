@@ -140,10 +140,11 @@ void add_train_options(Options& o, TrainConfig& c) {
            0L, 1L << 30)
       .add("train.drain-within-step", &c.drain_within_step, true,
            "a drain signal during a step of several micro-batches gives the step up at a "
-           "micro-batch boundary the ranks agree on (a 4-byte vote at every boundary; pipeline "
-           "parallelism reads each vote parallel.pp micro-batches after taking it, and runs the "
-           "backward passes of those begun), and the run drains as of the step before; false: "
-           "the step is finished first")
+           "micro-batch boundary the ranks agree on (a 4-byte vote at each boundary; pipeline "
+           "parallelism takes one before each forward pass but the last parallel.pp + 1 and reads "
+           "it parallel.pp passes later, then runs the backward passes of the micro-batches "
+           "begun), and the run drains as of the step before; a signal after the step's last "
+           "vote, and every signal with false, drains after the step")
       .add("train.seed", &c.seed, kDefaultSeed, "seed of the weights and the data order", 0L,
            (1L << 62))
       .add("train.log-every", &c.log_every, 10, "steps between progress lines", 1L, 1L << 40)
@@ -249,9 +250,9 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("test.stall-at", &c.test_stall_at, "step",
            "testing only: where test.stall-rank stops: before step test.skip-step + 1 (step), "
            "after that step's first micro-batch (micro-batch, with several a step; a pipeline: "
-           "before the second one's forward pass), or before the evaluation after step "
-           "test.skip-step (evaluation)",
-           {"step", "micro-batch", "evaluation"})
+           "before the second one's forward pass), a pipeline's there after taking the drain "
+           "vote (after-vote), or before the evaluation after step test.skip-step (evaluation)",
+           {"step", "micro-batch", "after-vote", "evaluation"})
       .add("test.skip-collective", &c.test_skip_collective, -1,
            "testing only: this rank never joins the loss all_reduce of step test.skip-step (it "
            "waits instead), so the others hang there and the watchdog must name it",
@@ -598,7 +599,7 @@ void check_stall_seams(const TrainConfig& c) {
     DT_CHECK(ConfigError, k < c.steps, at, " is not before the last step (--train.steps=", c.steps,
              "): --test.skip-collective skips the loss all_reduce of step ", k + 1);
   if (c.test_stall_rank < 0 || c.eval_only) return;
-  if (c.test_stall_at == "step" || c.test_stall_at == "micro-batch") {
+  if (c.test_stall_at != "evaluation") {
     DT_CHECK(ConfigError, k < c.steps, at, " is not before the last step (--train.steps=", c.steps,
              "): --test.stall-rank stops ", c.test_stall_at == "step" ? "before step " : "in step ",
              k + 1);
@@ -868,6 +869,12 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
            c_.test_stall_rank < 0 || c_.test_stall_at != "micro-batch" || local_batch_ > micro_,
            "option --test.stall-at=micro-batch: the stop after a step's first micro-batch needs "
            "several micro-batches a step (this run has 1 micro-batch)");
+  DT_CHECK(ConfigError,
+           c_.test_stall_rank < 0 || c_.test_stall_at != "after-vote" ||
+               (drain_within_step_ && drain_lag_ > 0),
+           "option --test.stall-at=after-vote: the stop after a pipeline's first drain vote needs "
+           "pipeline parallelism with --train.drain-within-step and more than parallel.pp + 1 "
+           "micro-batches a step");
   // On the layout as planned (parallel.auto may choose it), before anything is allocated.
   DT_CHECK(ConfigError, !c_.cuda_graphs || c_.par_zero <= 1,
            "option --engine.cuda_graphs needs whole parameters and gradients during the passes "
@@ -1501,6 +1508,7 @@ bool Trainer::give_up_step(std::int64_t done, std::int64_t total) {
   if (drain_vote_comm_) {
     watchdog::set_activity("drain vote", step_ + 1);
     drain_vote_comm_->all_reduce(view_of(&vote, 1), ReduceOp::max);
+    ++votes_;
     watchdog::set_activity("forward and backward", step_ + 1);
   }
   if (vote > 0) log_given_up(done, total);
@@ -1511,15 +1519,16 @@ void Trainer::PipeVotes::reset(int micro_batches) {
   flag.assign(static_cast<std::size_t>(micro_batches), 0);
   work.clear();
   work.resize(static_cast<std::size_t>(micro_batches));
-  settled = 0;
+  seq.assign(static_cast<std::size_t>(micro_batches), 0);
+  settled = taken = 0;
 }
 
 void Trainer::PipeVotes::poll() {
-  while (settled < work.size() && (!work[settled].valid() || work[settled].test())) ++settled;
+  while (settled < taken && (!work[settled].valid() || work[settled].test())) ++settled;
 }
 
 void Trainer::PipeVotes::finish() {
-  for (; settled < work.size(); ++settled)
+  for (; settled < taken; ++settled)
     if (work[settled].valid()) work[settled].wait();
 }
 
@@ -1528,21 +1537,32 @@ bool Trainer::pipeline_drain_vote(int k, int m) {
   const bool asked = drain_requested();  // read once: what is said is what is voted
   note_drain_mid_step(asked, k, m);
   if (!drain_within_step_) return false;
+  PipeVotes& v = pipe_votes_;
   if (k - drain_lag_ >= 1) {  // every rank took it drain_lag_ micro-batches ago
     const std::size_t read = static_cast<std::size_t>(k - drain_lag_);
-    watchdog::set_activity("drain vote", step_ + 1);
-    pipe_votes_.work[read].wait();
-    watchdog::set_activity("forward and backward", step_ + 1);
-    if (pipe_votes_.flag[read] > 0) {
+    if (!v.work[read].test()) {
+      // Watched from here: the vote was taken with no time limit, as it stays open across the
+      // passes between (a rank stuck in one of them is named through the stages waiting for
+      // its messages, or here).
+      watchdog::set_activity("drain vote", step_ + 1);
+      const watchdog::OpRecord wait(drain_vote_comm_->name(), v.seq[read], "all_reduce",
+                                    c_.seal == "all" ? "sealed" : "mpi", DType::i32, 1, -1, -1,
+                                    false);
+      v.work[read].wait();
+      watchdog::set_activity("forward and backward", step_ + 1);
+    }
+    if (v.flag[read] > 0) {
       log_given_up(k, m);
       return true;
     }
   }
+  v.taken = static_cast<std::size_t>(k) + 1;
   if (k + drain_lag_ < m) {  // read before a later forward of this step
     const std::size_t at = static_cast<std::size_t>(k);
-    pipe_votes_.flag[at] = asked ? 1 : 0;
-    pipe_votes_.work[at] =
-        drain_vote_comm_->iall_reduce(view_of(&pipe_votes_.flag[at], 1), ReduceOp::max);
+    v.flag[at] = asked ? 1 : 0;
+    const watchdog::LimitScope no_limit(0);  // read (and watched) drain_lag_ passes later
+    v.work[at] = drain_vote_comm_->iall_reduce(view_of(&v.flag[at], 1), ReduceOp::max);
+    v.seq[at] = ++votes_;
   }
   return false;
 }
@@ -1576,6 +1596,11 @@ double Trainer::pipeline_step(float scale, bool* given_up) {
                   "the 1F1B schedule of ", a.micro, " micro-batches is not this one's prefix");
         --i;  // runs actions[i] again: now a backward pass, or the end
         continue;
+      }
+      if (a.micro == 1 && c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step &&
+          c_.test_stall_at == "after-vote") {
+        watchdog::set_activity("test.stall-rank: stopped after taking a drain vote", step_ + 1);
+        stall_for_test("test.stall-rank: stopping after taking a drain vote", step_ + 1);
       }
       const trace::Scope f("forward", "pipeline", "micro-batch", a.micro);
       sampler_->fill(static_cast<std::uint64_t>(step_), first + a.micro * micro_, micro_,

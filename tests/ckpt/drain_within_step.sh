@@ -2,16 +2,16 @@
 # ckpt.drain_within_step{,_fp16,_zero1,_zero2,_zero3,_graphs,_tp2,_pp2,_pp2_dp2_zero3} (MODE plain,
 # fp16, zero1-3: ZeRO stages, graphs: engine.cuda_graphs, tp2: tensor parallelism on the stage
 # engine, pp2: two pipeline stages, pp2_dp2_zero3: two stages of two data-parallel ZeRO-3 ranks on
-# 4 ranks): a run whose steps have 500 micro-batches a rank gets SIGUSR1 on rank 1 during step S
-# (2, or 3 on a loaded machine). The ranks give the step up at a micro-batch boundary: "step S
-# given up after K of its 500 micro-batches" (0 < K < 500; the pipeline: K is the boundary rank 1
-# said, where the vote it took is read), "drained at step S-1", exit 75, step-(S-1).h5 committed,
+# 4 ranks): a run whose steps have M micro-batches a rank (500; pp2: 1000) gets SIGUSR1 on rank 1
+# during step S (2, or 3 on a loaded machine). The ranks give the step up at a micro-batch
+# boundary: "step S given up after K of its M micro-batches" (0 < K < M; the pipeline: K is the
+# boundary rank 1 said, where the vote it took is read), "drained at step S-1", exit 75, step-(S-1).h5 committed,
 # and the step log holds steps 1..S-1 only. The requeued run resumes from it and trains steps
 # S..3 as the uninterrupted run did (losses within 1e-5; fp16: the same loss scales), so nothing
 # of the given-up step (gradients, loss scale, optimizer state, data position) was kept.
 source "$(dirname "$0")/lib.sh"
 
-BATCH=4000 RANKS=2 PIPELINE=0
+BATCH=4000 RANKS=2 PIPELINE=0 M=500
 case "$MODE" in
   plain) EXTRA=() ;;
   fp16) EXTRA=(--train.dtype=fp16) ;;
@@ -24,12 +24,15 @@ case "$MODE" in
   # The stage engine, tensor parallel: one pipeline stage, and one data-parallel rank with the
   # whole batch.
   tp2) EXTRA=(--parallel.tp=2) BATCH=2000 ;;
-  # Two pipeline stages, micro-batches in flight between them.
-  pp2) EXTRA=(--parallel.pp=2) BATCH=2000 PIPELINE=1 ;;
+  # Two pipeline stages, micro-batches in flight between them; one data-parallel rank with the
+  # whole batch, in twice as many micro-batches: the last votes are 3 micro-batches before a
+  # step's end, and a step should outlast the signal's delay.
+  pp2) EXTRA=(--parallel.pp=2) PIPELINE=1 M=1000 ;;
   pp2_dp2_zero3) EXTRA=(--parallel.pp=2 --parallel.zero=3) RANKS=4 PIPELINE=1 ;;
   *) echo "unknown mode '$MODE'"; exit 2 ;;
 esac
-# 4000 sequences a step, 2000 a data-parallel rank, in micro-batches of 4: 500 a rank.
+# 4000 sequences a step, 2000 a data-parallel rank, in micro-batches of 4: 500 a rank (tp2: 2000
+# sequences, one data-parallel rank; pp2: 4000 on one).
 OPTS=(--train.batch=$BATCH --train.micro-batch=4 --train.eval-every=0 --train.log-every=1
       "${EXTRA[@]}")
 
@@ -65,7 +68,7 @@ RC=$?
 sed 's/^/    /' L.out
 echo "=== L: exit code $RC"
 expect_rc L 75
-given=$(sed -nE 's/^dt_train: step ([0-9]+) given up after ([0-9]+) of its 500 micro-batches, for a drain: nothing of it is kept, and the run drains as of step ([0-9]+)$/\1 \2 \3/p' L.out)
+given=$(sed -nE "s/^dt_train: step ([0-9]+) given up after ([0-9]+) of its $M micro-batches, for a drain: nothing of it is kept, and the run drains as of step ([0-9]+)\$/\1 \2 \3/p" L.out)
 read -r S K P <<<"$given"
 if [ -z "$given" ]; then
   fail "L: no line saying a step was given up"
@@ -73,7 +76,7 @@ if [ -z "$given" ]; then
 fi
 [ "$S" -ge 2 ] && [ "$S" -le 3 ] || fail "L: step $S given up, expected step 2 or 3 (the signal came after step 1)"
 [ "$P" -eq $((S - 1)) ] || fail "L: step $S given up, drained as of step $P"
-[ "$K" -gt 0 ] && [ "$K" -lt 500 ] || fail "L: step $S given up after $K micro-batches, expected between 1 and 499"
+[ "$K" -gt 0 ] && [ "$K" -lt "$M" ] || fail "L: step $S given up after $K micro-batches, expected between 1 and $((M - 1))"
 if [ "$PIPELINE" = 1 ]; then
   # Rank 1 took its vote before micro-batch k's forward (0-based); every rank reads it before
   # micro-batch k+2's (pp = 2): after k+2 micro-batches, the N it said.

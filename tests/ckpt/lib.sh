@@ -14,6 +14,7 @@ TEXT=$4
 MODE=$5
 shift 5
 MPIEXEC=("$@")
+RANKS=2  # of the runs resumes_like_uninterrupted makes (a script may set it after sourcing this)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 STEPLOG="python3 $HERE/steplog.py"
 # Seconds any one dt_train job may take before it counts as hung (they take about one).
@@ -114,13 +115,13 @@ rank_pid_of() {
   done
 }
 
-# resumes_like_uninterrupted FROM TO ARGS...: a run N on RANKS ranks (default 2) into D (ARGS: its
+# resumes_like_uninterrupted FROM TO ARGS...: a run N on RANKS ranks (2 unless set) into D (ARGS: its
 # other options) resumes from D/step-FROM.h5 and trains steps FROM+1..TO as the uninterrupted run U
 # (U.jsonl) did; latest then names step-TO.h5.
 resumes_like_uninterrupted() {
   local from=$1 to=$2
   shift 2
-  train N "${RANKS:-2}" --train.steps="$to" --ckpt.dir=D --train.log-file=N.jsonl "$@"
+  train N "$RANKS" --train.steps="$to" --ckpt.dir=D --train.log-file=N.jsonl "$@"
   expect_rc N 0
   expect_line N "resumed from .*D/step-$from\.h5 at step $from "
   steplog steps N.jsonl $((from + 1)) "$to"

@@ -259,6 +259,31 @@ int silent_case() {
   return 1;
 }
 
+// Every rank has reached a collective (a pipeline's drain vote), but rank 1 left it running in
+// the background with no time limit (as a non-blocking collective is taken) and went on to
+// compute, while ranks 0 and 2 wait for it with a limit: rank 1 is named as busy elsewhere. Only
+// the records are made: the collective itself would need rank 1's progress in MPI.
+int background_case() {
+  Ranks f;
+  if (!f.ok(3, "background")) return 2;
+  f.world->barrier();
+  if (f.me == 1) {
+    dt::watchdog::OpRecord taken;
+    {
+      const dt::watchdog::LimitScope no_limit(0);
+      taken = dt::watchdog::OpRecord("vote", 1, "all_reduce", "mpi", dt::DType::i32, 1);
+    }
+    dt::watchdog::set_activity("test: computing", 3);
+    std::this_thread::sleep_for(std::chrono::seconds(20));
+  } else {
+    const dt::watchdog::OpRecord waited("vote", 1, "all_reduce", "mpi", dt::DType::i32, 1);
+    dt::watchdog::set_activity("test: waiting for the vote", 3);
+    std::this_thread::sleep_for(std::chrono::seconds(20));
+  }
+  std::printf("FAIL: rank %d: the watchdog did not end the job\n", f.me);
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -273,7 +298,8 @@ int main(int argc, char** argv) {
       {"chain", chain_case},
       {"silent", silent_case},
       {"cycle", cycle_case},
-      {"samename", samename_case}};
+      {"samename", samename_case},
+      {"background", background_case}};
   int rc = 2;
   if (const auto it = cases.find(mode); it != cases.end()) {
     rc = it->second();

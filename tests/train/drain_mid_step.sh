@@ -7,7 +7,8 @@
 # the run drains after step 2. Exit 76 without a checkpoint folder. With a launcher (mpiexec -n 2
 # ... --) and options after it (--parallel.pp=2), SIGUSR1 goes to the launcher, which hands it to
 # the ranks.
-#   drain_mid_step.sh DT_TRAIN CONFIG TEXT WORKDIR given-up|finished [LAUNCHER... --] [OPTIONS...]
+#   drain_mid_step.sh DT_TRAIN CONFIG TEXT WORKDIR given-up|finished [[LAUNCHER...] -- OPTIONS...]
+# (options need the --, also without a launcher)
 set -u
 TRAIN=$1 CONFIG=$2 TEXT=$3 WORK=$4 EXPECT=$5
 shift 5

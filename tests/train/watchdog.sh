@@ -19,7 +19,11 @@
 #         communicator, world/drain-vote): the line must name the stopped rank and what it does;
 #   pipe_micro: the same in two pipelines of two stages (dp=2 pp=2, 4 ranks), whose drain votes
 #         are read two micro-batches after they are taken: the others wait for the rank's
-#         pipeline messages or its vote, and the line must name it and what it does.
+#         pipeline messages or its vote, and the line must name it and what it does;
+#   pipe_vote: the same, but the rank stops just after taking the vote (test.stall-at=after-vote):
+#         the line must name the rank as the one whose messages or next vote the others wait
+#         for, or, where they wait for the vote it took (in MPI, which it no longer drives), as
+#         the one busy elsewhere.
 # Either way the job must end within TIMEOUT + 10 s of the stall, exit non-zero, print one
 # watchdog line and leave a dump that says the same.
 set -u
@@ -45,6 +49,9 @@ case $mode in
   pipe_micro) extra=(--test.stall-rank="$skip" --test.stall-at=micro-batch --train.micro-batch=1
                      --parallel.pp=2)
          mark="rank $skip: test.stall-rank: stopping after the first micro-batch" ;;
+  pipe_vote) extra=(--test.stall-rank="$skip" --test.stall-at=after-vote --train.micro-batch=1
+                    --parallel.pp=2)
+         mark="rank $skip: test.stall-rank: stopping after taking a drain vote" ;;
   *) echo "watchdog.sh: unknown mode $mode"; exit 2 ;;
 esac
 "$@" --comm.timeout-s="$comm_limit" --comm.dump-dir="$dump" "${extra[@]}" >"$log" 2>&1 &
@@ -78,6 +85,9 @@ elif [ "$mode" = micro ]; then
 elif [ "$mode" = pipe_micro ]; then
   echo "$line" | grep -qE "(all_reduce #[0-9]+ on world/drain-vote .* rank $skip \(on $(hostname)\) has not reached it|recv from rank $skip on pipeline .* rank $skip \(on $(hostname)\) has not sent it); rank $skip: .*now test.stall-rank: stopped after the first micro-batch" ||
     fail "the watchdog line does not name rank $skip, what the others wait for and what rank $skip does"
+elif [ "$mode" = pipe_vote ]; then
+  echo "$line" | grep -qE "(all_reduce #[0-9]+ on world/drain-vote .* (every rank has reached it \(stuck inside the collective\); rank $skip \(on $(hostname)\) is in no other operation, busy elsewhere; rank $skip: |rank $skip \(on $(hostname)\) has not reached it; rank $skip: last world/drain-vote collective #[0-9]+, )|recv from rank $skip on pipeline .* rank $skip \(on $(hostname)\) has not sent it; rank $skip: )now test.stall-rank: stopped after taking a drain vote" ||
+    fail "the watchdog line does not name rank $skip as the one waited for or busy elsewhere, and what it does"
 elif [ "$mode" = pipe ]; then
   echo "$line" | grep -qE "recv from rank $skip on pipeline .* rank $skip \\(on $(hostname)\\) has not sent it; rank $skip: now test.stall-rank" ||
     fail "the watchdog line does not name the receive from rank $skip and what rank $skip does"
@@ -126,6 +136,14 @@ elif mode == "pipe_micro":
         if q != skip:
             assert r["step"] == 3 and r["activity"] in ("drain vote", "forward and backward"), \
                 (q, r["activity"], r["step"])
+elif mode == "pipe_vote":
+    if c["op"] == "recv":
+        assert d["missing_ranks"] == [skip] and c["comm"] == "pipeline" and c["peer"] == skip, c
+    else:
+        assert c["op"] == "all_reduce" and c["comm"] == "world/drain-vote", c
+        assert d["missing_ranks"] == [skip] or \
+            (d["missing_ranks"] == [] and d["busy_ranks"] == [skip]), d
+    assert "after taking a drain vote" in ranks[skip]["activity"], ranks[skip]["activity"]
 elif mode == "pipe":
     assert d["missing_ranks"] == [skip], d["missing_ranks"]
     assert c["op"] == "recv" and c["comm"] == "pipeline" and c["peer"] == skip, c

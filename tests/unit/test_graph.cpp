@@ -827,10 +827,10 @@ TEST_CASE("1F1B: a shorter step's schedule is a prefix, up to its end, of a long
 }
 
 namespace {
-// Whether, in the 1F1B schedules of `stages` over m micro-batches, every stage's forward k (and
-// so a vote taken just before it) happens before every stage starts forward k + lag, for every k:
-// by the schedules' order alone (each stage in turn; a forward after the previous stage's, a
-// backward after the next stage's), whatever the passes' times.
+// Whether, in the 1F1B schedules of `stages` over m micro-batches, every stage's forward k (run
+// after the vote taken just before it) has run before every stage starts forward k + lag, for
+// every k: by the schedules' order alone (each stage in turn; a forward after the previous
+// stage's, a backward after the next stage's), whatever the passes' times.
 bool votes_taken_before_read(int stages, int m, int lag) {
   using K = dt::PipeAction::Kind;
   std::vector<std::vector<dt::PipeAction>> sched;
@@ -893,7 +893,7 @@ TEST_CASE("1F1B: a vote taken before every forward is taken everywhere vote_lag 
       CAPTURE(stages);
       CAPTURE(m);
       CHECK(votes_taken_before_read(stages, m, dt::vote_lag(stages)));
-      // The fewest: one less, and some stage would wait at its read for a later stage's vote.
+      // The fewest: with one less, some stage's read does not follow another stage's forward k.
       CHECK_FALSE(votes_taken_before_read(stages, m, dt::vote_lag(stages) - 1));
     }
 }
