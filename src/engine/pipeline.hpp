@@ -34,9 +34,8 @@ std::vector<PipeAction> one_f_one_b(int stage, int stages, int micro);
 /// takes just before each forward (the drain vote): `stages`, the fewest for which every stage's
 /// forward k, and so its vote k, has run before any stage's forward k + lag starts, by the
 /// schedule's order alone, whatever the passes' times; so reading it waits for no stage of the
-/// pipeline. (With one fewer, a stage's read would still follow the other stages' backward passes
-/// before their vote, so only the host's time between the two.) 0 for one stage (no pass in
-/// flight: read at once).
+/// pipeline. (With one fewer, a read follows the pass each other stage ran just before its vote,
+/// but not the vote itself.) 0 for one stage (no pass in flight: read at once).
 int vote_lag(int stages);
 
 /// Runs the 1F1B schedules of all stages against each other with forward time `tf` and backward

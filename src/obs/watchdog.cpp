@@ -176,6 +176,21 @@ Waiting waiting_in(const json& state) {
   return w;
 }
 
+// Whether a rank's answer shows collective e still in flight there with no time limit (left
+// running in the background) and no operation with a limit it waits in.
+bool left_running(const json& state, const Entry& e) {
+  if (!state.is_object() || !state.contains("records") || !state["records"].is_array())
+    return false;
+  bool left = false;
+  for (const json& r : state["records"]) {
+    if (!r.is_object() || !r.value("in_flight", false)) continue;
+    if (!r.value("no_limit", false)) return false;
+    left = left || (r.value("comm", std::string()) == e.comm &&
+                    r.value("seq", std::uint64_t{0}) == e.seq && r.value("peer", -1) < 0);
+  }
+  return left;
+}
+
 std::string describe(const Entry& e) {
   std::ostringstream s;
   s << e.op;
@@ -707,15 +722,14 @@ struct Watchdog::Impl {
       dump["waits"] = waits;
       dump["root_ranks"] = roots;
     }
-    // Every member reached the collective: one that is in no operation with a time limit has
-    // left it to run in the background (non-blocking) and is busy elsewhere, and the others
-    // may wait for its progress in it.
+    // Every member reached the collective: one that left it running in the background (taken
+    // with no time limit, non-blocking) and waits in no operation with a limit is busy
+    // elsewhere, and the others may wait for its progress in it.
     std::vector<int> busy;
     std::ostringstream what_busy;
     for (int q = 0; q < size && missing.empty() && e.peer < 0; ++q) {
       const json& st = state[static_cast<std::size_t>(q)];
-      if (q == rank || !member[static_cast<std::size_t>(q)] || !st.is_object()) continue;
-      if (waiting_in(st).limited) continue;
+      if (q == rank || !member[static_cast<std::size_t>(q)] || !left_running(st, e)) continue;
       busy.push_back(q);
       what_busy << "; rank " << q << ": now " << st.value("activity", std::string("?"));
       const std::int64_t step = st.value("step", std::int64_t{-1});

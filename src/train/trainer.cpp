@@ -141,9 +141,10 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("train.drain-within-step", &c.drain_within_step, true,
            "a drain signal during a step of several micro-batches gives the step up at a "
            "micro-batch boundary the ranks agree on (a 4-byte vote at each boundary; pipeline "
-           "parallelism takes one before each forward pass but the last parallel.pp + 1 and reads "
-           "it parallel.pp passes later, then runs the backward passes of the micro-batches "
-           "begun), and the run drains as of the step before; a signal after the step's last "
+           "parallelism takes one before each forward pass but the first and the last "
+           "parallel.pp, reads it parallel.pp passes later, then runs the backward passes of the "
+           "micro-batches begun), and the run drains as of the step before; a signal after the "
+           "step's last "
            "vote, and every signal with false, drains after the step")
       .add("train.seed", &c.seed, kDefaultSeed, "seed of the weights and the data order", 0L,
            (1L << 62))
@@ -998,7 +999,7 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   }
   if (drain_within_step_ && comm_.size() > 1) {
     // Its own communicator, named so in the watchdog's lines ("all_reduce #N on world/drain-vote").
-    auto vote = MpiComm::dup(dynamic_cast<MpiComm&>(comm_).handle(), "world/drain-vote");
+    auto vote = MpiComm::dup(dynamic_cast<MpiComm&>(comm_).handle(), kVoteComm);
     if (c_.seal == "all")
       drain_vote_comm_ = security::make_sealed_comm(*vote, *keys_, sealed);
     else
@@ -1183,7 +1184,11 @@ void Trainer::init_weights() {
   }
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // Pipeline drain votes an error left pending: their Work goes before the communicator, which
+  // then stays unfreed (MPI), or finishes them into the buffers that outlive it (sealed).
+  pipe_votes_.work.clear();
+}
 
 GradWire Trainer::grad_wire() const {
   GradWire w;
@@ -1507,6 +1512,9 @@ bool Trainer::give_up_step(std::int64_t done, std::int64_t total) {
   std::int32_t vote = asked ? 1 : 0;
   if (drain_vote_comm_) {
     watchdog::set_activity("drain vote", step_ + 1);
+    watchdog::OpRecord sealed;  // a sealed communicator records nothing: the vote's record
+    if (c_.seal == "all")
+      sealed = watchdog::OpRecord(kVoteComm, votes_ + 1, "all_reduce", "sealed", DType::i32, 1);
     drain_vote_comm_->all_reduce(view_of(&vote, 1), ReduceOp::max);
     ++votes_;
     watchdog::set_activity("forward and backward", step_ + 1);
@@ -1520,16 +1528,21 @@ void Trainer::PipeVotes::reset(int micro_batches) {
   work.clear();
   work.resize(static_cast<std::size_t>(micro_batches));
   seq.assign(static_cast<std::size_t>(micro_batches), 0);
+  taken_rec.clear();
+  taken_rec.resize(static_cast<std::size_t>(micro_batches));
   settled = taken = 0;
 }
 
 void Trainer::PipeVotes::poll() {
-  while (settled < taken && (!work[settled].valid() || work[settled].test())) ++settled;
+  while (settled < taken && (!work[settled].valid() || work[settled].test()))
+    taken_rec[settled++].complete();
 }
 
 void Trainer::PipeVotes::finish() {
-  for (; settled < taken; ++settled)
+  for (; settled < taken; ++settled) {
     if (work[settled].valid()) work[settled].wait();
+    taken_rec[settled].complete();
+  }
 }
 
 bool Trainer::pipeline_drain_vote(int k, int m) {
@@ -1545,7 +1558,7 @@ bool Trainer::pipeline_drain_vote(int k, int m) {
       // passes between (a rank stuck in one of them is named through the stages waiting for
       // its messages, or here).
       watchdog::set_activity("drain vote", step_ + 1);
-      const watchdog::OpRecord wait(drain_vote_comm_->name(), v.seq[read], "all_reduce",
+      const watchdog::OpRecord wait(kVoteComm, v.seq[read], "all_reduce",
                                     c_.seal == "all" ? "sealed" : "mpi", DType::i32, 1, -1, -1,
                                     false);
       v.work[read].wait();
@@ -1563,6 +1576,10 @@ bool Trainer::pipeline_drain_vote(int k, int m) {
     const watchdog::LimitScope no_limit(0);  // read (and watched) drain_lag_ passes later
     v.work[at] = drain_vote_comm_->iall_reduce(view_of(&v.flag[at], 1), ReduceOp::max);
     v.seq[at] = ++votes_;
+    // A sealed communicator records nothing: the vote's record, open until it settles.
+    if (c_.seal == "all")
+      v.taken_rec[at] =
+          watchdog::OpRecord(kVoteComm, v.seq[at], "all_reduce", "sealed", DType::i32, 1);
   }
   return false;
 }
