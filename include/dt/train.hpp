@@ -326,9 +326,10 @@ class Trainer {
   /// collective stays open across a micro-batch's compute. Several stages (drain_lag_ > 0): the
   /// vote taken before micro-batch k's forward is read before micro-batch k + drain_lag_'s, when
   /// every stage of the pipeline has taken it (a blocking vote would hold each stage until the last
-  /// one reached the same micro-batch). It is taken with no time limit for the watchdog and watched
-  /// while read: a rank stuck in a pass is named by the stages waiting for its messages, or by the
-  /// ranks waiting for its next vote (or for the one it took, as busy elsewhere).
+  /// one reached the same micro-batch). It is taken as a background operation
+  /// (watchdog::BackgroundScope) and watched while read: a rank stuck in a pass is named by the
+  /// stages waiting for its messages, or by the ranks waiting for its next vote (or for the one it
+  /// took, as busy elsewhere).
   bool drain_within_step_ = false;
   int drain_lag_ = 0;
   /// A step's pipeline drain votes (drain_lag_ > 0). Declared before the vote's communicator,
@@ -337,7 +338,7 @@ class Trainer {
     std::vector<std::int32_t> flag;  ///< vote k's buffer: this rank's drain flag, then the max
     std::vector<Work> work;
     std::vector<std::uint64_t> seq;  ///< vote k's sequence number on the vote's communicator
-    std::vector<watchdog::OpRecord> taken_rec;  ///< security.seal=all: vote k's, no time limit
+    std::vector<watchdog::OpRecord> taken_rec;  ///< security.seal=all: vote k's (background)
     std::size_t settled = 0;  ///< the votes before this one are complete (or were never taken)
     std::size_t taken = 0;    ///< the votes before this one were taken or skipped
     void reset(int micro_batches);

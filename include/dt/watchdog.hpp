@@ -73,6 +73,22 @@ class LimitScope {
   double prev_;
 };
 
+/// While alive, the operations this thread records run in the background: non-blocking, left
+/// running while the rank works or waits elsewhere, and read later (a pipeline's drain vote).
+/// They have no time limit (their reader watches the wait with a record of its own), a rank is
+/// not taken to wait in one, and when every rank has reached one that does not complete, a rank
+/// that left it running and waits in nothing else is named as busy elsewhere.
+class BackgroundScope {
+ public:
+  BackgroundScope() noexcept;
+  ~BackgroundScope();
+  BackgroundScope(const BackgroundScope&) = delete;
+  BackgroundScope& operator=(const BackgroundScope&) = delete;
+
+ private:
+  bool prev_;
+};
+
 /// Registers the world ranks of communicator `comm` (the name its records carry), so that a hang
 /// on it is judged among its members alone: a rank outside it has not "not reached" it. A name
 /// registered again takes the new members. Communicators without members registered are judged

@@ -64,6 +64,7 @@ struct Entry {
   std::int64_t limit_ns = -1;   // how long it may take (-1: the watchdog's timeout; 0: any time)
   int peer = -1;                // point-to-point: the world rank it waits for
   bool communication = true;    // counted in dt_comm_* and shown as a comm event
+  bool background = false;      // BackgroundScope: left running, no limit, not a wait
   std::uint64_t gen = 0;        // 0: slot unused
 };
 
@@ -86,7 +87,8 @@ Recorder& recorder() {
 }
 
 std::atomic<const char*> g_activity{"starting"};
-thread_local double t_limit_s = -1;  // LimitScope's limit on this thread (negative: none)
+thread_local double t_limit_s = -1;      // LimitScope's limit on this thread (negative: none)
+thread_local bool t_background = false;  // inside a BackgroundScope on this thread
 std::atomic<std::int64_t> g_step{-1};
 
 // SIGCONT: when the last one came (now_ns()), so that the watchdog can tell a stop of the
@@ -130,7 +132,7 @@ json entry_json(const Entry& e, std::int64_t now) {
             {"bytes", e.count * dtype_size(e.dtype)},
             {"started_s_ago", static_cast<double>(now - e.t0) * 1e-9}};
   if (e.peer >= 0) j["peer"] = e.peer;
-  if (e.limit_ns == 0) j["no_limit"] = true;
+  if (e.background) j["background"] = true;
   if (e.stopped > 0) j["stopped_s"] = static_cast<double>(e.stopped) * 1e-9;
   if (e.t1 != 0)
     j["seconds"] = static_cast<double>(e.t1 - e.t0) * 1e-9;
@@ -140,12 +142,10 @@ json entry_json(const Entry& e, std::int64_t now) {
 }
 
 // The operation a rank waits in, from its answer: the oldest of its records still in flight,
-// preferring those with a time limit (an operation with none may stay open in the background
-// while the rank works or waits elsewhere: a pipeline's drain vote).
+// but those left running in the background (BackgroundScope).
 struct Waiting {
   bool found = false;
-  bool limited = false;  // the operation has a time limit
-  json group;            // of its communicator, where the rank's answer gives it
+  json group;  // of its communicator, where the rank's answer gives it
   std::string comm, op;
   std::uint64_t seq = 0;
   int peer = -1;  // point-to-point: the rank it waits for
@@ -159,13 +159,11 @@ Waiting waiting_in(const json& state) {
   if (!state.is_object() || !state.contains("records") || !state["records"].is_array()) return w;
   double oldest = -1;
   for (const json& r : state["records"]) {
-    if (!r.is_object() || !r.value("in_flight", false)) continue;
-    const bool limited = !r.value("no_limit", false);
+    if (!r.is_object() || !r.value("in_flight", false) || r.value("background", false)) continue;
     const double age = r.value("started_s_ago", 0.0);
-    if (w.found && (limited == w.limited ? age <= oldest : !limited)) continue;
+    if (age <= oldest) continue;
     oldest = age;
     w.found = true;
-    w.limited = limited;
     w.comm = r.value("comm", std::string());
     w.op = r.value("op", std::string());
     w.seq = r.value("seq", std::uint64_t{0});
@@ -176,15 +174,15 @@ Waiting waiting_in(const json& state) {
   return w;
 }
 
-// Whether a rank's answer shows collective e still in flight there with no time limit (left
-// running in the background) and no operation with a limit it waits in.
+// Whether a rank's answer shows collective e still in flight there in the background
+// (BackgroundScope) and no operation it waits in.
 bool left_running(const json& state, const Entry& e) {
   if (!state.is_object() || !state.contains("records") || !state["records"].is_array())
     return false;
   bool left = false;
   for (const json& r : state["records"]) {
     if (!r.is_object() || !r.value("in_flight", false)) continue;
-    if (!r.value("no_limit", false)) return false;
+    if (!r.value("background", false)) return false;
     left = left || (r.value("comm", std::string()) == e.comm &&
                     r.value("seq", std::uint64_t{0}) == e.seq && r.value("peer", -1) < 0);
   }
@@ -243,6 +241,9 @@ std::string state_with(int rank, std::size_t max_records) {
 LimitScope::LimitScope(double timeout_s) noexcept : prev_(t_limit_s) { t_limit_s = timeout_s; }
 LimitScope::~LimitScope() { t_limit_s = prev_; }
 
+BackgroundScope::BackgroundScope() noexcept : prev_(t_background) { t_background = true; }
+BackgroundScope::~BackgroundScope() { t_background = prev_; }
+
 OpRecord::OpRecord(const std::string& comm, std::uint64_t seq, const char* op, const char* backend,
                    DType t, std::size_t count, double timeout_s, int peer,
                    bool communication) noexcept {
@@ -260,8 +261,9 @@ OpRecord::OpRecord(const std::string& comm, std::uint64_t seq, const char* op, c
     e.t0 = now_ns();
     e.t1 = 0;
     e.stopped = 0;
-    if (timeout_s < 0) timeout_s = t_limit_s;
+    if (timeout_s < 0) timeout_s = t_background ? 0 : t_limit_s;
     e.limit_ns = timeout_s < 0 ? -1 : limit_ns_of(timeout_s);
+    e.background = t_background;
     e.gen = g;
     e.peer = peer;
     e.communication = communication;
@@ -722,9 +724,9 @@ struct Watchdog::Impl {
       dump["waits"] = waits;
       dump["root_ranks"] = roots;
     }
-    // Every member reached the collective: one that left it running in the background (taken
-    // with no time limit, non-blocking) and waits in no operation with a limit is busy
-    // elsewhere, and the others may wait for its progress in it.
+    // Every member reached the collective: one that left it running in the background
+    // (BackgroundScope) and waits in no other operation is busy elsewhere, and the others may
+    // wait for its progress in it.
     std::vector<int> busy;
     std::ostringstream what_busy;
     for (int q = 0; q < size && missing.empty() && e.peer < 0; ++q) {

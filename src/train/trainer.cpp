@@ -144,8 +144,7 @@ void add_train_options(Options& o, TrainConfig& c) {
            "parallelism takes one before each forward pass but the first and the last "
            "parallel.pp, reads it parallel.pp passes later, then runs the backward passes of the "
            "micro-batches begun), and the run drains as of the step before; a signal after the "
-           "step's last "
-           "vote, and every signal with false, drains after the step")
+           "step's last vote, and every signal with false, drains after the step")
       .add("train.seed", &c.seed, kDefaultSeed, "seed of the weights and the data order", 0L,
            (1L << 62))
       .add("train.log-every", &c.log_every, 10, "steps between progress lines", 1L, 1L << 40)
@@ -1512,9 +1511,12 @@ bool Trainer::give_up_step(std::int64_t done, std::int64_t total) {
   std::int32_t vote = asked ? 1 : 0;
   if (drain_vote_comm_) {
     watchdog::set_activity("drain vote", step_ + 1);
-    watchdog::OpRecord sealed;  // a sealed communicator records nothing: the vote's record
+    // A sealed communicator records nothing (its traffic counts in dt_comm_* all the same): the
+    // vote's record.
+    watchdog::OpRecord sealed;
     if (c_.seal == "all")
-      sealed = watchdog::OpRecord(kVoteComm, votes_ + 1, "all_reduce", "sealed", DType::i32, 1);
+      sealed = watchdog::OpRecord(kVoteComm, votes_ + 1, "all_reduce", "sealed", DType::i32, 1, -1,
+                                  -1, false);
     drain_vote_comm_->all_reduce(view_of(&vote, 1), ReduceOp::max);
     ++votes_;
     watchdog::set_activity("forward and backward", step_ + 1);
@@ -1554,7 +1556,7 @@ bool Trainer::pipeline_drain_vote(int k, int m) {
   if (k - drain_lag_ >= 1) {  // every rank took it drain_lag_ micro-batches ago
     const std::size_t read = static_cast<std::size_t>(k - drain_lag_);
     if (!v.work[read].test()) {
-      // Watched from here: the vote was taken with no time limit, as it stays open across the
+      // Watched from here: the vote was taken in the background, as it stays open across the
       // passes between (a rank stuck in one of them is named through the stages waiting for
       // its messages, or here).
       watchdog::set_activity("drain vote", step_ + 1);
@@ -1573,13 +1575,14 @@ bool Trainer::pipeline_drain_vote(int k, int m) {
   if (k + drain_lag_ < m) {  // read before a later forward of this step
     const std::size_t at = static_cast<std::size_t>(k);
     v.flag[at] = asked ? 1 : 0;
-    const watchdog::LimitScope no_limit(0);  // read (and watched) drain_lag_ passes later
+    const watchdog::BackgroundScope background;  // read (and watched) drain_lag_ passes later
     v.work[at] = drain_vote_comm_->iall_reduce(view_of(&v.flag[at], 1), ReduceOp::max);
     v.seq[at] = ++votes_;
-    // A sealed communicator records nothing: the vote's record, open until it settles.
+    // A sealed communicator records nothing (its traffic counts in dt_comm_* all the same): the
+    // vote's record, open until it settles.
     if (c_.seal == "all")
-      v.taken_rec[at] =
-          watchdog::OpRecord(kVoteComm, v.seq[at], "all_reduce", "sealed", DType::i32, 1);
+      v.taken_rec[at] = watchdog::OpRecord(kVoteComm, v.seq[at], "all_reduce", "sealed", DType::i32,
+                                           1, -1, -1, false);
   }
   return false;
 }

@@ -260,8 +260,8 @@ int silent_case() {
 }
 
 // Every rank has reached a collective (a pipeline's drain vote), but rank 1 left it running in
-// the background with no time limit (as a non-blocking collective is taken) and went on to
-// compute, while ranks 0 and 2 wait for it with a limit: rank 1 is named as busy elsewhere. Only
+// the background (BackgroundScope, as a non-blocking collective read later is taken) and went on
+// to compute, while ranks 0 and 2 wait for it with a limit: rank 1 is named as busy elsewhere. Only
 // the records are made: the collective itself would need rank 1's progress in MPI.
 int background_case() {
   Ranks f;
@@ -270,7 +270,7 @@ int background_case() {
   if (f.me == 1) {
     dt::watchdog::OpRecord taken;
     {
-      const dt::watchdog::LimitScope no_limit(0);
+      const dt::watchdog::BackgroundScope background;
       taken = dt::watchdog::OpRecord("vote", 1, "all_reduce", "mpi", dt::DType::i32, 1);
     }
     dt::watchdog::set_activity("test: computing", 3);
