@@ -68,7 +68,7 @@ table=$( {
   row "bf16 weights cast per product / 16-bit copy: fused model, gpt-tiny" 1 gpt-tiny $((steps / 200 + 5)) ${w% *} ${w#* } --train.dtype=bf16
   row "no drain vote / a vote at every micro-batch boundary: data parallel (dp=2), micro, 32 micro-batches of 1" 2 micro "$((steps / 8 + 1))" ${d% *} ${d#* } --train.batch=64 --train.micro-batch=1
   row "no drain vote / a vote at every micro-batch boundary: data parallel (dp=2), gpt-tiny, 8 micro-batches of 1" 2 gpt-tiny $((steps / 200 + 5)) ${d% *} ${d#* } --train.micro-batch=1
-  row "no drain vote / a vote at every micro-batch boundary: pipeline (pp=2, votes read 2 micro-batches later), micro, 32 micro-batches of 1" 2 micro "$((steps / 8 + 1))" ${d% *} ${d#* } --train.batch=32 --train.micro-batch=1 --parallel.pp=2
+  row "no drain vote / a vote before each forward pass but the first and last 2, read 2 later: pipeline (pp=2), micro, 32 micro-batches of 1" 2 micro "$((steps / 8 + 1))" ${d% *} ${d#* } --train.batch=32 --train.micro-batch=1 --parallel.pp=2
 } )
 echo "$table"
 {

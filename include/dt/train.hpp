@@ -20,7 +20,6 @@
 #include "dt/gpt.hpp"
 #include "dt/mesh.hpp"
 #include "dt/optim.hpp"
-#include "dt/watchdog.hpp"
 
 namespace dt {
 
@@ -334,22 +333,9 @@ class Trainer {
   int drain_lag_ = 0;
   /// A step's pipeline drain votes (drain_lag_ > 0). Declared before the vote's communicator,
   /// so that their buffers outlive it and any vote an error left pending.
-  struct PipeVotes {
-    std::vector<std::int32_t> flag;  ///< vote k's buffer: this rank's drain flag, then the max
-    std::vector<Work> work;
-    std::vector<std::uint64_t> seq;  ///< vote k's sequence number on the vote's communicator
-    std::vector<watchdog::OpRecord> taken_rec;  ///< security.seal=all: vote k's (background)
-    std::size_t settled = 0;  ///< the votes before this one are complete (or were never taken)
-    std::size_t taken = 0;    ///< the votes before this one were taken or skipped
-    void reset(int micro_batches);
-    /// Completes (and ends the records of) the votes every rank has taken, oldest first.
-    void poll();
-    /// Waits for every vote taken (each rank took the same ones).
-    void finish();
-  } pipe_votes_;
+  struct PipeVotes;
+  std::unique_ptr<PipeVotes> pipe_votes_;
   std::uint64_t votes_ = 0;  ///< votes taken on drain_vote_comm_, which carries nothing else
-  /// The votes' communicator in the watchdog's records (sealed too, whose own name differs).
-  static constexpr const char* kVoteComm = "world/drain-vote";
   std::unique_ptr<Comm> drain_vote_comm_;
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<GradBuckets> buckets_;

@@ -77,7 +77,8 @@ class LimitScope {
 /// running while the rank works or waits elsewhere, and read later (a pipeline's drain vote).
 /// They have no time limit (their reader watches the wait with a record of its own), a rank is
 /// not taken to wait in one, and when every rank has reached one that does not complete, a rank
-/// that left it running and waits in nothing else is named as busy elsewhere.
+/// that left it running and waits in nothing else is named as busy elsewhere. They are left out
+/// of the dt_comm_* metrics and the timeline's comm events (their time includes other work).
 class BackgroundScope {
  public:
   BackgroundScope() noexcept;

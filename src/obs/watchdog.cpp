@@ -266,7 +266,7 @@ OpRecord::OpRecord(const std::string& comm, std::uint64_t seq, const char* op, c
     e.background = t_background;
     e.gen = g;
     e.peer = peer;
-    e.communication = communication;
+    e.communication = communication && !t_background;
     if (peer < 0) {
       Progress& p = r.comms[comm];
       p.started = std::max(p.started, seq);

@@ -142,9 +142,10 @@ void add_train_options(Options& o, TrainConfig& c) {
            "a drain signal during a step of several micro-batches gives the step up at a "
            "micro-batch boundary the ranks agree on (a 4-byte vote at each boundary; pipeline "
            "parallelism takes one before each forward pass but the first and the last "
-           "parallel.pp, reads it parallel.pp passes later, then runs the backward passes of the "
-           "micro-batches begun), and the run drains as of the step before; a signal after the "
-           "step's last vote, and every signal with false, drains after the step")
+           "parallel.pp, reads it parallel.pp forward passes later, then runs the backward passes "
+           "of the micro-batches begun, so a step of at most parallel.pp + 1 micro-batches has "
+           "none), and the run drains as of the step before; a signal after the step's last vote, "
+           "and every signal with false, drains after the step")
       .add("train.seed", &c.seed, kDefaultSeed, "seed of the weights and the data order", 0L,
            (1L << 62))
       .add("train.log-every", &c.log_every, 10, "steps between progress lines", 1L, 1L << 40)
@@ -248,10 +249,11 @@ void add_train_options(Options& o, TrainConfig& c) {
            "watchdog must name it",
            -1L, 1L << 30)
       .add("test.stall-at", &c.test_stall_at, "step",
-           "testing only: where test.stall-rank stops: before step test.skip-step + 1 (step), "
+           "testing only: where test.stall-rank stops: before step test.skip-step + 1 (step); "
            "after that step's first micro-batch (micro-batch, with several a step; a pipeline: "
-           "before the second one's forward pass), a pipeline's there after taking the drain "
-           "vote (after-vote), or before the evaluation after step test.skip-step (evaluation)",
+           "before the second one's forward pass); a pipeline, just after it took the drain vote "
+           "there (after-vote, with more than parallel.pp + 1 micro-batches a step); or before "
+           "the evaluation after step test.skip-step (evaluation)",
            {"step", "micro-batch", "after-vote", "evaluation"})
       .add("test.skip-collective", &c.test_skip_collective, -1,
            "testing only: this rank never joins the loss all_reduce of step test.skip-step (it "
@@ -801,7 +803,59 @@ RankSite site_of(const TrainConfig& c, int rank, int size) {
   s.host = "simnode" + std::to_string(s.node);
   return s;
 }
+
+// The drain votes' communicator in the watchdog's records (sealed too, whose own name differs).
+constexpr const char* kVoteComm = "world/drain-vote";
+
+// A record of vote `seq` on the votes' communicator for the watchdog, not counted in dt_comm_*
+// (the communicator counts its traffic): the wait for it, or (inside a BackgroundScope) the vote
+// left running. A sealed communicator records nothing of its own; an MPI one records the vote as
+// it is taken.
+watchdog::OpRecord vote_record(std::uint64_t seq, bool sealed) {
+  return watchdog::OpRecord(kVoteComm, seq, "all_reduce", sealed ? "sealed" : "mpi", DType::i32, 1,
+                            -1, -1, false);
+}
 }  // namespace
+
+struct Trainer::PipeVotes {
+  explicit PipeVotes(bool is_sealed) : sealed(is_sealed) {}
+  bool sealed;                     ///< security.seal=all: the trainer records the votes
+  std::vector<std::int32_t> flag;  ///< vote k's buffer: this rank's drain flag, then the max
+  std::vector<Work> work;
+  std::vector<std::uint64_t> seq;              ///< vote k's sequence number
+  std::vector<watchdog::OpRecord> background;  ///< sealed: vote k's, while it runs
+  std::size_t settled = 0;  ///< the votes before this one are complete (or were never taken)
+  std::size_t taken = 0;    ///< the votes before this one were taken or skipped
+
+  void reset(int micro_batches) {
+    const std::size_t n = static_cast<std::size_t>(micro_batches);
+    flag.assign(n, 0);
+    work.clear();
+    work.resize(n);
+    seq.assign(n, 0);
+    background.clear();
+    background.resize(n);
+    settled = taken = 0;
+  }
+  /// Waits for vote i, watched for hangs from here (it ran in the background until now).
+  void wait(std::size_t i) {
+    if (!work[i].valid() || work[i].test()) return;
+    const watchdog::OpRecord rec = vote_record(seq[i], sealed);
+    work[i].wait();
+  }
+  /// Completes (and ends the records of) the votes every rank has taken, oldest first.
+  void poll() {
+    while (settled < taken && (!work[settled].valid() || work[settled].test()))
+      background[settled++].complete();
+  }
+  /// Waits for every vote taken (each rank took the same ones).
+  void finish() {
+    for (; settled < taken; ++settled) {
+      wait(settled);
+      background[settled].complete();
+    }
+  }
+};
 
 Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const TokenFile& data,
                  DeviceCommFactory device_comm)
@@ -864,17 +918,19 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   // A drain between two micro-batches of a step. Several pipeline stages read each vote
   // drain_lag_ micro-batches after taking it, so a step needs more than drain_lag_ + 1 of them.
   drain_lag_ = vote_lag(L.pp);
-  drain_within_step_ = c_.drain_within_step && local_batch_ / micro_ > drain_lag_ + 1;
-  DT_CHECK(ConfigError,
-           c_.test_stall_rank < 0 || c_.test_stall_at != "micro-batch" || local_batch_ > micro_,
+  drain_within_step_ =
+      c_.drain_within_step && !c_.eval_only && plan_->microbatches > drain_lag_ + 1;
+  const bool seam = c_.test_stall_rank >= 0 && !c_.eval_only;
+  DT_CHECK(ConfigError, !seam || c_.test_stall_at != "micro-batch" || plan_->microbatches > 1,
            "option --test.stall-at=micro-batch: the stop after a step's first micro-batch needs "
            "several micro-batches a step (this run has 1 micro-batch)");
   DT_CHECK(ConfigError,
-           c_.test_stall_rank < 0 || c_.test_stall_at != "after-vote" ||
-               (drain_within_step_ && drain_lag_ > 0),
+           !seam || c_.test_stall_at != "after-vote" || (drain_within_step_ && drain_lag_ > 0),
            "option --test.stall-at=after-vote: the stop after a pipeline's first drain vote needs "
            "pipeline parallelism with --train.drain-within-step and more than parallel.pp + 1 "
-           "micro-batches a step");
+           "micro-batches a step (this run has parallel.pp=",
+           L.pp, ", ", plan_->microbatches, " micro-batch(es) a step",
+           c_.drain_within_step ? "" : ", --train.drain-within-step=false", ")");
   // On the layout as planned (parallel.auto may choose it), before anything is allocated.
   DT_CHECK(ConfigError, !c_.cuda_graphs || c_.par_zero <= 1,
            "option --engine.cuda_graphs needs whole parameters and gradients during the passes "
@@ -998,11 +1054,15 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   }
   if (drain_within_step_ && comm_.size() > 1) {
     // Its own communicator, named so in the watchdog's lines ("all_reduce #N on world/drain-vote").
-    auto vote = MpiComm::dup(dynamic_cast<MpiComm&>(comm_).handle(), kVoteComm);
+    const auto* world = dynamic_cast<const MpiComm*>(&comm_);
+    DT_CHECK(InvalidArgument, world != nullptr, "dt_train: the world communicator ", comm_.name(),
+             " is not an MPI communicator");
+    auto vote = MpiComm::dup(world->handle(), kVoteComm);
     if (c_.seal == "all")
       drain_vote_comm_ = security::make_sealed_comm(*vote, *keys_, sealed);
     else
       drain_vote_comm_ = std::move(vote);
+    if (drain_lag_ > 0) pipe_votes_ = std::make_unique<PipeVotes>(c_.seal == "all");
   }
   const std::size_t bt = static_cast<std::size_t>(micro_) * c_.model.block;
   inputs_.resize(bt);
@@ -1186,7 +1246,7 @@ void Trainer::init_weights() {
 Trainer::~Trainer() {
   // Pipeline drain votes an error left pending: their Work goes before the communicator, which
   // then stays unfreed (MPI), or finishes them into the buffers that outlive it (sealed).
-  pipe_votes_.work.clear();
+  if (pipe_votes_) pipe_votes_->work.clear();
 }
 
 GradWire Trainer::grad_wire() const {
@@ -1290,7 +1350,9 @@ StepStats Trainer::step() {
   double loss_sum = 0;
   if (zero_) zero_->begin_step();
   // A step given up for a drain (give_up_step): the ranks voted so at one micro-batch boundary.
+  // ZeRO-2/3 wait for the reductions queued for the micro-batches run (ZeRO-1 queued none).
   auto given_up = [&] {
+    if (zero_) zero_->finish_grads();
     StepStats s;
     s.step = step_;
     s.given_up = true;
@@ -1301,10 +1363,7 @@ StepStats Trainer::step() {
     engine_->zero_grad();
     bool gave_up = false;
     loss_sum = pipeline_step(scale, &gave_up);
-    if (gave_up) {
-      if (zero_) zero_->finish_grads();  // ZeRO-2/3: the reductions of the micro-batches run
-      return given_up();
-    }
+    if (gave_up) return given_up();
   } else {
     model_->zero_grad();
     const std::int64_t first = comm_.rank() * local_batch_;
@@ -1314,10 +1373,7 @@ StepStats Trainer::step() {
         watchdog::set_activity("test.stall-rank: stopped after the first micro-batch", step_ + 1);
         stall_for_test("test.stall-rank: stopping after the first micro-batch", step_ + 1);
       }
-      if (m > 0 && give_up_step(m / micro_, local_batch_ / micro_)) {
-        if (zero_) zero_->finish_grads();  // ZeRO-2/3: the reductions of the micro-batches run
-        return given_up();
-      }
+      if (m > 0 && give_up_step(m / micro_, local_batch_ / micro_)) return given_up();
       const trace::Scope micro_scope("micro-batch", "train", "index", m / micro_);
       sampler_->fill(static_cast<std::uint64_t>(step_), first + m, micro_, inputs_.data(),
                      targets_.data());
@@ -1492,8 +1548,10 @@ void Trainer::note_drain_mid_step(bool asked, std::int64_t done, std::int64_t to
   else
     std::printf(
         "dt_train: rank %d: drain signal during step %ld: it finishes its %ld micro-batches left "
-        "first, then drains\n",
-        comm_.rank(), static_cast<long>(step_ + 1), static_cast<long>(total - done));
+        "first%s, then drains\n",
+        comm_.rank(), static_cast<long>(step_ + 1), static_cast<long>(total - done),
+        // Another stage, behind this one, may have taken a vote for the drain in time.
+        drain_within_step_ ? " unless a vote taken by a stage behind gives it up" : "");
   std::fflush(stdout);
 }
 
@@ -1511,12 +1569,8 @@ bool Trainer::give_up_step(std::int64_t done, std::int64_t total) {
   std::int32_t vote = asked ? 1 : 0;
   if (drain_vote_comm_) {
     watchdog::set_activity("drain vote", step_ + 1);
-    // A sealed communicator records nothing (its traffic counts in dt_comm_* all the same): the
-    // vote's record.
     watchdog::OpRecord sealed;
-    if (c_.seal == "all")
-      sealed = watchdog::OpRecord(kVoteComm, votes_ + 1, "all_reduce", "sealed", DType::i32, 1, -1,
-                                  -1, false);
+    if (c_.seal == "all") sealed = vote_record(votes_ + 1, true);
     drain_vote_comm_->all_reduce(view_of(&vote, 1), ReduceOp::max);
     ++votes_;
     watchdog::set_activity("forward and backward", step_ + 1);
@@ -1525,47 +1579,19 @@ bool Trainer::give_up_step(std::int64_t done, std::int64_t total) {
   return vote > 0;
 }
 
-void Trainer::PipeVotes::reset(int micro_batches) {
-  flag.assign(static_cast<std::size_t>(micro_batches), 0);
-  work.clear();
-  work.resize(static_cast<std::size_t>(micro_batches));
-  seq.assign(static_cast<std::size_t>(micro_batches), 0);
-  taken_rec.clear();
-  taken_rec.resize(static_cast<std::size_t>(micro_batches));
-  settled = taken = 0;
-}
-
-void Trainer::PipeVotes::poll() {
-  while (settled < taken && (!work[settled].valid() || work[settled].test()))
-    taken_rec[settled++].complete();
-}
-
-void Trainer::PipeVotes::finish() {
-  for (; settled < taken; ++settled) {
-    if (work[settled].valid()) work[settled].wait();
-    taken_rec[settled].complete();
-  }
-}
-
 bool Trainer::pipeline_drain_vote(int k, int m) {
   if (drain_lag_ == 0) return give_up_step(k, m);
   const bool asked = drain_requested();  // read once: what is said is what is voted
   note_drain_mid_step(asked, k, m);
   if (!drain_within_step_) return false;
-  PipeVotes& v = pipe_votes_;
+  PipeVotes& v = *pipe_votes_;
   if (k - drain_lag_ >= 1) {  // every rank took it drain_lag_ micro-batches ago
     const std::size_t read = static_cast<std::size_t>(k - drain_lag_);
-    if (!v.work[read].test()) {
-      // Watched from here: the vote was taken in the background, as it stays open across the
-      // passes between (a rank stuck in one of them is named through the stages waiting for
-      // its messages, or here).
-      watchdog::set_activity("drain vote", step_ + 1);
-      const watchdog::OpRecord wait(kVoteComm, v.seq[read], "all_reduce",
-                                    c_.seal == "all" ? "sealed" : "mpi", DType::i32, 1, -1, -1,
-                                    false);
-      v.work[read].wait();
-      watchdog::set_activity("forward and backward", step_ + 1);
-    }
+    // Watched from here: the vote ran in the background across the passes between (a rank stuck
+    // in one of them is named through the stages waiting for its messages, or here).
+    watchdog::set_activity("drain vote", step_ + 1);
+    v.wait(read);
+    watchdog::set_activity("forward and backward", step_ + 1);
     if (v.flag[read] > 0) {
       log_given_up(k, m);
       return true;
@@ -1578,11 +1604,7 @@ bool Trainer::pipeline_drain_vote(int k, int m) {
     const watchdog::BackgroundScope background;  // read (and watched) drain_lag_ passes later
     v.work[at] = drain_vote_comm_->iall_reduce(view_of(&v.flag[at], 1), ReduceOp::max);
     v.seq[at] = ++votes_;
-    // A sealed communicator records nothing (its traffic counts in dt_comm_* all the same): the
-    // vote's record, open until it settles.
-    if (c_.seal == "all")
-      v.taken_rec[at] = watchdog::OpRecord(kVoteComm, v.seq[at], "all_reduce", "sealed", DType::i32,
-                                           1, -1, -1, false);
+    if (v.sealed) v.background[at] = vote_record(v.seq[at], true);
   }
   return false;
 }
@@ -1594,12 +1616,12 @@ double Trainer::pipeline_step(float scale, bool* given_up) {
   double loss = 0;
   const auto t0 = std::chrono::steady_clock::now();
   engine_->take_wait_seconds();
-  pipe_votes_.reset(m);
+  if (pipe_votes_) pipe_votes_->reset(m);
   std::vector<PipeAction> actions = one_f_one_b(mc.pp, plan_->layout.pp, m);
   for (std::size_t i = 0; i < actions.size(); ++i) {
     const PipeAction a = actions[i];
     const int slot = a.micro % slots;
-    pipe_votes_.poll();
+    if (pipe_votes_) pipe_votes_->poll();
     if (a.kind == PipeAction::Kind::forward) {
       if (a.micro == 1 && c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step &&
           c_.test_stall_at == "micro-batch") {
@@ -1638,7 +1660,8 @@ double Trainer::pipeline_step(float scale, bool* given_up) {
         engine_->backward(slot, a.micro, scale);
     }
   }
-  pipe_votes_.finish();  // given up: the votes taken after the one read (every rank took them)
+  // Given up: the votes taken after the one read (every rank took them).
+  if (pipe_votes_) pipe_votes_->finish();
   if (*given_up) {
     engine_->wait_sends();
     return 0.0;
