@@ -6,7 +6,8 @@
 //                             with --security.key_file KEY an encrypted checkpoint (ckpt.encrypt)
 //                             is also decrypted and authenticated, and a wrong key is reported
 //   dt_ckpt export FILE --format safetensors --output OUT.safetensors
-//   dt_ckpt import IN.safetensors --output DIR --heads H [--step 0] [--security.key_file KEY]
+//   dt_ckpt import IN.safetensors --output DIR --heads H [--step 0] [--lock-wait-s 10]
+//                             [--security.key_file KEY]
 //
 // export writes the /model tensors under their nanoGPT names (plus lm_head.weight, tied to
 // transformer.wte.weight) after verifying the checkpoint; import reads a nanoGPT-named
@@ -62,7 +63,7 @@ constexpr const char* kUsage =
     "       dt_ckpt verify FILE [--security.key_file KEY]\n"
     "       dt_ckpt export FILE --format safetensors --output OUT.safetensors\n"
     "       dt_ckpt import IN.safetensors --output DIR --heads H [--step 0] "
-    "[--security.key_file KEY]\n"
+    "[--lock-wait-s 10] [--security.key_file KEY]\n"
     "Looks at, verifies and converts dt checkpoints (DIR/step-N.h5).\n"
     "Exit codes: 0 ok, 1 a verification failed, 2 bad usage or input, 3 a rank could not "
     "start.\n"
@@ -388,7 +389,8 @@ struct Args {
   std::string output;
   int heads = 0;
   long step = 0;
-  std::string key_file;  ///< --security.key_file: job key of encrypted checkpoints
+  double lock_wait_s = 10;  ///< import: waiting for another claim on --output (FolderLock)
+  std::string key_file;     ///< --security.key_file: job key of encrypted checkpoints
   /// The keys of key_file (loaded on demand; nullptr without a key file).
   const dt::security::Keys* keys() const {
     if (key_file.empty()) return nullptr;
@@ -1104,7 +1106,7 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
   std::string busy;
   if (lead) {
     try {
-      lock = std::make_unique<dt::FolderLock>(a.output, "dt_ckpt import", 10,
+      lock = std::make_unique<dt::FolderLock>(a.output, "dt_ckpt import", a.lock_wait_s,
                                               [](const std::string& line) {
                                                 std::printf("dt_ckpt: %s\n", line.c_str());
                                                 std::fflush(stdout);
@@ -1145,8 +1147,9 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
 // ---- command line -------------------------------------------------------------------------------
 
 const std::set<std::string> kSubcommands = {"list", "inspect", "verify", "export", "import"};
-const std::set<std::string> kValueOptions = {"--format", "--output", "--heads",
-                                             "--step",   "--config", "--security.key_file"};
+const std::set<std::string> kValueOptions = {
+    "--format", "--output",           "--heads", "--step", "--lock-wait-s",
+    "--config", "--security.key_file"};
 
 // Parses argv into `a`; returns false when help was printed. Throws ConfigError on bad usage.
 bool parse_args(int argc, char** argv, Args& a) {
@@ -1205,7 +1208,11 @@ bool parse_args(int argc, char** argv, Args& a) {
         .add("heads", &a.heads, 0, "attention heads (required: not visible in the weights)", 0,
              1 << 20)
         .add("step", &a.step, 0, "step stored in the checkpoint (dt_train resumes there)", 0L,
-             1L << 40);
+             1L << 40)
+        .add("lock-wait-s", &a.lock_wait_s, 10.0,
+             "how long to wait for another run's claim on the --output folder (DIR/.dt-lock) to "
+             "end before refusing the import",
+             0.0, 86400.0);
   std::vector<const char*> cargs;
   for (const auto& s : opt_args) cargs.push_back(s.c_str());
   if (!opts.parse(static_cast<int>(cargs.size()), cargs.data())) return false;

@@ -234,6 +234,14 @@ std::string state_with(int rank, std::size_t max_records) {
   return j.dump();
 }
 
+// "now ACTIVITY at step N": what a rank's answer says it does (its step, where it has one).
+std::string now_text(const json& state) {
+  std::string s = "now " + state.value("activity", std::string("?"));
+  const std::int64_t step = state.value("step", std::int64_t{-1});
+  if (step >= 0) s += " at step " + std::to_string(step);
+  return s;
+}
+
 }  // namespace
 
 // --- recorder ----------------------------------------------------------------------------------
@@ -643,9 +651,7 @@ struct Watchdog::Impl {
         lagging.push_back(q);
         detail << "; rank " << q << ": ";
         if (e.peer < 0) detail << "last " << e.comm << " collective #" << started << ", ";
-        detail << "now " << st.value("activity", std::string("?"));
-        const std::int64_t step = st.value("step", std::int64_t{-1});
-        if (step >= 0) detail << " at step " << step;
+        detail << now_text(st);
       }
       ranks.push_back(st);
     }
@@ -715,9 +721,7 @@ struct Watchdog::Impl {
         const json& st = state[static_cast<std::size_t>(q)];
         if (!st.is_object() || std::find(lagging.begin(), lagging.end(), q) != lagging.end())
           continue;  // silent, or described above already
-        chain << "; rank " << q << ": now " << st.value("activity", std::string("?"));
-        const std::int64_t step = st.value("step", std::int64_t{-1});
-        if (step >= 0) chain << " at step " << step;
+        chain << "; rank " << q << ": " << now_text(st);
         const Waiting w = waiting_in(st);
         if (w.found) chain << ", inside " << w.text();
       }
@@ -733,9 +737,7 @@ struct Watchdog::Impl {
       const json& st = state[static_cast<std::size_t>(q)];
       if (q == rank || !member[static_cast<std::size_t>(q)] || !left_running(st, e)) continue;
       busy.push_back(q);
-      what_busy << "; rank " << q << ": now " << st.value("activity", std::string("?"));
-      const std::int64_t step = st.value("step", std::int64_t{-1});
-      if (step >= 0) what_busy << " at step " << step;
+      what_busy << "; rank " << q << ": " << now_text(st);
     }
     if (!busy.empty()) dump["busy_ranks"] = busy;
     dump["missing_ranks"] = missing;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ckpt.folder_lock: one writer per checkpoint folder. While run A (2 ranks) trains into D and
 # holds after step 2, a second run B into D (waiting 1 s for the claim) and a dt_ckpt import into
-# D (waiting 10 s) are refused with exit code 2, naming D and A (its host and the pid of its rank
+# D (--lock-wait-s 1) are refused with exit code 2, naming D and A (its host and the pid of its rank
 # 0), B before it allocates its model; D is left byte for byte. A run W that waits up to 60 s
 # starts as soon as A drains (exit 75) and trains on from A's checkpoint. A run killed with
 # SIGKILL leaves the folder free (the claim ends with the process). A run waiting for the
@@ -61,12 +61,15 @@ expect_no_line B "dt_train: [0-9]+ parameters"
 echo "=== X: dt_ckpt export of A's step-1.h5, then import into D"
 "$CKPT_TOOL" export "$D/step-1.h5" --output "$WORK/a.safetensors" >X.out 2>&1 ||
   { sed 's/^/    /' X.out; fail "export of $D/step-1.h5 failed"; }
-"$CKPT_TOOL" import "$WORK/a.safetensors" --output "$D" --heads 2 --step 9 >I.out 2>&1
+"$CKPT_TOOL" import "$WORK/a.safetensors" --output "$D" --heads 2 --step 9 --lock-wait-s 1 \
+  >I.out 2>&1
 rc=$?
 sed 's/^/    /' I.out
 [ "$rc" -eq 2 ] || fail "dt_ckpt import into the folder in use: exit code $rc, expected 2"
 grep -Eq "option --output: checkpoint folder .*/D is in use by another run \($holder" I.out ||
   fail "the refused import does not name the folder and its holder"
+grep -Eq "checkpoint folder .*/D is in use by $holder.*; waiting up to 1 s for it" I.out ||
+  fail "the refused import does not say it waits up to its --lock-wait-s"
 [ "$(digest "$D")" = "$before" ] || fail "the refused import changed $D"
 
 # A run that waits for the folder and gets a drain signal stops waiting at once: drained with
