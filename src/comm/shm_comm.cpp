@@ -17,7 +17,8 @@ struct ShmComm::Control {
   alignas(64) std::atomic<std::uint64_t> arrive{0};  // sequence number of the last op joined
   alignas(64) std::atomic<std::uint64_t> off{0};     // that op's region offset, element count
   std::atomic<std::uint64_t> n{0};                   // and kind (small_kind), written before
-  std::atomic<std::uint64_t> kind{0};                // `arrive`
+  std::atomic<std::uint64_t> kind{0};                // `arrive`, and the elements of the call
+  std::atomic<std::uint64_t> total{0};               // it is a piece of
   alignas(64) std::atomic<std::uint64_t> prog{0};    // (seq << 32) | chunks of own slice published
   alignas(64) std::atomic<std::uint64_t> done{0};    // sequence number of the last op finished
   alignas(64) std::atomic<std::uint64_t> failed{0};  // != 0: this rank gave up (at that seq)
@@ -319,23 +320,33 @@ std::string ShmComm::what(const char* op, ConstTensorView v, const char* extra) 
   return s.str();
 }
 
-void ShmComm::arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n, std::uint64_t kind) {
+void ShmComm::arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n, std::uint64_t kind,
+                     std::uint64_t total) {
   Control& mine = ctl(local_->rank());
   mine.off.store(off, std::memory_order_relaxed);
   mine.n.store(n, std::memory_order_relaxed);
   mine.kind.store(kind, std::memory_order_relaxed);
+  mine.total.store(total, std::memory_order_relaxed);
   mine.arrive.store(seq, std::memory_order_release);
   arrive_all(seq, [&](int q) {
     Control& c = ctl(q);
     const std::uint64_t qo = c.off.load(std::memory_order_relaxed);
     const std::uint64_t qn = c.n.load(std::memory_order_relaxed);
     const std::uint64_t qk = c.kind.load(std::memory_order_relaxed);
+    const std::uint64_t qt = c.total.load(std::memory_order_relaxed);
     if (qo != kSmallMark && qk != kind) {  // another collective, dtype or op
       broken_ = true;
       DT_THROW(CommError, "collective #", seq, " on ", name_, ": local rank ", local_->rank(),
                " called ", small_call(kind, n), ", local rank ", q, " called ", small_call(qk, qn),
                " (all ranks must call the same collectives with the same ",
                "dtype, operation and sizes)");
+    }
+    if (qo != kSmallMark && qt != total) {  // calls of other sizes, cut into pieces
+      broken_ = true;
+      DT_THROW(CommError, "collective #", seq, " on ", name_, ": local rank ", local_->rank(),
+               " called ", small_call(kind, total), ", local rank ", q, " called ",
+               small_call(qk, qt), " (all ranks must call the same collectives with the same ",
+               "sizes)");
     }
     if (qo != off || qn != n) {
       broken_ = true;
@@ -423,9 +434,9 @@ void ShmComm::arrive_small(std::uint64_t seq, std::uint64_t kind, std::uint64_t 
 // --- all_reduce ----------------------------------------------------------------------------------
 
 void ShmComm::reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op, void* dest,
-                            const Form& dl) {
+                            const Form& dl, std::size_t total) {
   const std::uint64_t seq = ++seq_;
-  arrive(seq, off, n, small_kind(kAllReduce, t, static_cast<std::uint64_t>(op)));
+  arrive(seq, off, n, small_kind(kAllReduce, t, static_cast<std::uint64_t>(op)), total);
   const int L = local_->size(), me = local_->rank();
   const std::size_t es = dtype_size(t);
   const std::size_t K = std::max<std::size_t>(1, cfg_.chunk_bytes / es);
@@ -517,7 +528,7 @@ void ShmComm::do_all_reduce(TensorView buf, ReduceOp op, const Form& dl) {
     return;
   }
   const std::size_t off = region_off(buf.data, bytes);
-  if (off != SIZE_MAX) return reduce_region(off, buf.numel, buf.dtype, op, buf.data, dl);
+  if (off != SIZE_MAX) return reduce_region(off, buf.numel, buf.dtype, op, buf.data, dl, buf.numel);
   const std::size_t es = dtype_size(buf.dtype);
   const std::size_t piece = std::max<std::size_t>(1, cfg_.staging_bytes / es);
   DT_ASSERT(cfg_.staging_bytes >= es, "staging area smaller than one element");
@@ -526,7 +537,7 @@ void ShmComm::do_all_reduce(TensorView buf, ReduceOp op, const Form& dl) {
   do {  // at least once, so zero-element calls still meet their peers
     const std::size_t cnt = std::min(piece, buf.numel - b);
     copy_bytes(seg(local_->rank()) + staging_off(), p + b * es, cnt * es);
-    reduce_region(staging_off(), cnt, buf.dtype, op, p + b * es, dl);
+    reduce_region(staging_off(), cnt, buf.dtype, op, p + b * es, dl, buf.numel);
     b += cnt;
   } while (b < buf.numel);
 }
@@ -588,7 +599,7 @@ void ShmComm::do_broadcast(TensorView buf, int root, const Form& dl) {
     const std::uint64_t seq = ++seq_;
     if (me == root) copy_bytes(seg(me) + staging_off(), p + b * es, cnt * es);
     arrive(seq, staging_off(), cnt,
-           small_kind(kBroadcast, buf.dtype, static_cast<std::uint64_t>(root)));
+           small_kind(kBroadcast, buf.dtype, static_cast<std::uint64_t>(root)), buf.numel);
     if (me != root) copy_bytes(p + b * es, seg(root) + staging_off(), cnt * es);
     depart(seq);
     b += cnt;
@@ -625,7 +636,7 @@ void ShmComm::do_all_gather(ConstTensorView in, TensorView out, const Form& dl) 
     const std::size_t cnt = std::min(piece, m - b);
     const std::uint64_t seq = ++seq_;
     copy_bytes(seg(me) + staging_off(), src + b * es, cnt * es);
-    arrive(seq, staging_off(), cnt, small_kind(kAllGather, in.dtype, 0));
+    arrive(seq, staging_off(), cnt, small_kind(kAllGather, in.dtype, 0), m);
     for (int q = 0; q < L; ++q)
       copy_bytes(o + (static_cast<std::size_t>(q) * m + b) * es, seg(q) + staging_off(), cnt * es);
     depart(seq);
@@ -669,7 +680,7 @@ void ShmComm::do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
       copy_bytes(stage + static_cast<std::size_t>(q) * cnt * es,
                  src + (static_cast<std::size_t>(q) * m + b) * es, cnt * es);
     arrive(seq, staging_off(), cnt,
-           small_kind(kReduceScatter, in.dtype, static_cast<std::uint64_t>(op)));
+           small_kind(kReduceScatter, in.dtype, static_cast<std::uint64_t>(op)), m);
     for (int q = 0; q < L; ++q)
       ins[static_cast<std::size_t>(q)] =
           seg(q) + staging_off() + static_cast<std::size_t>(me) * cnt * es;

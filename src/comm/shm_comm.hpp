@@ -148,11 +148,16 @@ class ShmComm final : public Comm {
   void do_all_gather(ConstTensorView in, TensorView out, const Form& dl);
   void do_reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op, const Form& dl);
   // One all_reduce of `n` elements whose copies sit at byte offset `off` of every rank's segment;
-  // the result goes to `dest` (may be this rank's own region).
+  // the result goes to `dest` (may be this rank's own region). `total`: the elements of the
+  // call this round is a piece of (n where the call is one round).
   void reduce_region(std::size_t off, std::size_t n, DType t, ReduceOp op, void* dest,
-                     const Form& dl);
-  // Publish "arrived at op seq with (off, n)" and wait until every local rank has.
-  void arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n, std::uint64_t kind);
+                     const Form& dl, std::size_t total);
+  // Publish "arrived at op seq with (off, n), a piece of a call of `total` elements" and wait
+  // until every local rank has; throws CommError (breaking the communicator) where a rank's call
+  // differs. The calls' totals are compared too: calls of different sizes cut into pieces can
+  // have a first piece alike.
+  void arrive(std::uint64_t seq, std::uint64_t off, std::uint64_t n, std::uint64_t kind,
+              std::uint64_t total);
   void depart(std::uint64_t seq);
   // Waits until `a` of local rank `peer` has reached target (a progress word: `progress`), for
   // collective `seq`; throws CommError once a local rank has given up, or `peer` has left (their

@@ -1205,10 +1205,12 @@ void check_polled_idle(dt::ShmComm& c) {
 }
 
 // The same on the regular (staged) path, with sizes alike: another reduce op, another dtype,
-// another broadcast root. Each case breaks its communicator.
+// another broadcast root; and sizes that differ only past the staging area's first piece (the
+// first rounds alike, the calls not). Each case breaks its communicator.
 void check_regular_mismatch(Comm& world, const dt::ShmConfig& cfg) {
   const std::size_t n = 2 * dt::ShmComm::kSmallBytes;  // elements: past the small path
-  for (int variant = 0; variant < 3; ++variant) {
+  const std::size_t piece = cfg.staging_bytes / sizeof(float);
+  for (int variant = 0; variant < 4; ++variant) {
     auto c = dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), "regular-mismatch", cfg);
     const bool odd = c->local_rank() == 0;
     std::vector<float> f(n, 1.0f);
@@ -1229,11 +1231,17 @@ void check_regular_mismatch(Comm& world, const dt::ShmConfig& cfg) {
       };
       want_a = str("all_reduce(i32 x ", n, ", sum)");
       want_b = str("all_reduce(f32 x ", n, ", sum)");
-    } else {
+    } else if (variant == 2) {
       what = "roots 0 and 1";
       call = [&] { c->broadcast(dt::view_of(f), odd ? 1 : 0, o); };
       want_a = str("broadcast(f32 x ", n, ", root 1)");
       want_b = str("broadcast(f32 x ", n, ", root 0)");
+    } else {
+      what = "sizes alike in the first piece";
+      f.assign(odd ? piece + 5 : piece, 1.0f);
+      call = [&] { c->all_reduce(dt::view_of(f), ReduceOp::sum, o); };
+      want_a = str("all_reduce(f32 x ", piece + 5, ", sum)");
+      want_b = str("all_reduce(f32 x ", piece, ", sum)");
     }
     const std::string msg = expect_throw<dt::CommError>(
         str(what, " on the regular path of ", c->name()), call, {"collective #1"});
