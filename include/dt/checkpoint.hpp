@@ -128,6 +128,9 @@ struct SaveStats {
   /// Rank 0: checkpoints of a step not below this one ("OLD -> NEW" names), which the save set
   /// aside instead of deleting (a run that resumed from an older step, or started afresh).
   std::vector<std::string> set_aside;
+  /// Rank 0: what failed after the commit (the folder's fsync, the retention's pruning); the
+  /// checkpoint is committed all the same.
+  std::vector<std::string> warnings;
 };
 
 /// Writes, commits and prunes a checkpoint of `tensors` at meta.step into `dir` (created if
@@ -136,19 +139,19 @@ struct SaveStats {
 /// committed), and removes stale *.partial files; checkpoints of its step or later are
 /// renamed to *.superseded (SaveStats::set_aside), never deleted. Throws dt::CheckpointError naming
 /// the file and the failing call; then nothing is committed and the previous checkpoint stays the
-/// latest. `after_write` (a fault-injection seam for tests) runs on every rank once its data is in
-/// the .partial file, before anything is made durable or committed. Every chunk is written and
-/// digested by one rank. Replicated (whole) tensors: each rank writes a share of the chunks from
-/// its own copy. Sharded tensors (ranges, pieces): the ranks' parts must cover each tensor exactly
-/// once, else, before anything is written, a CheckpointError names the tensor and the first gap
-/// or overlap (or the rank whose part does not fit the tensor). The ranks learn each other's
-/// pieces (4 numbers each); a chunk is written by the rank holding more than half of it, if any,
-/// else by the rank whose share of all chunks it falls in, and the other holders of its elements
-/// send them there, all in one MPI_Alltoallw straight from the pieces. Memory: the chunks a rank
-/// writes (about 1/ranks of the state) and metadata in the number of pieces. With `keys`
-/// (ckpt.encrypt) the datasets are encrypted (see above); each rank seals its own chunks (about
-/// 3 GB/s per core), in place for sharded tensors and into one sealed copy of its share of the
-/// replicated ones.
+/// latest (what fails once `latest` names the new file, such as pruning, is a SaveStats warning).
+/// `after_write` (a fault-injection seam for tests) runs on every rank once its data is in the
+/// .partial file, before anything is made durable or committed. Every chunk is written and digested
+/// by one rank. Replicated (whole) tensors: each rank writes a share of the chunks from its own
+/// copy. Sharded tensors (ranges, pieces): the ranks' parts must cover each tensor exactly once,
+/// else, before anything is written, a CheckpointError names the tensor and the first gap or
+/// overlap (or the rank whose part does not fit the tensor). The ranks learn each other's pieces (4
+/// numbers each); a chunk is written by the rank holding more than half of it, if any, else by the
+/// rank whose share of all chunks it falls in, and the other holders of its elements send them
+/// there, all in one MPI_Alltoallw straight from the pieces. Memory: the chunks a rank writes
+/// (about 1/ranks of the state) and metadata in the number of pieces. With `keys` (ckpt.encrypt)
+/// the datasets are encrypted (see above); each rank seals its own chunks (about 3 GB/s per core),
+/// in place for sharded tensors and into one sealed copy of its share of the replicated ones.
 SaveStats save_checkpoint(Comm& comm, const std::string& dir,
                           const std::vector<CkptTensor>& tensors, const CkptMeta& meta, int keep,
                           const std::function<void()>& after_write = {},
@@ -174,7 +177,9 @@ CkptMeta load_checkpoint(Comm& comm, const std::string& path,
                          const std::vector<CkptTensor>& tensors,
                          const security::Keys* keys = nullptr);
 
-/// The committed checkpoints of `dir`, newest first (step-N.h5; no verification).
+/// The committed checkpoints of `dir`, newest first (step-N.h5; no verification). These listings
+/// are empty for a folder that does not exist, and throw dt::CheckpointError for one that cannot
+/// be listed (not taken for empty: a resume would start afresh).
 struct CkptEntry {
   std::string path;
   std::int64_t step = 0;

@@ -40,8 +40,8 @@ class OpRecord {
   OpRecord() = default;
   /// `op` and `backend` must be string literals. `timeout_s`: how long this operation may take
   /// before the watchdog calls it a hang (negative: the watchdog's timeout; 0: never). `peer`:
-  /// for a point-to-point receive, the world rank it waits for (then `seq` is not counted as
-  /// the communicator's collectives are); -1 for a collective. `communication`: false for an
+  /// for a point-to-point receive or send, the world rank it waits for (then `seq` is not counted
+  /// as the communicator's collectives are); -1 for a collective. `communication`: false for an
   /// operation watched for hangs that moves no tensors between ranks (a checkpoint save), which
   /// the dt_comm_* metrics and the timeline's comm events then leave out.
   OpRecord(const std::string& comm, std::uint64_t seq, const char* op, const char* backend, DType t,

@@ -84,8 +84,8 @@ std::string errno_text() { return std::strerror(errno); }
 //   DT_TEST_CKPT_LATEST_FAIL  the write of `latest` that commits a save (rank 0 writes it), as
 //                             a file system out of inodes would fail it
 // A malformed value (no RANK:TEXT) injects nothing.
-// The names in `dir` (empty where it cannot be read); whether `name` is step-N<suffix> (N in
-// *step). Defined with the listing functions below.
+// The names in `dir` (none where it does not exist; CheckpointError where it cannot be read);
+// whether `name` is step-N<suffix> (N in *step). Defined with the listing functions below.
 std::vector<std::string> dir_entries(const std::string& dir);
 bool parse_step(const std::string& name, const std::string& suffix, std::int64_t* step);
 
@@ -1061,6 +1061,18 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     try {
       mkdirs(dir);
       ::unlink(partial.c_str());
+      // Interrupted saves (a failed one, say, which left its partial file) take room the space
+      // check below would count as used: they go now (this folder's writer holds the claim, so
+      // none is another's under way). A folder that cannot be listed keeps them.
+      std::vector<std::string> names;
+      try {
+        names = dir_entries(dir);
+      } catch (const CheckpointError&) {
+      }
+      for (const auto& name : names) {
+        std::int64_t step = 0;
+        if (parse_step(name, ".h5.partial", &step)) ::unlink((dir + "/" + name).c_str());
+      }
     } catch (const Error& e) {
       ok = false;
       err = e.message();
@@ -1489,6 +1501,18 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
         DT_THROW(CheckpointError, e.message(), undo,
                  " (latest still names the previous checkpoint)");
       }
+    } catch (const std::exception& e) {
+      ok = false;
+      err = e.what();
+    }
+  }
+  if (!all_ok(comm, ok))
+    DT_THROW(CheckpointError, "committing ", final_path, " failed",
+             err.empty() ? std::string(" on rank 0") : ": " + err);
+  if (comm.rank() == 0) {
+    // Committed: `latest` names the new file. What fails from here on (making the rename of
+    // `latest` durable, the retention's pruning) leaves it committed, and is a warning.
+    try {
       fsync_path(dir, true);
       // Retention: the file just written is the newest, then the other newest by step, `keep`
       // in all; partials go. Files of a step not below the new one belong to another line of
@@ -1515,13 +1539,10 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       }
       if (!stats.set_aside.empty()) fsync_path(dir, true);
     } catch (const std::exception& e) {
-      ok = false;
-      err = e.what();
+      stats.warnings.push_back(final_path +
+                               " is committed, but after its commit: " + std::string(e.what()));
     }
   }
-  if (!all_ok(comm, ok))
-    DT_THROW(CheckpointError, "committing ", final_path, " failed",
-             err.empty() ? std::string(" on rank 0") : ": " + err);
   stats.write_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return stats;
 }
@@ -1709,9 +1730,23 @@ namespace {
 std::vector<std::string> dir_entries(const std::string& dir) {
   std::vector<std::string> out;
   DIR* d = ::opendir(dir.c_str());
-  if (!d) return out;
-  while (dirent* e = ::readdir(d)) out.emplace_back(e->d_name);
+  if (!d) {
+    // A folder that is not there holds nothing; one that cannot be read is not taken for empty
+    // (a resume would start afresh, and its first save set aside every checkpoint there).
+    DT_CHECK(CheckpointError, errno == ENOENT, "cannot list the checkpoint folder ", dir, ": ",
+             errno_text());
+    return out;
+  }
+  for (;;) {
+    errno = 0;
+    dirent* e = ::readdir(d);
+    if (e == nullptr) break;
+    out.emplace_back(e->d_name);
+  }
+  const int err = errno;
   ::closedir(d);
+  DT_CHECK(CheckpointError, err == 0, "cannot list the checkpoint folder ", dir, ": ",
+           std::strerror(err));
   return out;
 }
 bool parse_step(const std::string& name, const std::string& suffix, std::int64_t* step) {
@@ -2487,26 +2522,34 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
   }
   // Rank 0 reads the folder and every rank tries the same files in the same order (ranks that
   // each list a shared folder may see it differently, and the loads are collective).
+  // A folder rank 0 cannot list is refused on every rank: its listing is "\x01" and the error.
   std::string listing;
   if (comm.rank() == 0) {
-    for (const auto& p : list_partials(dir)) log("ignoring interrupted save " + p);
-    const std::string latest = read_latest(dir);
-    std::vector<CkptEntry> all = list_checkpoints(dir);
-    if (!all.empty() && latest.empty()) {
-      struct stat st {};
-      const std::string p = dir + "/latest";
-      const char* what = ::stat(p.c_str(), &st) != 0 ? "is missing"
-                         : S_ISDIR(st.st_mode)       ? "is a folder, not the pointer file"
-                                                     : "names no checkpoint (it is empty)";
-      log("the pointer " + p + " " + what + "; using the newest checkpoint that verifies");
+    try {
+      for (const auto& p : list_partials(dir)) log("ignoring interrupted save " + p);
+      const std::string latest = read_latest(dir);
+      std::vector<CkptEntry> all = list_checkpoints(dir);
+      if (!all.empty() && latest.empty()) {
+        struct stat st {};
+        const std::string p = dir + "/latest";
+        const char* what = ::stat(p.c_str(), &st) != 0 ? "is missing"
+                           : S_ISDIR(st.st_mode)       ? "is a folder, not the pointer file"
+                                                       : "names no checkpoint (it is empty)";
+        log("the pointer " + p + " " + what + "; using the newest checkpoint that verifies");
+      }
+      listing = latest + "\n";
+      for (const auto& e : all)
+        if (e.path == latest) listing += e.path + "\n";  // what the last save committed first
+      for (const auto& e : all)
+        if (e.path != latest) listing += e.path + "\n";
+    } catch (const CheckpointError& e) {
+      listing = "\x01" + e.message();
     }
-    listing = latest + "\n";
-    for (const auto& e : all)
-      if (e.path == latest) listing += e.path + "\n";  // what the last save committed comes first
-    for (const auto& e : all)
-      if (e.path != latest) listing += e.path + "\n";
   }
-  std::istringstream in(broadcast_text(comm, listing, 0));
+  listing = broadcast_text(comm, listing, 0);
+  DT_CHECK(CheckpointError, listing.empty() || listing[0] != '\x01',
+           "--ckpt.resume=auto: ", listing.substr(1), "; nothing was changed");
+  std::istringstream in(listing);
   std::string latest;
   std::getline(in, latest);
   std::vector<std::string> order;

@@ -173,6 +173,15 @@ void run_pass(const Device& dev, const std::vector<Run>& runs, PassGraphs* pg,
   if (pg) pg->warm = true;
 }
 
+namespace {
+// A pipeline message on its way to world rank `peer` (`count` floats), until a wait for it ends.
+struct Sent {
+  Work work;
+  int peer = -1;
+  std::size_t count = 0;
+};
+}  // namespace
+
 struct StageEngine::Impl {
   // Per activation tensor: offset (floats) in a slot's activation area and in the gradient area.
   std::vector<std::size_t> act_off, grad_off;
@@ -184,8 +193,8 @@ struct StageEngine::Impl {
   std::vector<Device::Buffer> slot_buf;   // per slot: activations + kernel state
   std::vector<Device::Buffer> token_buf;  // per slot: inputs then targets (int32)
   Device::Buffer grad_buf, scratch;
-  std::vector<Work> fwd_sends;  // per slot
-  std::vector<Work> bwd_sends;
+  std::vector<Sent> fwd_sends;  // per slot
+  std::vector<Sent> bwd_sends;
   std::vector<int> uses;    // per parameter: nodes still to run backward
   int B = 0, T = 0;         // the graph's (largest) micro-batch
   std::vector<int> slot_B;  // B of the micro-batch in each slot
@@ -229,14 +238,32 @@ class WaitClock {
   std::chrono::steady_clock::time_point t0_;
 };
 
+constexpr const char* kPipelineComm = "pipeline";  // the watchdog's name for stage messages
+
 // Receives `cnt` floats from world rank `from` into `dst`: recorded for the hang watchdog with the
 // rank it waits for (a stage that stops is named by the one waiting for it), and counted in
 // `wait_s`.
 void recv_recorded(P2p& p2p, float* dst, std::size_t cnt, int from, int tag, double& wait_s) {
   const WaitClock clock(wait_s);
-  static const std::string kComm = "pipeline";
-  const watchdog::OpRecord rec(kComm, 0, "recv", "p2p", DType::f32, cnt, -1, from);
+  const watchdog::OpRecord rec(kPipelineComm, 0, "recv", "p2p", DType::f32, cnt, -1, from);
   p2p.recv(view_of(dst, cnt), from, tag);
+}
+
+// Waits until `s` (if any) has gone, its buffer free again: recorded for the hang watchdog with
+// the rank it waits for (a message larger than the transport's eager limit waits for its
+// receiver: a stage that stops before receiving it is named by the sender), and counted in
+// `wait_s`. The send itself, started a pass earlier, is not recorded: the stage computed since.
+// Nor is the wait counted in dt_comm_* or shown as a comm event: only the sends not done yet
+// are waited for here, and for the wait's time alone.
+void wait_sent(Sent& s, double& wait_s) {
+  if (!s.work.valid()) return;
+  if (!s.work.test()) {
+    const WaitClock clock(wait_s);
+    const watchdog::OpRecord rec(kPipelineComm, 0, "send", "p2p", DType::f32, s.count, -1, s.peer,
+                                 false);
+    s.work.wait();
+  }
+  s = Sent();
 }
 }  // namespace
 
@@ -587,13 +614,8 @@ double StageEngine::take_wait_seconds() {
 }
 
 void StageEngine::wait_sends() {
-  const WaitClock clock(impl_->wait_s);
-  for (Work& w : impl_->fwd_sends)
-    if (w.valid()) {
-      w.wait();
-      w = Work();
-    }
-  for (Work& w : impl_->bwd_sends) w.wait();
+  for (Sent& w : impl_->fwd_sends) wait_sent(w, impl_->wait_s);
+  for (Sent& w : impl_->bwd_sends) wait_sent(w, impl_->wait_s);
   impl_->bwd_sends.clear();
 }
 
@@ -603,11 +625,7 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
   DT_CHECK(InvalidArgument, slot >= 0 && slot < slots_ && B >= 1 && B <= m.B, "slot ", slot,
            " / batch ", B, " outside the engine's ", slots_, " slots / ", m.B, " sequences");
   const std::size_t us = static_cast<std::size_t>(slot);
-  if (m.fwd_sends[us].valid()) {  // the slot's last activations may still be on their way
-    const WaitClock clock(m.wait_s);
-    m.fwd_sends[us].wait();
-    m.fwd_sends[us] = Work();
-  }
+  wait_sent(m.fwd_sends[us], m.wait_s);  // the slot's last activations may still be on their way
   m.slot_B[us] = B;
   m.slot_state[us] = Impl::kEmpty;  // until the pass is through
   const std::int64_t T = m.T, BT = std::int64_t{B} * T;
@@ -683,10 +701,11 @@ double StageEngine::forward(int slot, int micro, const std::int32_t* inputs,
     } else if (n.op == "send") {
       const trace::Scope s("send", "pipeline", "micro-batch", micro);
       dev_.call(&dt_hal_v1_t::synchronize, "synchronize");
-      const float* x = act(n.in[0]);
-      m.fwd_sends[us] = comms_.p2p->isend(
-          ConstTensorView{x, static_cast<std::size_t>(BT * width(n.in[0])), DType::f32},
-          comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))], tag_of(n, false));
+      const std::size_t cnt = static_cast<std::size_t>(BT * width(n.in[0]));
+      const int to = comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))];
+      m.fwd_sends[us] = {
+          comms_.p2p->isend(ConstTensorView{act(n.in[0]), cnt, DType::f32}, to, tag_of(n, false)),
+          to, cnt};
     } else if (n.op == "recv") {
       const trace::Scope s("recv", "pipeline", "micro-batch", micro);
       recv_recorded(*comms_.p2p, act(n.out[0]), static_cast<std::size_t>(BT * width(n.out[0])),
@@ -713,11 +732,8 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
            "StageEngine::backward: the forward pass of slot ", slot,
            " had no targets, and this stage's backward starts from the loss");
   // The previous micro-batch's gradient messages read the gradient area we are about to clear.
-  {
-    const WaitClock clock(m.wait_s);
-    for (Work& w : m.bwd_sends) w.wait();
-    m.bwd_sends.clear();
-  }
+  for (Sent& w : m.bwd_sends) wait_sent(w, m.wait_s);
+  m.bwd_sends.clear();
   dev_.call(&dt_hal_v1_t::fill_zero, "fill_zero", m.grad_buf.get(), m.grad_floats * sizeof(float));
   const int B = m.slot_B[us];
   const std::int64_t T = m.T, BT = std::int64_t{B} * T;
@@ -806,10 +822,11 @@ void StageEngine::backward(int slot, int micro, float loss_scale, const GradRead
       // The gradient of what we received goes back to the stage that sent it.
       const trace::Scope s("send", "pipeline", "micro-batch", micro);
       dev_.call(&dt_hal_v1_t::synchronize, "synchronize");
-      m.bwd_sends.push_back(comms_.p2p->isend(
-          ConstTensorView{grad(n.out[0]), static_cast<std::size_t>(BT * width(n.out[0])),
-                          DType::f32},
-          comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))], tag_of(n, true)));
+      const std::size_t cnt = static_cast<std::size_t>(BT * width(n.out[0]));
+      const int to = comms_.stage_rank[static_cast<std::size_t>(n.attr("peer"))];
+      m.bwd_sends.push_back(
+          {comms_.p2p->isend(ConstTensorView{grad(n.out[0]), cnt, DType::f32}, to, tag_of(n, true)),
+           to, cnt});
     } else if (n.op == "send") {
       const trace::Scope s("recv", "pipeline", "micro-batch", micro);
       const std::int64_t cnt = BT * width(n.in[0]);

@@ -141,6 +141,11 @@ json entry_json(const Entry& e, std::int64_t now) {
   return j;
 }
 
+// " from rank P" for a point-to-point receive, " to rank P" for a send (one it waits to finish).
+std::string peer_text(const std::string& op, int peer) {
+  return (op == "send" ? " to rank " : " from rank ") + std::to_string(peer);
+}
+
 // The operation a rank waits in, from its answer: the oldest of its records still in flight,
 // but those left running in the background (BackgroundScope).
 struct Waiting {
@@ -150,8 +155,7 @@ struct Waiting {
   std::uint64_t seq = 0;
   int peer = -1;  // point-to-point: the rank it waits for
   std::string text() const {
-    return op + (peer >= 0 ? " from rank " + std::to_string(peer) : " #" + std::to_string(seq)) +
-           " on " + comm;
+    return op + (peer >= 0 ? peer_text(op, peer) : " #" + std::to_string(seq)) + " on " + comm;
   }
 };
 Waiting waiting_in(const json& state) {
@@ -193,7 +197,7 @@ std::string describe(const Entry& e) {
   std::ostringstream s;
   s << e.op;
   if (e.peer >= 0)
-    s << " from rank " << e.peer;  // (the point-to-point operations recorded are receives)
+    s << peer_text(e.op, e.peer);
   else
     s << " #" << e.seq;
   s << " on " << e.comm << " (" << dtype_name(e.dtype) << " x " << e.count << ", " << e.backend
@@ -760,7 +764,8 @@ struct Watchdog::Impl {
         line << "; " << ranks_on(busy) << (busy.size() == 1 ? " is" : " are")
              << " in no other operation, busy elsewhere" << what_busy.str();
     } else if (e.peer >= 0) {
-      line << ranks_on({e.peer}) << " has not sent it"
+      line << ranks_on({e.peer})
+           << (std::strcmp(e.op, "send") == 0 ? " has not received it" : " has not sent it")
            << (silent.empty() ? ""
                               : " and did not answer (stopped, or stuck where its watchdog "
                                 "cannot reply)");

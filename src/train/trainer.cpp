@@ -252,9 +252,10 @@ void add_train_options(Options& o, TrainConfig& c) {
            "testing only: where test.stall-rank stops: before step test.skip-step + 1 (step); "
            "after that step's first micro-batch (micro-batch, with several a step; a pipeline: "
            "before the second one's forward pass); a pipeline, just after it took the drain vote "
-           "there (after-vote, with more than parallel.pp + 1 micro-batches a step); or before "
-           "the evaluation after step test.skip-step (evaluation)",
-           {"step", "micro-batch", "after-vote", "evaluation"})
+           "there (after-vote, with more than parallel.pp + 1 micro-batches a step); a pipeline, "
+           "before that step's first backward pass (backward); or before the evaluation after "
+           "step test.skip-step (evaluation)",
+           {"step", "micro-batch", "after-vote", "backward", "evaluation"})
       .add("test.skip-collective", &c.test_skip_collective, -1,
            "testing only: this rank never joins the loss all_reduce of step test.skip-step (it "
            "waits instead), so the others hang there and the watchdog must name it",
@@ -931,6 +932,10 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
            "micro-batches a step (this run has parallel.pp=",
            L.pp, ", ", plan_->microbatches, " micro-batch(es) a step",
            c_.drain_within_step ? "" : ", --train.drain-within-step=false", ")");
+  DT_CHECK(ConfigError, !seam || c_.test_stall_at != "backward" || L.pp > 1,
+           "option --test.stall-at=backward: the stop before a pipeline stage's first backward "
+           "pass needs pipeline parallelism (this run has parallel.pp=",
+           L.pp, ")");
   // On the layout as planned (parallel.auto may choose it), before anything is allocated.
   DT_CHECK(ConfigError, !c_.cuda_graphs || c_.par_zero <= 1,
            "option --engine.cuda_graphs needs whole parameters and gradients during the passes "
@@ -1650,6 +1655,12 @@ double Trainer::pipeline_step(float scale, bool* given_up) {
       loss += engine_->forward(slot, a.micro, inputs_.data(), targets_.data(),
                                static_cast<int>(micro_));
     } else {
+      if (a.micro == 0 && c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step &&
+          c_.test_stall_at == "backward") {
+        watchdog::set_activity("test.stall-rank: stopped before the first backward pass",
+                               step_ + 1);
+        stall_for_test("test.stall-rank: stopping before the first backward pass", step_ + 1);
+      }
       const trace::Scope b("backward", "pipeline", "micro-batch", a.micro);
       // The last micro-batch's backward hands each finished bucket to the progress thread
       // (from graphs: all of them after it, below).
@@ -2116,6 +2127,7 @@ void Trainer::log_set_aside(const SaveStats& st) {
   for (const std::string& moved : st.set_aside)
     log("ckpt: set aside " + moved + ": its step is not below that of " + st.path +
         " (another line of training in this folder)");
+  for (const std::string& w : st.warnings) log("ckpt: warning: " + w);
 }
 
 void Trainer::finish_checkpoints() {

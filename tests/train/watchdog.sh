@@ -24,6 +24,10 @@
 #         the line must name the rank as the one whose messages or next vote the others wait
 #         for, or, where they wait for the vote it took (in MPI, which it no longer drives), as
 #         the one busy elsewhere.
+#   pipe_send: a pipeline stage (pp=2) stops before its first backward pass of a step
+#         (test.stall-at=backward), so the stage after it waits for the gradients it sent back
+#         to be received (messages above the transport's eager limit): the watchdog must name the
+#         send, the rank it waits for and what that rank is doing.
 # Either way the job must end within TIMEOUT + 10 s of the stall, exit non-zero, print one
 # watchdog line and leave a dump that says the same.
 set -u
@@ -52,6 +56,8 @@ case $mode in
   pipe_vote) extra=(--test.stall-rank="$skip" --test.stall-at=after-vote --train.micro-batch=1
                     --parallel.pp=2)
          mark="rank $skip: test.stall-rank: stopping after taking a drain vote" ;;
+  pipe_send) extra=(--test.stall-rank="$skip" --test.stall-at=backward --parallel.pp=2)
+         mark="rank $skip: test.stall-rank: stopping before the first backward pass" ;;
   *) echo "watchdog.sh: unknown mode $mode"; exit 2 ;;
 esac
 "$@" --comm.timeout-s="$comm_limit" --comm.dump-dir="$dump" "${extra[@]}" >"$log" 2>&1 &
@@ -89,6 +95,8 @@ case $mode in
              what="rank $skip as the one waited for or busy elsewhere, and what it does" ;;
   pipe) want="recv from rank $skip on pipeline .* rank $skip \\(on $h\\) has not sent it; rank $skip: now test.stall-rank"
         what="the receive from rank $skip and what rank $skip does" ;;
+  pipe_send) want="send to rank $skip on pipeline .* rank $skip \\(on $h\\) has not received it; rank $skip: $stopped before the first backward pass at step 3"
+             what="the send to rank $skip and what rank $skip does" ;;
   save) want="save #1 on checkpoint .* every rank has reached it"
         what="the checkpoint save" ;;
 esac
@@ -146,6 +154,14 @@ elif mode == "pipe":
     assert d["missing_ranks"] == [skip], d["missing_ranks"]
     assert c["op"] == "recv" and c["comm"] == "pipeline" and c["peer"] == skip, c
     assert "stall-rank" in ranks[skip]["activity"]
+elif mode == "pipe_send":
+    assert d["missing_ranks"] == [skip], d["missing_ranks"]
+    assert c["op"] == "send" and c["comm"] == "pipeline" and c["peer"] == skip, c
+    assert "before the first backward pass" in ranks[skip]["activity"], ranks[skip]["activity"]
+    for q, r in ranks.items():
+        if q != skip:
+            assert (r["activity"], r["step"]) == ("forward and backward", 3), \
+                (q, r["activity"], r["step"])
 else:
     assert d["missing_ranks"] == [], d["missing_ranks"]
     assert c["op"] == "save" and c["comm"] == "checkpoint" and c["seq"] == 1, c

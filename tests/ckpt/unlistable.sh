@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# ckpt.unlistable: a checkpoint folder its run can write in but not list (mode 0333, owned by the
+# user that runs dt_train: nobody, through setpriv; root only, else SKIP). Taken for empty, it
+# would make a resume start afresh and its first save set aside every checkpoint there. Instead
+# the run is refused before its model exists (exit 2), naming the folder and the error, and the
+# folder is left byte for byte; `dt_ckpt list` refuses it too (exit 2), where it said "0
+# checkpoints".
+source "$(dirname "$0")/lib.sh"
+CKPT_TOOL=$(dirname "$BIN")/dt_ckpt
+
+train P 2 --train.steps=2 --ckpt.every=1 --ckpt.dir=D
+expect_rc P 0
+expect_latest D step-2.h5
+as_nobody=(setpriv --reuid=65534 --regid=65534 --clear-groups env HOME=/tmp TMPDIR=/tmp)
+if [ "$(id -u)" != 0 ] || ! command -v setpriv >/dev/null ||
+  ! "${as_nobody[@]}" test -x "$BIN" -a -r "$CONFIG" -a -r "$TEXT" -a -x "$WORK"; then
+  echo "SKIP: needs root, setpriv, and dt_train, its config and text open to the user nobody"
+  exit 77
+fi
+chown -R 65534:65534 D
+chmod 0333 D
+before=$(cd D && sha256sum latest step-1.h5 step-2.h5)
+
+echo "=== N: dt_train as nobody, one rank, --ckpt.dir=D (mode 0333)"
+timeout -k 10 "$RUN_LIMIT" "${as_nobody[@]}" "$BIN" --config "$CONFIG" --data.path="$TEXT" \
+  --train.steps=4 --ckpt.every=1 --ckpt.dir=D >N.out 2>&1
+RC=$?
+sed 's/^/    /' N.out
+expect_rc N 2
+expect_line N "^dt_train: error: --ckpt.resume=auto: cannot list the checkpoint folder D: Permission denied; nothing was changed$"
+expect_no_line N "starting from step 0|dt_train: [0-9]+ parameters"
+
+echo "=== dt_ckpt list D, as nobody"
+"${as_nobody[@]}" "$CKPT_TOOL" list D >L.out 2>&1
+RC=$?
+sed 's/^/    /' L.out
+expect_rc L 2
+expect_line L "^dt_ckpt list: error: cannot list the checkpoint folder D: Permission denied$"
+
+chmod 0755 D
+[ "$(cd D && sha256sum latest step-1.h5 step-2.h5)" = "$before" ] || fail "D's checkpoints changed"
+[ "$(files_in D)" = "latest step-1.h5 step-2.h5" ] || fail "files in D: $(files_in D)"
+finish
