@@ -342,6 +342,7 @@ class Trainer {
   std::unique_ptr<AdamW> opt_;
   std::vector<std::int32_t> inputs_, targets_;
   std::int64_t step_ = 0;
+  std::int64_t tokens_ = 0;  ///< training tokens seen, over resumes (checkpoint attribute tokens)
   std::unique_ptr<AsyncCheckpointer> async_;
   std::int64_t last_saved_ = -1;
   /// The checkpoint of ckpt.dir a requeued run (resume=auto) resumes from, as far as this run

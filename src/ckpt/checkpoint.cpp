@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <sys/file.h>
@@ -841,26 +842,42 @@ void write_attr(hid_t obj, const char* name, const std::string& v, const std::st
 
 bool has_attr(hid_t obj, const char* name) { return H5Aexists(obj, name) > 0; }
 
-std::int64_t read_int_attr(hid_t obj, const char* name, const std::string& file) {
+// Attribute `name` of `obj`, which must hold one value: a read fills a buffer of one, which an
+// array (a damaged or hostile file's) would overrun.
+H5 open_one_attr(hid_t obj, const char* name, const std::string& file) {
   DT_CHECK(CheckpointError, has_attr(obj, name), file, ": attribute '", name, "' is missing");
   H5 a(h5(H5Aopen(obj, name, H5P_DEFAULT), "H5Aopen", file), H5Aclose);
+  H5 sp(h5(H5Aget_space(a), "H5Aget_space", file), H5Sclose);
+  const hssize_t n = H5Sget_simple_extent_npoints(sp);
+  DT_CHECK(CheckpointError, n == 1, file, ": attribute '", name, "' holds ", n, " values, not one");
+  return a;
+}
+std::int64_t read_int_attr(hid_t obj, const char* name, const std::string& file) {
+  const H5 a = open_one_attr(obj, name, file);
   std::int64_t v = 0;
   h5(H5Aread(a, H5T_NATIVE_INT64, &v), "H5Aread", file, 0);
   return v;
 }
 double read_double_attr(hid_t obj, const char* name, const std::string& file) {
-  DT_CHECK(CheckpointError, has_attr(obj, name), file, ": attribute '", name, "' is missing");
-  H5 a(h5(H5Aopen(obj, name, H5P_DEFAULT), "H5Aopen", file), H5Aclose);
+  const H5 a = open_one_attr(obj, name, file);
   double v = 0;
   h5(H5Aread(a, H5T_NATIVE_DOUBLE, &v), "H5Aread", file, 0);
   return v;
 }
 std::string read_string_attr(hid_t obj, const char* name, const std::string& file) {
-  DT_CHECK(CheckpointError, has_attr(obj, name), file, ": attribute '", name, "' is missing");
-  H5 a(h5(H5Aopen(obj, name, H5P_DEFAULT), "H5Aopen", file), H5Aclose);
+  const H5 a = open_one_attr(obj, name, file);
   H5 t(h5(H5Aget_type(a), "H5Aget_type", file), H5Tclose);
   DT_CHECK(CheckpointError, H5Tget_class(t) == H5T_STRING, file, ": attribute '", name,
            "' is not a string");
+  if (H5Tis_variable_str(t) > 0) {  // as h5py writes a str
+    H5 mt(h5(H5Tcopy(H5T_C_S1), "H5Tcopy", file), H5Tclose);
+    h5(H5Tset_size(mt, H5T_VARIABLE), "H5Tset_size", file, 0);
+    char* p = nullptr;
+    h5(H5Aread(a, mt, &p), "H5Aread", file, 0);
+    std::string v = p != nullptr ? p : "";
+    H5free_memory(p);
+    return v;
+  }
   const std::size_t n = H5Tget_size(t);
   std::string v(n, '\0');
   h5(H5Aread(a, t, v.data()), "H5Aread", file, 0);
@@ -2024,11 +2041,14 @@ std::optional<security::Aead> open_crypto(hid_t file, const std::string& path,
   const security::SecretKey k = keys->checkpoint_key(salt);
   security::Aead enc(k, true, keys->aes());
   const auto got = key_check(enc);
-  DT_CHECK(CheckpointError, got == want, "checkpoint key: wrong key for ", path,
+  // Tags are compared in constant time (a file's writer chooses what they are compared with).
+  DT_CHECK(CheckpointError, CRYPTO_memcmp(got.data(), want.data(), want.size()) == 0,
+           "checkpoint key: wrong key for ", path,
            ": it was encrypted with another job key (security.key_file); nothing was decrypted");
   std::array<std::uint8_t, security::kTagBytes> mwant{};
   const bool meta_ok =
-      from_hex(meta_hex, mwant.data(), mwant.size()) && meta_tag(enc, meta, version) == mwant;
+      from_hex(meta_hex, mwant.data(), mwant.size()) &&
+      CRYPTO_memcmp(meta_tag(enc, meta, version).data(), mwant.data(), mwant.size()) == 0;
   // From version 2 the root attributes passed their digest (read_meta) before this, and the tag
   // passed crypto_sha256: failing authentication too, they were rewritten together with both.
   if (!meta_ok && version >= 2 && digested)

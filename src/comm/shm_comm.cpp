@@ -768,7 +768,10 @@ Work ShmComm::ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) {
 Work ShmComm::isend(ConstTensorView buf, int dst, int tag) { return mpi_->isend(buf, dst, tag); }
 Work ShmComm::irecv(TensorView buf, int src, int tag) { return mpi_->irecv(buf, src, tag); }
 Work ShmComm::ibarrier() {
-  return queued("barrier on " + name_, [this] { Form::queued().wait(mpi_->ibarrier()); });
+  return queued("barrier on " + name_, [this] {
+    check_usable("barrier");  // (queued before a failure, or before destruction gave up)
+    Form::queued().wait(mpi_->ibarrier());
+  });
 }
 
 void ShmComm::all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts) {
@@ -792,6 +795,7 @@ void ShmComm::recv(TensorView buf, int src, int tag, const CommOptions& opts) {
 }
 void ShmComm::barrier(const CommOptions& opts) {
   run_blocking("barrier", opts, [=](const Form& d) {
+    check_usable("barrier");  // the ranks that failed may never come to it
     if (!d.nonblocking)
       mpi_->barrier();
     else

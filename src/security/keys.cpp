@@ -101,6 +101,11 @@ std::pair<std::string, std::string> load_basic_auth_file(const std::string& opti
   struct stat st {};
   const int fd = open_private_file(option, path, &st);
   std::string text(4097, '\0');
+  // The password is wiped however this ends (a refused file too).
+  struct Wipe {
+    std::string& s;
+    ~Wipe() { OPENSSL_cleanse(&s[0], s.size()); }
+  } wipe{text};
   std::size_t got = 0;
   for (;;) {
     const ssize_t r = ::read(fd, &text[got], text.size() - got);
@@ -119,9 +124,7 @@ std::pair<std::string, std::string> load_basic_auth_file(const std::string& opti
            colon != std::string::npos && colon > 0 && text.find('\n') == std::string::npos, option,
            ": '", path,
            "' must hold one line USER:PASSWORD (the Pushgateway's basic authentication)");
-  std::pair<std::string, std::string> out{text.substr(0, colon), text.substr(colon + 1)};
-  OPENSSL_cleanse(&text[0], text.size());
-  return out;
+  return {text.substr(0, colon), text.substr(colon + 1)};
 }
 
 std::string slurm_job_id() {

@@ -1482,6 +1482,7 @@ StepStats Trainer::step() {
       s.grad_norm = INFINITY;
       s.lr = lr_at(c_.optim, step_);
       ++step_;
+      tokens_ += c_.batch * c_.model.block;  // (its data is consumed all the same)
       s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return s;
     }
@@ -1501,6 +1502,7 @@ StepStats Trainer::step() {
   opt_->step(master_ptr(), grads_ptr(), s.lr, c_.optim);
   if (scaler_ || zero_) refresh_working_weights();
   ++step_;
+  tokens_ += c_.batch * c_.model.block;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
 }
@@ -2089,6 +2091,7 @@ std::string Trainer::resume_from_checkpoint() {
     scaler_->restore(st);
   }
   step_ = m.step;
+  tokens_ = m.tokens;
   last_saved_ = m.step;
   if (c_.ckpt_resume == "auto") resumable_ = used;
   opt_->set_steps(m.optimizer_step);
@@ -2150,7 +2153,7 @@ void Trainer::save_checkpoint_now(bool sync) {
   last_saved_ = step_;
   CkptMeta meta;
   meta.step = step_;
-  meta.tokens = step_ * c_.batch * c_.model.block;
+  meta.tokens = tokens_;  // (a resumed run may have another batch or sequence length)
   meta.optimizer_step = opt_->steps();
   meta.data_position = step_;
   meta.rng_seed = c_.seed;

@@ -49,15 +49,18 @@ printf '%s\n' "$(schedule A-hysteresis/step-8.h5)" | grep -qx '  steps_skipped =
   fail "hysteresis: step-8.h5 does not record 2 skipped steps"
 
 # An fp16 run resumed from an fp32 checkpoint (whose loss_scale is 1) starts at the initial scale,
-# says so, and names the settings that differ from the checkpoint's.
+# says so, and names the settings that differ from the checkpoint's. It also doubles the batch:
+# the tokens its checkpoint says were seen are 3 steps of 8 sequences of 32 and 2 of 16.
 train F 2 --train.steps=3 --train.log-every=1 --ckpt.dir=F
 expect_rc F 0
 train H 2 --train.steps=5 --train.log-every=1 --train.dtype=fp16 --ckpt.dir=F \
-  --train.log-file=H.jsonl
+  --train.log-file=H.jsonl --train.batch=16
 expect_rc H 0
-expect_line H "resumed from .*F/step-3\.h5 at step 3 "
+expect_line H "resumed from .*F/step-3\.h5 at step 3 \(written by .*, 768 tokens seen\)"
+"$DT_CKPT" inspect F/step-5.h5 | grep -qx '  tokens = 1792' ||
+  fail "F/step-5.h5 does not say 1792 tokens seen: $("$DT_CKPT" inspect F/step-5.h5 | grep tokens)"
 expect_line H "ckpt: the checkpoint was trained in fp32: the fp16 loss scale starts at --loss-scale.initial=65536"
-expect_line H "ckpt: warning: settings differ from the checkpoint's \(train.steps 3 -> 5, optim.decay-steps 3 -> 5, train.dtype fp32 -> fp16\)"
+expect_line H "ckpt: warning: settings differ from the checkpoint's \(train.batch 8 -> 16, train.steps 3 -> 5, optim.decay-steps 3 -> 5, train.dtype fp32 -> fp16\)"
 python3 -c 'import sys; sys.exit(float(sys.argv[1]) != 65536)' "$($STEPLOG value H.jsonl 4 loss_scale)" ||
   fail "the fp16 run resumed from fp32 ran step 4 at loss scale $($STEPLOG value H.jsonl 4 loss_scale), not 65536"
 finish

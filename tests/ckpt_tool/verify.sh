@@ -2,7 +2,8 @@
 # verify: ok with the dataset and chunk counts h5ls gives; one flipped byte in the data of
 # /model/transformer.wte.weight is named with its chunk (exit 1); a truncated copy is named (exit 1);
 # a copy whose object header of /model/transformer.ln_f.bias is damaged (HDF5 opens the file but
-# cannot list its datasets) fails verification (exit 1), not as bad input (exit 2).
+# cannot list its datasets) fails verification (exit 1), not as bad input (exit 2); root attributes
+# of 64 values are refused, a variable-length string read.
 . "$(dirname "$0")/common.sh"
 read -r ndata nchunks < <(h5ls -r "$CKPT" | grep ' Dataset {' | grep -v '^/checksums/' |
   sed -E 's/.*\{([^}]*)\}/\1/' |
@@ -56,4 +57,20 @@ run "$DT_CKPT" inspect "$WORK/super.h5"
 run "$DT_CKPT" verify "$WORK/super.h5"
 expect_rc 1 "superblock field flipped"
 expect_line "^  HDF5's default \(serial\) driver cannot open the file or list its datasets"
+# Root attributes a hostile or careless writer changed (DT_H5_EDIT): `step` or `layout` as an
+# array of 64 strings, which a read of one value would overrun (a layout array crashed dt_ckpt):
+# damaged (exit 1), naming the attribute; `format` as a variable-length string (h5py's str)
+# holds the same text as a fixed-length one: ok (it was read as garbage, "not a dt checkpoint").
+for attr in step layout; do
+  cp "$CKPT" "$WORK/array-$attr.h5" || fail copy
+  "$DT_H5_EDIT" "$WORK/array-$attr.h5" set-attr-array "$attr" 3 64 || fail "h5_edit set-attr-array"
+  run "$DT_CKPT" verify "$WORK/array-$attr.h5"
+  expect_rc 1 "$attr as an array of 64 values"
+  expect_line "attribute '$attr' holds 64 values, not one"
+done
+cp "$CKPT" "$WORK/vlen.h5" || fail copy
+"$DT_H5_EDIT" "$WORK/vlen.h5" set-attr-vlen format dt-checkpoint || fail "h5_edit set-attr-vlen"
+run "$DT_CKPT" verify "$WORK/vlen.h5"
+expect_rc 0 "format as a variable-length string"
+expect_line "^ok: $WORK/vlen\.h5 "
 pass "verify"

@@ -1368,9 +1368,14 @@ void check_small_mismatch(Comm& world, const dt::ShmConfig& cfg) {
     else
       H.expect(contains(msg, odd ? "another size or kind" : "small-message path"),
                "small and large all_reduce: the message says which path the other rank took", msg);
-    // The communicator refuses what follows, on the small path too.
+    // The communicator refuses what follows, on the small path too, and barriers (through MPI,
+    // which the ranks that failed may never call).
     expect_throw<dt::CommError>(str("all_reduce after the mismatch on ", c->name()),
                                 [&] { c->all_reduce(dt::view_of(buf), op); }, {"failed earlier"});
+    expect_throw<dt::CommError>(str("barrier after the mismatch on ", c->name()),
+                                [&] { c->barrier(); }, {"failed earlier"});
+    expect_throw<dt::CommError>(str("queued barrier after the mismatch on ", c->name()),
+                                [&] { c->ibarrier().wait(); }, {"failed earlier"});
   }
 }
 
