@@ -61,7 +61,9 @@ typedef struct dt_hal_v1 {
   /* Opens device `index` (0 for the CPU); *ctx receives the plugin's state. */
   int (*open)(int index, void** ctx);
   void (*close)(void* ctx);
-  /* Text of the last error on this context ("" if none); valid until the next call. */
+  /* Text of the last error on this context ("" if none); valid until the next call. With ctx
+   * NULL: the last error of a call without a context (open, device_count), which dt asks for
+   * after either fails. */
   const char* (*last_error)(void* ctx);
   /* Number of devices of this kind on the node. */
   int (*device_count)(int* count);

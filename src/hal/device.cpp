@@ -288,7 +288,10 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
 std::string Device::describe() const {
   if (table_.v3.v2.describe) {
     char buf[256] = {0};
-    if (table_.v3.v2.describe(ctx_, buf, sizeof buf) == DT_HAL_OK && buf[0]) return buf;
+    if (table_.v3.v2.describe(ctx_, buf, sizeof buf) == DT_HAL_OK && buf[0]) {
+      buf[sizeof buf - 1] = '\0';  // a plugin that filled the buffer whole
+      return buf;
+    }
   }
   return name_ + " (" + origin_ + ")";
 }

@@ -518,9 +518,12 @@ class ConnectionThreads final : public httplib::TaskQueue {
 };
 
 // A connection's socket as httplib's Stream, every wait bounded twice: by the idle limit (no byte
-// for that long ends it) and by the connection's deadline (its whole request and answer).
+// for that long ends it) and by the connection's deadline (its whole request and answer); and
+// what it reads bounded by kMaxRead (httplib refuses a Content-Length over the payload limit, but
+// reads a chunked body, or one without a length, and header lines whole, however long).
 class DeadlineStream final : public httplib::Stream {
  public:
+  static constexpr std::size_t kMaxRead = 128 << 10;
   using Clock = std::chrono::steady_clock;
   // `server` is the listening socket, invalid once the server stops: the connection ends then.
   DeadlineStream(int sock, Clock::time_point deadline, std::chrono::milliseconds idle,
@@ -533,6 +536,7 @@ class DeadlineStream final : public httplib::Stream {
   // own that a send of a whole answer to a slow reader would wait out past the deadline.
   ssize_t read(char* ptr, std::size_t size) override {
     if (have_ == got_) {  // the buffer is spent: one recv refills it (httplib reads byte-wise)
+      if (total_ >= kMaxRead) return -1;  // more than any scrape sends: the connection ends
       ssize_t k;
       do {
         if (!wait(POLLIN)) return -1;
@@ -541,6 +545,7 @@ class DeadlineStream final : public httplib::Stream {
       if (k <= 0) return k;
       have_ = 0;
       got_ = static_cast<std::size_t>(k);
+      total_ += got_;
     }
     const std::size_t n = std::min(size, got_ - have_);
     std::memcpy(ptr, buf_ + have_, n);
@@ -597,7 +602,7 @@ class DeadlineStream final : public httplib::Stream {
   std::chrono::milliseconds idle_;
   const std::atomic<socket_t>& server_;
   char buf_[4096];
-  std::size_t have_ = 0, got_ = 0;
+  std::size_t have_ = 0, got_ = 0, total_ = 0;
 };
 
 // httplib's server with one request per connection, read and answered within a deadline from the
@@ -858,8 +863,9 @@ Exporter::Exporter(Registry& registry, ExporterOptions opts,
     // settings (in checkpoints too): refused, without repeating them.
     const std::size_t scheme = u.find("://");
     const std::size_t host = scheme == std::string::npos ? 0 : scheme + 3;
-    const std::size_t end = u.find('/', host);
-    const std::size_t at = u.rfind('@', end == std::string::npos ? std::string::npos : end);
+    // Any '@' after the scheme: a password may hold a '/' (http://user:pa/ss@gw), and a base
+    // URL's path has no use for one (the grouping's @base64 segments are added to it).
+    const std::size_t at = u.rfind('@');
     DT_CHECK(ConfigError, at == std::string::npos || at < host,
              "option --metrics.push-url: ", u.substr(0, host), u.substr(at + 1),
              " is given with credentials (USER:PASSWORD@), which would be printed and kept with "

@@ -92,6 +92,10 @@ check(password not in out, "the URL's password was printed")
 rc, out = obslib.run(a.train_cmd(1, "--metrics.push-url=https://%s:%s@gw.example:9091" % (user, password)))
 check(rc == 2 and "https://gw.example:9091 is given with credentials" in out and password not in out,
       "credentials in an https URL: exit code %s" % rc)
+# A password with a '/' (where the host part seemed to end).
+rc, out = obslib.run(a.train_cmd(1, "--metrics.push-url=http://%s:pa/%s@gw.example:9091" % (user, password)))
+check(rc == 2 and "http://gw.example:9091 is given with credentials" in out and password not in out,
+      "credentials with a '/' in the password: exit code %s" % rc)
 loose = private_file("loose", "%s:%s\n" % (user, password), 0o644)
 rc, out = obslib.run(a.train_cmd(1, "--metrics.push-url=" + base, "--metrics.push-auth-file=" + loose))
 check(rc == 2 and "has mode 0644" in out and "metrics.push-auth-file" in out,

@@ -553,6 +553,31 @@ TEST_CASE("metrics: HTTP /metrics on an ephemeral port") {
     CHECK(exchange(connect_loopback(port),
                    "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n")
               .rfind("HTTP/1.1 413", 0) == 0);
+    // A chunked body (no length to refuse it by) is not read past 128 KiB: the connection ends
+    // long before 4 MiB are sent, and the server still answers.
+    {
+      const int fd = connect_loopback(port);
+      // A small send buffer, and sends that give up after 5 s: what the server does not read
+      // stops the sender after a few hundred KiB (the socket buffers), and its close ends it.
+      const int small = 16 << 10;
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+      const timeval five{5, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &five, sizeof five);
+      const std::string head =
+          "POST /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+      REQUIRE(::send(fd, head.data(), head.size(), MSG_NOSIGNAL) ==
+              static_cast<ssize_t>(head.size()));
+      const std::string chunk = "4000\r\n" + std::string(0x4000, 'x') + "\r\n";
+      std::size_t sent = 0;
+      while (sent < (std::size_t{4} << 20)) {
+        const ssize_t k = ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+        if (k <= 0) break;
+        sent += static_cast<std::size_t>(k);
+      }
+      CHECK(sent < (std::size_t{4} << 20));
+      ::close(fd);
+    }
+    CHECK(http_get(port, "/metrics").status == 200);
     // The same port again is refused with a message naming it.
     o.port = port;
     CHECK_THROWS_WITH_AS(dt::metrics::Exporter(r, o),
