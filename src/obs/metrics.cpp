@@ -475,16 +475,27 @@ std::string grouping(const std::string& name, const std::string& value) {
 
 constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
 
+// Set while a connection is served to be closed at once, unread (ConnectionThreads::enqueue).
+thread_local bool t_refused = false;
+
 // The metrics server's connections, each on a thread of its own (made for it, ending with it), up
-// to kMaxConnections at once; more wait for one to end. A client that holds its connection holds
-// its own thread only, and only until the deadline (DeadlineServer), not the scrapes (httplib's
-// pool of a few threads was held whole by as many such clients). shutdown() waits for the
-// connections under way.
+// to kMaxConnections at once; more wait for one to end, up to kMaxWaiting, and those beyond are
+// closed at once (a flood of idle connections would otherwise hold a descriptor each until the
+// process has none left). A client that holds its connection holds its own thread only, and only
+// until the deadline (DeadlineServer), not the scrapes (httplib's pool of a few threads was held
+// whole by as many such clients). shutdown() waits for the connections under way.
 class ConnectionThreads final : public httplib::TaskQueue {
  public:
-  static constexpr std::size_t kMaxConnections = 32;
+  static constexpr std::size_t kMaxConnections = 32, kMaxWaiting = 256;
   void enqueue(std::function<void()> fn) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (queue_.size() >= kMaxWaiting) {
+      lock.unlock();
+      t_refused = true;  // fn closes its socket (DeadlineServer::process_and_close_socket)
+      fn();
+      t_refused = false;
+      return;
+    }
     queue_.push_back(std::move(fn));
     if (running_ == kMaxConnections) return;
     ++running_;
@@ -621,8 +632,8 @@ class DeadlineServer final : public httplib::Server {
   bool process_and_close_socket(socket_t sock) override {
     DeadlineStream strm(sock, DeadlineStream::Clock::now() + deadline_, kIdle, svr_sock_);
     bool closed = false;
-    const bool ok =
-        svr_sock_ != INVALID_SOCKET && process_request(strm, /*close_connection=*/true, closed, {});
+    const bool ok = !t_refused && svr_sock_ != INVALID_SOCKET &&
+                    process_request(strm, /*close_connection=*/true, closed, {});
     ::shutdown(sock, SHUT_RDWR);
     ::close(sock);
     return ok;
