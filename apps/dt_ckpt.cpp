@@ -1131,6 +1131,8 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
   if (lead) {
     for (const std::string& moved : stats.set_aside)
       std::printf("set aside %s: its step is not below that of the import\n", moved.c_str());
+    for (const std::string& w : stats.warnings)
+      std::fprintf(stderr, "dt_ckpt import: warning: %s\n", w.c_str());
     std::printf("imported %zu tensors (%s) from %s into %s%s\n", params.size(), model_text.c_str(),
                 a.input.c_str(), stats.path.c_str(), keys ? " (encrypted)" : "");
     const std::string key_args =

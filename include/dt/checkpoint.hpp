@@ -207,7 +207,8 @@ std::string latest_described(const std::string& dir, const std::string& latest);
 /// damage: older files are tried, and the first key error is thrown if none loads, so that a
 /// wrong key never starts the run afresh. A tampered file (dt::SecurityError, see
 /// load_checkpoint) stops it at once: no older file is tried. When `dir` holds checkpoints and none
-/// loads, throws dt::CheckpointError (nothing is changed). Loads into `tensors` and returns the
+/// loads, throws dt::CheckpointError (nothing is changed); so it does, on every rank, when rank 0
+/// cannot list `dir` (not taken for empty). Loads into `tensors` and returns the
 /// file used in *used (empty when `dir` holds no checkpoint: starting fresh). Collective.
 CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
                 const std::vector<CkptTensor>& tensors, std::string* used,

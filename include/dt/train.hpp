@@ -354,7 +354,7 @@ class Trainer {
   /// Mean loss over the validation windows starting at `starts`, shared out over the ranks.
   double loss_over(const std::vector<std::size_t>& starts);
   void finish_checkpoints();
-  void log_set_aside(const SaveStats& st);
+  void log_save_notes(const SaveStats& st);
   /// Testing only: prints `what` and never returns (the watchdog ends the job).
   // `step`: the step number the watchdog's activity names.
   [[noreturn]] void stall_for_test(const char* what, std::int64_t step);

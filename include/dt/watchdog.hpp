@@ -42,8 +42,9 @@ class OpRecord {
   /// before the watchdog calls it a hang (negative: the watchdog's timeout; 0: never). `peer`:
   /// for a point-to-point receive or send, the world rank it waits for (then `seq` is not counted
   /// as the communicator's collectives are); -1 for a collective. `communication`: false for an
-  /// operation watched for hangs that moves no tensors between ranks (a checkpoint save), which
-  /// the dt_comm_* metrics and the timeline's comm events then leave out.
+  /// operation watched for hangs that the dt_comm_* metrics and the timeline's comm events leave
+  /// out: one that moves no tensors between ranks (a checkpoint save), or a wait for part of an
+  /// operation only (a pipeline's wait for a send to be received).
   OpRecord(const std::string& comm, std::uint64_t seq, const char* op, const char* backend, DType t,
            std::size_t count, double timeout_s = -1, int peer = -1,
            bool communication = true) noexcept;

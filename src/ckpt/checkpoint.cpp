@@ -84,6 +84,8 @@ std::string errno_text() { return std::strerror(errno); }
 //   DT_TEST_CKPT_CREATE_FAIL  the creation of the file a save writes
 //   DT_TEST_CKPT_LATEST_FAIL  the write of `latest` that commits a save (rank 0 writes it), as
 //                             a file system out of inodes would fail it
+//   DT_TEST_CKPT_PRUNE_FAIL   the retention after a commit (rank 0 prunes), as a folder that can
+//                             no longer be listed would fail it
 // A malformed value (no RANK:TEXT) injects nothing.
 // The names in `dir` (none where it does not exist; CheckpointError where it cannot be read);
 // whether `name` is step-N<suffix> (N in *step). Defined with the listing functions below.
@@ -108,10 +110,11 @@ struct InjectedFault {
 };
 bool injected_fault(const char* var, const Comm& comm, const std::string& path) {
   static const InjectedFault read("DT_TEST_CKPT_READ_FAIL"), create("DT_TEST_CKPT_CREATE_FAIL"),
-      latest("DT_TEST_CKPT_LATEST_FAIL");
+      latest("DT_TEST_CKPT_LATEST_FAIL"), prune("DT_TEST_CKPT_PRUNE_FAIL");
   const InjectedFault& f = std::strcmp(var, "DT_TEST_CKPT_READ_FAIL") == 0     ? read
                            : std::strcmp(var, "DT_TEST_CKPT_CREATE_FAIL") == 0 ? create
-                                                                               : latest;
+                           : std::strcmp(var, "DT_TEST_CKPT_LATEST_FAIL") == 0 ? latest
+                                                                               : prune;
   return f.at(comm, path);
 }
 void injected_read_failure(const Comm& comm, const std::string& path) {
@@ -1531,6 +1534,9 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
     // `latest` durable, the retention's pruning) leaves it committed, and is a warning.
     try {
       fsync_path(dir, true);
+      if (injected_fault("DT_TEST_CKPT_PRUNE_FAIL", comm, final_path))
+        DT_THROW(CheckpointError, "cannot list the checkpoint folder ", dir,
+                 ": DT_TEST_CKPT_PRUNE_FAIL");
       // Retention: the file just written is the newest, then the other newest by step, `keep`
       // in all; partials go. Files of a step not below the new one belong to another line of
       // training (a run that resumed from an older step, or started afresh, in this folder): they
@@ -1689,8 +1695,10 @@ FolderLock::FolderLock(const std::string& dir, const std::string& who, double wa
         return;
       }
       if (!told && note) {
+        std::ostringstream up_to;
+        up_to << wait_s;
         note("checkpoint folder " + dir + " is in use by " + holder + "; waiting up to " +
-             std::to_string(static_cast<long>(wait_s)) + " s for it");
+             up_to.str() + " s for it");
         told = true;
       }
       const auto left = deadline - std::chrono::steady_clock::now();

@@ -2126,7 +2126,7 @@ std::string Trainer::resume_from_checkpoint() {
   return used;
 }
 
-void Trainer::log_set_aside(const SaveStats& st) {
+void Trainer::log_save_notes(const SaveStats& st) {
   for (const std::string& moved : st.set_aside)
     log("ckpt: set aside " + moved + ": its step is not below that of " + st.path +
         " (another line of training in this folder)");
@@ -2136,7 +2136,7 @@ void Trainer::log_set_aside(const SaveStats& st) {
 void Trainer::finish_checkpoints() {
   if (!async_) return;
   const SaveStats prev = async_->wait();
-  log_set_aside(prev);
+  log_save_notes(prev);
   if (!prev.path.empty()) {
     resumable_ = prev.path;
     obs_->on_checkpoint_written(prev.write_seconds, prev.bytes);
@@ -2220,7 +2220,7 @@ void Trainer::save_checkpoint_now(bool sync) {
         fail_here();
       },
       c_.ckpt_encrypt ? keys_.get() : nullptr);
-  log_set_aside(st);
+  log_save_notes(st);
   resumable_ = st.path;
   obs_->on_checkpoint_blocked(st.write_seconds);
   obs_->on_checkpoint_written(st.write_seconds, st.bytes);

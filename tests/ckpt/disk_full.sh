@@ -36,9 +36,9 @@ expect_latest M/D step-2.h5
 # Room for step-2.h5 and the space a save asks for (F's refusal said how much), not for a
 # partial file of step-2.h5's size beside them: step-3.h5.partial (an interrupted save) takes it
 # until the save of step 4 removes it.
-need=$(sed -nE 's/.*the file needs about ([0-9.]+) KiB.*/\1/p' F.out | head -n1)
-[ -n "$need" ] || { fail "F does not say the space its save needs in KiB"; finish; }
-need=$(awk -v k="$need" 'BEGIN { printf "%d", k * 1024 + 4096 }')
+read -r need unit < <(sed -nE 's/.*the file needs about ([0-9.]+) ([KM]iB).*/\1 \2/p' F.out | head -n1)
+[ -n "${need:-}" ] || { fail "F does not say the space its save needs in KiB or MiB"; finish; }
+need=$(awk -v k="$need" -v u="$unit" 'BEGIN { printf "%d", k * (u == "MiB" ? 1048576 : 1024) + 4096 }')
 mkdir -p M2
 mount -t tmpfs -o size=$((size + need + size / 2)) dt-ckpt-test M2 2>mount.err ||
   fail "cannot mount a second tmpfs: $(cat mount.err)"

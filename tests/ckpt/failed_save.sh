@@ -3,7 +3,7 @@
 # here test.fail-save-at-step) ends the job with exit code 3 and names the file and the reason.
 # The previous checkpoint and latest stay as they were, and the next run resumes from it and
 # trains exactly like an uninterrupted run; also where the save fails at writing latest, after
-# its file is complete (that file is removed again).
+# its file is complete (that file is removed again). A failure after the commit is a warning.
 source "$(dirname "$0")/lib.sh"
 
 # One learning-rate schedule for all runs, whatever --train.steps says.
@@ -45,4 +45,15 @@ expect_no_line M "another line of training"
 steplog steps M.jsonl 3 6
 steplog same U.jsonl M.jsonl 3 6 1e-5
 expect_latest L step-6.h5
+
+# A failure after the commit (the retention's listing of the folder; here DT_TEST_CKPT_PRUNE_FAIL
+# at the save of step 4): step-4.h5 is committed, so the run says so in a warning and trains on.
+MPIEXEC=("${MPIEXEC[@]}" -x DT_TEST_CKPT_PRUNE_FAIL=0:step-4.h5)
+train P 2 --train.steps=6 "${S[@]}" --ckpt.every=2 --ckpt.dir=P
+MPIEXEC=("${MPIEXEC_PLAIN[@]}")
+expect_rc P 0
+expect_line P "^ckpt: warning: .*P/step-4\.h5 is committed, but after its commit: cannot list the checkpoint folder .*P: DT_TEST_CKPT_PRUNE_FAIL"
+expect_no_line P "committing .* failed"
+[ "$(files_in P)" = "latest step-2.h5 step-4.h5 step-6.h5" ] || fail "files in P: $(files_in P)"
+expect_latest P step-6.h5
 finish

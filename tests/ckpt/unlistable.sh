@@ -2,9 +2,10 @@
 # ckpt.unlistable: a checkpoint folder its run can write in but not list (mode 0333, owned by the
 # user that runs dt_train: nobody, through setpriv; root only, else SKIP). Taken for empty, it
 # would make a resume start afresh and its first save set aside every checkpoint there. Instead
-# the run is refused before its model exists (exit 2), naming the folder and the error, and the
-# folder is left byte for byte; `dt_ckpt list` refuses it too (exit 2), where it said "0
-# checkpoints".
+# the run is refused before it trains (exit 2), naming the folder and the error, and the
+# checkpoints are left byte for byte; so is a run whose `latest` is gone too (the check of the
+# checkpoint's model, before the model exists, lists the folder then); `dt_ckpt list` refuses it
+# too (exit 2), where it said "0 checkpoints".
 source "$(dirname "$0")/lib.sh"
 CKPT_TOOL=$(dirname "$BIN")/dt_ckpt
 
@@ -40,4 +41,17 @@ expect_line L "^dt_ckpt list: error: cannot list the checkpoint folder D: Permis
 chmod 0755 D
 [ "$(cd D && sha256sum latest step-1.h5 step-2.h5)" = "$before" ] || fail "D's checkpoints changed"
 [ "$(files_in D)" = "latest step-1.h5 step-2.h5" ] || fail "files in D: $(files_in D)"
+
+rm D/latest
+chmod 0333 D
+echo "=== O: the same without D/latest"
+timeout -k 10 "$RUN_LIMIT" "${as_nobody[@]}" "$BIN" --config "$CONFIG" --data.path="$TEXT" \
+  --train.steps=4 --ckpt.every=1 --ckpt.dir=D >O.out 2>&1
+RC=$?
+sed 's/^/    /' O.out
+expect_rc O 2
+expect_line O "^dt_train: error: cannot list the checkpoint folder D: Permission denied"
+expect_no_line O "starting from step 0|dt_train: [0-9]+ parameters"
+chmod 0755 D
+[ "$(files_in D)" = "step-1.h5 step-2.h5" ] || fail "files in D after O: $(files_in D)"
 finish
