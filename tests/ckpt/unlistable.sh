@@ -18,15 +18,21 @@ if [ "$(id -u)" != 0 ] || ! command -v setpriv >/dev/null ||
   echo "SKIP: needs root, setpriv, and dt_train, its config and text open to the user nobody"
   exit 77
 fi
+# train_nobody NAME ARGS...: dt_train as nobody on one rank; output in NAME.out, exit code in $RC.
+train_nobody() {
+  local name=$1
+  shift
+  echo "=== $name: dt_train as nobody, one rank: $*"
+  timeout -k 10 "$RUN_LIMIT" "${as_nobody[@]}" "$BIN" --config "$CONFIG" --data.path="$TEXT" "$@" \
+    >"$name.out" 2>&1
+  RC=$?
+  sed 's/^/    /' "$name.out"
+}
 chown -R 65534:65534 D
 chmod 0333 D
 before=$(cd D && sha256sum latest step-1.h5 step-2.h5)
 
-echo "=== N: dt_train as nobody, one rank, --ckpt.dir=D (mode 0333)"
-timeout -k 10 "$RUN_LIMIT" "${as_nobody[@]}" "$BIN" --config "$CONFIG" --data.path="$TEXT" \
-  --train.steps=4 --ckpt.every=1 --ckpt.dir=D >N.out 2>&1
-RC=$?
-sed 's/^/    /' N.out
+train_nobody N --train.steps=4 --ckpt.every=1 --ckpt.dir=D
 expect_rc N 2
 expect_line N "^dt_train: error: --ckpt.resume=auto: cannot list the checkpoint folder D: Permission denied; nothing was changed$"
 expect_no_line N "starting from step 0|dt_train: [0-9]+ parameters"
@@ -44,11 +50,7 @@ chmod 0755 D
 
 rm D/latest
 chmod 0333 D
-echo "=== O: the same without D/latest"
-timeout -k 10 "$RUN_LIMIT" "${as_nobody[@]}" "$BIN" --config "$CONFIG" --data.path="$TEXT" \
-  --train.steps=4 --ckpt.every=1 --ckpt.dir=D >O.out 2>&1
-RC=$?
-sed 's/^/    /' O.out
+train_nobody O --train.steps=4 --ckpt.every=1 --ckpt.dir=D  # (D/latest gone)
 expect_rc O 2
 expect_line O "^dt_train: error: cannot list the checkpoint folder D: Permission denied"
 expect_no_line O "starting from step 0|dt_train: [0-9]+ parameters"
