@@ -358,6 +358,14 @@ class Trainer {
   /// Testing only: prints `what` and never returns (the watchdog ends the job).
   // `step`: the step number the watchdog's activity names.
   [[noreturn]] void stall_for_test(const char* what, std::int64_t step);
+  /// Testing only: stops (stall_for_test) when this is test.stall-rank in step test.skip-step
+  /// and test.stall-at is `at`, saying where ("before the step", ...) as activity and line.
+  void stall_at(const char* at, const char* where, std::int64_t step);
+  /// A step ran (or was skipped for an overflow): its data is consumed.
+  void count_step() {
+    ++step_;
+    tokens_ += c_.batch * c_.model.block;
+  }
   std::unique_ptr<obs::TrainTelemetry> obs_;
   // The graph engine (tensor and pipeline parallelism).
   std::unique_ptr<Plan> plan_;

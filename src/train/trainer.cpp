@@ -1339,6 +1339,16 @@ void Trainer::stall_for_test(const char* what, std::int64_t step) {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
+void Trainer::stall_at(const char* at, const char* where, std::int64_t step) {
+  if (c_.test_stall_rank != comm_.rank() || step_ != c_.test_skip_step || c_.test_stall_at != at)
+    return;
+  // The watchdog's activity points into it as long as the rank stops (stall_for_test never
+  // returns).
+  const std::string activity = std::string("test.stall-rank: stopped ") + where;
+  watchdog::set_activity(activity.c_str(), step);
+  stall_for_test(("test.stall-rank: stopping " + std::string(where)).c_str(), step);
+}
+
 StepStats Trainer::step() {
   // The watchdog's activities within a step name it as the progress lines do (from 1).
   const trace::Scope step_scope("step", "train", "step", step_ + 1);
@@ -1346,11 +1356,7 @@ StepStats Trainer::step() {
   const int T = c_.model.block;
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   const float scale = static_cast<float>(loss_scale / (static_cast<double>(c_.batch) * T));
-  if (c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step &&
-      c_.test_stall_at == "step") {
-    watchdog::set_activity("test.stall-rank: stopped before the step", step_ + 1);
-    stall_for_test("test.stall-rank: stopping before the step", step_ + 1);
-  }
+  stall_at("step", "before the step", step_ + 1);
   watchdog::set_activity("forward and backward", step_ + 1);
   double loss_sum = 0;
   if (zero_) zero_->begin_step();
@@ -1373,11 +1379,7 @@ StepStats Trainer::step() {
     model_->zero_grad();
     const std::int64_t first = comm_.rank() * local_batch_;
     for (std::int64_t m = 0; m < local_batch_; m += micro_) {
-      if (m == micro_ && c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step &&
-          c_.test_stall_at == "micro-batch") {
-        watchdog::set_activity("test.stall-rank: stopped after the first micro-batch", step_ + 1);
-        stall_for_test("test.stall-rank: stopping after the first micro-batch", step_ + 1);
-      }
+      if (m == micro_) stall_at("micro-batch", "after the first micro-batch", step_ + 1);
       if (m > 0 && give_up_step(m / micro_, local_batch_ / micro_)) return given_up();
       const trace::Scope micro_scope("micro-batch", "train", "index", m / micro_);
       sampler_->fill(static_cast<std::uint64_t>(step_), first + m, micro_, inputs_.data(),
@@ -1481,8 +1483,7 @@ StepStats Trainer::step() {
       s.skipped = true;
       s.grad_norm = INFINITY;
       s.lr = lr_at(c_.optim, step_);
-      ++step_;
-      tokens_ += c_.batch * c_.model.block;  // (its data is consumed all the same)
+      count_step();
       s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return s;
     }
@@ -1501,8 +1502,7 @@ StepStats Trainer::step() {
   s.lr = lr_at(c_.optim, step_);
   opt_->step(master_ptr(), grads_ptr(), s.lr, c_.optim);
   if (scaler_ || zero_) refresh_working_weights();
-  ++step_;
-  tokens_ += c_.batch * c_.model.block;
+  count_step();
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
 }
@@ -1630,11 +1630,7 @@ double Trainer::pipeline_step(float scale, bool* given_up) {
     const int slot = a.micro % slots;
     if (pipe_votes_) pipe_votes_->poll();
     if (a.kind == PipeAction::Kind::forward) {
-      if (a.micro == 1 && c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step &&
-          c_.test_stall_at == "micro-batch") {
-        watchdog::set_activity("test.stall-rank: stopped after the first micro-batch", step_ + 1);
-        stall_for_test("test.stall-rank: stopping after the first micro-batch", step_ + 1);
-      }
+      if (a.micro == 1) stall_at("micro-batch", "after the first micro-batch", step_ + 1);
       if (a.micro > 0 && !*given_up && pipeline_drain_vote(a.micro, m)) {
         // Given up before this forward: the schedule of a.micro micro-batches, the same as
         // this one's up to here, runs the backward passes of those begun.
@@ -1646,23 +1642,14 @@ double Trainer::pipeline_step(float scale, bool* given_up) {
         --i;  // runs actions[i] again: now a backward pass, or the end
         continue;
       }
-      if (a.micro == 1 && c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step &&
-          c_.test_stall_at == "after-vote") {
-        watchdog::set_activity("test.stall-rank: stopped after taking a drain vote", step_ + 1);
-        stall_for_test("test.stall-rank: stopping after taking a drain vote", step_ + 1);
-      }
+      if (a.micro == 1) stall_at("after-vote", "after taking a drain vote", step_ + 1);
       const trace::Scope f("forward", "pipeline", "micro-batch", a.micro);
       sampler_->fill(static_cast<std::uint64_t>(step_), first + a.micro * micro_, micro_,
                      inputs_.data(), targets_.data());
       loss += engine_->forward(slot, a.micro, inputs_.data(), targets_.data(),
                                static_cast<int>(micro_));
     } else {
-      if (a.micro == 0 && c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step &&
-          c_.test_stall_at == "backward") {
-        watchdog::set_activity("test.stall-rank: stopped before the first backward pass",
-                               step_ + 1);
-        stall_for_test("test.stall-rank: stopping before the first backward pass", step_ + 1);
-      }
+      if (a.micro == 0) stall_at("backward", "before the first backward pass", step_ + 1);
       const trace::Scope b("backward", "pipeline", "micro-batch", a.micro);
       // The last micro-batch's backward hands each finished bucket to the progress thread
       // (from graphs: all of them after it, below).
@@ -1701,11 +1688,7 @@ double Trainer::pipeline_step(float scale, bool* given_up) {
 double Trainer::loss_over(const std::vector<std::size_t>& starts) {
   const trace::Scope eval_scope("evaluate", "train");
   watchdog::set_activity("evaluation", step_);
-  if (c_.test_stall_rank == comm_.rank() && step_ == c_.test_skip_step &&
-      c_.test_stall_at == "evaluation") {
-    watchdog::set_activity("test.stall-rank: stopped before the evaluation", step_);
-    stall_for_test("test.stall-rank: stopping before the evaluation", step_);
-  }
+  stall_at("evaluation", "before the evaluation", step_);
   const int T = c_.model.block;
   const std::int64_t total = static_cast<std::int64_t>(starts.size());
   // Windows are shared out over the data-parallel ranks; a pipeline runs them stage by stage.
