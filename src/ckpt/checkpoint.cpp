@@ -1082,16 +1082,19 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
       mkdirs(dir);
       ::unlink(partial.c_str());
       // Interrupted saves (a failed one, say, which left its partial file) take room the space
-      // check below would count as used: they go now (this folder's writer holds the claim, so
-      // none is another's under way). A folder that cannot be listed keeps them.
+      // check below would count as used, and temporary files of `latest` that a run ended
+      // before renaming are of no use: they go now, in one listing (this folder's writer holds
+      // the claim, so none is another's under way). A folder that cannot be listed keeps them.
       std::vector<std::string> names;
       try {
         names = dir_entries(dir);
       } catch (const CheckpointError&) {
       }
+      const std::string left = metrics::temporary_prefix("latest");
       for (const auto& name : names) {
         std::int64_t step = 0;
-        if (parse_step(name, ".h5.partial", &step)) ::unlink((dir + "/" + name).c_str());
+        if (parse_step(name, ".h5.partial", &step) || name.compare(0, left.size(), left) == 0)
+          ::unlink((dir + "/" + name).c_str());
       }
     } catch (const Error& e) {
       ok = false;
@@ -1538,9 +1541,9 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
         DT_THROW(CheckpointError, "cannot list the checkpoint folder ", dir,
                  ": DT_TEST_CKPT_PRUNE_FAIL");
       // Retention: the file just written is the newest, then the other newest by step, `keep`
-      // in all; partials go. Files of a step not below the new one belong to another line of
-      // training (a run that resumed from an older step, or started afresh, in this folder): they
-      // are set aside (renamed, no longer checkpoints of the folder), never deleted.
+      // in all (partials went before the save). Files of a step not below the new one belong to
+      // another line of training (a run that resumed from an older step, or started afresh, in this
+      // folder): they are set aside (renamed, no longer checkpoints of the folder), never deleted.
       std::size_t kept = 1;
       for (const auto& e : list_checkpoints(dir)) {
         if (e.path == final_path) continue;
@@ -1551,14 +1554,6 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
         } else {
           ::unlink(e.path.c_str());
         }
-      }
-      // Interrupted saves, and temporary files of `latest` that a run ended before renaming
-      // (this folder's writer holds the claim: none is another's under way), in one listing.
-      const std::string left = metrics::temporary_prefix("latest");
-      for (const auto& name : dir_entries(dir)) {
-        std::int64_t step = 0;
-        if (parse_step(name, ".h5.partial", &step) || name.compare(0, left.size(), left) == 0)
-          ::unlink((dir + "/" + name).c_str());
       }
       if (!stats.set_aside.empty()) fsync_path(dir, true);
     } catch (const std::exception& e) {
