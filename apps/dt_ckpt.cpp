@@ -429,11 +429,23 @@ int cmd_list(dt::Runtime& rt, const Args& a) {
   struct stat st;
   DT_CHECK(ConfigError, ::stat(a.input.c_str(), &st) == 0, a.input, ": ", std::strerror(errno));
   DT_CHECK(ConfigError, S_ISDIR(st.st_mode), a.input, ": not a directory");
-  const auto entries = dt::list_checkpoints(a.input);
-  const auto partials = dt::list_partials(a.input);
-  const auto set_aside = dt::list_set_aside(a.input);
-  const std::string latest = dt::read_latest(a.input);
-  const std::string holder = dt::folder_holder(a.input);
+  // Every rank verifies the files rank 0 lists (the verification is collective); the rest of
+  // the folder is only printed, by rank 0.
+  const auto entries = dt::list_checkpoints(rt.world(), a.input);
+  std::vector<std::string> partials, set_aside;
+  std::string latest, holder, problem;
+  if (lead) {
+    try {
+      partials = dt::list_partials(a.input);
+      set_aside = dt::list_set_aside(a.input);
+      latest = dt::read_latest(a.input);
+      holder = dt::folder_holder(a.input);
+    } catch (const dt::CheckpointError& e) {
+      problem = e.message();
+    }
+  }
+  problem = dt::broadcast_text(rt.world(), problem, 0);
+  DT_CHECK(dt::CheckpointError, problem.empty(), problem);
   // A key file that is refused is bad input (exit 2), not a failed verification of each file.
   static_cast<void>(a.keys());
   if (lead) {
@@ -1066,11 +1078,32 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
                 "\nmodel.heads = " + std::to_string(cfg.heads) +
                 "\nmodel.embd = " + std::to_string(cfg.embd) + "\n";
   meta.layout = "imported";
+  // The folder is claimed as a training run claims it: never written while a run writes it, and
+  // read below while no run commits or prunes checkpoints in it.
+  std::unique_ptr<dt::FolderLock> lock;
+  std::string busy;
+  if (lead) {
+    try {
+      lock = std::make_unique<dt::FolderLock>(a.output, "dt_ckpt import", a.lock_wait_s,
+                                              [](const std::string& line) {
+                                                std::printf("dt_ckpt: %s\n", line.c_str());
+                                                std::fflush(stdout);
+                                              });
+      if (!lock->warning().empty())
+        std::fprintf(stderr, "dt_ckpt: warning: %s\n", lock->warning().c_str());
+    } catch (const dt::CheckpointError& e) {
+      busy = e.message();
+    }
+  }
+  int refused = busy.empty() ? 0 : 1;
+  rt.world().all_reduce(dt::view_of(&refused, 1), dt::ReduceOp::max);
+  DT_CHECK(ConfigError, refused == 0,
+           "option --output: ", lead ? busy : std::string("the folder is in use (see rank 0)"));
   // The import is encrypted with a key file and plain without, as the folder's checkpoints are,
   // and under their key: otherwise the folder's run would refuse to resume from it, and its newer
   // checkpoints would be set aside for it.
   const dt::security::Keys* keys = a.keys();
-  for (const auto& e : dt::list_checkpoints(a.output)) {
+  for (const auto& e : dt::list_checkpoints(rt.world(), a.output)) {
     std::string enc;
     try {
       enc = dt::checkpoint_encryption(e.path);
@@ -1101,26 +1134,6 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
              "); the folder's run could not "
              "resume from the import: give its key, or import into another folder");
   }
-  // The folder is claimed as a training run claims it: never written while a run writes it.
-  std::unique_ptr<dt::FolderLock> lock;
-  std::string busy;
-  if (lead) {
-    try {
-      lock = std::make_unique<dt::FolderLock>(a.output, "dt_ckpt import", a.lock_wait_s,
-                                              [](const std::string& line) {
-                                                std::printf("dt_ckpt: %s\n", line.c_str());
-                                                std::fflush(stdout);
-                                              });
-      if (!lock->warning().empty())
-        std::fprintf(stderr, "dt_ckpt: warning: %s\n", lock->warning().c_str());
-    } catch (const dt::CheckpointError& e) {
-      busy = e.message();
-    }
-  }
-  int refused = busy.empty() ? 0 : 1;
-  rt.world().all_reduce(dt::view_of(&refused, 1), dt::ReduceOp::max);
-  DT_CHECK(ConfigError, refused == 0,
-           "option --output: ", lead ? busy : std::string("the folder is in use (see rank 0)"));
   dt::SaveStats stats;
   try {
     stats = dt::save_checkpoint(rt.world(), a.output, tensors, meta,

@@ -186,6 +186,11 @@ struct CkptEntry {
   std::uint64_t bytes = 0;
 };
 std::vector<CkptEntry> list_checkpoints(const std::string& dir);
+/// The committed checkpoints of `dir` as rank 0 of `comm` lists them, on every rank (collective).
+/// Ranks that each list a shared folder can see it differently (a run committing in between, a
+/// file system's stale cache), and what is then done with each file is collective. Where rank 0
+/// cannot list the folder, every rank throws its dt::CheckpointError.
+std::vector<CkptEntry> list_checkpoints(Comm& comm, const std::string& dir);
 /// The step N of a checkpoint file named step-N.h5 (the name alone, or a path), or -1 for any
 /// other name.
 std::int64_t checkpoint_step_of_name(const std::string& path);

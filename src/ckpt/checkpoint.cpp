@@ -1802,6 +1802,32 @@ std::vector<CkptEntry> list_checkpoints(const std::string& dir) {
   return out;
 }
 
+std::vector<CkptEntry> list_checkpoints(Comm& comm, const std::string& dir) {
+  // Rank 0's listing as lines "NAME BYTES" (a checkpoint's name holds no space or newline), or
+  // "\x01" and its error.
+  std::string text;
+  if (comm.rank() == 0) {
+    try {
+      for (const auto& e : list_checkpoints(dir))
+        text += e.path.substr(dir.size() + 1) + " " + std::to_string(e.bytes) + "\n";
+    } catch (const CheckpointError& e) {
+      text = "\x01" + e.message();
+    }
+  }
+  text = broadcast_text(comm, text, 0);
+  if (!text.empty() && text[0] == '\x01') DT_THROW(CheckpointError, text.substr(1));
+  std::vector<CkptEntry> out;
+  std::istringstream in(text);
+  for (std::string name, bytes; in >> name >> bytes;) {
+    CkptEntry e;
+    e.path = dir + "/" + name;
+    e.step = checkpoint_step_of_name(name);
+    e.bytes = std::stoull(bytes);
+    out.push_back(e);
+  }
+  return out;
+}
+
 std::vector<std::string> list_partials(const std::string& dir) {
   std::vector<std::string> out;
   for (const auto& name : dir_entries(dir)) {
@@ -2543,40 +2569,37 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
     *used = mode;
     return m;
   }
-  // Rank 0 reads the folder and every rank tries the same files in the same order (ranks that
-  // each list a shared folder may see it differently, and the loads are collective).
-  // A folder rank 0 cannot list is refused on every rank: its listing is "\x01" and the error.
-  std::string listing;
+  // Every rank tries the files rank 0 lists, in the same order (the loads are collective).
+  // A folder rank 0 cannot list is refused on every rank.
+  std::vector<CkptEntry> all;
+  try {
+    all = list_checkpoints(comm, dir);
+  } catch (const CheckpointError& e) {
+    DT_THROW(CheckpointError, "--ckpt.resume=auto: ", e.message(), "; nothing was changed");
+  }
+  std::string latest;
   if (comm.rank() == 0) {
     try {
       for (const auto& p : list_partials(dir)) log("ignoring interrupted save " + p);
-      const std::string latest = read_latest(dir);
-      std::vector<CkptEntry> all = list_checkpoints(dir);
-      if (!all.empty() && latest.empty()) {
-        struct stat st {};
-        const std::string p = dir + "/latest";
-        const char* what = ::stat(p.c_str(), &st) != 0 ? "is missing"
-                           : S_ISDIR(st.st_mode)       ? "is a folder, not the pointer file"
-                                                       : "names no checkpoint (it is empty)";
-        log("the pointer " + p + " " + what + "; using the newest checkpoint that verifies");
-      }
-      listing = latest + "\n";
-      for (const auto& e : all)
-        if (e.path == latest) listing += e.path + "\n";  // what the last save committed first
-      for (const auto& e : all)
-        if (e.path != latest) listing += e.path + "\n";
-    } catch (const CheckpointError& e) {
-      listing = "\x01" + e.message();
+    } catch (const CheckpointError& e) {  // listed a moment ago: only these notes are lost
+      log(e.message());
+    }
+    latest = read_latest(dir);
+    if (!all.empty() && latest.empty()) {
+      struct stat st {};
+      const std::string p = dir + "/latest";
+      const char* what = ::stat(p.c_str(), &st) != 0 ? "is missing"
+                         : S_ISDIR(st.st_mode)       ? "is a folder, not the pointer file"
+                                                     : "names no checkpoint (it is empty)";
+      log("the pointer " + p + " " + what + "; using the newest checkpoint that verifies");
     }
   }
-  listing = broadcast_text(comm, listing, 0);
-  DT_CHECK(CheckpointError, listing.empty() || listing[0] != '\x01',
-           "--ckpt.resume=auto: ", listing.substr(1), "; nothing was changed");
-  std::istringstream in(listing);
-  std::string latest;
-  std::getline(in, latest);
+  latest = broadcast_text(comm, latest, 0);
   std::vector<std::string> order;
-  for (std::string line; std::getline(in, line);) order.push_back(line);
+  for (const auto& e : all)
+    if (e.path == latest) order.push_back(e.path);  // what the last save committed first
+  for (const auto& e : all)
+    if (e.path != latest) order.push_back(e.path);
   // A key error may be one file's damage (a wrong or malformed key check): older files are tried,
   // and it is thrown if none loads. One that comes from the settings (a file encrypted and no
   // key, or plain with ckpt.encrypt on) is thrown at once.
