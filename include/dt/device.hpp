@@ -153,6 +153,10 @@ class Device {
   Device() = default;
   [[noreturn]] void missing(const char* what) const;
   [[noreturn]] void failed(const char* what, int status) const;
+  // Takes the table of a loaded plugin (the newest ABI version it exports); throws
+  // dt::ConfigError with the reason alone where it is no dt plugin of a supported version, or
+  // lacks an entry every device needs.
+  void adopt_table(void* handle);
 
   struct Library;
   std::string name_;

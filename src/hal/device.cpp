@@ -181,22 +181,67 @@ dt_hal_v4_t adapt_v1(const dt_hal_v1_t& v1) {
 }
 
 // The table a loaded plugin exports behind `symbol` (null when it exports no such symbol), which
-// must carry `version` in its first int (every dt table starts with its version).
+// must carry `version` in its first int (every dt table starts with its version); a copy that
+// does not is refused (ConfigError, the reason alone: the path is named by whoever reports it).
 template <class Table>
-const Table* exported_table(void* handle, const char* symbol, int version, const std::string& name,
-                            const std::string& file) {
+const Table* exported_table(void* handle, const char* symbol, int version) {
   using Entry = const Table* (*)(void);
   const auto entry = reinterpret_cast<Entry>(dlsym(handle, symbol));
   if (entry == nullptr) return nullptr;
   const Table* t = entry();
-  DT_CHECK(ConfigError, t != nullptr, "device '", name, "': plugin ", file,
-           " returned no table from ", symbol);
+  DT_CHECK(ConfigError, t != nullptr, "returned no table from ", symbol);
   const int has = *reinterpret_cast<const int*>(t);
-  DT_CHECK(ConfigError, has == version, "device '", name, "': ", file, " has ABI version ", has,
-           ", this dt needs ABI version ", version, " behind ", symbol);
+  DT_CHECK(ConfigError, has == version, "has ABI version ", has, ", this dt needs ABI version ",
+           version, " behind ", symbol);
   return t;
 }
 }  // namespace
+
+void Device::adopt_table(void* handle) {
+  // The newest version this dt knows first: a plugin may export several.
+  if (auto t4 =
+          exported_table<dt_hal_v4_t>(handle, DT_HAL_PLUGIN_V4_SYMBOL, DT_HAL_API_VERSION_4)) {
+    table_ = *t4;
+    abi_version_ = DT_HAL_API_VERSION_4;
+  } else if (auto t3 = exported_table<dt_hal_v3_t>(handle, DT_HAL_PLUGIN_V3_SYMBOL,
+                                                   DT_HAL_API_VERSION_3)) {
+    table_ = adapt_v3(*t3);
+    abi_version_ = DT_HAL_API_VERSION_3;
+  } else if (auto t2 = exported_table<dt_hal_v2_t>(handle, DT_HAL_PLUGIN_V2_SYMBOL,
+                                                   DT_HAL_API_VERSION_2)) {
+    table_ = adapt_v2(*t2);
+    abi_version_ = DT_HAL_API_VERSION_2;
+  } else if (auto t1 = exported_table<dt_hal_v1_t>(handle, DT_HAL_PLUGIN_V1_SYMBOL,
+                                                   DT_HAL_API_VERSION_1)) {
+    table_ = adapt_v1(*t1);
+    abi_version_ = DT_HAL_API_VERSION_1;
+  } else {
+    for (int v = DT_HAL_API_VERSION_4 + 1; v < 16; ++v) {
+      const std::string sym = "dt_hal_plugin_v" + std::to_string(v);
+      if (dlsym(handle, sym.c_str()))
+        DT_THROW(ConfigError, "provides ABI version ", v, " (", sym,
+                 "), this dt supports ABI versions ", DT_HAL_API_VERSION_1, " to ",
+                 DT_HAL_API_VERSION_4);
+    }
+    DT_THROW(ConfigError, "not a dt device plugin (no ", DT_HAL_PLUGIN_V4_SYMBOL, ", ",
+             DT_HAL_PLUGIN_V3_SYMBOL, ", ", DT_HAL_PLUGIN_V2_SYMBOL, " or ",
+             DT_HAL_PLUGIN_V1_SYMBOL, " symbol)");
+  }
+  DT_CHECK(ConfigError,
+           (table_.v3.attention_fwd_ex == nullptr) == (table_.v3.attention_bwd_ex == nullptr),
+           "provides only one of attention_fwd_ex and attention_bwd_ex (they go in pairs)");
+  DT_CHECK(ConfigError,
+           (table_.flash_attention_fwd == nullptr) == (table_.flash_attention_bwd == nullptr),
+           "provides only one of flash_attention_fwd and flash_attention_bwd (they go in pairs)");
+  const dt_hal_v1_t& t = table_.v3.v2.v1;
+  for (auto [fn, what] :
+       {std::pair<const void*, const char*>{reinterpret_cast<const void*>(t.open), "open"},
+        {reinterpret_cast<const void*>(t.close), "close"},
+        {reinterpret_cast<const void*>(t.alloc), "alloc"},
+        {reinterpret_cast<const void*>(t.release), "release"},
+        {reinterpret_cast<const void*>(t.last_error), "last_error"}})
+    DT_CHECK(ConfigError, fn != nullptr, "lacks the required entry ", what);
+}
 
 Device Device::open(const std::string& name, const std::string& plugin_path, int index,
                     int local_rank) {
@@ -210,57 +255,21 @@ Device Device::open(const std::string& name, const std::string& plugin_path, int
     DT_CHECK(ConfigError, !name.empty() && name.find('/') == std::string::npos, "device name '",
              name, "' must be a plain name such as cpu or cuda");
     d.lib_ = std::make_unique<Library>();
+    // Every copy on the path is judged as a plugin of an ABI version this dt supports, with the
+    // entries every device needs: one that is not (another dt's build first in the path, a
+    // foreign library of the same name) is skipped for a later copy, as one that does not load.
     detail::load_from_path("libdt_hal_" + name + ".so", plugin_path, "device '" + name + "'",
-                           *d.lib_);
-    const std::string& found = d.lib_->path;
-    d.origin_ = found;
-    // The newest version this dt knows first: a plugin may export several.
-    if (auto t4 = exported_table<dt_hal_v4_t>(d.lib_->handle, DT_HAL_PLUGIN_V4_SYMBOL,
-                                              DT_HAL_API_VERSION_4, name, found)) {
-      d.table_ = *t4;
-      d.abi_version_ = DT_HAL_API_VERSION_4;
-    } else if (auto t3 = exported_table<dt_hal_v3_t>(d.lib_->handle, DT_HAL_PLUGIN_V3_SYMBOL,
-                                                     DT_HAL_API_VERSION_3, name, found)) {
-      d.table_ = adapt_v3(*t3);
-      d.abi_version_ = DT_HAL_API_VERSION_3;
-    } else if (auto t2 = exported_table<dt_hal_v2_t>(d.lib_->handle, DT_HAL_PLUGIN_V2_SYMBOL,
-                                                     DT_HAL_API_VERSION_2, name, found)) {
-      d.table_ = adapt_v2(*t2);
-      d.abi_version_ = DT_HAL_API_VERSION_2;
-    } else if (auto t1 = exported_table<dt_hal_v1_t>(d.lib_->handle, DT_HAL_PLUGIN_V1_SYMBOL,
-                                                     DT_HAL_API_VERSION_1, name, found)) {
-      d.table_ = adapt_v1(*t1);
-      d.abi_version_ = DT_HAL_API_VERSION_1;
-    } else {
-      for (int v = DT_HAL_API_VERSION_4 + 1; v < 16; ++v) {
-        const std::string sym = "dt_hal_plugin_v" + std::to_string(v);
-        if (dlsym(d.lib_->handle, sym.c_str()))
-          DT_THROW(ConfigError, "device '", name, "': plugin ", found, " provides ABI version ", v,
-                   " (", sym, "), this dt supports ABI versions ", DT_HAL_API_VERSION_1, " to ",
-                   DT_HAL_API_VERSION_4);
-      }
-      DT_THROW(ConfigError, "device '", name, "': ", found, " is not a dt device plugin (no ",
-               DT_HAL_PLUGIN_V4_SYMBOL, ", ", DT_HAL_PLUGIN_V3_SYMBOL, ", ",
-               DT_HAL_PLUGIN_V2_SYMBOL, " or ", DT_HAL_PLUGIN_V1_SYMBOL, " symbol)");
-    }
+                           *d.lib_, [&d](const detail::SharedLibrary& lib) -> std::string {
+                             try {
+                               d.adopt_table(lib.handle);
+                             } catch (const ConfigError& e) {
+                               return e.message();
+                             }
+                             return "";
+                           });
+    d.origin_ = d.lib_->path;
   }
-  DT_CHECK(ConfigError,
-           (d.table_.v3.attention_fwd_ex == nullptr) == (d.table_.v3.attention_bwd_ex == nullptr),
-           "device '", name, "': ", d.origin_,
-           " provides only one of attention_fwd_ex and attention_bwd_ex (they go in pairs)");
-  DT_CHECK(ConfigError,
-           (d.table_.flash_attention_fwd == nullptr) == (d.table_.flash_attention_bwd == nullptr),
-           "device '", name, "': ", d.origin_,
-           " provides only one of flash_attention_fwd and flash_attention_bwd (they go in pairs)");
   const dt_hal_v1_t& t = d.table_.v3.v2.v1;
-  for (auto [fn, what] :
-       {std::pair<const void*, const char*>{reinterpret_cast<const void*>(t.open), "open"},
-        {reinterpret_cast<const void*>(t.close), "close"},
-        {reinterpret_cast<const void*>(t.alloc), "alloc"},
-        {reinterpret_cast<const void*>(t.release), "release"},
-        {reinterpret_cast<const void*>(t.last_error), "last_error"}})
-    DT_CHECK(ConfigError, fn != nullptr, "device '", name, "': ", d.origin_,
-             " lacks the required entry ", what);
   if (index < 0 && t.device_count == nullptr) index = 0;  // a plugin that cannot count: its first
   if (index < 0) {                                        // one device per local rank, round robin
     int count = 0;

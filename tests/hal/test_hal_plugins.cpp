@@ -25,6 +25,38 @@ namespace {
 const std::string kPlugins = DT_PLUGIN_DIR;
 const std::string kTestPlugins = DT_TEST_PLUGIN_DIR;
 
+// What is written to stderr (fd 2) while alive: text() reads it back.
+class StderrToText {
+ public:
+  StderrToText() : file_(std::tmpfile()), saved_(::dup(2)) {
+    REQUIRE(file_ != nullptr);
+    std::fflush(stderr);
+    ::dup2(::fileno(file_), 2);
+  }
+  ~StderrToText() {
+    restore();
+    std::fclose(file_);
+  }
+  std::string text() {
+    restore();
+    std::string out;
+    std::rewind(file_);
+    for (int c; (c = std::fgetc(file_)) != EOF;) out += static_cast<char>(c);
+    return out;
+  }
+
+ private:
+  void restore() {
+    if (saved_ < 0) return;
+    std::fflush(stderr);
+    ::dup2(saved_, 2);
+    ::close(saved_);
+    saved_ = -1;
+  }
+  std::FILE* file_;
+  int saved_;
+};
+
 template <class E, class F>
 std::string error_of(F&& f) {
   try {
@@ -220,6 +252,31 @@ TEST_CASE("a copy of a plugin that cannot be loaded is skipped for a later one i
                  static_cast<const float*>(x), std::int64_t{-1});
         }).find("device 'v1only' (" + kTestPlugins + "/libdt_hal_v1only.so): add failed") !=
         std::string::npos);
+  // A copy that loads but is no plugin this dt can use (a newer dt's build, of ABI version 5,
+  // or one whose table carries another version than its symbol says) is skipped too, naming why;
+  // with no other copy it is refused so.
+  for (const char* other : {"v5only", "wrongver"}) {
+    std::ifstream in(kTestPlugins + "/libdt_hal_" + other + ".so", std::ios::binary);
+    std::ofstream out(bad, std::ios::binary | std::ios::trunc);
+    out << in.rdbuf();
+    out.close();
+    REQUIRE(out.good());
+    std::string warned;
+    {
+      StderrToText cap;
+      dt::Device later = dt::Device::open("v1only", dir + ":" + kTestPlugins);
+      CHECK(later.origin() == kTestPlugins + "/libdt_hal_v1only.so");
+      warned = cap.text();
+    }
+    const std::string why = std::string(other) == "v5only"
+                                ? "provides ABI version 5 (dt_hal_plugin_v5)"
+                                : "has ABI version 2, this dt needs ABI version 1";
+    CHECK(warned.find("device 'v1only': skipped " + bad + ": " + why) != std::string::npos);
+    CHECK(warned.find("(using " + kTestPlugins + "/libdt_hal_v1only.so)") != std::string::npos);
+    CHECK(error_of<dt::ConfigError>([&] {
+            dt::Device::open("v1only", dir);
+          }).find(bad + ": " + why) != std::string::npos);
+  }
   std::remove(bad.c_str());
   rmdir(dir.c_str());
 }
