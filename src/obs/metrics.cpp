@@ -23,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <shared_mutex>
+#include <sstream>
 #include <thread>
 
 #include "dt/error.hpp"
@@ -810,12 +811,49 @@ struct Exporter::Impl {
             m.push_since = 0;
           }
         } in_flight(*this, cli);
+        // The timeouts above bound each wait; the push as a whole is bounded too, so that a
+        // gateway answering a byte at a time cannot hold the exporter (and publish_now's caller,
+        // a run's end) beyond the push timeout.
+        struct Deadline {
+          Impl& m;
+          std::mutex mu;
+          std::condition_variable cv;
+          bool done = false, expired = false;
+          std::thread timer;
+          Deadline(Impl& impl, double s) : m(impl) {
+            timer = std::thread([this, s] {
+              std::unique_lock<std::mutex> lock(mu);
+              if (cv.wait_for(lock, std::chrono::duration<double>(s), [this] { return done; }))
+                return;
+              expired = true;
+              lock.unlock();
+              m.stop_active();
+            });
+          }
+          bool end() {  // whether the push ran out of time
+            {
+              std::lock_guard<std::mutex> lock(mu);
+              done = true;
+            }
+            cv.notify_one();
+            if (timer.joinable()) timer.join();
+            return expired;
+          }
+          ~Deadline() { end(); }
+        } deadline(*this, o.push_timeout_s);
         auto res = cli.Put(path, reg.render(), kContentType);
-        if (!res && in_flight.stopped()) return ok;  // superseded by publish_now, or shut down
-        if (!res)
+        const bool expired = deadline.end();
+        if (!res && expired) {
+          std::ostringstream t;
+          t << o.push_timeout_s;
+          why = "no complete reply within " + t.str() + " s (--metrics.push-timeout-s)";
+        } else if (!res && in_flight.stopped()) {
+          return ok;  // superseded by publish_now, or shut down
+        } else if (!res) {
           why = "no reply (" + httplib::to_string(res.error()) + " error)";
-        else if (res->status / 100 != 2)
+        } else if (res->status / 100 != 2) {
           why = "HTTP " + std::to_string(res->status) + " " + res->body;
+        }
       } catch (const std::exception& e) {
         why = e.what();
       }

@@ -204,7 +204,11 @@ struct OneShotServer {
   int fd = -1, port = 0, status;
   std::string method, path, body;
   std::thread t;
-  explicit OneShotServer(int st) : status(st) {
+  // trickle: the reply announces 1000 bytes of body and sends one every 0.1 s, until the client
+  // goes (a write fails) or the server is destroyed.
+  bool trickle = false;
+  std::atomic<bool> ending{false};
+  explicit OneShotServer(int st, bool trickle_reply = false) : status(st), trickle(trickle_reply) {
     fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -239,11 +243,17 @@ struct OneShotServer {
     const auto e = req.find("\r\n\r\n");
     if (e != std::string::npos) body = req.substr(e + 4);
     const std::string reply = "HTTP/1.1 " + std::to_string(status) +
-                              " X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+                              " X\r\nContent-Length: " + (trickle ? "1000" : "0") +
+                              "\r\nConnection: close\r\n\r\n";
     (void)!::write(c, reply.data(), reply.size());
+    for (int i = 0; trickle && i < 1000 && !ending.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (::send(c, "x", 1, MSG_NOSIGNAL) != 1) break;
+    }
     ::close(c);
   }
   ~OneShotServer() {
+    ending = true;
     ::shutdown(fd, SHUT_RDWR);
     if (t.joinable()) t.join();
     ::close(fd);
@@ -779,6 +789,27 @@ TEST_CASE("metrics: push to a gateway; failures warn once and never throw") {
     REQUIRE(warnings.size() == 1);
     CHECK(warnings[0].find("HTTP 500") != std::string::npos);
     CHECK(warnings[0].find("/metrics/job/j/instance/0") != std::string::npos);
+  }
+  {
+    // A gateway that answers a byte every 0.1 s passes each wait's timeout (0.5 s): the push as
+    // a whole ends at its timeout, a failure, where it used to read the 1000 bytes for 100 s.
+    OneShotServer gw(200, /*trickle_reply=*/true);
+    dt::metrics::ExporterOptions o;
+    o.push_url = "http://127.0.0.1:" + std::to_string(gw.port);
+    o.job = "j";
+    o.instance = "0";
+    o.push_timeout_s = 0.5;
+    std::vector<std::string> warnings;
+    dt::metrics::Exporter ex(r, o, [&](const std::string& w) { warnings.push_back(w); });
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_FALSE(ex.publish_now());
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(took < 10.0);
+    REQUIRE(warnings.size() == 1);
+    CHECK(warnings[0].find("no complete reply within 0.5 s (--metrics.push-timeout-s)") !=
+          std::string::npos);
+    CHECK(ex.push_waits());
   }
   dt::metrics::ExporterOptions o;
   o.push_url = "https://gw:9091";
