@@ -76,7 +76,8 @@ struct Progress {
 struct Recorder {
   std::mutex mu;
   std::vector<Entry> ring = std::vector<Entry>(kRecords);
-  std::uint64_t next = 0;
+  std::uint64_t next = 0;  // records made (the generation of the newest)
+  std::size_t cursor = 0;  // the slot after the newest record's
   std::map<std::string, Progress> comms;
   std::map<std::string, std::vector<int>> members;  // world ranks of each registered communicator
 };
@@ -230,10 +231,22 @@ std::string state_with(int rank, std::size_t max_records) {
       comms[name]["group"] = {*std::min_element(world_ranks.begin(), world_ranks.end()),
                               world_ranks.size()};
   j["comms"] = comms;
+  // The operations in flight (the oldest first, where more than max_records are), then the
+  // newest completed ones, up to max_records in all, in the order they started.
+  std::vector<const Entry*> open, done;
+  for (const Entry& e : r.ring)
+    if (e.gen != 0) (e.t1 == 0 ? open : done).push_back(&e);
+  const auto by_gen = [](const Entry* a, const Entry* b) { return a->gen < b->gen; };
+  std::sort(open.begin(), open.end(), by_gen);
+  std::sort(done.begin(), done.end(), by_gen);
+  if (open.size() > max_records) open.resize(max_records);
+  const std::size_t room = max_records - open.size();
+  if (done.size() > room) done.erase(done.begin(), done.end() - static_cast<std::ptrdiff_t>(room));
+  std::vector<const Entry*> shown(open);
+  shown.insert(shown.end(), done.begin(), done.end());
+  std::sort(shown.begin(), shown.end(), by_gen);
   json recs = json::array();
-  const std::uint64_t n = std::min<std::uint64_t>({r.next, kRecords, max_records});
-  for (std::uint64_t k = r.next - n; k < r.next; ++k)
-    recs.push_back(entry_json(r.ring[k % kRecords], now));
+  for (const Entry* e : shown) recs.push_back(entry_json(*e, now));
   j["records"] = recs;
   return j.dump();
 }
@@ -263,7 +276,19 @@ OpRecord::OpRecord(const std::string& comm, std::uint64_t seq, const char* op, c
   try {
     std::lock_guard<std::mutex> lk(r.mu);
     const std::uint64_t g = ++r.next;
-    Entry& e = r.ring[(g - 1) % kRecords];
+    // The oldest slot whose operation has completed (or never held one): an operation still in
+    // flight keeps its record however many newer ones come (a stuck background save's collective
+    // among thousands of steps' records), as long as fewer than kRecords are in flight at once.
+    std::size_t at = r.cursor;
+    for (std::size_t i = 0; i < kRecords; ++i) {
+      const std::size_t k = (r.cursor + i) % kRecords;
+      if (r.ring[k].gen == 0 || r.ring[k].t1 != 0) {
+        at = k;
+        break;
+      }
+    }
+    r.cursor = (at + 1) % kRecords;
+    Entry& e = r.ring[at];
     e.comm = comm;
     e.seq = seq;
     e.op = op;
@@ -284,7 +309,7 @@ OpRecord::OpRecord(const std::string& comm, std::uint64_t seq, const char* op, c
       p.started = std::max(p.started, seq);
       p.op = op;
     }
-    slot_ = static_cast<long>((g - 1) % kRecords);
+    slot_ = static_cast<long>(at);
     gen_ = g;
   } catch (...) {
     slot_ = -1;  // out of memory: this operation goes unrecorded

@@ -134,6 +134,25 @@ int late_case() {
   return 1;
 }
 
+// An operation in flight keeps its record while a thousand newer ones come and go (the flight
+// recorder holds 256): the watchdog still reports it.
+int buried_case() {
+  dt::watchdog::Settings s;
+  s.timeout_s = 2;
+  s.dump_dir = "/tmp";
+  dt::watchdog::Watchdog wd(MPI_COMM_WORLD, s);
+  const auto t0 = Clock::now();
+  dt::watchdog::OpRecord rec("test", 1, "all_reduce", "mpi", dt::DType::f32, 4);
+  for (std::uint64_t i = 1; i <= 1000; ++i)
+    dt::watchdog::OpRecord("busy", i, "all_reduce", "mpi", dt::DType::f32, 4).complete();
+  sleep_until_after(t0, 6);
+  rec.complete();
+  std::printf(
+      "FAIL: an operation of 6 s with a 2 s limit, under 1000 newer records, was not "
+      "reported\n");
+  return 1;
+}
+
 // The cases of several ranks: a watchdog of 2 s and the world communicator ("world").
 struct Ranks {
   dt::watchdog::Watchdog wd;
@@ -294,6 +313,7 @@ int main(int argc, char** argv) {
       {"stop", [] { return stop_case(0); }},
       {"stop_early", [] { return stop_case(0.6); }},
       {"late", late_case},
+      {"buried", buried_case},
       {"groups", groups_case},
       {"chain", chain_case},
       {"silent", silent_case},
