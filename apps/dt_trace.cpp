@@ -78,9 +78,16 @@ Trace load(const std::string& path) {
   const std::string text = ss.str();
   DT_CHECK(ConfigError, !text.empty(), path, ": is empty, not a trace");
   json doc;
+  // Values nested deeper than kMaxDepth are refused as they are read: writing them out again
+  // (merge) recurses once a level, and a hostile or broken file could exhaust the stack.
+  constexpr int kMaxDepth = 256;
   try {
-    doc = json::parse(text);
-  } catch (const json::parse_error& e) {
+    doc = json::parse(text, [&](int depth, json::parse_event_t, json&) {
+      DT_CHECK(ConfigError, depth <= kMaxDepth, path, ": values nested deeper than ", kMaxDepth,
+               " levels (dt_train writes at most a few)");
+      return true;
+    });
+  } catch (const json::exception& e) {  // a syntax error, a number out of range, ...
     DT_THROW(ConfigError, path, ": not JSON (", e.what(), ")");
   }
   Trace t;

@@ -191,8 +191,13 @@ check(rc == 0 and summary_rows(out5) == rows[:5],
 open("notjson.json", "w").write("{ this is not json")
 open("nottrace.json", "w").write('{"hello": [1, 2]}')
 open("badevent.json", "w").write('{"traceEvents": [{"name": "x"}]}')
+open("hugenum.json", "w").write('{"traceEvents": [{"name": "x", "ph": "X", "ts": 1e400, "dur": 1, "pid": 0, "tid": 0}]}')
+open("deep.json", "w").write('{"traceEvents": [{"name": "x", "ph": "X", "ts": 1, "dur": 1, "pid": 0, "tid": 0, "args": '
+                             + '[' * 100000 + ']' * 100000 + '}]}')
 open("out.json", "w").write("previous")
 cases = [
+    (["hugenum.json"], "hugenum.json: not JSON"),
+    (["deep.json"], "deep.json: values nested deeper than 256 levels"),
     (["tr/trace-rank0.json", "missing.json"], "missing.json"),
     (["notjson.json"], "notjson.json: not JSON"),
     (["nottrace.json"], "nottrace.json: not a Chrome trace"),
