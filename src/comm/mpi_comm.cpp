@@ -204,7 +204,7 @@ namespace {
 // tiers"), while waits with a limit, on the training thread, yield the core to the compute of
 // the other ranks by sleeping. A real-time thread always sleeps: sched_yield() never hands its
 // core to an ordinary thread, and it gets the core back as soon as it wakes.
-void pause_between_polls(int spins, bool polled) {
+void pause_between_polls(std::int64_t spins, bool polled) {
   if (spins <= 64) return;
   if (polled && !realtime_thread())
     sched_yield();
@@ -254,6 +254,10 @@ class MpiWork final : public WorkImpl {
     if (done_) return true;
     try {
       while (next_ < reqs_.size()) {
+        if (reqs_[next_] == MPI_REQUEST_NULL) {  // a chunk that arrived during a cancel()
+          ++next_;
+          continue;
+        }
         int flag = 0;
         MPI_Status st;
         check(MPI_Test(&reqs_[next_], &flag, &st), "MPI_Test");
@@ -275,6 +279,7 @@ class MpiWork final : public WorkImpl {
       if (done_) return true;
       try {
         for (; next_ < reqs_.size(); ++next_) {
+          if (reqs_[next_] == MPI_REQUEST_NULL) continue;  // arrived during a cancel()
           MPI_Status st;
           check(MPI_Wait(&reqs_[next_], &st), "MPI_Wait");
           check_count(st);
@@ -287,7 +292,7 @@ class MpiWork final : public WorkImpl {
       return true;
     }
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (int spins = 0; !test(); ++spins) {
+    for (std::int64_t spins = 0; !test(); ++spins) {
       if (std::chrono::steady_clock::now() >= deadline) return false;
       pause_between_polls(spins, timeout == kPolledWait);
     }
@@ -306,7 +311,7 @@ class MpiWork final : public WorkImpl {
       if (reqs_[i] != MPI_REQUEST_NULL) MPI_Cancel(&reqs_[i]);
     const auto deadline = std::chrono::steady_clock::now() + grace;
     bool cancelled = false;
-    for (int spins = 0;; ++spins) {
+    for (std::int64_t spins = 0;; ++spins) {
       bool pending = false;
       for (std::size_t i = next_; i < reqs_.size(); ++i) {
         if (reqs_[i] == MPI_REQUEST_NULL) continue;
@@ -319,6 +324,18 @@ class MpiWork final : public WorkImpl {
         }
         MPI_Test_cancelled(&st, &was);
         cancelled = cancelled || was != 0;
+        // A chunk that arrived is checked here: a later test() or wait() (after this cancel
+        // ran out of grace) passes over its request, now MPI_REQUEST_NULL.
+        if (!was && !error_) {
+          const std::size_t at = next_;
+          next_ = i;
+          try {
+            check_count(st);
+          } catch (...) {
+            error_ = std::current_exception();
+          }
+          next_ = at;
+        }
       }
       if (!pending) break;
       if (std::chrono::steady_clock::now() >= deadline) return false;
@@ -534,6 +551,10 @@ void check_scatter(ConstTensorView in, TensorView out, int size, const std::stri
 
 Work MpiComm::iall_gather(ConstTensorView in, TensorView out) {
   check_gather(in, out, size_, name_);
+  // Open MPI's non-blocking collectives (libnbc) compute a rank's offset as rank x count in an
+  // int: the whole output's element count must fit in one too, or it would write at wrapped
+  // offsets.
+  as_int_count(out.numel, "all_gather (non-blocking: the whole output)");
   const int n = as_int_count(in.numel, "all_gather");
   auto w = std::make_unique<MpiWork>(what("all_gather", in), rank_, name_, false, left_pending_);
   w->record_ = record("all_gather", in);
@@ -561,6 +582,9 @@ void MpiComm::all_gather(ConstTensorView in, TensorView out, const CommOptions& 
 
 Work MpiComm::ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) {
   check_scatter(in, out, size_, name_);
+  // Open MPI's non-blocking reduce_scatter (libnbc) counts the whole input (size x count) in an
+  // int: beyond it, it skips the operation or reads at wrapped offsets.
+  as_int_count(in.numel, "reduce_scatter (non-blocking: the whole input)");
   const int n = as_int_count(out.numel, "reduce_scatter");
   auto w = std::make_unique<MpiWork>(what("reduce_scatter", in, reduce_op_name(op)), rank_, name_,
                                      false, left_pending_);
@@ -623,7 +647,8 @@ void MpiComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
           DT_MPI(MPI_Isend(acc, static_cast<int>(m), mpi_type(in.dtype), right, kRingTag, comm_,
                            &rq[1]),
                  rank_, name_);
-          for (int spins = 0, done = 0; !done; ++spins) {
+          int done = 0;
+          for (std::int64_t spins = 0; !done; ++spins) {
             DT_MPI(MPI_Testall(2, rq, &done, MPI_STATUSES_IGNORE), rank_, name_);
             if (!done) pause_between_polls(spins, true);
           }

@@ -198,7 +198,7 @@ class UcxWork final : public WorkImpl {
   bool wait_for(Millis timeout) override {
     const bool forever = timeout.count() < 0;
     const auto deadline = Clock::now() + (forever ? Millis(0) : timeout);
-    for (int spins = 0;; ++spins) {
+    for (std::int64_t spins = 0;; ++spins) {
       if (error_) std::rethrow_exception(error_);
       if (done_) return true;
       unsigned progressed = 0;
@@ -229,7 +229,7 @@ class UcxWork final : public WorkImpl {
     if (!recv_ || !req_) return false;
     ucp_request_cancel(st_->worker.get(), req_.get());
     const auto deadline = Clock::now() + grace;
-    for (int spins = 0;; ++spins) {
+    for (std::int64_t spins = 0;; ++spins) {
       ucp_worker_progress(st_->worker.get());
       const ucs_status_t s = ucp_tag_recv_request_test(req_.get(), &info_);
       if (s != UCS_INPROGRESS) {

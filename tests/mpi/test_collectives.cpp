@@ -643,6 +643,25 @@ void check_chunking(Comm& world) {
   auto* m = dynamic_cast<dt::MpiComm*>(d.get());
   if (!H.expect(m != nullptr, "chunking", "split() of an MpiComm is not an MpiComm")) return;
   expect_throw<dt::InvalidArgument>("set_max_chunk(0)", [&] { m->set_max_chunk(0); });
+  // Non-blocking all_gather and reduce_scatter whose whole output (input) passes INT_MAX
+  // elements, each rank's part within it: refused before MPI sees them (Open MPI's libnbc counts
+  // the whole in an int). The views are never read: a small buffer stands for them.
+  if (d->size() > 1) {
+    const std::size_t part = (std::size_t{1} << 31) / static_cast<std::size_t>(d->size()) + 1;
+    const std::size_t whole = part * static_cast<std::size_t>(d->size());
+    float stand_in[1] = {0};
+    const dt::ConstTensorView in_part{stand_in, part, dt::DType::f32};
+    const dt::ConstTensorView in_whole{stand_in, whole, dt::DType::f32};
+    const dt::TensorView out_part{stand_in, part, dt::DType::f32};
+    const dt::TensorView out_whole{stand_in, whole, dt::DType::f32};
+    expect_throw<dt::InvalidArgument>("iall_gather of more than INT_MAX elements in all",
+                                      [&] { m->iall_gather(in_part, out_whole); },
+                                      {"all_gather (non-blocking: the whole output)", "int range"});
+    expect_throw<dt::InvalidArgument>(
+        "ireduce_scatter of more than INT_MAX elements in all",
+        [&] { m->ireduce_scatter(in_whole, out_part, ReduceOp::sum); },
+        {"reduce_scatter (non-blocking: the whole input)", "int range"});
+  }
   const std::size_t big = kBig + 3;
   m->set_max_chunk(1000);  // 1M + 3 elements: 1048 full chunks and one of 579
   for_each_dtype([&](auto z, int dk) {
