@@ -225,7 +225,8 @@ void add_train_options(Options& o, TrainConfig& c) {
       .add("train.bucket-mb", &c.bucket_mb, 25.0,
            "gradient bucket size in MiB: each bucket's all_reduce starts as soon as backward has "
            "produced it (0: one all_reduce per parameter tensor); with parallel.zero=1 the "
-           "reduce-scatter of layers smaller than this merges up to it",
+           "reduce-scatter of layers smaller than this merges up to it (during backward on the "
+           "fused model, after it with tensor or pipeline parallelism)",
            0.0, 1e6)
       .add("comm.allreduce", &c.allreduce, "auto",
            "gradient all_reduce: shm (shared memory inside a node, hierarchical across nodes), "
@@ -1252,6 +1253,9 @@ Trainer::~Trainer() {
   // Pipeline drain votes an error left pending: their Work goes before the communicator, which
   // then stays unfreed (MPI), or finishes them into the buffers that outlive it (sealed).
   if (pipe_votes_) pipe_votes_->work.clear();
+  // Gradient buckets an error left queued run as their queue ends: before the engine, whose
+  // gradient buffer they may reduce (members go in reverse order, and engine_ is declared later).
+  buckets_.reset();
 }
 
 GradWire Trainer::grad_wire() const {
