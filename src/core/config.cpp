@@ -495,12 +495,23 @@ bool Options::parse(int argc, const char* const* argv) {
                "config file '", path, "' is a directory");
       const po::parsed_options from_file = read_ini(in, impl_->desc, path, file_lines);
       DT_CHECK(ConfigError, !in.bad(), "config file '", path, "' could not be read to the end");
-      // Every value of the file is converted, also those the command line overrides (kept by
-      // `vm` alone, which takes the first value): a broken file does not wait for the day an
-      // override is dropped.
+      // Every value of the file is converted and checked (range, choices), also those the
+      // command line overrides (kept by `vm` alone, which takes the first value): a broken file
+      // does not wait for the day an override is dropped. The file's values go into the
+      // variables for the checks; notify(vm) below gives them their final values.
       {
         po::variables_map whole;
         po::store(from_file, whole);
+        po::notify(whole);
+        for (const auto& [name, check] : impl_->checks) {
+          if (!file_lines.count(name) ||
+              std::find(from_command_line.begin(), from_command_line.end(), name) ==
+                  from_command_line.end())
+            continue;  // the others are checked below, with their final values
+          const std::string problem = check();
+          DT_CHECK(ConfigError, problem.empty(), "option --", name, ": ", problem, " in ",
+                   at_line(name, file_source), " (the command line overrides it)");
+        }
       }
       po::store(from_file, vm);
     }
