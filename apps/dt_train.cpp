@@ -55,12 +55,26 @@ int main(int argc, char** argv) {
   // one node only: that failure is kept and agreed on once MPI has started, so that every rank
   // exits 2 with it instead of the others waiting for the missing rank.
   std::string local_error;
+  // A config file is read on each node, and its copies (or a node-local path) may differ: an
+  // error in its options may be one node's. With --config, option errors are therefore kept and
+  // agreed on once MPI has started, as the data's are, so that no rank waits in MPI's start-up
+  // for ranks that ended before it.
+  bool config_given = false;
+  for (int i = 1; i < argc; ++i)
+    config_given = config_given || std::strncmp(argv[i], "--config", 8) == 0;
+  std::string option_error;
   // Option errors: reported once (dt::quiet_option_errors).
   int rc = dt::run_with_config_errors(
       "dt_train",
       [&] {
-        if (!opts.parse(argc, argv)) return 0;
-        dt::check_layout_options(opts, cfg);
+        try {
+          if (!opts.parse(argc, argv)) return 0;
+          dt::check_layout_options(opts, cfg);
+        } catch (const dt::ConfigError& e) {
+          if (!config_given) throw;  // the command line alone: the same on every rank
+          option_error = e.message();
+          return -1;
+        }
         if (cfg.test_start_delay_s > 0)
           std::this_thread::sleep_for(std::chrono::duration<double>(cfg.test_start_delay_s));
         try {
@@ -77,31 +91,14 @@ int main(int argc, char** argv) {
   // Into the job's cgroup before MPI starts its threads; this (compute) thread gets its policy.
   dt::qos::configure(tier);
 
-  dt::RuntimeOptions ro;
-  ro.bind = dt::parse_bind_mode(cfg.bind);
-  ro.use_pmix = cfg.pmix;
+  dt::RuntimeOptions ro;  // the defaults where the options were refused
+  if (option_error.empty()) {
+    ro.bind = dt::parse_bind_mode(cfg.bind);
+    ro.use_pmix = cfg.pmix;
+  }
   const auto runtime = dt::start_runtime(&argc, &argv, ro, "dt_train");
   dt::Runtime& rt = *runtime;
   const bool lead = rt.rank() == 0;
-  cfg.config_text = opts.dump();
-  cfg.local_rank = rt.topology().placement.local_rank;
-  cfg.site.node = rt.topology().placement.node_id;
-  cfg.site.local_rank = rt.topology().placement.local_rank;
-  cfg.site.host = rt.topology().machine.host;
-  cfg.site.numa = std::atoi(rt.topology().binding.numa.c_str());  // first NUMA node of the binding
-  if (cfg.print_config && lead) std::printf("%s", cfg.config_text.c_str());
-  if (lead && !tier.name.empty())
-    std::printf("dt_train: qos: %s\n", dt::qos::describe(dt::qos::current()).c_str());
-  // The hang watchdog (destroyed before the runtime finalises MPI).
-  dt::watchdog::Settings wds;
-  wds.timeout_s = cfg.comm_timeout_s;
-  wds.scoped_limits = cfg.ckpt_timeout_s > 0;  // checkpoint saves and loads (watchdog::LimitScope)
-  wds.dump_dir = cfg.comm_dump_dir;
-  wds.exit_code = 4;
-  dt::watchdog::Watchdog watchdog(MPI_COMM_WORLD, wds);
-  dt::install_drain_signals();  // again, over any handler MPI's start-up installed
-  std::unique_ptr<dt::Device> dev;
-  std::unique_ptr<dt::Trainer> trainer;
   // Set-up runs in phases; after each, all ranks agree whether every rank succeeded before any
   // of them enters the next phase's collectives (communicator dup, checkpoint reads). A rank that
   // failed (a plugin missing on one node, say) reports it, and every rank exits 2; none hangs.
@@ -125,6 +122,30 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "dt_train: error: rank %d: %s\n", rt.rank(), failed.c_str());
     return false;
   };
+  // Options a rank refused (its config file): before anything else uses them.
+  if (!phase([&] {
+        if (!option_error.empty()) throw dt::ConfigError(option_error, __FILE__, __LINE__);
+      }))
+    return 2;
+  cfg.config_text = opts.dump();
+  cfg.local_rank = rt.topology().placement.local_rank;
+  cfg.site.node = rt.topology().placement.node_id;
+  cfg.site.local_rank = rt.topology().placement.local_rank;
+  cfg.site.host = rt.topology().machine.host;
+  cfg.site.numa = std::atoi(rt.topology().binding.numa.c_str());  // first NUMA node of the binding
+  if (cfg.print_config && lead) std::printf("%s", cfg.config_text.c_str());
+  if (lead && !tier.name.empty())
+    std::printf("dt_train: qos: %s\n", dt::qos::describe(dt::qos::current()).c_str());
+  // The hang watchdog (destroyed before the runtime finalises MPI).
+  dt::watchdog::Settings wds;
+  wds.timeout_s = cfg.comm_timeout_s;
+  wds.scoped_limits = cfg.ckpt_timeout_s > 0;  // checkpoint saves and loads (watchdog::LimitScope)
+  wds.dump_dir = cfg.comm_dump_dir;
+  wds.exit_code = 4;
+  dt::watchdog::Watchdog watchdog(MPI_COMM_WORLD, wds);
+  dt::install_drain_signals();  // again, over any handler MPI's start-up installed
+  std::unique_ptr<dt::Device> dev;
+  std::unique_ptr<dt::Trainer> trainer;
   // What each rank validated on its own node, then whether all read the same data.
   if (!phase([&] {
         if (!local_error.empty()) throw dt::ConfigError(local_error, __FILE__, __LINE__);
