@@ -166,7 +166,8 @@ class Sampler {
  public:
   /// Throws dt::ConfigError when seq_len < 1 or n < seq_len + 1 (naming both numbers and `what`,
   /// e.g. "training split"); dt::InvalidArgument when tokens is null. `vocab`: every token a
-  /// window hands out is checked to be below it (a mapped token file changed under the run).
+  /// window hands out is checked to be below it (a mapped token file changed under the run; the
+  /// error names `what` and the window's start).
   Sampler(TokenPtr tokens, size_t n, int seq_len, uint64_t seed,
           const std::string& what = "token range", int vocab = 65536);
 
@@ -194,6 +195,7 @@ class Sampler {
   int seq_len_;
   uint64_t seed_;
   int vocab_;
+  std::string what_;
 };
 
 /// Start offsets of `count` fixed evaluation windows (seq_len + 1 tokens each) over n tokens,
@@ -207,9 +209,10 @@ std::vector<size_t> eval_windows(size_t n, int seq_len, int64_t count,
 
 /// Fills count x seq_len inputs / targets from the windows at starts[0 .. count) over tokens[0,
 /// n). Throws dt::InvalidArgument when a window does not fit in n tokens or a buffer is null,
-/// dt::ConfigError on a token not below `vocab`.
+/// dt::ConfigError on a token not below `vocab` (naming `what` and the window's start).
 void fill_windows(TokenPtr tokens, size_t n, int seq_len, const size_t* starts, int64_t count,
-                  int32_t* inputs, int32_t* targets, int vocab = 65536);
+                  int32_t* inputs, int32_t* targets, int vocab = 65536,
+                  const std::string& what = "validation split");
 
 /// Byte tokens as printable text: printable ASCII and '\n' as is, '\\' as "\\\\", '\t' '\r' as
 /// "\\t" "\\r", other bytes as "\\xHH", tokens outside [0, 255] as "\\{N}".

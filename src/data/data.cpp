@@ -178,9 +178,11 @@ void check_window_buffers(int64_t count, const int32_t* inputs, const int32_t* t
 
 // Copies a window of seq_len + 1 tokens; every token must be below `vocab`. The file was checked
 // when it was loaded, but a mapped file that changes under the run would otherwise hand the
-// model's embedding an index outside it.
+// model's embedding an index outside it. `what` and `at` (the window's first token in it) name
+// the window in an error.
 template <typename T>
-void copy_window(const T* w, int seq_len, int32_t* in, int32_t* tg, int vocab) {
+void copy_window(const T* w, int seq_len, int32_t* in, int32_t* tg, int vocab,
+                 const std::string& what, size_t at) {
   unsigned top = 0;
   for (int t = 0; t < seq_len; ++t) {
     in[t] = w[t];
@@ -188,16 +190,18 @@ void copy_window(const T* w, int seq_len, int32_t* in, int32_t* tg, int vocab) {
     top = std::max<unsigned>(top, w[t + 1]);
   }
   top = std::max<unsigned>(top, w[0]);
-  DT_CHECK(ConfigError, top < static_cast<unsigned>(vocab), "a data window holds token ", top,
-           ", outside the vocabulary of ", vocab,
+  DT_CHECK(ConfigError, top < static_cast<unsigned>(vocab), what, ": the window at token ", at,
+           " holds token ", top, ", outside the vocabulary of ", vocab,
            " (did the token file change while this run used it?)");
 }
 
-void copy_window(TokenPtr w, int seq_len, int32_t* in, int32_t* tg, int vocab) {
+void copy_window(TokenPtr tokens, size_t at, int seq_len, int32_t* in, int32_t* tg, int vocab,
+                 const std::string& what) {
+  const TokenPtr w = tokens + at;
   if (w.wide())
-    copy_window(static_cast<const uint16_t*>(w.raw()), seq_len, in, tg, vocab);
+    copy_window(static_cast<const uint16_t*>(w.raw()), seq_len, in, tg, vocab, what, at);
   else
-    copy_window(static_cast<const uint8_t*>(w.raw()), seq_len, in, tg, vocab);
+    copy_window(static_cast<const uint8_t*>(w.raw()), seq_len, in, tg, vocab, what, at);
 }
 
 }  // namespace
@@ -334,7 +338,7 @@ Split split(const TokenFile& file, double val_fraction) {
 
 Sampler::Sampler(TokenPtr tokens, size_t n, int seq_len, uint64_t seed, const std::string& what,
                  int vocab)
-    : tokens_(tokens), n_(n), seq_len_(seq_len), seed_(seed), vocab_(vocab) {
+    : tokens_(tokens), n_(n), seq_len_(seq_len), seed_(seed), vocab_(vocab), what_(what) {
   DT_CHECK(ConfigError, seq_len >= 1, "sequence length must be >= 1, got ", seq_len);
   DT_CHECK(ConfigError, n >= static_cast<size_t>(seq_len) + 1, what, " has ", n,
            " tokens, too few for one window of seq_len + 1 = ", static_cast<size_t>(seq_len) + 1,
@@ -367,8 +371,8 @@ void Sampler::fill(uint64_t step, int64_t first_seq, int64_t count, int32_t* inp
   const size_t T = static_cast<size_t>(seq_len_);
   for (int64_t i = 0; i < count; ++i) {
     const size_t start = window_start(step, first_seq + i);
-    copy_window(tokens_ + start, seq_len_, inputs + static_cast<size_t>(i) * T,
-                targets + static_cast<size_t>(i) * T, vocab_);
+    copy_window(tokens_, start, seq_len_, inputs + static_cast<size_t>(i) * T,
+                targets + static_cast<size_t>(i) * T, vocab_, what_);
   }
 }
 
@@ -394,7 +398,7 @@ std::vector<size_t> eval_windows(size_t n, int seq_len, int64_t count, const std
 }
 
 void fill_windows(TokenPtr tokens, size_t n, int seq_len, const size_t* starts, int64_t count,
-                  int32_t* inputs, int32_t* targets, int vocab) {
+                  int32_t* inputs, int32_t* targets, int vocab, const std::string& what) {
   DT_CHECK_GE(InvalidArgument, seq_len, 1, "sequence length must be >= 1");
   check_window_buffers(count, inputs, targets);
   DT_CHECK(InvalidArgument, count == 0 || (tokens != TokenPtr() && starts != nullptr),
@@ -404,8 +408,8 @@ void fill_windows(TokenPtr tokens, size_t n, int seq_len, const size_t* starts, 
     const size_t s = starts[i];
     DT_CHECK(InvalidArgument, s < n && n - s >= T + 1, "window ", i, " at ", s, " of ", T + 1,
              " tokens does not fit in ", n, " tokens");
-    copy_window(tokens + s, seq_len, inputs + static_cast<size_t>(i) * T,
-                targets + static_cast<size_t>(i) * T, vocab);
+    copy_window(tokens, s, seq_len, inputs + static_cast<size_t>(i) * T,
+                targets + static_cast<size_t>(i) * T, vocab, what);
   }
 }
 

@@ -769,7 +769,7 @@ TokenFile validate_and_load(TrainConfig& c) {
   // Constructing these checks that seq-len fits both parts (ConfigError naming the numbers).
   Sampler(data.data(s.train), s.train.size(), c.model.block, static_cast<std::uint64_t>(c.seed),
           "training split of " + c.data_path + " (--model.seq-len, --data.val-fraction)");
-  if (c.val_fraction > 0)
+  if (c.val_fraction > 0 && !c.eval_only)  // (--eval-only evaluates eval.sequences in order)
     eval_windows(s.val.size(), c.model.block, c.eval_windows,
                  "validation split of " + c.data_path +
                      " (--data.val-fraction, --model.seq-len, --train.eval-windows)");
@@ -778,6 +778,9 @@ TokenFile validate_and_load(TrainConfig& c) {
              c.ckpt_resume != "none" && !(c.ckpt_resume == "auto" && c.ckpt_dir.empty()),
              "option --eval-only needs a checkpoint: --ckpt.resume=PATH or --ckpt.dir with "
              "--ckpt.resume=auto");
+    DT_CHECK(ConfigError, c.val_fraction > 0,
+             "option --eval-only evaluates the validation split, and --data.val-fraction=0 "
+             "leaves none");
     const std::size_t need = static_cast<std::size_t>(c.eval_sequences) * c.model.block + 1;
     DT_CHECK(ConfigError, need <= s.val.size(), "option --eval.sequences: ", c.eval_sequences,
              " sequences of ", c.model.block, " tokens need ", need,
@@ -997,9 +1000,9 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
   if (c_.seal == "all") sealed_world_ = security::make_sealed_comm(comm_, *keys_, sealed);
   if (c_.optim.decay_steps == 0) c_.optim.decay_steps = c_.steps;
   sampler_ = std::make_unique<Sampler>(data.data(split_.train), split_.train.size(), c_.model.block,
-                                       static_cast<std::uint64_t>(c_.seed), "training split",
-                                       c_.model.vocab);
-  if (c_.val_fraction > 0)
+                                       static_cast<std::uint64_t>(c_.seed),
+                                       "training split of " + c_.data_path, c_.model.vocab);
+  if (c_.val_fraction > 0 && !c_.eval_only)
     eval_starts_ = eval_windows(split_.val.size(), c_.model.block, c_.eval_windows);
   if (dev_.table().set_threads)
     dev_.call(&dt_hal_v1_t::set_threads, "set_threads", static_cast<int>(c_.threads));
@@ -1708,7 +1711,7 @@ double Trainer::loss_over(const std::vector<std::size_t>& starts) {
   const std::int64_t rounds = (((total + n - 1) / n) + micro_ - 1) / micro_;
   for (std::int64_t j = 0; lockstep && j < rounds - (end - begin + micro_ - 1) / micro_; ++j) {
     fill_windows(data_.data(split_.val), split_.val.size(), T, starts.data(), 1, inputs_.data(),
-                 targets_.data(), c_.model.vocab);
+                 targets_.data(), c_.model.vocab, "validation split of " + c_.data_path);
     if (engine_)
       engine_->forward(0, -1, inputs_.data(), targets_.data(), 1);
     else
@@ -1717,7 +1720,7 @@ double Trainer::loss_over(const std::vector<std::size_t>& starts) {
   for (std::int64_t i = begin; i < end; i += micro_, ++k) {
     const std::int64_t cnt = std::min(micro_, end - i);
     fill_windows(val, split_.val.size(), T, starts.data() + i, cnt, inputs_.data(), targets_.data(),
-                 c_.model.vocab);
+                 c_.model.vocab, "validation split of " + c_.data_path);
     if (engine_)
       sums[0] += engine_->forward(k % plan_->in_flight(mesh_->coord().pp), k, inputs_.data(),
                                   targets_.data(), static_cast<int>(cnt));

@@ -3,6 +3,8 @@
 # "eval-only: step N ... loss X" and exits 0, with the same loss on 1, 2 and 3 ranks (1e-6
 # relative; 3 ranks do not divide the training batch of 8, which evaluation does not need, also
 # with --train.micro-batch=4); it trains and saves nothing. --eval-only without any checkpoint option exits 2.
+# train.eval-windows, a setting of training's evaluations, does not bind it; without a validation
+# split (--data.val-fraction=0) it exits 2 saying so.
 # ckpt.eval_only_empty_dir (MODE empty_dir): --eval-only with --ckpt.dir naming a directory
 # without checkpoints (auto-resume finds nothing), or none at all, has no checkpoint to evaluate
 # either: exit 2, before the model is made, instead of reporting the loss of the random initial
@@ -33,6 +35,15 @@ case "$MODE" in
       --data.val-fraction=0.2
     expect_rc EV 0
     expect_line EV "settings differ from the checkpoint's [(]data.val-fraction 0.1 -> 0.2[)]: the evaluation is not on the data the checkpoint was trained on"
+    # --eval-only evaluates eval.sequences in order: train.eval-windows (more windows than the
+    # split has starts, here) is not its setting; without a validation split it is refused so.
+    train EW 1 --eval-only --ckpt.resume="$WORK/D/step-4.h5" --eval.sequences=8 \
+      --train.eval-windows=100000000
+    expect_rc EW 0
+    expect_line EW "eval-only: step 4,.* loss [0-9]+\.[0-9]+"
+    train EZ 1 --eval-only --ckpt.resume="$WORK/D/step-4.h5" --data.val-fraction=0
+    expect_rc EZ 2
+    expect_line EZ "option --eval-only evaluates the validation split, and --data.val-fraction=0 leaves none"
     l1=$(eval_loss E1)
     l2=$(eval_loss E2)
     if [ -n "$l1" ] && [ -n "$l2" ]; then

@@ -273,7 +273,7 @@ TEST_CASE("data: a token file changed in use is refused at the window") {
   const std::string path = dir.write("c.bin", llmc_image(std::vector<uint16_t>(100, 5)));
   const dt::TokenFile f = dt::load_tokens(path);
   REQUIRE(f.tokens.mapped());
-  const dt::Sampler s(f.data(f.all()), f.size(), 99, 1, "training split", 1000);
+  const dt::Sampler s(f.data(f.all()), f.size(), 99, 1, "training split of " + path, 1000);
   std::vector<int32_t> in(99), tg(99);
   CHECK_NOTHROW(s.fill(0, 0, 1, in.data(), tg.data()));
   {
@@ -284,12 +284,16 @@ TEST_CASE("data: a token file changed in use is refused at the window") {
   }
   REQUIRE(f.tokens[50] == 60000);  // the mapping shows the change
   const std::string msg = config_error([&] { s.fill(0, 0, 1, in.data(), tg.data()); });
-  CHECK(contains(msg, "token 60000, outside the vocabulary of 1000"));
+  CHECK(contains(msg, "training split of " + path +
+                          ": the window at token 0 holds token 60000, outside the vocabulary of "
+                          "1000"));
   const size_t start = 0;
   const std::string msg2 = config_error([&] {
-    dt::fill_windows(f.tokens.data(), f.size(), 99, &start, 1, in.data(), tg.data(), 1000);
+    dt::fill_windows(f.tokens.data(), f.size(), 99, &start, 1, in.data(), tg.data(), 1000,
+                     "validation split of " + path);
   });
-  CHECK(contains(msg2, "token 60000"));
+  CHECK(
+      contains(msg2, "validation split of " + path + ": the window at token 0 holds token 60000"));
 }
 #endif
 
