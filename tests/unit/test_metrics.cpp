@@ -774,15 +774,20 @@ TEST_CASE("metrics: push to a gateway; failures warn once and never throw") {
     CHECK(gw.path == "/metrics/job/42/instance/3");
     CHECK(parse(gw.body).value("dt_train_loss") == 1.25);
   }
-  {
-    OneShotServer gw(500);  // a gateway that refuses
+  // A push that fails: job j, instance 0, a timeout of 0.5 s.
+  const auto failing_push_to = [](int port) {
     dt::metrics::ExporterOptions o;
-    o.push_url = "http://127.0.0.1:" + std::to_string(gw.port);
+    o.push_url = "http://127.0.0.1:" + std::to_string(port);
     o.job = "j";
     o.instance = "0";
     o.push_timeout_s = 0.5;
+    return o;
+  };
+  {
+    OneShotServer gw(500);  // a gateway that refuses
     std::vector<std::string> warnings;
-    dt::metrics::Exporter ex(r, o, [&](const std::string& w) { warnings.push_back(w); });
+    dt::metrics::Exporter ex(r, failing_push_to(gw.port),
+                             [&](const std::string& w) { warnings.push_back(w); });
     CHECK_FALSE(ex.publish_now());
     gw.t.join();
     CHECK_FALSE(ex.publish_now());  // nobody listens now: connection refused
@@ -794,13 +799,9 @@ TEST_CASE("metrics: push to a gateway; failures warn once and never throw") {
     // A gateway that answers a byte every 0.1 s passes each wait's timeout (0.5 s): the push as
     // a whole ends at its timeout, a failure, where it used to read the 1000 bytes for 100 s.
     OneShotServer gw(200, /*trickle_reply=*/true);
-    dt::metrics::ExporterOptions o;
-    o.push_url = "http://127.0.0.1:" + std::to_string(gw.port);
-    o.job = "j";
-    o.instance = "0";
-    o.push_timeout_s = 0.5;
     std::vector<std::string> warnings;
-    dt::metrics::Exporter ex(r, o, [&](const std::string& w) { warnings.push_back(w); });
+    dt::metrics::Exporter ex(r, failing_push_to(gw.port),
+                             [&](const std::string& w) { warnings.push_back(w); });
     const auto t0 = std::chrono::steady_clock::now();
     CHECK_FALSE(ex.publish_now());
     const double took =
