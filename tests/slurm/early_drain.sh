@@ -4,8 +4,12 @@
 # job without starting them, instead of killing the script (bash's default for SIGUSR1). The
 # requeued run then starts as the first was to (its --ckpt.resume kept, here given as two
 # arguments); a later restart, after ranks that ran, resumes from the folder (--ckpt.resume=auto).
+# An early drain at a restart after a run that started the ranks (submitted with
+# --ckpt.resume=pretrained.h5, run 0 trains and drains, run 1 is drained before srun) leaves run 2
+# resuming from the folder (--ckpt.resume=auto), not from pretrained.h5 again.
 # The script runs outside Slurm here: scontrol and srun are stand-ins on PATH, so that the
-# signal can be sent while scontrol is known to be running (the seam); srun must not be called.
+# signal can be sent while scontrol is known to be running (the seam); srun must not be called
+# then. srun exits with SHIM_RC (default 0; 75 as dt_train after a drain).
 #   early_drain.sh WORKDIR SCRIPT DT_BIN CONFIG
 set -u
 WORK=$1 SCRIPT=$2 BIN=$3 CONFIG=$4
@@ -20,22 +24,30 @@ EOS
 cat >"$WORK/bin/srun" <<'EOS'
 #!/bin/sh
 echo "srun $*" >>"$SHIM_LOG"
-exit 0
+exit "${SHIM_RC:-0}"
 EOS
 chmod +x "$WORK/bin/scontrol" "$WORK/bin/srun"
 export SHIM_LOG=$WORK/shim.log PATH=$WORK/bin:$PATH SLURM_JOB_ID=7 SLURM_RESTART_COUNT=0 \
   SLURM_SUBMIT_DIR=$WORK DT_BIN=$BIN
-SHIM_SLOW=1 bash "$SCRIPT" "$CONFIG" --ckpt.dir="$WORK/ck" --ckpt.resume none >"$WORK/out" 2>&1 &
-pid=$!
-for _ in $(seq 1 100); do
-  [ -e "$SHIM_LOG.asked" ] && break
-  sleep 0.1
-done
-kill -USR1 "$pid"
-wait "$pid"
-rc=$?
-cat "$WORK/out" "$SHIM_LOG"
-echo "early_drain.sh: exit code $rc"
+# drained_early OUT ARGS...: runs the script with ARGS (restart SLURM_RESTART_COUNT), its output
+# in OUT, and sends it SIGUSR1 while it asks scontrol about the job; its exit code in $rc.
+drained_early() {
+  local out=$1 pid
+  shift
+  rm -f "$SHIM_LOG.asked"
+  SHIM_SLOW=1 bash "$SCRIPT" "$@" >"$out" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 100); do
+    [ -e "$SHIM_LOG.asked" ] && break
+    sleep 0.1
+  done
+  kill -USR1 "$pid"
+  wait "$pid"
+  rc=$?
+  cat "$out" "$SHIM_LOG"
+  echo "early_drain.sh: exit code $rc"
+}
+drained_early "$WORK/out" "$CONFIG" --ckpt.dir="$WORK/ck" --ckpt.resume none
 FAILED=0
 fail() { echo "FAIL: $*"; FAILED=1; }
 [ -e "$SHIM_LOG.asked" ] || fail "the script never asked scontrol about the job"
@@ -67,6 +79,34 @@ for restart in 1 2; do
       fail "restart 2 does not resume from the folder: $run"
   fi
 done
+
+# Submitted with --ckpt.resume=pretrained.h5: run 0 starts the ranks, which drain (75); run 1 is
+# drained before srun; run 2 resumes from the folder (the checkpoint run 0's drain saved).
+echo "=== a run that trained, then an early drain at restart 1"
+rm -f "$WORK/.dt-train-7.early" "$WORK/.dt-train-7.size"
+resume=--ckpt.resume=$WORK/pretrained.h5
+: >"$SHIM_LOG"
+SHIM_RC=75 bash "$SCRIPT" "$CONFIG" --ckpt.dir="$WORK/ck" "$resume" >"$WORK/trained0" 2>&1
+rc=$?
+cat "$WORK/trained0" "$SHIM_LOG"
+[ "$rc" -eq 0 ] || fail "run 0: exit code $rc, expected 0 (requeued after the drain)"
+grep -q "^srun .* $resume" "$SHIM_LOG" || fail "run 0 did not start the ranks with $resume"
+grep -q "^scontrol requeue 7$" "$SHIM_LOG" || fail "run 0: scontrol requeue 7 was not called"
+: >"$SHIM_LOG"
+SLURM_RESTART_COUNT=1 drained_early "$WORK/trained1" "$CONFIG" --ckpt.dir="$WORK/ck" "$resume"
+[ "$rc" -eq 0 ] || fail "restart 1: exit code $rc, expected 0 (requeued)"
+grep -q "^dt-train: drained before the ranks started (SIGUSR1)$" "$WORK/trained1" ||
+  fail "restart 1: no line about a drain before the ranks started"
+! grep -q "^srun" "$SHIM_LOG" || fail "restart 1: srun was called: the ranks started"
+: >"$SHIM_LOG"
+SLURM_RESTART_COUNT=2 bash "$SCRIPT" "$CONFIG" --ckpt.dir="$WORK/ck" "$resume" >"$WORK/trained2" 2>&1
+echo "=== restart 2: exit code $?"
+cat "$WORK/trained2" "$SHIM_LOG"
+run=$(grep "^srun" "$SHIM_LOG")
+[ -n "$run" ] || fail "restart 2: srun was not called"
+[[ $run == *"--ckpt.resume=auto"* && $run != *"$resume"* ]] ||
+  fail "restart 2 does not resume from the folder after run 0 trained: $run"
+[ ! -e "$WORK/.dt-train-7.early" ] || fail "restart 2 left $WORK/.dt-train-7.early"
 [ $FAILED -eq 0 ] && { echo "early_drain.sh: PASS"; exit 0; }
 echo "early_drain.sh: FAIL"
 exit 1

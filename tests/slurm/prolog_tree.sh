@@ -11,6 +11,11 @@
 # file, the key and the value, and the job its record with the fallback. With comment = lower in
 # [default], a comment naming a tier above the job's tier without it (Slurm QOS, else [default])
 # is logged and that tier applies; an unknown value of comment is logged and acts as lower.
+# A Slurm QOS in the job's name is not taken for the job's (squeue's line of the job's id decides;
+# of several QOS= fields on scontrol's line, the one of the lowest tier). On v1 the job's user
+# gets the files of its cpu group, never those of its cpuset group (and, as root on real v1
+# hierarchies, may enter the one and not the other). The hooks run through links; a copy
+# without qos-lib.sh logs one line naming it.
 source "$(dirname "$0")/lib.sh"
 
 T=$WORK/cg
@@ -25,20 +30,27 @@ cat >"$WORK/bin/scontrol" <<'STUB'
 echo "slurm_load_jobs error: Invalid job id specified" >&2
 exit 1
 STUB
-# A stand-in squeue answers `squeue -h -j ID -o '%A %q %k'` (the job id, the Slurm QOS and the
-# comment) from $WORK/jobs/ID.squeue where there is one, and fails as squeue does for an unknown
-# job otherwise: the prolog then falls back to scontrol.
+# A stand-in squeue answers `squeue -h -j ID -o '%A %q'` (job ids and Slurm QOS) from
+# $WORK/jobs/ID.qos and `squeue -h -j ID -o '%A %k'` (job ids and comments) from
+# $WORK/jobs/ID.comment where there is one, and fails as squeue does for an unknown job
+# otherwise: the prolog then falls back to scontrol.
 cat >"$WORK/bin/squeue" <<'STUB'
 #!/bin/sh
-[ "$1 $2 $4 $5" = "-h -j -o %A %q %k" ] && [ -f "$DT_TEST_JOBS/$3.squeue" ] &&
-  exec cat "$DT_TEST_JOBS/$3.squeue"
+[ "$1 $2 $4" = "-h -j -o" ] || exit 2
+case "$5" in
+  "%A %q") f=$DT_TEST_JOBS/$3.qos ;;
+  "%A %k") f=$DT_TEST_JOBS/$3.comment ;;
+  *) f=/nonexistent ;;
+esac
+[ -f "$f" ] && exec cat "$f"
 echo "slurm_load_jobs error: Invalid job id specified" >&2
 exit 1
 STUB
 chmod +x "$WORK/bin/scontrol" "$WORK/bin/squeue"
 export PATH=$WORK/bin:$PATH DT_TEST_JOBS=$WORK/jobs
+# job_line ID QOS [COMMENT [NAME]]: scontrol's line of job ID (the job's name t unless given).
 job_line() {
-  echo "JobId=$1 JobName=t UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=1 Nice=0" \
+  echo "JobId=$1 JobName=${4:-t} UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=1 Nice=0" \
     "Account=(null) QOS=$2 JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=0" \
     "BatchFlag=1 ${3:+Comment=$3 }StdIn=/dev/null StdOut=/tmp/t.out Power=" >"$WORK/jobs/$1"
 }
@@ -50,16 +62,29 @@ job_line 111 normal "x QOS=high"  # a comment may not choose the Slurm QOS
 # Comments with words shaped like Slurm's fields before dt-qos=, from squeue (112) and from
 # scontrol (114, 115); a job squeue knows with its Slurm QOS and no comment (113).
 job_line 112 normal "run A=b, dt-qos=high"
-printf '%s\n' "112 normal run A=b, dt-qos=high" >"$WORK/jobs/112.squeue"
-printf '%s\n' "113 high (null)" >"$WORK/jobs/113.squeue"
+printf '%s\n' "112 normal" >"$WORK/jobs/112.qos"
+printf '%s\n' "112 run A=b, dt-qos=high" >"$WORK/jobs/112.comment"
+printf '%s\n' "113 high" >"$WORK/jobs/113.qos"
+printf '%s\n' "113 (null)" >"$WORK/jobs/113.comment"
 # The id of an array whose other jobs squeue lists too, one forging a record in its comment
-# (116: scontrol's line decides, Slurm QOS normal), and a comment with a line break (117).
-printf '%s\n' "116 normal run" "117 high x" "dt-qos=high" >"$WORK/jobs/116.squeue"
+# (116: the QOS from squeue's line of 116, normal; the comment from scontrol's line), and a
+# comment with a line break (117).
+printf '%s\n' "117 high" "116 normal" >"$WORK/jobs/116.qos"
+printf '%s\n' "116 run" "117 x" "116 dt-qos=realtime" >"$WORK/jobs/116.comment"
 job_line 116 normal "run"
-printf '%s\n' "117 normal x" "dt-qos=high" >"$WORK/jobs/117.squeue"
+printf '%s\n' "117 normal" >"$WORK/jobs/117.qos"
+printf '%s\n' "117 x" "dt-qos=high" >"$WORK/jobs/117.comment"
 job_line 117 normal "x"
 job_line 114 normal "run A=b StdErrX=1, dt-qos=realtime"
 job_line 115 high "Work=1 QOS=normal"
+# A Slurm QOS in the job's name, before Slurm's QOS= field on scontrol's line (sbatch -J
+# 'x QOS=realtime'): for the first job of an array, whose id squeue lists the others under (118:
+# squeue's line of 118 decides), and where squeue does not answer (119: of the QOS= fields of
+# scontrol's line the one of the lowest tier, logged). Slurm's QOS normal either way.
+printf '%s\n' "122 realtime" "118 normal" >"$WORK/jobs/118.qos"
+printf '%s\n' "118 run" "122 run" >"$WORK/jobs/118.comment"
+job_line 118 normal "" "x QOS=realtime"
+job_line 119 normal "" "x QOS=realtime Comment=y JobState=R QOS=high"
 mkdir -p "$WORK/numa/node0" "$WORK/numa/node1"
 echo 0-1 >"$WORK/numa/node0/cpulist"
 echo 2-3 >"$WORK/numa/node1/cpulist"
@@ -83,10 +108,12 @@ case "$MODE" in
   *) echo "unknown mode '$MODE'"; exit 2 ;;
 esac
 
-# hook NAME JOB [COMMENT]: runs slurm/NAME for JOB as slurmd would; it must exit 0.
+# hook NAME JOB [COMMENT]: runs slurm/NAME (or the script NAME, a path) for JOB as slurmd
+# would; it must exit 0.
 hook() {
-  local rc
-  SLURM_JOB_ID=$2 SLURM_JOB_COMMENT=${3:-} "$DT_ROOT/slurm/$1" 2>>"$WORK/hooks.err"
+  local rc script=$1
+  [[ $script == */* ]] || script=$DT_ROOT/slurm/$1
+  SLURM_JOB_ID=$2 SLURM_JOB_COMMENT=${3:-} "$script" 2>>"$WORK/hooks.err"
   rc=$?
   [ $rc -eq 0 ] || fail "$1 of job $2 exited $rc (a non-zero prolog or epilog drains the node)"
   return $rc
@@ -149,7 +176,7 @@ hook prolog 104
 hook prolog 108
 hook prolog 109
 hook prolog 111
-for j in 112 113 114 115 116 117; do hook prolog $j; done
+for j in 112 113 114 115 116 117 118 119; do hook prolog $j; done
 # A comment with lines of its own, one shaped like the record's: the record gets no line from it.
 hook prolog 110 $'dt-qos=high=x\ntier=realtime\ndt-qos=requested=y\ncgroup=/tmp'
 sed 's/^/    /' "$WORK/qos.log"
@@ -185,6 +212,12 @@ record_has 116 "tier=best_effort"
 record_has 116 "source=slurm-qos normal"
 record_has 117 "tier=high"
 record_has 117 "source=comment"
+for j in 118 119; do
+  record_has $j "tier=best_effort"
+  record_has $j "source=slurm-qos normal"
+done
+grep -qF "job=119: scontrol's line of the job has QOS= 3 times before its JobState= (Slurm's," \
+  "$WORK/qos.log" || fail "no log line about the QOS= fields of job 119's name"
 # Each key of a record once (cgroup= once a group, each of this job), and requested= one word.
 bad=$(grep -v '^#' "$WORK/state/job-110.conf" | grep -Ev '^cgroup=.*/dt/job_110$' |
   sed 's/=.*//' | sort | uniq -c | awk '$1 > 1 || $2 !~ /^(job|tier|requested|source|weight|fifo|cpus|mems|mode|rt_runtime_us)$/')
@@ -226,7 +259,6 @@ if [ "$MODE" = v2 ]; then
 fi
 
 echo "=== a record naming groups of others (job 120): the epilog leaves them, and their parent"
-other=$(dirname "$(group 121 cpu)")
 mkdir -p "$(group 121 cpu)" "$T/other"
 printf 'job=120\ntier=high\ncgroup=%s\ncgroup=%s\n' "$(group 121 cpu)" "$T/other" \
   >"$WORK/state/job-120.conf"
@@ -248,10 +280,93 @@ else
   echo "    (no real v1 cpu hierarchy to write to: the real-group case is left out)"
 fi
 
+echo "=== the job's user (65534) gets its cpu group, never its cpuset group (job 123)"
+# On v1 a user who may write a group's cgroup.procs or tasks may move any of their processes
+# there: the cpuset group would take them out of the cpuset Slurm confines the job to. The cpu
+# group (the tier's CPU weight) is theirs where the cpu hierarchy holds no other controller.
+# The files are made first, as a cgroup file system has them.
+for c in cpu cpuset; do
+  mkdir -p "$(group 123 "$c")"
+  touch "$(group 123 "$c")/cgroup.procs" "$(group 123 "$c")/tasks"
+done
+SLURM_JOB_UID=65534 hook prolog 123 "dt-qos=high"
+record_has 123 "tier=high"
+# owner FILE: the owner's uid
+owner() { stat -c %u "$1" 2>/dev/null; }
+if [ "$MODE" = v2 ]; then
+  # (The move needs the root's cgroup.procs too: the job's file opens no way out.)
+  [ "$(owner "$(group 123)/cgroup.procs")" = 65534 ] ||
+    fail "$(group 123)/cgroup.procs is not the job's user's"
+else
+  for f in cgroup.procs tasks; do
+    [ "$(owner "$(group 123 cpu)/$f")" = 65534 ] || fail "$(group 123 cpu)/$f is not the job's user's"
+    [ "$(owner "$(group 123 cpuset)/$f")" = 0 ] ||
+      fail "$(group 123 cpuset)/$f is the job's user's: they could leave Slurm's cpuset for it"
+  done
+  # cpu and cpuacct in one hierarchy (cpu a link to cpu,cpuacct): jobacct_gather/cgroup may hold
+  # the job in a group of it, so the cpu group stays root's too (job 125).
+  C2=$WORK/cg-cpuacct
+  mkdir -p "$C2/cpu,cpuacct" "$C2/cpuset"
+  ln -s "cpu,cpuacct" "$C2/cpu"
+  ln -s "cpu,cpuacct" "$C2/cpuacct"
+  echo 1024 >"$C2/cpu,cpuacct/cpu.shares"
+  echo 0 >"$C2/cpu,cpuacct/cpuacct.usage"
+  echo 0-3 >"$C2/cpuset/cpuset.cpus"
+  echo 0-1 >"$C2/cpuset/cpuset.mems"
+  for c in "cpu,cpuacct" cpuset; do
+    mkdir -p "$C2/$c/dt/job_125"
+    touch "$C2/$c/dt/job_125/cgroup.procs" "$C2/$c/dt/job_125/tasks"
+  done
+  DT_QOS_CGROUP_ROOT=$C2 SLURM_JOB_UID=65534 hook prolog 125 "dt-qos=high"
+  record_has 125 "cgroup=$C2/cpu/dt/job_125"
+  for f in cgroup.procs tasks; do
+    for c in "cpu,cpuacct" cpuset; do
+      [ "$(owner "$C2/$c/dt/job_125/$f")" = 0 ] ||
+        fail "$C2/$c/dt/job_125/$f is the job's user's (cpu shares a hierarchy with cpuacct)"
+    done
+  done
+  DT_QOS_CGROUP_ROOT=$C2 hook epilog 125
+  rm -rf "$C2"
+fi
+hook epilog 123
+# The same on the real v1 hierarchies (as root): the job's user moves itself into the cpu group,
+# and is refused the cpuset group (job 124).
+P=dt-test-$$
+setpriv=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+if [ "$MODE" = v1 ] && [ "$(id -u)" -eq 0 ] && "${setpriv[@]}" true 2>/dev/null &&
+   [ "$(stat -f -c %T /sys/fs/cgroup/cpuset 2>/dev/null)" = cgroupfs ] &&
+   [ "$(stat -f -c %T /sys/fs/cgroup/cpu 2>/dev/null)" = cgroupfs ]; then
+  DT_QOS_CGROUP_ROOT=/sys/fs/cgroup DT_QOS_CGROUP_PARENT=$P SLURM_JOB_UID=65534 \
+    hook prolog 124 "dt-qos=best_effort"
+  record_has 124 "cgroup=/sys/fs/cgroup/cpuset/$P/job_124"
+  # joins CONTROLLER: a process of user 65534 writes itself into the job's group of CONTROLLER.
+  joins() {
+    # shellcheck disable=SC2016  # $$: the pid of the process that moves itself
+    "${setpriv[@]}" sh -c 'echo $$ >"$1/tasks"' sh "/sys/fs/cgroup/$1/$P/job_124" 2>/dev/null
+  }
+  if [ "$(sed -n 's/^cgroup=//p' "$WORK/state/job-124.conf" | grep -c "/$P/job_124$")" = 2 ]; then
+    joins cpu || fail "the job's user cannot enter its cpu group /sys/fs/cgroup/cpu/$P/job_124"
+    ! joins cpuset ||
+      fail "the job's user entered /sys/fs/cgroup/cpuset/$P/job_124, out of Slurm's cpuset"
+  else
+    fail "the prolog of job 124 made no cpu and cpuset groups under /sys/fs/cgroup"
+  fi
+  DT_QOS_CGROUP_ROOT=/sys/fs/cgroup DT_QOS_CGROUP_PARENT=$P hook epilog 124
+  for c in cpu cpuset; do
+    [ ! -e "/sys/fs/cgroup/$c/$P" ] || fail "the epilog of job 124 left /sys/fs/cgroup/$c/$P"
+    rmdir "/sys/fs/cgroup/$c/$P/job_124" "/sys/fs/cgroup/$c/$P" 2>/dev/null
+  done
+else
+  echo "    (no real v1 cpu and cpuset hierarchies to write to, or no setpriv: the real-group case"
+  echo "    of job 124 is left out)"
+fi
+
 echo "=== a prolog that died before its record (job 105), and the epilogs"
 hook prolog 105 "dt-qos=high"
 rm -f "$WORK/state/job-105.conf"
-for j in 101 102 103 104 105 108 109 110 111 112 113 114 115 116 117; do hook epilog $j; done
+for j in 101 102 103 104 105 108 109 110 111 112 113 114 115 116 117 118 119; do
+  hook epilog $j
+done
 grep "epilog" "$WORK/qos.log" | sed 's/^/    /'
 left=$(find "$T" -name 'job_*' | tr '\n' ' ')
 [ -z "$left" ] || fail "groups left after the epilogs: $left"
@@ -439,6 +554,24 @@ for j in 310 311 312 313 314 315; do hook epilog $j; done
 left=$(find "$T" -name 'job_31*' | tr '\n' ' ')
 [ -z "$left" ] || fail "groups left after the epilogs of jobs 310-315: $left"
 [ -z "$(ls -A "$WORK/state")" ] || fail "records left: $(ls -A "$WORK/state")"
+
+echo "=== the hooks through links (job 126), and copies without qos-lib.sh (job 127)"
+mkdir -p "$WORK/links" "$WORK/copies"
+ln -s "$DT_ROOT/slurm/prolog" "$WORK/links/dt-prolog"
+ln -s "$DT_ROOT/slurm/epilog" "$WORK/links/dt-epilog"
+hook "$WORK/links/dt-prolog" 126 "dt-qos=high"
+record_has 126 "tier=high"
+hook "$WORK/links/dt-epilog" 126
+[ ! -e "$WORK/state/job-126.conf" ] || fail "the epilog of job 126, through a link, left its record"
+cp "$DT_ROOT/slurm/prolog" "$DT_ROOT/slurm/epilog" "$WORK/copies/"
+hook "$WORK/copies/prolog" 127 "dt-qos=high"
+hook "$WORK/copies/epilog" 127
+[ ! -e "$WORK/state/job-127.conf" ] || fail "a prolog without its library wrote a record"
+for h in prolog epilog; do
+  line="$h job=127: error: cannot read $WORK/copies/qos-lib.sh, the library of $WORK/copies/$h;"
+  [ "$(grep -cF "$line" "$WORK/qos.log")" = 1 ] ||
+    fail "no one log line '$line': $(grep "job=127" "$WORK/qos.log")"
+done
 
 echo "=== no config, and no cgroup controller: the prolog still exits 0"
 DT_QOS_CONFIG=$WORK/missing.ini hook prolog 106 "dt-qos=high"
