@@ -142,22 +142,25 @@ struct Runtime::Impl {
     world = MpiComm::dup(MPI_COMM_WORLD, "world");
     node = world->split_shared();
     topo.placement = mpi_placement(*world, *node);
+    // Node ids stay MPI's (contiguous, in order of each node's lowest world rank): launchers
+    // number nodes their own way (Open MPI counts its head node). Local rank and size come from
+    // PMIx where every rank asks PMIx and its view agrees with the shared-memory communicator.
+    // Every rank takes part in the agreement, also one told not to ask PMIx (the option is read
+    // from each node's config file, which may differ): it votes no.
+    std::optional<Placement> p;
     if (opts.use_pmix) {
       pmix = std::make_unique<PmixClient>();
-      const auto p = pmix->placement();
-      // Node ids stay MPI's (contiguous, in order of each node's lowest world rank): launchers
-      // number nodes their own way (Open MPI counts its head node). Local rank and size come from
-      // PMIx where every rank's PMIx view agrees with the shared-memory communicator.
-      int agree = p && p->local_size == topo.placement.local_size && p->local_rank >= 0 &&
-                  p->local_rank < p->local_size && p->num_nodes == topo.placement.num_nodes;
-      world->all_reduce(view_of(&agree, 1), ReduceOp::min);
-      if (agree) {
-        topo.placement.local_rank = p->local_rank;
-        topo.placement.launcher_node_id = p->node_id;
-        topo.placement.source = "pmix";
-      } else if (pmix->active()) {
-        topo.placement.source = "mpi (pmix disagreed)";
-      }
+      p = pmix->placement();
+    }
+    int agree = p && p->local_size == topo.placement.local_size && p->local_rank >= 0 &&
+                p->local_rank < p->local_size && p->num_nodes == topo.placement.num_nodes;
+    world->all_reduce(view_of(&agree, 1), ReduceOp::min);
+    if (agree) {
+      topo.placement.local_rank = p->local_rank;
+      topo.placement.launcher_node_id = p->node_id;
+      topo.placement.source = "pmix";
+    } else if (pmix && pmix->active()) {
+      topo.placement.source = "mpi (pmix disagreed)";
     }
     HwlocTopology hw;
     topo.machine = hw.describe();

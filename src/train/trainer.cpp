@@ -1181,8 +1181,8 @@ void Trainer::setup_engine(const security::SealedCommOptions& sealed,
   owner_.clear();
   for (std::size_t i = 0; i < engine_->params().size(); ++i)
     owner_.push_back(mc.dp == 0 && unique_[i]);
-  const auto ps = gpt_params(c_.model);
-  full_state_.assign(ps.back().offset + ps.back().numel, 0.0f);
+  // (The whole model's parameters, full_state_, are assembled only where asked for: sampling,
+  // global_parameters(). A copy on every rank would cost each the whole model's memory.)
 }
 
 void Trainer::setup_zero(const security::SealedCommOptions& sealed, const security::Tamper& tamper,
@@ -1983,7 +1983,8 @@ std::vector<float> Trainer::global_parameters() {
   std::vector<float> out(ps.back().offset + ps.back().numel);
   if (engine_) {
     gather_state();
-    std::copy_n(full_state_.begin(), out.size(), out.begin());
+    out.swap(full_state_);
+    std::vector<float>().swap(full_state_);  // given back: held only while needed
   } else if (zero_) {
     out = zero_->gather_master();
   } else {
@@ -1996,7 +1997,7 @@ std::vector<float> Trainer::global_parameters() {
 
 void Trainer::gather_state() {
   const std::vector<ParamInfo> global = gpt_params(c_.model);
-  std::fill(full_state_.begin(), full_state_.end(), 0.0f);
+  full_state_.assign(global.back().offset + global.back().numel, 0.0f);
   std::vector<float> host(zero_ ? zero_->padded_numel() : engine_->num_params());
   if (zero_) {  // this stage's parameters from the data-parallel ranks' shards
     std::vector<float> shard(zero_->shard_numel());
