@@ -295,6 +295,61 @@ std::size_t StageEngine::count_params(const graph::Graph& g) {
   return n;
 }
 
+StageEngine::Layout StageEngine::layout_of(const graph::Graph& g,
+                                           const std::function<bool(const Node&)>& flash) {
+  Layout m;
+  m.act_off.assign(g.tensors.size(), 0);
+  m.grad_off.assign(g.tensors.size(), 0);
+  m.aux_off.assign(g.nodes.size(), 0);
+  m.flash.assign(g.nodes.size(), 0);
+  for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+    const TensorInfo& ti = g.tensors[t];
+    if (ti.role == Role::input && ti.shape.size() == 2) {
+      m.B = static_cast<int>(ti.shape[0]);
+      m.T = static_cast<int>(ti.shape[1]);
+    }
+    if (ti.role != Role::activation) continue;
+    if (ti.shape.size() == 3) {
+      m.B = static_cast<int>(ti.shape[0]);
+      m.T = static_cast<int>(ti.shape[1]);
+    }
+    m.act_off[t] = m.slot_floats;
+    m.slot_floats += numel_of(ti);
+    m.grad_off[t] = m.grad_floats;
+    m.grad_floats += numel_of(ti);
+  }
+  DT_ASSERT(m.B > 0 && m.T > 0, "stage graph without activations");
+  const std::size_t BT = static_cast<std::size_t>(m.B) * static_cast<std::size_t>(m.T);
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    m.aux_off[i] = m.slot_floats;
+    if (n.op == "layernorm") {
+      m.slot_floats += 2 * BT;
+    } else if (n.op == "attention") {
+      m.flash[i] = flash(n) ? 1 : 0;
+      const std::size_t att = attention_state_floats(m.flash[i] != 0, static_cast<std::size_t>(m.B),
+                                                     static_cast<std::size_t>(n.attr("heads")),
+                                                     static_cast<std::size_t>(m.T));
+      m.slot_floats += att;
+      m.scratch_floats = std::max(m.scratch_floats, att);
+    } else if (n.op == "xent") {
+      m.slot_floats += numel_of(g.tensors[static_cast<std::size_t>(n.in[0])]) + BT;
+    } else if (n.op == "send") {
+      m.scratch_floats =
+          std::max(m.scratch_floats, numel_of(g.tensors[static_cast<std::size_t>(n.in[0])]));
+    }
+  }
+  return m;
+}
+
+std::size_t StageEngine::Layout::bytes(int slots) const {
+  const std::size_t BT = static_cast<std::size_t>(B) * static_cast<std::size_t>(T);
+  return sizeof(float) *
+             (std::max<std::size_t>(1, grad_floats) + std::max<std::size_t>(1, scratch_floats)) +
+         static_cast<std::size_t>(slots) *
+             (slot_floats * sizeof(float) + 2 * BT * sizeof(std::int32_t));
+}
+
 StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& model, int stage,
                          int stages, int slots, StageComms comms, GptStorage storage)
     : dev_(dev),
@@ -357,47 +412,18 @@ StageEngine::StageEngine(const Device& dev, graph::Graph g, const GptConfig& mod
     grad_ = grad_buf_.as<float>();
   }
   // Activations and gradients.
-  m.act_off.assign(g_.tensors.size(), 0);
-  m.grad_off.assign(g_.tensors.size(), 0);
-  m.aux_off.assign(g_.nodes.size(), 0);
-  m.flash.assign(g_.nodes.size(), 0);
-  for (std::size_t t = 0; t < g_.tensors.size(); ++t) {
-    const TensorInfo& ti = g_.tensors[t];
-    if (ti.role == Role::input && ti.shape.size() == 2) {
-      m.B = static_cast<int>(ti.shape[0]);
-      m.T = static_cast<int>(ti.shape[1]);
-    }
-    if (ti.role != Role::activation) continue;
-    if (ti.shape.size() == 3) {
-      m.B = static_cast<int>(ti.shape[0]);
-      m.T = static_cast<int>(ti.shape[1]);
-    }
-    m.act_off[t] = m.slot_floats;
-    m.slot_floats += numel_of(ti);
-    m.grad_off[t] = m.grad_floats;
-    m.grad_floats += numel_of(ti);
-  }
-  DT_ASSERT(m.B > 0 && m.T > 0, "stage graph without activations");
+  StageEngine::Layout l = layout_of(
+      g_, [this](const Node& n) { return flash_attention(dev_, n.attr_or("flash", 0) != 0); });
+  m.act_off = std::move(l.act_off);
+  m.grad_off = std::move(l.grad_off);
+  m.aux_off = std::move(l.aux_off);
+  m.flash = std::move(l.flash);
+  m.slot_floats = l.slot_floats;
+  m.grad_floats = l.grad_floats;
+  m.scratch_floats = l.scratch_floats;
+  m.B = l.B;
+  m.T = l.T;
   const std::size_t BT = static_cast<std::size_t>(m.B) * static_cast<std::size_t>(m.T);
-  for (std::size_t i = 0; i < g_.nodes.size(); ++i) {
-    const Node& n = g_.nodes[i];
-    m.aux_off[i] = m.slot_floats;
-    if (n.op == "layernorm") {
-      m.slot_floats += 2 * BT;
-    } else if (n.op == "attention") {
-      m.flash[i] = flash_attention(dev_, n.attr_or("flash", 0) != 0);
-      const std::size_t att = attention_state_floats(m.flash[i] != 0, static_cast<std::size_t>(m.B),
-                                                     static_cast<std::size_t>(n.attr("heads")),
-                                                     static_cast<std::size_t>(m.T));
-      m.slot_floats += att;
-      m.scratch_floats = std::max(m.scratch_floats, att);
-    } else if (n.op == "xent") {
-      m.slot_floats += numel_of(g_.tensors[static_cast<std::size_t>(n.in[0])]) + BT;
-    } else if (n.op == "send") {
-      m.scratch_floats =
-          std::max(m.scratch_floats, numel_of(g_.tensors[static_cast<std::size_t>(n.in[0])]));
-    }
-  }
   for (int s = 0; s < slots_; ++s) {
     m.slot_buf.emplace_back(dev_, m.slot_floats * sizeof(float));
     m.token_buf.emplace_back(dev_, 2 * BT * sizeof(std::int32_t));

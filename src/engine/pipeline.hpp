@@ -113,6 +113,23 @@ class StageEngine {
   std::int64_t weight_copy_reads() const noexcept { return ws_.copy_reads; }
   /// Bytes of the activation, activation-gradient and scratch buffers.
   std::size_t activation_bytes() const;
+  /// Where a stage graph's activations go: per slot (micro-batch in flight) its activations and
+  /// the nodes' kernel state (layernorm mean and rstd, attention's probabilities or, where
+  /// flash(node), one log-sum-exp per row, the loss's probabilities and per-token losses), once
+  /// the activation gradients and a scratch area (the largest attention state or message sent).
+  /// The engine lays its buffers out by it, and the plan counts them by it.
+  struct Layout {
+    std::vector<std::size_t> act_off, grad_off;  // per tensor, floats into a slot's / the grads
+    std::vector<std::size_t> aux_off;            // per node, floats into a slot's area
+    std::vector<char> flash;                     // per node
+    std::size_t slot_floats = 0, grad_floats = 0, scratch_floats = 0;
+    int B = 0, T = 0;  // the graph's micro-batch
+    /// Bytes the engine allocates by it with `slots` in flight (with each slot's int32 inputs
+    /// and targets), the parts activation_bytes() adds to it aside.
+    std::size_t bytes(int slots) const;
+  };
+  static Layout layout_of(const graph::Graph& g,
+                          const std::function<bool(const graph::Node&)>& flash);
   const graph::Graph& graph() const noexcept { return g_; }
   bool first_stage() const noexcept { return stage_ == 0; }
   bool last_stage() const noexcept { return stage_ == stages_ - 1; }

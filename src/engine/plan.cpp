@@ -96,6 +96,10 @@ Plan build(const PlanRequest& request, Layout l) {
           Gpt::activation_floats(r.model, static_cast<int>(p.micro), r.model.flash_attention);
       m.activations = 4.0 * static_cast<double>(acts + gacts) +
                       8.0 * static_cast<double>(p.micro) * static_cast<double>(r.model.block);
+    } else {  // the stage engine's, as it lays them out (attention as the graph asks)
+      m.activations = static_cast<double>(StageEngine::layout_of(sg, [](const graph::Node& n) {
+                                            return n.attr_or("flash", 0) != 0;
+                                          }).bytes(p.in_flight(s)));
     }
     if (r.zero > 0) {  // the stage's state sharded layer by layer over the dp ranks
       const std::vector<ParamInfo> table =
