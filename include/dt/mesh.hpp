@@ -10,6 +10,7 @@
 // robin (cyclic), so multi-node placement is tested on one machine.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,7 +22,11 @@ namespace dt {
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1;
-  int size() const { return dp * tp * pp; }
+  /// In 64 bits: the options allow products past INT_MAX, which check_layout refuses by name.
+  std::int64_t size() const {
+    return static_cast<std::int64_t>(dp) * static_cast<std::int64_t>(tp) *
+           static_cast<std::int64_t>(pp);
+  }
   std::string str() const;  ///< "dp=2 tp=1 pp=2"
 };
 

@@ -1036,6 +1036,9 @@ TEST_CASE("placement of uneven nodes: a node that can hold a TP group gets one")
 TEST_CASE("placement check_layout: errors are dt::ConfigError naming the options") {
   const dt::GptConfig c = tiny(4, 4, 32);
   CHECK_NOTHROW(dt::check_layout({2, 2, 2}, 8, c, 8));
+  // A product past INT_MAX (the options' ranges allow it) is counted, not wrapped.
+  CHECK(has(error_of<dt::ConfigError>([&] { dt::check_layout({1 << 20, 4, 1024}, 8, c, 8); }),
+            "is a mesh of 4294967296 ranks, the job has 8"));
   {
     const std::string m = error_of<dt::ConfigError>([&] { dt::check_layout({2, 2, 1}, 8, c, 8); });
     INFO(m);
