@@ -196,20 +196,27 @@ std::uint64_t mix(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Small integers whose sum over `nranks` ranks is exact in `t` (partial sums included).
+// Integers exact in `t`; for a reduction (`sums`), such that their sum over `nranks` ranks is
+// exact too (partial sums included): each contributing rank's within limit / contributors, and
+// with more ranks than the limit allows one each, every stride-th rank contributes (the others
+// give 0), so that no value range shrinks to nothing.
 class Values {
  public:
-  Values(DType t, int nranks) {
+  Values(DType t, int nranks, bool sums) {
     long limit = 1L << 16;
     if (t == DType::u8) limit = 255;
     if (t == DType::bf16) limit = 256;
     if (t == DType::f16) limit = 2048;
-    const long m = limit / std::max(1, nranks);
+    const long n = std::max(1, nranks);
+    if (sums) stride_ = static_cast<int>((n + limit - 1) / limit);
+    const long contributors = sums ? (n + stride_ - 1) / stride_ : 1;
+    const long m = limit / contributors;
     hi_ = m;
     lo_ = t == DType::u8 ? 0 : -m;
   }
   // `salt` separates inputs (0) from the filler written into outputs before a call (1).
   long operator()(int rank, std::size_t i, long iter, unsigned salt = 0) const {
+    if (salt == 0 && rank % stride_ != 0) return 0;
     const std::uint64_t h = mix(mix(mix((static_cast<std::uint64_t>(rank) << 8) ^ salt) ^
                                     static_cast<std::uint64_t>(iter)) ^
                                 i);
@@ -218,7 +225,10 @@ class Values {
 
  private:
   long lo_ = 0, hi_ = 0;
+  int stride_ = 1;
 };
+
+bool sums(Op op) { return op == Op::all_reduce || op == Op::reduce_scatter; }
 
 template <class T>
 T make(double x) {
@@ -552,7 +562,7 @@ class Bench {
   // Writes this iteration's inputs (and a filler into separate outputs).
   template <class T>
   void fill(Op op, const Shape& sh, T* in, T* out, long it) const {
-    const Values v(s_.dtype, n_);
+    const Values v(s_.dtype, n_, sums(op));
     const bool bcast_receiver = op == Op::broadcast && me_ != s_.root;
     for (std::size_t i = 0; i < sh.in; ++i)
       in[i] = make<T>(static_cast<double>(v(me_, i, it, bcast_receiver ? 1 : 0)));
@@ -564,7 +574,7 @@ class Bench {
   // Wrong output elements of this rank for iteration `it`.
   template <class T>
   long verify(Op op, const Shape& sh, const T* out, long it) const {
-    const Values v(s_.dtype, n_);
+    const Values v(s_.dtype, n_, sums(op));
     const int n = n_;
     long wrong = 0;
     auto cmp = [&](std::size_t i, T want) {
