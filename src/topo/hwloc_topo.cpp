@@ -39,8 +39,13 @@ bool is_gpu_pci(const hwloc_obj_t o) {
   const unsigned cls = o->attr->pcidev.class_id;
   const unsigned vendor = o->attr->pcidev.vendor_id;
   if (cls == 0x0302) return true;  // 3D controller: compute GPUs and accelerators
-  // Display controllers only from GPU vendors (server BMC display chips are not GPUs).
-  return cls == 0x0300 && (vendor == 0x10de || vendor == 0x1002);
+  // Display controllers (VGA 0x0300; "other" 0x0380, as headless data-centre GPUs such as AMD
+  // Instinct and Intel Data Center GPU Max present themselves) and processing accelerators
+  // (0x1200) only from GPU and accelerator vendors: NVIDIA, AMD, Intel (not its integrated VGA,
+  // 0x0300) and Habana. Server BMC display chips are not GPUs.
+  const bool gpu_vendor = vendor == 0x10de || vendor == 0x1002;
+  const bool accel_vendor = gpu_vendor || vendor == 0x8086 || vendor == 0x1da3;
+  return (cls == 0x0300 && gpu_vendor) || ((cls == 0x0380 || cls == 0x1200) && accel_vendor);
 }
 
 }  // namespace

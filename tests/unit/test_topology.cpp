@@ -3,8 +3,11 @@
 #include <doctest/doctest.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -143,4 +146,68 @@ TEST_CASE("bind: a launcher's binding of several cores shared by two ranks: disj
       CHECK(seen.insert(c).second);
     }
   }
+}
+
+// The GPUs of a node as its PCI devices say (an hwloc XML topology, read through HWLOC_XMLFILE):
+// compute GPUs (3D controllers), GPU vendors' display controllers, headless ones ("display
+// other", AMD Instinct, Intel Data Center GPU Max) and processing accelerators (Habana Gaudi);
+// not a BMC's display chip, Intel's integrated graphics, nor other devices.
+TEST_CASE("describe: GPUs by PCI class and vendor") {
+  struct Dev {
+    const char* busid;
+    const char* type;  // "CLASS [VENDOR:DEVICE] [SUBVENDOR:SUBDEVICE] REV"
+  };
+  const Dev devs[] = {
+      {"0000:01:00.0", "0302 [10de:2330] [10de:16c1] a1"},  // NVIDIA H100
+      {"0000:02:00.0", "0380 [1002:740c] [1002:0c34] 01"},  // AMD MI250X
+      {"0000:03:00.0", "0380 [8086:0bd5] [8086:0000] 2f"},  // Intel Data Center GPU Max
+      {"0000:04:00.0", "1200 [1da3:1020] [1da3:0000] 01"},  // Habana Gaudi2
+      {"0000:05:00.0", "0300 [10de:2204] [10de:0000] a1"},  // NVIDIA VGA
+      {"0000:06:00.0", "0300 [1a03:2000] [1a03:2000] 41"},  // ASPEED BMC display
+      {"0000:07:00.0", "0300 [8086:4680] [8086:0000] 0c"},  // Intel integrated graphics
+      {"0000:08:00.0", "0200 [15b3:101b] [15b3:0000] 00"},  // Mellanox NIC
+  };
+  std::string xml =
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE topology SYSTEM \"hwloc2.dtd\">\n"
+      "<topology version=\"2.0\">\n"
+      "<object type=\"Machine\" os_index=\"0\" cpuset=\"0x1\" complete_cpuset=\"0x1\" "
+      "allowed_cpuset=\"0x1\" nodeset=\"0x1\" complete_nodeset=\"0x1\" allowed_nodeset=\"0x1\" "
+      "gp_index=\"1\">\n"
+      "<object type=\"Package\" os_index=\"0\" cpuset=\"0x1\" complete_cpuset=\"0x1\" "
+      "nodeset=\"0x1\" complete_nodeset=\"0x1\" gp_index=\"2\">\n"
+      "<object type=\"NUMANode\" os_index=\"0\" cpuset=\"0x1\" complete_cpuset=\"0x1\" "
+      "nodeset=\"0x1\" complete_nodeset=\"0x1\" gp_index=\"3\" local_memory=\"1073741824\"/>\n"
+      "<object type=\"Core\" os_index=\"0\" cpuset=\"0x1\" complete_cpuset=\"0x1\" "
+      "nodeset=\"0x1\" complete_nodeset=\"0x1\" gp_index=\"4\">\n"
+      "<object type=\"PU\" os_index=\"0\" cpuset=\"0x1\" complete_cpuset=\"0x1\" "
+      "nodeset=\"0x1\" complete_nodeset=\"0x1\" gp_index=\"5\"/>\n"
+      "</object>\n</object>\n"
+      "<object type=\"Bridge\" gp_index=\"6\" bridge_type=\"0-1\" depth=\"0\" "
+      "bridge_pci=\"0000:[00-08]\">\n";
+  int gp = 10;
+  for (const Dev& d : devs)
+    xml += std::string("<object type=\"PCIDev\" gp_index=\"") + std::to_string(gp++) +
+           "\" pci_busid=\"" + d.busid + "\" pci_type=\"" + d.type +
+           "\" pci_link_speed=\"0.000000\"/>\n";
+  xml += "</object>\n</object>\n</topology>\n";
+  char path[] = "/tmp/dt-topo-XXXXXX";
+  const int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  close(fd);
+  std::ofstream(path) << xml;
+  const char* before = std::getenv("HWLOC_XMLFILE");
+  const std::string kept = before ? before : "";
+  setenv("HWLOC_XMLFILE", path, 1);
+  std::vector<std::string> gpus;
+  {
+    const dt::HwlocTopology hw;
+    gpus = hw.describe().gpus;
+  }
+  if (before)
+    setenv("HWLOC_XMLFILE", kept.c_str(), 1);
+  else
+    unsetenv("HWLOC_XMLFILE");
+  std::remove(path);
+  CHECK(gpus == std::vector<std::string>{"pci:0000:01:00.0", "pci:0000:02:00.0", "pci:0000:03:00.0",
+                                         "pci:0000:04:00.0", "pci:0000:05:00.0"});
 }
