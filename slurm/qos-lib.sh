@@ -28,10 +28,12 @@ HOOK=$(basename "$0")
 
 # locked CMD...: runs CMD holding this node's QoS lock (a lock on STATE_DIR itself), so that the
 # prologs and epilogs of jobs that start and end together do not interleave their reads and
-# writes of the shared parent groups and their real-time budgets. Without flock, or when the lock
-# is not had within 60 s, CMD runs all the same (a hook must never hold a job up for long). CMD
-# runs in a subshell either way: a shell error that ends it half-way (bash's message goes to
-# stderr) leaves the caller running, to log it, and its exit code non-zero.
+# writes of the shared parent groups and their real-time budgets. CMD does only that work: what
+# may wait (Slurm's commands, 20 s each for a slow slurmctld) comes before, so that the hooks of
+# several jobs starting at once get the lock in time. Without flock, or when the lock is not had
+# within 60 s, CMD runs all the same (a hook must never hold a job up for long). CMD runs in a
+# subshell either way: a shell error that ends it half-way (bash's message goes to stderr) leaves
+# the caller running, to log it, and its exit code non-zero.
 locked() {
   if command -v flock >/dev/null 2>&1 && mkdir -p "$STATE_DIR" 2>/dev/null; then
     (

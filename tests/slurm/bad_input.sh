@@ -5,7 +5,10 @@
 #     the QoS log say so;
 #   a missing config: the job fails with exit code 2 naming the file, and is not requeued;
 #   a bad --signal time (not a number, negative, beyond Slurm's 65535 s) or signal: sbatch refuses it,
-#     naming --signal, and nothing is queued.
+#     naming --signal, and nothing is queued;
+#   scripts/slurm-local up from a checkout whose path has a blank, or with a DT_SLURM_DIR that has
+#     one: refused at once, naming the path and why (slurm.conf and plugstack.conf take a path as
+#     one word), before anything is made.
 source "$(dirname "$0")/lib.sh"
 need_cluster
 QOS_LOG=$(hook_setting DT_QOS_LOG)
@@ -44,5 +47,38 @@ for spec in B:USR1@soon B:USR1@-30 B:USR1@99999 B:NOSUCHSIG@60; do
   grep -q -- "--signal" <<<"$out" || fail "sbatch's message for --signal=$spec does not name --signal"
 done
 [ "$(squeue -h | wc -l)" = "$before" ] || fail "jobs were queued: $(squeue -h)"
+
+# local_up NAME SETTINGS... -- SCRIPT: `SCRIPT up` with only SETTINGS of dt's (NAME=VALUE) set;
+# its output in $out, its exit code in $rc.
+local_up() {
+  local name=$1 settings=() line
+  shift
+  while [ "$1" != -- ]; do settings+=("$1"); shift; done
+  echo "=== $name: ${settings[*]} $2 up"
+  out=$(env -u DT_SLURM_DIR -u DT_SPANK_PLUGIN "${settings[@]}" "$2" up 2>&1)
+  rc=$?
+  while IFS= read -r line; do echo "    $line"; done <<<"$out"
+  [ "$rc" -ne 0 ] || fail "$name: scripts/slurm-local up succeeded"
+  grep -q "DT_SPANK_PLUGIN '" <<<"$out" && fail "$name: the message names DT_SPANK_PLUGIN as set"
+  return 0
+}
+C="$WORK/a checkout"
+mkdir -p "$C/scripts"
+cp "$DT_ROOT/scripts/slurm-local" "$DT_ROOT/scripts/bootstrap" "$C/scripts/"
+local_up checkout -- "$C/scripts/slurm-local"
+want="error: the checkout '$C' has a blank in its path, and so has its Slurm folder"
+want+=" '$C/run/slurm': slurm.conf takes the paths under it as single words"
+[[ $out == *"$want"* ]] ||
+  fail "checkout: the message does not name the checkout, its Slurm folder and why"
+[ ! -e "$C/run" ] || fail "checkout: $C/run was made"
+local_up dir DT_SLURM_DIR="$WORK/slurm folder" -- "$DT_ROOT/scripts/slurm-local"
+[[ $out == *"error: DT_SLURM_DIR '$WORK/slurm folder' has a blank in its path: slurm.conf"* ]] ||
+  fail "dir: the message does not name DT_SLURM_DIR and why"
+[ ! -e "$WORK/slurm folder" ] || fail "dir: $WORK/slurm folder was made"
+local_up plugin DT_SLURM_DIR="$WORK/slurm" -- "$C/scripts/slurm-local"
+want="error: the checkout '$C' has a blank in its path: its SPANK plugin"
+[[ $out == *"$want"*"cannot go into plugstack.conf"* ]] ||
+  fail "plugin: the message does not name the checkout and the plugin"
+[ ! -e "$WORK/slurm" ] || fail "plugin: $WORK/slurm was made"
 node_healthy
 finish

@@ -7,9 +7,16 @@
 # An early drain at a restart after a run that started the ranks (submitted with
 # --ckpt.resume=pretrained.h5, run 0 trains and drains, run 1 is drained before srun) leaves run 2
 # resuming from the folder (--ckpt.resume=auto), not from pretrained.h5 again.
+# A drain signal once srun runs but before the ranks can take it: while srun creates the step
+# (real srun forwards no signal then: it drops it, dies of it, or cancels a step waiting for its
+# resources) and while a rank starts (exec, libraries: it would die of SIGUSR1). The script keeps
+# the request until the ranks on its node have their drain handler in place, then sends it to
+# them; they drain (75) and the job is requeued, its .size file kept (a signal sent on to srun at
+# once would end srun or the rank: exit 138, neither drained nor requeued).
 # The script runs outside Slurm here: scontrol and srun are stand-ins on PATH, so that the
 # signal can be sent while scontrol is known to be running (the seam); srun must not be called
-# then. srun exits with SHIM_RC (default 0; 75 as dt_train after a drain).
+# then. srun exits with SHIM_RC (default 0; 75 as dt_train after a drain); with SHIM_LAUNCH it
+# starts a stand-in rank as srun starts a step (see below).
 #   early_drain.sh WORKDIR SCRIPT DT_BIN CONFIG
 set -u
 WORK=$1 SCRIPT=$2 BIN=$3 CONFIG=$4
@@ -21,12 +28,45 @@ echo "scontrol $*" >>"$SHIM_LOG"
 case "$1" in show) touch "$SHIM_LOG.asked"; [ -z "${SHIM_SLOW:-}" ] || sleep 3 ;; esac
 exit 0
 EOS
+# With SHIM_LAUNCH, srun starts a step: while it creates it (SHIM_CREATE_S) a SIGUSR1 has its
+# default action and ends it; then it starts the task (its command line's program, with the
+# SLURM_STEP_ID slurmstepd gives a task), forwards SIGUSR1 to it and exits with its exit code.
 cat >"$WORK/bin/srun" <<'EOS'
-#!/bin/sh
+#!/bin/bash
 echo "srun $*" >>"$SHIM_LOG"
-exit "${SHIM_RC:-0}"
+[ -n "${SHIM_LAUNCH:-}" ] || exit "${SHIM_RC:-0}"
+touch "$SHIM_LOG.creating"
+sleep "${SHIM_CREATE_S:-2}"
+while [ "${1#-}" != "$1" ]; do shift; done
+SLURM_STEP_ID=0 "$@" &
+task=$!
+trap 'kill -USR1 $task' USR1
+touch "$SHIM_LOG.launched"
+while kill -0 "$task" 2>/dev/null; do wait "$task"; done
+wait "$task"
 EOS
-chmod +x "$WORK/bin/scontrol" "$WORK/bin/srun"
+# The stand-in rank (DT_BIN=$WORK/rank): a SIGUSR1 has its default action until its drain
+# handler is in place, SHIM_EXEC_S after its start; a drain request then ends it as dt_train's
+# drain does (exit 75); without one it ends after 20 s (exit 0).
+mkdir -p "$WORK/rank"
+cat >"$WORK/rank/dt_train" <<'EOS'
+#!/bin/bash
+echo "rank: started" >>"$SHIM_LOG"
+sleep "${SHIM_EXEC_S:-1}"
+drain=
+trap 'drain=1' USR1
+echo "rank: drain handler in place" >>"$SHIM_LOG"
+for _ in $(seq 200); do
+  [ -z "$drain" ] || break
+  sleep 0.1
+done
+if [ -n "$drain" ]; then
+  echo "rank: drained" >>"$SHIM_LOG"
+  exit 75
+fi
+echo "rank: done" >>"$SHIM_LOG"
+EOS
+chmod +x "$WORK/bin/scontrol" "$WORK/bin/srun" "$WORK/rank/dt_train"
 export SHIM_LOG=$WORK/shim.log PATH=$WORK/bin:$PATH SLURM_JOB_ID=7 SLURM_RESTART_COUNT=0 \
   SLURM_SUBMIT_DIR=$WORK DT_BIN=$BIN
 # drained_early OUT ARGS...: runs the script with ARGS (restart SLURM_RESTART_COUNT), its output
@@ -107,6 +147,41 @@ run=$(grep "^srun" "$SHIM_LOG")
 [[ $run == *"--ckpt.resume=auto"* && $run != *"$resume"* ]] ||
   fail "restart 2 does not resume from the folder after run 0 trained: $run"
 [ ! -e "$WORK/.dt-train-7.early" ] || fail "restart 2 left $WORK/.dt-train-7.early"
+# A drain signal while srun creates the step (creating), and while the rank starts (launched):
+# the script waits for the rank's drain handler, the rank drains, the job is requeued. (Job id
+# 99999999 is past Slurm's largest, so that no rank of a real job on this machine is taken.)
+J=99999999
+for at in creating launched; do
+  echo "=== a drain signal once srun runs, while $at"
+  rm -f "$WORK/.dt-train-$J.early" "$WORK/.dt-train-$J.size" "$SHIM_LOG".*
+  : >"$SHIM_LOG"
+  SLURM_JOB_ID=$J SHIM_LAUNCH=1 SHIM_CREATE_S=2 SHIM_EXEC_S=2 DT_BIN=$WORK/rank \
+    bash "$SCRIPT" "$CONFIG" --ckpt.dir="$WORK/ck" >"$WORK/$at.out" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 100); do
+    [ -e "$SHIM_LOG.$at" ] && break
+    sleep 0.05
+  done
+  [ -e "$SHIM_LOG.$at" ] || fail "$at: srun never got there"
+  kill -USR1 "$pid"
+  wait "$pid"
+  rc=$?
+  cat "$WORK/$at.out" "$SHIM_LOG"
+  echo "early_drain.sh: exit code $rc"
+  [ "$rc" -eq 0 ] || fail "$at: exit code $rc, expected 0 (drained and requeued)"
+  grep -q "^rank: drain handler in place$" "$SHIM_LOG" ||
+    fail "$at: the rank never had its drain handler"
+  grep -q "^rank: drained$" "$SHIM_LOG" || fail "$at: the rank did not drain"
+  grep -q "^scontrol requeue $J$" "$SHIM_LOG" || fail "$at: scontrol requeue $J was not called"
+  line="no rank on [^ ]* can take the drain request yet (srun may still be starting them); waiting"
+  grep -q "^dt-train: $line$" "$WORK/$at.out" || fail "$at: no line about the request waiting"
+  grep -q "^dt-train: drain request passed on to the ranks on [^ ]* (pid [0-9 ]*)$" \
+    "$WORK/$at.out" || fail "$at: no line about the drain request passed on"
+  [ -e "$WORK/.dt-train-$J.size" ] ||
+    fail "$at: $WORK/.dt-train-$J.size removed: the run was taken for a failure"
+  [ ! -e "$WORK/.dt-train-$J.early" ] ||
+    fail "$at: $WORK/.dt-train-$J.early left: the ranks had started"
+done
 [ $FAILED -eq 0 ] && { echo "early_drain.sh: PASS"; exit 0; }
 echo "early_drain.sh: FAIL"
 exit 1

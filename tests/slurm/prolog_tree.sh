@@ -33,10 +33,20 @@ STUB
 # A stand-in squeue answers `squeue -h -j ID -o '%A %q'` (job ids and Slurm QOS) from
 # $WORK/jobs/ID.qos and `squeue -h -j ID -o '%A %k'` (job ids and comments) from
 # $WORK/jobs/ID.comment where there is one, and fails as squeue does for an unknown job
-# otherwise: the prolog then falls back to scontrol.
+# otherwise: the prolog then falls back to scontrol. Where $WORK/jobs/ID.slow exists it answers
+# as a slow slurmctld would: it makes $WORK/jobs/ID.asked, then waits (up to 10 s) for
+# $WORK/jobs/ID.go.
 cat >"$WORK/bin/squeue" <<'STUB'
 #!/bin/sh
 [ "$1 $2 $4" = "-h -j -o" ] || exit 2
+if [ -f "$DT_TEST_JOBS/$3.slow" ]; then
+  touch "$DT_TEST_JOBS/$3.asked"
+  i=0
+  while [ ! -e "$DT_TEST_JOBS/$3.go" ] && [ $i -lt 100 ]; do
+    sleep 0.1
+    i=$((i + 1))
+  done
+fi
 case "$5" in
   "%A %q") f=$DT_TEST_JOBS/$3.qos ;;
   "%A %k") f=$DT_TEST_JOBS/$3.comment ;;
@@ -572,6 +582,31 @@ for h in prolog epilog; do
   [ "$(grep -cF "$line" "$WORK/qos.log")" = 1 ] ||
     fail "no one log line '$line': $(grep "job=127" "$WORK/qos.log")"
 done
+
+echo "=== the node's QoS lock is free while a prolog asks Slurm (job 130: squeue is slow)"
+# The lock covers the groups and the record alone: a prolog waiting on slurmctld (up to 20 s a
+# command) must not hold up the hooks of the node's other jobs, which give up after 60 s.
+if command -v flock >/dev/null 2>&1; then
+  printf '%s\n' "130 high" >"$WORK/jobs/130.qos"
+  : >"$WORK/jobs/130.slow"
+  hook prolog 130 "dt-qos=best_effort" &
+  pid=$!
+  for _ in $(seq 100); do
+    [ -e "$WORK/jobs/130.asked" ] && break
+    sleep 0.1
+  done
+  [ -e "$WORK/jobs/130.asked" ] || fail "the prolog of job 130 did not ask squeue"
+  flock -n "$WORK/state" true ||
+    fail "the prolog of job 130 holds the node's QoS lock ($WORK/state) while squeue runs"
+  : >"$WORK/jobs/130.go"
+  wait "$pid" || fail "the prolog of job 130 failed (see above)"
+  record_has 130 "tier=best_effort"
+  record_has 130 "source=comment"
+  hook epilog 130
+  [ ! -e "$WORK/state/job-130.conf" ] || fail "record of job 130 left"
+else
+  echo "    (no flock: the lock is not taken, and this case is left out)"
+fi
 
 echo "=== no config, and no cgroup controller: the prolog still exits 0"
 DT_QOS_CONFIG=$WORK/missing.ini hook prolog 106 "dt-qos=high"
