@@ -352,6 +352,10 @@ int cuda_device_count(int* count) {
 
 void cuda_close(void* ctx);
 
+// Launches nothing: whether the plugin holds code this GPU runs (machine code of its
+// architecture, or PTX of one not newer) is asked of it at open (cudaFuncGetAttributes).
+__global__ void probe_kernel() {}
+
 int cuda_open(int index, void** out) {
   if (out == nullptr) return fail(nullptr, DT_HAL_ERR_INVALID, "open: ctx out-pointer is null");
   *out = nullptr;
@@ -377,6 +381,25 @@ int cuda_open(int index, void** out) {
   cudaError_t ce;
   if ((ce = cudaSetDevice(index)) != cudaSuccess)
     return bail("cudaSetDevice", cudaGetErrorString(ce));
+  // A GPU the build has no code for would fail every launch ("no kernel image"): refused here,
+  // naming it and the architectures built.
+  cudaFuncAttributes probe{};
+  if ((ce = cudaFuncGetAttributes(&probe, probe_kernel)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    cudaDeviceProp p{};
+    const bool known = cudaGetDeviceProperties(&p, index) == cudaSuccess;
+    std::string built = DT_CUDA_ARCHITECTURES;  // "90-real 90-virtual", as CMake's list
+    std::replace(built.begin(), built.end(), ' ', ';');
+    char msg[512];
+    std::snprintf(msg, sizeof msg,
+                  "%s (%s, compute capability %d.%d): this plugin holds code for the CUDA "
+                  "architectures %s only; build it for this GPU's too "
+                  "(-DCMAKE_CUDA_ARCHITECTURES=\"%d%d-real;%s\")",
+                  cudaGetErrorString(ce), known ? p.name : "?", known ? p.major : 0,
+                  known ? p.minor : 0, DT_CUDA_ARCHITECTURES, known ? p.major : 0,
+                  known ? p.minor : 0, built.c_str());
+    return bail("no code for this GPU", msg);
+  }
   if ((ce = cudaStreamCreateWithFlags(&c->own, cudaStreamNonBlocking)) != cudaSuccess)
     return bail("cudaStreamCreate", cudaGetErrorString(ce));
   c->stream = c->own;
