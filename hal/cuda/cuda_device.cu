@@ -112,6 +112,9 @@ struct Context {
   std::thread::id capture_thread;
   bool capture_broken = false;
   char capture_error[kErrorLen] = "";
+  // Memory released by the capturing thread while it captured: cudaFree is not allowed then, so
+  // it is freed when the capture ends (graph_end), or at close.
+  std::vector<void*> capture_frees;
   char error[kErrorLen] = "";
   struct Profile* prof = nullptr;  // DT_CUDA_PROFILE: GPU time per entry (see "profile" below)
 };
@@ -445,6 +448,7 @@ void cuda_close(void* ctx) {
   cudaFree(c->fa);
   cudaFree(c->pad[0]);
   cudaFree(c->pad[1]);
+  for (void* p : c->capture_frees) cudaFree(p);
   if (c->own) cudaStreamDestroy(c->own);
   (void)cudaGetLastError();
   delete c;
@@ -471,7 +475,13 @@ void cuda_release(void* ctx, void* ptr) {
   if (ptr == nullptr) return;
   if (ctx) {
     cudaSetDevice(C(ctx)->device);
-    (void)refuse_in_capture(ctx, "release", "freeing memory the graph may use");
+    if (refuse_in_capture(ctx, "release", "freeing memory the graph may use") != DT_HAL_OK) {
+      try {
+        C(ctx)->capture_frees.push_back(ptr);  // freed when the capture ends
+        return;
+      } catch (...) {  // out of memory: freed now, whatever the capture makes of it
+      }
+    }
   }
   cudaFree(ptr);  // waits for the work that may still use it
   // A failed free (a bad pointer, or inside a capture) must not be blamed on the next launch.
@@ -2639,6 +2649,8 @@ int cuda_graph_end(void* ctx, void** graph) {
   Context* c = C(ctx);
   cudaGraph_t g = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(c->stream, &g);
+  for (void* p : c->capture_frees) cudaFree(p);  // released during the capture
+  c->capture_frees.clear();
   if (c->capture_broken) {  // a call was refused: the graph would lack it
     if (g) cudaGraphDestroy(g);
     (void)cudaGetLastError();

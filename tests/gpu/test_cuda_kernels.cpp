@@ -16,6 +16,8 @@
 // scale_check_finite). Where the summation order differs (GEMMs, LayerNorm, softmax, column sums)
 // the bound is a first-order one, 2 K u sum|terms| with u = 2^-24, computed per element from the
 // inputs; where the CPU uses its own exp (softmax, GELU: a few ulp from libm's) rtol is 1e-5.
+#include <cuda_runtime_api.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -1245,6 +1247,28 @@ void test_capture_kernels(Rig& r) {
   }
   t.event_destroy(r.gpu.ctx(), ev);
   if (mem) t.v1.release(r.gpu.ctx(), mem);
+  // Memory released inside a capture (where cudaFree is not allowed) is refused there, and freed
+  // when the capture ends: the GPU's free memory (cudaMemGetInfo, the device's whole) has it back.
+  {
+    const std::size_t big = std::size_t{512} << 20;
+    void* block = nullptr;
+    const int got = t.v1.alloc(r.gpu.ctx(), big, &block);
+    std::size_t free_before = 0, free_after = 0, total = 0;
+    cudaMemGetInfo(&free_before, &total);
+    r.gpu.call(&dt_hal_v2_t::graph_begin, "graph_begin");
+    t.v1.release(r.gpu.ctx(), block);
+    const std::string msg = t.v1.last_error(r.gpu.ctx());
+    void* graph = nullptr;
+    const int end = t.graph_end(r.gpu.ctx(), &graph);
+    if (graph) t.graph_destroy(r.gpu.ctx(), graph);
+    cudaMemGetInfo(&free_after, &total);
+    report("release inside a capture is refused, and frees the memory when the capture ends",
+           got == DT_HAL_OK && msg.find("captured") != std::string::npos &&
+               end == DT_HAL_ERR_UNSUPPORTED && free_after >= free_before + big / 2,
+           "alloc rc " + std::to_string(got) + ", graph_end rc " + std::to_string(end) + ", free " +
+               std::to_string(free_before >> 20) + " -> " + std::to_string(free_after >> 20) +
+               " MiB: " + msg);
+  }
   r.gpu.call(&dt_hal_v2_t::set_stream, "set_stream", static_cast<void*>(nullptr));
   t.stream_destroy(r.gpu.ctx(), s);
   // The stream is gone and the default one is current: the work still runs and gives the same.
