@@ -23,7 +23,9 @@
 // return once the host buffer may be reused. While the current stream is being captured (by any
 // thread: work on a capturing stream joins the graph), copies to the host, sum_squares,
 // synchronize and alloc are refused with DT_HAL_ERR_UNSUPPORTED, as the CPU device refuses them.
-// Any thread may call: each entry makes the context's GPU current. Token and target indices are
+// Any thread may call, one at a time for a context (its work buffers, error text and capture
+// state serve all its streams; a capture ends on the thread that began it): each entry makes the
+// context's GPU current. Token and target indices are
 // checked on the device: a kernel that meets one out of range skips it and records it, and the next
 // synchronize() returns DT_HAL_ERR_INVALID naming the entry, the position and the value (the check
 // cannot be synchronous without a host wait).
