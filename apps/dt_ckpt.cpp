@@ -426,9 +426,18 @@ std::string name_disagrees(const std::string& path, std::int64_t named) {
 
 int cmd_list(dt::Runtime& rt, const Args& a) {
   const bool lead = rt.rank() == 0;
-  struct stat st;
-  DT_CHECK(ConfigError, ::stat(a.input.c_str(), &st) == 0, a.input, ": ", std::strerror(errno));
-  DT_CHECK(ConfigError, S_ISDIR(st.st_mode), a.input, ": not a directory");
+  // Refused on every rank where any rank cannot see the folder (the listing below is collective).
+  {
+    struct stat st;
+    std::string problem;
+    if (::stat(a.input.c_str(), &st) != 0)
+      problem = a.input + ": " + std::strerror(errno);
+    else if (!S_ISDIR(st.st_mode))
+      problem = a.input + ": not a directory";
+    const auto [who, first] = dt::first_problem(rt.world(), problem);
+    DT_CHECK(ConfigError, who == rt.size(), first,
+             rt.size() > 1 ? " (on rank " + std::to_string(who) + ")" : std::string());
+  }
   // Every rank verifies the files rank 0 lists (the verification is collective); the rest of
   // the folder is only printed, by rank 0.
   const auto entries = dt::list_checkpoints(rt.world(), a.input);
@@ -460,7 +469,16 @@ int cmd_list(dt::Runtime& rt, const Args& a) {
   for (const auto& e : entries) {
     std::vector<std::string> problems;
     try {
-      probe(e.path);  // not a dt checkpoint at all: reported like a failed verification
+      // Not a dt checkpoint at all (on any rank: a file pruned while it is listed may be gone
+      // for some): reported like a failed verification, which is collective.
+      std::string unfit;
+      try {
+        probe(e.path);
+      } catch (const ConfigError& err) {
+        unfit = err.message();
+      }
+      const auto [who, first] = dt::first_problem(rt.world(), unfit);
+      if (who < rt.size()) throw ConfigError(first, __FILE__, __LINE__);
       problems = dt::verify_file(rt.world(), e.path, a.keys());
       // The step comes from the name; a file renamed or copied by hand holds another, and would
       // be taken for the step its name says (by dt_train --ckpt.resume=auto too).
@@ -1078,6 +1096,8 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
                 "\nmodel.heads = " + std::to_string(cfg.heads) +
                 "\nmodel.embd = " + std::to_string(cfg.embd) + "\n";
   meta.layout = "imported";
+  // A key file that is refused is bad input, before the folder is claimed (or made).
+  const dt::security::Keys* keys = a.keys();
   // The folder is claimed as a training run claims it: never written while a run writes it, and
   // read below while no run commits or prunes checkpoints in it.
   std::unique_ptr<dt::FolderLock> lock;
@@ -1102,14 +1122,19 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
   // The import is encrypted with a key file and plain without, as the folder's checkpoints are,
   // and under their key: otherwise the folder's run would refuse to resume from it, and its newer
   // checkpoints would be set aside for it.
-  const dt::security::Keys* keys = a.keys();
   for (const auto& e : dt::list_checkpoints(rt.world(), a.output)) {
+    // Rank 0's reading of the file's encryption, on every rank (the key check below is
+    // collective): "\x01" for a damaged file, which has no say in what the folder holds.
     std::string enc;
-    try {
-      enc = dt::checkpoint_encryption(e.path);
-    } catch (const dt::Error&) {  // damaged: no say in what the folder holds
-      continue;
+    if (lead) {
+      try {
+        enc = dt::checkpoint_encryption(e.path);
+      } catch (const dt::Error&) {
+        enc = "\x01";
+      }
     }
+    enc = dt::broadcast_text(rt.world(), enc, 0);
+    if (enc == "\x01") continue;
     DT_CHECK(ConfigError, keys || enc.empty(), "option --output: ", a.output,
              " holds encrypted checkpoints (", e.path, ": ", enc,
              "); without --security.key_file dt_ckpt import writes plain ones, which a run with "

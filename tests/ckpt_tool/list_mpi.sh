@@ -5,7 +5,8 @@
 # (hard links) and a step-6.h5 besides, as a rank that lists the folder after a run committed
 # step 6 sees it. Every rank verifies the files rank 0 listed: one list of two checkpoints,
 # exit 0, where ranks verifying their own listings did a different number of collective
-# verifications and hung.
+# verifications and hung. Then a file rank 0 lists that rank 1 no longer finds, and a folder
+# rank 1 cannot see: agreed on, never a verification or listing on some ranks only.
 . "$(dirname "$0")/common.sh"
 mkdir -p "$WORK/r0/ckpts" "$WORK/r1/ckpts" || fail "mkdir"
 for r in r0 r1; do
@@ -20,6 +21,23 @@ expect_count 1 "^ckpts: 2 checkpoints, 0 interrupted saves, 0 set aside$"
 expect_line "^ +4 +step-4\.h5 +[0-9.]+ +yes +latest$"
 expect_line "^ +2 +step-2\.h5 +[0-9.]+ +yes *$"
 expect_count 0 "step-6"
+# A file rank 0 lists that is gone for rank 1 (pruned by a run in between, say): the ranks agree
+# it is not verified (rank 1's reason), exit 1, and none waits in a verification alone.
+mkdir -p "$WORK/g0/ckpts" "$WORK/g1/ckpts" || fail "mkdir"
+ln "$CKPTS/step-2.h5" "$CKPTS/step-4.h5" "$WORK/g0/ckpts/" && cp "$CKPTS/latest" "$WORK/g0/ckpts/" &&
+  ln "$CKPTS/step-4.h5" "$WORK/g1/ckpts/" || fail "links in $WORK/g0, $WORK/g1"
+run timeout 60 "${MPIEXEC[@]}" -n 1 -wdir "$WORK/g0" "$DT_CKPT" list ckpts : \
+  -n 1 -wdir "$WORK/g1" "$DT_CKPT" list ckpts
+expect_rc 1 "step-2.h5 gone for rank 1"
+expect_line "^ +4 +step-4\.h5 +[0-9.]+ +yes +latest$"
+expect_line "^ +2 +step-2\.h5 +[0-9.]+ +NO *$"
+expect_line "step-2\.h5: .*ckpts/step-2\.h5"
+# A folder rank 1 cannot see at all: refused on every rank, naming the rank (exit 2).
+mkdir -p "$WORK/h1" || fail "mkdir"
+run timeout 60 "${MPIEXEC[@]}" -n 1 -wdir "$WORK/g0" "$DT_CKPT" list ckpts : \
+  -n 1 -wdir "$WORK/h1" "$DT_CKPT" list ckpts
+expect_rc 2 "no folder on rank 1"
+expect_line "ckpts: No such file or directory \(on rank 1\)"
 # The same on one rank in rank 1's folder: its own listing, step-6.h5 named as holding step 4.
 cd "$WORK/r1" || fail "cd"
 run "$DT_CKPT" list ckpts
