@@ -1754,6 +1754,9 @@ std::vector<std::int32_t> Trainer::sample(const std::vector<std::int32_t>& promp
   std::unique_ptr<Gpt> whole;
   if (engine_ || (zero_ && model_ && !model_->param_data())) {  // global parameters in full_state_
     whole = std::make_unique<Gpt>(dev_, c_.model, 1);
+    DT_CHECK(InvalidArgument, full_state_.size() >= whole->num_params(),
+             "Trainer::sample: the global parameters are not assembled (gather them first, as "
+             "run() does before sampling)");
     dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(whole->param_data()),
               static_cast<const void*>(full_state_.data()), whole->num_params() * sizeof(float),
               DT_HAL_HOST_TO_DEVICE);
@@ -1983,8 +1986,7 @@ std::vector<float> Trainer::global_parameters() {
   std::vector<float> out(ps.back().offset + ps.back().numel);
   if (engine_) {
     gather_state();
-    out.swap(full_state_);
-    std::vector<float>().swap(full_state_);  // given back: held only while needed
+    std::copy_n(full_state_.begin(), out.size(), out.begin());
   } else if (zero_) {
     out = zero_->gather_master();
   } else {
