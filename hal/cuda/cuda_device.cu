@@ -115,7 +115,8 @@ struct Context {
   bool capture_broken = false;
   char capture_error[kErrorLen] = "";
   // Memory released by the capturing thread while it captured: cudaFree is not allowed then, so
-  // it is freed when the capture ends (graph_end), or at close.
+  // it is freed when the capture ends (graph_end), at the next release outside a capture, or at
+  // close.
   std::vector<void*> capture_frees;
   char error[kErrorLen] = "";
   struct Profile* prof = nullptr;  // DT_CUDA_PROFILE: GPU time per entry (see "profile" below)
@@ -477,13 +478,18 @@ void cuda_release(void* ctx, void* ptr) {
   if (ptr == nullptr) return;
   if (ctx) {
     cudaSetDevice(C(ctx)->device);
+    Context* c = C(ctx);
     if (refuse_in_capture(ctx, "release", "freeing memory the graph may use") != DT_HAL_OK) {
       try {
-        C(ctx)->capture_frees.push_back(ptr);  // freed when the capture ends
+        c->capture_frees.push_back(ptr);  // freed when the capture ends
         return;
       } catch (...) {  // out of memory: freed now, whatever the capture makes of it
       }
     }
+    // Released during a capture that graph_end did not end (a caller's stream captured by the
+    // caller): freed at the first release after it.
+    for (void* p : c->capture_frees) cudaFree(p);
+    c->capture_frees.clear();
   }
   cudaFree(ptr);  // waits for the work that may still use it
   // A failed free (a bad pointer, or inside a capture) must not be blamed on the next launch.
