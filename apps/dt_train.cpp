@@ -50,8 +50,8 @@ int main(int argc, char** argv) {
   dt::qos::add_options(opts, qos_settings);
   dt::TokenFile data;
   dt::qos::Tier tier;
-  // The command line is the same on every rank: an error in it ends every rank here, before MPI
-  // starts. What a rank reads from its node (the data, the key file, the QoS record) can fail on
+  // The command line is the same on every rank: without --config, an error in it ends every rank
+  // here, before MPI starts. What a rank reads from its node (the data, the key file, the QoS record) can fail on
   // one node only: that failure is kept and agreed on once MPI has started, so that every rank
   // exits 2 with it instead of the others waiting for the missing rank.
   std::string local_error;
@@ -59,9 +59,7 @@ int main(int argc, char** argv) {
   // error in its options may be one node's. With --config, option errors are therefore kept and
   // agreed on once MPI has started, as the data's are, so that no rank waits in MPI's start-up
   // for ranks that ended before it.
-  bool config_given = false;
-  for (int i = 1; i < argc; ++i)
-    config_given = config_given || std::strncmp(argv[i], "--config", 8) == 0;
+  const bool config_given = dt::config_file_given(argc, argv);
   std::string option_error;
   // Option errors: reported once (dt::quiet_option_errors).
   int rc = dt::run_with_config_errors(

@@ -101,6 +101,10 @@ int launcher_local_rank();
 /// B) each program has a command line of its own: the first rank of each prints as well.
 bool quiet_option_errors(int argc, const char* const* argv);
 
+/// Whether argv names a config file (--config FILE or --config=FILE), which each node reads for
+/// itself.
+bool config_file_given(int argc, const char* const* argv);
+
 /// "64M", "1.5G", "8", "2GiB", "16KB", "1T": bytes with an optional binary K, M, G or T suffix
 /// (also with B or iB, in any case), a fraction of a unit rounded down to whole bytes. Throws
 /// dt::ConfigError "option --OPTION: 'TEXT' is not a size ..." for anything else, and for a value

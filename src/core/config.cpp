@@ -612,9 +612,14 @@ bool quiet_option_errors(int argc, const char* const* argv) {
     for (int k = 0; k < std::atoi(app) && in >> n; ++k) first += n;
     if (rank == first) return false;
   }
-  for (int i = 1; i < argc; ++i)
-    if (std::strncmp(argv[i], "--config", 8) == 0) return launcher_local_rank() > 0;
+  if (config_file_given(argc, argv)) return launcher_local_rank() > 0;
   return true;
+}
+
+bool config_file_given(int argc, const char* const* argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strncmp(argv[i], "--config", 8) == 0) return true;
+  return false;
 }
 
 std::uint64_t parse_size(const std::string& option, const std::string& text) {
