@@ -25,12 +25,21 @@ mkdir -p "$WORK/bin"
 cat >"$WORK/bin/scontrol" <<'EOS'
 #!/bin/sh
 echo "scontrol $*" >>"$SHIM_LOG"
+[ "$1 $2" != "show hostnames" ] || { echo "$3" | tr , '\n'; exit 0; }
 case "$1" in show) touch "$SHIM_LOG.asked"; [ -z "${SHIM_SLOW:-}" ] || sleep 3 ;; esac
 exit 0
+EOS
+# squeue -s: once srun has started its task, the steps in SHIM_STEPS (lines "ID NAME NODES").
+cat >"$WORK/bin/squeue" <<'EOS'
+#!/bin/sh
+echo "squeue $*" >>"$SHIM_LOG"
+[ ! -e "$SHIM_LOG.launched" ] || printf '%s\n' "${SHIM_STEPS:-}"
 EOS
 # With SHIM_LAUNCH, srun starts a step: while it creates it (SHIM_CREATE_S) a SIGUSR1 has its
 # default action and ends it; then it starts the task (its command line's program, with the
 # SLURM_STEP_ID slurmstepd gives a task), forwards SIGUSR1 to it and exits with its exit code.
+# SHIM_LAUNCH=remote: the task runs as on another node (under another name: not a rank of this
+# node); SHIM_LAUNCH=late: it takes SHIM_LATE_S to start (exec) the program.
 cat >"$WORK/bin/srun" <<'EOS'
 #!/bin/bash
 echo "srun $*" >>"$SHIM_LOG"
@@ -38,7 +47,11 @@ echo "srun $*" >>"$SHIM_LOG"
 touch "$SHIM_LOG.creating"
 sleep "${SHIM_CREATE_S:-2}"
 while [ "${1#-}" != "$1" ]; do shift; done
-SLURM_STEP_ID=0 "$@" &
+case $SHIM_LAUNCH in
+  remote) SLURM_STEP_ID=0 bash "$@" & ;;
+  late) SLURM_STEP_ID=0 bash -c 'sleep "$SHIM_LATE_S"; exec "$@"' task "$@" & ;;
+  *) SLURM_STEP_ID=0 "$@" & ;;
+esac
 task=$!
 trap 'kill -USR1 $task' USR1
 touch "$SHIM_LOG.launched"
@@ -66,7 +79,7 @@ if [ -n "$drain" ]; then
 fi
 echo "rank: done" >>"$SHIM_LOG"
 EOS
-chmod +x "$WORK/bin/scontrol" "$WORK/bin/srun" "$WORK/rank/dt_train"
+chmod +x "$WORK/bin/scontrol" "$WORK/bin/squeue" "$WORK/bin/srun" "$WORK/rank/dt_train"
 export SHIM_LOG=$WORK/shim.log PATH=$WORK/bin:$PATH SLURM_JOB_ID=7 SLURM_RESTART_COUNT=0 \
   SLURM_SUBMIT_DIR=$WORK DT_BIN=$BIN
 # drained_early OUT ARGS...: runs the script with ARGS (restart SLURM_RESTART_COUNT), its output
@@ -181,6 +194,47 @@ for at in creating launched; do
     fail "$at: $WORK/.dt-train-$J.size removed: the run was taken for a failure"
   [ ! -e "$WORK/.dt-train-$J.early" ] ||
     fail "$at: $WORK/.dt-train-$J.early left: the ranks had started"
+done
+# No rank on this node: the step of an array's task (500_2, job id $J) runs on n2 and n3, and
+# the array's other task has a step on this node (n1). The request goes to srun 10 s after the
+# step is listed; srun passes it to the rank. A rank that starts on this node 14 s after its step
+# is listed there gets it itself (sent to srun, the starting rank would die of it: exit 138).
+for at in remote late; do
+  echo "=== a drain signal with no rank on this node ($at)"
+  rm -f "$WORK/.dt-train-$J.early" "$WORK/.dt-train-$J.size" "$SHIM_LOG".*
+  : >"$SHIM_LOG"
+  if [ $at = remote ]; then
+    steps=$(printf '%s\n' "500_2.batch batch n1" "500_1.0 dt_train n1" "500_2.0 dt_train n2,n3")
+    export SLURM_ARRAY_JOB_ID=500 SLURM_ARRAY_TASK_ID=2
+  else
+    steps=$(printf '%s\n' "$J.batch batch n1" "$J.0 dt_train n2,n1")
+  fi
+  SLURM_JOB_ID=$J SLURMD_NODENAME=n1 SHIM_LAUNCH=$at SHIM_CREATE_S=1 SHIM_LATE_S=14 \
+    SHIM_EXEC_S=1 SHIM_STEPS=$steps DT_BIN=$WORK/rank \
+    bash "$SCRIPT" "$CONFIG" --ckpt.dir="$WORK/ck" >"$WORK/$at.out" 2>&1 &
+  pid=$!
+  unset SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID
+  for _ in $(seq 1 100); do
+    [ -e "$SHIM_LOG.launched" ] && break
+    sleep 0.05
+  done
+  [ -e "$SHIM_LOG.launched" ] || fail "$at: srun never started its task"
+  kill -USR1 "$pid"
+  wait "$pid"
+  rc=$?
+  cat "$WORK/$at.out" "$SHIM_LOG"
+  echo "early_drain.sh: exit code $rc"
+  [ "$rc" -eq 0 ] || fail "$at: exit code $rc, expected 0 (drained and requeued)"
+  grep -q "^rank: drained$" "$SHIM_LOG" || fail "$at: the rank did not drain"
+  grep -q "^scontrol requeue $J$" "$SHIM_LOG" || fail "$at: scontrol requeue $J was not called"
+  line="no rank of job $J on [^ ]*: its step runs on n2,n3; drain request passed on to srun"
+  if [ $at = remote ]; then
+    grep -q "^dt-train: $line$" "$WORK/$at.out" || fail "$at: no line about srun taking it"
+  else
+    ! grep -q "passed on to srun" "$WORK/$at.out" || fail "$at: the request went to srun"
+    grep -q "^dt-train: drain request passed on to the ranks on [^ ]* (pid [0-9 ]*)$" \
+      "$WORK/$at.out" || fail "$at: no line about the drain request passed on"
+  fi
 done
 [ $FAILED -eq 0 ] && { echo "early_drain.sh: PASS"; exit 0; }
 echo "early_drain.sh: FAIL"
