@@ -881,25 +881,41 @@ int main(int argc, char** argv) {
       .add("test.corrupt-rank", &s.corrupt_rank, -1,
            "testing only: this rank perturbs one element of its result after every call", -1L,
            1L << 30);
-  // Option errors: reported once (dt::quiet_option_errors); the gradient set's, read on each
-  // rank's node, by every rank.
+  // Option errors of the command line alone end every rank here, before MPI starts, reported
+  // once (dt::quiet_option_errors). A config file, and the gradient set's file, are read on each
+  // rank's node, and their copies may differ: those errors are kept and agreed on once MPI has
+  // started, so that every rank exits 2 with them instead of the others waiting for the missing
+  // rank in MPI's start-up.
+  const bool config_given = dt::config_file_given(argc, argv);
+  std::string node_error;
   int rc = dt::run_with_config_errors(
       "dt_bench",
       [&] {
-        if (!opts.parse(argc, argv)) return 0;
-        parse_settings(s, opts.given("ops"));
+        try {
+          if (!opts.parse(argc, argv)) return 0;
+          parse_settings(s, opts.given("ops"));
+        } catch (const dt::ConfigError& e) {
+          if (!config_given) throw;
+          node_error = e.message();
+        }
         return -1;
       },
       dt::quiet_option_errors(argc, argv));
   if (rc >= 0) return rc;
-  rc = dt::run_with_config_errors("dt_bench", [&] {
-    if (!s.grad_set.empty()) grad = load_grad_set(s.grad_set, s.bucket_mb, dt::dtype_size(s.dtype));
-    return -1;
-  });
-  if (rc >= 0) return rc;
+  if (node_error.empty() && !s.grad_set.empty()) {
+    try {
+      grad = load_grad_set(s.grad_set, s.bucket_mb, dt::dtype_size(s.dtype));
+    } catch (const dt::ConfigError& e) {
+      node_error = e.message();
+    }
+  }
 
   const auto runtime = dt::start_runtime(&argc, &argv, {}, "dt_bench");
   dt::Runtime& rt = *runtime;
+  if (!dt::agree_on_errors(rt.world(), "dt_bench", [&] {
+        if (!node_error.empty()) throw dt::ConfigError(node_error, __FILE__, __LINE__);
+      }))
+    return 2;
   // Checks that need the job size: every rank decides alike, before any benchmark traffic.
   if (s.root >= rt.size()) {
     if (rt.rank() == 0)

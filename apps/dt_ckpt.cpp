@@ -1275,11 +1275,21 @@ bool parse_args(int argc, char** argv, Args& a) {
 int main(int argc, char** argv) {
   Args a;
   bool help = false;
-  // Option errors: reported once (dt::quiet_option_errors).
+  // Option errors of the command line alone end every rank here, before MPI starts, reported
+  // once (dt::quiet_option_errors). A config file is read on each rank's node, and its copies may
+  // differ: with --config, option errors are kept and agreed on once MPI has started, so that
+  // every rank exits 2 with them instead of the others waiting for the missing rank.
+  const bool config_given = dt::config_file_given(argc, argv);
+  std::string option_error;
   int rc = dt::run_with_config_errors(
       "dt_ckpt",
       [&] {
-        help = !parse_args(argc, argv, a);
+        try {
+          help = !parse_args(argc, argv, a);
+        } catch (const dt::ConfigError& e) {
+          if (!config_given) throw;
+          option_error = e.message();
+        }
         return help ? 0 : -1;
       },
       dt::quiet_option_errors(argc, argv));
@@ -1289,6 +1299,10 @@ int main(int argc, char** argv) {
   const auto runtime = dt::start_runtime(&argc, &argv, {}, "dt_ckpt");
   dt::Runtime& rt = *runtime;
   const bool lead = rt.rank() == 0;
+  if (!dt::agree_on_errors(rt.world(), "dt_ckpt", [&] {
+        if (!option_error.empty()) throw dt::ConfigError(option_error, __FILE__, __LINE__);
+      }))
+    return 2;
   try {
     if (a.sub == "list") rc = cmd_list(rt, a);
     if (a.sub == "inspect") rc = cmd_inspect(rt, a);

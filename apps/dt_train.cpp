@@ -51,9 +51,9 @@ int main(int argc, char** argv) {
   dt::TokenFile data;
   dt::qos::Tier tier;
   // The command line is the same on every rank: without --config, an error in it ends every rank
-  // here, before MPI starts. What a rank reads from its node (the data, the key file, the QoS record) can fail on
-  // one node only: that failure is kept and agreed on once MPI has started, so that every rank
-  // exits 2 with it instead of the others waiting for the missing rank.
+  // here, before MPI starts. What a rank reads from its node (the data, the key file, the QoS
+  // record) can fail on one node only: that failure is kept and agreed on once MPI has started, so
+  // that every rank exits 2 with it instead of the others waiting for the missing rank.
   std::string local_error;
   // A config file is read on each node, and its copies (or a node-local path) may differ: an
   // error in its options may be one node's. With --config, option errors are therefore kept and
@@ -101,24 +101,7 @@ int main(int argc, char** argv) {
   // of them enters the next phase's collectives (communicator dup, checkpoint reads). A rank that
   // failed (a plugin missing on one node, say) reports it, and every rank exits 2; none hangs.
   auto phase = [&](const std::function<void()>& body) {
-    std::string failed;
-    try {
-      body();
-    } catch (const std::exception& e) {
-      failed = dt::message_of(e);
-    }
-    const auto [first_bad, first] = dt::first_problem(rt.world(), failed);
-    if (first_bad == rt.size()) return true;
-    // The first failing rank prints its error; another rank prints only an error of its own.
-    if (rt.rank() == first_bad)
-      std::fprintf(
-          stderr,
-          "dt_train: error: %s%s\ndt_train: run 'dt_train --help' for the list of options\n",
-          rt.size() > 1 ? ("rank " + std::to_string(rt.rank()) + ": ").c_str() : "",
-          failed.c_str());
-    else if (!failed.empty() && failed != first)
-      std::fprintf(stderr, "dt_train: error: rank %d: %s\n", rt.rank(), failed.c_str());
-    return false;
+    return dt::agree_on_errors(rt.world(), "dt_train", body);
   };
   // Options a rank refused (its config file): before anything else uses them.
   if (!phase([&] {

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -154,5 +155,13 @@ std::string broadcast_text(Comm& comm, std::string text, int root);
 /// rank ({comm.size(), ""} when no rank has one). For a check that may fail on some ranks only
 /// (a node's memory, a file of its own): every rank learns the same verdict and message.
 std::pair<int, std::string> first_problem(Comm& comm, const std::string& problem);
+
+/// Collective over `comm`: runs `body` on every rank and agrees on whether any rank's threw. The
+/// first such rank prints "PROGRAM: error: rank R: MESSAGE" (without "rank R: " in a job of one
+/// rank), with a line naming `PROGRAM --help` where `help_hint`; another rank prints its own error
+/// only where it differs from the first. True where no rank's threw: every rank gets the same
+/// answer, so that all go on or all stop, and none waits in a collective for one that stopped.
+bool agree_on_errors(Comm& comm, const char* program, const std::function<void()>& body,
+                     bool help_hint = true);
 
 }  // namespace dt

@@ -1,5 +1,9 @@
 #include "dt/comm.hpp"
 
+#include <cstdio>
+
+#include "dt/error.hpp"
+
 namespace dt {
 
 const char* reduce_op_name(ReduceOp op) noexcept {
@@ -64,6 +68,30 @@ std::pair<int, std::string> first_problem(Comm& comm, const std::string& problem
   comm.all_reduce(view_of(&who, 1), ReduceOp::min);
   if (who == comm.size()) return {who, ""};
   return {who, broadcast_text(comm, problem, who)};
+}
+
+bool agree_on_errors(Comm& comm, const char* program, const std::function<void()>& body,
+                     bool help_hint) {
+  std::string failed;
+  try {
+    body();
+  } catch (const std::exception& e) {
+    failed = message_of(e);
+  }
+  const auto [first_bad, first] = first_problem(comm, failed);
+  if (first_bad == comm.size()) return true;
+  const std::string p = program;
+  const std::string rank = "rank " + std::to_string(comm.rank()) + ": ";
+  std::string text;
+  if (comm.rank() == first_bad) {
+    text = p + ": error: " + (comm.size() > 1 ? rank : "") + failed + "\n";
+    if (help_hint) text += p + ": run '" + p + " --help' for the list of options\n";
+  } else if (!failed.empty() && failed != first) {
+    text = p + ": error: " + rank + failed + "\n";
+  }
+  // One write, so that lines of ranks sharing a terminal do not run into each other.
+  if (!text.empty()) std::fputs(text.c_str(), stderr);
+  return false;
 }
 
 }  // namespace dt
