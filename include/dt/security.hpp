@@ -95,8 +95,10 @@ inline constexpr std::size_t kSealOverhead = kTrailerBytes;
 inline constexpr std::size_t kDefaultRecordBytes = std::size_t{256} << 10;
 /// Largest record size a channel accepts (record lengths fit in an EVP call).
 inline constexpr std::size_t kMaxRecordBytes = std::size_t{1} << 30;
-/// Tags at and above this value are reserved by sealed transports for their own traffic.
-inline constexpr int kReservedTagBase = 0x7FFF0000;
+/// Tags at and above this value are reserved by sealed transports for their own traffic (two of
+/// them). Every MPI takes tags up to 32767 (MPI_TAG_UB may be no larger: 8388607 with Open MPI's
+/// UCX layer), and MpiComm keeps 32767 for itself: the reserved tags lie below.
+inline constexpr int kReservedTagBase = 32512;
 
 using Key = std::array<std::uint8_t, kKeyBytes>;
 using Salt = std::array<std::uint8_t, kSaltBytes>;

@@ -432,6 +432,10 @@ MpiComm::MpiComm(MPI_Comm c, std::string name, std::shared_ptr<MpiOps> ops)
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  int* ub = nullptr;
+  int flag = 0;
+  if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag) == MPI_SUCCESS && flag && ub)
+    tag_ub_ = std::max(*ub, 32767);
   // The world ranks of the members, so that the hang watchdog judges a collective on this
   // communicator among them alone.
   int rc = MPI_SUCCESS;
@@ -471,6 +475,8 @@ void MpiComm::check_peer(int peer, int tag, const char* op) const {
            " is not a rank of a communicator of size ", size_);
   DT_CHECK(InvalidArgument, tag >= 0 && tag != kRingTag, op, " on ", name_, ": tag ", tag,
            " is negative or reserved (", kRingTag, ": reduce_scatter's ring)");
+  DT_CHECK(InvalidArgument, tag <= tag_ub_, op, " on ", name_, ": tag ", tag,
+           " is above the largest this MPI takes (MPI_TAG_UB = ", tag_ub_, ")");
 }
 
 // ---- all_reduce ---------------------------------------------------------------------------------

@@ -116,6 +116,7 @@ class MpiComm final : public Comm {
   std::string name_;
   std::shared_ptr<MpiOps> ops_;
   std::size_t max_chunk_ = std::size_t{1} << 30;
+  int tag_ub_ = 32767;  // MPI_TAG_UB: the largest tag this MPI takes (32767 at least)
   std::vector<int> world_ranks_;
   int splits_ = 0;           // split_mpi calls so far (collective: the same count on every member)
   std::uint64_t calls_ = 0;  // collectives called so far (the sequence number of the last)

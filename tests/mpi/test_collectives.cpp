@@ -643,6 +643,16 @@ void check_chunking(Comm& world) {
   auto* m = dynamic_cast<dt::MpiComm*>(d.get());
   if (!H.expect(m != nullptr, "chunking", "split() of an MpiComm is not an MpiComm")) return;
   expect_throw<dt::InvalidArgument>("set_max_chunk(0)", [&] { m->set_max_chunk(0); });
+  // A tag above this MPI's MPI_TAG_UB (8388607 with Open MPI's UCX layer): refused, naming it.
+  int* tag_ub = nullptr;
+  int has_ub = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_ub);
+  if (has_ub && tag_ub && *tag_ub < INT_MAX) {
+    float x = 0;
+    expect_throw<dt::InvalidArgument>("send with a tag above MPI_TAG_UB",
+                                      [&] { m->send(dt::view_of(&x, 1), 0, *tag_ub + 1); },
+                                      {"MPI_TAG_UB = " + std::to_string(*tag_ub)});
+  }
   // Non-blocking all_gather and reduce_scatter whose whole output (input) passes INT_MAX
   // elements, each rank's part within it: refused before MPI sees them (Open MPI's libnbc counts
   // the whole in an int). The views are never read: a small buffer stands for them.
