@@ -223,8 +223,10 @@ DT_INLINE float float_of(uint32_t u) {
 // split in two parts (Cody-Waite); Cephes' degree-6 minimax polynomial for e^r; 2^k built in the
 // exponent bits. Relative error below 1.5 ulp (8.4e-8 measured) for x in [-87.3, 0]. Below that
 // the result is +0 (true value under FLT_MIN: flushed, absolute error < 1.2e-38); -inf gives +0
-// and NaN gives NaN. Every select is a bit mask: a ?: on floats lets GCC's PRE split the loop
-// body on the constant arm, and the loop no longer vectorises.
+// and NaN gives NaN. k is read from t's bits only while t is near kMagic: below -88 (where t
+// falls under 2^23, and from -8.7e6 its bits no longer hold k) the result is +0 by x itself. Every
+// select is a bit mask: a ?: on floats lets GCC's PRE split the loop body on the constant arm, and
+// the loop no longer vectorises.
 DT_INLINE float exp_approx(float x) {
   constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: x + kMagic rounds x to an integer
   const float t = x * 1.44269504088896341f + kMagic;
@@ -239,7 +241,8 @@ DT_INLINE float exp_approx(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const uint32_t keep = 0u - static_cast<uint32_t>(ki >= -126);  // 2^k is a normal float
+  // 2^k is a normal float (and x not below -88: NaN is kept)
+  const uint32_t keep = 0u - static_cast<uint32_t>((ki >= -126) & !(x < -88.0f));
   const float res = p * float_of((static_cast<uint32_t>(ki) + 127u) << 23);
   return float_of(bits_of(res) & keep);
 }
@@ -760,14 +763,16 @@ DT_INLINE float gelu_one(float x) {
   return x * select(u >= 0.0f, sp, e * sp);
 }
 
-// d/dx GELU = s + 2 x s (1 - s) u'(x), and s (1 - s) = e sp^2 for either sign of u.
+// d/dx GELU = s + 2 x s (1 - s) u'(x), and s (1 - s) = e sp^2 for either sign of u. The second
+// term is 0 where e is (|u| above 44): x^2 may be +inf there (|x| above 1.8e19), and 0 * inf NaN.
 DT_INLINE float gelu_grad_one(float x) {
   const float x2 = x * x;
   const float u = kGeluK * (x + kGeluA * x2 * x);
   const float e = exp_approx(-2.0f * std::fabs(u));
   const float sp = 1.0f / (1.0f + e);
   const float s = select(u >= 0.0f, sp, e * sp);
-  return s + 2.0f * x * (e * sp * sp) * kGeluK * (1.0f + 3.0f * kGeluA * x2);
+  return s +
+         select(e > 0.0f, 2.0f * x * (e * sp * sp) * kGeluK * (1.0f + 3.0f * kGeluA * x2), 0.0f);
 }
 
 // out may be inp (each block is read before it is written).

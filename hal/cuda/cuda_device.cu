@@ -1350,7 +1350,8 @@ __global__ void gelu_fwd_kernel(float* out, const float* inp, int64_t n) {
       },
       [&](int64_t i, float y) { out[i] = y; });
 }
-// d/dx GELU = s + 2 x s (1 - s) u'(x), with s (1 - s) = e sp^2 for either sign of u.
+// d/dx GELU = s + 2 x s (1 - s) u'(x), with s (1 - s) = e sp^2 for either sign of u; the second
+// term is 0 where e is (x^2 may be +inf there, and 0 * inf NaN).
 __global__ void gelu_bwd_kernel(float* dinp, const float* inp, const float* dout, int64_t n) {
   grid_unrolled<4, float>(
       n,
@@ -1358,8 +1359,9 @@ __global__ void gelu_bwd_kernel(float* dinp, const float* inp, const float* dout
         const float x = inp[i];
         float s, e, sp;
         gelu_parts(x, s, e, sp);
-        return dinp[i] +
-               dout[i] * (s + 2.0f * x * (e * sp * sp) * kGeluK * (1.0f + 3.0f * kGeluA * x * x));
+        const float d =
+            e > 0.0f ? 2.0f * x * (e * sp * sp) * kGeluK * (1.0f + 3.0f * kGeluA * x * x) : 0.0f;
+        return dinp[i] + dout[i] * (s + d);
       },
       [&](int64_t i, float y) { dinp[i] = y; });
 }

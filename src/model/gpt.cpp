@@ -321,6 +321,12 @@ void Gpt::stage(const std::int32_t* inputs, const std::int32_t* targets, int B, 
   T_ = T;
   have_targets_ = targets != nullptr;
   const std::int64_t BT = std::int64_t{B} * T;
+  // With a padded head the loss kernel sees the padded vocabulary and takes a padding column's
+  // index for a target (its logit is -inf: an infinite loss). Checked here against the real one.
+  if (targets && head_->on())
+    for (std::int64_t i = 0; i < BT; ++i)
+      DT_CHECK(InvalidArgument, targets[i] >= 0 && targets[i] < cfg_.vocab, "target ", targets[i],
+               " at position ", i, " is outside [0, vocab = ", cfg_.vocab, ")");
   std::int32_t* tok = tokens_buf_.as<std::int32_t>();
   std::int32_t* tgt = tok + static_cast<std::size_t>(max_batch_) * cfg_.block;
   dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(tok), static_cast<const void*>(inputs),

@@ -253,3 +253,21 @@ TEST_CASE("matmul reads an operand inside the weights from their 16-bit copy, ca
   const std::vector<float> C = product(tail.data());
   for (float c : C) CHECK(c == static_cast<float>(K));
 }
+
+// A padded head's loss runs over the padded vocabulary: a target among the padding's indices
+// (its logit -inf) would give an infinite loss and gradients toward nothing. Refused, naming it,
+// as the unpadded model's kernel refuses one outside the vocabulary.
+TEST_CASE("gpt with a padded vocabulary refuses a target in the padding") {
+  auto dev = dt::Device::open("cpu", "");
+  dt::GptConfig c = micro();
+  c.vocab = 37;
+  c.pad_vocab = 16;
+  REQUIRE(dt::padded_vocab(c) == 48);
+  dt::Gpt m(dev, c, 1);
+  std::vector<std::int32_t> in(static_cast<std::size_t>(c.block), 1), tgt = in;
+  CHECK(std::isfinite(m.forward(in.data(), tgt.data(), 1, c.block)));
+  tgt[3] = 40;
+  CHECK_THROWS_WITH_AS(m.forward(in.data(), tgt.data(), 1, c.block),
+                       doctest::Contains("target 40 at position 3 is outside [0, vocab = 37)"),
+                       dt::InvalidArgument);
+}

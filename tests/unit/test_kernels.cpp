@@ -869,6 +869,54 @@ TEST_CASE("kernel: attention with T = 70 (three row blocks) and large scores sta
   CHECK(bad == 0);
 }
 
+// Exponentials of arguments far below -88 (whose true value is 0): in (-1.74e7, -8.7e6) the
+// rounding that finds 2^k used to read garbage for k. GELU takes e^{-2|u|} (|x| in [496, 625] and
+// beyond), the softmaxes e^{x - max}; and GELU's gradient multiplied that 0 by x^2 = +inf for
+// |x| above 1.8e19.
+TEST_CASE("kernel: gelu, attention and cross-entropy far out (exponentials of huge negatives)") {
+  Dev d;
+  FVec x;
+  for (float v = 496.0f; v <= 626.0f; v += 0.25f) {
+    x.push_back(v);
+    x.push_back(-v);
+  }
+  for (float v : {1e4f, 1e7f, 1e12f, 2e19f, 1e30f, 3e38f}) {
+    x.push_back(v);
+    x.push_back(-v);
+  }
+  const int64_t n = static_cast<int64_t>(x.size());
+  FVec out(n), dx(n, 0.0f);
+  const FVec ones(n, 1.0f);
+  REQUIRE(d.t->gelu_fwd(d.ctx, out.data(), x.data(), n) == DT_HAL_OK);
+  REQUIRE(d.t->gelu_bwd(d.ctx, dx.data(), x.data(), ones.data(), n) == DT_HAL_OK);
+  size_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    // GELU is x for these x > 0 (1 - s below 1e-200) and 0 for x < 0; its slope 1 and 0.
+    const bool ok = x[i] > 0 ? out[i] == x[i] && dx[i] == 1.0f : out[i] == 0.0f && dx[i] == 0.0f;
+    if (!ok && bad++ < 5) MESSAGE("gelu(" << x[i] << ") = " << out[i] << ", gelu' = " << dx[i]);
+  }
+  CHECK(bad == 0);
+
+  // Cross-entropy: the target's logit is the row's largest, every other lies 8.7e6 to 2e7 below
+  // it: loss 0, probabilities one-hot.
+  const int64_t N = 2, V = 4;
+  const FVec logits = {0.0f, -8.8e6f, -1.2e7f, -1.6e7f, -1.7e7f, 1.0f, -9e6f, -1.3e7f};
+  const std::vector<int32_t> tgt = {0, 1};
+  FVec losses(N), probs(N * V);
+  REQUIRE(d.t->softmax_xent_fwd(d.ctx, losses.data(), probs.data(), logits.data(), tgt.data(), N,
+                                V) == DT_HAL_OK);
+  CHECK(losses == FVec{0.0f, 0.0f});
+  CHECK(probs == FVec{1.0f, 0.0f, 0.0f, 0.0f, 0.0f, 1.0f, 0.0f, 0.0f});
+
+  // Attention, T = 2, one head of size 1: row 1's scores are q1 k0 = -1.6e7 and q1 k1 = 0, so it
+  // takes v1 alone.
+  const FVec qkv = {1.0f, -4000.0f, 10.0f, 4000.0f, 0.0f, 20.0f};  // per token: q, k, v
+  FVec aout(2), att(4);
+  REQUIRE(d.t->attention_fwd(d.ctx, aout.data(), att.data(), qkv.data(), 1, 2, 1, 1) == DT_HAL_OK);
+  CHECK(aout == FVec{10.0f, 20.0f});
+  CHECK(att == FVec{1.0f, 0.0f, 0.0f, 1.0f});
+}
+
 TEST_CASE("kernel: attention rejects NH not dividing C") {
   Dev d;
   FVec out(2 * 3 * 10), att(3 * 2 * 3 * 3), qkv(2 * 3 * 30);
