@@ -265,7 +265,9 @@ class Trainer {
   StepStats step();
   /// Mean loss over the fixed validation windows (all ranks share the work).
   double evaluate();
-  /// Generates `n` tokens after `prompt` on this rank (no communication).
+  /// Generates `n` tokens after `prompt` on this rank (no communication). Where no rank holds the
+  /// whole model (the graph engine; ZeRO-3), its parameters must have been assembled since the
+  /// last step or resume (global_parameters(), collective, as run() does); InvalidArgument if not.
   std::vector<std::int32_t> sample(const std::vector<std::int32_t>& prompt, std::int64_t n,
                                    double temperature, std::uint64_t seed);
   /// Runs the whole job with progress lines on rank 0; returns the process exit code (0, or
@@ -372,10 +374,11 @@ class Trainer {
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<P2p> p2p_;
   std::unique_ptr<StageEngine> engine_;
-  std::vector<char> counted_;      // per local parameter: counted once in the global norm
-  std::vector<char> unique_;       // per stage parameter: this tp/pp position's copy counts
-  std::vector<char> owner_;        // per stage parameter: unique_ on data-parallel rank 0
-  std::vector<float> full_state_;  // global parameters (sampling, global_parameters())
+  std::vector<char> counted_;        // per local parameter: counted once in the global norm
+  std::vector<char> unique_;         // per stage parameter: this tp/pp position's copy counts
+  std::vector<char> owner_;          // per stage parameter: unique_ on data-parallel rank 0
+  std::vector<float> full_state_;    // global parameters (sampling, global_parameters())
+  bool full_state_current_ = false;  // full_state_ holds the parameters as they are now
   // Security: the job's keys and the sealed communicators (seal=all).
   std::unique_ptr<security::Keys> keys_;
   std::unique_ptr<Comm> sealed_world_, sealed_tp_, sealed_tied_;

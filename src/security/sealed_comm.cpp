@@ -3,17 +3,17 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 
 #include "comm/mpi_comm.hpp"
 #include "comm/progress.hpp"
 #include "comm/reduce.hpp"
 #include "comm/shm_segment.hpp"
 #include "dt/error.hpp"
-#include "dt/metrics.hpp"
 #include "dt/p2p.hpp"
+#include "dt/watchdog.hpp"
 #include "sealed_p2p.hpp"
 
 namespace dt::security {
@@ -21,7 +21,6 @@ namespace dt::security {
 namespace {
 
 constexpr int kCollTag = kReservedTagBase + 1;
-using Clock = std::chrono::steady_clock;
 
 // Waits for one transfer of a collective. A real-time thread (a QoS tier's communication thread,
 // which runs the queued collectives) polls, sleeping between polls, rather than spinning inside a
@@ -51,15 +50,14 @@ class SealedComm final : public Comm {
 
   Work iall_reduce(TensorView buf, ReduceOp op) override {
     check_usable("all_reduce");
-    return queued(what("all_reduce", buf, reduce_op_name(op)), "all_reduce", buf.nbytes(),
+    return queued(what("all_reduce", buf, reduce_op_name(op)), "all_reduce", buf,
                   [=] { do_all_reduce(buf, op); });
   }
   Work ibroadcast(TensorView buf, int root) override {
     check_usable("broadcast");
     DT_CHECK(InvalidArgument, root >= 0 && root < size(), "broadcast on ", name_, ": root ", root,
              " is not a rank of this communicator (size ", size(), ")");
-    return queued(what("broadcast", buf), "broadcast", buf.nbytes(),
-                  [=] { do_broadcast(buf, root); });
+    return queued(what("broadcast", buf), "broadcast", buf, [=] { do_broadcast(buf, root); });
   }
   Work iall_gather(ConstTensorView in, TensorView out) override {
     check_usable("all_gather");
@@ -67,8 +65,7 @@ class SealedComm final : public Comm {
              dtype_name(in.dtype), ", output ", dtype_name(out.dtype));
     DT_CHECK_EQ(InvalidArgument, out.numel, in.numel * static_cast<std::size_t>(size()),
                 "all_gather on ", name_, ": output must hold size() * input elements");
-    return queued(what("all_gather", in), "all_gather", out.nbytes(),
-                  [=] { do_all_gather(in, out); });
+    return queued(what("all_gather", in), "all_gather", in, [=] { do_all_gather(in, out); });
   }
   Work ireduce_scatter(ConstTensorView in, TensorView out, ReduceOp op) override {
     check_usable("reduce_scatter");
@@ -76,12 +73,13 @@ class SealedComm final : public Comm {
              dtype_name(in.dtype), ", output ", dtype_name(out.dtype));
     DT_CHECK_EQ(InvalidArgument, in.numel, out.numel * static_cast<std::size_t>(size()),
                 "reduce_scatter on ", name_, ": input must hold size() * output elements");
-    return queued(what("reduce_scatter", in, reduce_op_name(op)), "reduce_scatter", in.nbytes(),
+    return queued(what("reduce_scatter", in, reduce_op_name(op)), "reduce_scatter", in,
                   [=] { do_reduce_scatter(in, out, op); });
   }
   Work ibarrier() override {
     check_usable("barrier");
-    return queued("barrier on " + name_, "barrier", 0, [=] { do_barrier(); });
+    return queued("barrier on " + name_, "barrier", ConstTensorView{nullptr, 0, DType::u8},
+                  [=] { do_barrier(); });
   }
   Work isend(ConstTensorView buf, int dst, int tag) override { return p2p_->isend(buf, dst, tag); }
   Work irecv(TensorView buf, int src, int tag) override { return p2p_->irecv(buf, src, tag); }
@@ -104,18 +102,23 @@ class SealedComm final : public Comm {
     DT_CHECK(CommError, !broken_.load(), op, " on ", name_, " (rank ", rank(),
              "): the communicator is broken by an earlier failure");
   }
+  // Queues collective `op` on `v` (the view MpiComm records it by) to run on the queue's thread.
+  // Its watchdog record starts here, on the caller's thread (in the caller's LimitScope and
+  // BackgroundScope, numbered in the order every rank submits), and ends when it has run; the
+  // record counts it in the dt_comm_* metrics and the timeline.
   template <class F>
-  Work queued(std::string w, const char* op, std::size_t bytes, F&& f) {
-    return queue_->submit(std::move(w), [this, op, bytes, f] {
-      const auto t0 = Clock::now();
+  Work queued(std::string w, const char* op, ConstTensorView v, F&& f) {
+    auto rec =
+        std::make_shared<watchdog::OpRecord>(name_, ++calls_, op, "sealed", v.dtype, v.numel);
+    return queue_->submit(std::move(w), [this, rec, f] {
       try {
         f();
       } catch (...) {
         broken_ = true;
+        rec->complete();
         throw;
       }
-      metrics::record_comm(op, "sealed", bytes,
-                           std::chrono::duration<double>(Clock::now() - t0).count());
+      rec->complete();
     });
   }
 
@@ -180,6 +183,7 @@ class SealedComm final : public Comm {
   std::unique_ptr<SealedP2p> p2p_;
   std::unique_ptr<ProgressQueue> queue_;
   std::atomic<bool> broken_{false};
+  std::uint64_t calls_ = 0;  // collectives submitted (the watchdog's sequence numbers)
   std::vector<unsigned char> scratch_;
 };
 

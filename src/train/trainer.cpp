@@ -809,28 +809,28 @@ RankSite site_of(const TrainConfig& c, int rank, int size) {
   return s;
 }
 
-// The drain votes' communicator in the watchdog's records (sealed too, whose own name differs).
+// The drain votes' communicator (sealed: kVoteComm/sealed).
 constexpr const char* kVoteComm = "world/drain-vote";
 
-// A record of vote `seq` on the votes' communicator for the watchdog, not counted in dt_comm_*
-// (the communicator counts its traffic): the wait for it, or (inside a BackgroundScope) the vote
-// left running. A sealed communicator records nothing of its own; an MPI one records the vote as
-// it is taken.
-watchdog::OpRecord vote_record(std::uint64_t seq, bool sealed) {
-  return watchdog::OpRecord(kVoteComm, seq, "all_reduce", sealed ? "sealed" : "mpi", DType::i32, 1,
-                            -1, -1, false);
+// A record of the wait for vote `seq` on the votes' communicator `comm` for the watchdog, not
+// counted in dt_comm_* (the communicator records and counts the vote itself, as it is taken, by
+// the same number).
+watchdog::OpRecord vote_record(const std::string& comm, std::uint64_t seq, bool sealed) {
+  return watchdog::OpRecord(comm, seq, "all_reduce", sealed ? "sealed" : "mpi", DType::i32, 1, -1,
+                            -1, false);
 }
 }  // namespace
 
 struct Trainer::PipeVotes {
-  explicit PipeVotes(bool is_sealed) : sealed(is_sealed) {}
-  bool sealed;                     ///< security.seal=all: the trainer records the votes
+  PipeVotes(std::string comm_name, bool is_sealed)
+      : comm(std::move(comm_name)), sealed(is_sealed) {}
+  std::string comm;                ///< the votes' communicator
+  bool sealed;                     ///< security.seal=all (the records' backend)
   std::vector<std::int32_t> flag;  ///< vote k's buffer: this rank's drain flag, then the max
   std::vector<Work> work;
-  std::vector<std::uint64_t> seq;              ///< vote k's sequence number
-  std::vector<watchdog::OpRecord> background;  ///< sealed: vote k's, while it runs
-  std::size_t settled = 0;  ///< the votes before this one are complete (or were never taken)
-  std::size_t taken = 0;    ///< the votes before this one were taken or skipped
+  std::vector<std::uint64_t> seq;  ///< vote k's sequence number
+  std::size_t settled = 0;         ///< the votes before this one are complete (or were never taken)
+  std::size_t taken = 0;           ///< the votes before this one were taken or skipped
 
   void reset(int micro_batches) {
     const std::size_t n = static_cast<std::size_t>(micro_batches);
@@ -838,27 +838,21 @@ struct Trainer::PipeVotes {
     work.clear();
     work.resize(n);
     seq.assign(n, 0);
-    background.clear();
-    background.resize(n);
     settled = taken = 0;
   }
   /// Waits for vote i, watched for hangs from here (it ran in the background until now).
   void wait(std::size_t i) {
     if (!work[i].valid() || work[i].test()) return;
-    const watchdog::OpRecord rec = vote_record(seq[i], sealed);
+    const watchdog::OpRecord rec = vote_record(comm, seq[i], sealed);
     work[i].wait();
   }
-  /// Completes (and ends the records of) the votes every rank has taken, oldest first.
+  /// Completes the votes every rank has taken, oldest first.
   void poll() {
-    while (settled < taken && (!work[settled].valid() || work[settled].test()))
-      background[settled++].complete();
+    while (settled < taken && (!work[settled].valid() || work[settled].test())) ++settled;
   }
   /// Waits for every vote taken (each rank took the same ones).
   void finish() {
-    for (; settled < taken; ++settled) {
-      wait(settled);
-      background[settled].complete();
-    }
+    for (; settled < taken; ++settled) wait(settled);
   }
 };
 
@@ -1071,7 +1065,8 @@ Trainer::Trainer(Comm& comm, const Device& dev, const TrainConfig& c, const Toke
       drain_vote_comm_ = security::make_sealed_comm(*vote, *keys_, sealed);
     else
       drain_vote_comm_ = std::move(vote);
-    if (drain_lag_ > 0) pipe_votes_ = std::make_unique<PipeVotes>(c_.seal == "all");
+    if (drain_lag_ > 0)
+      pipe_votes_ = std::make_unique<PipeVotes>(drain_vote_comm_->name(), c_.seal == "all");
   }
   const std::size_t bt = static_cast<std::size_t>(micro_) * c_.model.block;
   inputs_.resize(bt);
@@ -1362,6 +1357,7 @@ StepStats Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   const int T = c_.model.block;
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+  full_state_current_ = false;  // the parameters change
   const float scale = static_cast<float>(loss_scale / (static_cast<double>(c_.batch) * T));
   stall_at("step", "before the step", step_ + 1);
   watchdog::set_activity("forward and backward", step_ + 1);
@@ -1583,8 +1579,6 @@ bool Trainer::give_up_step(std::int64_t done, std::int64_t total) {
   std::int32_t vote = asked ? 1 : 0;
   if (drain_vote_comm_) {
     watchdog::set_activity("drain vote", step_ + 1);
-    watchdog::OpRecord sealed;
-    if (c_.seal == "all") sealed = vote_record(votes_ + 1, true);
     drain_vote_comm_->all_reduce(view_of(&vote, 1), ReduceOp::max);
     ++votes_;
     watchdog::set_activity("forward and backward", step_ + 1);
@@ -1618,7 +1612,6 @@ bool Trainer::pipeline_drain_vote(int k, int m) {
     const watchdog::BackgroundScope background;  // read (and watched) drain_lag_ passes later
     v.work[at] = drain_vote_comm_->iall_reduce(view_of(&v.flag[at], 1), ReduceOp::max);
     v.seq[at] = ++votes_;
-    if (v.sealed) v.background[at] = vote_record(v.seq[at], true);
   }
   return false;
 }
@@ -1754,9 +1747,10 @@ std::vector<std::int32_t> Trainer::sample(const std::vector<std::int32_t>& promp
   std::unique_ptr<Gpt> whole;
   if (engine_ || (zero_ && model_ && !model_->param_data())) {  // global parameters in full_state_
     whole = std::make_unique<Gpt>(dev_, c_.model, 1);
-    DT_CHECK(InvalidArgument, full_state_.size() >= whole->num_params(),
-             "Trainer::sample: the global parameters are not assembled (gather them first, as "
-             "run() does before sampling)");
+    DT_CHECK(InvalidArgument, full_state_current_ && full_state_.size() >= whole->num_params(),
+             "Trainer::sample: the global parameters are not assembled as of step ", step_,
+             " (gather them with global_parameters() after the last step, as run() does before "
+             "sampling)");
     dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(whole->param_data()),
               static_cast<const void*>(full_state_.data()), whole->num_params() * sizeof(float),
               DT_HAL_HOST_TO_DEVICE);
@@ -1989,6 +1983,10 @@ std::vector<float> Trainer::global_parameters() {
     std::copy_n(full_state_.begin(), out.size(), out.begin());
   } else if (zero_) {
     out = zero_->gather_master();
+    if (model_ && !model_->param_data()) {  // ZeRO-3: sampling reads them here
+      full_state_ = out;
+      full_state_current_ = true;
+    }
   } else {
     dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(out.data()),
               static_cast<const void*>(master_ptr()), out.size() * sizeof(float),
@@ -2000,6 +1998,7 @@ std::vector<float> Trainer::global_parameters() {
 void Trainer::gather_state() {
   const std::vector<ParamInfo> global = gpt_params(c_.model);
   full_state_.assign(global.back().offset + global.back().numel, 0.0f);
+  full_state_current_ = false;  // until assembled below
   std::vector<float> host(zero_ ? zero_->padded_numel() : engine_->num_params());
   if (zero_) {  // this stage's parameters from the data-parallel ranks' shards
     std::vector<float> shard(zero_->shard_numel());
@@ -2019,6 +2018,7 @@ void Trainer::gather_state() {
                        full_state_.data() + global[engine_->global_index(i)].offset);
   // Every element has exactly one owner and zeros elsewhere: the sum is exact.
   coll().all_reduce(view_of(full_state_), ReduceOp::sum);
+  full_state_current_ = true;
 }
 
 void Trainer::state_to_device() {
@@ -2086,6 +2086,7 @@ std::string Trainer::resume_from_checkpoint() {
   step_ = m.step;
   tokens_ = m.tokens;
   last_saved_ = m.step;
+  full_state_current_ = false;
   if (c_.ckpt_resume == "auto") resumable_ = used;
   opt_->set_steps(m.optimizer_step);
   log("ckpt: resumed from " + used + " at step " + std::to_string(m.step) + " (written by " +
@@ -2470,8 +2471,10 @@ int Trainer::run() {
   // Sampling runs the whole model on rank 0: the graph engine's shards are assembled first.
   // (Also when nothing was left to train: sampling from a finished run's checkpoint.)
   if (engine_ && c_.sample_tokens > 0) gather_state();
-  if (zero_ && model_ && !model_->param_data() && c_.sample_tokens > 0)
+  if (zero_ && model_ && !model_->param_data() && c_.sample_tokens > 0) {
     full_state_ = zero_->gather_master();
+    full_state_current_ = true;
+  }
   report_peak_memory();
   // Rank 0 samples alone while the others wait in the barrier below, as long as it takes (a long
   // sample is no hang).

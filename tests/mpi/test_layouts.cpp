@@ -27,6 +27,8 @@ struct Run {
   std::vector<double> losses;
   double val = 0;
   std::vector<float> params;
+  std::string sampled;         // sample() after global_parameters(): "" or its error
+  bool stale_refused = false;  // sample() after one more step, not gathered again: refused
 };
 
 Run train(dt::Comm& comm, const dt::Device& dev, const dt::TrainConfig& c,
@@ -36,6 +38,20 @@ Run train(dt::Comm& comm, const dt::Device& dev, const dt::TrainConfig& c,
   for (int s = 0; s < c.steps; ++s) r.losses.push_back(t.step().loss);
   r.val = t.evaluate();
   r.params = t.global_parameters();
+  // Sampling reads the parameters just assembled; after one more step it needs them again where
+  // no rank holds the whole model (the graph engine, ZeRO-3): it must not read the old ones.
+  const std::vector<std::int32_t> prompt = {1};
+  try {
+    t.sample(prompt, 4, 1.0, 7);
+  } catch (const std::exception& e) {
+    r.sampled = e.what();
+  }
+  t.step();
+  try {
+    t.sample(prompt, 4, 1.0, 7);
+  } catch (const dt::InvalidArgument& e) {
+    r.stale_refused = std::string(e.what()).find("not assembled as of step") != std::string::npos;
+  }
   return r;
 }
 
@@ -143,6 +159,19 @@ int main(int argc, char** argv) {
     }
     std::printf("  parameters: largest relative L2 difference %.2e (%s)\n", worst,
                 worst_name.c_str());
+    if (!got.sampled.empty()) {
+      std::printf("FAIL: %s: sample() after global_parameters(): %s\n", argv[a],
+                  got.sampled.c_str());
+      ++failures;
+    }
+    const bool sharded =
+        cl.par_engine == "graph" || cl.par_tp > 1 || cl.par_pp > 1 || cl.par_zero == 3;
+    if (got.stale_refused != sharded) {
+      std::printf("FAIL: %s: sample() a step after global_parameters() was %s\n", argv[a],
+                  got.stale_refused ? "refused, though this rank holds the whole model"
+                                    : "not refused (it read the parameters of the step before)");
+      ++failures;
+    }
   }
   rt.world().broadcast(dt::view_of(&failures, 1), 0);
   if (me == 0) std::printf(failures ? "FAILED: %d checks\n" : "PASSED\n", failures);

@@ -4,6 +4,8 @@
 #   skip: never joins the loss all_reduce of a step (test.skip-collective): the watchdog must
 #         name that rank and that all_reduce on world, and every rank must have written its
 #         timeline (trace.dir): the rank that never came writes it when the watchdog asks;
+#   skip_sealed: the same with sealed collectives (CMD gives security.seal=all): the all_reduce
+#         on world/sealed;
 #   save: stops inside a checkpoint save (test.stall-during-save), so the other ranks hang inside
 #         HDF5's collective writes: the watchdog (with ckpt.timeout-s = TIMEOUT, the saves'
 #         limit, and comm.timeout-s = 0: no limit for other operations) must name the save and
@@ -37,8 +39,11 @@ rm -rf "$dump"
 mkdir -p "$dump"
 log=$dump/job.log
 comm_limit=$timeout_s
+# The drain votes' communicator (sealed: its sealed communicator's name).
+vote=world/drain-vote
+case " $* " in *" --security.seal=all "*) vote=world/drain-vote/sealed ;; esac
 case $mode in
-  skip) extra=(--test.skip-collective="$skip" --trace.dir="$dump/trace")
+  skip|skip_sealed) extra=(--test.skip-collective="$skip" --trace.dir="$dump/trace")
         mark="rank $skip: test.skip-collective: skipping" ;;
   save) extra=(--test.stall-during-save="$skip" --ckpt.dir="$dump/ckpt" --ckpt.every=2
                --ckpt.timeout-s="$timeout_s")
@@ -85,13 +90,15 @@ stopped="now test.stall-rank: stopped"
 case $mode in
   skip) want="all_reduce #[0-9]+ on world .* rank $skip \\(on $h\\) has not reached it"
         what="rank $skip and the all_reduce on world" ;;
+  skip_sealed) want="all_reduce #[0-9]+ on world/sealed \\(f64 x 1, sealed\\) .* rank $skip \\(on $h\\) has not reached it"
+        what="rank $skip and the all_reduce on world/sealed" ;;
   eval) want="all_reduce #[0-9]+ on world .* rank $skip \\(on $h\\) has not reached it; rank $skip: last world collective #[0-9]+, $stopped before the evaluation at step 2"
         what="rank $skip, the all_reduce on world and what rank $skip does" ;;
-  micro) want="all_reduce #[0-9]+ on world/drain-vote .* rank $skip \\(on $h\\) has not reached it; rank $skip: .*$stopped after the first micro-batch"
+  micro) want="all_reduce #[0-9]+ on $vote .* rank $skip \\(on $h\\) has not reached it; rank $skip: .*$stopped after the first micro-batch"
          what="rank $skip, the drain vote's all_reduce and what rank $skip does" ;;
-  pipe_micro) want="(all_reduce #[0-9]+ on world/drain-vote .* rank $skip \\(on $h\\) has not reached it|recv from rank $skip on pipeline .* rank $skip \\(on $h\\) has not sent it); rank $skip: .*$stopped after the first micro-batch"
+  pipe_micro) want="(all_reduce #[0-9]+ on $vote .* rank $skip \\(on $h\\) has not reached it|recv from rank $skip on pipeline .* rank $skip \\(on $h\\) has not sent it); rank $skip: .*$stopped after the first micro-batch"
               what="rank $skip, what the others wait for and what rank $skip does" ;;
-  pipe_vote) want="(all_reduce #[0-9]+ on world/drain-vote .* (every rank has reached it \\(stuck inside the collective\\); rank $skip \\(on $h\\) is in no other operation, busy elsewhere; rank $skip: |rank $skip \\(on $h\\) has not reached it; rank $skip: last world/drain-vote collective #[0-9]+, )|recv from rank $skip on pipeline .* rank $skip \\(on $h\\) has not sent it; rank $skip: )$stopped after taking a drain vote"
+  pipe_vote) want="(all_reduce #[0-9]+ on $vote .* (every rank has reached it \\(stuck inside the collective\\); rank $skip \\(on $h\\) is in no other operation, busy elsewhere; rank $skip: |rank $skip \\(on $h\\) has not reached it; rank $skip: last $vote collective #[0-9]+, )|recv from rank $skip on pipeline .* rank $skip \\(on $h\\) has not sent it; rank $skip: )$stopped after taking a drain vote"
              what="rank $skip as the one waited for or busy elsewhere, and what it does" ;;
   pipe) want="recv from rank $skip on pipeline .* rank $skip \\(on $h\\) has not sent it; rank $skip: now test.stall-rank"
         what="the receive from rank $skip and what rank $skip does" ;;
@@ -103,16 +110,17 @@ esac
 echo "$line" | grep -qE "$want" || fail "the watchdog line does not name $what"
 f=$(ls "$dump"/dt-watchdog-rank*.json 2>/dev/null | head -1)
 [ -n "$f" ] || fail "no dump in $dump"
-python3 - "$f" "$skip" "$mode" <<'PY' || fail "dump $f does not say what the line says"
+python3 - "$f" "$skip" "$mode" "$vote" <<'PY' || fail "dump $f does not say what the line says"
 import json, sys
 d = json.load(open(sys.argv[1]))
-skip, mode = int(sys.argv[2]), sys.argv[3]
+skip, mode, vote = int(sys.argv[2]), sys.argv[3], sys.argv[4]
 c = d["collective"]
 ranks = {r["rank"]: r for r in d["ranks"]}
-if mode == "skip":
+if mode in ("skip", "skip_sealed"):
+    world = "world" if mode == "skip" else "world/sealed"
     assert d["missing_ranks"] == [skip], d["missing_ranks"]
-    assert c["op"] == "all_reduce" and c["comm"] == "world" and c["seq"] > 0, c
-    assert ranks[skip]["comms"]["world"]["started"] < c["seq"]
+    assert c["op"] == "all_reduce" and c["comm"] == world and c["seq"] > 0, c
+    assert ranks[skip]["comms"][world]["started"] < c["seq"]
     assert "skip-collective" in ranks[skip]["activity"]
     # The others wait in the loss all_reduce of the step the progress lines call 3 (the third,
     # test.skip-step 2 counted from 0).
@@ -128,14 +136,14 @@ elif mode == "eval":
             assert (r["activity"], r["step"]) == ("evaluation", 2), (q, r["activity"], r["step"])
 elif mode == "micro":
     assert d["missing_ranks"] == [skip], d["missing_ranks"]
-    assert c["op"] == "all_reduce" and c["comm"] == "world/drain-vote", c
+    assert c["op"] == "all_reduce" and c["comm"] == vote, c
     assert "after the first micro-batch" in ranks[skip]["activity"], ranks[skip]["activity"]
     for q, r in ranks.items():
         if q != skip:
             assert (r["activity"], r["step"]) == ("drain vote", 3), (q, r["activity"], r["step"])
 elif mode == "pipe_micro":
     assert d["missing_ranks"] == [skip], d["missing_ranks"]
-    assert (c["op"] == "all_reduce" and c["comm"] == "world/drain-vote") or \
+    assert (c["op"] == "all_reduce" and c["comm"] == vote) or \
         (c["op"] == "recv" and c["comm"] == "pipeline" and c["peer"] == skip), c
     assert "after the first micro-batch" in ranks[skip]["activity"], ranks[skip]["activity"]
     for q, r in ranks.items():
@@ -146,7 +154,7 @@ elif mode == "pipe_vote":
     if c["op"] == "recv":
         assert d["missing_ranks"] == [skip] and c["comm"] == "pipeline" and c["peer"] == skip, c
     else:
-        assert c["op"] == "all_reduce" and c["comm"] == "world/drain-vote", c
+        assert c["op"] == "all_reduce" and c["comm"] == vote, c
         assert d["missing_ranks"] == [skip] or \
             (d["missing_ranks"] == [] and d.get("busy_ranks") == [skip]), d
     assert "after taking a drain vote" in ranks[skip]["activity"], ranks[skip]["activity"]
@@ -168,7 +176,7 @@ else:
     assert all(r["comms"]["checkpoint"]["started"] == 1 for r in ranks.values())
 for r in ranks.values():  # every rank sent its recent collectives
     assert r["records"] and all({"comm", "seq", "op", "bytes"} <= set(x) for x in r["records"])
-if mode == "skip":  # every rank's timeline, with its steps up to the hang
+if mode in ("skip", "skip_sealed"):  # every rank's timeline, with its steps up to the hang
     import os
     for q in ranks:
         t = json.load(open(os.path.join(os.path.dirname(sys.argv[1]), "trace", f"trace-rank{q}.json")))
@@ -177,7 +185,7 @@ if mode == "skip":  # every rank's timeline, with its steps up to the hang
         # once.
         if q != skip:
             u = [e for e in t["traceEvents"] if e.get("cat") == "comm (unfinished)"]
-            assert len(u) == 1 and u[0]["name"] == "all_reduce" and u[0]["args"]["comm"] == "world", \
+            assert len(u) == 1 and u[0]["name"] == "all_reduce" and u[0]["args"]["comm"] == world, \
                 f"rank {q}: unfinished operations {u}"
             # ... inside the step they had not finished (its Scope, still open), which covers it.
             o = [e for e in t["traceEvents"] if e.get("cat") == "train (open)"]
