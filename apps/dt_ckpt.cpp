@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -424,20 +425,32 @@ std::string name_disagrees(const std::string& path, std::int64_t named) {
          ", its name says step " + std::to_string(named) + " (renamed or copied by hand?)";
 }
 
+// Runs `body`, which reads what each rank's node holds (a file, a folder, the key file), on every
+// rank. Where it throws on any rank, every rank throws the first such rank's error (bad input,
+// naming the rank in a job of several), so that none goes on into the collective work that the
+// others left (a hang).
+void on_every_rank(dt::Runtime& rt, const std::function<void()>& body) {
+  std::string problem;
+  try {
+    body();
+  } catch (const std::exception& e) {
+    problem = dt::message_of(e);
+  }
+  const auto [who, first] = dt::first_problem(rt.world(), problem);
+  DT_CHECK(ConfigError, who == rt.size(), first,
+           rt.size() > 1 ? " (on rank " + std::to_string(who) + ")" : std::string());
+}
+
 int cmd_list(dt::Runtime& rt, const Args& a) {
   const bool lead = rt.rank() == 0;
-  // Refused on every rank where any rank cannot see the folder (the listing below is collective).
-  {
+  // Refused on every rank where any rank cannot see the folder (the listing below is collective),
+  // or read the key file.
+  on_every_rank(rt, [&] {
     struct stat st;
-    std::string problem;
-    if (::stat(a.input.c_str(), &st) != 0)
-      problem = a.input + ": " + std::strerror(errno);
-    else if (!S_ISDIR(st.st_mode))
-      problem = a.input + ": not a directory";
-    const auto [who, first] = dt::first_problem(rt.world(), problem);
-    DT_CHECK(ConfigError, who == rt.size(), first,
-             rt.size() > 1 ? " (on rank " + std::to_string(who) + ")" : std::string());
-  }
+    DT_CHECK(ConfigError, ::stat(a.input.c_str(), &st) == 0, a.input, ": ", std::strerror(errno));
+    DT_CHECK(ConfigError, S_ISDIR(st.st_mode), a.input, ": not a directory");
+    static_cast<void>(a.keys());
+  });
   // Every rank verifies the files rank 0 lists (the verification is collective); the rest of
   // the folder is only printed, by rank 0.
   const auto entries = dt::list_checkpoints(rt.world(), a.input);
@@ -455,8 +468,6 @@ int cmd_list(dt::Runtime& rt, const Args& a) {
   }
   problem = dt::broadcast_text(rt.world(), problem, 0);
   DT_CHECK(dt::CheckpointError, problem.empty(), problem);
-  // A key file that is refused is bad input (exit 2), not a failed verification of each file.
-  static_cast<void>(a.keys());
   if (lead) {
     std::printf("%s: %zu checkpoint%s, %zu interrupted save%s, %zu set aside\n", a.input.c_str(),
                 entries.size(), entries.size() == 1 ? "" : "s", partials.size(),
@@ -593,9 +604,14 @@ int cmd_inspect(dt::Runtime& rt, const Args& a) {
 
 int verify_and_report(dt::Runtime& rt, const Args& a, const std::string& path,
                       const char* refusing) {
-  const Probe p = probe(path);
-  const dt::security::Keys* keys = a.keys();
-  const std::string enc = p.opens ? dt::checkpoint_encryption(path) : "";
+  Probe p;
+  const dt::security::Keys* keys = nullptr;
+  std::string enc;
+  on_every_rank(rt, [&] {
+    p = probe(path);
+    keys = a.keys();
+    enc = p.opens ? dt::checkpoint_encryption(path) : "";
+  });
   auto problems = dt::verify_file(rt.world(), path, keys);
   if (problems.empty() && p.opens) {
     const std::int64_t named = dt::checkpoint_step_of_name(path);
@@ -682,11 +698,14 @@ int cmd_export(dt::Runtime& rt, const Args& a) {
              src.st_dev == dst.st_dev && src.st_ino == dst.st_ino),
            "option --output: ", a.output, " is the checkpoint being exported (", a.input,
            "); nothing was written");
-  check_export_output(a.output);
-  // A file HDF5 cannot open is for the verification to report (exit 1, like verify).
-  const bool encrypted = probe(a.input).opens && !dt::checkpoint_encryption(a.input).empty();
-  DT_CHECK(ConfigError, !encrypted || a.keys(), a.input,
-           " is encrypted: export needs its job key (--security.key_file KEY)");
+  bool encrypted = false;
+  on_every_rank(rt, [&] {
+    check_export_output(a.output);
+    // A file HDF5 cannot open is for the verification to report (exit 1, like verify).
+    encrypted = probe(a.input).opens && !dt::checkpoint_encryption(a.input).empty();
+    DT_CHECK(ConfigError, !encrypted || a.keys(), a.input,
+             " is encrypted: export needs its job key (--security.key_file KEY)");
+  });
   if (verify_and_report(rt, a, a.input, "export") != 0) return 1;
   std::map<std::string, std::pair<Shape, std::vector<unsigned char>>> tensors;  // sorted by name
   if (encrypted) {
@@ -936,8 +955,17 @@ void read_tensor(std::ifstream& in, const StFile& f, const StEntry& e, float* ds
     dt::convert(raw.data(), e.dt, dst, dt::DType::f32, numel);
 }
 
-int cmd_import(dt::Runtime& rt, const Args& a) {
-  const bool lead = rt.rank() == 0;
+// What dt_ckpt import writes: read from the input and checked, on each rank.
+struct ImportPlan {
+  dt::GptConfig cfg;
+  std::vector<dt::ParamInfo> params;
+  std::string model_text;
+  std::vector<float> weights, moments;
+  dt::CkptMeta meta;
+  const dt::security::Keys* keys = nullptr;
+};
+
+ImportPlan plan_import(const Args& a) {
   StFile f = read_safetensors(a.input);
   // torch.compile'd nanoGPT models save their state under "_orig_mod.".
   {
@@ -1073,16 +1101,6 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
              "this model cannot be imported");
   }
 
-  std::vector<dt::CkptTensor> tensors;
-  const struct {
-    const char* prefix;
-    float* base;
-  } groups[] = {{"/model/", weights.data()},
-                {"/optim/exp_avg/", moments.data()},
-                {"/optim/exp_avg_sq/", moments.data() + total}};
-  for (const auto& g : groups)
-    for (const auto& p : params)
-      tensors.push_back(dt::CkptTensor{g.prefix + p.name, p.shape, g.base + p.offset});
   dt::CkptMeta meta;
   meta.step = a.step;
   meta.tokens = 0;
@@ -1096,8 +1114,40 @@ int cmd_import(dt::Runtime& rt, const Args& a) {
                 "\nmodel.heads = " + std::to_string(cfg.heads) +
                 "\nmodel.embd = " + std::to_string(cfg.embd) + "\n";
   meta.layout = "imported";
+  ImportPlan plan;
+  plan.cfg = cfg;
+  plan.params = params;
+  plan.model_text = model_text;
+  plan.weights = std::move(weights);
+  plan.moments = std::move(moments);
+  plan.meta = meta;
   // A key file that is refused is bad input, before the folder is claimed (or made).
-  const dt::security::Keys* keys = a.keys();
+  plan.keys = a.keys();
+  return plan;
+}
+
+int cmd_import(dt::Runtime& rt, const Args& a) {
+  const bool lead = rt.rank() == 0;
+  // The input and the key file are read on each rank's node: where a rank cannot read them, every
+  // rank stops with its error before the collective work below.
+  ImportPlan plan;
+  on_every_rank(rt, [&] { plan = plan_import(a); });
+  const dt::GptConfig& cfg = plan.cfg;
+  const std::vector<dt::ParamInfo>& params = plan.params;
+  const std::string& model_text = plan.model_text;
+  const dt::CkptMeta& meta = plan.meta;
+  const dt::security::Keys* keys = plan.keys;
+  const std::size_t total = params.back().offset + params.back().numel;
+  std::vector<dt::CkptTensor> tensors;
+  const struct {
+    const char* prefix;
+    float* base;
+  } groups[] = {{"/model/", plan.weights.data()},
+                {"/optim/exp_avg/", plan.moments.data()},
+                {"/optim/exp_avg_sq/", plan.moments.data() + total}};
+  for (const auto& g : groups)
+    for (const auto& p : params)
+      tensors.push_back(dt::CkptTensor{g.prefix + p.name, p.shape, g.base + p.offset});
   // The folder is claimed as a training run claims it: never written while a run writes it, and
   // read below while no run commits or prunes checkpoints in it.
   std::unique_ptr<dt::FolderLock> lock;

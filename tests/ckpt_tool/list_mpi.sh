@@ -38,6 +38,32 @@ run timeout 60 "${MPIEXEC[@]}" -n 1 -wdir "$WORK/g0" "$DT_CKPT" list ckpts : \
   -n 1 -wdir "$WORK/h1" "$DT_CKPT" list ckpts
 expect_rc 2 "no folder on rank 1"
 expect_line "ckpts: No such file or directory \(on rank 1\)"
+# verify, export and import of a file, and a key file, that rank 1's node lacks: refused on every
+# rank, naming rank 1 (exit 2), where rank 0 went on into the collective verification and hung.
+mkdir -p "$WORK/k0" "$WORK/k1" || fail "mkdir"
+ln "$CKPTS/step-4.h5" "$WORK/k0/" || fail "link step-4.h5"
+head -c 32 /dev/urandom >"$WORK/k0/job.key" && chmod 600 "$WORK/k0/job.key" || fail "job.key"
+run timeout 60 "${MPIEXEC[@]}" -n 1 -wdir "$WORK/k0" "$DT_CKPT" verify step-4.h5 : \
+  -n 1 -wdir "$WORK/k1" "$DT_CKPT" verify step-4.h5
+expect_rc 2 "verify: no file on rank 1"
+expect_line "step-4\.h5.* \(on rank 1\)$"
+run timeout 60 "${MPIEXEC[@]}" -n 1 -wdir "$WORK/k0" "$DT_CKPT" list "$CKPTS" \
+  --security.key_file job.key : -n 1 -wdir "$WORK/k1" "$DT_CKPT" list "$CKPTS" \
+  --security.key_file job.key
+expect_rc 2 "list: no key file on rank 1"
+expect_line "job\.key.* \(on rank 1\)$"
+run timeout 60 "${MPIEXEC[@]}" -n 1 -wdir "$WORK/k0" "$DT_CKPT" export step-4.h5 --output e.st : \
+  -n 1 -wdir "$WORK/k1" "$DT_CKPT" export step-4.h5 --output e.st
+expect_rc 2 "export: no file on rank 1"
+expect_line "step-4\.h5.* \(on rank 1\)$"
+[ ! -e "$WORK/k0/e.st" ] || fail "export wrote $WORK/k0/e.st"
+run "$DT_CKPT" export "$CKPTS/step-4.h5" --format safetensors --output "$WORK/k0/model.st"
+expect_rc 0 "export of step-4.h5 for the import"
+run timeout 60 "${MPIEXEC[@]}" -n 1 -wdir "$WORK/k0" "$DT_CKPT" import model.st --heads 2 \
+  --output imp : -n 1 -wdir "$WORK/k1" "$DT_CKPT" import model.st --heads 2 --output imp
+expect_rc 2 "import: no input on rank 1"
+expect_line "model\.st.* \(on rank 1\)$"
+[ ! -e "$WORK/k0/imp" ] || fail "import made $WORK/k0/imp"
 # The same on one rank in rank 1's folder: its own listing, step-6.h5 named as holding step 4.
 cd "$WORK/r1" || fail "cd"
 run "$DT_CKPT" list ckpts
