@@ -2174,7 +2174,21 @@ void Trainer::save_checkpoint_now(bool sync) {
   };
   if (async_ && !sync) {
     const auto t0 = std::chrono::steady_clock::now();
-    finish_checkpoints();
+    // A background save that failed ends the run, but not before this step is saved (here,
+    // synchronously): the steps since the last checkpoint are not lost with it.
+    std::string earlier;
+    try {
+      finish_checkpoints();
+    } catch (const CheckpointError& e) {
+      earlier = e.message();
+    }
+    if (!earlier.empty()) {
+      log("ckpt: error: an earlier background save failed: " + earlier + "; saving step " +
+          std::to_string(step_) + " now, before the run ends");
+      save_checkpoint_now(true);
+      DT_THROW(CheckpointError, "an earlier background save failed: ", earlier, " (step ", step_,
+               " was saved: ", resumable_, ")");
+    }
     const double blocked =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
         async_->save(state_tensors(), meta, fail_here);

@@ -3,7 +3,8 @@
 # snapshots written in the background ("snapshot taken, blocked", "written in the background").
 # Training is not disturbed, every file resumes (steps 2 and 4 continue exactly like a
 # synchronous run; step 6 evaluates to the same loss) and the files hold the synchronous run's
-# parameters and optimiser state.
+# parameters and optimiser state. A background save that fails costs the run, not the steps
+# since: the next save saves its step, then the run ends with the failure.
 source "$(dirname "$0")/lib.sh"
 
 RUN=(--train.steps=6 --ckpt.every=2 --ckpt.keep=3)
@@ -55,5 +56,19 @@ for k in 2 4 6; do
     h5diff -q "A/step-$k.h5" "S/step-$k.h5" "$g" "$g" ||
       fail "step-$k.h5: $g differs between the async and the sync run"
   done
+done
+
+# A background save that fails (step 2's, test.fail-save-at-step): the next save (step 4's)
+# saves its step first, synchronously, then ends the run with the failure (exit 3). The steps
+# since step 2 are not lost: step-4.h5 holds the synchronous run's step 4.
+train F 2 "${RUN[@]}" --ckpt.dir=F --ckpt.async=true --test.fail-save-at-step=2
+expect_rc F 3
+expect_line F "ckpt: error: an earlier background save failed: .*test\.fail-save-at-step: the save of step 2 .*; saving step 4 now, before the run ends"
+expect_line F "an earlier background save failed: .* \(step 4 was saved: .*F/step-4\.h5\)"
+expect_no_line F "step 5"
+expect_latest F step-4.h5
+expect_file F/step-4.h5
+for g in /model /optim; do
+  h5diff -q F/step-4.h5 S/step-4.h5 "$g" "$g" || fail "F/step-4.h5: $g differs from S/step-4.h5"
 done
 finish
