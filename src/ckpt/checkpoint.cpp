@@ -1551,8 +1551,10 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
           stats.set_aside.push_back(e.path + " -> " + move_aside(e.path));
         } else if (kept < static_cast<std::size_t>(keep)) {
           ++kept;
-        } else {
-          ::unlink(e.path.c_str());
+        } else if (::unlink(e.path.c_str()) != 0 && errno != ENOENT) {
+          // Kept past --ckpt.keep: said, so that a folder that keeps growing is no surprise.
+          stats.warnings.push_back("cannot remove " + e.path + " (ckpt.keep = " +
+                                   std::to_string(keep) + "): " + std::strerror(errno));
         }
       }
       if (!stats.set_aside.empty()) fsync_path(dir, true);

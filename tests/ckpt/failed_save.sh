@@ -56,4 +56,21 @@ expect_line P "^ckpt: warning: .*P/step-4\.h5 is committed, but after its commit
 expect_no_line P "committing .* failed"
 [ "$(files_in P)" = "latest step-2.h5 step-4.h5 step-6.h5" ] || fail "files in P: $(files_in P)"
 expect_latest P step-6.h5
+
+# A checkpoint the retention cannot remove (immutable: chattr +i, as a file system that refuses
+# the unlink): the run says so in a warning, naming it, and trains on.
+mkdir -p Q
+train Q1 2 --train.steps=2 "${S[@]}" --ckpt.every=2 --ckpt.dir=Q --ckpt.keep=1
+expect_rc Q1 0
+# (Made removable again however the script ends: an immutable file would outlive the test.)
+trap 'rc=$?; chattr -i "$WORK/Q/step-2.h5" 2>/dev/null; (exit $rc); cleanup' EXIT
+if chattr +i Q/step-2.h5 2>/dev/null; then
+  train Q2 2 --train.steps=4 "${S[@]}" --ckpt.every=2 --ckpt.dir=Q --ckpt.keep=1
+  chattr -i Q/step-2.h5
+  expect_rc Q2 0
+  expect_line Q2 "^ckpt: warning: cannot remove .*Q/step-2\.h5 \(ckpt\.keep = 1\): Operation not permitted"
+  [ "$(files_in Q)" = "latest step-2.h5 step-4.h5" ] || fail "files in Q: $(files_in Q)"
+else
+  echo "failed_save.sh: chattr +i is not possible here: the unremovable checkpoint is not tested"
+fi
 finish
