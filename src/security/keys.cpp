@@ -51,6 +51,10 @@ int open_private_file(const std::string& option, const std::string& path, struct
   // O_NONBLOCK: a FIFO planted at the path fails the regular-file check below instead of
   // blocking the rank in open() (for a regular file it changes nothing).
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0 && errno == ELOOP)
+    DT_THROW(ConfigError, option, ": '", path,
+             "' is a symbolic link: a key file is never opened through a link (one could lead "
+             "elsewhere); give the file itself");
   if (fd < 0) DT_THROW(ConfigError, option, ": cannot open '", path, "': ", std::strerror(errno));
   try {
     if (::fstat(fd, st) != 0)
