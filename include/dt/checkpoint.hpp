@@ -173,9 +173,14 @@ SaveStats save_checkpoint(Comm& comm, const std::string& dir,
 /// fails authentication (chunks, their nonces and tags, or the root attributes of a version 2+
 /// file) was rewritten by someone without the key together with the checksums: that throws
 /// dt::SecurityError ("PATH: tampered: ..." for chunks), never a CheckpointError.
+/// `accept`, where given, is called with the path and the file's metadata before any tensor is
+/// read, and refuses the file by throwing (a CheckpointError "checkpoint does not match the
+/// model: ..." for a model the shapes alone do not tell apart): the tensors are then untouched.
+/// It must decide alike on every rank.
+using CkptAccept = std::function<void(const std::string& path, const CkptMeta& meta)>;
 CkptMeta load_checkpoint(Comm& comm, const std::string& path,
                          const std::vector<CkptTensor>& tensors,
-                         const security::Keys* keys = nullptr);
+                         const security::Keys* keys = nullptr, const CkptAccept& accept = {});
 
 /// The committed checkpoints of `dir`, newest first (step-N.h5; no verification). These listings
 /// are empty for a folder that does not exist, and throw dt::CheckpointError for one that cannot
@@ -214,11 +219,12 @@ std::string latest_described(const std::string& dir, const std::string& latest);
 /// load_checkpoint) stops it at once: no older file is tried. When `dir` holds checkpoints and none
 /// loads, throws dt::CheckpointError (nothing is changed); so it does, on every rank, when rank 0
 /// cannot list `dir` (not taken for empty). Loads into `tensors` and returns the
-/// file used in *used (empty when `dir` holds no checkpoint: starting fresh). Collective.
+/// file used in *used (empty when `dir` holds no checkpoint: starting fresh). `accept`: as for
+/// load_checkpoint, for each file tried. Collective.
 CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
                 const std::vector<CkptTensor>& tensors, std::string* used,
                 const std::function<void(const std::string&)>& log,
-                const security::Keys* keys = nullptr);
+                const security::Keys* keys = nullptr, const CkptAccept& accept = {});
 
 /// Problems found by verify_file (empty: the file verifies). Without `keys` the digests are
 /// checked (an encrypted file's ciphertext too); with `keys` an encrypted file's chunks are also

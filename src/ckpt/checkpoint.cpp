@@ -2434,7 +2434,8 @@ std::vector<CkptTensor> present_tensors(const Opened& o, const std::string& path
 }  // namespace
 
 CkptMeta load_checkpoint(Comm& comm, const std::string& path,
-                         const std::vector<CkptTensor>& tensors, const security::Keys* keys) {
+                         const std::vector<CkptTensor>& tensors, const security::Keys* keys,
+                         const CkptAccept& accept) {
   const trace::Scope load_scope("ckpt.load", "ckpt");
   MpiComm& mc = mpi_of(comm);
   std::string held;
@@ -2490,6 +2491,7 @@ CkptMeta load_checkpoint(Comm& comm, const std::string& path,
     DT_THROW(CheckpointError, "checkpoint does not match the model: ", path, " (", diff.size(),
              " tensors differ):", msg);
   }
+  if (accept) accept(path, meta);
   bool tampered = false;
   const auto problems = read_and_check(comm, o, path, tensors, dec ? &*dec : nullptr, &tampered);
   if (!problems.empty()) {
@@ -2563,11 +2565,12 @@ std::string checkpoint_encryption(const std::string& path) {
 
 CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
                 const std::vector<CkptTensor>& tensors, std::string* used,
-                const std::function<void(const std::string&)>& log, const security::Keys* keys) {
+                const std::function<void(const std::string&)>& log, const security::Keys* keys,
+                const CkptAccept& accept) {
   used->clear();
   if (mode == "none") return {};
   if (mode != "auto") {
-    CkptMeta m = load_checkpoint(comm, mode, tensors, keys);
+    CkptMeta m = load_checkpoint(comm, mode, tensors, keys, accept);
     *used = mode;
     return m;
   }
@@ -2608,7 +2611,7 @@ CkptMeta resume(Comm& comm, const std::string& mode, const std::string& dir,
   std::string key_error;
   for (const auto& path : order) {
     try {
-      CkptMeta m = load_checkpoint(comm, path, tensors, keys);
+      CkptMeta m = load_checkpoint(comm, path, tensors, keys, accept);
       DT_CHECK(CheckpointError, checkpoint_step_of_name(path) == m.step, path,
                ": its step attribute is ", m.step,
                ", not the step its name says (a file renamed or copied over another)");

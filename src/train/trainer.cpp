@@ -2036,10 +2036,16 @@ std::string Trainer::resume_from_checkpoint() {
   if (c_.ckpt_resume == "none" || (c_.ckpt_resume == "auto" && c_.ckpt_dir.empty())) return "";
   std::string used;
   const watchdog::LimitScope limit(c_.ckpt_timeout_s);  // the reads wait for the slowest rank
+  // The head count splits the same weights another way: a checkpoint of another one has every
+  // tensor's shape and is another model (files without the setting are taken). Refused before
+  // anything of it is read into this trainer's state.
   const CkptMeta m = resume(
       comm_, c_.ckpt_resume, c_.ckpt_dir, state_tensors(false), &used,
       [this](const std::string& line) { log("ckpt: " + line); },
-      c_.ckpt_encrypt ? keys_.get() : nullptr);
+      c_.ckpt_encrypt ? keys_.get() : nullptr,
+      [this](const std::string& path, const CkptMeta& meta) {
+        check_model_of(path, meta.config, c_.model);
+      });
   if (used.empty()) {
     // No checkpoint in the folder (resume refuses when some exist and none loads): start from
     // clean weights all the same.
@@ -2050,11 +2056,6 @@ std::string Trainer::resume_from_checkpoint() {
       log("ckpt: no checkpoint in " + c_.ckpt_dir + ", starting from step 0");
     return "";
   }
-  // The head count splits the same weights another way: a checkpoint of another one has every
-  // tensor's shape and is another model (files without the setting are taken).
-  // The file used (resume=auto may have passed the one check_resume_model read): the head count
-  // splits the same weights another way, so the shapes alone do not tell another model.
-  check_model_of(used, m.config, c_.model);
   state_to_device();
   if (zero_) refresh_working_weights();  // the loaded shards into the compute parameters
   if (low_precision()) {

@@ -3,9 +3,13 @@
 // over micro-batches instead), within 1e-5 relative.
 //   mpiexec -n N test_dp DATA_FILE
 #include <mpi.h>
+#include <stdlib.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "dt/runtime.hpp"
@@ -88,6 +92,52 @@ int main(int argc, char** argv) {
     if (!std::equal(p0.begin(), p0.end(), dp.model().param_data())) {
       std::printf("FAIL: rank %d parameters differ from rank 0's\n", me);
       ++failures;
+    }
+  }
+  // A checkpoint of another head count (every tensor of the same shape): resume_from_checkpoint
+  // refuses it before reading any of it into the trainer's state.
+  {
+    char tmpl[] = "/tmp/dt-test-dp-XXXXXX";
+    std::string dir(64, '\0');
+    if (me == 0 && ::mkdtemp(tmpl)) dir.assign(tmpl, std::strlen(tmpl));
+    MPI_Bcast(dir.data(), 64, MPI_CHAR, 0, MPI_COMM_WORLD);
+    dir.resize(std::strlen(dir.c_str()));
+    if (dir.empty()) {
+      std::printf("FAIL: no temporary folder\n");
+      ++failures;
+    } else {
+      dt::TrainConfig two = c;
+      two.ckpt_dir = dir;
+      two.config_text = "model.heads = 2\n";  // as dt_train records its options
+      {
+        dt::Trainer saved(rt.world(), dev, two, data);
+        saved.step();
+        saved.save_checkpoint_now(true);
+      }
+      dt::TrainConfig four = two;
+      four.model.heads = 4;
+      four.ckpt_resume = "auto";
+      dt::Trainer t(rt.world(), dev, four, data);
+      const std::vector<float> before = t.global_parameters();
+      std::string refused;
+      try {
+        t.resume_from_checkpoint();
+      } catch (const dt::CheckpointError& e) {
+        refused = e.what();
+      }
+      if (refused.find("checkpoint does not match the model") == std::string::npos ||
+          refused.find("--model.heads=2 (this run: 4)") == std::string::npos) {
+        std::printf("FAIL: rank %d: a checkpoint of 2 heads resumed into 4: '%s'\n", me,
+                    refused.c_str());
+        ++failures;
+      }
+      if (t.global_parameters() != before || t.next_step() != 0) {
+        std::printf("FAIL: rank %d: the refused checkpoint changed the trainer (next step %ld)\n",
+                    me, static_cast<long>(t.next_step()));
+        ++failures;
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (me == 0) std::filesystem::remove_all(dir);
     }
   }
   MPI_Allreduce(MPI_IN_PLACE, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
