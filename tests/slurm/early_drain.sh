@@ -160,36 +160,45 @@ run=$(grep "^srun" "$SHIM_LOG")
 [[ $run == *"--ckpt.resume=auto"* && $run != *"$resume"* ]] ||
   fail "restart 2 does not resume from the folder after run 0 trained: $run"
 [ ! -e "$WORK/.dt-train-7.early" ] || fail "restart 2 left $WORK/.dt-train-7.early"
-# A drain signal while srun creates the step (creating), and while the rank starts (launched):
-# the script waits for the rank's drain handler, the rank drains, the job is requeued. (Job id
-# 99999999 is past Slurm's largest, so that no rank of a real job on this machine is taken.)
+# drain_while CASE MARK VAR=VALUE...: runs the script for job $J with the stand-ins' settings
+# VAR=VALUE, its output in $WORK/CASE.out, and sends it SIGUSR1 once srun got to MARK (a file
+# $SHIM_LOG.MARK); then checks what every such case shows: the rank drained and the job was
+# requeued (exit 0). (Job id 99999999 is past Slurm's largest, so that no rank of a real job on
+# this machine is taken.)
 J=99999999
-for at in creating launched; do
-  echo "=== a drain signal once srun runs, while $at"
+drain_while() {
+  local at=$1 mark=$2 pid
+  shift 2
   rm -f "$WORK/.dt-train-$J.early" "$WORK/.dt-train-$J.size" "$SHIM_LOG".*
   : >"$SHIM_LOG"
-  SLURM_JOB_ID=$J SHIM_LAUNCH=1 SHIM_CREATE_S=2 SHIM_EXEC_S=2 DT_BIN=$WORK/rank \
+  env SLURM_JOB_ID=$J DT_BIN="$WORK/rank" "$@" \
     bash "$SCRIPT" "$CONFIG" --ckpt.dir="$WORK/ck" >"$WORK/$at.out" 2>&1 &
   pid=$!
   for _ in $(seq 1 100); do
-    [ -e "$SHIM_LOG.$at" ] && break
+    [ -e "$SHIM_LOG.$mark" ] && break
     sleep 0.05
   done
-  [ -e "$SHIM_LOG.$at" ] || fail "$at: srun never got there"
+  [ -e "$SHIM_LOG.$mark" ] || fail "$at: srun never got to $mark"
   kill -USR1 "$pid"
   wait "$pid"
   rc=$?
   cat "$WORK/$at.out" "$SHIM_LOG"
   echo "early_drain.sh: exit code $rc"
   [ "$rc" -eq 0 ] || fail "$at: exit code $rc, expected 0 (drained and requeued)"
-  grep -q "^rank: drain handler in place$" "$SHIM_LOG" ||
-    fail "$at: the rank never had its drain handler"
   grep -q "^rank: drained$" "$SHIM_LOG" || fail "$at: the rank did not drain"
   grep -q "^scontrol requeue $J$" "$SHIM_LOG" || fail "$at: scontrol requeue $J was not called"
+}
+passed_to_ranks="^dt-train: drain request passed on to the ranks on [^ ]* (pid [0-9 ]*)$"
+# A drain signal while srun creates the step (creating), and while the rank starts (launched):
+# the script waits for the rank's drain handler, the rank drains, the job is requeued.
+for at in creating launched; do
+  echo "=== a drain signal once srun runs, while $at"
+  drain_while $at $at SHIM_LAUNCH=1 SHIM_CREATE_S=2 SHIM_EXEC_S=2
+  grep -q "^rank: drain handler in place$" "$SHIM_LOG" ||
+    fail "$at: the rank never had its drain handler"
   line="no rank on [^ ]* can take the drain request yet (srun may still be starting them); waiting"
   grep -q "^dt-train: $line$" "$WORK/$at.out" || fail "$at: no line about the request waiting"
-  grep -q "^dt-train: drain request passed on to the ranks on [^ ]* (pid [0-9 ]*)$" \
-    "$WORK/$at.out" || fail "$at: no line about the drain request passed on"
+  grep -q "$passed_to_ranks" "$WORK/$at.out" || fail "$at: no line about the drain request passed on"
   [ -e "$WORK/.dt-train-$J.size" ] ||
     fail "$at: $WORK/.dt-train-$J.size removed: the run was taken for a failure"
   [ ! -e "$WORK/.dt-train-$J.early" ] ||
@@ -199,43 +208,18 @@ done
 # the array's other task has a step on this node (n1). The request goes to srun 10 s after the
 # step is listed; srun passes it to the rank. A rank that starts on this node 14 s after its step
 # is listed there gets it itself (sent to srun, the starting rank would die of it: exit 138).
-for at in remote late; do
-  echo "=== a drain signal with no rank on this node ($at)"
-  rm -f "$WORK/.dt-train-$J.early" "$WORK/.dt-train-$J.size" "$SHIM_LOG".*
-  : >"$SHIM_LOG"
-  if [ $at = remote ]; then
-    steps=$(printf '%s\n' "500_2.batch batch n1" "500_1.0 dt_train n1" "500_2.0 dt_train n2,n3")
-    export SLURM_ARRAY_JOB_ID=500 SLURM_ARRAY_TASK_ID=2
-  else
-    steps=$(printf '%s\n' "$J.batch batch n1" "$J.0 dt_train n2,n1")
-  fi
-  SLURM_JOB_ID=$J SLURMD_NODENAME=n1 SHIM_LAUNCH=$at SHIM_CREATE_S=1 SHIM_LATE_S=14 \
-    SHIM_EXEC_S=1 SHIM_STEPS=$steps DT_BIN=$WORK/rank \
-    bash "$SCRIPT" "$CONFIG" --ckpt.dir="$WORK/ck" >"$WORK/$at.out" 2>&1 &
-  pid=$!
-  unset SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID
-  for _ in $(seq 1 100); do
-    [ -e "$SHIM_LOG.launched" ] && break
-    sleep 0.05
-  done
-  [ -e "$SHIM_LOG.launched" ] || fail "$at: srun never started its task"
-  kill -USR1 "$pid"
-  wait "$pid"
-  rc=$?
-  cat "$WORK/$at.out" "$SHIM_LOG"
-  echo "early_drain.sh: exit code $rc"
-  [ "$rc" -eq 0 ] || fail "$at: exit code $rc, expected 0 (drained and requeued)"
-  grep -q "^rank: drained$" "$SHIM_LOG" || fail "$at: the rank did not drain"
-  grep -q "^scontrol requeue $J$" "$SHIM_LOG" || fail "$at: scontrol requeue $J was not called"
-  line="no rank of job $J on [^ ]*: its step runs on n2,n3; drain request passed on to srun"
-  if [ $at = remote ]; then
-    grep -q "^dt-train: $line$" "$WORK/$at.out" || fail "$at: no line about srun taking it"
-  else
-    ! grep -q "passed on to srun" "$WORK/$at.out" || fail "$at: the request went to srun"
-    grep -q "^dt-train: drain request passed on to the ranks on [^ ]* (pid [0-9 ]*)$" \
-      "$WORK/$at.out" || fail "$at: no line about the drain request passed on"
-  fi
-done
+stand_in=(SLURMD_NODENAME=n1 SHIM_CREATE_S=1 SHIM_LATE_S=14 SHIM_EXEC_S=1)
+echo "=== a drain signal with no rank on this node (remote)"
+drain_while remote launched "${stand_in[@]}" SHIM_LAUNCH=remote SLURM_ARRAY_JOB_ID=500 \
+  SLURM_ARRAY_TASK_ID=2 SHIM_STEPS="$(printf '%s\n' "500_2.batch batch n1" \
+  "500_1.0 dt_train n1" "500_2.0 dt_train n2,n3")"
+line="no rank of job $J on [^ ]*: its step runs on n2,n3; drain request passed on to srun"
+grep -q "^dt-train: $line$" "$WORK/remote.out" || fail "remote: no line about srun taking it"
+echo "=== a drain signal while the rank on this node starts late (late)"
+drain_while late launched "${stand_in[@]}" SHIM_LAUNCH=late \
+  SHIM_STEPS="$(printf '%s\n' "$J.batch batch n1" "$J.0 dt_train n2,n1")"
+! grep -q "passed on to srun" "$WORK/late.out" || fail "late: the request went to srun"
+grep -q "$passed_to_ranks" "$WORK/late.out" || fail "late: no line about the drain request passed on"
 [ $FAILED -eq 0 ] && { echo "early_drain.sh: PASS"; exit 0; }
 echo "early_drain.sh: FAIL"
 exit 1
