@@ -19,6 +19,10 @@
 //    floating types are multiplied by 1/size() before the sum (NCCL's algorithm), so f32 results
 //    may differ in the last bits from sum-then-divide at sizes that are not powers of two; bf16
 //    and f16 reductions happen inside NCCL (fp32 accumulation is NCCL's choice per algorithm).
+//  - ReduceOp::max and min are ncclMax and ncclMin, which take the number where one operand is
+//    NaN (fmaxf, fminf): unlike the host paths (MPI, shared memory), where NaN wins, a NaN on one
+//    rank does not reach the others through them. (No training path reduces device tensors by
+//    max or min: the overflow check reduces a host flag.)
 //  - Point-to-point: NCCL has no tags and no message sizes; messages between one pair arrive in
 //    the order they were sent, tags are checked to be >= 0 and otherwise ignored, and a receive
 //    whose size differs from the send is not detected (both sides must agree, as in every dt

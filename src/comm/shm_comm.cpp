@@ -156,9 +156,14 @@ std::unique_ptr<ShmComm> ShmComm::create(const MpiComm& parent, std::string name
   }
   const int L = c->local_->size(), me = c->local_->rank();
   c->ins_.resize(static_cast<std::size_t>(L));
-  DT_CHECK(InvalidArgument, cfg.staging_bytes >= 8 * static_cast<std::size_t>(L),
-           "shared-memory communicator ", c->name_, ": a staging area of ", cfg.staging_bytes,
-           " bytes cannot hold one 8-byte element per local rank (", L, ")");
+  // (Agreed: nodes of other sizes may pass where this one fails, and must not wait for it below.)
+  std::string small;
+  if (cfg.staging_bytes < 8 * static_cast<std::size_t>(L))
+    small = detail::concat("a staging area of ", cfg.staging_bytes,
+                           " bytes cannot hold one 8-byte element per local rank (", L, ")");
+  const auto [small_rank, first_small] = first_problem(*c->mpi_, small);
+  DT_CHECK(InvalidArgument, small_rank == size, "shared-memory communicator ", c->name_, ": ",
+           first_small, size > 1 ? detail::concat(" (on rank ", small_rank, ")") : std::string());
   auto leaders = c->mpi_->split_mpi(me == 0 ? 0 : -1, rank);
   int ids[2] = {leaders ? leaders->rank() : 0, leaders ? leaders->size() : 0};
   c->local_->broadcast(view_of(ids, 2), 0);
@@ -199,12 +204,13 @@ ShmComm::~ShmComm() {
   // at once; otherwise they get kDrainWait to finish before they give up. Then this rank marks
   // its segment as left, so that a peer still calling a collective fails instead of waiting for
   // it (everything this rank owed to a finished collective is published by then).
-  bool busy = false;
+  bool busy = false, stuck = false;  // stuck: an operation that timed out has not run yet
   {
     std::lock_guard<std::mutex> lk(queue_mu_);
     busy = queue_ && queue_->busy();
+    for (const auto& finished : timed_out_) stuck = stuck || !finished->load();
   }
-  if (busy && !timed_out_.load() && !broken_.load()) {
+  if (busy && !stuck && !broken_.load()) {
     const auto until = std::chrono::steady_clock::now() + kDrainWait;
     while (busy && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -719,7 +725,7 @@ Work ShmComm::queued(std::string what, std::function<void()> f) {
 }
 
 template <class F>
-void ShmComm::run_blocking(const char* what_op, const CommOptions& opts, F&& f) {
+void ShmComm::run_blocking(std::string what_op, const CommOptions& opts, F&& f) {
   bool pending = false;
   {
     std::lock_guard<std::mutex> lk(queue_mu_);
@@ -730,7 +736,15 @@ void ShmComm::run_blocking(const char* what_op, const CommOptions& opts, F&& f) 
   // the peers arrive, as MPI's do (comm.hpp). The MPI call family follows the options (a timeout:
   // the non-blocking one). kPolledWait sets no limit to keep: it runs here, waiting by polling.
   if (pending || (opts.timeout != kNoTimeout && opts.timeout != kPolledWait)) {
-    Work w = queued(what_op, [opts, f] { f(Form::from(opts)); });
+    // Set when the operation has run (or failed): one that timed out and has not may never.
+    auto finished = std::make_shared<std::atomic<bool>>(false);
+    Work w = queued(std::move(what_op), [opts, f, finished] {
+      struct Done {
+        std::atomic<bool>& flag;
+        ~Done() { flag.store(true); }
+      } done{*finished};
+      f(Form::from(opts));
+    });
     try {
       w.wait(opts.timeout);
     } catch (const CommError&) {
@@ -739,7 +753,10 @@ void ShmComm::run_blocking(const char* what_op, const CommOptions& opts, F&& f) 
         over = w.test();
       } catch (...) {
       }
-      if (!over) timed_out_.store(true);  // it may never finish
+      if (!over) {
+        std::lock_guard<std::mutex> lk(queue_mu_);
+        timed_out_.push_back(std::move(finished));
+      }
       throw;
     }
     return;
@@ -775,17 +792,19 @@ Work ShmComm::ibarrier() {
 }
 
 void ShmComm::all_reduce(TensorView buf, ReduceOp op, const CommOptions& opts) {
-  run_blocking("all_reduce", opts, [=](const Form& d) { do_all_reduce(buf, op, d); });
+  run_blocking(what("all_reduce", buf, reduce_op_name(op)), opts,
+               [=](const Form& d) { do_all_reduce(buf, op, d); });
 }
 void ShmComm::broadcast(TensorView buf, int root, const CommOptions& opts) {
-  run_blocking("broadcast", opts, [=](const Form& d) { do_broadcast(buf, root, d); });
+  run_blocking(what("broadcast", buf), opts, [=](const Form& d) { do_broadcast(buf, root, d); });
 }
 void ShmComm::all_gather(ConstTensorView in, TensorView out, const CommOptions& opts) {
-  run_blocking("all_gather", opts, [=](const Form& d) { do_all_gather(in, out, d); });
+  run_blocking(what("all_gather", in), opts, [=](const Form& d) { do_all_gather(in, out, d); });
 }
 void ShmComm::reduce_scatter(ConstTensorView in, TensorView out, ReduceOp op,
                              const CommOptions& opts) {
-  run_blocking("reduce_scatter", opts, [=](const Form& d) { do_reduce_scatter(in, out, op, d); });
+  run_blocking(what("reduce_scatter", in, reduce_op_name(op)), opts,
+               [=](const Form& d) { do_reduce_scatter(in, out, op, d); });
 }
 void ShmComm::send(ConstTensorView buf, int dst, int tag, const CommOptions& opts) {
   mpi_->send(buf, dst, tag, opts);
@@ -794,7 +813,7 @@ void ShmComm::recv(TensorView buf, int src, int tag, const CommOptions& opts) {
   mpi_->recv(buf, src, tag, opts);
 }
 void ShmComm::barrier(const CommOptions& opts) {
-  run_blocking("barrier", opts, [=](const Form& d) {
+  run_blocking("barrier on " + name_, opts, [=](const Form& d) {
     check_usable("barrier");  // the ranks that failed may never come to it
     if (!d.nonblocking)
       mpi_->barrier();

@@ -135,7 +135,7 @@ class ShmComm final : public Comm {
   struct Form;
   // Runs `f` on the calling thread after the queued i* operations (call order is kept).
   template <class F>
-  void run_blocking(const char* what, const CommOptions& opts, F&& f);
+  void run_blocking(std::string what, const CommOptions& opts, F&& f);
   Work queued(std::string what, std::function<void()> f);
   // Runs collective `f` (under run_mu_); an exception once it has started a round marks this
   // rank as having given up.
@@ -208,9 +208,11 @@ class ShmComm final : public Comm {
   std::uint64_t seq_ = 0;    // synchronisation rounds through the segment
   std::uint64_t calls_ = 0;  // collectives called (the flight recorder's sequence numbers)
   std::atomic<bool> broken_{false};
-  std::atomic<bool> timed_out_{false};  // a blocking call returned on its timeout
-  std::atomic<bool> stop_{false};       // destruction after a failure: pending waits give up
-  std::mutex run_mu_;  // one collective at a time (caller thread or progress thread)
+  // Blocking calls that returned on their timeout: each one's flag is set once it has run
+  // (guarded by queue_mu_).
+  std::vector<std::shared_ptr<std::atomic<bool>>> timed_out_;
+  std::atomic<bool> stop_{false};  // destruction after a failure: pending waits give up
+  std::mutex run_mu_;              // one collective at a time (caller thread or progress thread)
   std::mutex queue_mu_;
   std::unique_ptr<ProgressQueue> queue_;
 };

@@ -1372,6 +1372,46 @@ void check_give_up(Comm& world, const dt::ShmConfig& cfg) {
                                 {"local rank 0 has destroyed the communicator"});
   }
   world.barrier();
+  // A call that timed out and then ran (its peers came late) does not make a later destruction
+  // give up an operation in flight: it waits for the peers as after no timeout, and they finish
+  // it. The timeout's message names the call.
+  auto e = dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), "late", cfg);
+  std::vector<float> u(buf.size(), 1.0f);
+  if (first) {
+    expect_throw<dt::CommError>(
+        "all_reduce before late peers, on its timeout",
+        [&] { e->all_reduce(dt::view_of(buf), ReduceOp::sum, CommOptions{Millis(50)}); },
+        {"all_reduce(f32 x " + std::to_string(buf.size()) + ", sum) on late", "timed out"});
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    e->all_reduce(dt::view_of(buf), ReduceOp::sum);
+  }
+  e->all_reduce(dt::view_of(u), ReduceOp::sum);
+  const float L = static_cast<float>(e->local_size());
+  if (first) {
+    { const Work w = e->iall_reduce(dt::view_of(u), ReduceOp::sum); }
+    e.reset();
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    guarded("all_reduce in flight at local rank 0's destruction", [&] {
+      e->all_reduce(dt::view_of(u), ReduceOp::sum, CommOptions{Millis(20000)});
+      H.expect(u[0] == L * L, "all_reduce in flight at local rank 0's destruction",
+               str("u[0] = ", u[0], ", expected ", L * L));
+    });
+  }
+  world.barrier();
+}
+
+// A staging area too small for a node's local ranks, where another node's (of fewer ranks) is
+// not: refused on every rank, not on that node's alone while the others wait in the creation.
+void check_tiny_staging(Comm& world, dt::ShmConfig cfg) {
+  cfg.staging_bytes = 8;  // one element: enough for a node of one rank
+  const int nodes = cfg.simulated_nodes > 0 ? cfg.simulated_nodes : 1;
+  if (world.size() <= nodes) return;  // every node of one rank: nothing to refuse
+  expect_throw<dt::InvalidArgument>(
+      "a staging area of 8 bytes",
+      [&] { dt::ShmComm::create(dynamic_cast<dt::MpiComm&>(world), "tiny", cfg); },
+      {"cannot hold one 8-byte element per local rank (", "(on rank 0)"});
 }
 
 // Ranks whose calls disagree on the small path get an error on every rank, not a hang or wrong
@@ -1466,6 +1506,7 @@ int main(int argc, char** argv) {
         step("shm small mismatch", [&] { check_small_mismatch(world, cfg); });
         step("shm config mismatch", [&] { check_config_mismatch(world, cfg); });
         step("shm give up", [&] { check_give_up(world, cfg); });
+        step("shm tiny staging", [&] { check_tiny_staging(world, cfg); });
       }
     } else {
       step("reference rounding", [&] { check_reference_rounding(); });
