@@ -24,6 +24,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "dt/error.hpp"
@@ -500,7 +501,21 @@ class ConnectionThreads final : public httplib::TaskQueue {
     queue_.push_back(std::move(fn));
     if (running_ == kMaxConnections) return;
     ++running_;
-    std::thread([this] { run(); }).detach();
+    try {
+      std::thread([this] { run(); }).detach();
+    } catch (const std::system_error&) {
+      // No thread to be had (the process's limit on threads): a running one takes the
+      // connection in its turn; with none running it is closed as a refused one is. Training
+      // goes on either way (an exception here would end the process).
+      if (--running_ > 0) return;
+      std::function<void()> refused = std::move(queue_.back());
+      queue_.pop_back();
+      idle_.notify_all();
+      lock.unlock();
+      t_refused = true;
+      refused();
+      t_refused = false;
+    }
   }
   void shutdown() override {
     std::unique_lock<std::mutex> lock(mu_);
@@ -633,8 +648,11 @@ class DeadlineServer final : public httplib::Server {
   bool process_and_close_socket(socket_t sock) override {
     DeadlineStream strm(sock, DeadlineStream::Clock::now() + deadline_, kIdle, svr_sock_);
     bool closed = false;
+    // A Range header is ignored: each of its ranges (thousands fit in a request's headers) would
+    // repeat the whole reply in one multipart body built in memory, megabytes for a few bytes.
     const bool ok = !t_refused && svr_sock_ != INVALID_SOCKET &&
-                    process_request(strm, /*close_connection=*/true, closed, {});
+                    process_request(strm, /*close_connection=*/true, closed,
+                                    [](httplib::Request& req) { req.ranges.clear(); });
     ::shutdown(sock, SHUT_RDWR);
     ::close(sock);
     return ok;
