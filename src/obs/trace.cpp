@@ -48,8 +48,28 @@ struct Event {
 // One thread's events: written by that thread only, without a lock, in chunks that never move;
 // `count` is published with release order after the event is written, so a reader that loads it
 // with acquire order may read that many events while the thread goes on appending.
-constexpr std::size_t kChunk = 4096;
-constexpr std::size_t kChunks = (kMaxEventsPerThread + kChunk - 1) / kChunk;
+// The first chunks are small and double (64, 128, ... 2048 events), then each holds kChunk: a
+// thread that records a few events (a checkpoint save's, one a save) takes a few KiB, not a whole
+// chunk's 288 KiB, which a run of thousands of saves would keep.
+constexpr std::size_t kFirstChunk = 64, kGrowing = 6, kChunk = kFirstChunk << kGrowing;
+constexpr std::size_t kInGrowing = kChunk - kFirstChunk;  // events in the growing chunks
+constexpr std::size_t kChunks =
+    kGrowing +
+    (kMaxEventsPerThread - std::min(kMaxEventsPerThread, kInGrowing) + kChunk - 1) / kChunk;
+struct Slot {
+  std::size_t chunk, offset, size;  // event i: chunks[chunk][offset], a chunk of `size` events
+};
+constexpr Slot slot_of(std::size_t i) {
+  if (i >= kInGrowing)
+    return {kGrowing + (i - kInGrowing) / kChunk, (i - kInGrowing) % kChunk, kChunk};
+  std::size_t k = 0, start = 0;
+  while (i >= start + (kFirstChunk << k)) start += kFirstChunk << k++;
+  return {k, i - start, kFirstChunk << k};
+}
+static_assert(slot_of(0).chunk == 0 && slot_of(63).chunk == 0 && slot_of(64).chunk == 1 &&
+              slot_of(kInGrowing - 1).chunk == kGrowing - 1 &&
+              slot_of(kInGrowing).chunk == kGrowing && slot_of(kInGrowing).offset == 0 &&
+              slot_of(kMaxEventsPerThread - 1).chunk < kChunks);
 
 struct ThreadBuf {
   OpenScopes open;
@@ -71,19 +91,22 @@ struct ThreadBuf {
       dropped.store(dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       return;
     }
-    Event* chunk = chunks[i / kChunk].load(std::memory_order_relaxed);
+    const Slot at = slot_of(i);
+    Event* chunk = chunks[at.chunk].load(std::memory_order_relaxed);
     if (!chunk) {
-      chunk = new Event[kChunk];
-      chunks[i / kChunk].store(chunk, std::memory_order_release);
+      chunk = new Event[at.size];
+      chunks[at.chunk].store(chunk, std::memory_order_release);
     }
-    chunk[i % kChunk] = e;
+    chunk[at.offset] = e;
     count.store(i + 1, std::memory_order_release);
   }
   /// The events published so far (safe while the owner appends).
   void copy_to(std::vector<Event>& out) const {
     const std::size_t n = count.load(std::memory_order_acquire);
-    for (std::size_t i = 0; i < n; ++i)
-      out.push_back(chunks[i / kChunk].load(std::memory_order_acquire)[i % kChunk]);
+    for (std::size_t i = 0; i < n; ++i) {
+      const Slot at = slot_of(i);
+      out.push_back(chunks[at.chunk].load(std::memory_order_acquire)[at.offset]);
+    }
   }
   std::string get_name() {
     std::lock_guard<std::mutex> lock(name_mu);

@@ -191,6 +191,44 @@ TEST_CASE("trace: each thread keeps a bounded number of events") {
   dt::trace::stop();
 }
 
+namespace {
+// This process's resident memory (VmRSS), in KiB.
+long resident_kib() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+}  // namespace
+
+// Threads that record a few events each (a checkpoint save's thread, one a save) are kept until
+// the next start(): each takes memory for the events it recorded, not a whole chunk's (288 KiB:
+// 110 MiB for these 400 threads).
+TEST_CASE("trace: a thread of a few events takes little memory") {
+  dt::test::TempDir dir("dt_trace_small");
+  dt::trace::start(0, dir.path.string());
+  const long before = resident_kib();
+  REQUIRE(before > 0);
+  for (int k = 0; k < 400; ++k) {
+    std::thread t([] { const dt::trace::Scope s("save", "test"); });
+    t.join();
+  }
+  const long grown = resident_kib() - before;
+  CHECK(dt::trace::event_count() == 400);
+  CHECK_MESSAGE(grown < 16 * 1024, "resident memory grew by ", grown, " KiB");
+  // Their events are all written, in full.
+  const std::string path = dt::trace::write();
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::size_t saves = 0;
+  for (std::size_t at = 0; (at = text.find("\"name\":\"save\"", at)) != std::string::npos; ++at)
+    ++saves;
+  CHECK(saves == 400);
+  dt::trace::stop();
+  dt::trace::start(0, dir.path.string());  // frees them
+  dt::trace::stop();
+}
+
 TEST_CASE("trace: a write with open_scopes shows the Scopes still open, on their threads") {
   dt::test::TempDir dir("dt_trace_open");
   dt::trace::start(0, dir.path.string());
