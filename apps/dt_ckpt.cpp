@@ -59,15 +59,16 @@ using dt::h5_message;
 using dt::Shape;
 
 constexpr const char* kUsage =
-    "usage: dt_ckpt list DIR\n"
+    "usage: dt_ckpt list DIR [--security.key_file KEY]\n"
     "       dt_ckpt inspect FILE\n"
     "       dt_ckpt verify FILE [--security.key_file KEY]\n"
-    "       dt_ckpt export FILE --format safetensors --output OUT.safetensors\n"
+    "       dt_ckpt export FILE --format safetensors --output OUT.safetensors "
+    "[--security.key_file KEY]\n"
     "       dt_ckpt import IN.safetensors --output DIR --heads H [--step 0] "
     "[--lock-wait-s 10] [--security.key_file KEY]\n"
     "Looks at, verifies and converts dt checkpoints (DIR/step-N.h5).\n"
-    "Exit codes: 0 ok, 1 a verification failed, 2 bad usage or input, 3 a rank could not "
-    "start.\n"
+    "Exit codes: 0 ok, 1 a verification failed, 2 bad usage or input, 3 an internal error (a "
+    "rank could not start, say).\n"
     "'dt_ckpt SUBCOMMAND --help' lists the options of a subcommand.\n";
 
 /// Largest safetensors header accepted (the reference implementation's limit).

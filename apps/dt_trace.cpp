@@ -5,12 +5,12 @@
 //   dt_trace summary FILE.json [--top N] time per region (category, name) over all ranks
 //
 // merge keeps every event of every input unchanged, in input order, and writes OUT atomically
-// (OUT.tmp.<pid>, then renamed). Inputs are checked completely before anything is written: a file
-// that is missing, not JSON, not a trace, or holds a rank (pid) that another input also holds is
-// named in the error, and OUT is not touched. So is an OUT that is one of the inputs, or an
+// (OUT.tmp.<pid>.<n>, then renamed). Inputs are checked completely before anything is written: a
+// file that is missing, not JSON, not a trace, or holds a rank (pid) that another input also holds
+// is named in the error, and OUT is not touched. So is an OUT that is one of the inputs, or an
 // existing file that is not a merge (`dt_trace merge trace-rank*.json` forgets OUT).
 //
-// Exit codes: 0 success; 2 bad usage or input.
+// Exit codes: 0 success; 2 bad usage or input; 3 an internal error.
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -39,7 +39,7 @@ constexpr const char* kUsage =
     "       dt_trace summary FILE.json [--top N]\n"
     "Joins the per-rank timelines of dt_train --trace.dir (trace-rank<R>.json) into one Chrome\n"
     "trace with a process per rank, or prints the time spent per region.\n"
-    "Exit codes: 0 ok, 2 bad usage or input.\n";
+    "Exit codes: 0 ok, 2 bad usage or input, 3 an internal error.\n";
 
 /// One input file, checked: its events and the ranks (pids) they belong to.
 struct Trace {

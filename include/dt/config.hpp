@@ -1,8 +1,8 @@
 // dt::Options: one schema for every setting of an app (Boost.Program_options underneath).
 //
-// Each option has a dotted name ("check.iters"), a default, an optional range or choice list and
-// a help line; --help prints them all. Values come from the command line (--check.iters=10) and
-// from an INI file given with --config (section [check], key iters=10); the command line wins.
+// Each option has a dotted name ("train.steps"), a default, an optional range or choice list and
+// a help line; --help prints them all. Values come from the command line (--train.steps=10) and
+// from an INI file given with --config (section [train], key steps=10); the command line wins.
 // Options are spelt out in full (no prefix is taken for an option). In a file, '#' or ';' first
 // on a line, and '#' after a space or tab, start a comment; any other '#' belongs to the value.
 // Anything unknown, mistyped or out of range throws dt::ConfigError naming the option, the

@@ -143,7 +143,8 @@ struct TrainConfig {
   bool seal_exempt_node_local = false;  ///< traffic inside a node's shared memory stays plain
   bool seal_shm = true;       ///< sealed traffic inside a node goes through shared-memory mailboxes
   bool ckpt_encrypt = false;  ///< checkpoints encrypted at rest with the job key
-  std::string test_tamper = "none";    ///< testing only: flip:N | replay:N | reorder:N
+  /// testing only: flip:N | replay:N | reorder:N | drop-record:N | swap-records:N
+  std::string test_tamper = "none";
   std::int64_t test_tamper_rank = -1;  ///< testing only: the rank whose sends are tampered with
 };
 
@@ -158,8 +159,9 @@ inline constexpr int kExitDrainedUnsaved = 76;
 void install_drain_signals();
 bool drain_requested() noexcept;
 
-/// Registers every training option (sections model, train, optim, data, sample, runtime) on `o`,
-/// writing into `c`.
+/// Registers every option of dt_train on `o` (sections model, train, optim, data, sample, eval,
+/// runtime, parallel, engine, mem, plan, comm, ckpt, loss-scale, security, metrics, trace and
+/// test, and print-config, print-plan and eval-only), writing into `c`.
 void add_train_options(Options& o, TrainConfig& c);
 
 /// After o.parse(): throws dt::ConfigError when --parallel.auto is on and any of --parallel.dp,
@@ -211,8 +213,9 @@ void check_same_device_kind(Comm& world, const Device& dev);
 /// option that differs, its value there and on rank 0, and the rank's host (a config file that
 /// differs between nodes, say). Options that name what is local to a node (the config file's
 /// path, the data's and the key file's paths, the device and its plugin path, threads and
-/// binding, the QoS files, the metrics port, host and textfile, the trace and dump folders, the
-/// step log), those Options::node_local marks and `node_local` names, may differ: the data's
+/// binding, the QoS files, the metrics port, host, textfile and push credentials, the trace and
+/// dump folders, the step log, print-config), those Options::node_local marks and `node_local`
+/// names, may differ: the data's
 /// content is checked by check_same_data.
 void check_same_options(Comm& world, const std::string& options,
                         const std::vector<std::string>& node_local);
@@ -271,7 +274,8 @@ class Trainer {
   std::vector<std::int32_t> sample(const std::vector<std::int32_t>& prompt, std::int64_t n,
                                    double temperature, std::uint64_t seed);
   /// Runs the whole job with progress lines on rank 0; returns the process exit code (0, or
-  /// kExitDrained after a drain). Resumes from ckpt_resume first.
+  /// kExitDrained after a drain, kExitDrainedUnsaved after one without ckpt.dir). Resumes from
+  /// ckpt_resume first.
   int run();
   /// Loads the checkpoint chosen by ckpt_resume; returns the file used ("" when starting fresh).
   std::string resume_from_checkpoint();
