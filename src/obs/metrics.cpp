@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -488,10 +489,20 @@ thread_local bool t_refused = false;
 // whole by as many such clients). shutdown() waits for the connections under way.
 class ConnectionThreads final : public httplib::TaskQueue {
  public:
+  // Where the process may open few descriptors (RLIMIT_NOFILE), fewer: the connections held take
+  // at most a sixteenth of them, so that a flood leaves the run its files and sockets.
   static constexpr std::size_t kMaxConnections = 32, kMaxWaiting = 256;
+  ConnectionThreads() {
+    rlimit lim{};
+    const std::size_t files = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY
+                                  ? static_cast<std::size_t>(lim.rlim_cur)
+                                  : std::size_t{1} << 20;
+    max_running_ = std::clamp<std::size_t>(files / 48, 1, kMaxConnections);
+    max_waiting_ = std::clamp<std::size_t>(files / 24, 1, kMaxWaiting);
+  }
   void enqueue(std::function<void()> fn) override {
     std::unique_lock<std::mutex> lock(mu_);
-    if (queue_.size() >= kMaxWaiting) {
+    if (queue_.size() >= max_waiting_) {
       lock.unlock();
       t_refused = true;  // fn closes its socket (DeadlineServer::process_and_close_socket)
       fn();
@@ -499,7 +510,7 @@ class ConnectionThreads final : public httplib::TaskQueue {
       return;
     }
     queue_.push_back(std::move(fn));
-    if (running_ == kMaxConnections) return;
+    if (running_ == max_running_) return;
     ++running_;
     try {
       std::thread([this] { run(); }).detach();
@@ -542,6 +553,7 @@ class ConnectionThreads final : public httplib::TaskQueue {
   std::condition_variable idle_;
   std::deque<std::function<void()>> queue_;
   std::size_t running_ = 0;
+  std::size_t max_running_ = kMaxConnections, max_waiting_ = kMaxWaiting;
 };
 
 // A connection's socket as httplib's Stream, every wait bounded twice: by the idle limit (no byte

@@ -2,6 +2,7 @@
 // atomic textfile, the HTTP endpoint and the Pushgateway push (against a socket server here).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -729,6 +730,47 @@ TEST_CASE("metrics: a flood of idle connections is cut beyond those served and w
   ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   const std::string reply = exchange(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
   CHECK(reply.find("dt_requests_total 5") != std::string::npos);
+}
+
+// Where the process may open few descriptors, the connections held are fewer: with a limit of
+// 512, 10 served and 21 waiting (a sixteenth of 512 in all), not 32 and 256, which a flood would
+// take from the run's files and sockets.
+TEST_CASE("metrics: the connections held follow the limit on open files") {
+  rlimit was{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &was) == 0);
+  rlimit low = was;
+  low.rlim_cur = 512;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  int n = 0;
+  constexpr int kClients = 160;
+  {
+    Registry r;
+    dt::metrics::ExporterOptions o;
+    o.host = "127.0.0.1";
+    o.port = -1;
+    dt::metrics::Exporter ex(r, o);
+    REQUIRE(ex.port() > 0);
+    std::vector<int> fds;
+    for (int i = 0; i < kClients; ++i) fds.push_back(connect_loopback(ex.port()));
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<char> closed(kClients, 0);
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(700)) {
+      for (int i = 0; i < kClients; ++i) {
+        if (closed[static_cast<std::size_t>(i)]) continue;
+        char b;
+        const ssize_t k = ::recv(fds[static_cast<std::size_t>(i)], &b, 1, MSG_DONTWAIT);
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+          closed[static_cast<std::size_t>(i)] = 1;
+          ++n;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    for (int fd : fds) ::close(fd);
+  }
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &was) == 0);
+  INFO(n, " of ", kClients, " connections closed by the server within 0.7 s");
+  CHECK(n >= kClients - 10 - 21 - 4);
 }
 
 TEST_CASE("metrics: stopping the server ends the connections under way") {
