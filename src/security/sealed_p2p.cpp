@@ -471,9 +471,12 @@ std::unique_ptr<SealedP2p> SealedP2p::create(std::unique_ptr<P2p> inner, const K
     mc.plain = s->plain_;
     s->shm_ = ShmMailboxes::create(comm, mc, s->peers_, s->pool_);
   }
-  DT_CHECK(InvalidArgument, rb0 == opts.record_bytes, "seal_p2p on ", inner->name(), ": rank ", me,
-           " cuts messages into records of ", opts.record_bytes, " bytes, rank 0 into ", rb0,
-           " (record_bytes must be the same on every rank)");
+  // Every rank knows every rank's record size: all refuse alike, naming the first that differs
+  // (a rank that matched rank 0 and went on would wait for the one that refused).
+  for (int r = 1; r < n; ++r)
+    DT_CHECK(InvalidArgument, record_of(r) == rb0, "seal_p2p on ", inner->name(), ": rank ", r,
+             " cuts messages into records of ", record_of(r), " bytes, rank 0 into ", rb0,
+             " (record_bytes must be the same on every rank)");
   s->inner_ = std::move(inner);
   return s;
 }
