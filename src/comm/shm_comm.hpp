@@ -28,7 +28,9 @@
 // the i* forms and blocking calls with a timeout run on this communicator's progress thread in
 // call order, so a timed-out operation stays pending and completes when the peers arrive, as
 // MPI's do. Ranks that disagree about a call (sizes, or arena buffers on some ranks only) get a
-// dt::CommError, after which the communicator refuses further collectives. A rank that gives up
+// dt::CommError, after which the communicator refuses further collectives, as long as each took
+// this communicator's path: sizes on both sides of min_bytes (or of the cross-node rule) send some
+// ranks to MPI and the others here, and they wait for each other as in MPI. A rank that gives up
 // a collective (an error in it, or destruction while one is pending after a call timed out, or
 // 10 s after destruction began) or destroys the communicator marks its segment: the local peers
 // waiting for it then fail with a CommError naming it instead of waiting forever, and the

@@ -5,7 +5,8 @@
 // tensors), and copies the result back. Results are the host communicator's, bit for bit.
 //
 // The non-blocking collectives run the whole operation before they return (their Work is
-// complete; the host communicator polls and sleeps rather than spinning in MPI), so overlap comes
+// complete; the host communicator polls and sleeps rather than spinning in MPI: the kPolledWait
+// form of comm.hpp, which every rank then uses for that call, never a timeout), so overlap comes
 // from the caller's progress thread (dt::GradBuckets), not from here;
 // one host buffer, grown to the largest message, serves them, one at a time. isend and irecv are
 // truly non-blocking: each holds a host copy of its own (from a pool, reused), and a receive lands
