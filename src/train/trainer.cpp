@@ -2160,6 +2160,16 @@ void Trainer::save_checkpoint_now(bool sync) {
     meta.steps_skipped = st.skipped;
   }
   meta.config = c_.config_text;
+  // The model's settings, which a resume checks (the head count splits the same weights another
+  // way), also where the options were not recorded (a trainer made through the library).
+  for (const auto& [name, value] :
+       {std::pair<const char*, std::int64_t>{"model.vocab", c_.model.vocab},
+        {"model.seq-len", c_.model.block},
+        {"model.layers", c_.model.layers},
+        {"model.heads", c_.model.heads},
+        {"model.embd", c_.model.embd}})
+    if (config_value(meta.config, name).empty())
+      meta.config += std::string(name) + " = " + std::to_string(value) + "\n";
   meta.layout = plan_->layout.str();
   meta.data = data_id_;
   char line[256];
