@@ -689,12 +689,33 @@ TEST_CASE("metrics: a connection is closed at its deadline, and scrapes are answ
   }
 }
 
+namespace {
+// How many of the connections `fds` the server closes within `span` (each polled every 20 ms).
+int closed_within(const std::vector<int>& fds, std::chrono::milliseconds span) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<char> closed(fds.size(), 0);
+  int n = 0;
+  while (std::chrono::steady_clock::now() - t0 < span) {
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (closed[i]) continue;
+      char b;
+      const ssize_t k = ::recv(fds[i], &b, 1, MSG_DONTWAIT);
+      if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+        closed[i] = 1;
+        ++n;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return n;
+}
+}  // namespace
+
 TEST_CASE("metrics: a flood of idle connections is cut beyond those served and waiting") {
   // 480 connections that send nothing: 32 are served (each dropped after a second without a
   // byte), 256 wait, and the rest are closed at once. Without the bound every one waits for a
   // thread, holding its descriptor, and about 32 a second are dropped. Then, the flood gone, a
   // scrape is answered.
-  using Clock = std::chrono::steady_clock;
   Registry r;
   r.counter("dt_requests_total", "R.").inc(5);
   dt::metrics::ExporterOptions o;
@@ -706,21 +727,7 @@ TEST_CASE("metrics: a flood of idle connections is cut beyond those served and w
   constexpr int kClients = 480;
   std::vector<int> fds;
   for (int i = 0; i < kClients; ++i) fds.push_back(connect_loopback(port));
-  const auto t0 = Clock::now();
-  std::vector<char> closed(kClients, 0);
-  int n = 0;
-  while (Clock::now() - t0 < std::chrono::milliseconds(700)) {
-    for (int i = 0; i < kClients; ++i) {
-      if (closed[static_cast<std::size_t>(i)]) continue;
-      char b;
-      const ssize_t k = ::recv(fds[static_cast<std::size_t>(i)], &b, 1, MSG_DONTWAIT);
-      if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-        closed[static_cast<std::size_t>(i)] = 1;
-        ++n;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const int n = closed_within(fds, std::chrono::milliseconds(700));
   INFO(n, " of ", kClients, " connections closed by the server within 0.7 s");
   CHECK(n >= kClients - 32 - 256 - 16);  // (a few served may be taken up and dropped later)
   CHECK(n <= kClients - 256);
@@ -752,20 +759,7 @@ TEST_CASE("metrics: the connections held follow the limit on open files") {
     REQUIRE(ex.port() > 0);
     std::vector<int> fds;
     for (int i = 0; i < kClients; ++i) fds.push_back(connect_loopback(ex.port()));
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<char> closed(kClients, 0);
-    while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(700)) {
-      for (int i = 0; i < kClients; ++i) {
-        if (closed[static_cast<std::size_t>(i)]) continue;
-        char b;
-        const ssize_t k = ::recv(fds[static_cast<std::size_t>(i)], &b, 1, MSG_DONTWAIT);
-        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-          closed[static_cast<std::size_t>(i)] = 1;
-          ++n;
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    n = closed_within(fds, std::chrono::milliseconds(700));
     for (int fd : fds) ::close(fd);
   }
   REQUIRE(::setrlimit(RLIMIT_NOFILE, &was) == 0);
