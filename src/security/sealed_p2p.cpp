@@ -558,9 +558,6 @@ Work SealedP2p::isend_internal(ConstTensorView buf, int dst, int tag) {
   auto w = std::make_unique<SendWork>(std::move(what), rank());
   // Seal record k and hand it to the transport, then seal k+1 while k travels; reap() returns
   // the buffers of records already delivered, so the next records reuse them while in cache.
-  // The sequence number is used once record 0 is on its way: a send that fails after that never
-  // gives it to another message (whose records could otherwise be taken for the rest of this one).
-  bool numbered = false;
   for (std::size_t i = 0; i < rec.count; ++i) {
     h.record = static_cast<std::uint32_t>(i);
     h.length = rec.len(i);
@@ -568,13 +565,12 @@ Work SealedP2p::isend_internal(ConstTensorView buf, int dst, int tag) {
     BufferPool::Handle wire = pool_->get(h.length + kTrailerBytes);
     seal_record(*p.enc, h, src + rec.off(i), wire->data(), wire->data() + h.length);
     w->post(*inner_, std::move(wire), h.length, dst, tag);
-    if (!numbered) {
-      ++p.send_seq[tag];
-      numbered = true;
-    }
+    // The sequence number is used once record 0 is on its way (every message has one): a send
+    // that fails later never gives it to another message, whose records could otherwise be
+    // taken for the rest of this one.
+    if (i == 0) ++p.send_seq[tag];
     w->reap();
   }
-  if (!numbered) ++p.send_seq[tag];
   return Work(std::move(w));
 }
 
