@@ -44,6 +44,12 @@ struct GptConfig {
 /// pad_vocab is 0 or 1); InvalidArgument when pad_vocab is negative.
 std::int64_t padded_vocab(const GptConfig& c);
 
+/// The settings that make a checkpoint one model's, named as dt_train's options are
+/// ("model.vocab", "model.seq-len", "model.layers", "model.heads", "model.embd"), with `c`'s
+/// values: what a checkpoint records and a resume compares (the head count splits the same
+/// weights another way, so the tensors' shapes alone cannot tell).
+std::vector<std::pair<std::string, std::int64_t>> model_settings(const GptConfig& c);
+
 /// One named parameter tensor inside the flat buffer.
 struct ParamInfo {
   std::string name;  ///< "transformer.h.0.attn.c_attn.weight"

@@ -450,6 +450,11 @@ class Trainer {
   void log_given_up(std::int64_t done, std::int64_t total);
   /// Assembles the global parameters from every rank's shards into full_state_. Collective.
   void gather_state();
+  /// Whether no rank holds the whole model (the graph engine; ZeRO-3 on the fused model).
+  bool model_sharded() const noexcept;
+  /// Where model_sharded(): the whole model's parameters into full_state_ (for sampling), and
+  /// true. Collective.
+  bool assemble_whole();
   const std::vector<ParamInfo>& param_list() const;
   float* params_ptr() const;
   float* grads_ptr() const;

@@ -68,6 +68,14 @@ struct Normal {
 };
 }  // namespace
 
+std::vector<std::pair<std::string, std::int64_t>> model_settings(const GptConfig& c) {
+  return {{"model.vocab", c.vocab},
+          {"model.seq-len", c.block},
+          {"model.layers", c.layers},
+          {"model.heads", c.heads},
+          {"model.embd", c.embd}};
+}
+
 std::int64_t padded_vocab(const GptConfig& c) {
   DT_CHECK(InvalidArgument, c.pad_vocab >= 0, "model.pad-vocab ", c.pad_vocab, " is negative");
   const std::int64_t v = c.vocab, p = c.pad_vocab;

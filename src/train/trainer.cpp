@@ -76,12 +76,7 @@ std::string config_value(const std::string& text, const std::string& name) {
 // differs (settings the file lacks are taken).
 void check_model_of(const std::string& path, const std::string& saved, const GptConfig& model) {
   std::string differ;
-  for (const auto& [name, value] :
-       {std::pair<const char*, std::int64_t>{"model.vocab", model.vocab},
-        {"model.seq-len", model.block},
-        {"model.layers", model.layers},
-        {"model.heads", model.heads},
-        {"model.embd", model.embd}}) {
+  for (const auto& [name, value] : model_settings(model)) {
     const std::string was = config_value(saved, name);
     if (!was.empty() && was != std::to_string(value))
       differ += std::string(differ.empty() ? "" : ", ") + "--" + name + "=" + was +
@@ -1745,7 +1740,7 @@ std::vector<std::int32_t> Trainer::sample(const std::vector<std::int32_t>& promp
   };
   Gpt* model = model_.get();
   std::unique_ptr<Gpt> whole;
-  if (engine_ || (zero_ && model_ && !model_->param_data())) {  // global parameters in full_state_
+  if (model_sharded()) {  // global parameters in full_state_
     whole = std::make_unique<Gpt>(dev_, c_.model, 1);
     DT_CHECK(InvalidArgument, full_state_current_ && full_state_.size() >= whole->num_params(),
              "Trainer::sample: the global parameters are not assembled as of step ", step_,
@@ -1978,21 +1973,30 @@ std::string Trainer::layout() const { return plan_->layout.str(); }
 std::vector<float> Trainer::global_parameters() {
   const std::vector<ParamInfo> ps = gpt_params(c_.model);
   std::vector<float> out(ps.back().offset + ps.back().numel);
-  if (engine_) {
-    gather_state();
+  if (assemble_whole()) {  // kept in full_state_, which sampling reads
     std::copy_n(full_state_.begin(), out.size(), out.begin());
   } else if (zero_) {
     out = zero_->gather_master();
-    if (model_ && !model_->param_data()) {  // ZeRO-3: sampling reads them here
-      full_state_ = out;
-      full_state_current_ = true;
-    }
   } else {
     dev_.call(&dt_hal_v1_t::copy, "copy", static_cast<void*>(out.data()),
               static_cast<const void*>(master_ptr()), out.size() * sizeof(float),
               DT_HAL_DEVICE_TO_HOST);
   }
   return out;
+}
+
+bool Trainer::model_sharded() const noexcept {
+  return engine_ || (zero_ && model_ && !model_->param_data());
+}
+
+bool Trainer::assemble_whole() {
+  if (engine_) {
+    gather_state();
+  } else if (model_sharded()) {
+    full_state_ = zero_->gather_master();
+    full_state_current_ = true;
+  }
+  return model_sharded();
 }
 
 void Trainer::gather_state() {
@@ -2162,14 +2166,9 @@ void Trainer::save_checkpoint_now(bool sync) {
   meta.config = c_.config_text;
   // The model's settings, which a resume checks (the head count splits the same weights another
   // way), also where the options were not recorded (a trainer made through the library).
-  for (const auto& [name, value] :
-       {std::pair<const char*, std::int64_t>{"model.vocab", c_.model.vocab},
-        {"model.seq-len", c_.model.block},
-        {"model.layers", c_.model.layers},
-        {"model.heads", c_.model.heads},
-        {"model.embd", c_.model.embd}})
+  for (const auto& [name, value] : model_settings(c_.model))
     if (config_value(meta.config, name).empty())
-      meta.config += std::string(name) + " = " + std::to_string(value) + "\n";
+      meta.config += name + " = " + std::to_string(value) + "\n";
   meta.layout = plan_->layout.str();
   meta.data = data_id_;
   char line[256];
@@ -2495,11 +2494,7 @@ int Trainer::run() {
   }
   // Sampling runs the whole model on rank 0: the graph engine's shards are assembled first.
   // (Also when nothing was left to train: sampling from a finished run's checkpoint.)
-  if (engine_ && c_.sample_tokens > 0) gather_state();
-  if (zero_ && model_ && !model_->param_data() && c_.sample_tokens > 0) {
-    full_state_ = zero_->gather_master();
-    full_state_current_ = true;
-  }
+  if (c_.sample_tokens > 0) assemble_whole();
   report_peak_memory();
   // Rank 0 samples alone while the others wait in the barrier below, as long as it takes (a long
   // sample is no hang).
