@@ -431,13 +431,7 @@ std::string name_disagrees(const std::string& path, std::int64_t named) {
 // naming the rank in a job of several), so that none goes on into the collective work that the
 // others left (a hang).
 void on_every_rank(dt::Runtime& rt, const std::function<void()>& body) {
-  std::string problem;
-  try {
-    body();
-  } catch (const std::exception& e) {
-    problem = dt::message_of(e);
-  }
-  const auto [who, first] = dt::first_problem(rt.world(), problem);
+  const auto [who, first] = dt::first_failure(rt.world(), body);
   DT_CHECK(ConfigError, who == rt.size(), first,
            rt.size() > 1 ? " (on rank " + std::to_string(who) + ")" : std::string());
 }
@@ -483,14 +477,7 @@ int cmd_list(dt::Runtime& rt, const Args& a) {
     try {
       // Not a dt checkpoint at all (on any rank: a file pruned while it is listed may be gone
       // for some): reported like a failed verification, which is collective.
-      std::string unfit;
-      try {
-        probe(e.path);
-      } catch (const ConfigError& err) {
-        unfit = err.message();
-      }
-      const auto [who, first] = dt::first_problem(rt.world(), unfit);
-      if (who < rt.size()) throw ConfigError(first, __FILE__, __LINE__);
+      on_every_rank(rt, [&] { probe(e.path); });
       problems = dt::verify_file(rt.world(), e.path, a.keys());
       // The step comes from the name; a file renamed or copied by hand holds another, and would
       // be taken for the step its name says (by dt_train --ckpt.resume=auto too).
@@ -1109,22 +1096,12 @@ ImportPlan plan_import(const Args& a) {
   meta.data_position = a.step;
   meta.rng_seed = dt::kDefaultSeed;
   meta.loss_scale = 1.0;
-  meta.config = "model.vocab = " + std::to_string(cfg.vocab) +
-                "\nmodel.seq-len = " + std::to_string(cfg.block) +
-                "\nmodel.layers = " + std::to_string(cfg.layers) +
-                "\nmodel.heads = " + std::to_string(cfg.heads) +
-                "\nmodel.embd = " + std::to_string(cfg.embd) + "\n";
+  for (const auto& [name, value] : dt::model_settings(cfg))
+    meta.config += name + " = " + std::to_string(value) + "\n";
   meta.layout = "imported";
-  ImportPlan plan;
-  plan.cfg = cfg;
-  plan.params = params;
-  plan.model_text = model_text;
-  plan.weights = std::move(weights);
-  plan.moments = std::move(moments);
-  plan.meta = meta;
   // A key file that is refused is bad input, before the folder is claimed (or made).
-  plan.keys = a.keys();
-  return plan;
+  return ImportPlan{cfg,  params,  model_text, std::move(weights), std::move(moments),
+                    meta, a.keys()};
 }
 
 int cmd_import(dt::Runtime& rt, const Args& a) {

@@ -156,6 +156,11 @@ std::string broadcast_text(Comm& comm, std::string text, int root);
 /// (a node's memory, a file of its own): every rank learns the same verdict and message.
 std::pair<int, std::string> first_problem(Comm& comm, const std::string& problem);
 
+/// Collective over `comm`: runs `body`, and returns first_problem of what it threw on each rank
+/// (the message; "" where it returned). `own`, where given, gets this rank's.
+std::pair<int, std::string> first_failure(Comm& comm, const std::function<void()>& body,
+                                          std::string* own = nullptr);
+
 /// Collective over `comm`: runs `body` on every rank and agrees on whether any rank's threw. The
 /// first such rank prints "PROGRAM: error: rank R: MESSAGE" (without "rank R: " in a job of one
 /// rank), with a line naming `PROGRAM --help` where `help_hint`; another rank prints its own error

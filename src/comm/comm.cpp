@@ -70,15 +70,22 @@ std::pair<int, std::string> first_problem(Comm& comm, const std::string& problem
   return {who, broadcast_text(comm, problem, who)};
 }
 
-bool agree_on_errors(Comm& comm, const char* program, const std::function<void()>& body,
-                     bool help_hint) {
+std::pair<int, std::string> first_failure(Comm& comm, const std::function<void()>& body,
+                                          std::string* own) {
   std::string failed;
   try {
     body();
   } catch (const std::exception& e) {
     failed = message_of(e);
   }
-  const auto [first_bad, first] = first_problem(comm, failed);
+  if (own) *own = failed;
+  return first_problem(comm, failed);
+}
+
+bool agree_on_errors(Comm& comm, const char* program, const std::function<void()>& body,
+                     bool help_hint) {
+  std::string failed;
+  const auto [first_bad, first] = first_failure(comm, body, &failed);
   if (first_bad == comm.size()) return true;
   const std::string p = program;
   const std::string rank = "rank " + std::to_string(comm.rank()) + ": ";
