@@ -755,6 +755,10 @@ void ShmComm::run_blocking(std::string what_op, const CommOptions& opts, F&& f) 
       }
       if (!over) {
         std::lock_guard<std::mutex> lk(queue_mu_);
+        // (Those that have run since are let go: the list holds at most the ones pending.)
+        timed_out_.erase(std::remove_if(timed_out_.begin(), timed_out_.end(),
+                                        [](const auto& ran) { return ran->load(); }),
+                         timed_out_.end());
         timed_out_.push_back(std::move(finished));
       }
       throw;
