@@ -162,7 +162,7 @@ std::string push_path(const std::string& job, const std::string& instance);
 
 /// Serves and sends a registry. The HTTP server runs in its own thread from construction until
 /// destruction (up to 32 connections at once, each on a thread of its own, 256 more waiting and
-/// any beyond closed at once, fewer where RLIMIT_NOFILE is below 12288: a sixteenth of it in
+/// any beyond closed at once, fewer where RLIMIT_NOFILE is below 6144: a sixteenth of it in
 /// all; GET /metrics, anything else 404). publish() hands a
 /// textfile write and a push to a background thread and returns at once; publish_now() does them
 /// in the caller's thread. A failed write or push calls `warn` once per kind (later failures are
