@@ -264,6 +264,7 @@ TEST_CASE("gpt with a padded vocabulary refuses a target in the padding") {
   c.pad_vocab = 16;
   REQUIRE(dt::padded_vocab(c) == 48);
   dt::Gpt m(dev, c, 1);
+  m.init(5);
   std::vector<std::int32_t> in(static_cast<std::size_t>(c.block), 1), tgt = in;
   CHECK(std::isfinite(m.forward(in.data(), tgt.data(), 1, c.block)));
   tgt[3] = 40;
