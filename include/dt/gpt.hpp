@@ -101,7 +101,8 @@ class Gpt {
   void set_unit_hooks(UnitHooks hooks);
 
   /// Allocates parameters, gradients and activations for micro-batches of up to `max_batch`
-  /// sequences of `c.block` tokens. `dev` must outlive the model.
+  /// sequences of `c.block` tokens. `dev` must outlive the model. The parameters are not set:
+  /// init() or a load (load_checkpoint, a copy into param_data()) sets them before a forward.
   /// `grad_storage`: host memory for num_params() floats to hold the gradients instead of a
   /// device allocation (a shared-memory arena, so the gradient all-reduce needs no copy); only
   /// for devices whose memory is host memory. It must outlive the model.
