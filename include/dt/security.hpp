@@ -389,11 +389,16 @@ struct SealOptions {
 /// stored and rethrown by every later call). A rejected message breaks the channel from its
 /// sender: receives from that peer still pending fail with the same error at their next test() or
 /// wait(), later ones at once. A failed receive gives up the records it has not received
-/// (Work::cancel, at most a second each), so the transport writes no more into its buffer, and
+/// (Work::cancel, within a second in all), so the transport writes no more into its buffer, and
 /// zeroes what it received; where a record could not be given up (already in transfer for over
-/// a second, or a transport that cannot withdraw receives) only the opened records are zeroed,
-/// and the buffer must stay valid as for an unfinished receive. The receive buffer holds no data
-/// of a rejected message: callers must treat the error as fatal (abort_job).
+/// that second, or a transport that cannot withdraw receives) only the opened records are zeroed,
+/// and the buffer must stay valid as for an unfinished receive, until the receive's
+/// Work::cancel(grace) returns true: it retries them (and then zeroes the whole buffer). The
+/// receive buffer holds no data of a rejected message: callers must treat the error as fatal
+/// (abort_job). Work::cancel of an unfinished receive through the transport withdraws its records
+/// (zeroing the buffer once all are) and breaks the channel from its peer (its message would reach
+/// the next receive under another sequence number): later receives from it fail with the cancelled
+/// one's dt::CommError. A receive through a mailbox cannot be cancelled (cancel returns false).
 std::unique_ptr<P2p> seal_p2p(std::unique_ptr<P2p> inner, const Keys& keys,
                               const SealOptions& opts = {});
 

@@ -285,6 +285,26 @@ class SealedRecvWork final : public WorkImpl {
   }
   std::string describe() const override { return what_; }
   int rank() const override { return rank_; }
+  // Withdraws the records not yet opened, retrying those an earlier failure could not give up
+  // within its grace. An unfinished receive ends with "cancelled", which breaks the channel from
+  // its peer (the message it was to get, or the rest of it, would reach the next receive under
+  // the wrong sequence number). Once every record is withdrawn the buffer holds none of the
+  // message.
+  bool cancel(Millis grace) override {
+    if (withdrawn_ || (!error_ && next_ == recs_.size())) return true;
+    if (!error_) {
+      fail(std::make_exception_ptr(CommError(what_ + ": cancelled; later messages from rank " +
+                                                 std::to_string(e_.sender) + " on " + e_.channel +
+                                                 " cannot be matched to their sequence numbers",
+                                             __FILE__, __LINE__)),
+           grace);
+      peer_->fail(error_);
+    } else {
+      withdraw(grace);
+      if (withdrawn_) std::memset(out_, 0, e_.message_length);
+    }
+    return withdrawn_;
+  }
 
  private:
   // Runs an inner test/wait; a failure of the transport ends the receive.
@@ -323,19 +343,25 @@ class SealedRecvWork final : public WorkImpl {
   // Ends the receive with `e`: the records not yet opened are given up, and the buffer keeps
   // nothing of the message (its records opened so far, and all of it once every record is given
   // up, are zeroed).
-  void fail(std::exception_ptr e) {
+  void fail(std::exception_ptr e, Millis grace = kGrace) {
     error_ = std::move(e);
     const std::size_t opened = next_ < recs_.size() ? recs_[next_].off : e_.message_length;
-    withdraw();
+    withdraw(grace);
     const std::size_t wipe = withdrawn_ ? e_.message_length : opened;
     if (wipe > 0) std::memset(out_, 0, wipe);
   }
-  void withdraw() {
+  // Cancels every inner receive of the records not yet opened, within `grace` for them all.
+  void withdraw(Millis grace) {
+    const auto end = std::chrono::steady_clock::now() + grace;
+    auto left = [&end] {
+      return std::max(Millis(0),
+                      std::chrono::duration_cast<Millis>(end - std::chrono::steady_clock::now()));
+    };
     bool all = true;
     for (std::size_t i = next_; i < recs_.size(); ++i) {
       Rec& r = recs_[i];
-      if (!r.body_done && r.body.valid()) all = r.body.cancel(kGrace) && all;
-      all = r.trailer.cancel(kGrace) && all;
+      if (!r.body_done && r.body.valid()) all = r.body.cancel(left()) && all;
+      all = r.trailer.cancel(left()) && all;
     }
     withdrawn_ = all;
   }

@@ -116,7 +116,8 @@ struct SealedP2p::Peer {
   std::map<int, std::uint64_t> recv_seq;  // per tag, assigned when a receive is posted
   std::mutex dec_mu;                      // opening happens outside recv_mu
   std::optional<Aead> dec;
-  // Through the transport: once a message from this peer is rejected, the channel is broken.
+  // Through the transport: once a message from this peer is rejected (or a receive from it
+  // cancelled), the channel is broken.
   // Every later receive from it, and every pending one at its next step, fails with the same
   // error and gives up its records.
   std::atomic<bool> broken{false};
