@@ -398,7 +398,10 @@ struct SealOptions {
 /// (abort_job). Work::cancel of an unfinished receive through the transport withdraws its records
 /// (zeroing the buffer once all are) and breaks the channel from its peer (its message would reach
 /// the next receive under another sequence number): later receives from it fail with the cancelled
-/// one's dt::CommError. A receive through a mailbox cannot be cancelled (cancel returns false).
+/// one's dt::CommError. Through a mailbox, Work::cancel of an unfinished receive ends the channel's
+/// mailboxes as a rejected message does (every pending operation with a mailbox fails with the
+/// cancelled one's dt::CommError, and so do later ones): it returns true at once, and nothing
+/// writes into the buffer any more. Sends cannot be cancelled (false).
 std::unique_ptr<P2p> seal_p2p(std::unique_ptr<P2p> inner, const Keys& keys,
                               const SealOptions& opts = {});
 

@@ -128,6 +128,7 @@ class ShmWork final : public WorkImpl {
   }
   std::string describe() const override { return what_; }
   int rank() const override { return rank_; }
+  bool cancel(Millis) override { return mb_->cancel(*op_, what_); }
 
  private:
   std::shared_ptr<ShmMailboxes> mb_;
@@ -555,6 +556,16 @@ bool ShmMailboxes::finished(Op& op) {
   std::lock_guard<std::mutex> lk(mu_);
   if (op.error) std::rethrow_exception(op.error);
   return op.done;
+}
+
+bool ShmMailboxes::cancel(Op& op, const std::string& what) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (op.done) return true;
+  if (op.send) return false;
+  fail_all(std::make_exception_ptr(
+      CommError(what + ": cancelled; the mailboxes of " + name_ + " take no more messages",
+                __FILE__, __LINE__)));
+  return true;
 }
 
 void ShmMailboxes::check_peer(Op& op) {
