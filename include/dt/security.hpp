@@ -436,7 +436,10 @@ struct SealedCommOptions {
 /// progress thread; the blocking forms wait for them (with CommOptions::timeout). Send/recv are
 /// sealed too (tags below kReservedTagBase). split() creates a sealed communicator on the split.
 /// A rejected message throws dt::SecurityError from the operation's Work; the communicator is
-/// then broken and refuses further operations.
+/// then broken and refuses further operations. A failed operation withdraws the receives it had
+/// posted (within a second); where one could not be (a transfer under way), its buffers must stay
+/// valid as for an unfinished operation (the communicator gives up its own), and its sends through
+/// a mailbox may still read theirs.
 std::unique_ptr<Comm> make_sealed_comm(Comm& world, const Keys& keys,
                                        const SealedCommOptions& opts = {});
 

@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 
+#include "comm/abandon.hpp"
 #include "comm/mpi_comm.hpp"
 #include "comm/progress.hpp"
 #include "comm/reduce.hpp"
@@ -162,6 +164,42 @@ class SealedComm final : public Comm {
   static void wait_all(std::vector<Work>& ws) {
     for (Work& w : ws) finish(w);
   }
+  // When a collective fails (an exception leaves the scope of this guard), the receives it still
+  // has posted are withdrawn (Work::cancel, within a second in all), so that nothing writes into
+  // the scratch or the caller's buffers after it failed. Where one cannot be (a transfer under
+  // way), the scratch is given up (dt::abandon) and the caller's buffers must stay valid as for an
+  // unfinished collective.
+  class Posted {
+   public:
+    Posted(SealedComm& c, std::vector<std::vector<Work>*> lists)
+        : c_(c), lists_(std::move(lists)), exceptions_(std::uncaught_exceptions()) {}
+    Posted(const Posted&) = delete;
+    Posted& operator=(const Posted&) = delete;
+    ~Posted() {
+      if (std::uncaught_exceptions() <= exceptions_) return;
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      bool all = true;
+      for (std::vector<Work>* l : lists_)
+        for (Work& w : *l) {
+          const auto left =
+              std::chrono::duration_cast<Millis>(end - std::chrono::steady_clock::now());
+          try {
+            all = w.cancel(std::max(Millis(0), left)) && all;
+          } catch (...) {
+            all = false;
+          }
+        }
+      if (!all) {
+        abandon(std::move(c_.scratch_));
+        c_.scratch_bytes_ = 0;
+      }
+    }
+
+   private:
+    SealedComm& c_;
+    std::vector<std::vector<Work>*> lists_;
+    int exceptions_;
+  };
 
   void do_all_reduce(TensorView buf, ReduceOp op);
   void do_broadcast(TensorView buf, int root);
@@ -184,7 +222,8 @@ class SealedComm final : public Comm {
   std::unique_ptr<ProgressQueue> queue_;
   std::atomic<bool> broken_{false};
   std::uint64_t calls_ = 0;  // collectives submitted (the watchdog's sequence numbers)
-  std::vector<unsigned char> scratch_;
+  std::unique_ptr<std::uint8_t[]> scratch_;  // scatter_reduce's receives from the peers
+  std::size_t scratch_bytes_ = 0;
 };
 
 std::unique_ptr<SealedComm> SealedComm::create(const MpiComm& world, const Keys& keys,
@@ -229,15 +268,22 @@ void SealedComm::scatter_reduce(const void* own, std::size_t n, DType t, ReduceO
                                 SendOf&& send_of, GatherOf* gather_of) {
   const int s = size(), me = rank();
   const std::size_t bytes = n * dtype_size(t);
-  if (scratch_.size() < bytes * static_cast<std::size_t>(s - 1))
-    scratch_.resize(bytes * static_cast<std::size_t>(s - 1));
+  if (scratch_bytes_ < bytes * static_cast<std::size_t>(s - 1)) {
+    scratch_.reset();
+    scratch_bytes_ = 0;
+    scratch_.reset(new std::uint8_t[bytes * static_cast<std::size_t>(s - 1)]);
+    scratch_bytes_ = bytes * static_cast<std::size_t>(s - 1);
+  }
   auto slot = [&](int q) {  // scratch of peer q
-    return scratch_.data() + bytes * static_cast<std::size_t>(q < me ? q : q - 1);
+    return scratch_.get() + bytes * static_cast<std::size_t>(q < me ? q : q - 1);
   };
   const std::size_t seg = seg_elems(t);
   // recvs[q] = the reduce-scatter segments from peer q, in order; then its all-gather segments.
   std::vector<std::vector<Work>> recvs(static_cast<std::size_t>(s));
   std::vector<Work> gathers;
+  std::vector<std::vector<Work>*> posted{&gathers};
+  for (std::vector<Work>& r : recvs) posted.push_back(&r);
+  const Posted guard(*this, std::move(posted));
   for (int k = 1; k < s; ++k) {
     const int q = (me - k + s) % s;
     post_recvs(recvs[static_cast<std::size_t>(q)], slot(q), n, t, q);
@@ -361,6 +407,7 @@ void SealedComm::do_all_gather(ConstTensorView in, TensorView out) {
   char* mine = at(out.data, static_cast<std::size_t>(me) * n, in.dtype);
   if (mine != in.data && n > 0) std::memmove(mine, in.data, in.nbytes());
   std::vector<Work> rs, ws;
+  const Posted guard(*this, {&rs});
   for (int k = 1; k < s; ++k) {
     const int q = (me - k + s) % s;
     post_recvs(rs, at(out.data, static_cast<std::size_t>(q) * n, in.dtype), n, in.dtype, q);
@@ -378,6 +425,7 @@ void SealedComm::do_broadcast(TensorView buf, int root) {
   const int pos = (me - root + s) % s;
   const int prev = (me - 1 + s) % s, next = (me + 1) % s;
   std::vector<Work> recvs, sends;
+  const Posted guard(*this, {&recvs});
   if (pos > 0) post_recvs(recvs, buf.data, buf.numel, buf.dtype, prev);
   const std::size_t seg = seg_elems(buf.dtype);
   std::size_t k = 0;
