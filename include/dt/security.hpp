@@ -401,7 +401,9 @@ struct SealOptions {
 /// one's dt::CommError. Through a mailbox, Work::cancel of an unfinished receive ends the channel's
 /// mailboxes as a rejected message does (every pending operation with a mailbox fails with the
 /// cancelled one's dt::CommError, and so do later ones): it returns true at once, and nothing
-/// writes into the buffer any more. Sends cannot be cancelled (false).
+/// writes into the buffer any more; so does Work::cancel of a send not yet wholly in its mailbox
+/// (which reads its buffer until then). A send through the transport reads the caller's buffer
+/// only within isend() and cannot be cancelled (false).
 std::unique_ptr<P2p> seal_p2p(std::unique_ptr<P2p> inner, const Keys& keys,
                               const SealOptions& opts = {});
 
@@ -437,9 +439,9 @@ struct SealedCommOptions {
 /// sealed too (tags below kReservedTagBase). split() creates a sealed communicator on the split.
 /// A rejected message throws dt::SecurityError from the operation's Work; the communicator is
 /// then broken and refuses further operations. A failed operation withdraws the receives it had
-/// posted (within a second); where one could not be (a transfer under way), its buffers must stay
-/// valid as for an unfinished operation (the communicator gives up its own), and its sends through
-/// a mailbox may still read theirs.
+/// posted (within a second) and its sends still reading the buffer (through a mailbox); where a
+/// receive could not be withdrawn (a transfer under way), its buffers must stay valid as for an
+/// unfinished operation (the communicator gives up its own).
 std::unique_ptr<Comm> make_sealed_comm(Comm& world, const Keys& keys,
                                        const SealedCommOptions& opts = {});
 

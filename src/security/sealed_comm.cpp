@@ -166,29 +166,32 @@ class SealedComm final : public Comm {
   }
   // When a collective fails (an exception leaves the scope of this guard), the receives it still
   // has posted are withdrawn (Work::cancel, within a second in all), so that nothing writes into
-  // the scratch or the caller's buffers after it failed. Where one cannot be (a transfer under
-  // way), the scratch is given up (dt::abandon) and the caller's buffers must stay valid as for an
-  // unfinished collective.
+  // the scratch or the caller's buffers after it failed, and so are its sends still reading the
+  // caller's buffer (through a mailbox; a send through the transport reads it only when posted).
+  // Where a receive cannot be withdrawn (a transfer under way), the scratch is given up
+  // (dt::abandon) and the caller's buffers must stay valid as for an unfinished collective.
   class Posted {
    public:
-    Posted(SealedComm& c, std::vector<std::vector<Work>*> lists)
-        : c_(c), lists_(std::move(lists)), exceptions_(std::uncaught_exceptions()) {}
+    Posted(SealedComm& c, std::vector<std::vector<Work>*> recvs, std::vector<Work>* sends)
+        : c_(c), recvs_(std::move(recvs)), sends_(sends), exceptions_(std::uncaught_exceptions()) {}
     Posted(const Posted&) = delete;
     Posted& operator=(const Posted&) = delete;
     ~Posted() {
       if (std::uncaught_exceptions() <= exceptions_) return;
       const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-      bool all = true;
-      for (std::vector<Work>* l : lists_)
-        for (Work& w : *l) {
-          const auto left =
-              std::chrono::duration_cast<Millis>(end - std::chrono::steady_clock::now());
-          try {
-            all = w.cancel(std::max(Millis(0), left)) && all;
-          } catch (...) {
-            all = false;
-          }
+      auto withdrawn = [&end](Work& w) {
+        const auto left =
+            std::chrono::duration_cast<Millis>(end - std::chrono::steady_clock::now());
+        try {
+          return w.cancel(std::max(Millis(0), left));
+        } catch (...) {
+          return false;
         }
+      };
+      bool all = true;
+      for (std::vector<Work>* l : recvs_)
+        for (Work& w : *l) all = withdrawn(w) && all;
+      for (Work& w : *sends_) withdrawn(w);
       if (!all) {
         abandon(std::move(c_.scratch_));
         c_.scratch_bytes_ = 0;
@@ -197,7 +200,8 @@ class SealedComm final : public Comm {
 
    private:
     SealedComm& c_;
-    std::vector<std::vector<Work>*> lists_;
+    std::vector<std::vector<Work>*> recvs_;
+    std::vector<Work>* sends_;
     int exceptions_;
   };
 
@@ -280,10 +284,10 @@ void SealedComm::scatter_reduce(const void* own, std::size_t n, DType t, ReduceO
   const std::size_t seg = seg_elems(t);
   // recvs[q] = the reduce-scatter segments from peer q, in order; then its all-gather segments.
   std::vector<std::vector<Work>> recvs(static_cast<std::size_t>(s));
-  std::vector<Work> gathers;
+  std::vector<Work> gathers, sends;
   std::vector<std::vector<Work>*> posted{&gathers};
   for (std::vector<Work>& r : recvs) posted.push_back(&r);
-  const Posted guard(*this, std::move(posted));
+  const Posted guard(*this, std::move(posted), &sends);
   for (int k = 1; k < s; ++k) {
     const int q = (me - k + s) % s;
     post_recvs(recvs[static_cast<std::size_t>(q)], slot(q), n, t, q);
@@ -316,7 +320,6 @@ void SealedComm::scatter_reduce(const void* own, std::size_t n, DType t, ReduceO
         if (off < nq) outs.push_back({at(p, off, t), std::min(seg, nq - off), q});
       }
   }
-  std::vector<Work> sends;
   std::vector<const void*> in(static_cast<std::size_t>(s));
   const std::size_t nseg = (n + seg - 1) / seg;
   std::size_t reduced = 0, gathered_out = 0;
@@ -407,7 +410,7 @@ void SealedComm::do_all_gather(ConstTensorView in, TensorView out) {
   char* mine = at(out.data, static_cast<std::size_t>(me) * n, in.dtype);
   if (mine != in.data && n > 0) std::memmove(mine, in.data, in.nbytes());
   std::vector<Work> rs, ws;
-  const Posted guard(*this, {&rs});
+  const Posted guard(*this, {&rs}, &ws);
   for (int k = 1; k < s; ++k) {
     const int q = (me - k + s) % s;
     post_recvs(rs, at(out.data, static_cast<std::size_t>(q) * n, in.dtype), n, in.dtype, q);
@@ -425,7 +428,7 @@ void SealedComm::do_broadcast(TensorView buf, int root) {
   const int pos = (me - root + s) % s;
   const int prev = (me - 1 + s) % s, next = (me + 1) % s;
   std::vector<Work> recvs, sends;
-  const Posted guard(*this, {&recvs});
+  const Posted guard(*this, {&recvs}, &sends);
   if (pos > 0) post_recvs(recvs, buf.data, buf.numel, buf.dtype, prev);
   const std::size_t seg = seg_elems(buf.dtype);
   std::size_t k = 0;

@@ -561,7 +561,6 @@ bool ShmMailboxes::finished(Op& op) {
 bool ShmMailboxes::cancel(Op& op, const std::string& what) {
   std::lock_guard<std::mutex> lk(mu_);
   if (op.done) return true;
-  if (op.send) return false;
   fail_all(std::make_exception_ptr(
       CommError(what + ": cancelled; the mailboxes of " + name_ + " take no more messages",
                 __FILE__, __LINE__)));

@@ -108,9 +108,10 @@ class ShmMailboxes : public std::enable_shared_from_this<ShmMailboxes> {
   void check_peer(Op& op);
   /// The state of `op`: rethrows its error; true when done.
   bool finished(Op& op);
-  /// Withdraws receive `op` (`what` names it): true when it has finished, or when it was pending
-  /// and the channel's mailboxes are then finished with "cancelled" (as on a failure: its message
-  /// would reach the next receive under another sequence number); false for a send.
+  /// Withdraws `op` (`what` names it): true when it has finished, or when it was pending and the
+  /// channel's mailboxes are then finished with "cancelled" (as on a failure: a receive's message
+  /// would reach the next receive under another sequence number, a send's rest would be taken for
+  /// the next message's records). Nothing reads or writes its buffer any more.
   bool cancel(Op& op, const std::string& what);
 
  private:

@@ -625,7 +625,8 @@ void check_broken_channel(const std::string& kind, Comm& world, const sec::Keys&
 // other channel still carries messages (a ring but for 0 -> 1). Through the mailboxes, which
 // match by tag in order too, the cancel ends them all as a failure does: rank 1's later receive
 // from rank 0 and send to rank 0 fail with the cancelled receive's error; nothing was opened, so
-// the buffer is untouched.
+// the buffer is untouched. A send through a mailbox, larger than it and not received, is cancelled
+// too.
 void check_cancel(const std::string& kind, Comm& world, const std::vector<std::int32_t>& node,
                   const sec::Keys& keys, bool shm) {
   if (world.size() < 2 || (shm && node[0] != node[1])) return;
@@ -655,7 +656,22 @@ void check_cancel(const std::string& kind, Comm& world, const std::vector<std::i
                                   [&] { q->isend(dt::view_of(later), 0, 13).wait(Millis(10000)); },
                                   {"cancelled"});
   }
-  if (!shm) {
+  if (shm) {
+    // A send larger than its mailbox, which rank 0 does not receive: cancelled, it is withdrawn
+    // (true at once) and its wait throws "cancelled".
+    sec::SealOptions small = so;
+    small.shm_ring_bytes = 64 << 10;
+    std::unique_ptr<dt::P2p> q2 = sec::seal_p2p(dt::make_p2p(kind, world), keys, small);
+    if (me == 1) {
+      const std::vector<float> big = filled<float>(64 << 10, me, 51);  // 256 KiB
+      Work sw = q2->isend(dt::view_of(big), 0, 15);
+      H.expect(!sw.test(), w + ": a send larger than its mailbox", "completed unreceived");
+      H.expect(sw.cancel(Millis(0)), w + ": a pending send", "not withdrawn");
+      expect_throw<dt::CommError>(w + ": wait after the send's cancel",
+                                  [&] { sw.wait(Millis(10000)); }, {"cancelled", "send("});
+    }
+    world.barrier();
+  } else {
     const int to = (me + 1) % n, from = (me + n - 1) % n;
     const std::vector<float> out = filled<float>(1000, me, 50);
     std::vector<float> got(1000);
