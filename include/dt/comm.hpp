@@ -22,6 +22,7 @@
 //    divide in float and round once to the element type per step.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -43,6 +44,11 @@ inline constexpr Millis kNoTimeout{-1};
 /// would keep every normal thread of their core from running. Between polls a real-time thread
 /// sleeps; an ordinary thread yields its core (it stays runnable).
 inline constexpr Millis kPolledWait{std::int64_t{1} << 40};
+/// What is left of a limit that ends at `end`: 0 once it has passed.
+inline Millis millis_until(std::chrono::steady_clock::time_point end) {
+  return std::max(Millis(0),
+                  std::chrono::duration_cast<Millis>(end - std::chrono::steady_clock::now()));
+}
 
 /// Completion state of a non-blocking operation; implemented by each transport.
 class WorkImpl {
@@ -58,7 +64,8 @@ class WorkImpl {
   /// Withdraws an unfinished receive so that it never writes into its buffer again. True when
   /// that holds: the receive was withdrawn, or it finished (or failed) before or within `grace`;
   /// test() and wait() of a withdrawn receive then throw dt::CommError ("... cancelled"). False
-  /// when it cannot be promised: sends and collectives (which MPI cannot withdraw), transports
+  /// when it cannot be promised: sends and collectives (which MPI cannot withdraw; a transport
+  /// that can withdraw a send, so that it reads its buffer no more, may return true), transports
   /// that cannot, and a transfer under way that did not end within `grace`; the buffer must then
   /// stay valid as for any unfinished Work. Does not wait for peers beyond `grace`.
   virtual bool cancel(Millis grace) {

@@ -125,9 +125,7 @@ void GradBuckets::finish(Millis timeout) {
   std::chrono::steady_clock::time_point grace{};
   for (Work& w : works_) {
     Millis left = timeout;
-    if (first)
-      left = std::max(Millis(0),
-                      std::chrono::duration_cast<Millis>(grace - std::chrono::steady_clock::now()));
+    if (first) left = millis_until(grace);
     try {
       w.wait(left);
     } catch (...) {

@@ -180,10 +180,8 @@ class SealedComm final : public Comm {
       if (std::uncaught_exceptions() <= exceptions_) return;
       const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(1);
       auto withdrawn = [&end](Work& w) {
-        const auto left =
-            std::chrono::duration_cast<Millis>(end - std::chrono::steady_clock::now());
         try {
-          return w.cancel(std::max(Millis(0), left));
+          return w.cancel(millis_until(end));
         } catch (...) {
           return false;
         }
@@ -272,11 +270,12 @@ void SealedComm::scatter_reduce(const void* own, std::size_t n, DType t, ReduceO
                                 SendOf&& send_of, GatherOf* gather_of) {
   const int s = size(), me = rank();
   const std::size_t bytes = n * dtype_size(t);
-  if (scratch_bytes_ < bytes * static_cast<std::size_t>(s - 1)) {
-    scratch_.reset();
+  const std::size_t need = bytes * static_cast<std::size_t>(s - 1);
+  if (scratch_bytes_ < need) {
+    scratch_.reset();  // the smaller one goes before the larger one is taken
     scratch_bytes_ = 0;
-    scratch_.reset(new std::uint8_t[bytes * static_cast<std::size_t>(s - 1)]);
-    scratch_bytes_ = bytes * static_cast<std::size_t>(s - 1);
+    scratch_.reset(new std::uint8_t[need]);
+    scratch_bytes_ = need;
   }
   auto slot = [&](int q) {  // scratch of peer q
     return scratch_.get() + bytes * static_cast<std::size_t>(q < me ? q : q - 1);

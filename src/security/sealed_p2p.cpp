@@ -353,15 +353,11 @@ class SealedRecvWork final : public WorkImpl {
   // Cancels every inner receive of the records not yet opened, within `grace` for them all.
   void withdraw(Millis grace) {
     const auto end = std::chrono::steady_clock::now() + grace;
-    auto left = [&end] {
-      return std::max(Millis(0),
-                      std::chrono::duration_cast<Millis>(end - std::chrono::steady_clock::now()));
-    };
     bool all = true;
     for (std::size_t i = next_; i < recs_.size(); ++i) {
       Rec& r = recs_[i];
-      if (!r.body_done && r.body.valid()) all = r.body.cancel(left()) && all;
-      all = r.trailer.cancel(left()) && all;
+      if (!r.body_done && r.body.valid()) all = r.body.cancel(millis_until(end)) && all;
+      all = r.trailer.cancel(millis_until(end)) && all;
     }
     withdrawn_ = all;
   }

@@ -604,11 +604,9 @@ void check_broken_channel(const std::string& kind, Comm& world, const sec::Keys&
                                     {names});
     if (!shm) {
       // Records the failures could not give up within their second (a loaded node) are given up
-      // now, so the buffers may go: nothing writes into them any more, and they hold nothing.
+      // now, so the buffers may go: nothing writes into them any more.
       H.expect(r1.cancel(Millis(60000)) && r2.cancel(Millis(60000)),
                w + ": the failed receives withdrawn", "records still posted after a minute");
-      H.expect(holds_none(in2, b), w + ": the pending receive's buffer after its withdrawal",
-               "holds some of the good message");
     }
   } else {
     world.barrier();
