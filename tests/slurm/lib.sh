@@ -130,12 +130,10 @@ wait_ended() {
   local j=$1 limit=${2:-$JOB_LIMIT} t0=$SECONDS s
   while :; do
     s=$(job_state "$j")
-    case "$s" in
-      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED)
-        echo "$s"
-        return 0
-        ;;
-    esac
+    if is_ended "$s"; then
+      echo "$s"
+      return 0
+    fi
     if [ $((SECONDS - t0)) -ge "$limit" ]; then
       echo "TIMEDOUT_WAIT($s)"
       return 1
@@ -165,19 +163,38 @@ expect_end() {
   [ "$got" = "$3" ] || fail "$1: job $2 ended $got, expected $3"
 }
 
-# wait_lines FILE N [SECONDS]: FILE has at least N lines.
-# On failure it shows why: the job's state and output (NAME.out for NAME.jsonl), the queue.
+# is_ended STATE: STATE is one a job does not leave by itself.
+is_ended() {
+  case "$1" in
+    COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED) return 0 ;;
+  esac
+  return 1
+}
+
+# wait_lines FILE N [SECONDS]: FILE has at least N lines; gives up after SECONDS, or at once when
+# job $JOB (if set) has ended without writing them.
+# On failure it shows why: the job's state and output (NAME.out for NAME.jsonl), the queue, and
+# the backtraces of any core files (show_cores, where the multi-node helpers define it: the
+# retry of a known Open MPI crash reads them).
 wait_lines() {
-  local t0=$SECONDS
+  local t0=$SECONDS why="" polls=0
   while ! { [ -f "$1" ] && [ "$(wc -l <"$1")" -ge "$2" ]; }; do
     if [ $((SECONDS - t0)) -ge "${3:-$JOB_LIMIT}" ]; then
-      fail "$1 has fewer than $2 lines after ${3:-$JOB_LIMIT} s"
+      why="after ${3:-$JOB_LIMIT} s"
+    elif [ -n "${JOB:-}" ] && [ $((++polls % 10)) -eq 0 ] && is_ended "$(job_state "$JOB")"; then
+      # The job's last lines may land just before its end is seen: look once more.
+      [ -f "$1" ] && [ "$(wc -l <"$1")" -ge "$2" ] && break
+      why="when job $JOB ended"
+    fi
+    if [ -n "$why" ]; then
+      fail "$1 has fewer than $2 lines $why"
       if [ -n "${JOB:-}" ]; then
         echo "    job $JOB: $(scontrol show job -o "$JOB" 2>&1 | tr ' ' '\n' |
           grep -E '^(JobState|Reason|NodeList|RunTime|ExitCode)=' | tr '\n' ' ')"
       fi
       [ -f "${1%.jsonl}.out" ] && sed 's/^/    /' "${1%.jsonl}.out"
       squeue -a 2>&1 | sed 's/^/    /'
+      if declare -F show_cores >/dev/null; then show_cores; fi
       return 1
     fi
     sleep 0.1
