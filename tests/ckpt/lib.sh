@@ -105,14 +105,22 @@ files_in() { (cd "$1" 2>/dev/null && ls -A | grep -vx '\.dt-lock' | sort | tr '\
 # command line that starts with the dt_train binary and names DIR: not mpiexec, not other tests'
 # runs).
 rank_pid() { rank_pid_of "--ckpt\.dir=$1( |\$)" "$2"; }
-# rank_pid_of REGEX RANK: the same for a command line that matches REGEX after the binary.
+# rank_pid_of REGEX RANK: the same for a command line that matches REGEX after the binary. Looks
+# again for up to 5 s (a rank's process may not be listed yet on a loaded machine); when none is
+# found it prints nothing, and on stderr the processes that matched REGEX with their ranks.
 rank_pid_of() {
-  local p r
-  for p in $(pgrep -f -- "^$BIN .*$1"); do
-    r=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null |
-        sed -n 's/^\(OMPI_COMM_WORLD_RANK\|PMIX_RANK\|PMI_RANK\)=//p' | head -n1)
-    [ "$r" = "$2" ] && { echo "$p"; return; }
+  local p r try seen
+  for try in $(seq 50); do
+    seen=""
+    for p in $(pgrep -f -- "^$BIN .*$1"); do
+      r=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null |
+          sed -n 's/^\(OMPI_COMM_WORLD_RANK\|PMIX_RANK\|PMI_RANK\)=//p' | head -n1)
+      [ "$r" = "$2" ] && { echo "$p"; return; }
+      seen+=" $p(rank '${r}')"
+    done
+    [ "$try" -lt 50 ] && sleep 0.1
   done
+  echo "rank_pid_of: no rank $2 among the processes matching /^$BIN .*$1/:${seen:- none}" >&2
 }
 
 # resumes_like_uninterrupted FROM TO ARGS...: a run N on RANKS ranks (2 unless set) into D (ARGS: its
