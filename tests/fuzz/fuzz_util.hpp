@@ -6,7 +6,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <string>
+#include <vector>
 
 namespace dt_fuzz {
 
@@ -34,9 +36,22 @@ class Reader {
   std::size_t pos_ = 0;
 };
 
-/// A scratch path unique to this process: /tmp/dt_fuzz_<tag>_<pid><suffix>.
+/// A scratch path unique to this process: <temp dir>/dt_fuzz_<tag>_<pid><suffix>. What is there
+/// (a file or a folder) is removed when the process exits normally (a fuzzing run's end); a
+/// crash leaves it beside its artifact.
 inline std::string scratch(const char* tag, const char* suffix) {
-  return "/tmp/dt_fuzz_" + std::string(tag) + "_" + std::to_string(::getpid()) + suffix;
+  struct Made {
+    std::vector<std::filesystem::path> paths;
+    ~Made() {
+      std::error_code ec;
+      for (const auto& p : paths) std::filesystem::remove_all(p, ec);
+    }
+  };
+  static Made made;
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("dt_fuzz_" + std::string(tag) + "_" + std::to_string(::getpid()) + suffix);
+  made.paths.push_back(path);
+  return path.string();
 }
 
 inline void write_file(const std::string& path, const void* p, std::size_t n) {

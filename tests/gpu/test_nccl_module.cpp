@@ -16,6 +16,7 @@
 #include <fstream>
 #include <string>
 
+#include "../unit/temp_dir.hpp"
 #include "comm/nccl_module.hpp"
 #include "dt/error.hpp"
 
@@ -34,12 +35,6 @@ std::string load_error(const std::string& path) {
   return "(no error)";
 }
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/dt-nccl-module-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
-
 bool hidden() {
   const char* e = std::getenv("DT_TEST_NCCL_HIDDEN");
   return e != nullptr && std::string(e) == "1";
@@ -48,14 +43,16 @@ bool hidden() {
 }  // namespace
 
 TEST_CASE("a path without libdt_nccl.so is refused, naming the file and the path") {
-  const std::string dir = temp_dir();
+  const dt::test::TempDir tmp("dt-nccl-module");
+  const std::string dir = tmp.path.string();
   const std::string e = load_error(dir + ":/nonexistent");
   CHECK(e.find("NCCL communicator: plugin libdt_nccl.so not found in the plugin path '" + dir +
                ":/nonexistent'") != std::string::npos);
 }
 
 TEST_CASE("a libdt_nccl.so that is no shared library is refused, naming it and why") {
-  const std::string dir = temp_dir(), bad = dir + "/libdt_nccl.so";
+  const dt::test::TempDir tmp("dt-nccl-module");
+  const std::string dir = tmp.path.string(), bad = dir + "/libdt_nccl.so";
   std::ofstream(bad) << "not an ELF file\n";
   const std::string e = load_error(dir);
   CHECK(e.find("no copy of libdt_nccl.so in the plugin path '" + dir + "' could be loaded: " + bad +
@@ -63,7 +60,8 @@ TEST_CASE("a libdt_nccl.so that is no shared library is refused, naming it and w
 }
 
 TEST_CASE("a shared library that is not the communicator, or of another dt, is refused") {
-  const std::string dir = temp_dir(), lib = dir + "/libdt_nccl.so";
+  const dt::test::TempDir tmp("dt-nccl-module");
+  const std::string dir = tmp.path.string(), lib = dir + "/libdt_nccl.so";
   std::ifstream src(kForeign, std::ios::binary);
   REQUIRE(src.good());
   std::ofstream(lib, std::ios::binary) << src.rdbuf();

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "../unit/temp_dir.hpp"
 #include "dt/device.hpp"
 
 namespace {
@@ -230,9 +231,8 @@ TEST_CASE("plugins of another ABI version are refused, naming both versions") {
 TEST_CASE("a copy of a plugin that cannot be loaded is skipped for a later one in the path") {
   // A directory ahead of the good copy holds a libdt_hal_v1only.so that is not a shared library
   // (a stale or foreign build, say).
-  char tmpl[] = "/tmp/dt-hal-test-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string dir = tmpl, bad = dir + "/libdt_hal_v1only.so";
+  const dt::test::TempDir tmp("dt-hal-test");
+  const std::string dir = tmp.path.string(), bad = dir + "/libdt_hal_v1only.so";
   {
     std::ofstream f(bad);
     f << "not an ELF file\n";
@@ -277,16 +277,13 @@ TEST_CASE("a copy of a plugin that cannot be loaded is skipped for a later one i
             dt::Device::open("v1only", dir);
           }).find(bad + ": " + why) != std::string::npos);
   }
-  std::remove(bad.c_str());
-  rmdir(dir.c_str());
 }
 
 TEST_CASE("a copy of a plugin cut short is skipped, not loaded (dlopen would die of SIGBUS)") {
   // The good copy's first 4096 bytes, and all but the last byte of its loaded segments, as a copy
   // still being written leaves it: its headers read, its segments end past the end of the file.
-  char tmpl[] = "/tmp/dt-hal-test-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string dir = tmpl, cut = dir + "/libdt_hal_cpu_v3.so";
+  const dt::test::TempDir tmp("dt-hal-test");
+  const std::string dir = tmp.path.string(), cut = dir + "/libdt_hal_cpu_v3.so";
   std::ifstream good(kTestPlugins + "/libdt_hal_cpu_v3.so", std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(good)), std::istreambuf_iterator<char>());
   REQUIRE(bytes.size() > 8192);
@@ -312,8 +309,6 @@ TEST_CASE("a copy of a plugin cut short is skipped, not loaded (dlopen would die
     CHECK(none.find("the file has " + std::to_string(keep) + " (a copy not yet complete?)") !=
           std::string::npos);
   }
-  std::remove(cut.c_str());
-  rmdir(dir.c_str());
 }
 
 TEST_CASE("devmem: device memory the host cannot touch; dt moves it only through copy") {

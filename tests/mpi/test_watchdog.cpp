@@ -43,6 +43,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -59,6 +60,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The folder of the watchdog's dumps: watchdog-MODE in the working folder (the test's build
+// folder under ctest), so that cases running at once do not write the same files, and a run
+// leaves nothing outside the build.
+std::string g_mode;
+std::string dump_dir() {
+  const std::string dir = "watchdog-" + g_mode;
+  std::error_code ec;  // every rank makes it; one of them first
+  std::filesystem::create_directories(dir, ec);
+  return dir;
+}
+
 void sleep_until_after(Clock::time_point t0, double seconds) {
   const auto until =
       t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
@@ -69,7 +81,7 @@ int stop_case(double start_late_s) {
   dt::watchdog::Settings s;
   s.timeout_s = 3.5;
   s.test_start_late_s = start_late_s;
-  s.dump_dir = "/tmp";
+  s.dump_dir = dump_dir();
   dt::watchdog::Watchdog wd(MPI_COMM_WORLD, s);
   dt::watchdog::OpRecord rec("test", 1, "all_reduce", "mpi", dt::DType::f32, 4);
   // A shell stops this process and continues it 4 s later, as `scontrol suspend` and `resume` do.
@@ -120,7 +132,7 @@ int stop_case(double start_late_s) {
 int late_case() {
   dt::watchdog::Settings s;
   s.timeout_s = 3;
-  s.dump_dir = "/tmp";
+  s.dump_dir = dump_dir();
   s.test_late_once_s = 5;
   dt::watchdog::Watchdog wd(MPI_COMM_WORLD, s);
   const auto t0 = Clock::now();
@@ -139,7 +151,7 @@ int late_case() {
 int buried_case() {
   dt::watchdog::Settings s;
   s.timeout_s = 2;
-  s.dump_dir = "/tmp";
+  s.dump_dir = dump_dir();
   dt::watchdog::Watchdog wd(MPI_COMM_WORLD, s);
   const auto t0 = Clock::now();
   dt::watchdog::OpRecord rec("test", 1, "all_reduce", "mpi", dt::DType::f32, 4);
@@ -161,7 +173,7 @@ struct Ranks {
   static dt::watchdog::Settings settings() {
     dt::watchdog::Settings s;
     s.timeout_s = 2;
-    s.dump_dir = "/tmp";
+    s.dump_dir = dump_dir();
     return s;
   }
   MPI_Comm p2p = MPI_COMM_NULL;  // for receives that never end
@@ -309,6 +321,7 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   const std::string mode = argc > 1 ? argv[1] : "";
+  g_mode = mode;
   const std::map<std::string, std::function<int()>> cases = {
       {"stop", [] { return stop_case(0); }},
       {"stop_early", [] { return stop_case(0.6); }},
