@@ -37,6 +37,10 @@
 //    call, and every Work not complete before, throws. A Work that times out throws
 //    dt::CommError and stays pending; the communicator is then aborted, not destroyed, when it
 //    goes away (ncclCommDestroy would wait for the stuck kernel).
+//  - The communicators are blocking (NCCL's default): dt orders and checks NCCL's work itself,
+//    through CUDA events and ncclCommGetAsyncError. NCCL_COMM_BLOCKING=0 in the environment would
+//    make NCCL create non-blocking ones whatever dt asks for (the variable overrides the config),
+//    so NcclModule::load refuses it.
 // Costs: one cudaEvent per operation and an event record and stream wait to order it after the
 // caller's stream; a blocking one adds a host wait.
 #pragma once

@@ -1,5 +1,6 @@
 #include "comm/nccl_module.hpp"
 
+#include <cstdlib>
 #include <mutex>
 
 #include "comm/mpi_comm.hpp"
@@ -19,6 +20,18 @@ using CreateFn = Comm* (*)(MpiComm* bootstrap, int cuda_device, void* stream, co
 constexpr const char* kFile = "libdt_nccl.so";
 constexpr const char* kVersionSymbol = "dt_nccl_module_version";
 constexpr const char* kCreateSymbol = "dt_nccl_module_create";
+
+// NCCL reads NCCL_COMM_BLOCKING as an integer (strtoll, base 0) when it is set and not empty, and
+// lets it override the blocking flag of every communicator's config.
+void refuse_non_blocking() {
+  const char* v = std::getenv("NCCL_COMM_BLOCKING");
+  if (v == nullptr || *v == '\0' || std::strtoll(v, nullptr, 0) != 0) return;
+  throw ConfigError(std::string("the environment sets NCCL_COMM_BLOCKING='") + v +
+                        "': NCCL would make dt's communicators non-blocking, and dt needs "
+                        "blocking ones (it orders and checks NCCL's work itself); unset it or set "
+                        "it to 1",
+                    __FILE__, __LINE__);
+}
 }  // namespace
 
 struct NcclModule::Impl {
@@ -29,6 +42,7 @@ struct NcclModule::Impl {
 NcclModule::NcclModule(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 const NcclModule& NcclModule::load(const std::string& plugin_path) {
+  refuse_non_blocking();
   static std::mutex mu;
   static const NcclModule* loaded = nullptr;  // never unloaded (see the header)
   std::lock_guard<std::mutex> lock(mu);

@@ -18,7 +18,9 @@ class NcclModule {
   /// for device plugins), once per process: later calls return the module loaded first, and it
   /// is never unloaded (communicators made from it may live until exit, and NCCL keeps threads).
   /// Throws dt::ConfigError naming the file, the path and the loader's reason (libnccl.so.2 not
-  /// found, ...), or a copy built for another version of dt.
+  /// found, ...), or a copy built for another version of dt. Also throws dt::ConfigError, on
+  /// every call, while the environment sets NCCL_COMM_BLOCKING to 0 (or any value NCCL reads as
+  /// 0): it would make NCCL's communicators non-blocking, which dt's are not written for.
   static const NcclModule& load(const std::string& plugin_path);
 
   /// dt::NcclComm::create: collective over `bootstrap` (an MPI communicator, every rank, same

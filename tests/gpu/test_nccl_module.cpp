@@ -85,3 +85,21 @@ TEST_CASE("the build's communicator: loaded once, or refused naming NCCL where i
   // Loaded once per process: a later call, whatever its path, returns the same module.
   CHECK(&dt::NcclModule::load("/nonexistent") == &m);
 }
+
+TEST_CASE("NCCL_COMM_BLOCKING=0, which would make NCCL's communicators non-blocking, is refused") {
+  // Any value NCCL reads as 0 (strtoll, base 0); on every call, also after a load.
+  for (const char* v : {"0", "0x0", "00"}) {
+    CAPTURE(v);
+    REQUIRE(setenv("NCCL_COMM_BLOCKING", v, 1) == 0);
+    CHECK(load_error(kPlugins).find(std::string("the environment sets NCCL_COMM_BLOCKING='") + v +
+                                    "': NCCL would make dt's communicators non-blocking") !=
+          std::string::npos);
+  }
+  // 1, or an empty value (NCCL's default: blocking), is no reason to refuse.
+  for (const char* v : {"1", ""}) {
+    CAPTURE(v);
+    REQUIRE(setenv("NCCL_COMM_BLOCKING", v, 1) == 0);
+    CHECK(load_error(kPlugins).find("NCCL_COMM_BLOCKING") == std::string::npos);
+  }
+  REQUIRE(unsetenv("NCCL_COMM_BLOCKING") == 0);
+}
